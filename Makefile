@@ -1,0 +1,41 @@
+# Two commands set everything up: `make reproduce` (the main job) and `make test`.
+# Both create and fill .venv first when needed (`make setup`).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup test lint format reproduce bench clean
+
+setup: $(STAMP)
+
+# constraints.txt pins the tested versions of everything (torch/torchvision included).
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,notebooks]'
+	touch $(STAMP)
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+# The embedded default: a ResNet-20 on the generated dataset, written to results/quickstart/.
+reproduce: setup
+	$(VENV)/bin/lbsgd train -c configs/quickstart.yaml out_dir=results
+
+bench: setup
+	$(VENV)/bin/lbsgd bench train --out results/benchmarks/train_cpu.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from lbsgd.cli import main
+
+sys.exit(main())

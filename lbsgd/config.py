@@ -1,0 +1,473 @@
+"""The one vocabulary of lbsgd: every knob, its default, its validation and the values derived from it.
+
+Three kinds of keys (``lbsgd keys`` prints them all):
+
+- *experiment* keys define the mathematics of a run exactly as a paper states it (global batch kn,
+  BN group size n, learning-rate rule, warmup, schedule, optimizer, model, data, seed). They identify
+  a run: two runs with the same experiment keys are the same experiment, whatever the hardware.
+- *hardware* keys only say how the run is executed (micro-batch per process, loader workers, DDP
+  bucket size, memory format, compilation, device, threads). Gradient accumulation steps are derived:
+  ``batch_size / (world_size * micro_batch)``.
+- *run* keys say where results go and how the run is tracked.
+
+Defaults are Goyal et al. 2017 (arXiv:1706.02677) §5.1: lr 0.1 per 256 images with the linear rule,
+BN groups of n=32, Nesterov momentum 0.9, weight decay 1e-4, 5 epochs of gradual warmup, lr ÷10 at
+epochs 30, 60 and 80 of 90, and γ=0 for the last BN of each residual block (§5.3). Only the model and
+the data differ: the embedded default is a CIFAR-style ResNet-20 on the generated ``synthetic`` set,
+so that ``lbsgd train`` runs anywhere without a download.
+
+Derived values (scaled lr, steps per epoch, warmup steps, accumulation steps, …) are computed here
+and nowhere else (:func:`derive`), printed at the start of every run and dumped with the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import json
+import math
+import os
+import sys
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+from pydantic.dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A bad key or value. Its message is one line naming the key and what would be valid."""
+
+
+def _key(default: Any, kind: str, help: str) -> Any:
+    return dataclasses.field(default=default, metadata={"kind": kind, "help": help})
+
+
+def _exp(default: Any, help: str) -> Any:
+    return _key(default, "experiment", help)
+
+
+def _hw(default: Any, help: str) -> Any:
+    return _key(default, "hardware", help)
+
+
+def _run(default: Any, help: str) -> Any:
+    return _key(default, "run", help)
+
+
+@dataclass(frozen=True, config=pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=False))
+class Config:
+    # --- experiment keys: model and data -------------------------------------------------------
+    model: str = _exp("resnet", "network: resnet (CIFAR-style, depth 6n+2), resnet18..152, alexnet")
+    depth: int = _exp(20, "depth of model=resnet: 6n+2 (8, 14, 20, 32, 44, 56, 110)")
+    width: int = _exp(16, "channels of the first stage of model=resnet (16 in He et al. 2016)")
+    zero_init_residual: bool = _exp(
+        True, "gamma=0 for the last BN of each residual block (Goyal §5.3)"
+    )
+    dataset: str = _exp("synthetic", "synthetic (generated, no download), cifar10, imagenet")
+    data_dir: str | None = _exp(None, "folder holding cifar10/imagenet; cache folder for synthetic")
+    synthetic_train: int = _exp(32_000, "images in the synthetic train split")
+    synthetic_test: int = _exp(5_000, "images in the synthetic test split")
+    synthetic_difficulty: Literal["easy", "standard"] = _exp(
+        "standard",
+        "synthetic generator setting: standard (noise 0.12, clutter) or easy (smoke tests)",
+    )
+    synthetic_noise: float | None = _exp(
+        None, "pixel noise sigma of synthetic; null = difficulty's"
+    )
+    seed: int = _exp(0, "seeds the initialisation and the data order (same across batch sizes)")
+    # --- experiment keys: minibatch and learning rate ------------------------------------------
+    batch_size: int = _exp(256, "global minibatch kn: samples per optimizer step over all workers")
+    bn_batch: int = _exp(32, "n: samples per BatchNorm group (Goyal: 32 per worker)")
+    base_lr: float = _exp(0.1, "eta: learning rate at reference_batch")
+    reference_batch: int = _exp(256, "batch at which base_lr is stated (Goyal: 256)")
+    lr_scaling: Literal["linear", "sqrt", "none"] = _exp(
+        "linear", "peak lr = base_lr * f(batch_size / reference_batch): linear, sqrt or none"
+    )
+    warmup: Literal["none", "constant", "gradual"] = _exp(
+        "gradual", "none; constant (warmup_lr, then the peak); gradual (linear per iteration)"
+    )
+    warmup_epochs: float = _exp(5.0, "length of the warmup in epochs (Goyal: 5)")
+    warmup_lr: float | None = _exp(None, "lr at the start of the warmup; null = base_lr (Goyal)")
+    schedule: Literal["step", "poly", "cosine"] = _exp(
+        "step", "decay after warmup, evaluated every iteration: step, poly or cosine"
+    )
+    milestones: tuple[float, ...] = _exp((30.0, 60.0, 80.0), "epochs where schedule=step decays")
+    decay_factor: float = _exp(0.1, "lr multiplier at each milestone of schedule=step")
+    poly_power: float = _exp(2.0, "power of schedule=poly (2 for LARS, You et al. 2017)")
+    epochs: float = _exp(90.0, "training length in epochs (passes over the train split)")
+    # --- experiment keys: optimizer ------------------------------------------------------------
+    optimizer: Literal["sgd"] = _exp("sgd", "sgd (momentum, Nesterov, weight decay)")
+    momentum: float = _exp(0.9, "momentum m of the velocity update")
+    nesterov: bool = _exp(True, "Nesterov momentum (Goyal §5.1)")
+    weight_decay: float = _exp(1e-4, "L2 weight decay lambda")
+    # --- hardware keys --------------------------------------------------------------------------
+    micro_batch: int | None = _hw(None, "samples per process per forward/backward; null = bn_batch")
+    workers: int = _hw(0, "DataLoader worker processes for file datasets (0: in the main process)")
+    bucket_cap_mb: float = _hw(25.0, "DDP gradient bucket size in MB (tensor fusion)")
+    channels_last: bool = _hw(False, "channels_last memory format for model and inputs")
+    compile: bool = _hw(False, "torch.compile the model")
+    device: Literal["auto", "cpu", "cuda"] = _hw("auto", "auto: cuda when available, else cpu")
+    threads: int = _hw(0, "torch intra-op threads per process; 0 = torch's default")
+    # --- run keys -------------------------------------------------------------------------------
+    out_dir: str = _run("results", "results root; the run lives in out_dir/study/name")
+    study: str = _run("runs", "group of runs (a notebook's study); W&B group")
+    name: str | None = _run(
+        None, "run name; null = model-dataset-batch-warmup-seed-<experiment hash>"
+    )
+    resume: bool = _run(False, "continue the run in out_dir/study/name from its last checkpoint")
+    eval_every: int = _run(1, "evaluate every this many epochs (0: only at the end)")
+    log_every: int = _run(10, "optimizer steps between metric flushes (one collective per flush)")
+    checkpoint: bool = _run(True, "write checkpoint.pt at every epoch and at the end")
+    wandb: Literal["auto", "online", "offline", "disabled"] = _run(
+        "auto", "W&B mode; auto: online with an API key, else offline"
+    )
+    wandb_project: str = _run("lbsgd", "W&B project")
+    plugins: tuple[str, ...] = _run((), "modules or .py files imported first (register_model, …)")
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+    # -- identity and (de)serialisation --------------------------------------------------------
+
+    def keys_of(self, kind: str) -> dict[str, Any]:
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.metadata["kind"] == kind
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML/JSON-ready values (tuples become lists)."""
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+        }
+
+    def experiment_id(self) -> str:
+        """Short hash of the experiment keys: equal for runs of the same mathematics."""
+        text = json.dumps(_plain(self.keys_of("experiment")), sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+    def run_name(self) -> str:
+        if self.name:
+            return self.name
+        arch = f"{self.model}{self.depth}" if self.model == "resnet" else self.model
+        return f"{arch}-{self.dataset}-b{self.batch_size}-{self.warmup}-s{self.seed}-{self.experiment_id()}"
+
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) / self.study / self.run_name()
+
+    def replace(self, **changes: Any) -> Config:
+        return from_dict({**self.to_dict(), **changes})
+
+
+def _plain(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _check(c: Config) -> None:
+    """Cross-key rules, each failing with one line that names the key and what would be valid."""
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ValueError(msg)
+
+    for key in ("batch_size", "bn_batch", "reference_batch", "depth", "width", "synthetic_train",
+                "synthetic_test", "log_every"):  # fmt: skip
+        need(getattr(c, key) > 0, f"{key}={getattr(c, key)} must be a positive integer")
+    for key in ("base_lr", "epochs"):
+        need(getattr(c, key) > 0, f"{key}={getattr(c, key)} must be > 0")
+    for key in (
+        "warmup_epochs",
+        "weight_decay",
+        "workers",
+        "threads",
+        "eval_every",
+        "bucket_cap_mb",
+    ):
+        need(getattr(c, key) >= 0, f"{key}={getattr(c, key)} must be >= 0")
+    need(c.warmup_lr is None or c.warmup_lr > 0, f"warmup_lr={c.warmup_lr} must be > 0 (or null)")
+    need(0 <= c.momentum < 1, f"momentum={c.momentum} must be in [0, 1)")
+    need(not c.nesterov or c.momentum > 0, "nesterov=true needs momentum > 0")
+    need(0 < c.decay_factor <= 1, f"decay_factor={c.decay_factor} must be in (0, 1]")
+    need(c.poly_power > 0, f"poly_power={c.poly_power} must be > 0")
+    need(
+        all(m >= 0 for m in c.milestones) and list(c.milestones) == sorted(c.milestones),
+        f"milestones={list(c.milestones)} must be non-negative epochs in increasing order",
+    )
+    need(
+        c.synthetic_noise is None or c.synthetic_noise >= 0,
+        f"synthetic_noise={c.synthetic_noise} must be >= 0 (or null)",
+    )
+    need(
+        c.batch_size % c.bn_batch == 0,
+        f"batch_size={c.batch_size} is not a multiple of bn_batch={c.bn_batch}",
+    )
+    mb = c.micro_batch if c.micro_batch is not None else c.bn_batch
+    need(mb > 0, f"micro_batch={c.micro_batch} must be a positive integer (or null)")
+    need(mb % c.bn_batch == 0, f"micro_batch={mb} is not a multiple of bn_batch={c.bn_batch}")
+    need(
+        c.batch_size % mb == 0,
+        f"batch_size={c.batch_size} is not a multiple of micro_batch={mb}",
+    )
+    if c.dataset in ("cifar10", "imagenet"):
+        need(c.data_dir is not None, f"data_dir is required for dataset={c.dataset}")
+        need(
+            Path(c.data_dir).is_dir(),
+            f"data_dir={c.data_dir!r} does not exist (dataset={c.dataset} reads from it)",
+        )
+    need(
+        c.model != "resnet" or (c.depth - 2) % 6 == 0,
+        f"depth={c.depth} is not 6n+2 for model=resnet (valid: 8, 14, 20, 32, 44, 56, 110, …)",
+    )
+    need(c.name is None or ("/" not in c.name and c.name not in ("", ".", "..")),
+         f"name={c.name!r} must be a plain folder name")  # fmt: skip
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def _allows_none(tp: Any) -> bool:
+    return type(None) in typing.get_args(tp)
+
+
+def _is_tuple(tp: Any) -> bool:
+    return typing.get_origin(tp) is tuple
+
+
+def parse_value(key: str, text: str) -> Any:
+    """Turn the text of a command-line ``key=value`` into what the field expects.
+
+    Scalars stay strings and are coerced by the schema (``"8192"`` → 8192, ``"true"`` → True);
+    ``null``/``none`` mean None for keys that allow it; lists are ``30,60,80`` or ``[30, 60, 80]``.
+    """
+    tp = _hints()[key]
+    if _allows_none(tp) and text.strip().lower() in ("null", "none", "~"):
+        return None
+    if _is_tuple(tp):
+        text = text.strip()
+        if text.startswith("["):
+            return yaml.safe_load(text)
+        return [t.strip() for t in text.split(",") if t.strip()]
+    return text
+
+
+_HINTS: dict[str, Any] = {}
+
+
+def _hints() -> dict[str, Any]:
+    if not _HINTS:
+        _HINTS.update(typing.get_type_hints(Config))
+    return _HINTS
+
+
+def unknown_key_message(key: str) -> str:
+    close = difflib.get_close_matches(key, KEYS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key {key!r}{hint}; `lbsgd keys` lists the vocabulary"
+
+
+def from_dict(values: Mapping[str, Any]) -> Config:
+    """Validate a flat mapping of keys into a Config; raises ConfigError with one line."""
+    for key in values:
+        if key not in FIELDS:
+            raise ConfigError(unknown_key_message(str(key)))
+    try:
+        return Config(**values)
+    except pydantic.ValidationError as e:
+        raise ConfigError(_one_line(e, values)) from None
+
+
+def _one_line(e: pydantic.ValidationError, values: Mapping[str, Any]) -> str:
+    parts = []
+    for err in e.errors():
+        msg = err["msg"].removeprefix("Value error, ")
+        loc = [p for p in err["loc"] if isinstance(p, str)]
+        if loc and loc[0] in FIELDS:
+            key = loc[0]
+            parts.append(f"{key}={values.get(key)!r}: {msg}")
+        else:
+            parts.append(msg)
+    return "; ".join(dict.fromkeys(parts))
+
+
+def parse_overrides(args: Iterable[str]) -> dict[str, Any]:
+    """``["batch_size=8192", "warmup=gradual"]`` → a dict of field values (not yet validated)."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        key, sep, text = arg.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"{arg!r} is not key=value")
+        if key not in FIELDS:
+            raise ConfigError(unknown_key_message(key))
+        out[key] = parse_value(key, text)
+    return out
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """A flat YAML mapping of keys. Derived values in a run's config.yaml are accepted and ignored."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(
+            f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a flat mapping of key: value")
+    return {k: v for k, v in data.items() if k not in DERIVED_KEYS}
+
+
+def load(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> Config:
+    """Defaults, then each YAML file in order, then ``key=value`` overrides; plugins imported first."""
+    values: dict[str, Any] = {}
+    for f in files:
+        values.update(read_yaml(f))
+    values.update(parse_overrides(overrides))
+    import_plugins(values.get("plugins", ()))
+    return from_dict(values)
+
+
+def import_plugins(plugins: Iterable[str] | str) -> None:
+    """Import user modules (``pkg.mod`` or ``path/to/file.py``) so their registrations happen."""
+    if isinstance(plugins, str):
+        plugins = [p for p in plugins.split(",") if p]
+    for spec in plugins:
+        if spec in sys.modules:
+            continue
+        try:
+            if spec.endswith(".py"):
+                path = Path(spec)
+                if not path.is_file():
+                    raise ConfigError(f"plugins: file {spec!r} does not exist")
+                mod_name = f"lbsgd_plugin_{path.stem}"
+                if mod_name in sys.modules:
+                    continue
+                mspec = importlib.util.spec_from_file_location(mod_name, path)
+                module = importlib.util.module_from_spec(mspec)  # type: ignore[arg-type]
+                sys.modules[mod_name] = module
+                mspec.loader.exec_module(module)  # type: ignore[union-attr]
+            else:
+                if os.getcwd() not in sys.path and "" not in sys.path:
+                    sys.path.insert(0, os.getcwd())
+                importlib.import_module(spec)
+        except ConfigError:
+            raise
+        except ImportError as e:
+            raise ConfigError(f"plugins: cannot import {spec!r}: {e}") from None
+
+
+# -- derived values ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """Everything computed from the keys, the world size and the train-split size. One place."""
+
+    world_size: int
+    micro_batch: int  # samples per process per forward/backward
+    accum_steps: int  # micro-batches per process per optimizer step
+    num_train: int  # N: samples in the train split
+    steps_per_epoch: float  # N / kn (fractional: epochs are counted in samples, see data.sampler)
+    total_steps: int  # ceil(epochs * N / kn)
+    lr: float  # peak learning rate eta-hat = base_lr * f(kn / reference_batch)
+    warmup_start_lr: float  # first lr of the warmup
+    warmup_steps: int  # round(warmup_epochs * N / kn)
+    milestone_steps: tuple[int, ...]  # round(milestone * N / kn), schedule=step
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+
+DERIVED_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Derived))
+
+
+def _nearest(x: float) -> int:
+    return int(math.floor(x + 0.5))  # round half up: no banker's rounding of iteration counts
+
+
+def micro_batch(c: Config) -> int:
+    return c.micro_batch if c.micro_batch is not None else c.bn_batch
+
+
+def check_world(c: Config, world_size: int) -> int:
+    """Accumulation steps for this world size, or one line saying why the mapping is impossible."""
+    per_step = world_size * micro_batch(c)
+    if c.batch_size % per_step:
+        raise ConfigError(
+            f"batch_size={c.batch_size} is not a multiple of world_size * micro_batch = "
+            f"{world_size} * {micro_batch(c)} = {per_step}"
+        )
+    return c.batch_size // per_step
+
+
+def derive(c: Config, world_size: int, num_train: int) -> Derived:
+    accum = check_world(c, world_size)
+    ratio = c.batch_size / c.reference_batch
+    scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[c.lr_scaling]
+    spe = num_train / c.batch_size
+    return Derived(
+        world_size=world_size,
+        micro_batch=micro_batch(c),
+        accum_steps=accum,
+        num_train=num_train,
+        steps_per_epoch=spe,
+        total_steps=max(1, math.ceil(c.epochs * spe - 1e-9)),
+        lr=c.base_lr * scale,
+        warmup_start_lr=c.warmup_lr if c.warmup_lr is not None else c.base_lr,
+        warmup_steps=0 if c.warmup == "none" else _nearest(c.warmup_epochs * spe),
+        milestone_steps=tuple(_nearest(m * spe) for m in c.milestones),
+    )
+
+
+def dump(c: Config, d: Derived | None = None) -> str:
+    """YAML of every key, then the derived values (flat, as DESIGN §1 asks)."""
+    text = yaml.safe_dump(c.to_dict(), sort_keys=False)
+    if d is not None:
+        text += "# derived (lbsgd.config.derive)\n" + yaml.safe_dump(d.to_dict(), sort_keys=False)
+    return text
+
+
+def describe_keys() -> str:
+    """The vocabulary as a table: key, kind, type, default, help."""
+    rows = []
+    for f in dataclasses.fields(Config):
+        tp = _hints()[f.name]
+        tname = getattr(tp, "__name__", None) if not typing.get_args(tp) else None
+        tname = tname or str(tp).replace("typing.", "").replace("NoneType", "None")
+        rows.append((f.name, f.metadata["kind"], tname, repr(f.default), f.metadata["help"]))
+    w = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join(
+        f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]:<{w[3]}}  {r[4]}" for r in rows
+    )
+
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Derived",
+    "DERIVED_KEYS",
+    "KEYS",
+    "derive",
+    "check_world",
+    "dump",
+    "from_dict",
+    "load",
+    "parse_overrides",
+    "read_yaml",
+    "describe_keys",
+    "import_plugins",
+]

@@ -1,0 +1,113 @@
+"""Datasets by name, and the batches each process trains on.
+
+Built-in datasets: ``synthetic`` (generated, the embedded default: :mod:`lbsgd.data.synthetic`),
+``cifar10`` and ``imagenet`` (read from ``data_dir``: :mod:`lbsgd.data.folders`). Register your own::
+
+    from lbsgd.data import Splits, register_dataset
+
+    @register_dataset("my_data")
+    def my_data(cfg):
+        return Splits(train=..., test=..., num_classes=..., image_size=...)
+
+A builder gets the run's config and returns :class:`Splits` of map-style datasets yielding
+``(image CHW float tensor, int label)``. In-memory ``TensorDataset`` splits are batched by indexing
+(no per-sample collation); any other dataset goes through a ``DataLoader`` with ``workers`` processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from lbsgd.data import folders, synthetic
+from lbsgd.data.sampler import StepSampler, permutation
+from lbsgd.registry import Registry
+
+
+@dataclass(frozen=True)
+class Splits:
+    train: Dataset
+    test: Dataset
+    num_classes: int
+    image_size: int
+
+
+DATASETS: Registry[Callable[..., Splits]] = Registry("dataset")
+register_dataset = DATASETS.register
+
+
+def build(cfg) -> Splits:
+    return DATASETS.get(cfg.dataset)(cfg)
+
+
+@register_dataset("synthetic")
+def _synthetic(cfg) -> Splits:
+    cache = Path(cfg.data_dir) if cfg.data_dir else None
+    x_tr, y_tr, x_te, y_te = synthetic.load(
+        train_size=cfg.synthetic_train,
+        test_size=cfg.synthetic_test,
+        difficulty=cfg.synthetic_difficulty,
+        noise=cfg.synthetic_noise,
+        cache_dir=cache,
+    )
+    return Splits(TensorDataset(x_tr, y_tr), TensorDataset(x_te, y_te), 10, x_tr.shape[-1])
+
+
+@register_dataset("cifar10")
+def _cifar10(cfg) -> Splits:
+    return Splits(*folders.cifar10(cfg.data_dir))
+
+
+@register_dataset("imagenet")
+def _imagenet(cfg) -> Splits:
+    return Splits(*folders.imagenet(cfg.data_dir))
+
+
+def batches(
+    dataset: Dataset, index_batches: Iterable[torch.Tensor], workers: int = 0, pin: bool = False
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, labels) for each index tensor in ``index_batches``, in order."""
+    if isinstance(dataset, TensorDataset):
+        x, y = dataset.tensors
+        for idx in index_batches:
+            yield x[idx], y[idx]
+        return
+    loader = DataLoader(
+        dataset,
+        batch_sampler=_AsLists(index_batches),  # lazy: a run's index stream can be huge
+        num_workers=workers,
+        pin_memory=pin,
+        persistent_workers=False,
+    )
+    yield from loader
+
+
+class _AsLists:
+    def __init__(self, index_batches: Iterable[torch.Tensor]) -> None:
+        self.index_batches = index_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (idx.tolist() for idx in self.index_batches)
+
+
+def shard(num_samples: int, rank: int, world_size: int) -> range:
+    """Rank ``rank``'s contiguous share of an evaluation split; the shares cover it exactly once."""
+    lo = num_samples * rank // world_size
+    hi = num_samples * (rank + 1) // world_size
+    return range(lo, hi)
+
+
+__all__ = [
+    "DATASETS",
+    "Splits",
+    "StepSampler",
+    "batches",
+    "build",
+    "permutation",
+    "register_dataset",
+    "shard",
+]

@@ -1,0 +1,89 @@
+"""Which samples each process sees at each optimizer step (Goyal et al. 2017 §3).
+
+Goyal §3, "Data shuffling": one random shuffle of the training data per epoch, divided among all k
+workers, so that every sample is used once per epoch whatever k is. Here an epoch is a pass over
+the N samples of one permutation, and the permutations of successive epochs are laid end to end
+into one stream of indices. Optimizer step s consumes the kn consecutive indices
+``stream[s·kn : (s+1)·kn]``; when N is not a multiple of kn, the last batch of an epoch takes the
+tail of that epoch's permutation and the head of the next one. So every batch is full (the
+mathematics of a fixed kn holds) and no sample is dropped: within every epoch each sample is used
+exactly once (``steps_per_epoch = N / kn`` is fractional, as Goyal's iteration counts are).
+
+The global batch of step s is cut into ``kn / m`` micro-batches of m consecutive indices. Rank r of
+W takes the r-th contiguous 1/W of them and runs them one after another (gradient accumulation).
+The set of micro-batches depends only on kn and m, never on W: 2 processes × 2 micro-batches see
+exactly what 1 process × 4 micro-batches sees, which is what makes a run's mathematics independent
+of the hardware. Epoch e's permutation depends only on (seed, e), so every rank computes the same
+stream without communicating, and a run restarted at step s continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+
+def permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)  # distinct per (seed, epoch)
+    return torch.randperm(num_samples, generator=g)
+
+
+class StepSampler:
+    """Yields this rank's micro-batches (index tensors) for optimizer steps [start_step, total_steps).
+
+    Each step contributes ``accum_steps = batch_size / (world_size · micro_batch)`` micro-batches in
+    a row; usable directly, or as a DataLoader ``batch_sampler``.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, micro_batch: int, rank: int,
+                 world_size: int, seed: int, total_steps: int, start_step: int = 0) -> None:  # fmt: skip
+        if batch_size % (world_size * micro_batch):
+            raise ValueError(
+                f"batch_size={batch_size} is not a multiple of world_size * micro_batch = "
+                f"{world_size * micro_batch}"
+            )
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.micro_batch = micro_batch
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.total_steps = total_steps
+        self.start_step = start_step
+        self.accum_steps = batch_size // (world_size * micro_batch)
+        self._perms: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return (self.total_steps - self.start_step) * self.accum_steps
+
+    def epoch_of(self, step: int) -> float:
+        """Epochs completed after ``step`` optimizer steps (fractional)."""
+        return step * self.batch_size / self.num_samples
+
+    def global_batch(self, step: int) -> torch.Tensor:
+        """The kn indices of optimizer step ``step``, over all ranks."""
+        pos, need, parts = step * self.batch_size, self.batch_size, []
+        while need:
+            epoch, offset = divmod(pos, self.num_samples)
+            take = min(self.num_samples - offset, need)
+            parts.append(self._perm(epoch)[offset : offset + take])
+            pos, need = pos + take, need - take
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _perm(self, epoch: int) -> torch.Tensor:
+        # A batch spans at most a few epochs; keep the two newest permutations.
+        if epoch not in self._perms:
+            self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
+            self._perms[epoch] = permutation(self.num_samples, self.seed, epoch)
+        return self._perms[epoch]
+
+    def rank_batches(self, step: int) -> list[torch.Tensor]:
+        """This rank's micro-batches of step ``step``, in the order they are run."""
+        share = self.batch_size // self.world_size
+        mine = self.global_batch(step)[self.rank * share : (self.rank + 1) * share]
+        return list(mine.split(self.micro_batch))
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for step in range(self.start_step, self.total_steps):
+            yield from self.rank_batches(step)

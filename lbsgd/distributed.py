@@ -1,0 +1,141 @@
+"""Everything that touches torch.distributed (and nothing else in lbsgd does).
+
+World size 1 is the normal case: without torchrun's environment the process is rank 0 of 1 and the
+collectives below are identities. Under ``torchrun`` (or ``srun torchrun``) the process group is
+gloo on CPU and NCCL on CUDA, initialised from torchrun's environment (``env://``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclass(frozen=True)
+class Context:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def init(device: str = "auto", timeout_s: float = 600.0) -> Context:
+    """Join torchrun's process group when launched by it; otherwise a world of one."""
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' but torch sees no CUDA device (valid here: auto, cpu)")
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+    if "RANK" in os.environ and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo",
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=dev if use_cuda else None,
+        )
+    return Context(rank, world_size, local_rank, local_world_size, dev)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _active() -> bool:
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    if _active():
+        dist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks, in place; returns ``t``."""
+    if _active():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    """Mean over ranks, in place; returns ``t``."""
+    if _active():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= dist.get_world_size()
+    return t
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s Python object on every rank (e.g. a go/no-go decision made by rank 0)."""
+    if not _active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def sync_buffers(module: torch.nn.Module, src: int = 0) -> None:
+    """Give every rank rank ``src``'s buffers (BN running statistics) before evaluating or saving."""
+    if _active():
+        for buf in module.buffers():
+            dist.broadcast(buf, src=src)
+
+
+def wrap(model: torch.nn.Module, ctx: Context, bucket_cap_mb: float) -> torch.nn.Module:
+    """DDP over the process group when there is more than one process, else the model itself.
+
+    DDP averages gradients over ranks with bucketed all-reduces that overlap the backward pass;
+    ``bucket_cap_mb`` is the bucket size, i.e. tensor fusion (Horovod's fusion threshold).
+    """
+    if ctx.world_size == 1:
+        return model
+    return DistributedDataParallel(
+        model,
+        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        bucket_cap_mb=bucket_cap_mb,
+        gradient_as_bucket_view=True,
+    )
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose state is saved: through DDP and torch.compile wrappers."""
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+@contextlib.contextmanager
+def no_sync(model: torch.nn.Module, skip: bool) -> Iterator[None]:
+    """Skip DDP's gradient all-reduce on accumulation micro-steps (``skip=True``)."""
+    if skip and isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    else:
+        yield

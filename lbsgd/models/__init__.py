@@ -1,0 +1,41 @@
+"""Model registry and the built-in networks of the replayed studies.
+
+``cfg.model`` names a builder ``fn(cfg, num_classes, image_size) -> nn.Module``. Built-ins:
+
+* ``resnet``: CIFAR ResNet of He et al. 2016 §4.2, depth ``cfg.depth`` = 6n+2, width ``cfg.width``
+  (the CPU-sized stand-in for the ImageNet ResNet-50 of Goyal et al. 2017).
+* ``resnet18`` … ``resnet152``: torchvision's ImageNet ResNets (Goyal et al. use ResNet-50).
+* ``alexnet``: torchvision's AlexNet for image_size >= 64, a scaled-down AlexNet below
+  (You et al. 2017 / Jia et al. 2018: the large-FC, communication-bound case).
+
+Users add their own with ``@register_model("name")`` (see :mod:`lbsgd.registry`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lbsgd.registry import Registry
+
+ModelBuilder = Callable[[Any, int, int], torch.nn.Module]
+
+MODELS: Registry[ModelBuilder] = Registry("model")
+register_model = MODELS.register
+
+
+def build(cfg: Any, num_classes: int, image_size: int) -> torch.nn.Module:
+    """Build ``cfg.model`` for ``num_classes`` outputs on ``image_size``² inputs.
+
+    ``cfg`` is the run's frozen config (any object with ``model``, ``depth``, ``width``,
+    ``zero_init_residual`` …). Unknown names raise KeyError with a "did you mean" hint.
+    """
+    return MODELS.get(cfg.model)(cfg, num_classes, image_size)
+
+
+# Imported last so that their @register_model decorators find MODELS defined above.
+from lbsgd.models import alexnet, resnet  # noqa: E402, F401
+
+__all__ = ["MODELS", "ModelBuilder", "build", "register_model"]

@@ -1,0 +1,342 @@
+"""The training loop: composes config, data, model, optimizer, schedule and tracking; holds no policy.
+
+One loop serves one process and ``torchrun`` with N processes alike. Per optimizer step each process
+runs ``accum_steps`` micro-batches of ``micro_batch`` samples; gradients are averaged over the global
+batch kn by scaling each micro-batch loss by 1/accum_steps and letting DDP average over the
+processes on the last micro-batch (``no_sync`` on the others, so one all-reduce per step).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from lbsgd import checkpoint, data, distributed, models, optim
+from lbsgd.config import Config, ConfigError, check_world, derive, dump, micro_batch, read_yaml
+from lbsgd.environment import environment
+from lbsgd.schedules import learning_rate
+from lbsgd.tracking import Tracker
+
+STATUS_EXIT_CODE = {"completed": 0, "diverged": 3}
+
+
+def check(cfg: Config) -> None:
+    """Rules that need the registries; with the config's own checks, all before any work starts."""
+    if cfg.dataset not in data.DATASETS:
+        raise ConfigError(data.DATASETS.unknown_message(cfg.dataset))
+    if cfg.model not in models.MODELS:
+        raise ConfigError(models.MODELS.unknown_message(cfg.model))
+
+
+def train(cfg: Config) -> dict[str, Any]:
+    """Train one run to the end (or until it diverges); returns its summary.json content."""
+    check(cfg)
+    ctx = distributed.init(cfg.device)
+    try:
+        return _Run(cfg, ctx).run()
+    finally:
+        distributed.shutdown()
+
+
+def _on_main(ctx: distributed.Context, fn, then_all: bool = False):
+    """Run ``fn`` on rank 0 and give every rank its result, or raise its error on every rank.
+
+    With ``then_all`` the other ranks run ``fn`` themselves once rank 0 has succeeded (rank 0 fills
+    a cache first, the others read it).
+    """
+    result, error = None, None
+    if ctx.is_main:
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - re-raised below, after telling the other ranks
+            error = e
+    message = distributed.broadcast_object(None if error is None else str(error))
+    if error is not None:
+        raise error
+    if message is not None:
+        raise ConfigError(message)
+    if then_all:
+        return result if ctx.is_main else fn()
+    return distributed.broadcast_object(result)
+
+
+def _check_run_dir(cfg: Config) -> str:
+    """'new', 'resume' or 'completed'; a directory holding another run is never overwritten."""
+    run_dir = cfg.run_dir()
+    if (run_dir / "config.yaml").exists():
+        status = _read_status(run_dir)
+        if not cfg.resume:
+            raise ConfigError(
+                f"run directory {str(run_dir)!r} already holds a run (status={status}); pass "
+                "resume=true to continue it, or choose another name= or out_dir="
+            )
+        old = read_yaml(run_dir / "config.yaml")
+        new = cfg.keys_of("experiment")
+        differ = [k for k in new if k in old and _plain(old[k]) != _plain(new[k])]
+        if differ:
+            shown = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in differ)
+            raise ConfigError(f"resume=true but experiment keys differ from {run_dir}: {shown}")
+        return "completed" if status == "completed" else "resume"
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"run directory {str(run_dir)!r} exists and is not empty; choose another name="
+        )
+    return "new"
+
+
+def _plain(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _read_status(run_dir: Path) -> str:
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status", "unknown")
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+
+
+class _Run:
+    def __init__(self, cfg: Config, ctx: distributed.Context) -> None:
+        self.cfg, self.ctx = cfg, ctx
+
+    # -- setup ------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        cfg, ctx = self.cfg, self.ctx
+        t_start = time.perf_counter()
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        check_world(cfg, ctx.world_size)
+        mode = _on_main(ctx, lambda: _check_run_dir(cfg))
+        self.run_dir = cfg.run_dir()
+        if mode == "completed":
+            print(f"lbsgd: {self.run_dir} is already complete; nothing to do", flush=True)
+            return json.loads((self.run_dir / "summary.json").read_text())
+        splits = _on_main(ctx, lambda: data.build(cfg), then_all=True)  # rank 0 fills caches
+        torch.manual_seed(
+            cfg.seed
+        )  # the same initialisation on every rank and for every batch size
+        net = models.build(cfg, splits.num_classes, splits.image_size)
+        self._check_bn(net)
+        d = derive(cfg, ctx.world_size, len(splits.train))
+        net.to(ctx.device)
+        if cfg.channels_last:
+            net.to(memory_format=torch.channels_last)
+        opt = optim.build(cfg, net)
+        start_step = 0
+        state = checkpoint.load(self.run_dir) if mode == "resume" else None
+        if state is not None:
+            net.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"])
+            start_step = int(state["step"])
+        if cfg.compile:
+            net = torch.compile(net)
+        self.net, self.opt, self.splits, self.d = net, opt, splits, d
+        self.model = distributed.wrap(net, ctx, cfg.bucket_cap_mb)
+
+        full_config = {**cfg.to_dict(), **d.to_dict()}
+        self.tracker = None
+        if ctx.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(dump(cfg, d))
+            self.tracker = Tracker(
+                self.run_dir, full_config, mode=cfg.wandb, project=cfg.wandb_project,
+                group=cfg.study, name=cfg.run_name(),
+                truncate_after_step=start_step if state is not None else None,
+            )  # fmt: skip
+            self._announce(d, start_step)
+        self.summary: dict[str, Any] = {
+            "status": "running",
+            "run": cfg.run_name(),
+            "study": cfg.study,
+            "experiment_id": cfg.experiment_id(),
+            "steps": start_step,
+            "total_steps": d.total_steps,
+            "environment": environment(ctx.device, ctx.world_size),
+        }
+        self._write_summary()
+        status = "failed"
+        try:
+            status = self._loop(start_step, t_start)
+        finally:
+            self.summary["status"] = status
+            self._write_summary()
+            if self.tracker is not None:
+                self.tracker.summary(self.summary)
+                self.tracker.close(exit_code=STATUS_EXIT_CODE.get(status, 1))
+        return self.summary
+
+    def _check_bn(self, net: torch.nn.Module) -> None:
+        # BN statistics must come from groups of exactly bn_batch samples. Without ghost BN the
+        # group is the micro-batch, so the two must be equal for a model with BN.
+        has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules())
+        mb = micro_batch(self.cfg)
+        if has_bn and mb != self.cfg.bn_batch:
+            raise ConfigError(
+                f"micro_batch={mb} differs from bn_batch={self.cfg.bn_batch}: BN statistics of "
+                f"model={self.cfg.model} would cover {mb} samples; use micro_batch={self.cfg.bn_batch}"
+            )
+
+    def _announce(self, d, start_step: int) -> None:
+        cfg = self.cfg
+        print(
+            f"lbsgd: run {self.run_dir} | {cfg.model} on {cfg.dataset}, "
+            f"world_size={d.world_size} x micro_batch={d.micro_batch} x accum_steps={d.accum_steps}"
+            f" = batch_size={cfg.batch_size}\n"
+            f"lbsgd: lr {cfg.base_lr} x {cfg.lr_scaling}({cfg.batch_size}/{cfg.reference_batch}) = "
+            f"{d.lr:.6g}; warmup={cfg.warmup} from {d.warmup_start_lr:.6g} over {d.warmup_steps} steps;"
+            f" schedule={cfg.schedule}; {d.total_steps} steps = {cfg.epochs:g} epochs x "
+            f"{d.steps_per_epoch:.4g} steps/epoch (N={d.num_train})"
+            + (f"; resuming at step {start_step}" if start_step else ""),
+            flush=True,
+        )
+
+    def _write_summary(self) -> None:
+        if self.ctx.is_main:
+            path = self.run_dir / "summary.json"
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
+            tmp.replace(path)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def _loop(self, start_step: int, t_start: float) -> str:
+        cfg, ctx, d = self.cfg, self.ctx, self.d
+        b, n = cfg.batch_size, d.num_train
+        sampler = data.StepSampler(n, b, d.micro_batch, ctx.rank, ctx.world_size, cfg.seed,
+                                   d.total_steps, start_step)  # fmt: skip
+        stream = data.batches(
+            self.splits.train, sampler, cfg.workers, pin=ctx.device.type == "cuda"
+        )
+        criterion = torch.nn.CrossEntropyLoss()
+        fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        bar = tqdm(total=d.total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                   disable=not (ctx.is_main and sys.stderr.isatty()))  # fmt: skip
+        pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss) awaiting a flush
+        self.best = (math.inf, 0)
+        t_other = 0.0  # seconds spent in evaluation and checkpoints (not training throughput)
+        t_loop = t_window = time.perf_counter()
+        status = "completed"
+        self.model.train()
+        for step in range(start_step, d.total_steps):
+            lr = learning_rate(step, cfg, d)
+            optim.set_lr(self.opt, lr)
+            loss_sum = torch.zeros((), device=ctx.device)
+            for i in range(d.accum_steps):
+                x, y = next(stream)
+                x = x.to(ctx.device, non_blocking=True, memory_format=fmt)
+                y = y.to(ctx.device, non_blocking=True)
+                with distributed.no_sync(self.model, skip=i < d.accum_steps - 1):
+                    loss = criterion(self.model(x), y)
+                    (loss / d.accum_steps).backward()
+                loss_sum += loss.detach()
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            pending.append((step + 1, lr, loss_sum / d.accum_steps))
+            done = step + 1
+            bar.update(1)
+            epoch_end = done * b // n > step * b // n
+            last = done == d.total_steps
+            if len(pending) >= cfg.log_every or epoch_end or last:
+                now = time.perf_counter()
+                finite = self._flush(pending, b * len(pending) / max(now - t_window, 1e-9), bar)
+                pending, t_window = [], time.perf_counter()
+                if not finite:
+                    status = "diverged"
+                    self.summary["steps"] = done
+                    break
+            if epoch_end or last:
+                t0 = time.perf_counter()
+                epoch = done * b // n
+                if last or (cfg.eval_every and epoch % cfg.eval_every == 0):
+                    self._evaluate(done)
+                if cfg.checkpoint:
+                    self._save(done)
+                t_other += time.perf_counter() - t0
+                t_window += time.perf_counter() - t0
+            self.summary["steps"] = done
+        bar.close()
+        train_time = time.perf_counter() - t_loop - t_other
+        steps_run = self.summary["steps"] - start_step
+        self.summary.update(
+            epochs=self.summary["steps"] * b / n,
+            wall_time_s=time.perf_counter() - t_start,
+            train_time_s=train_time,
+            img_per_s=steps_run * b / train_time if train_time > 0 else None,
+        )
+        if status == "diverged" and ctx.is_main:
+            print(
+                f"lbsgd: run diverged (non-finite loss) at step {self.summary['steps']}", flush=True
+            )
+        return status
+
+    def _flush(self, pending, img_per_s: float, bar) -> bool:
+        """Average the pending losses over ranks (one collective) and log them; False if any is not
+        finite."""
+        losses = distributed.all_reduce_mean(torch.stack([p[2] for p in pending])).cpu().tolist()
+        b, n = self.cfg.batch_size, self.d.num_train
+        if self.tracker is not None:
+            for (step, lr, _), loss in zip(pending, losses, strict=True):
+                self.tracker.log({"kind": "train", "step": step, "epoch": step * b / n, "lr": lr,
+                                  "loss": loss, "img_per_s": img_per_s})  # fmt: skip
+        self.summary.setdefault("final", {})["train_loss"] = losses[-1]
+        bar.set_postfix(
+            loss=f"{losses[-1]:.4f}", lr=f"{pending[-1][1]:.4g}", img_s=f"{img_per_s:.0f}"
+        )
+        return all(math.isfinite(v) for v in losses)
+
+    @torch.no_grad()
+    def _evaluate(self, step: int) -> None:
+        """Top-1/top-5 error (%) and loss on the test split, each rank a disjoint shard."""
+        ctx, net, test = self.ctx, self.net, self.splits.test
+        distributed.sync_buffers(distributed.unwrap(net))  # BN running stats as on rank 0
+        net.eval()
+        idx = torch.tensor(data.shard(len(test), ctx.rank, ctx.world_size), dtype=torch.long)
+        sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss, top1, top5, count
+        k = min(5, self.splits.num_classes)
+        fmt = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
+        for x, y in data.batches(test, idx.split(4 * self.d.micro_batch), self.cfg.workers):
+            x = x.to(ctx.device, memory_format=fmt)
+            y = y.to(ctx.device)
+            out = net(x).float()
+            topk = out.topk(k, dim=1).indices
+            sums[0] += torch.nn.functional.cross_entropy(out, y, reduction="sum")
+            sums[1] += (topk[:, 0] == y).sum()
+            sums[2] += (topk == y[:, None]).any(dim=1).sum()
+            sums[3] += len(y)
+        net.train()
+        loss, top1, top5, count = distributed.all_reduce_sum(sums).cpu().tolist()
+        rec = {
+            "kind": "eval",
+            "step": step,
+            "epoch": step * self.cfg.batch_size / self.d.num_train,
+            "top1_error_pct": 100.0 * (1 - top1 / count),
+            "top5_error_pct": 100.0 * (1 - top5 / count),
+            "test_loss": loss / count,
+        }
+        if self.tracker is not None:
+            self.tracker.log(rec)
+        self.summary.setdefault("final", {}).update(
+            {k: rec[k] for k in ("top1_error_pct", "top5_error_pct", "test_loss")}
+        )
+        if rec["top1_error_pct"] < self.summary.get("best", {}).get("top1_error_pct", math.inf):
+            self.summary["best"] = {"top1_error_pct": rec["top1_error_pct"], "step": step}
+
+    def _save(self, step: int) -> None:
+        if not self.ctx.is_main:
+            return
+        checkpoint.save(self.run_dir, {
+            "model": distributed.unwrap(self.net).state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "step": step,
+            "config": self.cfg.to_dict(),
+            "rng": torch.get_rng_state(),
+        })  # fmt: skip

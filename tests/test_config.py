@@ -1,0 +1,116 @@
+"""The config vocabulary: defaults from Goyal et al., validation with one-line errors, round trips."""
+
+import dataclasses
+
+import pytest
+import yaml
+
+from lbsgd import config
+from lbsgd.config import Config, ConfigError, derive
+
+
+def test_defaults_are_goyal_2017():
+    c = Config()
+    assert (c.base_lr, c.reference_batch, c.bn_batch, c.momentum, c.nesterov) == (
+        0.1,
+        256,
+        32,
+        0.9,
+        True,
+    )
+    assert (c.weight_decay, c.warmup, c.warmup_epochs) == (1e-4, "gradual", 5.0)
+    assert (c.schedule, c.milestones, c.decay_factor, c.epochs) == ("step", (30, 60, 80), 0.1, 90)
+    assert c.zero_init_residual is True
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().batch_size = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fragment"),
+    [
+        (["batchsize=64"], "batchsize", "did you mean 'batch_size'"),
+        (["warmup=linear"], "warmup", "'none', 'constant' or 'gradual'"),
+        (["batch_size=1000"], "batch_size", "not a multiple of bn_batch=32"),
+        (["base_lr=-0.1"], "base_lr", "must be > 0"),
+        (["dataset=cifar10"], "data_dir", "required for dataset=cifar10"),
+        (["dataset=imagenet", "data_dir=/no/such/dir"], "data_dir", "does not exist"),
+        (["batch_size=abc"], "batch_size", "valid integer"),
+        (["momentum=1.5"], "momentum", "[0, 1)"),
+        (["nesterov=maybe"], "nesterov", "valid boolean"),
+        (["lr_scaling=cubic"], "lr_scaling", "'linear', 'sqrt' or 'none'"),
+        (["schedule=exp"], "schedule", "'step', 'poly' or 'cosine'"),
+        (["milestones=60,30"], "milestones", "increasing order"),
+        (["micro_batch=48"], "micro_batch", "not a multiple of bn_batch=32"),
+        (["depth=21"], "depth", "6n+2"),
+        (["epochs=0"], "epochs", "must be > 0"),
+        (["warmup_epochs=-1"], "warmup_epochs", ">= 0"),
+        (["name=a/b"], "name", "plain folder name"),
+        (["batch_size"], "batch_size", "not key=value"),
+    ],
+)
+def test_invalid_config_stops_with_one_line_naming_the_key(overrides, key, fragment):
+    with pytest.raises(ConfigError) as err:
+        config.load(overrides=overrides)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert key in msg and fragment in msg, msg
+
+
+def test_hardware_mapping_that_cannot_be_exact_is_refused():
+    c = Config(batch_size=256, bn_batch=32)
+    with pytest.raises(
+        ConfigError, match=r"batch_size=256 is not a multiple of world_size \* micro_batch"
+    ):
+        derive(c, world_size=3, num_train=1000)
+    assert derive(c, world_size=4, num_train=1000).accum_steps == 2  # 256 / (4 * 32)
+
+
+def test_overrides_are_typed_by_the_schema():
+    c = config.load(overrides=["batch_size=8192", "nesterov=false", "milestones=[10, 20]",
+                               "warmup_lr=null", "base_lr=1e-3"])  # fmt: skip
+    assert (c.batch_size, c.nesterov, c.milestones, c.warmup_lr, c.base_lr) == (
+        8192, False, (10.0, 20.0), None, 0.001)  # fmt: skip
+
+
+def test_yaml_files_then_overrides_later_wins(tmp_path):
+    a = tmp_path / "a.yaml"
+    a.write_text("batch_size: 512\nwarmup: constant\n")
+    b = tmp_path / "b.yaml"
+    b.write_text("warmup: none\n")
+    c = config.load([a, b], ["batch_size=1024"])
+    assert (c.batch_size, c.warmup) == (1024, "none")
+
+
+def test_yaml_with_unknown_key_is_refused(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("batch_size: 512\nwarmpu: none\n")
+    with pytest.raises(ConfigError, match="unknown key 'warmpu' \\(did you mean 'warmup'\\?\\)"):
+        config.load([f])
+
+
+def test_dump_then_load_round_trips_every_key_and_keeps_derived_values(tmp_path):
+    c = config.load(overrides=["batch_size=2048", "warmup=constant", "milestones=1,2.5", "seed=7"])
+    d = derive(c, world_size=2, num_train=50_000)
+    f = tmp_path / "config.yaml"
+    f.write_text(config.dump(c, d))
+    assert config.load([f]) == c
+    raw = yaml.safe_load(f.read_text())
+    assert raw["lr"] == pytest.approx(0.8) and raw["accum_steps"] == 32 and raw["world_size"] == 2
+
+
+def test_run_name_is_stable_and_tracks_experiment_keys_only():
+    a = Config(batch_size=512)
+    assert a.run_name() == Config(batch_size=512).run_name()
+    assert a.experiment_id() == Config(batch_size=512, workers=4, micro_batch=64).experiment_id()
+    assert a.experiment_id() != Config(batch_size=512, seed=1).experiment_id()
+
+
+def test_every_key_documents_its_kind_and_meaning():
+    text = config.describe_keys()
+    for f in dataclasses.fields(Config):
+        assert f.metadata["kind"] in ("experiment", "hardware", "run")
+        assert len(f.metadata["help"]) > 10
+        assert f.name in text

@@ -1,0 +1,225 @@
+"""Tests for lbsgd.data.folders on tiny datasets written here, in the real on-disk formats."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lbsgd.data.folders import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    cifar10,
+    imagenet,
+)
+
+CIFAR_NAMES = ["airplane", "automobile", "bird", "cat", "deer"]
+CIFAR_NAMES += ["dog", "frog", "horse", "ship", "truck"]
+
+
+def _normalise(chw_uint8: np.ndarray, mean, std) -> np.ndarray:
+    """Hand normalisation: pixels / 255, minus mean, over std, per channel."""
+    x = chw_uint8.astype(np.float64) / 255.0
+    return (x - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
+
+
+# ----------------------------------------------------------------------------------- CIFAR-10
+
+
+class _Py2Pickler(pickle._Pickler):
+    """Pickles bytes as Python 2 ``str`` (SHORT_BINSTRING/BINSTRING opcodes), as the real CIFAR-10
+    files do (they were written by Python 2 cPickle). Loaded with encoding="latin1", as torchvision
+    does, the keys come back as "data"; with encoding="bytes" as b"data". Python 3's own pickler
+    would store b"data" as bytes, which torchvision's entry["data"] lookup does not find."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def _save_py2_str(self, obj: bytes) -> None:
+        n = len(obj)
+        if n < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj)
+        else:
+            self.write(pickle.BINSTRING + struct.pack("<i", n) + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = _save_py2_str
+
+
+def _dump_py2(obj: dict, path: Path) -> None:
+    with open(path, "wb") as f:
+        _Py2Pickler(f, protocol=2).dump(obj)
+
+
+def _write_cifar(root: Path, per_batch: int = 3, n_test: int = 4) -> dict[str, tuple]:
+    """Write torchvision's CIFAR-10 python format: Python 2 pickled dicts with keys b"data" (uint8
+    rows of 3072: 1024 R, then G, then B, each row-major 32x32), b"labels" and, in batches.meta,
+    b"label_names". Returns what was written per file."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    written = {}
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for k, name in enumerate(names):
+        n = n_test if name == "test_batch" else per_batch
+        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
+        labels = [int((k * 7 + j * 3) % 10) for j in range(n)]
+        _dump_py2({b"batch_label": name.encode(), b"data": data, b"labels": labels}, folder / name)
+        written[name] = (data, labels)
+    meta = {b"label_names": [c.encode() for c in CIFAR_NAMES], b"num_vis": 3072}
+    _dump_py2(meta, folder / "batches.meta")
+    return written
+
+
+@pytest.fixture
+def cifar_dir(tmp_path):
+    return tmp_path, _write_cifar(tmp_path)
+
+
+def test_cifar10_sizes_labels_and_test_pixels(cifar_dir):
+    root, written = cifar_dir
+    train, test, num_classes, image_size = cifar10(root)
+    assert (num_classes, image_size) == (10, 32)
+    assert (len(train), len(test)) == (15, 4)
+    assert train.classes == CIFAR_NAMES
+
+    train_labels = sum((written[f"data_batch_{i}"][1] for i in range(1, 6)), [])
+    assert [train[i][1] for i in range(len(train))] == train_labels
+    assert all(type(train[i][1]) is int for i in range(len(train)))
+    assert [test[i][1] for i in range(len(test))] == written["test_batch"][1]
+
+    data, _ = written["test_batch"]
+    for i in range(len(test)):
+        image, _ = test[i]
+        assert image.dtype == torch.float32 and image.shape == (3, 32, 32)
+        expected = _normalise(data[i].reshape(3, 32, 32), CIFAR10_MEAN, CIFAR10_STD)
+        np.testing.assert_allclose(image.numpy(), expected, atol=1e-5)
+
+
+def test_cifar10_accepts_batches_folder_and_no_augment(cifar_dir):
+    root, written = cifar_dir
+    # data_dir pointing at the batches folder itself; augment=False makes train deterministic.
+    train, test, _, _ = cifar10(root / "cifar-10-batches-py", augment=False)
+    assert (len(train), len(test)) == (15, 4)
+    expected = _normalise(
+        written["data_batch_1"][0][0].reshape(3, 32, 32), CIFAR10_MEAN, CIFAR10_STD
+    )
+    np.testing.assert_allclose(train[0][0].numpy(), expected, atol=1e-5)
+
+
+def _crop_flip_of(padded: np.ndarray, view: np.ndarray) -> tuple[int, int, bool] | None:
+    """Which (top, left, flipped) 32x32 window of the 40x40 padded image equals view, if any."""
+    for top in range(9):
+        for left in range(9):
+            window = padded[:, top : top + 32, left : left + 32]
+            for flipped in (False, True):
+                candidate = window[:, :, ::-1] if flipped else window
+                if np.allclose(candidate, view, atol=1e-5):
+                    return top, left, flipped
+    return None
+
+
+def test_cifar10_train_augmentation_is_random_pad_crop_flip(cifar_dir):
+    root, written = cifar_dir
+    train, _, _, _ = cifar10(root)
+    pixels = written["data_batch_1"][0][0].reshape(3, 32, 32)
+    # Zero padding happens on raw pixels, so the padded border normalises to -mean/std.
+    padded = _normalise(np.pad(pixels, ((0, 0), (4, 4), (4, 4))), CIFAR10_MEAN, CIFAR10_STD)
+
+    torch.manual_seed(0)
+    views = [train[0][0] for _ in range(40)]
+    placements = set()
+    for view in views:
+        assert view.dtype == torch.float32 and view.shape == (3, 32, 32)
+        placement = _crop_flip_of(padded, view.numpy())
+        assert placement is not None, "augmented image is not a crop/flip of the padded image"
+        placements.add(placement)
+    assert len(placements) > 10  # 162 possible placements: the crop varies
+    assert {flipped for _, _, flipped in placements} == {False, True}  # and so does the flip
+    offsets = {top for top, _, _ in placements} | {left for _, left, _ in placements}
+    assert {0, 8} <= offsets  # the extreme windows exist only with the full 4-pixel padding
+
+    torch.manual_seed(0)  # same seed, same draws
+    assert all(torch.equal(train[0][0], view) for view in views[:5])
+
+
+def test_cifar10_missing_data_dir_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="data_dir=.*nowhere.*does not exist"):
+        cifar10(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"data_dir=.*has no cifar-10-batches-py/") as info:
+        cifar10(tmp_path)
+    assert "download=True" in str(info.value) and "\n" not in str(info.value)
+    _write_cifar(tmp_path)
+    (tmp_path / "cifar-10-batches-py" / "data_batch_3").unlink()
+    with pytest.raises(FileNotFoundError, match="data_dir=.*data_batch_3"):
+        cifar10(tmp_path)
+
+
+# ----------------------------------------------------------------------------------- ImageNet
+
+CLASSES = ["n01", "n02", "n03"]
+
+
+def _write_imagefolder(root: Path, classes=CLASSES, per_class: int = 4) -> dict:
+    """Write train/ and val/ ImageFolder trees of 40x30 (w x h) random-pixel PNGs (lossless)."""
+    rng = np.random.default_rng(1)
+    written = {}
+    for split in ("train", "val"):
+        for c in classes:
+            (root / split / c).mkdir(parents=True)
+            for j in range(per_class):
+                pixels = rng.integers(0, 256, size=(30, 40, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / c / f"{c}_{j}.png")
+                written[(split, c, j)] = pixels
+    return written
+
+
+def test_imagenet_classes_shapes_and_val_transform(tmp_path):
+    written = _write_imagefolder(tmp_path)
+    train, val, num_classes, image_size = imagenet(tmp_path, image_size=32)
+    assert (num_classes, image_size) == (3, 32)
+    assert (len(train), len(val)) == (12, 12)
+    assert train.class_to_idx == val.class_to_idx == {c: i for i, c in enumerate(CLASSES)}
+    assert [label for _, label in train.samples] == [0] * 4 + [1] * 4 + [2] * 4
+
+    torch.manual_seed(0)
+    crops = [train[i][0] for i in range(len(train))]
+    assert all(x.dtype == torch.float32 and x.shape == (3, 32, 32) for x in crops)
+    assert not torch.equal(train[0][0], train[0][0])  # random resized crop differs per draw
+    assert type(train[5][1]) is int and train[5][1] == 1
+
+    # Val by hand: shorter side 30 -> int(32 * 256 / 224) = 36, so 40x30 -> 48x36 (bilinear, as
+    # torchvision does for PIL); centre crop 32 starts at round((36-32)/2)=2, round((48-32)/2)=8.
+    image, label = val[6]
+    assert label == 1
+    resized = Image.fromarray(written[("val", "n02", 2)]).resize((48, 36), Image.BILINEAR)
+    crop = np.asarray(resized)[2:34, 8:40].transpose(2, 0, 1)
+    np.testing.assert_allclose(
+        image.numpy(), _normalise(crop, IMAGENET_MEAN, IMAGENET_STD), atol=1e-5
+    )
+
+
+def test_imagenet_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="data_dir=.*nowhere.*does not exist"):
+        imagenet(tmp_path / "nowhere")
+    (tmp_path / "train" / "n01").mkdir(parents=True)
+    with pytest.raises(
+        FileNotFoundError, match="data_dir=.*has no class folders under val/"
+    ) as info:
+        imagenet(tmp_path)
+    assert "ImageFolder" in str(info.value) and "\n" not in str(info.value)
+
+    other = tmp_path / "mismatch"
+    _write_imagefolder(other, per_class=1)
+    (other / "val" / "n03").rename(other / "val" / "n04")
+    with pytest.raises(FileNotFoundError, match="different class folders") as info:
+        imagenet(other)
+    message = str(info.value)
+    assert str(other / "train") in message and str(other / "val") in message
+    assert "'n03'" in message and "'n04'" in message

@@ -1,0 +1,130 @@
+"""The trainer end to end on CPU: learning, outputs, run-directory safety, resume, the extension point."""
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+
+from lbsgd import checkpoint
+from lbsgd.config import ConfigError, derive
+from lbsgd.models import MODELS, register_model
+from lbsgd.schedules import learning_rate
+from lbsgd.trainer import _Run, train
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_short_run_on_synthetic_learns_well_below_chance(tiny):
+    # 4,000 easy images, 3 epochs at batch 32: chance is 90% top-1 error; measured ~53%.
+    # (gamma=1: at this scale gamma=0 lengthens the initial plateau beyond 3 epochs.)
+    cfg = tiny(synthetic_train=4000, synthetic_test=1000, batch_size=32, reference_batch=32,
+               base_lr=0.1, epochs=3, warmup_epochs=0.3, zero_init_residual=False)  # fmt: skip
+    summary = train(cfg)
+    assert summary["status"] == "completed"
+    assert summary["final"]["top1_error_pct"] < 70.0, summary["final"]
+
+
+def test_run_writes_config_metrics_and_summary_as_promised(tiny):
+    cfg = tiny()
+    summary = train(cfg)
+    run_dir = cfg.run_dir()
+    d = derive(cfg, 1, cfg.synthetic_train)
+    assert yaml.safe_load((run_dir / "config.yaml").read_text()) == {**cfg.to_dict(), **d.to_dict()}
+    records = read_metrics(run_dir)
+    steps = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == list(range(1, d.total_steps + 1))  # one per optimizer step
+    for r in steps:  # the logged lr is the schedule's lr of that update
+        assert r["lr"] == pytest.approx(learning_rate(r["step"] - 1, cfg, d))
+        assert math.isfinite(r["loss"]) and r["img_per_s"] > 0
+        assert r["epoch"] == pytest.approx(r["step"] * cfg.batch_size / cfg.synthetic_train)
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["epoch"] for r in evals] == [1.0, 2.0]  # eval_every=1 epoch
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary))
+    assert on_disk["status"] == "completed" and on_disk["steps"] == d.total_steps
+    assert on_disk["final"]["top1_error_pct"] == evals[-1]["top1_error_pct"]
+    env = on_disk["environment"]
+    assert env["torch"] == torch.__version__ and "git_commit" in env and env["world_size"] == 1
+    assert on_disk["img_per_s"] > 0 and on_disk["wall_time_s"] >= on_disk["train_time_s"]
+
+
+def test_existing_run_directory_is_never_overwritten(tiny):
+    cfg = tiny(epochs=0.5, name="fixed")  # a fixed name: otherwise the name tracks the keys
+    train(cfg)
+    run_dir = cfg.run_dir()
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    with pytest.raises(
+        ConfigError, match="already holds a run \\(status=completed\\).*resume=true"
+    ):
+        train(cfg)
+    with pytest.raises(ConfigError, match="experiment keys differ.*batch_size"):
+        train(cfg.replace(resume=True, batch_size=128))
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+def test_resume_continues_from_the_last_checkpoint_to_the_same_weights(tiny, monkeypatch):
+    reference = tiny(name="straight", epochs=3)
+    train(reference)
+
+    # the same run, stopped by a crash at the end of epoch 2 (after epoch 1's checkpoint) ...
+    cfg = tiny(name="crashed", epochs=3)
+    real_evaluate = _Run._evaluate
+
+    def crash_at_epoch_2(self, step):
+        if step * cfg.batch_size // cfg.synthetic_train == 2:
+            raise RuntimeError("simulated crash")
+        real_evaluate(self, step)
+
+    monkeypatch.setattr(_Run, "_evaluate", crash_at_epoch_2)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(cfg)
+    assert json.loads((cfg.run_dir() / "summary.json").read_text())["status"] == "failed"
+    assert checkpoint.load(cfg.run_dir())["step"] == 8  # 512 / 64 = 8 steps per epoch
+    monkeypatch.setattr(_Run, "_evaluate", real_evaluate)
+
+    # ... and resumed: it finishes with bitwise the weights of the uninterrupted run
+    summary = train(cfg.replace(resume=True))
+    assert summary["status"] == "completed"
+    want = checkpoint.load(reference.run_dir())["model"]
+    got = checkpoint.load(cfg.run_dir())["model"]
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+    steps = [r["step"] for r in read_metrics(cfg.run_dir()) if r["kind"] == "train"]
+    assert steps == list(range(1, 25))  # records after the checkpoint were replaced, not repeated
+
+
+def test_model_with_bn_refuses_micro_batch_other_than_bn_batch(tiny):
+    cfg = tiny(micro_batch=32)
+    with pytest.raises(ConfigError, match="micro_batch=32 differs from bn_batch=16"):
+        train(cfg)
+    assert not cfg.run_dir().exists()  # refused before anything was written
+
+
+def test_user_registered_model_trains_with_every_recipe_without_editing_lbsgd(tiny):
+    name = "test_mlp"
+    if name not in MODELS:
+
+        @register_model(name)
+        def mlp(cfg, num_classes, image_size):
+            return torch.nn.Sequential(
+                torch.nn.Flatten(), torch.nn.Linear(3 * image_size**2, 64), torch.nn.ReLU(),
+                torch.nn.Linear(64, num_classes),
+            )  # fmt: skip
+
+    # no BN: any micro-batch works; constant warmup and step decay from the vocabulary
+    cfg = tiny(model=name, micro_batch=32, warmup="constant", warmup_lr=0.01, base_lr=0.1,
+               schedule="step", milestones=[3], epochs=4)  # fmt: skip
+    summary = train(cfg)
+    assert summary["status"] == "completed"
+    assert summary["run"].startswith(f"{name}-synthetic-b64-constant")
+    train_recs = [r for r in read_metrics(cfg.run_dir()) if r["kind"] == "train"]
+    lrs = [r["lr"] for r in train_recs]
+    assert lrs == [0.01] * 4 + [0.1] * 20 + [pytest.approx(0.01)] * 8  # 8 steps per epoch
+    losses = [r["loss"] for r in train_recs]
+    assert sum(losses[-8:]) / 8 < 0.9 * sum(losses[:8]) / 8  # it trained
