@@ -30,12 +30,14 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The embedded default: a ResNet-20 on the generated dataset, written to results/quickstart/.
+# The embedded default run (configs/quickstart.yaml) into $(OUT)/quickstart/. A run already
+# complete there is skipped; `make reproduce OUT=elsewhere` replays it from scratch.
+OUT ?= results
 reproduce: setup
-	$(VENV)/bin/lbsgd train -c configs/quickstart.yaml out_dir=results
+	$(VENV)/bin/lbsgd train -c configs/quickstart.yaml out_dir=$(OUT) resume=true
 
 bench: setup
-	$(VENV)/bin/lbsgd bench train --out results/benchmarks/train_cpu.json
+	$(VENV)/bin/lbsgd bench train --steps 200 --repeats 5 channels_last=true --out results/benchmarks/train_cpu.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -127,3 +127,35 @@ def test_cli_unknown_model_names_the_registered_ones(tmp_path):
     assert r.returncode == 2
     assert "model='resnt' is not registered (did you mean 'resnet'?)" in r.stderr
     assert Path(tmp_path).exists() and list(tmp_path.iterdir()) == []
+
+
+def test_progress_bar_shows_on_a_terminal_and_stays_quiet_otherwise(tmp_path):
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    args = [*COMMON, f"out_dir={tmp_path}"]
+    quiet = lbsgd(["train", *args, "name=pipe"])
+    assert quiet.returncode == 0 and "step/s" not in quiet.stderr and "6/6" not in quiet.stderr
+    leader, follower = pty.openpty()
+    fcntl.ioctl(
+        follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0)
+    )  # a 100-col terminal
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lbsgd", "train", *args, "name=tty"],
+                            stdout=subprocess.DEVNULL, stderr=follower, env=env)  # fmt: skip
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert proc.wait(timeout=120) == 0
+    os.close(leader)
+    shown = b"".join(chunks).decode(errors="replace")
+    assert "6/6" in shown and "step" in shown, shown[-500:]

@@ -128,3 +128,18 @@ def test_user_registered_model_trains_with_every_recipe_without_editing_lbsgd(ti
     assert lrs == [0.01] * 4 + [0.1] * 20 + [pytest.approx(0.01)] * 8  # 8 steps per epoch
     losses = [r["loss"] for r in train_recs]
     assert sum(losses[-8:]) / 8 < 0.9 * sum(losses[:8]) / 8  # it trained
+
+
+def test_file_dataset_trains_through_dataloader_workers(tiny, tmp_path):
+    # CIFAR-10 in torchvision's format (files written by the test), loaded by a worker process
+    from test_folders import _write_cifar
+
+    _write_cifar(tmp_path / "cifar", per_batch=8, n_test=10)  # 40 train, 10 test images
+    cfg = tiny(dataset="cifar10", data_dir=str(tmp_path / "cifar"), depth=8, width=4,
+               batch_size=20, bn_batch=10, reference_batch=20, epochs=2, workers=1)  # fmt: skip
+    summary = train(cfg)
+    assert summary["status"] == "completed" and summary["steps"] == 4  # 40 / 20 x 2 epochs
+    evals = [r for r in read_metrics(cfg.run_dir()) if r["kind"] == "eval"]
+    assert len(evals) == 2
+    # 10 test images: every error is a multiple of 10%
+    assert all(round(r["top1_error_pct"], 6) % 10 == 0 for r in evals)

@@ -23,7 +23,9 @@ Recipe (coordinates: the frame is [-1, 1]^2, y up; one pixel is 2 / image_size f
 * "standard" difficulty is the above; "easy" (for the seconds-long smoke profile) has noise 0.05,
   no clutter, rotation +-15 degrees and scale U(0.5, 0.9). ``noise=`` overrides the difficulty's
   sigma. It is a monotone difficulty dial; a first probe with a small ResNet measured test error
-  about 5% at sigma 0.10, 8-10% at 0.12, 20% at 0.14 and 41% at 0.18.
+  about 5% at sigma 0.10, 8-10% at 0.12, 20% at 0.14 and 41% at 0.18. On this version, an 8-layer
+  ResNet of width 16 trained 10 epochs (SGD, one-cycle) reached 12.5% at 0.12; most of its errors
+  are ring vs square outline and plus vs X, the pairs that blur at the smallest scales.
 * Labels are balanced, exactly n // 10 per class (the remainder goes to the first classes), in a
   seeded shuffled order. All randomness comes from numpy's PCG64 generator seeded with ``seed``,
   so the output is bitwise deterministic given (n, seed, difficulty, noise, image_size).

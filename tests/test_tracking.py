@@ -1,0 +1,74 @@
+"""W&B mirrors every run (offline here: no network in tests) and never fails or blocks one."""
+
+import json
+import sys
+import types
+
+import pytest
+
+from lbsgd.tracking import resolve_wandb_mode
+from lbsgd.trainer import train
+
+
+def test_offline_wandb_run_holds_identity_config_and_metrics(tiny):
+    cfg = tiny(wandb="offline", epochs=1, study="warmup_study", name="wb_run")
+    summary = train(cfg)
+    assert summary["status"] == "completed"
+    runs = list((cfg.run_dir() / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1
+    blob = runs[0].read_bytes()  # W&B's offline log (protobuf records with the raw strings)
+    for needle in (b"warmup_study", b"wb_run", b"batch_size", b"warmup_steps", b"train/loss",
+                   b"train/lr", b"eval/top1_error_pct"):  # fmt: skip
+        assert needle in blob, needle
+    # the JSONL record of truth is complete whatever W&B does
+    kinds = [
+        json.loads(x)["kind"]
+        for x in (cfg.run_dir() / "metrics.jsonl").read_text().split("\n")
+        if x
+    ]
+    assert kinds.count("train") == 8 and kinds.count("eval") == 1
+
+
+class _BrokenRun:
+    def __init__(self):
+        self.summary = {}
+
+    def log(self, *a, **k):
+        raise ConnectionError("W&B server went away")
+
+    def finish(self, *a, **k):
+        raise ConnectionError("W&B server went away")
+
+
+@pytest.mark.parametrize("failure", ["init", "log"])
+def test_wandb_failure_leaves_one_warning_and_a_complete_run(tiny, monkeypatch, failure):
+    fake = types.ModuleType("wandb")
+    fake.Settings = lambda **k: k
+
+    def init(**kwargs):
+        if failure == "init":
+            raise ConnectionError("cannot reach api.wandb.ai")
+        return _BrokenRun()
+
+    fake.init = init
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = tiny(wandb="online", epochs=1, name=f"broken_{failure}")
+    with pytest.warns(RuntimeWarning, match="continuing without W&B") as caught:
+        summary = train(cfg)
+    assert summary["status"] == "completed"
+    assert len([w for w in caught if "W&B" in str(w.message)]) == 1  # one warning, then silence
+    lines = (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 8 + 1  # every step and the evaluation
+
+
+def test_auto_mode_is_offline_without_a_key_and_online_with_one(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_wandb_mode("auto") == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert resolve_wandb_mode("auto") == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert resolve_wandb_mode("auto") == "disabled"
+    assert resolve_wandb_mode("offline") == "offline"
