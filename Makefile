@@ -37,7 +37,7 @@ reproduce: setup
 	$(VENV)/bin/lbsgd train -c configs/quickstart.yaml out_dir=$(OUT) resume=true
 
 bench: setup
-	$(VENV)/bin/lbsgd bench train --steps 200 --repeats 5 channels_last=true --out results/benchmarks/train_cpu.json
+	$(VENV)/bin/lbsgd bench train --steps 300 --repeats 6 channels_last=true --out results/benchmarks/train_cpu.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -4,7 +4,7 @@ Both sides train the same model (same initialisation), on the same in-memory dat
 batch, micro-batch, optimizer and thread count, for the same number of optimizer steps. The bare
 loop is what a PyTorch tutorial writes: index a batch, forward, loss, backward, SGD step. The
 trainer adds the schedule, the sampler, gradient accumulation bookkeeping, metric flushes and the
-run directory. The sides alternate (bare, trainer, bare, trainer, …) so that machine load drifts
+run directory. The sides alternate (bare then trainer, trainer then bare, …) so that machine load drifts
 hit both; each side's best throughput is compared (ratio = trainer / bare), and the ratio of the
 medians is printed beside it.
 """
@@ -95,9 +95,11 @@ def bench_train(
     d = derive(cfg, 1, len(splits.train))
     bare, ours = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(repeats):
-            bare.append(bare_loop(cfg, splits, steps))
-            ours.append(trainer_run(cfg, steps, d.num_train, f"{tmp}/{r}"))
+        for r in range(repeats):  # alternate which side goes first: drifts in load hit both
+            sides = [lambda: bare.append(bare_loop(cfg, splits, steps)),
+                     lambda r=r: ours.append(trainer_run(cfg, steps, d.num_train, f"{tmp}/{r}"))]  # fmt: skip
+            for run in sides if r % 2 == 0 else sides[::-1]:
+                run()
             print(
                 f"repeat {r}: bare {bare[-1]:8.1f} img/s   trainer {ours[-1]:8.1f} img/s",
                 flush=True,
