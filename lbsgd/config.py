@@ -64,12 +64,15 @@ def _run(default: Any, help: str) -> Any:
 @dataclass(frozen=True, config=pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=False))
 class Config:
     # --- experiment keys: model and data -------------------------------------------------------
-    model: str = _exp("resnet", "network: resnet (CIFAR-style, depth 6n+2), resnet18..152, alexnet")
+    model: str = _exp(
+        "resnet", "network: resnet (CIFAR-style, depth 6n+2), resnet18..152, alexnet, alexnet_bn"
+    )
     depth: int = _exp(20, "depth of model=resnet: 6n+2 (8, 14, 20, 32, 44, 56, 110)")
     width: int = _exp(16, "channels of the first stage of model=resnet (16 in He et al. 2016)")
     zero_init_residual: bool = _exp(
         True, "gamma=0 for the last BN of each residual block (Goyal §5.3)"
     )
+    pool5_bn: bool = _exp(False, "BN after pool5 of model=alexnet/alexnet_bn (Jia et al. 2018)")
     dataset: str = _exp("synthetic", "synthetic (generated, no download), cifar10, imagenet")
     data_dir: str | None = _exp(None, "folder holding cifar10/imagenet; cache folder for synthetic")
     synthetic_train: int = _exp(32_000, "images in the synthetic train split")
@@ -103,10 +106,24 @@ class Config:
     poly_power: float = _exp(2.0, "power of schedule=poly (2 for LARS, You et al. 2017)")
     epochs: float = _exp(90.0, "training length in epochs (passes over the train split)")
     # --- experiment keys: optimizer ------------------------------------------------------------
-    optimizer: Literal["sgd"] = _exp("sgd", "sgd (momentum, Nesterov, weight decay)")
+    optimizer: Literal["sgd", "lars"] = _exp(
+        "sgd", "sgd (lr inside the velocity, Goyal eq. 10) or lars (You et al. 2017, Algorithm 1)"
+    )
     momentum: float = _exp(0.9, "momentum m of the velocity update")
     nesterov: bool = _exp(True, "Nesterov momentum (Goyal §5.1)")
-    weight_decay: float = _exp(1e-4, "L2 weight decay lambda")
+    weight_decay: float = _exp(1e-4, "L2 weight decay lambda (beta of LARS)")
+    momentum_correction: bool = _exp(
+        True, "scale the velocity by lr_{t+1}/lr_t when the lr changes (Goyal §3, eq. 10)"
+    )
+    lars_eta: float = _exp(0.001, "LARS trust coefficient eta (You et al. 2017: 0.001)")
+    decay_bn_bias: bool = _exp(
+        False, "weight decay (and LARS adaptation) also on biases and BN gamma/beta; false: Jia"
+    )
+    # --- experiment keys: numerics -----------------------------------------------------------
+    precision: Literal["fp32", "fp16", "bf16"] = _exp(
+        "fp32", "fp32; fp16 (autocast, fp32 master weights, dynamic loss scaling); bf16 (autocast)"
+    )
+    loss_scale: float = _exp(65536.0, "initial dynamic loss scale of precision=fp16 (2^16)")
     # --- hardware keys --------------------------------------------------------------------------
     micro_batch: int | None = _hw(None, "samples per process per forward/backward; null = bn_batch")
     workers: int = _hw(0, "DataLoader worker processes for file datasets (0: in the main process)")
@@ -201,6 +218,12 @@ def _check(c: Config) -> None:
     need(not c.nesterov or c.momentum > 0, "nesterov=true needs momentum > 0")
     need(0 < c.decay_factor <= 1, f"decay_factor={c.decay_factor} must be in (0, 1]")
     need(c.poly_power > 0, f"poly_power={c.poly_power} must be > 0")
+    need(c.lars_eta > 0, f"lars_eta={c.lars_eta} must be > 0")
+    need(c.loss_scale > 0, f"loss_scale={c.loss_scale} must be > 0")
+    need(
+        not c.pool5_bn or c.model in ("alexnet", "alexnet_bn"),
+        f"pool5_bn=true applies to model=alexnet or alexnet_bn, not model={c.model}",
+    )
     need(
         all(m >= 0 for m in c.milestones) and list(c.milestones) == sorted(c.milestones),
         f"milestones={list(c.milestones)} must be non-negative epochs in increasing order",

@@ -117,6 +117,9 @@ def wrap(model: torch.nn.Module, ctx: Context, bucket_cap_mb: float) -> torch.nn
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         bucket_cap_mb=bucket_cap_mb,
         gradient_as_bucket_view=True,
+        # BN buffers are kept equal on every rank by lbsgd.models.ghost_bn (one all-reduce per
+        # step), so DDP's per-forward broadcast of rank 0's buffers is not needed.
+        broadcast_buffers=False,
     )
 
 

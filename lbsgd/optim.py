@@ -1,29 +1,294 @@
-"""Optimizers. The learning rate is set every iteration from :mod:`lbsgd.schedules`.
+"""Optimizers of the replayed studies: SGD with the lr inside the velocity, and LARS.
 
-``optimizer=sgd`` is PyTorch's SGD: v ← m·v + (g + λ·w); w ← w − η_t·v (Nesterov: w ← w − η_t·(g + λ·w
-+ m·v)). With the learning rate outside the velocity this is the form of Goyal et al. 2017 §3,
-eq. (10) *with* momentum correction applied implicitly: a change of η_t takes effect at once and
-the velocity needs no rescaling.
+The learning rate is set every iteration from :mod:`lbsgd.schedules` through :func:`set_lr`,
+before ``optimizer.step()``.
+
+``optimizer=sgd`` — Goyal et al. 2017 (arXiv:1706.02677) §3, eq. (10): the velocity carries
+the learning rate, with d_t = g_t + λ·w_t (gradient plus L2 weight decay λ):
+
+    v_{t+1} = m·(η_{t+1}/η_t)·v_t + η_{t+1}·d_t        w_{t+1} = w_t − v_{t+1}
+    Nesterov:                                          w_{t+1} = w_t − (η_{t+1}·d_t + m·v_{t+1})
+
+The factor η_{t+1}/η_t is Goyal's *momentum correction* (eq. 10, ``momentum_correction=true``):
+with it the iterates are exactly those of PyTorch's SGD (lr outside the velocity), without it
+(factor 1) a velocity built at a small warmup lr keeps pushing with that lr after the lr has grown,
+and vice versa after a ÷10 step. Goyal et al. recommend the correction whenever η changes.
+
+``optimizer=lars`` — You et al. 2017 (arXiv:1708.03888) Algorithm 1, as in Jia et al. 2018
+(arXiv:1807.11205), per parameter tensor w with gradient g, trust coefficient η (``lars_eta``),
+weight decay β and the global lr γ_t of the schedule:
+
+    λ = η·‖w‖ / (‖g‖ + β·‖w‖)                          (local lr; λ = 1 when ‖w‖ = 0 or ‖g‖ = 0)
+    v_{t+1} = m·(γ_{t+1}/γ_t)·v_t + γ_{t+1}·λ·(g + β·w)  w_{t+1} = w_t − v_{t+1}
+
+with the same momentum-correction switch and Nesterov option as SGD (You et al. use plain momentum).
+
+Parameter groups (Jia et al. 2018 exclude biases and BN γ/β from weight decay and from LARS;
+Goyal et al. §5.1 also leave BN γ/β undecayed): with
+``decay_bn_bias=false`` the parameters of normalisation layers and every tensor with ndim <= 1
+(biases) get neither weight decay nor LARS adaptation; the rest get both. Chosen by module type and
+tensor shape, never by parameter name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
 
 from lbsgd.config import Config
 
+# Modules whose parameters are scale/shift of a normalisation (BN γ/β and its relatives).
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    _BatchNorm,  # BatchNorm1d/2d/3d, SyncBatchNorm, lbsgd's GhostBatchNorm
+    nn.GroupNorm,
+    nn.LayerNorm,
+    _InstanceNorm,
+) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
-def build(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.SGD(
-        params,
-        lr=cfg.base_lr,  # overwritten before every step by set_lr
-        momentum=cfg.momentum,
-        nesterov=cfg.nesterov,
-        weight_decay=cfg.weight_decay,
-    )
+
+def _check_common(lr: float, momentum: float, weight_decay: float, nesterov: bool) -> None:
+    if not lr >= 0:
+        raise ValueError(f"lr={lr} must be >= 0")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum={momentum} must be in [0, 1)")
+    if not weight_decay >= 0:
+        raise ValueError(f"weight_decay={weight_decay} must be >= 0")
+    if nesterov and momentum <= 0:
+        raise ValueError(f"nesterov=True needs momentum > 0, got momentum={momentum}")
+
+
+def _defaults(
+    lr: float, momentum: float, weight_decay: float, nesterov: bool, momentum_correction: bool
+) -> dict[str, Any]:
+    # last_lr: the lr of the group's previous step (None before the first), read by the correction.
+    return {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov,
+            "momentum_correction": momentum_correction, "last_lr": None}  # fmt: skip
+
+
+class _VelocitySGD(torch.optim.Optimizer):
+    """The velocity update shared by SGD and LARS (lr inside the velocity, Goyal §3).
+
+    A group stores ``last_lr``, the lr of its previous step, so that ``state_dict()`` carries it and
+    a resumed run applies the same momentum correction as an uninterrupted one. Velocities are
+    ``state[p]["momentum_buffer"]``, in units of the parameter (they include the lr).
+    """
+
+    def _directions(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]):
+        """(d, alpha): the step before momentum is alpha·d. Subclasses say what d is."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            if any(g.is_sparse for g in grads):
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            lr, m = group["lr"], group["momentum"]
+            d, alpha = self._directions(group, params, grads)
+            if m == 0:
+                torch._foreach_add_(params, d, alpha=-alpha)
+            else:
+                bufs = []
+                for p in params:
+                    state = self.state[p]
+                    if "momentum_buffer" not in state:
+                        # v_0 = 0: the first step is alpha·d, exactly PyTorch's first step.
+                        state["momentum_buffer"] = torch.zeros_like(
+                            p, memory_format=torch.preserve_format
+                        )
+                    bufs.append(state["momentum_buffer"])
+                last = group.get("last_lr")
+                # Goyal eq. (10): v was built with lr η_t; rescale it to η_{t+1}. When η_t = 0 the
+                # corrected velocity is already 0 (v = m·0·v + 0·d), so there is nothing to rescale
+                # and no ratio exists: the lr-inside form cannot carry a velocity through η = 0.
+                ratio = lr / last if group["momentum_correction"] and last else 1.0
+                torch._foreach_mul_(bufs, m * ratio)
+                torch._foreach_add_(bufs, d, alpha=alpha)
+                if group["nesterov"]:
+                    torch._foreach_add_(params, d, alpha=-alpha)
+                    torch._foreach_add_(params, bufs, alpha=-m)
+                else:
+                    torch._foreach_sub_(params, bufs)
+            # Params with grad None in this step keep their velocity unscaled (grads are dense in
+            # lbsgd, so every parameter steps every iteration).
+            group["last_lr"] = lr
+        return loss
+
+
+class SGD(_VelocitySGD):
+    """SGD with momentum, the learning rate inside the velocity (Goyal et al. 2017 §3, eq. 10).
+
+    v ← m·(η_{t+1}/η_t)·v + η_{t+1}·(g + λ·w);  w ← w − v   (Nesterov: w ← w − (η·(g + λ·w) + m·v)).
+    With ``momentum_correction=False`` the factor η_{t+1}/η_t is 1.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 0.1,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        momentum_correction: bool = True,
+    ) -> None:
+        _check_common(lr, momentum, weight_decay, nesterov)
+        super().__init__(
+            params, _defaults(lr, momentum, weight_decay, nesterov, momentum_correction)
+        )
+
+    def _directions(self, group, params, grads):
+        wd = group["weight_decay"]
+        d = torch._foreach_add(grads, params, alpha=wd) if wd != 0 else grads  # g + λ·w
+        return d, group["lr"]
+
+
+def lars_trust_ratio(w_norm: Tensor, g_norm: Tensor, eta: float, weight_decay: float) -> Tensor:
+    """You et al. 2017 Algorithm 1: λ = η·‖w‖ / (‖g‖ + β·‖w‖), elementwise over tensors of norms.
+
+    λ = 1 where ‖w‖ = 0 or ‖g‖ = 0 (as timm and NVIDIA's LARC): a zero-initialised tensor (a γ=0
+    BN weight under decay_bn_bias=true, Goyal §5.3) would otherwise get λ = 0 and never move, and
+    ‖g‖ = 0 with β = 0 would give 0/0. With λ = 1 the step is plain SGD(+decay) for that tensor.
+    """
+    ratio = eta * w_norm / (g_norm + weight_decay * w_norm)
+    return torch.where((w_norm > 0) & (g_norm > 0), ratio, torch.ones_like(ratio))
+
+
+def _norms(tensors: list[Tensor]) -> Tensor:
+    """‖t‖₂ of each tensor as one vector, accumulated in fp32 at least (fp16 squares overflow at
+    256), in one ``_foreach_norm`` launch and without a host sync."""
+    low = any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors)
+    return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32 if low else None))
+
+
+class LARS(_VelocitySGD):
+    """Layer-wise Adaptive Rate Scaling, You et al. 2017 Algorithm 1 (the form of Jia et al. 2018).
+
+    v ← m·(γ_{t+1}/γ_t)·v + γ_{t+1}·λ·(g + β·w);  w ← w − v, with λ of :func:`lars_trust_ratio`
+    per parameter tensor. A group with ``adapt=False`` uses λ = 1 (with weight_decay=0 that is
+    v ← m·v + γ·g: the bias/BN group of Jia et al.). Norms are taken in fp32 with one
+    ``_foreach_norm`` per group and the ratios stay on the device: no host sync per tensor.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1.0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        momentum_correction: bool = True,
+        trust_coefficient: float = 0.001,
+        adapt: bool = True,
+    ) -> None:
+        _check_common(lr, momentum, weight_decay, nesterov)
+        if not trust_coefficient > 0:
+            raise ValueError(f"trust_coefficient={trust_coefficient} (lars_eta) must be > 0")
+        defaults = _defaults(lr, momentum, weight_decay, nesterov, momentum_correction)
+        defaults.update(trust_coefficient=trust_coefficient, adapt=adapt)
+        super().__init__(params, defaults)
+
+    def _directions(self, group, params, grads):
+        lr, wd = group["lr"], group["weight_decay"]
+        d = torch._foreach_add(grads, params, alpha=wd) if wd != 0 else grads  # g + β·w
+        if not group["adapt"]:
+            return d, lr
+        w_norm, g_norm = _norms(params), _norms(grads)
+        local = lr * lars_trust_ratio(w_norm, g_norm, group["trust_coefficient"], wd)  # γ·λ
+        # Out of place: p.grad itself is left as the backward pass wrote it.
+        return torch._foreach_mul(d, list(local.unbind())), 1.0
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the lr of every group (call before ``step()``; the correction reads the previous one)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def param_groups(model: nn.Module, cfg: Config) -> list[dict[str, Any]]:
+    """The decay(+adapt) and no-decay groups of Jia et al. 2018; empty groups are dropped.
+
+    With ``decay_bn_bias=false`` a parameter goes to the no-decay group when a normalisation module
+    (:data:`NORM_TYPES`) owns it or it has ndim <= 1 (biases and any other per-channel vector).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.decay_bn_bias:
+        groups = [{"params": params, "weight_decay": cfg.weight_decay, "adapt": True,
+                   "name": "all"}]  # fmt: skip
+    else:
+        norm_ids = {
+            id(p)
+            for module in model.modules()
+            if isinstance(module, NORM_TYPES)
+            for p in module.parameters(recurse=False)
+        }
+        no_decay = [p for p in params if id(p) in norm_ids or p.ndim <= 1]
+        no_ids = {id(p) for p in no_decay}
+        decay = [p for p in params if id(p) not in no_ids]
+        groups = [
+            {"params": decay, "weight_decay": cfg.weight_decay, "adapt": True, "name": "decay"},
+            {"params": no_decay, "weight_decay": 0.0, "adapt": False, "name": "no_decay"},
+        ]
+    groups = [g for g in groups if g["params"]]
+    seen = [id(p) for g in groups for p in g["params"]]
+    assert len(seen) == len(set(seen)) == len(params), "every parameter in exactly one group"
+    return groups
+
+
+def build(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
+    """``cfg.optimizer``: sgd → :class:`SGD`, lars → :class:`LARS`, over :func:`param_groups`."""
+    groups = param_groups(model, cfg)
+    common: dict[str, Any] = {
+        "lr": cfg.base_lr,  # overwritten before every step by set_lr
+        "momentum": cfg.momentum,
+        "weight_decay": cfg.weight_decay,
+        "nesterov": cfg.nesterov,
+        "momentum_correction": cfg.momentum_correction,
+    }
+    if cfg.optimizer == "lars":
+        return LARS(groups, trust_coefficient=cfg.lars_eta, **common)
+    if cfg.optimizer == "sgd":
+        for g in groups:
+            del g["adapt"]  # SGD never adapts; keep its groups free of a key it would ignore
+        return SGD(groups, **common)
+    raise ValueError(f"optimizer={cfg.optimizer!r} is not one of: sgd, lars")
+
+
+_LARS_LABELS = {  # (weight decay, adaptation) -> label
+    (True, True): "decay+adapt",
+    (False, False): "no decay/adapt",
+    (True, False): "decay, no adapt",
+    (False, True): "adapt, no decay",
+}
+
+
+def describe_groups(optimizer: torch.optim.Optimizer) -> str:
+    """One line: ``parameter groups: decay+adapt 9 tensors / 77,760 params; no decay/adapt …``."""
+    lars = isinstance(optimizer, LARS)
+    parts = []
+    for g in optimizer.param_groups:
+        decay = g["weight_decay"] != 0
+        if lars:
+            label = _LARS_LABELS[decay, g["adapt"]]
+        else:
+            label = "decay" if decay else "no decay"
+        if g.get("name") == "no_decay":
+            label += " (bias, norm)"
+        n = sum(p.numel() for p in g["params"])
+        parts.append(f"{label} {len(g['params'])} tensors / {n:,} params")
+    return "parameter groups: " + "; ".join(parts)
+
+
+__all__ = ["LARS", "NORM_TYPES", "SGD", "build", "describe_groups", "lars_trust_ratio",
+           "param_groups", "set_lr"]  # fmt: skip

@@ -19,8 +19,10 @@ import torch
 from tqdm import tqdm
 
 from lbsgd import checkpoint, data, distributed, models, optim
-from lbsgd.config import Config, ConfigError, check_world, derive, dump, micro_batch, read_yaml
+from lbsgd.config import Config, ConfigError, check_world, derive, dump, read_yaml
 from lbsgd.environment import environment
+from lbsgd.models import ghost_bn
+from lbsgd.precision import Precision
 from lbsgd.schedules import learning_rate
 from lbsgd.tracking import Tracker
 
@@ -124,17 +126,19 @@ class _Run:
             cfg.seed
         )  # the same initialisation on every rank and for every batch size
         net = models.build(cfg, splits.num_classes, splits.image_size)
-        self._check_bn(net)
+        self.ghost = ghost_bn.ghost_modules(ghost_bn.convert(net, cfg.bn_batch))
         d = derive(cfg, ctx.world_size, len(splits.train))
         net.to(ctx.device)
         if cfg.channels_last:
             net.to(memory_format=torch.channels_last)
         opt = optim.build(cfg, net)
+        self.precision = Precision(cfg.precision, ctx.device, cfg.loss_scale)
         start_step = 0
         state = checkpoint.load(self.run_dir) if mode == "resume" else None
         if state is not None:
             net.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])
+            self.precision.load_state_dict(state.get("precision", {}))
             torch.set_rng_state(state["rng"])
             start_step = int(state["step"])
         if cfg.compile:
@@ -153,6 +157,7 @@ class _Run:
                 truncate_after_step=start_step if state is not None else None,
             )  # fmt: skip
             self._announce(d, start_step)
+            print(f"lbsgd: {optim.describe_groups(opt)}", flush=True)
         self.summary: dict[str, Any] = {
             "status": "running",
             "run": cfg.run_name(),
@@ -173,17 +178,6 @@ class _Run:
                 self.tracker.summary(self.summary)
                 self.tracker.close(exit_code=STATUS_EXIT_CODE.get(status, 1))
         return self.summary
-
-    def _check_bn(self, net: torch.nn.Module) -> None:
-        # BN statistics must come from groups of exactly bn_batch samples. Without ghost BN the
-        # group is the micro-batch, so the two must be equal for a model with BN.
-        has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules())
-        mb = micro_batch(self.cfg)
-        if has_bn and mb != self.cfg.bn_batch:
-            raise ConfigError(
-                f"micro_batch={mb} differs from bn_batch={self.cfg.bn_batch}: BN statistics of "
-                f"model={self.cfg.model} would cover {mb} samples; use micro_batch={self.cfg.bn_batch}"
-            )
 
     def _announce(self, d, start_step: int) -> None:
         cfg = self.cfg
@@ -217,6 +211,7 @@ class _Run:
             self.splits.train, sampler, cfg.workers, pin=ctx.device.type == "cuda"
         )
         criterion = torch.nn.CrossEntropyLoss()
+        prec = self.precision
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
         bar = tqdm(total=d.total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                    disable=not (ctx.is_main and sys.stderr.isatty()))  # fmt: skip
@@ -235,12 +230,14 @@ class _Run:
                 x = x.to(ctx.device, non_blocking=True, memory_format=fmt)
                 y = y.to(ctx.device, non_blocking=True)
                 with distributed.no_sync(self.model, skip=i < d.accum_steps - 1):
-                    loss = criterion(self.model(x), y)
-                    (loss / d.accum_steps).backward()
-                loss_sum += loss.detach()
-            self.opt.step()
+                    with prec.autocast():
+                        loss = criterion(self.model(x), y)
+                    prec.backward(loss / d.accum_steps)
+                loss_sum += loss.detach().float()
+            prec.step(self.opt)  # unscaled gradients; skipped if fp16 gradients overflowed
             self.opt.zero_grad(set_to_none=True)
-            pending.append((step + 1, lr, loss_sum / d.accum_steps))
+            ghost_bn.commit_running_stats(self.ghost, distributed.all_reduce_sum)
+            pending.append((step + 1, lr, loss_sum / d.accum_steps, prec.loss_scale))
             done = step + 1
             bar.update(1)
             epoch_end = done * b // n > step * b // n
@@ -284,10 +281,11 @@ class _Run:
         losses = distributed.all_reduce_mean(torch.stack([p[2] for p in pending])).cpu().tolist()
         b, n = self.cfg.batch_size, self.d.num_train
         if self.tracker is not None:
-            for (step, lr, _), loss in zip(pending, losses, strict=True):
+            for (step, lr, _, scale), loss in zip(pending, losses, strict=True):
                 self.tracker.log({"kind": "train", "step": step, "epoch": step * b / n, "lr": lr,
-                                  "loss": loss, "img_per_s": img_per_s})  # fmt: skip
+                                  "loss": loss, "img_per_s": img_per_s, "loss_scale": scale})  # fmt: skip
         self.summary.setdefault("final", {})["train_loss"] = losses[-1]
+        self.summary["skipped_steps"] = self.precision.skipped_steps
         bar.set_postfix(
             loss=f"{losses[-1]:.4f}", lr=f"{pending[-1][1]:.4g}", img_s=f"{img_per_s:.0f}"
         )
@@ -297,7 +295,9 @@ class _Run:
     def _evaluate(self, step: int) -> None:
         """Top-1/top-5 error (%) and loss on the test split, each rank a disjoint shard."""
         ctx, net, test = self.ctx, self.net, self.splits.test
-        distributed.sync_buffers(distributed.unwrap(net))  # BN running stats as on rank 0
+        # Ghost BN keeps BN buffers equal on every rank; this also covers a user model's own
+        # normalisation layers, which lbsgd does not convert.
+        distributed.sync_buffers(distributed.unwrap(net))
         net.eval()
         idx = torch.tensor(data.shard(len(test), ctx.rank, ctx.world_size), dtype=torch.long)
         sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss, top1, top5, count
@@ -306,7 +306,8 @@ class _Run:
         for x, y in data.batches(test, idx.split(4 * self.d.micro_batch), self.cfg.workers):
             x = x.to(ctx.device, memory_format=fmt)
             y = y.to(ctx.device)
-            out = net(x).float()
+            with self.precision.autocast():
+                out = net(x).float()
             topk = out.topk(k, dim=1).indices
             sums[0] += torch.nn.functional.cross_entropy(out, y, reduction="sum")
             sums[1] += (topk[:, 0] == y).sum()
@@ -336,6 +337,7 @@ class _Run:
         checkpoint.save(self.run_dir, {
             "model": distributed.unwrap(self.net).state_dict(),
             "optimizer": self.opt.state_dict(),
+            "precision": self.precision.state_dict(),
             "step": step,
             "config": self.cfg.to_dict(),
             "rng": torch.get_rng_state(),

@@ -1,16 +1,20 @@
 """Data parallelism under torchrun (gloo on CPU) and the command line.
 
-Why two processes × micro-batch m equal one process × batch 2m (accumulating 2 micro-batches of m):
-- The sampler gives both layouts the same micro-batches at every step (tests/test_sampler.py).
-- Every layer is a per-sample function of its input in the forward pass except BatchNorm, whose
-  training-mode statistics come from the micro-batch. With micro_batch = bn_batch = m, BN normalises
-  the same groups of m samples in both layouts, so every activation and gradient is identical.
-- DDP sums the two ranks' gradients of the mean micro-batch loss and divides by 2; one process adds
-  the gradients of loss/2 of its two micro-batches. Equal up to the order of float additions, hence
-  the tolerance below (float32, a few ulps amplified over the steps) rather than bitwise equality.
-- BN running statistics are not part of this guarantee: under DDP they follow rank 0's micro-batches
-  (DDP broadcasts rank 0's buffers each forward), with accumulation they see every micro-batch in turn.
-  They do not influence training-mode forward passes, so the weights are unaffected.
+The central guarantee (Goyal §2.3, §3): a run's mathematics does not depend on its layout. For a
+ResNet with BN and groups of n = bn_batch = 8 samples, (a) 2 processes × micro-batch 16,
+(b) 1 process accumulating 2 micro-batches of 16 and (c) 1 process with micro-batch 32 end with the
+same weights and the same BN running statistics. Why:
+- The sampler gives every layout the same global batch at every step, cut into the same groups of
+  8 consecutive samples (tests/test_sampler.py).
+- Every layer is a per-sample function in the forward pass except BN, and ghost BN normalises each
+  group of 8 on its own in every layout (tests/test_ghost_bn.py), so every activation and
+  per-sample gradient is the same.
+- DDP averages the 2 ranks' gradients of the mean micro-batch loss; accumulation adds the gradients
+  of loss/2 of 2 micro-batches; one micro-batch of 32 averages them in its loss. These agree up to
+  the order of float additions, hence a tolerance (float32: rtol 1e-5, atol 1e-6) rather than
+  bitwise equality.
+- BN running statistics are updated once per step from the group statistics summed over all
+  processes (lbsgd.models.ghost_bn), which does not depend on the layout either.
 """
 
 import os
@@ -63,26 +67,35 @@ def lbsgd(args, nproc=None, cwd=None, timeout=240):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
-def test_two_gloo_processes_equal_one_process_accumulating_two_micro_batches(tmp_path):
-    out = f"out_dir={tmp_path}"
-    two = lbsgd([*COMMON, out, "name=two"], nproc=2)
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert "world_size=2 x micro_batch=16 x accum_steps=1 = batch_size=32" in two.stdout
-    one = lbsgd(["train", *COMMON, out, "name=one"])
-    assert one.returncode == 0, one.stderr[-3000:]
-    assert "world_size=1 x micro_batch=16 x accum_steps=2 = batch_size=32" in one.stdout
-
-    a = checkpoint.load(tmp_path / "runs" / "two")
-    b = checkpoint.load(tmp_path / "runs" / "one")
-    assert a["step"] == b["step"] == 6
+def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_path):
+    layouts = {  # name: (processes, extra keys)
+        "a_two_processes": (2, ["micro_batch=16"]),
+        "b_accumulation": (None, ["micro_batch=16"]),
+        "c_one_micro_batch": (None, ["micro_batch=32"]),
+    }
+    expect = {
+        "a_two_processes": "world_size=2 x micro_batch=16 x accum_steps=1 = batch_size=32",
+        "b_accumulation": "world_size=1 x micro_batch=16 x accum_steps=2 = batch_size=32",
+        "c_one_micro_batch": "world_size=1 x micro_batch=32 x accum_steps=1 = batch_size=32",
+    }
+    keys = [k if not k.startswith("bn_batch") else "bn_batch=8" for k in COMMON]
+    for name, (nproc, extra) in layouts.items():
+        args = [*keys, *extra, f"out_dir={tmp_path}", f"name={name}"]
+        r = lbsgd(args, nproc=nproc) if nproc else lbsgd(["train", *args])
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert expect[name] in r.stdout
+    states = {name: checkpoint.load(tmp_path / "runs" / name) for name in layouts}
+    ref = states["b_accumulation"]
+    assert ref["step"] == 6
     init = _initial_weights()
     moved = 0.0
-    for name, p in a["model"].items():
-        if "running" in name or "num_batches" in name:
-            continue  # BN running statistics: see the module docstring
-        torch.testing.assert_close(p, b["model"][name], rtol=1e-5, atol=1e-6, msg=name)
-        moved = max(moved, (p - init[name]).abs().max().item())
-    assert moved > 1e-2  # the weights did train: the equality is not that of two untouched models
+    for name in ("a_two_processes", "c_one_micro_batch"):
+        for key, value in ref["model"].items():  # parameters and BN buffers alike
+            torch.testing.assert_close(states[name]["model"][key], value, rtol=1e-5, atol=1e-6,
+                                       msg=f"{name}: {key}")  # fmt: skip
+            if value.is_floating_point():
+                moved = max(moved, (value - init[key]).abs().max().item())
+    assert moved > 1e-2  # the weights did train: the equality is not that of untouched models
 
 
 def _initial_weights():
@@ -159,3 +172,11 @@ def test_progress_bar_shows_on_a_terminal_and_stays_quiet_otherwise(tmp_path):
     os.close(leader)
     shown = b"".join(chunks).decode(errors="replace")
     assert "6/6" in shown and "step" in shown, shown[-500:]
+
+
+def test_cli_diverged_run_exits_3_with_status_recorded(tmp_path):
+    r = lbsgd(["train", *COMMON, "base_lr=1e8", "warmup=none", f"out_dir={tmp_path}", "name=boom"])
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "diverged" in r.stdout
+    summary = (tmp_path / "runs" / "boom" / "summary.json").read_text()
+    assert '"status": "diverged"' in summary

@@ -99,13 +99,6 @@ def test_resume_continues_from_the_last_checkpoint_to_the_same_weights(tiny, mon
     assert steps == list(range(1, 25))  # records after the checkpoint were replaced, not repeated
 
 
-def test_model_with_bn_refuses_micro_batch_other_than_bn_batch(tiny):
-    cfg = tiny(micro_batch=32)
-    with pytest.raises(ConfigError, match="micro_batch=32 differs from bn_batch=16"):
-        train(cfg)
-    assert not cfg.run_dir().exists()  # refused before anything was written
-
-
 def test_user_registered_model_trains_with_every_recipe_without_editing_lbsgd(tiny):
     name = "test_mlp"
     if name not in MODELS:

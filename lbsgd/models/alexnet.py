@@ -12,8 +12,9 @@ One class builds both sizes from a layout:
   stride-1 convs so 16×16 inputs survive the three pools. 1,477,338 parameters at 10 classes,
   90% of them in the FC layers, so it stays FC-heavy like the original yet trains on a CPU.
 
-``conv_bn`` / ``pool5_bn`` add the BatchNorm variants of the studies (BN after every conv as in
-You et al.'s AlexNet-BN; BN after pool5 as in Jia et al. 2018); they are not registered yet.
+``conv_bn`` / ``pool5_bn`` add the BatchNorm variants of the studies: ``alexnet_bn`` is You et al.'s
+AlexNet-BN (BN after every conv), and the ``pool5_bn`` key adds BN after pool5 (Jia et al. 2018) to
+either model.
 """
 
 from __future__ import annotations
@@ -155,5 +156,14 @@ def layout_for(image_size: int) -> AlexNetLayout:
 
 @register_model("alexnet")
 def build_alexnet(cfg: Any, num_classes: int, image_size: int) -> nn.Module:
-    # PyTorch's default layer init, as torchvision's AlexNet (no BN, so no zero_init_residual).
-    return AlexNet(num_classes, layout_for(image_size))
+    # PyTorch's default layer init, as torchvision's AlexNet (no residual blocks, so no
+    # zero_init_residual). pool5_bn: Jia et al. 2018's BN after pool5.
+    return AlexNet(num_classes, layout_for(image_size), pool5_bn=getattr(cfg, "pool5_bn", False))
+
+
+@register_model("alexnet_bn")
+def build_alexnet_bn(cfg: Any, num_classes: int, image_size: int) -> nn.Module:
+    # You et al. 2017's AlexNet-BN: BN after every convolution (Table 1b, Table 3).
+    return AlexNet(
+        num_classes, layout_for(image_size), conv_bn=True, pool5_bn=getattr(cfg, "pool5_bn", False)
+    )

@@ -1,0 +1,70 @@
+"""Numerics of the forward/backward pass: fp32, bf16, or fp16 with dynamic loss scaling.
+
+One code path for all three (the trainer never branches on precision):
+
+- ``autocast()``: fp16/bf16 run the forward pass and the loss under ``torch.autocast`` (matrix
+  products and convolutions in half precision, reductions and the loss in fp32); fp32 is a no-op.
+  Parameters stay fp32 throughout: they are the master weights of Jia et al. 2018 §3 (half-precision
+  forward/backward, fp32 master copy updated by the optimizer).
+- ``backward(loss)``: for fp16 the loss is multiplied by the loss scale S before backward, so small
+  gradients survive fp16's range (2^-24 … 65504); otherwise a plain backward.
+- ``step(optimizer)``: for fp16 the gradients are unscaled (÷S, in fp32) *before* the optimizer
+  runs, so LARS trust ratios and weight decay see the true gradients; a step whose gradients hold
+  inf/NaN is skipped and S halves; after 2000 clean steps S doubles (dynamic loss scaling,
+  ``torch.amp.GradScaler``, the only GradScaler in lbsgd). fp32/bf16 step directly (bf16 has fp32's
+  range: no scaling needed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Precision:
+    def __init__(self, precision: str, device: torch.device, loss_scale: float = 2.0**16) -> None:
+        if precision not in DTYPES:
+            raise ValueError(f"precision={precision!r} is not one of {', '.join(DTYPES)}")
+        self.name = precision
+        self.dtype = DTYPES[precision]
+        self.device_type = device.type
+        self.scaler = torch.amp.GradScaler(
+            device.type, init_scale=loss_scale, enabled=precision == "fp16"
+        )
+        self.skipped_steps = 0
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 when no scaling is done)."""
+        return self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Unscale, step unless the gradients overflowed, update the scale. True if it stepped."""
+        if not self.scaler.is_enabled():
+            optimizer.step()
+            return True
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)  # unscales first, skips on inf/NaN
+        self.scaler.update()
+        stepped = self.scaler.get_scale() >= before  # the scale only drops after an overflow
+        self.skipped_steps += not stepped
+        return stepped
+
+    def state_dict(self) -> dict:
+        return {"scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))

@@ -1,0 +1,112 @@
+"""Ghost BN (Goyal §2.3): BN statistics over groups of exactly bn_batch samples, in any layout."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lbsgd.models import ghost_bn
+from lbsgd.models.ghost_bn import GhostBatchNorm, commit_running_stats
+
+
+def make(c=3, n=4, seed=0):
+    torch.manual_seed(seed)
+    bn = GhostBatchNorm(c, group_size=n)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+    return bn
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_each_group_of_bn_batch_samples_is_normalised_on_its_own(groups):
+    n, c = 4, 3
+    bn = make(c, n)
+    x = torch.randn(groups * n, c, 5, 5, requires_grad=True)
+    y = bn(x)
+    # reference: plain training-mode BN applied to each group separately
+    x_ref = x.detach().clone().requires_grad_(True)
+    w, b = (
+        bn.weight.detach().clone().requires_grad_(True),
+        bn.bias.detach().clone().requires_grad_(True),
+    )
+    ref = torch.cat(
+        [F.batch_norm(part, None, None, w, b, True, 0.0, bn.eps) for part in x_ref.split(n)]
+    )
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+    upstream = torch.randn_like(y)
+    (y * upstream).sum().backward()
+    (ref * upstream).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bn.weight.grad, w.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bn.bias.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_channels_last_input_gives_the_same_result():
+    bn = make(3, 4)
+    x = torch.randn(8, 3, 5, 5)
+    torch.testing.assert_close(bn(x.contiguous(memory_format=torch.channels_last)), bn(x))
+
+
+def test_running_statistics_follow_the_stated_rule_by_hand():
+    # one channel, n = 2, two groups: [1, 3] and [5, 7]
+    # group means 2 and 6 -> average 4; unbiased variances 2 and 2 -> average 2
+    # G = 2 groups, momentum 0.1: keep = 0.9^2 = 0.81
+    # running_mean = 0.81 * 0 + 0.19 * 4 = 0.76; running_var = 0.81 * 1 + 0.19 * 2 = 1.19
+    bn = GhostBatchNorm(1, group_size=2)
+    bn(torch.tensor([1.0, 3.0, 5.0, 7.0]).view(4, 1))
+    assert bn.running_mean.item() == 0.0  # nothing moves before the step is committed
+    commit_running_stats([bn])
+    assert bn.running_mean.item() == pytest.approx(0.76)
+    assert bn.running_var.item() == pytest.approx(1.19)
+    assert bn.num_batches_tracked.item() == 1
+    commit_running_stats([bn])  # no forward since: unchanged
+    assert bn.running_mean.item() == pytest.approx(0.76)
+
+
+def test_running_statistics_do_not_depend_on_how_groups_are_laid_out():
+    n, c, groups = 4, 3, 8
+    x = torch.randn(groups * n, c, 2, 2)
+    one = make(c, n)  # one forward of all 8 groups
+    one(x)
+    commit_running_stats([one])
+    accum = make(c, n)  # 4 micro-batches of 2 groups, accumulated
+    for part in x.split(2 * n):
+        accum(part)
+    commit_running_stats([accum])
+    ranks = [make(c, n), make(c, n)]  # 2 "processes" x 2 micro-batches, sums all-reduced
+    for r, bn in enumerate(ranks):
+        for part in x[r * 4 * n : (r + 1) * 4 * n].split(2 * n):
+            bn(part)
+    flats = [
+        torch.cat([bn.group_mean_sum, bn.group_var_sum, bn.group_count.view(1)]) for bn in ranks
+    ]
+    for bn in ranks:
+        commit_running_stats([bn], all_reduce_sum=lambda t: flats[0] + flats[1])
+    for bn in (accum, *ranks):
+        torch.testing.assert_close(bn.running_mean, one.running_mean, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(bn.running_var, one.running_var, rtol=1e-6, atol=1e-7)
+
+
+def test_convert_keeps_parameters_buffers_and_state_dict_keys():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.BatchNorm2d(4)))
+    model[1].running_mean.fill_(0.3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ghost_bn.convert(model, group_size=2)
+    assert [type(m) for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] == [
+        GhostBatchNorm, GhostBatchNorm]  # fmt: skip
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    for k in before:
+        assert torch.equal(after[k], before[k]), k
+    model.eval()  # evaluation uses the running statistics, as plain BN does
+    x = torch.randn(3, 3, 6, 6)
+    ref = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.BatchNorm2d(4)))
+    ref.load_state_dict(before)
+    torch.testing.assert_close(model(x), ref.eval()(x))
+
+
+def test_micro_batch_that_is_not_a_multiple_of_bn_batch_is_refused():
+    with pytest.raises(RuntimeError, match="micro-batch of 6 is not a multiple of bn_batch=4"):
+        make(3, 4)(torch.randn(6, 3, 2, 2))

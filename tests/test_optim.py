@@ -1,0 +1,367 @@
+"""SGD with the lr inside the velocity (Goyal et al. 2017 §3, eq. 10), LARS (You et al. 2017,
+Algorithm 1) and the decay / no-decay parameter groups (Jia et al. 2018), against the formulas.
+
+LARS numbers are worked out by hand below from w = [3, 4] (‖w‖ = 5) and g = [0.3, 0.4] (‖g‖ = 0.5)
+with trust coefficient η = 0.001, weight decay β = 0.01, momentum m = 0.9, global lr γ = 2:
+  λ = η·‖w‖ / (‖g‖ + β·‖w‖) = 0.001·5 / (0.5 + 0.05) = 0.005 / 0.55 = 1/110
+  v = γ·λ·(g + β·w) = 2/110 · [0.33, 0.44] = [0.006, 0.008];  w ← [2.994, 3.992]
+"""
+
+import copy
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from lbsgd import models, optim
+from lbsgd.config import Config
+from lbsgd.optim import LARS, SGD, build, describe_groups, lars_trust_ratio, param_groups
+
+# Goyal §2.2 gradual warmup in miniature: 0.1 → 3.2 over 10 steps (a new lr every step), then the
+# peak, then ÷10 (§5.1's step decay).
+WARMUP_RAMP = [0.1 + (3.2 - 0.1) * t / 10 for t in range(10)] + [3.2] * 4 + [0.32] * 4
+
+
+def mlp(dtype=torch.float64) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A fixed tiny regression problem whose gradients depend on the weights (so trajectories
+    matter); inputs scaled so that lr 3.2 stays stable."""
+    g = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=dtype) * 0.5)
+    x = torch.randn(32, 6, generator=g, dtype=dtype) * 0.3
+    y = torch.randn(32, 3, generator=g, dtype=dtype) * 0.3
+    return model, x, y
+
+
+def groups_of(model: nn.Module, wd: float) -> list[dict]:
+    # Weight matrices decayed, biases not: both kinds of group go through the optimizers.
+    return [
+        {"params": [p for p in model.parameters() if p.ndim > 1], "weight_decay": wd},
+        {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0},
+    ]
+
+
+def trajectory(opt, model, x, y, lrs) -> list[torch.Tensor]:
+    """Parameters (flattened) after each step, the lr set before each step as the trainer does."""
+    out = []
+    for lr in lrs:
+        optim.set_lr(opt, lr)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    return out
+
+
+def torch_and_ours(nesterov: bool, correction: bool, lrs: list[float], wd: float = 0.01):
+    model, x, y = mlp()
+    twin = copy.deepcopy(model)
+    ref = torch.optim.SGD(groups_of(model, wd), lr=lrs[0], momentum=0.9, nesterov=nesterov)
+    ours = SGD(groups_of(twin, wd), lr=lrs[0], momentum=0.9, nesterov=nesterov,
+               momentum_correction=correction)  # fmt: skip
+    return trajectory(ref, model, x, y, lrs), trajectory(ours, twin, x, y, lrs)
+
+
+# -- SGD: Goyal eq. (10) and momentum correction ----------------------------------------------
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_with_momentum_correction_equals_torch_sgd_over_warmup_ramp(nesterov):
+    ref, ours = torch_and_ours(nesterov, correction=True, lrs=WARMUP_RAMP)
+    for t, (a, b) in enumerate(zip(ref, ours, strict=True)):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12, msg=f"step {t}")
+    assert (ref[-1] - ref[0]).abs().max() > 0.1  # the weights did move: the check has teeth
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_without_momentum_correction_departs_from_torch_once_lr_changes(nesterov):
+    ref, ours = torch_and_ours(nesterov, correction=False, lrs=WARMUP_RAMP)
+    torch.testing.assert_close(ours[0], ref[0], rtol=1e-12, atol=1e-14)  # no history yet
+    # From the second step the velocity still holds gradients scaled by the older, smaller lr.
+    # Gap relative to the size of torch's step t (w_t − w_{t−1}), over the ramp.
+    gap = [((ours[t] - ref[t]).abs().max() / (ref[t] - ref[t - 1]).abs().max()).item()
+           for t in range(1, 10)]  # fmt: skip
+    assert min(gap) > 0.05, gap
+    assert (ours[-1] - ref[-1]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_without_momentum_correction_equals_torch_at_constant_lr(nesterov):
+    ref, ours = torch_and_ours(nesterov, correction=False, lrs=[0.5] * 12)
+    for t, (a, b) in enumerate(zip(ref, ours, strict=True)):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12, msg=f"step {t}")
+
+
+def test_sgd_step_after_lr_zero_does_not_divide_by_zero():
+    # Goyal's ratio η_{t+1}/η_t does not exist after η_t = 0; the corrected velocity is 0 there.
+    w = nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = SGD([w], lr=0.5, momentum=0.9)
+    for lr in (0.5, 0.0, 0.5):
+        optim.set_lr(opt, lr)
+        w.grad = torch.tensor([1.0, 1.0])
+        opt.step()
+    # v1 = 0.5·g = 0.5; v2 = 0.9·(0/0.5)·0.5 + 0 = 0; v3 = 0.9·0 + 0.5·g = 0.5 (ratio left at 1)
+    torch.testing.assert_close(opt.state[w]["momentum_buffer"], torch.tensor([0.5, 0.5]))
+    torch.testing.assert_close(w.detach(), torch.tensor([0.0, 1.0]))
+
+
+# -- LARS: You et al. 2017 Algorithm 1, by hand ------------------------------------------------
+
+
+def test_lars_trust_ratio_equals_formula_and_guards_zero_norms():
+    w_norm = torch.tensor([5.0, 0.0, 5.0, 0.0])
+    g_norm = torch.tensor([0.5, 1.0, 0.0, 0.0])
+    ratio = lars_trust_ratio(w_norm, g_norm, eta=0.001, weight_decay=0.01)
+    # 0.001·5/(0.5 + 0.01·5) = 1/110; then ‖w‖ = 0, ‖g‖ = 0, both: λ = 1
+    torch.testing.assert_close(ratio, torch.tensor([1 / 110, 1.0, 1.0, 1.0]))
+    # β = 0 and ‖g‖ = 0 would be 0/0 without the guard
+    assert torch.isfinite(lars_trust_ratio(w_norm, g_norm, eta=0.001, weight_decay=0.0)).all()
+
+
+@pytest.mark.parametrize("correction", [True, False])
+def test_lars_three_steps_with_changing_lr_equal_hand_computation(correction):
+    eta, beta, m = 0.001, 0.01, 0.9
+    w = nn.Parameter(torch.tensor([3.0, 4.0]))
+    opt = LARS([w], lr=2.0, momentum=m, weight_decay=beta, trust_coefficient=eta,
+               momentum_correction=correction)  # fmt: skip
+    g = [0.3, 0.4]  # ‖g‖ = 0.5 at every step
+    w_ref, v_ref, lr_prev = [3.0, 4.0], [0.0, 0.0], None
+    for step, lr in enumerate((2.0, 4.0, 0.4)):  # doubled, then ÷10
+        optim.set_lr(opt, lr)
+        w.grad = torch.tensor(g)
+        opt.step()
+        w_norm = math.hypot(*w_ref)
+        local = eta * w_norm / (0.5 + beta * w_norm)  # λ
+        scale = lr / lr_prev if correction and lr_prev else 1.0  # Goyal eq. (10)
+        v_ref = [m * scale * v + lr * local * (gi + beta * wi)
+                 for v, gi, wi in zip(v_ref, g, w_ref, strict=True)]  # fmt: skip
+        w_ref = [wi - v for wi, v in zip(w_ref, v_ref, strict=True)]
+        lr_prev = lr
+        if step == 0:  # the worked example of the module docstring, as literal numbers
+            assert local == pytest.approx(1 / 110) and local == pytest.approx(0.0090909, rel=1e-5)
+            assert v_ref == pytest.approx([0.006, 0.008]) and w_ref == pytest.approx([2.994, 3.992])
+        torch.testing.assert_close(opt.state[w]["momentum_buffer"], torch.tensor(v_ref))
+        torch.testing.assert_close(w.detach(), torch.tensor(w_ref), msg=f"step {step}")
+
+
+def test_lars_second_step_with_correction_literal_numbers():
+    w = nn.Parameter(torch.tensor([3.0, 4.0]))
+    opt = LARS([w], lr=2.0, momentum=0.9, weight_decay=0.01, trust_coefficient=0.001)
+    for lr in (2.0, 4.0):
+        optim.set_lr(opt, lr)
+        w.grad = torch.tensor([0.3, 0.4])
+        opt.step()
+    # ‖w1‖ = ‖[2.994, 3.992]‖ = 4.99 exactly (3-4-5 triangle scaled by 0.998);
+    # λ2 = 0.001·4.99/(0.5 + 0.0499) = 0.00499/0.5499; g + βw1 = [0.32994, 0.43992]
+    lam2 = 0.00499 / 0.5499
+    v2 = [0.9 * 2 * 0.006 + 4 * lam2 * 0.32994, 0.9 * 2 * 0.008 + 4 * lam2 * 0.43992]
+    assert v2 == pytest.approx([0.0227762, 0.0303683], rel=1e-5)
+    torch.testing.assert_close(opt.state[w]["momentum_buffer"], torch.tensor(v2))
+    torch.testing.assert_close(w.detach(), torch.tensor([2.994 - v2[0], 3.992 - v2[1]]))
+
+
+def test_lars_nesterov_step_equals_hand_computation():
+    w = nn.Parameter(torch.tensor([3.0, 4.0]))
+    opt = LARS([w], lr=2.0, momentum=0.9, weight_decay=0.01, nesterov=True)
+    w.grad = torch.tensor([0.3, 0.4])
+    opt.step()
+    # w ← w − (γλ(g + βw) + m·v) with v = γλ(g + βw) = [0.006, 0.008]: w − 1.9·[0.006, 0.008]
+    torch.testing.assert_close(w.detach(), torch.tensor([3 - 0.0114, 4 - 0.0152]))
+
+
+def test_lars_zero_norm_tensors_and_excluded_group_equal_hand_computation():
+    zero_w = nn.Parameter(torch.zeros(2))  # e.g. a γ=0 BN weight under decay_bn_bias=true
+    zero_g = nn.Parameter(torch.tensor([3.0, 4.0]))
+    bias = nn.Parameter(torch.tensor([1.0, -1.0]))  # no-decay group: neither β nor λ
+    opt = LARS(
+        [{"params": [zero_w, zero_g]}, {"params": [bias], "weight_decay": 0.0, "adapt": False}],
+        lr=2.0, momentum=0.9, weight_decay=0.01, trust_coefficient=0.001,
+    )  # fmt: skip
+    zero_w.grad, zero_g.grad = torch.tensor([1.0, -2.0]), torch.zeros(2)
+    bias.grad = torch.tensor([0.5, 0.25])
+    opt.step()
+    # ‖w‖ = 0 → λ = 1: v = 2·([1, -2] + 0.01·0) = [2, -4]  (λ = 0 would leave it at 0 forever)
+    torch.testing.assert_close(zero_w.detach(), torch.tensor([-2.0, 4.0]))
+    # ‖g‖ = 0 → λ = 1: v = 2·(0 + 0.01·[3, 4]) = [0.06, 0.08]  (unguarded λ = 0.1 gives 0.006)
+    torch.testing.assert_close(zero_g.detach(), torch.tensor([2.94, 3.92]))
+    # adapt=False, β = 0: v = γ·g = [1, 0.5]
+    torch.testing.assert_close(bias.detach(), torch.tensor([0.0, -1.5]))
+    optim.set_lr(opt, 4.0)
+    bias.grad = torch.tensor([0.5, 0.25])
+    zero_w.grad, zero_g.grad = None, None  # params without a gradient are skipped
+    opt.step()
+    # corrected: v = 0.9·(4/2)·[1, 0.5] + 4·[0.5, 0.25] = [3.8, 1.9]
+    torch.testing.assert_close(bias.detach(), torch.tensor([0.0 - 3.8, -1.5 - 1.9]))
+    torch.testing.assert_close(zero_w.detach(), torch.tensor([-2.0, 4.0]))
+
+
+# -- both optimizers through the same numeric test (timm's habit) ----------------------------
+
+
+def make_opt(kind: str, params, **kw):
+    if kind == "sgd":
+        return SGD(params, **{"lr": 0.05, "momentum": 0.9, **kw})
+    return LARS(params, **{"lr": 10.0, "momentum": 0.9, "trust_coefficient": 0.001, **kw})
+
+
+@pytest.mark.parametrize("kind", ["sgd", "lars"])
+def test_optimizer_solves_least_squares(kind):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 10, generator=g)
+    y = x @ torch.randn(10, 1, generator=g)
+    w = nn.Parameter(torch.randn(10, 1, generator=g))
+    opt = make_opt(kind, [w])
+    losses = []
+    for _ in range(50):
+        opt.zero_grad()
+        loss = ((x @ w - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] / 100, (losses[0], losses[-1])
+
+
+@pytest.mark.parametrize("kind", ["sgd", "lars"])
+def test_optimizer_first_step_equals_hand_formula(kind):
+    w = nn.Parameter(torch.tensor([3.0, 4.0]))
+    opt = make_opt(kind, [w], lr=2.0, weight_decay=0.01)
+    w.grad = torch.tensor([0.3, 0.4])
+    opt.step()
+    local = 1.0 if kind == "sgd" else 0.001 * 5 / (0.5 + 0.01 * 5)  # λ = 1/110 for LARS
+    expected = [3 - 2 * local * (0.3 + 0.01 * 3), 4 - 2 * local * (0.4 + 0.01 * 4)]
+    torch.testing.assert_close(w.detach(), torch.tensor(expected))
+
+
+@pytest.mark.parametrize("kind", ["sgd", "lars"])
+def test_resume_from_state_dict_continues_exactly(kind):
+    lrs = WARMUP_RAMP[:8]
+    model, x, y = mlp()
+    whole = trajectory(make_opt(kind, groups_of(model, 0.01), lr=lrs[0]), model, x, y, lrs)
+    model, x, y = mlp()
+    first = make_opt(kind, groups_of(model, 0.01), lr=lrs[0])
+    trajectory(first, model, x, y, lrs[:4])
+    saved = copy.deepcopy(first.state_dict())
+    assert saved["param_groups"][0]["last_lr"] == lrs[3]  # what the correction reads next step
+    resumed = make_opt(kind, groups_of(model, 0.01), lr=99.0)
+    resumed.load_state_dict(saved)
+    rest = trajectory(resumed, model, x, y, lrs[4:])
+    for a, b in zip(whole[4:], rest, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda p: SGD(p, lr=-0.1), "lr=-0.1"),
+        (lambda p: SGD(p, momentum=1.0), "momentum=1.0"),
+        (lambda p: SGD(p, weight_decay=-1e-4), "weight_decay=-0.0001"),
+        (lambda p: SGD(p, momentum=0.0, nesterov=True), "nesterov"),
+        (lambda p: LARS(p, momentum=-0.5), "momentum=-0.5"),
+        (lambda p: LARS(p, trust_coefficient=0.0), "trust_coefficient=0.0"),
+    ],
+)
+def test_bad_arguments_raise_one_line_naming_the_argument(make, match):
+    with pytest.raises(ValueError, match=match) as e:
+        make([nn.Parameter(torch.zeros(2))])
+    assert "\n" not in str(e.value)
+
+
+# -- parameter groups: by module type and tensor shape (Jia et al. 2018) --------------------
+
+
+def norm_and_fc_bias(model: nn.Module, fc: nn.Linear) -> list[nn.Parameter]:
+    """The expected no-decay set, walked by module type: BN γ/β of every BN, plus the FC bias."""
+    bn = [p for m in model.modules() if isinstance(m, _BatchNorm) for p in m.parameters(False)]
+    return [*bn, fc.bias]
+
+
+def tensors_and_count(params) -> str:
+    return f"{len(params)} tensors / {sum(p.numel() for p in params):,} params"
+
+
+@pytest.mark.parametrize("kind", ["sgd", "lars"])
+@pytest.mark.parametrize("arch", ["resnet", "resnet18"])
+def test_no_decay_group_is_exactly_bn_parameters_and_fc_bias(arch, kind):
+    spec = SimpleNamespace(model=arch, depth=8, width=8, zero_init_residual=False)
+    model = models.build(spec, 10, 32 if arch == "resnet18" else 16)
+    opt = build(Config(optimizer=kind, weight_decay=1e-4, lars_eta=0.002), model)
+    decay, no_decay = opt.param_groups
+    expected = norm_and_fc_bias(model, model.fc)
+    assert {id(p) for p in no_decay["params"]} == {id(p) for p in expected}
+    assert len(no_decay["params"]) == len(expected)
+    rest = [p for p in model.parameters() if id(p) not in {id(q) for q in expected}]
+    assert [id(p) for p in decay["params"]] == [id(p) for p in rest]  # conv and FC weights
+    assert all(p.ndim in (2, 4) for p in decay["params"])
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (1e-4, 0.0)
+    labels = ("decay+adapt", "no decay/adapt") if kind == "lars" else ("decay", "no decay")
+    assert describe_groups(opt) == (
+        f"parameter groups: {labels[0]} {tensors_and_count(rest)}; "
+        f"{labels[1]} (bias, norm) {tensors_and_count(expected)}"
+    )
+    if kind == "lars":
+        assert isinstance(opt, LARS) and (decay["adapt"], no_decay["adapt"]) == (True, False)
+        assert decay["trust_coefficient"] == 0.002
+    else:
+        assert type(opt) is SGD and "adapt" not in decay
+
+
+def test_cifar_resnet8_describe_groups_equals_hand_count():
+    # ResNet-8, width 8, 10 classes. Decayed: stem 3·8·9 = 216; stage 1: 2·8·8·9 = 1,152;
+    # stage 2: 8·16·9 + 16·16·9 + 8·16 (projection) = 3,584; stage 3: 16·32·9 + 32·32·9 + 16·32
+    # = 14,336; FC 32·10 = 320 → 10 tensors, 19,608 params. Not decayed: 9 BNs × (γ, β) at widths
+    # 8, 8, 8, 16, 16, 16, 32, 32, 32 → 2·168 = 336, plus the FC bias 10 → 19 tensors, 346 params.
+    spec = SimpleNamespace(model="resnet", depth=8, width=8, zero_init_residual=False)
+    opt = build(Config(optimizer="lars"), models.build(spec, 10, 16))
+    assert describe_groups(opt) == (
+        "parameter groups: decay+adapt 10 tensors / 19,608 params; "
+        "no decay/adapt (bias, norm) 19 tensors / 346 params"
+    )
+
+
+class ScaledConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, bias=False)
+        self.channel_scale = nn.Parameter(torch.ones(4))  # 1-D, not called bias, not in a norm
+        self.norm = nn.GroupNorm(2, 4)
+
+
+def test_one_dimensional_parameter_goes_to_no_decay_by_shape():
+    model = ScaledConv()
+    decay, no_decay = param_groups(model, Config())
+    assert [id(p) for p in decay["params"]] == [id(model.conv.weight)]
+    assert {id(p) for p in no_decay["params"]} == {
+        id(model.channel_scale), id(model.norm.weight), id(model.norm.bias)
+    }  # fmt: skip
+
+
+def test_decay_bn_bias_true_gives_one_group_with_everything():
+    model = ScaledConv()
+    (group,) = param_groups(model, Config(decay_bn_bias=True, weight_decay=5e-4))
+    assert [id(p) for p in group["params"]] == [id(p) for p in model.parameters()]
+    assert (group["weight_decay"], group["adapt"]) == (5e-4, True)
+
+
+def test_empty_group_is_dropped_and_frozen_parameters_left_out():
+    model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 2))
+    model[1].requires_grad_(False)
+    (group,) = param_groups(model, Config())
+    assert [id(p) for p in group["params"]] == [id(model[0].weight)]
+
+
+def test_build_sets_hyperparameters_from_config():
+    cfg = Config(optimizer="sgd", base_lr=0.3, momentum=0.8, nesterov=False, weight_decay=5e-5,
+                 momentum_correction=False)  # fmt: skip
+    opt = build(cfg, nn.Linear(3, 2))
+    for g in opt.param_groups:
+        assert (g["lr"], g["momentum"], g["nesterov"], g["momentum_correction"]) == (
+            0.3, 0.8, False, False
+        )  # fmt: skip
+    assert [g["weight_decay"] for g in opt.param_groups] == [5e-5, 0.0]
+    optim.set_lr(opt, 1.5)
+    assert [g["lr"] for g in opt.param_groups] == [1.5, 1.5]
