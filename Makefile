@@ -38,6 +38,7 @@ reproduce: setup
 
 bench: setup
 	$(VENV)/bin/lbsgd bench train --steps 300 --repeats 6 channels_last=true --out results/benchmarks/train_cpu.json
+	$(VENV)/bin/lbsgd bench recipes --samples 6400 --repeats 4 channels_last=true --out results/benchmarks/recipes_cpu.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -134,3 +134,60 @@ def bench_train(
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+# ``lbsgd bench recipes``: what each large-batch recipe costs, every variant against a baseline
+# measured in the same process (alternating, best and median of the repeats).
+RECIPES: dict[str, list[tuple[str, dict]]] = {
+    # same micro-batch m = 32; the global batch takes 1 or 8 micro-batches per optimizer step
+    "accumulation": [("batch=m (no accumulation)", {"batch_size": 32, "micro_batch": 32}),
+                     ("batch=8m (8 accumulated micro-batches)", {"batch_size": 256, "micro_batch": 32})],
+    # same micro-batch of 128; BN over the whole micro-batch vs over 8 ghost groups of 16
+    "ghost_bn": [("plain BN (bn_batch=128)", {"batch_size": 128, "micro_batch": 128, "bn_batch": 128}),
+                 ("ghost BN (bn_batch=16, 8 groups)", {"batch_size": 128, "micro_batch": 128, "bn_batch": 16})],
+    "precision": [("fp32", {"precision": "fp32"}), ("bf16", {"precision": "bf16"}),
+                  ("fp16 (loss scaling)", {"precision": "fp16"})],
+}  # fmt: skip
+
+
+def bench_recipes(
+    overrides: list[str], samples: int = 4096, repeats: int = 3, out: str | None = None
+) -> dict:
+    values = {**DEFAULTS, "bn_batch": 16, **config.parse_overrides(overrides)}
+    config.import_plugins(values.get("plugins", ()))
+    base = config.from_dict(values)
+    if base.threads:
+        torch.set_num_threads(base.threads)
+    num_train = len(data.build(base).train)  # fills the cache before anything is timed
+    results: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for study, variants in RECIPES.items():
+            cfgs = [config.from_dict({**values, **v}) for _, v in variants]
+            runs: list[list[float]] = [[] for _ in variants]
+            for r in range(repeats):
+                order = range(len(variants)) if r % 2 == 0 else reversed(range(len(variants)))
+                for i in order:
+                    steps = max(1, samples // cfgs[i].batch_size)
+                    runs[i].append(trainer_run(cfgs[i], steps, num_train, f"{tmp}/{study}{i}_{r}"))
+            best0, med0 = max(runs[0]), statistics.median(runs[0])
+            results[study] = []
+            for (label, v), ips in zip(variants, runs, strict=True):
+                row = {"variant": label, "keys": v, "best_img_per_s": max(ips),
+                       "median_img_per_s": statistics.median(ips), "all_img_per_s": ips,
+                       "ratio_best": max(ips) / best0, "ratio_median": statistics.median(ips) / med0}  # fmt: skip
+                results[study].append(row)
+                print(f"{study:>12} | {label:<40} {row['best_img_per_s']:8.1f} img/s | "
+                      f"vs baseline {row['ratio_best']:.3f} (medians {row['ratio_median']:.3f})",
+                      flush=True)  # fmt: skip
+    result = {
+        "benchmark": "large-batch recipes, trainer throughput vs a baseline variant",
+        "samples_per_measurement": samples,
+        "repeats": repeats,
+        "base_config": base.to_dict(),
+        "results": results,
+        "environment": {**environment(torch.device("cpu"), 1), "node": platform.node()},
+    }
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    return result

@@ -30,6 +30,13 @@ def _parser() -> argparse.ArgumentParser:
     bt.add_argument("--repeats", type=int, default=3, help="alternating measurements of each side")
     bt.add_argument("--out", default=None, help="also write the result as JSON here")
     bt.add_argument("overrides", nargs="*", metavar="key=value")
+    br = bsub.add_parser("recipes", help="cost of accumulation, ghost BN and each precision")
+    br.add_argument("--samples", type=int, default=4096, help="images per timed measurement")
+    br.add_argument(
+        "--repeats", type=int, default=3, help="alternating measurements of each variant"
+    )
+    br.add_argument("--out", default=None, help="also write the result as JSON here")
+    br.add_argument("overrides", nargs="*", metavar="key=value")
     return p
 
 
@@ -45,9 +52,14 @@ def main(argv: list[str] | None = None) -> int:
 
             summary = train(cfg)
             return STATUS_EXIT_CODE.get(summary["status"], 1)
-        from lbsgd.bench import bench_train
+        from lbsgd import bench
 
-        bench_train(args.overrides, steps=args.steps, repeats=args.repeats, out=args.out)
+        if args.bench == "train":
+            bench.bench_train(args.overrides, steps=args.steps, repeats=args.repeats, out=args.out)
+        else:
+            bench.bench_recipes(
+                args.overrides, samples=args.samples, repeats=args.repeats, out=args.out
+            )
         return 0
     except config.ConfigError as e:
         print(f"lbsgd: error: {e}", file=sys.stderr)

@@ -49,6 +49,10 @@ def test_config_is_frozen():
         (["warmup_epochs=-1"], "warmup_epochs", ">= 0"),
         (["name=a/b"], "name", "plain folder name"),
         (["batch_size"], "batch_size", "not key=value"),
+        (["pool5_bn=true"], "pool5_bn", "applies to model=alexnet or alexnet_bn"),
+        (["optimizer=adam"], "optimizer", "'sgd' or 'lars'"),
+        (["precision=fp8"], "precision", "'fp32', 'fp16' or 'bf16'"),
+        (["lars_eta=0"], "lars_eta", "must be > 0"),
     ],
 )
 def test_invalid_config_stops_with_one_line_naming_the_key(overrides, key, fragment):

@@ -17,10 +17,10 @@ from lbsgd.models.alexnet import IMAGENET_LAYOUT, AlexNet
 from lbsgd.models.resnet import BasicBlock, resnet_cifar
 
 
-def cfg(model: str, depth: int = 20, width: int = 16, zero_init_residual: bool = False):
-    return SimpleNamespace(
-        model=model, depth=depth, width=width, zero_init_residual=zero_init_residual
-    )
+def cfg(model: str, depth: int = 20, width: int = 16, zero_init_residual: bool = False,
+        pool5_bn: bool = False):  # fmt: skip
+    return SimpleNamespace(model=model, depth=depth, width=width,
+                           zero_init_residual=zero_init_residual, pool5_bn=pool5_bn)  # fmt: skip
 
 
 def n_params(model: nn.Module) -> int:
@@ -273,7 +273,8 @@ def test_unknown_model_raises_keyerror_with_suggestion():
 
 
 def test_builtin_models_are_registered():
-    expected = {"resnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "alexnet"}
+    expected = {"resnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "alexnet",
+                "alexnet_bn"}  # fmt: skip
     assert set(MODELS.names()) >= expected
 
 
@@ -293,3 +294,34 @@ def test_one_sgd_step_changes_every_parameter(model_cfg):
     opt.step()
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert not unchanged
+
+
+# --- the AlexNet family of the LARS and Jia studies -------------------------------------------
+
+
+@pytest.mark.parametrize("image_size", [16, 224])
+@pytest.mark.parametrize(("name", "pool5_bn"), [("alexnet", False), ("alexnet", True),
+                                                ("alexnet_bn", False), ("alexnet_bn", True)])  # fmt: skip
+def test_alexnet_family_places_bn_after_each_conv_and_after_pool5(name, pool5_bn, image_size):
+    model = build(cfg(name, pool5_bn=pool5_bn), 10, image_size)
+    layers = list(model.features)
+    convs = [i for i, m in enumerate(layers) if isinstance(m, nn.Conv2d)]
+    bns = [i for i, m in enumerate(layers) if isinstance(m, nn.BatchNorm2d)]
+    after_conv = [i for i in bns if i - 1 in convs]
+    assert len(convs) == 5
+    assert len(after_conv) == (5 if name == "alexnet_bn" else 0)  # You et al.: BN after each conv
+    pool5 = [i for i in bns if isinstance(layers[i - 1], nn.MaxPool2d)]
+    assert len(pool5) == int(pool5_bn) and (not pool5_bn or pool5[0] == len(layers) - 1)
+    assert len(bns) == len(after_conv) + len(pool5)
+    with torch.no_grad():
+        assert model.eval()(torch.randn(1, 3, image_size, image_size)).shape == (1, 10)
+
+
+def test_alexnet_bn_one_sgd_step_changes_every_parameter():
+    torch.manual_seed(0)
+    model = build(cfg("alexnet_bn", pool5_bn=True), 10, 16).train()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    nn.functional.cross_entropy(model(torch.randn(8, 3, 16, 16)), torch.arange(8)).backward()
+    opt.step()
+    assert not [n for n, p in model.named_parameters() if torch.equal(p, before[n])]

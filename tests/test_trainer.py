@@ -136,3 +136,38 @@ def test_file_dataset_trains_through_dataloader_workers(tiny, tmp_path):
     assert len(evals) == 2
     # 10 test images: every error is a multiple of 10%
     assert all(round(r["top1_error_pct"], 6) % 10 == 0 for r in evals)
+
+
+@pytest.mark.parametrize("model", ["alexnet_bn", "resnet"])
+def test_lars_run_with_poly_decay_trains_and_reports_its_parameter_groups(tiny, model, capsys):
+    # You et al.: LARS with poly(2) decay; Jia: no decay/adaptation on bias and BN
+    cfg = tiny(model=model, optimizer="lars", schedule="poly", base_lr=2.0, nesterov=False,
+               weight_decay=5e-4, pool5_bn=model == "alexnet_bn", epochs=4,
+               name=f"lars_{model}")  # fmt: skip
+    summary = train(cfg)
+    assert summary["status"] == "completed"
+    out = capsys.readouterr().out
+    assert "parameter groups: decay+adapt" in out and "no decay/adapt (bias, norm)" in out
+    losses = [r["loss"] for r in read_metrics(cfg.run_dir()) if r["kind"] == "train"]
+    assert sum(losses[-8:]) / 8 < 0.98 * sum(losses[:8]) / 8  # it trained (32 steps: ~3-4% lower)
+
+
+def test_bench_commands_compare_against_a_baseline_in_the_same_process(tmp_path, monkeypatch):
+    from lbsgd import bench
+
+    monkeypatch.setattr(bench, "RECIPES", {"precision": bench.RECIPES["precision"][:2]})
+    tiny_keys = ["synthetic_train=512", "synthetic_test=128", "synthetic_difficulty=easy",
+                 "depth=8", "width=4"]  # fmt: skip
+    t = bench.bench_train(tiny_keys, steps=3, repeats=2, out=str(tmp_path / "t.json"))
+    assert t["ratio"] == pytest.approx(t["trainer_img_per_s"] / t["bare_img_per_s"])
+    assert len(t["all_bare"]) == len(t["all_trainer"]) == 2
+    r = bench.bench_recipes(tiny_keys, samples=64, repeats=1, out=str(tmp_path / "r.json"))
+    rows = r["results"]["precision"]
+    assert [row["variant"] for row in rows] == ["fp32", "bf16"]
+    assert rows[0]["ratio_best"] == 1.0
+    assert rows[1]["ratio_best"] == pytest.approx(
+        rows[1]["best_img_per_s"] / rows[0]["best_img_per_s"]
+    )
+    assert json.loads((tmp_path / "r.json").read_text())["results"] == json.loads(
+        json.dumps(r["results"])
+    )
