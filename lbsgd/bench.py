@@ -93,6 +93,7 @@ def bench_train(
     if not isinstance(splits.train, torch.utils.data.TensorDataset):
         raise config.ConfigError(f"dataset={cfg.dataset}: the benchmark needs an in-memory dataset")
     d = derive(cfg, 1, len(splits.train))
+    env = {**environment(torch.device("cpu"), 1), "node": platform.node()}  # before, not after
     bare, ours = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):  # alternate which side goes first: drifts in load hit both
@@ -122,7 +123,7 @@ def bench_train(
         "all_bare": bare,
         "all_trainer": ours,
         "config": cfg.to_dict(),
-        "environment": {**environment(torch.device("cpu"), 1), "node": platform.node()},
+        "environment": env,
     }
     print(
         f"best of {repeats}: bare loop {result['bare_img_per_s']:.1f} img/s | trainer "
@@ -159,6 +160,7 @@ def bench_recipes(
     if base.threads:
         torch.set_num_threads(base.threads)
     num_train = len(data.build(base).train)  # fills the cache before anything is timed
+    env = {**environment(torch.device("cpu"), 1), "node": platform.node()}
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for study, variants in RECIPES.items():
@@ -185,7 +187,7 @@ def bench_recipes(
         "repeats": repeats,
         "base_config": base.to_dict(),
         "results": results,
-        "environment": {**environment(torch.device("cpu"), 1), "node": platform.node()},
+        "environment": env,
     }
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
