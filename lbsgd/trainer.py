@@ -212,6 +212,10 @@ class _Run:
         )
         criterion = torch.nn.CrossEntropyLoss()
         prec = self.precision
+        bn_stats = ghost_bn.RunningStats(
+            self.ghost, groups=b // cfg.bn_batch,
+            all_reduce_sum=distributed.all_reduce_sum if ctx.world_size > 1 else None,
+        )  # fmt: skip
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
         bar = tqdm(total=d.total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                    disable=not (ctx.is_main and sys.stderr.isatty()))  # fmt: skip
@@ -236,7 +240,7 @@ class _Run:
                 loss_sum += loss.detach().float()
             prec.step(self.opt)  # unscaled gradients; skipped if fp16 gradients overflowed
             self.opt.zero_grad(set_to_none=True)
-            ghost_bn.commit_running_stats(self.ghost, distributed.all_reduce_sum)
+            bn_stats.commit()  # BN running statistics of the whole global batch
             pending.append((step + 1, lr, loss_sum / d.accum_steps, prec.loss_scale))
             done = step + 1
             bar.update(1)

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lbsgd.models import ghost_bn
-from lbsgd.models.ghost_bn import GhostBatchNorm, commit_running_stats
+from lbsgd.models.ghost_bn import GhostBatchNorm, RunningStats
 
 
 def make(c=3, n=4, seed=0):
@@ -56,12 +56,11 @@ def test_running_statistics_follow_the_stated_rule_by_hand():
     bn = GhostBatchNorm(1, group_size=2)
     bn(torch.tensor([1.0, 3.0, 5.0, 7.0]).view(4, 1))
     assert bn.running_mean.item() == 0.0  # nothing moves before the step is committed
-    commit_running_stats([bn])
+    RunningStats([bn], groups=2).commit()
     assert bn.running_mean.item() == pytest.approx(0.76)
     assert bn.running_var.item() == pytest.approx(1.19)
     assert bn.num_batches_tracked.item() == 1
-    commit_running_stats([bn])  # no forward since: unchanged
-    assert bn.running_mean.item() == pytest.approx(0.76)
+    assert bn.group_mean_sum.item() == 0.0  # the step's sums are cleared for the next step
 
 
 def test_running_statistics_do_not_depend_on_how_groups_are_laid_out():
@@ -69,20 +68,18 @@ def test_running_statistics_do_not_depend_on_how_groups_are_laid_out():
     x = torch.randn(groups * n, c, 2, 2)
     one = make(c, n)  # one forward of all 8 groups
     one(x)
-    commit_running_stats([one])
+    RunningStats([one], groups).commit()
     accum = make(c, n)  # 4 micro-batches of 2 groups, accumulated
     for part in x.split(2 * n):
         accum(part)
-    commit_running_stats([accum])
+    RunningStats([accum], groups).commit()
     ranks = [make(c, n), make(c, n)]  # 2 "processes" x 2 micro-batches, sums all-reduced
     for r, bn in enumerate(ranks):
         for part in x[r * 4 * n : (r + 1) * 4 * n].split(2 * n):
             bn(part)
-    flats = [
-        torch.cat([bn.group_mean_sum, bn.group_var_sum, bn.group_count.view(1)]) for bn in ranks
-    ]
+    flats = [torch.cat([bn.group_mean_sum, bn.group_var_sum]) for bn in ranks]
     for bn in ranks:
-        commit_running_stats([bn], all_reduce_sum=lambda t: flats[0] + flats[1])
+        RunningStats([bn], groups, all_reduce_sum=lambda t: flats[0] + flats[1]).commit()
     for bn in (accum, *ranks):
         torch.testing.assert_close(bn.running_mean, one.running_mean, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(bn.running_var, one.running_var, rtol=1e-6, atol=1e-7)

@@ -14,7 +14,7 @@ g = 1 no copy is made. Evaluation uses the running statistics as usual.
 
 Running statistics (the decision this module makes, so that the layout never shows):
 every group's mean and unbiased variance are summed during the forward passes of an optimizer
-step; after the step, :func:`commit_running_stats` adds the sums over all processes (one small
+step; after the step, :class:`RunningStats` adds the sums over all processes (one small
 all-reduce for the whole network) and updates, with the G = kn/n group averages μ̄ and σ̄²,
 
     running ← (1 − m)^G · running + (1 − (1 − m)^G) · average,     m = BN momentum (0.1)
@@ -47,7 +47,6 @@ class GhostBatchNorm(_BatchNorm):
         # Sums over the groups seen since the last commit (not saved: zero at every step boundary)
         self.register_buffer("group_mean_sum", torch.zeros(num_features), persistent=False)
         self.register_buffer("group_var_sum", torch.zeros(num_features), persistent=False)
-        self.register_buffer("group_count", torch.zeros(()), persistent=False)
 
     def _check_input_dim(self, x: Tensor) -> None:
         if x.dim() < 2:
@@ -76,10 +75,9 @@ class GhostBatchNorm(_BatchNorm):
         y = F.batch_norm(xg, mean, var, weight, bias, True, 1.0, self.eps)
         if g > 1:
             y = y.reshape(n, g, c, *rest).transpose(0, 1).reshape(batch, c, *rest)
-        with torch.no_grad():
-            self.group_mean_sum += mean.view(g, c).sum(0)
-            self.group_var_sum += var.view(g, c).sum(0)
-            self.group_count += g
+        with torch.no_grad():  # .add_ on the buffer itself: no Module.__setattr__ per forward
+            self.group_mean_sum.add_(mean if g == 1 else mean.view(g, c).sum(0))
+            self.group_var_sum.add_(var if g == 1 else var.view(g, c).sum(0))
         return y
 
 
@@ -106,28 +104,37 @@ def ghost_modules(model: nn.Module) -> list[GhostBatchNorm]:
     return [m for m in model.modules() if isinstance(m, GhostBatchNorm)]
 
 
-def commit_running_stats(modules: list[GhostBatchNorm],
-                         all_reduce_sum: Callable[[Tensor], Tensor] = lambda t: t) -> None:  # fmt: skip
-    """After an optimizer step: fold the step's group statistics, summed over all processes with
-    ``all_reduce_sum`` (one collective for the whole network), into the running statistics."""
-    if not modules:
-        return
-    flat = torch.cat([t for m in modules for t in
-                      (m.group_mean_sum, m.group_var_sum, m.group_count.view(1))])  # fmt: skip
-    flat = all_reduce_sum(flat)
-    i = 0
-    with torch.no_grad():
+class RunningStats:
+    """Folds the group statistics of one optimizer step into the running statistics.
+
+    ``groups`` is G = batch_size / bn_batch, the number of BN groups in a global batch (fixed by
+    the config). ``all_reduce_sum`` adds a tensor over the processes; None for one process.
+    """
+
+    def __init__(self, modules: list[GhostBatchNorm], groups: int,
+                 all_reduce_sum: Callable[[Tensor], Tensor] | None = None) -> None:  # fmt: skip
+        if groups < 1:
+            raise ValueError(f"groups={groups} must be >= 1")
+        self.groups = groups
+        self.all_reduce_sum = all_reduce_sum
+        # one list per momentum value: a foreach update each (all 0.1 in practice)
+        self.by_momentum: dict[float, list[GhostBatchNorm]] = {}
         for m in modules:
-            c = m.num_features
-            mean_sum, var_sum, count = flat[i : i + c], flat[i + c : i + 2 * c], flat[i + 2 * c]
-            i += 2 * c + 1
-            # Tensor arithmetic only (no host sync on GPUs). count = 0 (no forward since the last
-            # commit) gives keep = 1: the running statistics stay as they are.
-            keep = torch.pow(1.0 - m.momentum, count)
-            per_group = 1 / count.clamp(min=1)
-            m.running_mean.mul_(keep).add_(mean_sum * per_group * (1 - keep))
-            m.running_var.mul_(keep).add_(var_sum * per_group * (1 - keep))
-            m.num_batches_tracked += (count > 0).to(m.num_batches_tracked.dtype)
-            m.group_mean_sum.zero_()
-            m.group_var_sum.zero_()
-            m.group_count.zero_()
+            self.by_momentum.setdefault(float(m.momentum), []).append(m)
+        self.sums = [t for m in modules for t in (m.group_mean_sum, m.group_var_sum)]
+
+    def commit(self) -> None:
+        if not self.sums:
+            return
+        if self.all_reduce_sum is not None:  # one collective for the whole network
+            flat = self.all_reduce_sum(torch.cat(self.sums))
+            torch._foreach_copy_(self.sums, list(flat.split([t.numel() for t in self.sums])))
+        with torch.no_grad():
+            for momentum, mods in self.by_momentum.items():
+                keep = (1.0 - momentum) ** self.groups  # G sequential updates with the average
+                running = [t for m in mods for t in (m.running_mean, m.running_var)]
+                sums = [t for m in mods for t in (m.group_mean_sum, m.group_var_sum)]
+                torch._foreach_mul_(running, keep)
+                torch._foreach_add_(running, sums, alpha=(1.0 - keep) / self.groups)
+                torch._foreach_add_([m.num_batches_tracked for m in mods], 1)
+            torch._foreach_zero_(self.sums)
