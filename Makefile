@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test lint format reproduce bench clean
+.PHONY: setup test lint format reproduce lab train-quickstart bench clean
 
 setup: $(STAMP)
 
@@ -30,10 +30,30 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The embedded default run (configs/quickstart.yaml) into $(OUT)/quickstart/. A run already
-# complete there is skipped; `make reproduce OUT=elsewhere` replays it from scratch.
+# The main job: every study notebook executed through papermill at one scale, each executed copy
+# saved beside its results in $(OUT)/<study>/, then $(OUT)/REPORT.md. Runs already complete in
+# $(OUT) are skipped, so an interrupted `make reproduce` resumes; `OUT=elsewhere` replays from
+# scratch. Other scales: make reproduce PROFILE=cifar10 NPROC=1, PROFILE=imagenet NPROC=8.
 OUT ?= results
+PROFILE ?= cpu
+NPROC ?= 1
+PARALLEL ?= 2
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*_*.ipynb))
 reproduce: setup
+	@set -e; for nb in $(NOTEBOOKS); do \
+	  name=$$(basename $$nb .ipynb); study=$${name#*_}; mkdir -p $(OUT)/$$study; \
+	  echo "== $$name (profile=$(PROFILE))"; \
+	  $(VENV)/bin/papermill --log-level WARNING $$nb $(OUT)/$$study/$$name.ipynb \
+	    -p profile $(PROFILE) -p nproc_per_node $(NPROC) -p parallel $(PARALLEL) -p out_dir $(OUT); \
+	done
+	$(VENV)/bin/lbsgd report --results $(OUT)
+
+# JupyterLab on notebooks/ with the project's environment as its kernel.
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+# One run of configs/quickstart.yaml with the CLI (no notebook).
+train-quickstart: setup
 	$(VENV)/bin/lbsgd train -c configs/quickstart.yaml out_dir=$(OUT) resume=true
 
 bench: setup

@@ -21,6 +21,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="YAML file of key: value (repeatable; later files win, key=value wins last)")  # fmt: skip
     t.add_argument("overrides", nargs="*", metavar="key=value", help="see `lbsgd keys`")
     sub.add_parser("keys", help="print every config key: kind, type, default, meaning")
+    r = sub.add_parser("report", help="gather results/*/findings.json into results/REPORT.md")
+    r.add_argument("--results", default="results", help="the results root")
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
     bt = bsub.add_parser(
@@ -44,6 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "keys":
         print(config.describe_keys())
+        return 0
+    if args.command == "report":
+        from lbsgd import report
+
+        try:
+            print(f"wrote {report.write(args.results)}")
+        except FileNotFoundError as e:
+            print(f"lbsgd: error: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         return 0
     try:
         if args.command == "train":

@@ -1,0 +1,311 @@
+"""The notebook-facing API: launch sweeps of runs through torchrun, load their results, compare.
+
+A study (one notebook) describes its runs as flat dicts of config keys and hands them to
+:func:`sweep`, which
+
+- validates every run's config first (bad input stops the sweep before anything starts),
+- skips runs already complete in ``out_dir/study/`` and copies an identical run (same experiment
+  keys) completed by another study instead of training it again,
+- starts each remaining run as ``python -m torch.distributed.run … -m lbsgd train key=value …``
+  (worker code never lives in a notebook), ``parallel`` at a time, with the output of each in
+  ``out_dir/study/<run>.log``,
+- prints one line when a run starts and one when it ends (status, cost, error),
+- records a diverged run and goes on; a run that fails raises :class:`RunFailed` naming the run
+  and its log, once the runs in flight have finished,
+
+and returns :func:`load_runs` of the study: one row per run, every key, derived value and summary
+field. Everything here reads the local results only: no W&B server is needed to compare runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from lbsgd import config
+from lbsgd.config import Config
+
+DONE = ("completed", "diverged")  # statuses that end a run for good
+COPY_IGNORE = shutil.ignore_patterns("checkpoint.pt", ".checkpoint.pt.tmp", "wandb")
+
+
+class RunFailed(RuntimeError):
+    """A run of a sweep ended with an error (not a divergence)."""
+
+
+@dataclass
+class _Job:
+    cfg: Config
+    log: Path
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    handle: Any = field(default=None, repr=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _status(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def _find_identical(cfg: Config, root: Path) -> Path | None:
+    """A finished run with the same experiment keys in another study of ``root``."""
+    name = cfg.run_name()
+    for other in sorted(root.glob(f"*/{name}")):
+        if other.parent.name != cfg.study and _status(other) in DONE:
+            try:
+                theirs = json.loads((other / "summary.json").read_text()).get("experiment_id")
+            except (OSError, ValueError):
+                continue
+            if theirs == cfg.experiment_id():
+                return other
+    return None
+
+
+def _command(cfg: Config, nproc_per_node: int, nnodes: int, rdzv_endpoint: str | None) -> list[str]:
+    overrides = [f"{k}={_text(v)}" for k, v in cfg.to_dict().items() if v is not None]
+    endpoint = rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}", "-m", "lbsgd", "train", *overrides]  # fmt: skip
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, list | tuple):
+        return "[" + ",".join(str(x) for x in v) + "]"
+    return str(v)
+
+
+def sweep(
+    study: str,
+    runs: Sequence[Mapping[str, Any]],
+    *,
+    out_dir: str | os.PathLike = "results",
+    nproc_per_node: int = 1,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    parallel: int = 1,
+    wandb: str = "auto",
+    quiet: bool = False,
+):
+    """Train every run of ``runs`` (dicts of config keys) into ``out_dir/study``; see the module."""
+    if parallel < 1:
+        raise config.ConfigError(f"parallel={parallel} must be >= 1")
+    base = {"study": study, "out_dir": str(out_dir), "wandb": wandb, "resume": True}
+    cfgs = [config.from_dict({**base, **dict(r)}) for r in runs]  # all validated before any work
+    names = [c.run_name() for c in cfgs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise config.ConfigError(f"runs of study {study!r} repeat the same experiment: {dup}")
+    for c in cfgs:
+        config.check_world(c, nproc_per_node * nnodes)
+    study_dir = Path(out_dir) / study
+    study_dir.mkdir(parents=True, exist_ok=True)
+    say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
+
+    todo: list[_Job] = []
+    for i, c in enumerate(cfgs, 1):
+        run_dir = c.run_dir()
+        if _status(run_dir) in DONE:
+            say(f"[{i}/{len(cfgs)}] {c.run_name()}: already {_status(run_dir)}, skipped")
+            continue
+        twin = _find_identical(c, Path(out_dir))
+        if twin is not None and not run_dir.exists():
+            shutil.copytree(twin, run_dir, ignore=COPY_IGNORE)
+            say(f"[{i}/{len(cfgs)}] {c.run_name()}: identical run in {twin.parent.name}/, copied")
+            continue
+        todo.append(_Job(c, study_dir / f"{c.run_name()}.log"))
+
+    running: list[_Job] = []
+    failed: list[str] = []
+    done = len(cfgs) - len(todo)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    while todo or running:
+        while todo and len(running) < parallel and not failed:
+            job = todo.pop(0)
+            job.handle = job.log.open("w")
+            job.proc = subprocess.Popen(
+                _command(job.cfg, nproc_per_node, nnodes, rdzv_endpoint),
+                stdout=job.handle, stderr=subprocess.STDOUT, env=env,
+            )  # fmt: skip
+            job.started = time.perf_counter()
+            running.append(job)
+            say(f"[start] {job.cfg.run_name()} (log: {job.log})")
+        if failed and not running:
+            break
+        time.sleep(0.2)
+        for job in [j for j in running if j.proc.poll() is not None]:
+            running.remove(job)
+            job.handle.close()
+            done += 1
+            rc, secs = job.proc.returncode, time.perf_counter() - job.started
+            status = _status(job.cfg.run_dir())
+            if rc in (0, 3) and status in DONE:
+                say(f"[{done}/{len(cfgs)}] {job.cfg.run_name()}: {status} in {secs:.0f} s"
+                    f"{_result_text(job.cfg.run_dir())}")  # fmt: skip
+            else:
+                tail = job.log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                failed.append(f"run {job.cfg.run_name()} failed (exit code {rc}); log: {job.log}; "
+                              f"last line: {tail[0]}")  # fmt: skip
+                say(f"[{done}/{len(cfgs)}] {job.cfg.run_name()}: FAILED, see {job.log}")
+    if failed:
+        raise RunFailed(" | ".join(failed))
+    return load_runs(study_dir, names=names)
+
+
+def _result_text(run_dir: Path) -> str:
+    s = json.loads((run_dir / "summary.json").read_text())
+    err = s.get("final", {}).get("top1_error_pct")
+    ips = s.get("img_per_s")
+    parts = []
+    if err is not None:
+        parts.append(f"top-1 error {err:.1f}%")
+    if ips:
+        parts.append(f"{ips:.0f} img/s")
+    return (", " + ", ".join(parts)) if parts else ""
+
+
+# -- reading results --------------------------------------------------------------------------
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, f"{prefix}{k}_"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def run_record(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """One run as a flat dict: config keys, derived values, summary (``final_*``, ``best_*``, …)."""
+    import yaml
+
+    run_dir = Path(run_dir)
+    rec: dict[str, Any] = yaml.safe_load((run_dir / "config.yaml").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary.pop("environment", None)
+    rec.update(_flatten(summary))
+    rec["k"] = rec["batch_size"] / rec["reference_batch"]
+    rec["run_dir"] = str(run_dir)
+    return rec
+
+
+def load_runs(study_dir: str | os.PathLike, names: Iterable[str] | None = None):
+    """A pandas DataFrame of the runs in ``study_dir`` (those named, in order, if given)."""
+    import pandas as pd
+
+    study_dir = Path(study_dir)
+    dirs = [study_dir / n for n in names] if names is not None else sorted(
+        p.parent for p in study_dir.glob("*/summary.json"))  # fmt: skip
+    return pd.DataFrame([run_record(d) for d in dirs if (d / "config.yaml").exists()])
+
+
+def load_metrics(run_dir: str | os.PathLike, kind: str = "train"):
+    """The ``metrics.jsonl`` records of one kind (train or eval) as a DataFrame."""
+    import pandas as pd
+
+    lines = Path(run_dir, "metrics.jsonl").read_text().splitlines()
+    return pd.DataFrame([r for r in map(json.loads, lines) if r.get("kind") == kind])
+
+
+def reference(study: str | None = None):
+    """The published numbers (the project's copy of the papers' tables), optionally one study's."""
+    import pandas as pd
+
+    with resources.files("lbsgd").joinpath("reference/paper_results.csv").open() as f:
+        df = pd.read_csv(f)
+    return df if study is None else df[df["study"] == study].reset_index(drop=True)
+
+
+# -- tables, figures and findings -------------------------------------------------------------
+
+
+def summarize(df, by: Sequence[str], metric: str = "final_top1_error_pct"):
+    """Mean, standard deviation and count of ``metric`` over the runs (seeds) of each group."""
+    g = df.groupby(list(by), dropna=False)[metric]
+    out = g.agg(["mean", "std", "count"]).reset_index()
+    return out.rename(columns={"mean": f"{metric}_mean", "std": f"{metric}_std", "count": "runs"})
+
+
+def study_dir(out_dir: str | os.PathLike, study: str) -> Path:
+    path = Path(out_dir) / study
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def save_table(table, out_dir: str | os.PathLike, study: str, name: str = "table.csv") -> Path:
+    path = study_dir(out_dir, study) / name
+    table.to_csv(path, index=False, float_format="%.4g")
+    return path
+
+
+def save_figure(fig, out_dir: str | os.PathLike, study: str, name: str) -> Path:
+    path = study_dir(out_dir, study) / name
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def plot_curves(
+    df, label: str, metric: str = "loss", kind: str = "train", ax=None, smooth: int = 1
+):
+    """Training (or eval) curves of the runs in ``df``, against epochs, one line per row."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    for _, row in df.iterrows():
+        m = load_metrics(row["run_dir"], kind)
+        if m.empty:
+            continue
+        y = m[metric].astype(float)
+        if smooth > 1:
+            y = y.rolling(smooth, min_periods=1).mean()
+        ax.plot(m["epoch"], y, label=str(row[label]))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(metric if kind == "train" else f"test {metric}")
+    ax.legend(fontsize=8)
+    return ax
+
+
+@dataclass
+class Finding:
+    """A qualitative claim of a paper, and whether this replay shows it (None: not decidable)."""
+
+    claim: str
+    replayed: bool | None
+    evidence: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"claim": self.claim, "replayed": self.replayed, "evidence": self.evidence}
+
+
+def write_findings(out_dir: str | os.PathLike, study: str, profile: str, seeds: Sequence[int],
+                   findings: Sequence[Finding], title: str = "") -> Path:  # fmt: skip
+    """``findings.json`` of a study: what the report gathers."""
+    path = study_dir(out_dir, study) / "findings.json"
+    record = {"study": study, "title": title or study, "profile": profile, "seeds": list(seeds),
+              "findings": [f.to_dict() for f in findings]}  # fmt: skip
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    for f in findings:
+        mark = {True: "replayed", False: "NOT replayed", None: "undecided"}[f.replayed]
+        print(f"{mark:>12}: {f.claim} ({f.evidence})")
+    return path
