@@ -42,9 +42,14 @@ class Profile:
         return keys
 
 
-_CPU_BASE = {  # ResNet-8 on 16×16 generated shapes; 0.1 per 128 images, as the probe
+# ResNet-8 on 16×16 generated shapes, 0.1 per 128 images, as the calibration probe. 12,000 train
+# images × 8 epochs (~50 s per run on one core) keeps the whole cpu suite near 30 minutes on 2
+# cores. At that budget the standard noise (0.12) leaves k = 1 at ~40% error; noise 0.06 gives
+# ~26% at k = 1 and ~39% at k = 32 (seed 0, measured), so large_k = 16 sits at the knee, where
+# Goyal's k = 32 sits at ImageNet scale.
+_CPU_BASE = {
     "model": "resnet", "depth": 8, "width": 16, "zero_init_residual": False,
-    "dataset": "synthetic", "synthetic_train": 16_000, "synthetic_test": 5_000,
+    "dataset": "synthetic", "synthetic_train": 12_000, "synthetic_test": 5_000, "synthetic_noise": 0.06,
     "bn_batch": 16, "reference_batch": 16, "base_lr": 0.0125, "nesterov": False,
     "weight_decay": 5e-4, "warmup": "gradual", "warmup_epochs": 1, "schedule": "cosine",
     "epochs": 8, "threads": 1, "channels_last": True, "eval_every": 2,
@@ -72,8 +77,9 @@ PROFILES: dict[str, Profile] = {
         name="cpu",
         base=_CPU_BASE,
         seeds=(0, 1, 2),
-        ks={"batch_scaling": (0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256), "lars": (16, 64, 256)},
-        large_k=64,
+        # k = 1/2 would need bn_batch 8: with n = 16 the smallest minibatch is k = 1
+        ks={"batch_scaling": (1, 2, 4, 8, 16, 32, 64, 128, 256), "lars": (4, 16, 64)},
+        large_k=16,
         lars={"base_lr": 2.0, "schedule": "poly", "lars_eta": 0.001},
         alexnet={},
     ),
