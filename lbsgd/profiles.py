@@ -64,6 +64,7 @@ PROFILES: dict[str, Profile] = {
             "synthetic_train": 2_000,
             "synthetic_test": 500,
             "synthetic_difficulty": "easy",
+            "synthetic_noise": None,  # the easy setting's own noise
             "epochs": 2,
             "eval_every": 1,
         },  # fmt: skip
