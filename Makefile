@@ -50,7 +50,7 @@ reproduce: setup
 
 # JupyterLab on notebooks/ with the project's environment as its kernel.
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # One run of configs/quickstart.yaml with the CLI (no notebook).
 train-quickstart: setup

@@ -157,17 +157,28 @@ def sweep(
             done += 1
             rc, secs = job.proc.returncode, time.perf_counter() - job.started
             status = _status(job.cfg.run_dir())
-            if rc in (0, 3) and status in DONE:
+            # torchrun reports any failed worker as exit code 1, so the run's own record decides:
+            # a diverged run (trainer exit code 3) is a result, not a failure
+            if status in DONE:
                 say(f"[{done}/{len(cfgs)}] {job.cfg.run_name()}: {status} in {secs:.0f} s"
                     f"{_result_text(job.cfg.run_dir())}")  # fmt: skip
             else:
-                tail = job.log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
                 failed.append(f"run {job.cfg.run_name()} failed (exit code {rc}); log: {job.log}; "
-                              f"last line: {tail[0]}")  # fmt: skip
+                              f"error: {_error_line(job.log)}")  # fmt: skip
                 say(f"[{done}/{len(cfgs)}] {job.cfg.run_name()}: FAILED, see {job.log}")
     if failed:
         raise RunFailed(" | ".join(failed))
     return load_runs(study_dir, names=names)
+
+
+def _error_line(log: Path) -> str:
+    """The most telling line of a failed run's log: the last one naming an error."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ("Error" in ln or "error:" in ln) and not ln.startswith("torch.distributed"):
+            return ln
+    useful = [ln for ln in lines if not set(ln) <= set("=-")]
+    return useful[-1] if useful else "(empty log)"
 
 
 def _result_text(run_dir: Path) -> str:
@@ -254,7 +265,7 @@ def study_dir(out_dir: str | os.PathLike, study: str) -> Path:
 
 def save_table(table, out_dir: str | os.PathLike, study: str, name: str = "table.csv") -> Path:
     path = study_dir(out_dir, study) / name
-    table.to_csv(path, index=False, float_format="%.4g")
+    table.to_csv(path, index=False, float_format="%.6g")
     return path
 
 

@@ -3,7 +3,8 @@
 Batch sizes are given as k = batch_size / reference_batch (Goyal's k workers of n images), so a
 study reads the same at every scale: k = 32 is Goyal's 8k minibatch at ImageNet scale.
 
-- ``smoke``: seconds per run, for tests; checks that the pipeline runs and learns, nothing finer.
+- ``smoke``: seconds per run, for tests; checks that every study runs end to end. Too small for the
+  findings: its runs end near chance.
 - ``cpu``: the embedded default, on the generated dataset; a laptop CPU, minutes per run.
 - ``cifar10``: CIFAR-10 on one GPU.
 - ``imagenet``: the papers' settings (ResNet-50 / AlexNet, 90/100 epochs, n = 32, 0.1 per 256) for

@@ -93,6 +93,15 @@ def _check_run_dir(cfg: Config) -> str:
     return "new"
 
 
+def _finite(v: Any) -> Any:
+    """Strict JSON: non-finite floats (a diverged loss) become the strings "nan" / "inf"."""
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
 def _plain(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
 
@@ -197,7 +206,7 @@ class _Run:
         if self.ctx.is_main:
             path = self.run_dir / "summary.json"
             tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
+            tmp.write_text(json.dumps(_finite(self.summary), indent=2, default=str) + "\n")
             tmp.replace(path)
 
     # -- the loop ---------------------------------------------------------------------------------

@@ -1,0 +1,311 @@
+"""The study notebooks end to end at smoke scale, and the sweep API they are built on.
+
+The notebooks run through papermill exactly as ``make reproduce`` runs them (other profile), all
+into one module-scoped results root, in file order, so that a run already trained by an earlier
+study is copied rather than trained again.
+"""
+
+import ast
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tokenize
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import papermill
+import pytest
+
+from lbsgd import config, profiles, report
+from lbsgd import experiments as ex
+from lbsgd.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+ALL_NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*_*.ipynb"))
+NO_PUBLISHED_NUMBERS = {"quickstart"}  # studies whose table has no paper_* column
+SMOKE = {"profile": "smoke", "parallel": 2, "wandb": "disabled"}
+# what ex.sweep prints per run: "[start] NAME (log: …)" and "[i/n] NAME: …"
+SWEEP_LINE = re.compile(r"^\[(?:start|\d+/\d+)\] ([^\s:]+)", re.MULTILINE)
+
+
+def study_of(nb: Path) -> str:
+    return nb.stem.split("_", 1)[1]
+
+
+def parameters_cell(nb: Path):
+    cells = [c for c in nbformat.read(nb, as_version=4).cells if "parameters" in c.metadata.get("tags", [])]  # fmt: skip
+    assert len(cells) == 1, f"{nb.name}: {len(cells)} cells tagged 'parameters' (want 1)"
+    return cells[0]
+
+
+def stdout_of(executed: Path) -> str:
+    nb = nbformat.read(executed, as_version=4)
+    return "".join(
+        o.get("text", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "stream" and o.get("name") == "stdout"
+    )
+
+
+# -- the committed notebooks -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nb", ALL_NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_notebooks_carry_no_outputs_and_no_execution_counts(nb):
+    cells = nbformat.read(nb, as_version=4).cells
+    dirty = [i for i, c in enumerate(cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]  # fmt: skip
+    assert not dirty, f"{nb.name}: code cells {dirty} carry outputs or an execution count"
+
+
+# -- every notebook at smoke scale ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smoke_out(tmp_path_factory):
+    """One results root for all notebooks of the module (identical runs are copied, not retrained)."""
+    return tmp_path_factory.mktemp("smoke_results")
+
+
+@pytest.fixture(scope="module")
+def execute(smoke_out):
+    """Executes a notebook at smoke scale once per module; returns the executed copy's path."""
+    outcome: dict[Path, Path | BaseException] = {}
+
+    def run(nb: Path) -> Path:
+        if nb not in outcome:
+            out_nb = smoke_out / study_of(nb) / nb.name  # beside its results, as make reproduce
+            out_nb.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                papermill.execute_notebook(
+                    str(nb), str(out_nb), parameters={**SMOKE, "out_dir": str(smoke_out)},
+                    kernel_name="python3", cwd=str(REPO), progress_bar=False,
+                )  # fmt: skip
+                outcome[nb] = out_nb
+            except BaseException as e:
+                outcome[nb] = e
+        if isinstance(outcome[nb], BaseException):
+            raise outcome[nb]
+        return outcome[nb]
+
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_notebook_runs_at_smoke_scale_and_writes_what_it_promises(nb, execute, smoke_out):
+    executed = execute(nb)
+    study = study_of(nb)
+    sdir = smoke_out / study
+
+    table = pd.read_csv(sdir / "table.csv")
+    assert len(table) > 0, f"{study}/table.csv has no rows"
+    if study not in NO_PUBLISHED_NUMBERS:
+        assert any(c.startswith("paper_") for c in table.columns), (
+            f"{study}/table.csv has no paper_* column beside ours: {list(table.columns)}"
+        )
+    assert list(sdir.glob("*.png")), f"no figure in {study}/"
+
+    findings = json.loads((sdir / "findings.json").read_text())
+    assert findings["study"] == study and findings["profile"] == "smoke"
+    assert isinstance(findings["findings"], list) and findings["findings"], findings
+    for f in findings["findings"]:
+        assert isinstance(f["claim"], str) and f["claim"], f
+        assert any(f["replayed"] is v for v in (True, False, None)), f
+        assert isinstance(f["evidence"], str) and f["evidence"], f
+
+    # one complete run directory per run the notebook's sweeps printed, and nothing else
+    run_dirs = {p.name: p for p in sdir.iterdir() if p.is_dir()}
+    printed = set(SWEEP_LINE.findall(stdout_of(executed)))
+    assert printed, f"{nb.name} printed no sweep lines"
+    assert set(run_dirs) == printed, f"run folders {sorted(run_dirs)} vs runs {sorted(printed)}"
+    for name, d in run_dirs.items():
+        for f in ("config.yaml", "metrics.jsonl", "summary.json"):
+            assert (d / f).is_file(), f"{study}/{name}/{f} missing"
+        assert (d / "metrics.jsonl").stat().st_size > 0, f"{study}/{name}/metrics.jsonl is empty"
+        status = json.loads((d / "summary.json").read_text())["status"]
+        assert status in ("completed", "diverged"), f"{study}/{name}: status {status}"
+    for log in sdir.glob("*.log"):  # every run started here has its folder
+        assert log.stem in run_dirs, f"{log.name} has no run folder"
+
+
+@pytest.mark.slow
+def test_report_gathers_every_study(execute, smoke_out, tmp_path):
+    for nb in NOTEBOOKS:  # already executed by the test above when the module runs in order
+        execute(nb)
+    text = report.write(smoke_out).read_text()
+    assert (smoke_out / "REPORT.md").is_file()
+    for nb in NOTEBOOKS:
+        title = json.loads((smoke_out / study_of(nb) / "findings.json").read_text())["title"]
+        assert f"## {title}\n" in text, f"REPORT.md has no section for {title!r}"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cli = subprocess.run(
+        [sys.executable, "-m", "lbsgd", "report", "--results", str(empty)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert cli.returncode == 2, (cli.returncode, cli.stdout, cli.stderr)
+    lines = cli.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lbsgd: error:") and str(empty) in lines[0], cli.stderr  # fmt: skip
+    assert not list(empty.iterdir()), "a failed report wrote something"
+
+
+# -- papermill --help-notebook -----------------------------------------------------------------
+
+HELP_DEF = re.compile(r"^  (?P<name>\w+): (?P<type>.+?) \(default (?P<default>.*)\)$")
+
+
+def parse_help_listing(text: str) -> dict[str, dict[str, str]]:
+    """papermill's listing: ``f"{definition:<34}{help}"`` when the definition (``  name: type
+    (default value)``) is at most 30 characters, else the definition, then the help on the next
+    line indented by 34 spaces."""
+    out: dict[str, dict[str, str]] = {}
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        short = line[:34].rstrip()
+        m = HELP_DEF.match(short)
+        if m and len(short) <= 30:
+            out[m["name"]] = {"type": m["type"], "help": line[34:].strip()}
+            continue
+        m = HELP_DEF.match(line.rstrip())
+        if m and len(line.rstrip()) > 30:
+            nxt = lines[i + 1] if i + 1 < len(lines) else ""
+            helptext = nxt.strip() if nxt.startswith(" " * 34) else ""
+            out[m["name"]] = {"type": m["type"], "help": helptext}
+    return out
+
+
+def declared_parameters(nb: Path) -> dict[str, dict[str, str | None]]:
+    """name → annotation and end-of-line comment of every assignment of the parameters cell."""
+    src = parameters_cell(nb).source
+    comments = {
+        t.start[0]: t.string.lstrip("#").strip()
+        for t in tokenize.generate_tokens(io.StringIO(src + "\n").readline)
+        if t.type == tokenize.COMMENT
+    }
+    out: dict[str, dict[str, str | None]] = {}
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names, ann = [node.target.id], ast.unparse(node.annotation)
+        elif isinstance(node, ast.Assign):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            ann = None
+        else:
+            continue
+        for name in names:
+            out[name] = {"type": ann, "help": comments.get(node.end_lineno)}
+    return out
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_help_notebook_documents_every_parameter_with_type_and_help(nb):
+    declared = declared_parameters(nb)
+    assert declared, f"{nb.name}: no parameter assigned in the parameters cell"
+    for name, d in declared.items():
+        assert d["type"] and d["help"], f"{nb.name}: parameter {name} lacks a type annotation or a comment"  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "papermill", "--help-notebook", str(nb)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    listed = parse_help_listing(proc.stdout)
+    missing = sorted(set(declared) - set(listed))
+    assert not missing, (
+        f"{nb.name}: papermill --help-notebook does not list {missing} (papermill skips a parameter "
+        f"line holding more than one '=', e.g. in its comment)\n{proc.stdout}\n{proc.stderr}"
+    )
+    for name, d in declared.items():
+        assert listed[name] == d, f"{nb.name}: {name} listed as {listed[name]}, declared as {d}"
+
+
+# -- the sweep API -----------------------------------------------------------------------------
+
+
+def tiny_keys(k=1, **overrides):
+    return profiles.get("smoke").keys(k=k, synthetic_train=500, epochs=1, **overrides)
+
+
+@pytest.mark.slow
+def test_a_failing_run_surfaces_as_an_error_naming_the_run_and_its_log(tmp_path):
+    empty = tmp_path / "imagenet"  # exists, so validation passes; the loader fails in the run
+    empty.mkdir()
+    keys = tiny_keys(dataset="imagenet", data_dir=str(empty))
+    out = tmp_path / "out"
+    cfg = config.from_dict({**keys, "study": "failing", "out_dir": str(out)})
+    log = out / "failing" / f"{cfg.run_name()}.log"
+    with pytest.raises(ex.RunFailed) as err:
+        ex.sweep("failing", [keys], out_dir=out, parallel=1, wandb="disabled")
+    assert cfg.run_name() in str(err.value) and str(log) in str(err.value), str(err.value)
+    text = log.read_text()
+    assert "FileNotFoundError" in text and str(empty) in text and "ImageFolder" in text, text
+
+
+@pytest.mark.slow
+def test_a_failing_run_fails_its_notebook_with_the_run_and_its_log(tmp_path, monkeypatch):
+    # profile=cifar10 reads data_dir=data/cifar10 relative to the kernel's cwd: an empty folder
+    # there passes validation, and the run's loader fails at once (no training).
+    (tmp_path / "data" / "cifar10").mkdir(parents=True)
+    nb = tmp_path / "01_quickstart.ipynb"
+    shutil.copy(REPO / "notebooks" / "01_quickstart.ipynb", nb)
+    out = tmp_path / "out"
+    params = {"profile": "cifar10", "out_dir": str(out), "parallel": 1, "wandb": "disabled"}
+    monkeypatch.chdir(tmp_path)  # the run name hashes data_dir as given: relative
+    P = profiles.get("cifar10")
+    name = config.from_dict({**P.keys(k=16, seed=P.seeds[0]), "study": "quickstart"}).run_name()
+    log = out / "quickstart" / f"{name}.log"
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        papermill.execute_notebook(str(nb), str(tmp_path / "executed.ipynb"), parameters=params,
+                                   kernel_name="python3", cwd=str(tmp_path), progress_bar=False)  # fmt: skip
+    text = str(err.value)
+    assert "RunFailed" in text and name in text and str(log) in text, text
+    assert "FileNotFoundError" in log.read_text()
+
+
+@pytest.mark.slow
+def test_sweep_skips_runs_already_complete_and_survives_divergence(tmp_path, capsys):
+    def sweep(runs):
+        df = ex.sweep("skips", runs, out_dir=tmp_path, parallel=2, wandb="disabled")
+        return df, capsys.readouterr().out
+
+    runs = [tiny_keys(), tiny_keys(k=2)]
+    first, _ = sweep(runs)
+    assert list(first["status"]) == ["completed", "completed"], first[["run_dir", "status"]]
+    names = [Path(d).name for d in first["run_dir"]]
+    files = [p for n in names for p in (tmp_path / "skips").glob(f"{n}*") if p.is_file()]  # logs
+    files += [tmp_path / "skips" / n / f for n in names for f in ("summary.json", "metrics.jsonl")]
+    before = {p: p.stat().st_mtime_ns for p in files}
+
+    second, printed = sweep(runs)
+    pd.testing.assert_frame_equal(first, second)
+    assert {p: p.stat().st_mtime_ns for p in files} == before, "the second sweep rewrote a run"
+    assert "[start]" not in printed, printed
+    for n in names:
+        assert re.search(rf"\] {re.escape(n)}: already completed, skipped", printed), printed
+
+    # a diverging run is recorded as such, and the sweep returns every row (the others skipped)
+    third, printed = sweep([*runs, tiny_keys(base_lr=1e8, warmup="none")])
+    assert len(third) == 3, printed
+    assert list(third["status"]) == ["completed", "completed", "diverged"], printed
+    # the same values for the skipped runs (a column that the diverged run lacks turns float)
+    pd.testing.assert_frame_equal(third.iloc[:2][first.columns], first, check_dtype=False)
+    assert {p: p.stat().st_mtime_ns for p in files} == before, printed
+
+
+@pytest.mark.parametrize(
+    "bad, key",
+    [({"bogus_key": 1}, "bogus_key"), ({"warmup": "sometimes"}, "warmup")],
+    ids=["unknown key", "bad value"],
+)
+def test_sweep_refuses_bad_input_before_starting_anything(tmp_path, bad, key):
+    out = tmp_path / "out"
+    runs = [tiny_keys(), {**tiny_keys(seed=1), **bad}]  # the first run is fine
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        ex.sweep("refused", runs, out_dir=out, parallel=1, wandb="disabled")
+    assert not out.exists(), f"the refused sweep created {sorted(out.rglob('*'))}"
