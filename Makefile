@@ -43,7 +43,7 @@ reproduce: setup
 	@set -e; for nb in $(NOTEBOOKS); do \
 	  name=$$(basename $$nb .ipynb); study=$${name#*_}; mkdir -p $(OUT)/$$study; \
 	  echo "== $$name (profile=$(PROFILE))"; \
-	  $(VENV)/bin/papermill --log-level WARNING $$nb $(OUT)/$$study/$$name.ipynb \
+	  $(VENV)/bin/papermill --log-output --no-progress-bar $$nb $(OUT)/$$study/$$name.ipynb \
 	    -p profile $(PROFILE) -p nproc_per_node $(NPROC) -p parallel $(PARALLEL) -p out_dir $(OUT); \
 	done
 	$(VENV)/bin/lbsgd report --results $(OUT)
