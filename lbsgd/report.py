@@ -29,10 +29,16 @@ def _table_markdown(path: Path, max_rows: int = 40) -> str:
     return "\n".join(lines)
 
 
+def _order(study: dict) -> tuple[int, str]:
+    head = study.get("title", "").split(".")[0]
+    return (int(head) if head.isdigit() else 10**6, study["dir"].name)
+
+
 def build(results: str | os.PathLike = "results") -> str:
     root = Path(results)
     studies = [{**json.loads(p.read_text()), "dir": p.parent}
                for p in sorted(root.glob("*/findings.json"))]  # fmt: skip
+    studies.sort(key=_order)  # reading order: the titles start with the notebook's number
     if not studies:
         raise FileNotFoundError(f"no */findings.json under {str(root)!r}: run the notebooks first")
     out = ["# lbsgd: the large-minibatch studies, replayed", "",
@@ -44,8 +50,11 @@ def build(results: str | os.PathLike = "results") -> str:
             out.append(f"| {s['title']} | {s['profile']} | {len(s['seeds'])} | {f['claim']} | "
                        f"{MARK[f['replayed']]} | {f['evidence']} |")  # fmt: skip
     for s in studies:
+        runs = [json.loads(p.read_text()) for p in sorted(s["dir"].glob("*/summary.json"))]
+        cost = sum(r.get("wall_time_s") or 0 for r in runs) / 60
         out += ["", f"## {s['title']}", "", f"Profile `{s['profile']}`, seeds {s['seeds']}; "
-                f"folder [`{s['dir'].name}/`]({s['dir'].name}/).", ""]  # fmt: skip
+                f"{len(runs)} runs ({cost:.1f} min of run time, runs shared with other studies "
+                f"included); folder [`{s['dir'].name}/`]({s['dir'].name}/).", ""]  # fmt: skip
         table = s["dir"] / "table.csv"
         if table.exists():
             out.append(_table_markdown(table))
