@@ -34,6 +34,7 @@ from typing import Any
 
 from lbsgd import config
 from lbsgd.config import Config
+from lbsgd.tracking import flatten
 
 DONE = ("completed", "diverged")  # statuses that end a run for good
 COPY_IGNORE = shutil.ignore_patterns("checkpoint.pt", ".checkpoint.pt.tmp", "wandb")
@@ -196,16 +197,6 @@ def _result_text(run_dir: Path) -> str:
 # -- reading results --------------------------------------------------------------------------
 
 
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping):
-            out.update(_flatten(v, f"{prefix}{k}_"))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def run_record(run_dir: str | os.PathLike) -> dict[str, Any]:
     """One run as a flat dict: config keys, derived values, summary (``final_*``, ``best_*``, …)."""
     import yaml
@@ -214,7 +205,7 @@ def run_record(run_dir: str | os.PathLike) -> dict[str, Any]:
     rec: dict[str, Any] = yaml.safe_load((run_dir / "config.yaml").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
     summary.pop("environment", None)
-    rec.update(_flatten(summary))
+    rec.update(flatten(summary, sep="_"))
     rec["k"] = rec["batch_size"] / rec["reference_batch"]
     rec["run_dir"] = str(run_dir)
     return rec

@@ -14,6 +14,7 @@ import math
 import netrc
 import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ class Tracker:
     def summary(self, summary: dict[str, Any]) -> None:
         if self._wandb is not None:
             try:
-                for k, v in _flatten(summary).items():
+                for k, v in flatten(summary).items():
                     self._wandb.summary[k] = v
             except Exception as e:  # noqa: BLE001
                 self._warn(f"W&B summary failed ({type(e).__name__}: {e})")
@@ -119,11 +120,12 @@ class Tracker:
                 self._warn(f"W&B finish failed ({type(e).__name__}: {e})")
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict[str, Any]:
+    """``{"final": {"loss": 1}}`` → ``{"final/loss": 1}`` (``sep`` joins the keys)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}/"))
+        if isinstance(v, Mapping):
+            out.update(flatten(v, sep, f"{prefix}{k}{sep}"))
         else:
             out[f"{prefix}{k}"] = v
     return out
