@@ -7,6 +7,8 @@ A study (one notebook) describes its runs as flat dicts of config keys and hands
 - skips runs already complete in ``out_dir/study/`` and copies an identical run (same experiment
   keys) completed by another study instead of training it again,
 - starts each remaining run as ``python -m torch.distributed.run … -m lbsgd train key=value …``
+  (a one-process run as ``python -m lbsgd train key=value …``: the same trainer, without the
+  agent's few seconds of start-up)
   (worker code never lives in a notebook), ``parallel`` at a time, with the output of each in
   ``out_dir/study/<run>.log``,
 - prints one line when a run starts and one when it ends (status, cost, error),
@@ -82,6 +84,8 @@ def _find_identical(cfg: Config, root: Path) -> Path | None:
 
 def _command(cfg: Config, nproc_per_node: int, nnodes: int, rdzv_endpoint: str | None) -> list[str]:
     overrides = [f"{k}={_text(v)}" for k, v in cfg.to_dict().items() if v is not None]
+    if nproc_per_node == 1 and nnodes == 1:  # one process: the same trainer, no agent to start
+        return [sys.executable, "-m", "lbsgd", "train", *overrides]
     endpoint = rdzv_endpoint or f"127.0.0.1:{_free_port()}"
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
             f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",

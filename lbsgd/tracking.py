@@ -92,10 +92,11 @@ class Tracker:
         tmp.write_text("".join(k + "\n" for k in keep))
         os.replace(tmp, self.path)
 
-    def log(self, record: dict[str, Any]) -> None:
+    def log(self, record: dict[str, Any], wandb: bool = True) -> None:
+        """One line of metrics.jsonl, and (``wandb``) one W&B point."""
         self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
         self._file.flush()
-        if self._wandb is not None:
+        if self._wandb is not None and wandb:
             try:
                 prefix = record.get("kind", "train")
                 data = {f"{prefix}/{k}": v for k, v in record.items() if k not in ("kind", "step")}

@@ -296,7 +296,8 @@ class _Run:
         if self.tracker is not None:
             for (step, lr, _, scale), loss in zip(pending, losses, strict=True):
                 self.tracker.log({"kind": "train", "step": step, "epoch": step * b / n, "lr": lr,
-                                  "loss": loss, "img_per_s": img_per_s, "loss_scale": scale})  # fmt: skip
+                                  "loss": loss, "img_per_s": img_per_s, "loss_scale": scale},
+                                 wandb=step == pending[-1][0])  # fmt: skip
         self.summary.setdefault("final", {})["train_loss"] = losses[-1]
         self.summary["skipped_steps"] = self.precision.skipped_steps
         bar.set_postfix(
