@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test lint format reproduce lab train-quickstart bench clean
+.PHONY: setup test lint format reproduce lab train-quickstart bench bench-comm clean
 
 setup: $(STAMP)
 
@@ -59,6 +59,13 @@ train-quickstart: setup
 bench: setup
 	$(VENV)/bin/lbsgd bench train --steps 300 --repeats 6 channels_last=true --out results/benchmarks/train_cpu.json
 	$(VENV)/bin/lbsgd bench recipes --samples 6400 --repeats 4 channels_last=true --out results/benchmarks/recipes_cpu.json
+	$(MAKE) bench-comm
+
+# All-reduce vs message size (flat and hierarchical, 2 nodes x 2 processes) and the step breakdown
+# of 1, 2, 4 gloo processes for every comm_hook and two bucket sizes; notebook 10 reads both.
+bench-comm: setup
+	$(VENV)/bin/lbsgd bench allreduce --nproc 4 --nodes 2 --max-bytes 268435456 --iters 10 --out results/benchmarks/allreduce_cpu.json
+	$(VENV)/bin/lbsgd bench train --nproc 1,2,4 --comm-hooks none,fp16,bf16,powersgd,hierarchical,parameter_server --bucket-caps 1,25 --steps 40 channels_last=true --out results/benchmarks/steps_cpu.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

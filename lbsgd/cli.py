@@ -31,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     bt.add_argument("--steps", type=int, default=150, help="timed optimizer steps per measurement")
     bt.add_argument("--repeats", type=int, default=3, help="alternating measurements of each side")
     bt.add_argument("--out", default=None, help="also write the result as JSON here")
+    bt.add_argument(
+        "--nproc", default=None, metavar="LIST",
+        help="step breakdown instead: processes per layout, e.g. 1,2,4 (torchrun, gloo)",
+    )  # fmt: skip
+    bt.add_argument("--comm-hooks", default="none", metavar="LIST", help="with --nproc: hooks")
+    bt.add_argument("--bucket-caps", default="25", metavar="LIST", help="with --nproc: MB list")
+    bt.add_argument("--step-worker", action="store_true", help=argparse.SUPPRESS)
     bt.add_argument("overrides", nargs="*", metavar="key=value")
     br = bsub.add_parser("recipes", help="cost of accumulation, ghost BN and each precision")
     br.add_argument("--samples", type=int, default=4096, help="images per timed measurement")
@@ -39,6 +46,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     br.add_argument("--out", default=None, help="also write the result as JSON here")
     br.add_argument("overrides", nargs="*", metavar="key=value")
+    ba = bsub.add_parser(
+        "allreduce", help="all-reduce time and bus bandwidth vs message size, flat and hierarchical"
+    )
+    ba.add_argument("--nproc", type=int, default=4, help="processes in all (on this machine)")
+    ba.add_argument("--nodes", type=int, default=2, help="torchrun agents the processes split into")
+    ba.add_argument("--min-bytes", type=int, default=1024, help="smallest message (bytes)")
+    ba.add_argument("--max-bytes", type=int, default=256 * 2**20, help="largest message (bytes)")
+    ba.add_argument("--iters", type=int, default=10, help="timed all-reduces per size and path")
+    ba.add_argument("--out", default="results/benchmarks/allreduce_cpu.json", help="JSON result")
+    ba.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -63,8 +80,37 @@ def main(argv: list[str] | None = None) -> int:
 
             summary = train(cfg)
             return STATUS_EXIT_CODE.get(summary["status"], 1)
+        if args.bench == "allreduce":
+            from lbsgd import bench_comm
+
+            if args.worker:  # one process of the torchrun group that bench_allreduce started
+                bench_comm.worker(args.out, args.min_bytes, args.max_bytes, args.iters)
+            else:
+                try:
+                    bench_comm.bench_allreduce(args.nproc, args.nodes, args.min_bytes,
+                                               args.max_bytes, args.iters, args.out)  # fmt: skip
+                except ValueError as e:  # bad sizes or process counts: one line, nothing started
+                    print(f"lbsgd: error: {e}", file=sys.stderr)
+                    return EXIT_BAD_INPUT
+            return 0
         from lbsgd import bench
 
+        if args.bench == "train" and (args.step_worker or args.nproc):
+            from lbsgd import bench_comm
+
+            if args.step_worker:
+                bench_comm.step_worker(args.overrides, args.steps, args.out)
+                return 0
+            try:
+                bench_comm.bench_breakdown(
+                    args.overrides, [int(n) for n in args.nproc.split(",")],
+                    args.comm_hooks.split(","), [float(b) for b in args.bucket_caps.split(",")],
+                    args.steps, args.out,
+                )  # fmt: skip
+            except ValueError as e:
+                print(f"lbsgd: error: {e}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            return 0
         if args.bench == "train":
             bench.bench_train(args.overrides, steps=args.steps, repeats=args.repeats, out=args.out)
         else:

@@ -124,10 +124,22 @@ class Config:
         "fp32", "fp32; fp16 (autocast, fp32 master weights, dynamic loss scaling); bf16 (autocast)"
     )
     loss_scale: float = _exp(65536.0, "initial dynamic loss scale of precision=fp16 (2^16)")
+    # --- experiment keys: communication that changes the mathematics --------------------------
+    local_sgd: int = _exp(
+        0, "post-local SGD: after the warmup, average parameters every this many steps; 0 = off"
+    )
     # --- hardware keys --------------------------------------------------------------------------
     micro_batch: int | None = _hw(None, "samples per process per forward/backward; null = bn_batch")
     workers: int = _hw(0, "DataLoader worker processes for file datasets (0: in the main process)")
     bucket_cap_mb: float = _hw(25.0, "DDP gradient bucket size in MB (tensor fusion)")
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd", "hierarchical", "parameter_server"] = (
+        _hw(
+            "none",
+            "gradient all-reduce: none (DDP's), fp16/bf16 compressed, powersgd, hierarchical "
+            "(intra-node, then across nodes), parameter_server (reduce to rank 0, broadcast)",
+        )
+    )
+    powersgd_rank: int = _hw(1, "rank of PowerSGD's low-rank factors (comm_hook=powersgd)")
     channels_last: bool = _hw(False, "channels_last memory format for model and inputs")
     compile: bool = _hw(False, "torch.compile the model")
     device: Literal["auto", "cpu", "cuda"] = _hw("auto", "auto: cuda when available, else cpu")
@@ -211,6 +223,7 @@ def _check(c: Config) -> None:
         "threads",
         "eval_every",
         "bucket_cap_mb",
+        "local_sgd",
     ):
         need(getattr(c, key) >= 0, f"{key}={getattr(c, key)} must be >= 0")
     need(c.warmup_lr is None or c.warmup_lr > 0, f"warmup_lr={c.warmup_lr} must be > 0 (or null)")
@@ -220,6 +233,12 @@ def _check(c: Config) -> None:
     need(c.poly_power > 0, f"poly_power={c.poly_power} must be > 0")
     need(c.lars_eta > 0, f"lars_eta={c.lars_eta} must be > 0")
     need(c.loss_scale > 0, f"loss_scale={c.loss_scale} must be > 0")
+    need(c.powersgd_rank >= 1, f"powersgd_rank={c.powersgd_rank} must be a positive integer")
+    need(
+        c.local_sgd == 0 or c.comm_hook == "none",
+        f"local_sgd={c.local_sgd} averages parameters itself: it needs comm_hook=none, "
+        f"not comm_hook={c.comm_hook}",
+    )
     need(
         not c.pool5_bn or c.model in ("alexnet", "alexnet_bn"),
         f"pool5_bn=true applies to model=alexnet or alexnet_bn, not model={c.model}",
@@ -426,8 +445,13 @@ def micro_batch(c: Config) -> int:
     return c.micro_batch if c.micro_batch is not None else c.bn_batch
 
 
-def check_world(c: Config, world_size: int) -> int:
+def check_world(c: Config, world_size: int, local_world_size: int | None = None) -> int:
     """Accumulation steps for this world size, or one line saying why the mapping is impossible."""
+    if c.comm_hook == "hierarchical" and local_world_size and world_size % local_world_size:
+        raise ConfigError(
+            f"comm_hook=hierarchical needs the same number of processes on every node: "
+            f"world_size={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_world_size}"
+        )
     per_step = world_size * micro_batch(c)
     if c.batch_size % per_step:
         raise ConfigError(

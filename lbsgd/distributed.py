@@ -1,4 +1,4 @@
-"""Everything that touches torch.distributed (and nothing else in lbsgd does).
+"""Everything that touches torch.distributed (with lbsgd.comm, its hooks; nothing else in lbsgd).
 
 World size 1 is the normal case: without torchrun's environment the process is rank 0 of 1 and the
 collectives below are identities. Under ``torchrun`` (or ``srun torchrun``) the process group is
@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+from lbsgd import comm
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,13 @@ def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """Maximum over ranks, in place; returns ``t``."""
+    if _active():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s Python object on every rank (e.g. a go/no-go decision made by rank 0)."""
     if not _active():
@@ -104,15 +113,23 @@ def sync_buffers(module: torch.nn.Module, src: int = 0) -> None:
             dist.broadcast(buf, src=src)
 
 
-def wrap(model: torch.nn.Module, ctx: Context, bucket_cap_mb: float) -> torch.nn.Module:
+def wrap(
+    model: torch.nn.Module,
+    ctx: Context,
+    bucket_cap_mb: float,
+    comm_hook: str = "none",
+    powersgd_rank: int = 1,
+    warmup_steps: int = 0,
+) -> torch.nn.Module:
     """DDP over the process group when there is more than one process, else the model itself.
 
     DDP averages gradients over ranks with bucketed all-reduces that overlap the backward pass;
-    ``bucket_cap_mb`` is the bucket size, i.e. tensor fusion (Horovod's fusion threshold).
+    ``bucket_cap_mb`` is the bucket size, i.e. tensor fusion (Horovod's fusion threshold), and
+    ``comm_hook`` what each bucket's communication is (lbsgd.comm).
     """
     if ctx.world_size == 1:
         return model
-    return DistributedDataParallel(
+    ddp = DistributedDataParallel(
         model,
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         bucket_cap_mb=bucket_cap_mb,
@@ -121,6 +138,8 @@ def wrap(model: torch.nn.Module, ctx: Context, bucket_cap_mb: float) -> torch.nn
         # step), so DDP's per-forward broadcast of rank 0's buffers is not needed.
         broadcast_buffers=False,
     )
+    comm.register(ddp, comm_hook, ctx.local_world_size, powersgd_rank, warmup_steps)
+    return ddp
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -120,7 +120,7 @@ def sweep(
         dup = sorted({n for n in names if names.count(n) > 1})
         raise config.ConfigError(f"runs of study {study!r} repeat the same experiment: {dup}")
     for c in cfgs:
-        config.check_world(c, nproc_per_node * nnodes)
+        config.check_world(c, nproc_per_node * nnodes, nproc_per_node)
     study_dir = Path(out_dir) / study
     study_dir.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from lbsgd import checkpoint, data, distributed, models, optim
+from lbsgd import checkpoint, comm, data, distributed, models, optim
 from lbsgd.config import Config, ConfigError, check_world, derive, dump, read_yaml
 from lbsgd.environment import environment
 from lbsgd.models import ghost_bn
@@ -124,7 +124,7 @@ class _Run:
         t_start = time.perf_counter()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        check_world(cfg, ctx.world_size)
+        check_world(cfg, ctx.world_size, ctx.local_world_size)
         mode = _on_main(ctx, lambda: _check_run_dir(cfg))
         self.run_dir = cfg.run_dir()
         if mode == "completed":
@@ -153,7 +153,11 @@ class _Run:
         if cfg.compile:
             net = torch.compile(net)
         self.net, self.opt, self.splits, self.d = net, opt, splits, d
-        self.model = distributed.wrap(net, ctx, cfg.bucket_cap_mb)
+        self.model = distributed.wrap(net, ctx, cfg.bucket_cap_mb, cfg.comm_hook,
+                                      cfg.powersgd_rank, d.warmup_steps)  # fmt: skip
+        self.local_sgd = None
+        if cfg.local_sgd and ctx.world_size > 1:  # post-local SGD starts after the warmup
+            self.local_sgd = comm.LocalSGD(cfg.local_sgd, start=d.warmup_steps, step=start_step)
 
         full_config = {**cfg.to_dict(), **d.to_dict()}
         self.tracker = None
@@ -238,16 +242,21 @@ class _Run:
             lr = learning_rate(step, cfg, d)
             optim.set_lr(self.opt, lr)
             loss_sum = torch.zeros((), device=ctx.device)
+            local = self.local_sgd is not None and self.local_sgd.local(step)
             for i in range(d.accum_steps):
                 x, y = next(stream)
                 x = x.to(ctx.device, non_blocking=True, memory_format=fmt)
                 y = y.to(ctx.device, non_blocking=True)
-                with distributed.no_sync(self.model, skip=i < d.accum_steps - 1):
+                with distributed.no_sync(self.model, skip=local or i < d.accum_steps - 1):
                     with prec.autocast():
                         loss = criterion(self.model(x), y)
                     prec.backward(loss / d.accum_steps)
                 loss_sum += loss.detach().float()
             prec.step(self.opt)  # unscaled gradients; skipped if fp16 gradients overflowed
+            if (
+                self.local_sgd is not None
+            ):  # before zero_grad: torch's averager skips grad-less ones
+                self.local_sgd.after_step(list(self.net.parameters()))
             self.opt.zero_grad(set_to_none=True)
             bn_stats.commit()  # BN running statistics of the whole global batch
             pending.append((step + 1, lr, loss_sum / d.accum_steps, prec.loss_scale))
@@ -265,6 +274,8 @@ class _Run:
                     break
             if epoch_end or last:
                 t0 = time.perf_counter()
+                if self.local_sgd is not None:
+                    self.local_sgd.sync(list(self.net.parameters()))
                 epoch = done * b // n
                 if last or (cfg.eval_every and epoch % cfg.eval_every == 0):
                     self._evaluate(done)

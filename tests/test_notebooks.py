@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 ALL_NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*_*.ipynb"))
 NO_PUBLISHED_NUMBERS = {"quickstart"}  # studies whose table has no paper_* column
+MEASURED = {"scaling"}  # notebooks that train nothing: they measure communication and model it
 SMOKE = {"profile": "smoke", "parallel": 2, "wandb": "disabled"}
 # what ex.sweep prints per run: "[start] NAME (log: …)" and "[i/n] NAME: …"
 SWEEP_LINE = re.compile(r"^\[(?:start|\d+/\d+)\] ([^\s:]+)", re.MULTILINE)
@@ -120,6 +121,11 @@ def test_every_notebook_runs_at_smoke_scale_and_writes_what_it_promises(nb, exec
         assert any(f["replayed"] is v for v in (True, False, None)), f
         assert isinstance(f["evidence"], str) and f["evidence"], f
 
+    if study in MEASURED:  # its measurements instead of runs
+        for f in ("allreduce_cpu.json", "steps_cpu.json"):
+            assert (smoke_out / "benchmarks" / f).is_file(), f"benchmarks/{f} missing"
+        assert not [p for p in sdir.iterdir() if p.is_dir()], f"{study}/ holds run folders"
+        return
     # one complete run directory per run the notebook's sweeps printed, and nothing else
     run_dirs = {p.name: p for p in sdir.iterdir() if p.is_dir()}
     printed = set(SWEEP_LINE.findall(stdout_of(executed)))
