@@ -54,21 +54,33 @@ class Tracker:
         if self.wandb_mode != "disabled":
             self._init_wandb(run_dir, config, project, group, name)
 
+    # How long an online W&B may take to answer before the run logs offline instead (it never waits
+    # longer: a run must not stall on an unreachable server).
+    INIT_TIMEOUT_S = 15.0
+
     def _init_wandb(self, run_dir: Path, config: dict, project: str, group: str, name: str) -> None:
+        """Start W&B; online failing (no network, bad key) falls back to offline, one warning."""
         try:
             import wandb
 
-            self._wandb = wandb.init(
-                project=project,
-                group=group,
-                job_type="train",
-                name=name,
-                config=config,
-                dir=str(run_dir),
-                mode=self.wandb_mode,
-                reinit="create_new",
-                settings=wandb.Settings(init_timeout=60, silent=True),
-            )
+            def start(mode: str):
+                return wandb.init(
+                    project=project, group=group, job_type="train", name=name, config=config,
+                    dir=str(run_dir), mode=mode, reinit="create_new",
+                    settings=wandb.Settings(init_timeout=self.INIT_TIMEOUT_S, silent=True),
+                )  # fmt: skip
+
+            try:
+                self._wandb = start(self.wandb_mode)
+            except Exception as e:  # noqa: BLE001
+                if self.wandb_mode != "online":
+                    raise
+                self.wandb_mode = "offline"
+                self._wandb = start("offline")
+                warnings.warn(
+                    f"W&B online failed ({type(e).__name__}: {e}); logging offline instead "
+                    f"(wandb sync {run_dir}/wandb/offline-run-* later)", RuntimeWarning, stacklevel=2,
+                )  # fmt: skip
         except Exception as e:  # noqa: BLE001 - W&B must never fail a run
             self._warn(f"W&B init failed ({type(e).__name__}: {e}); continuing without W&B")
 

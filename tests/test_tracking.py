@@ -81,3 +81,30 @@ def test_auto_mode_is_offline_without_a_key_and_online_with_one(monkeypatch, tmp
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert resolve_wandb_mode("auto") == "disabled"
     assert resolve_wandb_mode("offline") == "offline"
+
+
+def test_unreachable_wandb_server_falls_back_to_offline_quickly_and_keeps_the_key_out(
+    tiny, monkeypatch
+):
+    # a W&B server address nothing listens on, and a well-formed but fake API key
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends
+    key = "0123456789abcdef0123456789abcdef0123abcd"
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_API_KEY", key)
+    cfg = tiny(wandb="online", epochs=1, name="unreachable")
+    t0 = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="logging offline instead") as caught:
+        summary = train(cfg)
+    elapsed = time.monotonic() - t0
+    assert summary["status"] == "completed"
+    assert len([w for w in caught if "W&B" in str(w.message)]) == 1
+    assert elapsed < 4 * 15  # the online attempt gives up after its 15 s init timeout
+    assert list((cfg.run_dir() / "wandb").glob("offline-run-*/run-*.wandb"))
+    lines = (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 8 + 1
+    leaked = [p for p in cfg.run_dir().rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+    assert not leaked, leaked  # no file of the run holds the API key
