@@ -59,20 +59,15 @@ def worker(out: str, min_bytes: int, max_bytes: int, iters: int) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    groups = comm._Groups(comm.Topology.of(world, local_world))
-
-    def hierarchical(t: torch.Tensor) -> None:
-        if groups.intra is not None:
-            dist.reduce(t, dst=groups.leader, group=groups.intra)
-        if groups.is_leader and groups.inter is not None:
-            dist.all_reduce(t, group=groups.inter)
-        if groups.intra is not None:
-            dist.broadcast(t, src=groups.leader, group=groups.intra)
+    groups = comm.Groups(comm.Topology.of(world, local_world))
 
     rows = []
     for n in sizes(min_bytes, max_bytes):
         t = torch.ones(n // 4)
-        paths = {"flat": dist.all_reduce, "hierarchical": hierarchical}
+        paths = {
+            "flat": dist.all_reduce,
+            "hierarchical": lambda t: comm.hierarchical_all_reduce(t, groups),
+        }
         for path, fn in paths.items():
             s = _time(lambda fn=fn, t=t: fn(t), iters)
             rows.append({"path": path, "bytes": n, "seconds": s,

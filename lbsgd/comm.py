@@ -69,7 +69,7 @@ class Topology:
         return [[n * k + local for n in range(self.nodes)] for local in range(k)]
 
 
-class _Groups:
+class Groups:
     """The process subgroups of a topology; every rank must build them, in the same order."""
 
     def __init__(self, topo: Topology):
@@ -93,18 +93,24 @@ def _done(t: torch.Tensor) -> torch.futures.Future:
 
 # DDP checks a hook's annotations against its own types, which string annotations (this module's
 # ``from __future__ import annotations``) fail: the two hooks below carry none.
+def hierarchical_all_reduce(t: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """Sum ``t`` over every process in two levels, in place: reduce inside each node to its
+    leader, all-reduce among the leaders, broadcast inside each node. Returns ``t``."""
+    if groups.intra is not None:
+        dist.reduce(t, dst=groups.leader, group=groups.intra)
+    if groups.is_leader and groups.inter is not None:
+        dist.all_reduce(t, group=groups.inter)
+    if groups.intra is not None:
+        dist.broadcast(t, src=groups.leader, group=groups.intra)
+    return t
+
+
 def hierarchical_hook(state, bucket):
-    """Reduce inside each node to its leader, all-reduce among leaders, broadcast inside nodes
-    (``state``: the _Groups; ``bucket``: a dist.GradBucket; returns a completed Future)."""
+    """The bucket averaged by :func:`hierarchical_all_reduce` (``state``: the Groups;
+    ``bucket``: a dist.GradBucket; returns a completed Future)."""
     t = bucket.buffer()
     t.div_(state.world_size)
-    if state.intra is not None:
-        dist.reduce(t, dst=state.leader, group=state.intra)
-    if state.is_leader and state.inter is not None:
-        dist.all_reduce(t, group=state.inter)
-    if state.intra is not None:
-        dist.broadcast(t, src=state.leader, group=state.intra)
-    return _done(t)
+    return _done(hierarchical_all_reduce(t, state))
 
 
 def parameter_server_hook(state, bucket):
@@ -143,7 +149,7 @@ def register(
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     elif hook == "hierarchical":
         topo = Topology.of(dist.get_world_size(), local_world_size)
-        ddp.register_comm_hook(_Groups(topo), hierarchical_hook)
+        ddp.register_comm_hook(Groups(topo), hierarchical_hook)
     else:
         ddp.register_comm_hook(None, parameter_server_hook)
 

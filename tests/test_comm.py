@@ -7,13 +7,14 @@ all-reduce is built for.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from test_distributed import COMMON as DISTRIBUTED_COMMON
+from test_distributed import free_port
 
 from lbsgd import checkpoint, config
 from lbsgd.config import ConfigError
@@ -21,30 +22,8 @@ from lbsgd.config import ConfigError
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 
-COMMON = [
-    "model=resnet",
-    "depth=8",
-    "width=8",
-    "synthetic_train=256",
-    "synthetic_test=128",
-    "synthetic_difficulty=easy",
-    "batch_size=32",
-    "bn_batch=8",
-    "reference_batch=32",
-    "base_lr=0.2",
-    "warmup_epochs=0.25",
-    "schedule=cosine",
-    "epochs=0.75",
-    "threads=1",
-    "wandb=disabled",
-    "log_every=2",
-]  # fmt: skip  (6 optimizer steps, the first 2 of them warmup)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# test_distributed's tiny run (6 optimizer steps, the first 2 of them warmup), BN groups of 8
+COMMON = [k if not k.startswith("bn_batch=") else "bn_batch=8" for k in DISTRIBUTED_COMMON]
 
 
 def torchrun(target: list[str], nodes: int, per_node: int, cwd: Path, timeout: int = 240):
