@@ -1,37 +1,149 @@
-"""Training state to disk and back.
+"""Training state to disk and back: atomic, verified, with the previous good checkpoint kept.
 
-A checkpoint is one ``torch.save`` dict: model and optimizer state, the number of optimizer steps
-done, the config it was made with, and the RNG state. It is written to a temporary file in the run
-directory and renamed over ``checkpoint.pt`` (a crash mid-write leaves the previous checkpoint
-intact), and loaded with ``weights_only=True`` so that no pickled code runs.
+A checkpoint is one ``torch.save`` dict holding everything the next optimizer step depends on
+(what the trainer puts in it: model, optimizer, loss scaler, step = schedule position, sampler
+position, every rank's RNG states, the config it was made with), plus ``digest``: a BLAKE2b hash of
+all of it, checked on load, so that a flipped byte is caught as surely as a truncated file.
+
+Files in the run directory::
+
+    checkpoint.pt         the newest complete checkpoint
+    checkpoint.prev.pt    the one before it (the fallback)
+    .checkpoint.pt.tmp    a checkpoint being written (never read)
+
+``save`` writes the temporary file and fsyncs it, then renames ``checkpoint.pt`` to
+``checkpoint.prev.pt`` and the temporary file to ``checkpoint.pt`` (each rename atomic), then fsyncs
+the directory. A crash at any point leaves at least one complete checkpoint: the previous good one is
+kept until the new one is complete. ``load`` reads with ``weights_only=True`` (no pickled code runs),
+verifies the digest, and falls back to ``checkpoint.prev.pt`` with one warning naming the file that
+could not be used and why; with no usable checkpoint left it raises :class:`CheckpointError` naming
+the files.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
 NAME = "checkpoint.pt"
+PREVIOUS = "checkpoint.prev.pt"
+TMP = f".{NAME}.tmp"
+FORMAT = 2  # 1: the single-file checkpoint without digest, sampler or per-rank states
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint: one line naming the file(s) and what is wrong with them."""
+
+
+def digest(state: Any) -> str:
+    """BLAKE2b of a nested state (tensors by dtype, shape and bytes; other values by repr)."""
+    h = hashlib.blake2b(digest_size=16)
+
+    def feed(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous().reshape(-1)
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(x, dict):
+            h.update(b"{")
+            for k in sorted(x, key=repr):
+                h.update(repr(k).encode())
+                feed(x[k])
+            h.update(b"}")
+        elif isinstance(x, list | tuple):
+            h.update(b"[")
+            for v in x:
+                feed(v)
+            h.update(b"]")
+        else:
+            h.update(repr(x).encode())
+
+    feed(state)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # not every platform can open a directory
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save(run_dir: Path, state: dict[str, Any]) -> Path:
-    path = Path(run_dir) / NAME
-    tmp = path.with_name(f".{NAME}.tmp")
-    torch.save(state, tmp)
+    """Write ``state`` as the newest checkpoint of ``run_dir``; the one it replaces becomes PREVIOUS."""
+    run_dir = Path(run_dir)
+    path, prev, tmp = run_dir / NAME, run_dir / PREVIOUS, run_dir / TMP
+    state = {**state, "format": FORMAT}
+    state["digest"] = digest(state)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    with open(tmp, "wb") as f:
+        f.write(buf.getbuffer())
+        f.flush()
+        os.fsync(f.fileno())
+    if path.exists():
+        os.replace(path, prev)
     os.replace(tmp, path)
+    _fsync_dir(run_dir)
     return path
 
 
-def load(run_dir: Path) -> dict[str, Any] | None:
-    path = Path(run_dir) / NAME
-    if not path.exists():
-        return None
+def read(path: Path) -> dict[str, Any]:
+    """One checkpoint file, verified; CheckpointError naming the file if it cannot be used."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same clear message
-        raise RuntimeError(
-            f"checkpoint {str(path)!r} cannot be loaded ({type(e).__name__}: {e})"
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - every unreadable file gets the same clear message
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {first[:200]}"
         ) from e
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"checkpoint {str(path)!r} is not an lbsgd checkpoint (no 'model')")
+    if "digest" in state:
+        stored = state.pop("digest")
+        if digest(state) != stored:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is corrupted: its contents do not match its digest"
+            )
+    return state
+
+
+def candidates(run_dir: Path) -> list[Path]:
+    """The checkpoint files of ``run_dir`` that exist, newest first."""
+    return [p for p in (Path(run_dir) / NAME, Path(run_dir) / PREVIOUS) if p.exists()]
+
+
+def load(run_dir: Path) -> dict[str, Any] | None:
+    """The newest usable checkpoint of ``run_dir``; None if it has none.
+
+    A checkpoint that cannot be used (truncated, corrupted, not a checkpoint) gives one warning
+    naming it, and the previous one is tried; CheckpointError if none is usable.
+    """
+    errors: list[str] = []
+    for path in candidates(run_dir):
+        try:
+            state = read(path)
+        except CheckpointError as e:
+            errors.append(str(e))
+            continue
+        if errors:
+            warnings.warn(
+                f"{errors[-1]}; falling back to {str(path)!r} (step {state.get('step')})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        state["file"] = str(path)
+        return state
+    if errors:
+        raise CheckpointError(" and ".join(errors) + "; no usable checkpoint is left")
+    return None

@@ -128,12 +128,15 @@ def register(
     local_world_size: int,
     powersgd_rank: int = 1,
     warmup_steps: int = 0,
-) -> None:
-    """Install ``hook`` (one of HOOKS) on a DDP model; ``none`` keeps DDP's all-reduce."""
+):
+    """Install ``hook`` (one of HOOKS) on a DDP model; ``none`` keeps DDP's all-reduce.
+
+    Returns the hook's state (PowerSGD's error feedback and step counter), or None.
+    """
     if hook not in HOOKS:
         raise ValueError(f"comm_hook={hook!r} is not one of {', '.join(HOOKS)}")
     if hook == "none":
-        return
+        return None
     if hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif hook == "bf16":
@@ -147,11 +150,13 @@ def register(
             warm_start=True,
         )
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return state
     elif hook == "hierarchical":
         topo = Topology.of(dist.get_world_size(), local_world_size)
         ddp.register_comm_hook(Groups(topo), hierarchical_hook)
     else:
         ddp.register_comm_hook(None, parameter_server_hook)
+    return None
 
 
 class LocalSGD:
@@ -170,6 +175,12 @@ class LocalSGD:
 
     def local(self, step: int) -> bool:
         return step >= self.start
+
+    def in_sync(self, step: int) -> bool:
+        """Whether every process holds the same parameters after optimizer step ``step`` (0-based)
+        and its ``after_step``: the gradients were all-reduced, or the parameters were averaged."""
+        period = self.averager.period
+        return step < self.start or (step - self.start) % period == 0
 
     def after_step(self, params) -> None:
         self.averager.average_parameters(params)

@@ -154,6 +154,9 @@ class Config:
     eval_every: int = _run(1, "evaluate every this many epochs (0: only at the end)")
     log_every: int = _run(10, "optimizer steps between metric flushes (one collective per flush)")
     checkpoint: bool = _run(True, "write checkpoint.pt at every epoch and at the end")
+    checkpoint_every: int = _run(
+        0, "also write checkpoint.pt every this many optimizer steps (0: epochs and end only)"
+    )
     wandb: Literal["auto", "online", "offline", "disabled"] = _run(
         "auto", "W&B mode; auto: online with an API key, else offline"
     )
@@ -224,6 +227,7 @@ def _check(c: Config) -> None:
         "eval_every",
         "bucket_cap_mb",
         "local_sgd",
+        "checkpoint_every",
     ):
         need(getattr(c, key) >= 0, f"{key}={getattr(c, key)} must be >= 0")
     need(c.warmup_lr is None or c.warmup_lr > 0, f"warmup_lr={c.warmup_lr} must be > 0 (or null)")

@@ -53,12 +53,30 @@ def init(device: str = "auto", timeout_s: float = 600.0) -> Context:
     else:
         dev = torch.device("cpu")
     if "RANK" in os.environ and not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(
             backend="nccl" if use_cuda else "gloo",
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
             device_id=dev if use_cuda else None,
+            **_attempt_store(rank, world_size, timeout),
         )
     return Context(rank, world_size, local_rank, local_world_size, dev)
+
+
+def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dict[str, Any]:
+    """After ``torchrun --max-restarts`` restarts a group, its workers meet in the agent's store,
+    which outlives the failed attempt and still holds that attempt's keys (the peers' old
+    addresses: the new group would try to connect to dead processes). Each attempt therefore gets
+    its own key prefix. Without torchrun's agent store, init_process_group's own env:// is used."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+        is_master=False, timeout=timeout,
+    )  # fmt: skip
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefixed = dist.PrefixStore(f"/lbsgd/attempt_{attempt}", store)
+    return {"store": prefixed, "rank": rank, "world_size": world_size}
 
 
 def shutdown() -> None:
@@ -106,6 +124,15 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank (small objects: RNG states)."""
+    if not _active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def sync_buffers(module: torch.nn.Module, src: int = 0) -> None:
     """Give every rank rank ``src``'s buffers (BN running statistics) before evaluating or saving."""
     if _active():
@@ -138,7 +165,8 @@ def wrap(
         # step), so DDP's per-forward broadcast of rank 0's buffers is not needed.
         broadcast_buffers=False,
     )
-    comm.register(ddp, comm_hook, ctx.local_world_size, powersgd_rank, warmup_steps)
+    ddp.comm_state = comm.register(ddp, comm_hook, ctx.local_world_size, powersgd_rank,
+                                   warmup_steps)  # fmt: skip
     return ddp
 
 

@@ -116,6 +116,7 @@ def _read_status(run_dir: Path) -> str:
 class _Run:
     def __init__(self, cfg: Config, ctx: distributed.Context) -> None:
         self.cfg, self.ctx = cfg, ctx
+        self.summary_resumed: dict[str, Any] = {}  # best/final evaluations before the checkpoint
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -142,19 +143,25 @@ class _Run:
             net.to(memory_format=torch.channels_last)
         opt = optim.build(cfg, net)
         self.precision = Precision(cfg.precision, ctx.device, cfg.loss_scale)
+        self.sampler = data.StepSampler(len(splits.train), cfg.batch_size, d.micro_batch, ctx.rank,
+                                        ctx.world_size, cfg.seed, d.total_steps)  # fmt: skip
         start_step = 0
-        state = checkpoint.load(self.run_dir) if mode == "resume" else None
+        state = self._load_checkpoint() if mode == "resume" else None
         if state is not None:
-            net.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            self.precision.load_state_dict(state.get("precision", {}))
-            torch.set_rng_state(state["rng"])
-            start_step = int(state["step"])
+            start_step = self._restore(state, net, opt)
         if cfg.compile:
             net = torch.compile(net)
         self.net, self.opt, self.splits, self.d = net, opt, splits, d
         self.model = distributed.wrap(net, ctx, cfg.bucket_cap_mb, cfg.comm_hook,
                                       cfg.powersgd_rank, d.warmup_steps)  # fmt: skip
+        self.comm_state = getattr(self.model, "comm_state", None)
+        if self.comm_state is not None and start_step:
+            # PowerSGD's per-process error feedback is not in the checkpoint: it restarts at zero
+            # (the step counter continues, so compression stays on past the warmup)
+            self.comm_state.iter = start_step
+            if ctx.is_main:
+                print("lbsgd: comm_hook=powersgd resumes with fresh error feedback (not bitwise "
+                      "equal to an uninterrupted run)", flush=True)  # fmt: skip
         self.local_sgd = None
         if cfg.local_sgd and ctx.world_size > 1:  # post-local SGD starts after the warmup
             self.local_sgd = comm.LocalSGD(cfg.local_sgd, start=d.warmup_steps, step=start_step)
@@ -167,7 +174,7 @@ class _Run:
             self.tracker = Tracker(
                 self.run_dir, full_config, mode=cfg.wandb, project=cfg.wandb_project,
                 group=cfg.study, name=cfg.run_name(),
-                truncate_after_step=start_step if state is not None else None,
+                truncate_after_step=start_step if mode == "resume" else None,
             )  # fmt: skip
             self._announce(d, start_step)
             print(f"lbsgd: {optim.describe_groups(opt)}", flush=True)
@@ -179,6 +186,7 @@ class _Run:
             "steps": start_step,
             "total_steps": d.total_steps,
             "environment": environment(ctx.device, ctx.world_size),
+            **self.summary_resumed,
         }
         self._write_summary()
         status = "failed"
@@ -218,11 +226,14 @@ class _Run:
     def _loop(self, start_step: int, t_start: float) -> str:
         cfg, ctx, d = self.cfg, self.ctx, self.d
         b, n = cfg.batch_size, d.num_train
-        sampler = data.StepSampler(n, b, d.micro_batch, ctx.rank, ctx.world_size, cfg.seed,
-                                   d.total_steps, start_step)  # fmt: skip
+        sampler = self.sampler
+        steps = range(start_step, d.total_steps)
         stream = data.batches(
-            self.splits.train, sampler, cfg.workers, pin=ctx.device.type == "cuda"
-        )
+            self.splits.train, (mb for t in steps for mb in sampler.rank_batches(t)), cfg.workers,
+            pin=ctx.device.type == "cuda",
+            seeds=(data.sample_seeds(2 * cfg.seed, p) for t in steps
+                   for p in sampler.rank_positions(t)),
+        )  # fmt: skip
         criterion = torch.nn.CrossEntropyLoss()
         prec = self.precision
         bn_stats = ghost_bn.RunningStats(
@@ -244,6 +255,10 @@ class _Run:
             loss_sum = torch.zeros((), device=ctx.device)
             local = self.local_sgd is not None and self.local_sgd.local(step)
             for i in range(d.accum_steps):
+                # randomness inside the step (dropout) drawn from a generator seeded by the global
+                # micro-batch: the same on any layout, and after a resume
+                g = (step * ctx.world_size + ctx.rank) * d.accum_steps + i
+                torch.manual_seed(int(data.sample_seeds(2 * cfg.seed + 1, torch.tensor([g]))[0]))
                 x, y = next(stream)
                 x = x.to(ctx.device, non_blocking=True, memory_format=fmt)
                 y = y.to(ctx.device, non_blocking=True)
@@ -281,6 +296,16 @@ class _Run:
                     self._evaluate(done)
                 if cfg.checkpoint:
                     self._save(done)
+                t_other += time.perf_counter() - t0
+                t_window += time.perf_counter() - t0
+            elif (
+                cfg.checkpoint
+                and cfg.checkpoint_every
+                and done % cfg.checkpoint_every == 0
+                and (self.local_sgd is None or self.local_sgd.in_sync(step))
+            ):
+                t0 = time.perf_counter()
+                self._save(done)
                 t_other += time.perf_counter() - t0
                 t_window += time.perf_counter() - t0
             self.summary["steps"] = done
@@ -356,7 +381,11 @@ class _Run:
         if rec["top1_error_pct"] < self.summary.get("best", {}).get("top1_error_pct", math.inf):
             self.summary["best"] = {"top1_error_pct": rec["top1_error_pct"], "step": step}
 
+    # -- checkpoints ------------------------------------------------------------------------------
+
     def _save(self, step: int) -> None:
+        """Everything step ``step`` depends on (lbsgd.checkpoint); every rank sends its RNG states."""
+        ranks = distributed.all_gather_object(_rng_state(self.ctx.device))
         if not self.ctx.is_main:
             return
         checkpoint.save(self.run_dir, {
@@ -364,6 +393,77 @@ class _Run:
             "optimizer": self.opt.state_dict(),
             "precision": self.precision.state_dict(),
             "step": step,
+            "sampler": self.sampler.position(step),
+            "num_train": self.d.num_train,
+            "world_size": self.ctx.world_size,
+            "ranks": ranks,
             "config": self.cfg.to_dict(),
-            "rng": torch.get_rng_state(),
+            "summary": {k: self.summary[k] for k in ("best", "final") if k in self.summary},
         })  # fmt: skip
+
+    def _load_checkpoint(self) -> dict[str, Any] | None:
+        """Rank 0 picks the newest usable checkpoint (falling back to the previous one with a
+        warning); every rank reads that same file."""
+        picked: dict[str, Any] = {}
+
+        def pick() -> str | None:
+            state = checkpoint.load(self.run_dir)
+            if state is not None:
+                _check_checkpoint(self.cfg, state, self.sampler)
+                picked["state"] = state
+            return None if state is None else state["file"]
+
+        path = _on_main(self.ctx, pick)
+        if path is None:
+            return None
+        return picked["state"] if self.ctx.is_main else checkpoint.read(Path(path))
+
+    def _restore(self, state: dict[str, Any], net: torch.nn.Module, opt) -> int:
+        net.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        self.precision.load_state_dict(state.get("precision", {}))
+        ranks = state.get("ranks")
+        if ranks and len(ranks) == self.ctx.world_size:
+            _set_rng_state(ranks[self.ctx.rank], self.ctx.device)
+        elif "rng" in state:  # format 1
+            torch.set_rng_state(state["rng"])
+        self.summary_resumed = state.get("summary", {})
+        step = int(state["step"])
+        if self.ctx.is_main:
+            note = ""
+            if ranks and len(ranks) != self.ctx.world_size:
+                note = f" (saved by {len(ranks)} processes, resumed on {self.ctx.world_size})"
+            print(f"lbsgd: resuming from {state.get('file')} at step {step}{note}", flush=True)
+        return step
+
+
+def _check_checkpoint(cfg: Config, state: dict[str, Any], sampler: data.StepSampler) -> None:
+    """Refuse a checkpoint made for other mathematics, or for another train split."""
+    old = state.get("config", {})
+    new = cfg.keys_of("experiment")
+    differ = [k for k in new if k in old and _plain(old[k]) != _plain(new[k])]
+    if differ:
+        shown = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in differ)
+        raise ConfigError(f"resume=true but experiment keys differ from {state['file']}: {shown}")
+    saved = state.get("sampler")
+    step = int(state["step"])
+    if saved is not None and (
+        state.get("num_train") != sampler.num_samples or saved != sampler.position(step)
+    ):
+        raise ConfigError(
+            f"checkpoint {state['file']!r} was made on a train split of {state.get('num_train')} "
+            f"samples, this run's has {sampler.num_samples}: the data changed, resume is refused"
+        )
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
+    return {
+        "cpu": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
+
+
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)

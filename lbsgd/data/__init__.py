@@ -68,14 +68,30 @@ def _imagenet(cfg) -> Splits:
 
 
 def batches(
-    dataset: Dataset, index_batches: Iterable[torch.Tensor], workers: int = 0, pin: bool = False
+    dataset: Dataset,
+    index_batches: Iterable[torch.Tensor],
+    workers: int = 0,
+    pin: bool = False,
+    seeds: Iterable[torch.Tensor] | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(inputs, labels) for each index tensor in ``index_batches``, in order."""
+    """(inputs, labels) for each index tensor in ``index_batches``, in order.
+
+    ``seeds`` (one tensor per index tensor, e.g. :func:`sample_seeds` of the sampler's stream
+    positions) makes random augmentation reproducible: each sample's transform draws from torch's
+    generator seeded with its own seed, so a sample at a given place of the run's stream is
+    augmented the same way whatever the number of processes or loader workers, and after a resume.
+    """
     if isinstance(dataset, TensorDataset):
         x, y = dataset.tensors
         for idx in index_batches:
             yield x[idx], y[idx]
         return
+    if seeds is not None:
+        dataset = _Seeded(dataset)
+        index_batches = (
+            list(zip(idx.tolist(), s.tolist(), strict=True))
+            for idx, s in zip(index_batches, seeds, strict=True)
+        )
     loader = DataLoader(
         dataset,
         batch_sampler=_AsLists(index_batches),  # lazy: a run's index stream can be huge
@@ -86,12 +102,43 @@ def batches(
     yield from loader
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def sample_seeds(seed: int, positions: torch.Tensor) -> torch.Tensor:
+    """A seed per stream position: SplitMix64 of (run seed, position), in [0, 2^63)."""
+    out = []
+    for p in positions.tolist():
+        z = (seed * 0x9E3779B97F4A7C15 + (p + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        out.append((z ^ (z >> 31)) >> 1)
+    return torch.tensor(out, dtype=torch.int64)
+
+
+class _Seeded(Dataset):
+    """Items ``(index, seed)``: the sample ``index`` with torch's generator seeded by ``seed`` (and
+    the caller's generator state restored afterwards)."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]):
+        index, seed = key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.dataset[index]
+
+
 class _AsLists:
-    def __init__(self, index_batches: Iterable[torch.Tensor]) -> None:
+    def __init__(self, index_batches: Iterable) -> None:
         self.index_batches = index_batches
 
-    def __iter__(self) -> Iterator[list[int]]:
-        return (idx.tolist() for idx in self.index_batches)
+    def __iter__(self) -> Iterator[list]:
+        return (idx if isinstance(idx, list) else idx.tolist() for idx in self.index_batches)
 
 
 def shard(num_samples: int, rank: int, world_size: int) -> range:
@@ -109,5 +156,6 @@ __all__ = [
     "build",
     "permutation",
     "register_dataset",
+    "sample_seeds",
     "shard",
 ]

@@ -78,6 +78,18 @@ class StepSampler:
             self._perms[epoch] = permutation(self.num_samples, self.seed, epoch)
         return self._perms[epoch]
 
+    def position(self, step: int) -> dict[str, int]:
+        """Where the stream stands before optimizer step ``step``: epoch and offset within it."""
+        epoch, offset = divmod(step * self.batch_size, self.num_samples)
+        return {"step": step, "epoch": epoch, "offset": offset}
+
+    def rank_positions(self, step: int) -> list[torch.Tensor]:
+        """Stream positions (sample counts since the run began) of this rank's micro-batches of
+        ``step``: a sample's position names it uniquely over the whole run, on any layout."""
+        share = self.batch_size // self.world_size
+        start = step * self.batch_size + self.rank * share
+        return list(torch.arange(start, start + share).split(self.micro_batch))
+
     def rank_batches(self, step: int) -> list[torch.Tensor]:
         """This rank's micro-batches of step ``step``, in the order they are run."""
         share = self.batch_size // self.world_size

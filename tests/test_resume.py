@@ -1,0 +1,253 @@
+"""Fault injection: exact resume after a kill, worker failure under torchrun, damaged checkpoints.
+
+Every run here is the same 16-step experiment (256 samples, batch 32: 8 steps per epoch, 2 epochs)
+with a checkpoint every 3 steps besides the epoch ends (3, 6, 8, 9, 12, 15, 16). A worker killed
+with SIGKILL before step 11 leaves the checkpoint of step 9, in the middle of the second epoch, so
+a resume continues mid-epoch. The outcome asserted is always the data: the final weights (bitwise
+where the layout is the same), the files left on disk, and the status fields.
+"""
+
+import json
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lbsgd import checkpoint
+from lbsgd.config import Config
+from lbsgd.trainer import train
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).parent
+WORKER = str(HERE / "fault_worker.py")
+
+KEYS = {
+    "model": "resnet",
+    "depth": 8,
+    "width": 8,
+    "synthetic_train": 256,
+    "synthetic_test": 128,
+    "synthetic_difficulty": "easy",
+    "batch_size": 32,
+    "bn_batch": 8,
+    "micro_batch": 16,
+    "reference_batch": 32,
+    "base_lr": 0.2,
+    "warmup_epochs": 0.5,
+    "schedule": "cosine",
+    "epochs": 2,
+    "eval_every": 1,
+    "threads": 1,
+    "wandb": "disabled",
+    "log_every": 2,
+    "checkpoint_every": 3,
+    "resume": True,  # what a restartable job passes: a new run starts, a stopped one continues
+}
+KILL_AT = 11  # killed before step 11: the newest checkpoint is step 9, mid-epoch 2
+
+
+def _args(out: Path, name: str, **extra) -> list[str]:
+    keys = {**KEYS, "out_dir": str(out), "name": name, **extra}
+    return [f"{k}={v}" for k, v in keys.items()]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(args, nproc=None, kill_at=None, kill_rank=0, restarts=0, timeout=300):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("TORCHELASTIC_RESTART_COUNT", None)
+    if kill_at is not None:
+        env.update(LBSGD_TEST_KILL_AT_STEP=str(kill_at), LBSGD_TEST_KILL_RANK=str(kill_rank))
+    if nproc:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+               f"--nproc-per-node={nproc}", f"--max-restarts={restarts}", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{_port()}", WORKER, "train", *args]  # fmt: skip
+    else:
+        cmd = [sys.executable, WORKER, "train", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    state = checkpoint.read(run_dir / checkpoint.NAME)
+    assert state["step"] == 16
+    return state["model"]
+
+
+def _assert_bitwise(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for k in want:  # parameters and BN buffers alike
+        assert torch.equal(got[k], want[k]), k
+
+
+def _status(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _train_steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r["step"] for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Uninterrupted runs: one process (fp16, so that the loss scaler matters) and two processes."""
+    out = tmp_path_factory.mktemp("reference")
+    r = _run(_args(out, "one", precision="fp16", loss_scale=2.0**24))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _run(_args(out, "two"), nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {"one": _weights(out / "runs" / "one"), "two": _weights(out / "runs" / "two")}
+
+
+def test_one_process_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path, reference):
+    args = _args(tmp_path, "one", precision="fp16", loss_scale=2.0**24)
+    run_dir = tmp_path / "runs" / "one"
+    r = _run(args, kill_at=KILL_AT)
+    assert r.returncode == -9  # SIGKILL: no handler ran, nothing was cleaned up
+    assert _status(run_dir)["status"] == "running"
+    saved = checkpoint.load(run_dir)
+    assert saved["step"] == 9 and saved["sampler"] == {"step": 9, "epoch": 1, "offset": 32}
+    assert saved["precision"]["scaler"]["scale"] < 2.0**24  # overflows lowered the loss scale
+    assert checkpoint.read(run_dir / checkpoint.PREVIOUS)["step"] == 8
+
+    r = _run(args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming from" in r.stdout and "at step 9" in r.stdout
+    assert _status(run_dir)["status"] == "completed"
+    _assert_bitwise(_weights(run_dir), reference["one"])
+    assert _train_steps(run_dir) == list(range(1, 17))  # steps 10-11 logged once, not twice
+
+
+def test_two_processes_killed_mid_epoch_resume_bitwise_and_on_one_process(tmp_path, reference):
+    run_dir = tmp_path / "runs" / "two"
+    r = _run(_args(tmp_path, "two"), nproc=2, kill_at=KILL_AT, kill_rank=1)
+    assert r.returncode != 0
+    saved = checkpoint.load(run_dir)
+    assert saved["step"] == 9 and saved["world_size"] == 2 and len(saved["ranks"]) == 2
+    assert not torch.equal(saved["ranks"][0]["cpu"], saved["ranks"][1]["cpu"])  # per-rank RNG
+
+    # a copy of the stopped run resumes on one process accumulating 2 micro-batches: a hardware
+    # change the mapping allows; the layout guarantee (tolerance of float reordering) still holds
+    one = tmp_path / "one_proc" / "runs" / "two"
+    shutil.copytree(run_dir, one)
+    r = _run(_args(tmp_path / "one_proc", "two"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "saved by 2 processes, resumed on 1" in r.stdout
+    for k, v in reference["two"].items():
+        torch.testing.assert_close(_weights(one)[k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+    r = _run(_args(tmp_path, "two"), nproc=2)  # the same layout: bitwise
+    assert r.returncode == 0, r.stderr[-3000:]
+    _assert_bitwise(_weights(run_dir), reference["two"])
+    assert _train_steps(run_dir) == list(range(1, 17))
+
+
+def test_torchrun_restarts_a_group_after_sigkill_and_finishes_with_the_same_weights(
+    tmp_path, reference
+):
+    run_dir = tmp_path / "runs" / "two"
+    r = _run(_args(tmp_path, "two"), nproc=2, kill_at=KILL_AT, kill_rank=1, restarts=1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Signals.SIGKILL" in r.stderr or "exitcode: -9" in r.stderr  # torchrun saw the kill
+    assert "at step 9" in r.stdout  # the restarted group resumed from the checkpoint
+    assert _status(run_dir)["status"] == "completed"
+    _assert_bitwise(_weights(run_dir), reference["two"])
+    assert _train_steps(run_dir) == list(range(1, 17))
+
+
+# -- damaged and unsafe checkpoints ---------------------------------------------------------------
+
+
+def _state(step: int) -> dict:
+    return {"model": {"w": torch.full((64,), float(step))}, "step": step}
+
+
+def test_save_keeps_the_previous_checkpoint_until_the_new_one_is_complete(tmp_path, monkeypatch):
+    checkpoint.save(tmp_path, _state(1))
+    checkpoint.save(tmp_path, _state(2))
+    assert checkpoint.load(tmp_path)["step"] == 2
+    assert checkpoint.read(tmp_path / checkpoint.PREVIOUS)["step"] == 1
+
+    def crash_mid_write(obj, f):
+        f.write(b"PK\x03\x04partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash_mid_write)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(tmp_path, _state(3))
+    assert checkpoint.load(tmp_path)["step"] == 2  # the crash cost nothing already written
+    assert checkpoint.read(tmp_path / checkpoint.PREVIOUS)["step"] == 1
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_a_byte", "empty", "not_a_checkpoint"])
+def test_damaged_checkpoint_is_named_and_the_previous_one_is_used(tmp_path, damage):
+    checkpoint.save(tmp_path, _state(1))
+    checkpoint.save(tmp_path, _state(2))
+    path = tmp_path / checkpoint.NAME
+    raw = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(raw[: len(raw) // 2])
+    elif damage == "flip_a_byte":  # inside the tensor data: only the digest can tell
+        i = raw.index(torch.full((64,), 2.0).numpy().tobytes())
+        path.write_bytes(raw[:i] + bytes([raw[i] ^ 0x40]) + raw[i + 1 :])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:
+        torch.save({"weights": torch.zeros(3)}, path)
+    with pytest.warns(RuntimeWarning, match=f"checkpoint '{path}'.*falling back to .*prev.pt"):
+        state = checkpoint.load(tmp_path)
+    assert state["step"] == 1
+    assert torch.equal(state["model"]["w"], torch.full((64,), 1.0))
+
+    (tmp_path / checkpoint.PREVIOUS).write_bytes(b"garbage")
+    with pytest.raises(checkpoint.CheckpointError, match="no usable checkpoint") as err:
+        checkpoint.load(tmp_path)
+    assert str(path) in str(err.value) and checkpoint.PREVIOUS in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (Path.touch, (Path(os.environ["LBSGD_TEST_PWNED"]),))
+
+
+def test_checkpoints_load_without_unpickling_code(tmp_path, monkeypatch):
+    marker = tmp_path / "pwned"
+    monkeypatch.setenv("LBSGD_TEST_PWNED", str(marker))
+    path = tmp_path / checkpoint.NAME
+    with open(path, "wb") as f:
+        torch.save({"model": {}, "step": 1, "payload": _Payload()}, f, pickle_module=pickle)
+    with pytest.raises(checkpoint.CheckpointError, match=f"checkpoint '{path}' cannot be loaded"):
+        checkpoint.load(tmp_path)
+    assert not marker.exists()  # weights_only=True: the payload's code never ran
+
+
+def test_resume_falls_back_past_a_truncated_newest_checkpoint(tiny):
+    keys = dict(synthetic_train=256, batch_size=32, bn_batch=8, epochs=1, checkpoint_every=3)
+    reference = train(tiny(name="straight", **keys))
+    assert reference["status"] == "completed"
+    cfg = tiny(name="damaged", **keys)
+    train(cfg)
+    run_dir = cfg.run_dir()
+    # the run as a crash left it: newest checkpoint (step 8) cut short, step 6 intact, not complete
+    path = run_dir / checkpoint.NAME
+    path.write_bytes(path.read_bytes()[:1000])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "failed"}))
+    with pytest.warns(RuntimeWarning, match="falling back to .*step 6"):
+        summary = train(cfg.replace(resume=True))
+    assert summary["status"] == "completed"
+    _assert_bitwise(
+        checkpoint.load(run_dir)["model"], checkpoint.load(Config.run_dir(tiny(name="straight", **keys)))["model"]
+    )
