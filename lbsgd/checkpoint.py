@@ -31,14 +31,17 @@ from typing import Any
 
 import torch
 
+from lbsgd.config import ConfigError
+
 NAME = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 TMP = f".{NAME}.tmp"
 FORMAT = 2  # 1: the single-file checkpoint without digest, sampler or per-rank states
 
 
-class CheckpointError(RuntimeError):
-    """No usable checkpoint: one line naming the file(s) and what is wrong with them."""
+class CheckpointError(ConfigError):
+    """No usable checkpoint: one line naming the file(s) and what is wrong with them (like a bad
+    key, a refusal before any work: ``lbsgd train`` prints it and exits with 2)."""
 
 
 def digest(state: Any) -> str:

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.overrides, samples=args.samples, repeats=args.repeats, out=args.out
             )
         return 0
-    except config.ConfigError as e:
+    except config.ConfigError as e:  # includes a checkpoint that cannot be used
         print(f"lbsgd: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

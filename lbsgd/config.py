@@ -228,6 +228,7 @@ def _check(c: Config) -> None:
         "bucket_cap_mb",
         "local_sgd",
         "checkpoint_every",
+        "seed",
     ):
         need(getattr(c, key) >= 0, f"{key}={getattr(c, key)} must be >= 0")
     need(c.warmup_lr is None or c.warmup_lr > 0, f"warmup_lr={c.warmup_lr} must be > 0 (or null)")

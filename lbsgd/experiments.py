@@ -82,13 +82,38 @@ def _find_identical(cfg: Config, root: Path) -> Path | None:
     return None
 
 
-def _command(cfg: Config, nproc_per_node: int, nnodes: int, rdzv_endpoint: str | None) -> list[str]:
+def _positive_int(key: str, value: Any, least: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise config.ConfigError(f"{key}={value!r} must be an integer >= {least}")
+
+
+def check_launch(
+    *, nproc_per_node: int = 1, nnodes: int = 1, rdzv_endpoint: str | None = None,
+    parallel: int = 1, max_restarts: int = 0,
+) -> None:  # fmt: skip
+    """The launch parameters of a sweep (a notebook's), one line naming the bad one."""
+    _positive_int("nproc_per_node", nproc_per_node)
+    _positive_int("nnodes", nnodes)
+    _positive_int("parallel", parallel)
+    _positive_int("max_restarts", max_restarts, least=0)
+    if nnodes > 1:
+        host, sep, port = str(rdzv_endpoint or "").rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise config.ConfigError(
+                f"rdzv_endpoint={rdzv_endpoint!r}: nnodes={nnodes} needs the host:port of the "
+                "rendezvous (the same on every node)"
+            )
+
+
+def _command(cfg: Config, nproc_per_node: int, nnodes: int, rdzv_endpoint: str | None,
+             max_restarts: int = 0) -> list[str]:  # fmt: skip
     overrides = [f"{k}={_text(v)}" for k, v in cfg.to_dict().items() if v is not None]
     if nproc_per_node == 1 and nnodes == 1:  # one process: the same trainer, no agent to start
         return [sys.executable, "-m", "lbsgd", "train", *overrides]
     endpoint = rdzv_endpoint or f"127.0.0.1:{_free_port()}"
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
-            f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
+            f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}",
+            "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", "-m", "lbsgd", "train", *overrides]  # fmt: skip
 
 
@@ -108,19 +133,23 @@ def sweep(
     rdzv_endpoint: str | None = None,
     parallel: int = 1,
     wandb: str = "auto",
+    max_restarts: int = 0,
     quiet: bool = False,
 ):
     """Train every run of ``runs`` (dicts of config keys) into ``out_dir/study``; see the module."""
-    if parallel < 1:
-        raise config.ConfigError(f"parallel={parallel} must be >= 1")
+    check_launch(nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                 parallel=parallel, max_restarts=max_restarts)  # fmt: skip
     base = {"study": study, "out_dir": str(out_dir), "wandb": wandb, "resume": True}
     cfgs = [config.from_dict({**base, **dict(r)}) for r in runs]  # all validated before any work
     names = [c.run_name() for c in cfgs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise config.ConfigError(f"runs of study {study!r} repeat the same experiment: {dup}")
-    for c in cfgs:
-        config.check_world(c, nproc_per_node * nnodes, nproc_per_node)
+    from lbsgd import trainer  # torch: imported once the cheap checks have passed
+
+    for c in cfgs:  # data directories, process layout, run directories: read only
+        trainer.check(c, nproc_per_node * nnodes, nproc_per_node)
+        trainer.check_run_dir(c)  # a finished run of other experiment keys is not "done"
     study_dir = Path(out_dir) / study
     study_dir.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
@@ -147,7 +176,7 @@ def sweep(
             job = todo.pop(0)
             job.handle = job.log.open("w")
             job.proc = subprocess.Popen(
-                _command(job.cfg, nproc_per_node, nnodes, rdzv_endpoint),
+                _command(job.cfg, nproc_per_node, nnodes, rdzv_endpoint, max_restarts),
                 stdout=job.handle, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
             job.started = time.perf_counter()

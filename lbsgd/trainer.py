@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,12 +30,16 @@ from lbsgd.tracking import Tracker
 STATUS_EXIT_CODE = {"completed": 0, "diverged": 3}
 
 
-def check(cfg: Config) -> None:
-    """Rules that need the registries; with the config's own checks, all before any work starts."""
-    if cfg.dataset not in data.DATASETS:
-        raise ConfigError(data.DATASETS.unknown_message(cfg.dataset))
+def check(cfg: Config, world_size: int | None = None, local_world_size: int | None = None) -> None:
+    """Rules that need the registries, the data directory or the process layout (torchrun's
+    environment by default); with the config's own checks, all before any work starts."""
+    data.check(cfg)
     if cfg.model not in models.MODELS:
         raise ConfigError(models.MODELS.unknown_message(cfg.model))
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    check_world(cfg, world_size, local_world_size)
 
 
 def train(cfg: Config) -> dict[str, Any]:
@@ -69,8 +74,10 @@ def _on_main(ctx: distributed.Context, fn, then_all: bool = False):
     return distributed.broadcast_object(result)
 
 
-def _check_run_dir(cfg: Config) -> str:
-    """'new', 'resume' or 'completed'; a directory holding another run is never overwritten."""
+def check_run_dir(cfg: Config) -> str:
+    """'new', 'resume' or 'completed'; a directory holding another run is never overwritten.
+
+    Reads only: a refusal is a one-line ConfigError and leaves every file as it was."""
     run_dir = cfg.run_dir()
     if (run_dir / "config.yaml").exists():
         status = _read_status(run_dir)
@@ -126,7 +133,7 @@ class _Run:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         check_world(cfg, ctx.world_size, ctx.local_world_size)
-        mode = _on_main(ctx, lambda: _check_run_dir(cfg))
+        mode = _on_main(ctx, lambda: check_run_dir(cfg))
         self.run_dir = cfg.run_dir()
         if mode == "completed":
             print(f"lbsgd: {self.run_dir} is already complete; nothing to do", flush=True)

@@ -8,6 +8,7 @@ study is copied rather than trained again.
 import ast
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -68,10 +69,22 @@ def test_committed_notebooks_carry_no_outputs_and_no_execution_counts(nb):
 # -- every notebook at smoke scale ------------------------------------------------------------
 
 
+# A token in the environment of every smoke run, as a user's W&B key or any secret would be: no
+# file the notebooks write (executed notebooks, logs, configs, summaries, metrics) may hold it.
+SECRET = "lbsgd-test-secret-0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
+
 @pytest.fixture(scope="module")
 def smoke_out(tmp_path_factory):
     """One results root for all notebooks of the module (identical runs are copied, not retrained)."""
-    return tmp_path_factory.mktemp("smoke_results")
+    saved = {k: os.environ.get(k) for k in ("WANDB_API_KEY", "LBSGD_TEST_TOKEN")}
+    os.environ.update(WANDB_API_KEY=SECRET, LBSGD_TEST_TOKEN=SECRET)
+    yield tmp_path_factory.mktemp("smoke_results")
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +152,16 @@ def test_every_notebook_runs_at_smoke_scale_and_writes_what_it_promises(nb, exec
         assert status in ("completed", "diverged"), f"{study}/{name}: status {status}"
     for log in sdir.glob("*.log"):  # every run started here has its folder
         assert log.stem in run_dirs, f"{log.name} has no run folder"
+
+
+@pytest.mark.slow
+def test_no_result_file_holds_a_secret_of_the_environment(execute, smoke_out):
+    for nb in NOTEBOOKS:
+        execute(nb)
+    files = [p for p in smoke_out.rglob("*") if p.is_file()]
+    assert len(files) > 100  # the notebooks, their runs' configs, summaries, metrics and logs
+    leaked = [str(p.relative_to(smoke_out)) for p in files if SECRET.encode() in p.read_bytes()]
+    assert not leaked, leaked
 
 
 @pytest.mark.slow

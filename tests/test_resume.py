@@ -234,9 +234,15 @@ def test_checkpoints_load_without_unpickling_code(tmp_path, monkeypatch):
 
 
 def test_resume_falls_back_past_a_truncated_newest_checkpoint(tiny):
-    keys = dict(synthetic_train=256, batch_size=32, bn_batch=8, epochs=1, checkpoint_every=3)
-    reference = train(tiny(name="straight", **keys))
-    assert reference["status"] == "completed"
+    keys = {
+        "synthetic_train": 256,
+        "batch_size": 32,
+        "bn_batch": 8,
+        "epochs": 1,
+        "checkpoint_every": 3,
+    }
+    reference = tiny(name="straight", **keys)
+    assert train(reference)["status"] == "completed"
     cfg = tiny(name="damaged", **keys)
     train(cfg)
     run_dir = cfg.run_dir()
@@ -249,5 +255,5 @@ def test_resume_falls_back_past_a_truncated_newest_checkpoint(tiny):
         summary = train(cfg.replace(resume=True))
     assert summary["status"] == "completed"
     _assert_bitwise(
-        checkpoint.load(run_dir)["model"], checkpoint.load(Config.run_dir(tiny(name="straight", **keys)))["model"]
+        checkpoint.load(run_dir)["model"], checkpoint.load(reference.run_dir())["model"]
     )

@@ -1,6 +1,8 @@
 """W&B mirrors every run (offline here: no network in tests) and never fails or blocks one."""
 
+import contextlib
 import json
+import socket
 import sys
 import time
 import types
@@ -83,23 +85,58 @@ def test_auto_mode_is_offline_without_a_key_and_online_with_one(monkeypatch, tmp
     assert resolve_wandb_mode("offline") == "offline"
 
 
-def test_unreachable_wandb_server_falls_back_to_offline_quickly_and_keeps_the_key_out(
-    tiny, monkeypatch
-):
-    # a W&B server address nothing listens on, and a well-formed but fake API key
-    import socket
+class _RejectingServer:
+    """A W&B server address that answers every request with 401 (an API key it does not know)."""
 
+    def __enter__(self):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _reject(self):
+                body = b'{"errors": [{"message": "user is not logged in"}]}'
+                self.send_response(401)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = _reject
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextlib.contextmanager
+def _closed_port():
+    """A W&B server address nothing listens on."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again when the block ends
-    key = "0123456789abcdef0123456789abcdef0123abcd"
-    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    yield f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("server", ["unreachable", "rejects_the_key"])
+def test_wandb_server_failing_falls_back_to_offline_quickly_and_keeps_the_key_out(
+    tiny, monkeypatch, server
+):
+    key = "0123456789abcdef0123456789abcdef0123abcd"  # well-formed, unknown to any server
     monkeypatch.setenv("WANDB_API_KEY", key)
-    cfg = tiny(wandb="online", epochs=1, name="unreachable")
-    t0 = time.monotonic()
-    with pytest.warns(RuntimeWarning, match="logging offline instead") as caught:
-        summary = train(cfg)
-    elapsed = time.monotonic() - t0
+    cfg = tiny(wandb="online", epochs=1, name=server)
+    with _closed_port() if server == "unreachable" else _RejectingServer() as url:
+        monkeypatch.setenv("WANDB_BASE_URL", url)
+        t0 = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="logging offline instead") as caught:
+            summary = train(cfg)
+        elapsed = time.monotonic() - t0
     assert summary["status"] == "completed"
     assert len([w for w in caught if "W&B" in str(w.message)]) == 1
     assert elapsed < 4 * 15  # the online attempt gives up after its 15 s init timeout

@@ -40,6 +40,19 @@ DATASETS: Registry[Callable[..., Splits]] = Registry("dataset")
 register_dataset = DATASETS.register
 
 
+def check(cfg) -> None:
+    """What can be checked of the dataset before any work starts: the layout of a file dataset's
+    data_dir (one-line ConfigError naming data_dir and what is expected there)."""
+    from lbsgd.config import ConfigError
+
+    if cfg.dataset not in DATASETS:
+        raise ConfigError(DATASETS.unknown_message(cfg.dataset))
+    try:
+        folders.check(cfg.dataset, cfg.data_dir)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+
+
 def build(cfg) -> Splits:
     return DATASETS.get(cfg.dataset)(cfg)
 
@@ -154,6 +167,7 @@ __all__ = [
     "StepSampler",
     "batches",
     "build",
+    "check",
     "permutation",
     "register_dataset",
     "sample_seeds",

@@ -70,12 +70,8 @@ class _CIFAR10Files(datasets.CIFAR10):
         return all((folder / name).is_file() for name in _CIFAR_FILES)
 
 
-def cifar10(data_dir: str | os.PathLike, augment: bool = True) -> tuple[Dataset, Dataset, int, int]:
-    """Return ``(train, test, num_classes=10, image_size=32)`` for CIFAR-10 under ``data_dir``.
-
-    ``data_dir`` is either the folder holding ``cifar-10-batches-py/`` (torchvision's ``root``) or
-    that batches folder itself. ``augment=False`` gives the train set the test transform.
-    """
+def _cifar10_root(data_dir: str | os.PathLike) -> tuple[Path, str]:
+    """(torchvision root, batches folder name) of a CIFAR-10 data_dir; FileNotFoundError if not."""
     data_dir = Path(data_dir).expanduser()
     if not data_dir.is_dir():
         raise _missing(data_dir, "does not exist or is not a directory", _CIFAR_HOWTO)
@@ -88,7 +84,16 @@ def cifar10(data_dir: str | os.PathLike, augment: bool = True) -> tuple[Dataset,
     absent = [name for name in _CIFAR_FILES if not (root / folder / name).is_file()]
     if absent:
         raise _missing(data_dir, f"lacks {folder}/{{{','.join(absent)}}}", _CIFAR_HOWTO)
+    return root, folder
 
+
+def cifar10(data_dir: str | os.PathLike, augment: bool = True) -> tuple[Dataset, Dataset, int, int]:
+    """Return ``(train, test, num_classes=10, image_size=32)`` for CIFAR-10 under ``data_dir``.
+
+    ``data_dir`` is either the folder holding ``cifar-10-batches-py/`` (torchvision's ``root``) or
+    that batches folder itself. ``augment=False`` gives the train set the test transform.
+    """
+    root, folder = _cifar10_root(data_dir)
     normalise = [transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
     test_tf = transforms.Compose(normalise)
     train_tf = test_tf
@@ -105,13 +110,9 @@ def _class_folders(split_dir: Path) -> list[str]:
     return sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
 
 
-def imagenet(
-    data_dir: str | os.PathLike, image_size: int = 224
-) -> tuple[Dataset, Dataset, int, int]:
-    """Return ``(train, val, num_classes, image_size)`` for an ImageFolder tree under ``data_dir``.
-
-    Labels are the indices of the sorted class-folder names, identical for train and val.
-    """
+def _imagenet_classes(data_dir: Path) -> list[str]:
+    """The class folders of an ImageFolder data_dir (train/ and val/ alike); FileNotFoundError if
+    the layout is not that."""
     data_dir = Path(data_dir).expanduser()
     if not data_dir.is_dir():
         raise _missing(data_dir, "does not exist or is not a directory", _IMAGENET_HOWTO)
@@ -132,7 +133,26 @@ def imagenet(
             f"only in val: {only_val[:5]}",
             _IMAGENET_HOWTO,
         )
+    return train_classes
 
+
+def check(dataset: str, data_dir: str | os.PathLike) -> None:
+    """The layout checks of ``dataset``'s builder, without reading any image (before any work)."""
+    if dataset == "cifar10":
+        _cifar10_root(data_dir)
+    elif dataset == "imagenet":
+        _imagenet_classes(Path(data_dir).expanduser())
+
+
+def imagenet(
+    data_dir: str | os.PathLike, image_size: int = 224
+) -> tuple[Dataset, Dataset, int, int]:
+    """Return ``(train, val, num_classes, image_size)`` for an ImageFolder tree under ``data_dir``.
+
+    Labels are the indices of the sorted class-folder names, identical for train and val.
+    """
+    data_dir = Path(data_dir).expanduser()
+    train_classes = _imagenet_classes(data_dir)
     normalise = [transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     # fb.resnet.torch, whose recipe Goyal et al. follow, also applies colour augmentation (colour
     # jitter plus AlexNet-style PCA lighting). It is left out: it is expected to be a small effect

@@ -1,0 +1,168 @@
+"""Bad input, everywhere a user types: one line naming the key, before any work, nothing touched.
+
+One table of inputs through the three doors of lbsgd: the command line (``lbsgd train key=value``),
+YAML files (``lbsgd train -c file``) and a notebook's parameters (``profiles.get`` and
+``experiments.sweep``, the first calls of every study notebook). Each must be refused with exit code
+2 (command line) or a ConfigError (notebook), with a one-line message naming the key or file and
+saying what would be valid, and every file already under the results directory must be left
+byte-for-byte and mtime-for-mtime as it was.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TINY
+
+from lbsgd import checkpoint, cli, experiments, profiles
+from lbsgd.config import Config, ConfigError
+from lbsgd.trainer import train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """A results directory holding a completed run, a stopped run with damaged checkpoints and a
+    folder that is not a run."""
+    root = tmp_path_factory.mktemp("bad_input")
+    out = root / "results"
+    for name in ("existing", "broken"):
+        train(Config(**{**TINY, "epochs": 0.25, "out_dir": str(out), "name": name}))
+    broken = out / "runs" / "broken"
+    for f in (checkpoint.NAME, checkpoint.PREVIOUS):
+        if (broken / f).exists() or f == checkpoint.NAME:
+            (broken / f).write_bytes(b"not a checkpoint")
+    summary = json.loads((broken / "summary.json").read_text())
+    (broken / "summary.json").write_text(json.dumps({**summary, "status": "failed"}))
+    (out / "runs" / "notes").mkdir()
+    (out / "runs" / "notes" / "todo.txt").write_text("mine\n")
+    (root / "empty").mkdir()
+    (root / "cifar_without_batches").mkdir()
+    files = {
+        "unknown.yaml": "batch_size: 64\nwarmpu: none\n",
+        "list.yaml": "- batch_size: 64\n",
+        "syntax.yaml": "batch_size: [64\n",
+        "type.yaml": "epochs: ten\n",
+    }
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return root
+
+
+def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+TINY_ARGS = [f"{k}={v}" for k, v in TINY.items()]
+
+# (door, input, words the one line must hold); {root} is the fixture's directory
+CASES = [
+    ("cli", ["batchsize=64"], ["batchsize", "did you mean 'batch_size'"]),
+    ("cli", ["warmup=linear"], ["warmup", "'none', 'constant' or 'gradual'"]),
+    ("cli", ["batch_size=abc"], ["batch_size", "valid integer"]),
+    ("cli", ["momentum=1.5"], ["momentum", "[0, 1)"]),
+    ("cli", ["checkpoint_every=-3"], ["checkpoint_every", ">= 0"]),
+    ("cli", ["seed=-1"], ["seed", ">= 0"]),
+    ("cli", ["batch_size"], ["batch_size", "not key=value"]),
+    ("cli", ["model=resnet7"], ["model", "resnet"]),
+    ("cli", ["dataset=cifar10", "data_dir={root}/nowhere"], ["data_dir", "does not exist"]),
+    (
+        "cli",
+        ["dataset=imagenet", "data_dir={root}/empty"],
+        ["data_dir", "no class folders under train/"],
+    ),
+    (
+        "cli",
+        ["dataset=cifar10", "data_dir={root}/cifar_without_batches"],
+        ["data_dir", "cifar-10-batches-py"],
+    ),
+    ("cli:WORLD_SIZE=3", [], ["batch_size=64", "world_size * micro_batch"]),
+    (
+        "cli:WORLD_SIZE=4,LOCAL_WORLD_SIZE=3",
+        ["comm_hook=hierarchical", "batch_size=128"],
+        ["comm_hook=hierarchical", "LOCAL_WORLD_SIZE=3"],
+    ),
+    ("cli", ["name=existing"], ["already holds a run", "resume=true"]),
+    (
+        "cli",
+        ["name=existing", "resume=true", "batch_size=128"],
+        ["experiment keys differ", "batch_size: 64 -> 128"],
+    ),
+    ("cli", ["name=notes"], ["notes", "exists and is not empty"]),
+    (
+        "cli",
+        ["name=broken", "resume=true", "epochs=0.25"],
+        ["broken/checkpoint.pt", "no usable checkpoint"],
+    ),
+    ("yaml", "unknown.yaml", ["warmpu", "did you mean 'warmup'"]),
+    ("yaml", "list.yaml", ["list.yaml", "flat mapping"]),
+    ("yaml", "syntax.yaml", ["syntax.yaml", "not valid YAML"]),
+    ("yaml", "type.yaml", ["epochs", "valid number"]),
+    ("yaml", "missing.yaml", ["missing.yaml", "cannot be read"]),
+    ("notebook", {"profile": "gpu"}, ["profile='gpu'", "smoke"]),
+    ("notebook", {"epochs": 0}, ["epochs=0", "> 0"]),
+    ("notebook", {"parallel": 0}, ["parallel=0", ">= 1"]),
+    ("notebook", {"nproc_per_node": 1.5}, ["nproc_per_node=1.5", "integer"]),
+    ("notebook", {"nnodes": 2}, ["rdzv_endpoint", "host:port"]),
+    ("notebook", {"nproc_per_node": 3}, ["world_size * micro_batch"]),
+    ("notebook", {"wandb": "sometimes"}, ["wandb", "'auto', 'online', 'offline' or 'disabled'"]),
+    ("notebook", {"seeds": [-2]}, ["seed", ">= 0"]),
+    ("notebook", {"ks": [0.3]}, ["k=0.3", "fractional batch"]),
+    ("notebook", {"name": "existing", "k": 2}, ["experiment keys differ", "batch_size: 64 -> 32"]),
+]
+
+
+def _notebook(root: Path, params: dict) -> None:
+    """What a study notebook's first cells do with its parameters."""
+    params = dict(params)
+    p = profiles.get(params.pop("profile", "smoke"), epochs=params.pop("epochs", None))
+    seeds, ks = params.pop("seeds", [0]), params.pop("ks", [1])
+    name, k = params.pop("name", None), params.pop("k", None)
+    runs = [p.keys(k=kk, seed=s) for kk in ks for s in seeds]
+    if name:  # a run of the study that lands on an existing run directory of another experiment
+        runs = [{**TINY, "batch_size": 32 * k // 2, "name": name}]
+    launch = {"out_dir": str(root / "results"), "wandb": "disabled", **params}
+    experiments.sweep("runs", runs, quiet=True, **launch)
+
+
+@pytest.mark.parametrize(
+    ("door", "given", "words"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
+)
+def test_bad_input_is_one_line_before_any_work_and_touches_nothing(
+    results, monkeypatch, capsys, door, given, words
+):
+    before = _snapshot(results)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    if door.startswith("cli"):
+        for pair in door.partition(":")[2].split(","):
+            if pair:
+                monkeypatch.setenv(*pair.split("="))
+        args = [a.format(root=results) for a in given]
+        code = cli.main(["train", *TINY_ARGS, f"out_dir={results}/results", *args])
+        message = capsys.readouterr().err.strip()
+        assert code == 2
+        assert message.startswith("lbsgd: error: ") and "\n" not in message, message
+    elif door == "yaml":
+        code = cli.main(["train", "-c", str(results / given), *TINY_ARGS[:0]])
+        message = capsys.readouterr().err.strip()
+        assert code == 2 and "\n" not in message, message
+    else:
+        with pytest.raises(ConfigError) as err:
+            _notebook(results, given)
+        message = str(err.value)
+        assert "\n" not in message
+    for w in words:
+        assert w in message, message
+    assert _snapshot(results) == before
+    assert not (results / "results" / "runs" / "runs.log").exists()
+
+
+def test_the_table_covers_every_door_and_at_least_twenty_inputs():
+    doors = {c[0].partition(":")[0] for c in CASES}
+    assert doors == {"cli", "yaml", "notebook"} and len(CASES) >= 20
