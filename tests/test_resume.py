@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from lbsgd import checkpoint
-from lbsgd.config import Config
 from lbsgd.trainer import train
 
 pytestmark = pytest.mark.slow
