@@ -163,8 +163,10 @@ class _Run:
                                       cfg.powersgd_rank, d.warmup_steps)  # fmt: skip
         self.comm_state = getattr(self.model, "comm_state", None)
         if self.comm_state is not None and start_step:
-            # PowerSGD's per-process error feedback is not in the checkpoint: it restarts at zero
-            # (the step counter continues, so compression stays on past the warmup)
+            # PowerSGD's per-process error feedback and factors are kept per DDP bucket index, and
+            # DDP lays its buckets out anew after the first step of every process group, so saved
+            # memories would meet other tensors after a resume: they restart at zero instead (the
+            # step counter continues, so compression stays on past the warmup)
             self.comm_state.iter = start_step
             if ctx.is_main:
                 print("lbsgd: comm_hook=powersgd resumes with fresh error feedback (not bitwise "
@@ -391,8 +393,12 @@ class _Run:
     # -- checkpoints ------------------------------------------------------------------------------
 
     def _save(self, step: int) -> None:
-        """Everything step ``step`` depends on (lbsgd.checkpoint); every rank sends its RNG states."""
-        ranks = distributed.all_gather_object(_rng_state(self.ctx.device))
+        """Everything step ``step`` depends on (lbsgd.checkpoint). Every rank sends its RNG states
+        and what only it holds: its momentum under local SGD."""
+        mine: dict[str, Any] = _rng_state(self.ctx.device)
+        if self.local_sgd is not None:
+            mine["optimizer"] = self.opt.state_dict()
+        ranks = distributed.all_gather_object(mine)
         if not self.ctx.is_main:
             return
         checkpoint.save(self.run_dir, {
@@ -430,8 +436,11 @@ class _Run:
         opt.load_state_dict(state["optimizer"])
         self.precision.load_state_dict(state.get("precision", {}))
         ranks = state.get("ranks")
-        if ranks and len(ranks) == self.ctx.world_size:
-            _set_rng_state(ranks[self.ctx.rank], self.ctx.device)
+        mine = self._rank_state(state)
+        if mine is not None:
+            _set_rng_state(mine, self.ctx.device)
+            if "optimizer" in mine:  # local SGD: each process's own momentum
+                opt.load_state_dict(mine["optimizer"])
         elif "rng" in state:  # format 1
             torch.set_rng_state(state["rng"])
         self.summary_resumed = state.get("summary", {})
@@ -442,6 +451,13 @@ class _Run:
                 note = f" (saved by {len(ranks)} processes, resumed on {self.ctx.world_size})"
             print(f"lbsgd: resuming from {state.get('file')} at step {step}{note}", flush=True)
         return step
+
+    def _rank_state(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """This process's part of the checkpoint, if it was saved by as many processes."""
+        ranks = state.get("ranks")
+        if ranks and len(ranks) == self.ctx.world_size:
+            return ranks[self.ctx.rank]
+        return None
 
 
 def _check_checkpoint(cfg: Config, state: dict[str, Any], sampler: data.StepSampler) -> None:

@@ -165,6 +165,24 @@ def test_torchrun_restarts_a_group_after_sigkill_and_finishes_with_the_same_weig
     assert _train_steps(run_dir) == list(range(1, 17))
 
 
+def test_local_sgd_momentum_of_every_process_survives_a_kill(tmp_path):
+    """Post-local SGD past the warmup of 4 steps: each process steps with its own momentum, and
+    the checkpoint (written only where the parameters were just averaged) holds every process's."""
+    keys = {"local_sgd": 2}
+    r = _run(_args(tmp_path / "straight", "two", **keys), nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "two"
+    r = _run(_args(tmp_path, "two", **keys), nproc=2, kill_at=KILL_AT, kill_rank=1)
+    assert r.returncode != 0
+    saved = checkpoint.load(run_dir)
+    assert saved["step"] == 9
+    a, b = (rank["optimizer"]["state"][0]["momentum_buffer"] for rank in saved["ranks"])
+    assert not torch.equal(a, b)  # the two processes' momenta differ after local steps
+    r = _run(_args(tmp_path, "two", **keys), nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _assert_bitwise(_weights(run_dir), _weights(tmp_path / "straight" / "runs" / "two"))
+
+
 # -- damaged and unsafe checkpoints ---------------------------------------------------------------
 
 
