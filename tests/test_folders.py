@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from lbsgd import data
 from lbsgd.data.folders import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -223,3 +224,25 @@ def test_imagenet_errors(tmp_path):
     message = str(info.value)
     assert str(other / "train") in message and str(other / "val") in message
     assert "'n03'" in message and "'n04'" in message
+
+
+def test_augmentation_is_fixed_by_the_stream_position_whatever_the_workers(cifar_dir):
+    """A sample at a given place of the run's stream gets the same crop and flip with 0 or 2
+    loader workers and when loaded again (a resume), and other places get other crops."""
+    train, _, _, _ = cifar10(cifar_dir[0])
+    n = len(train)
+    idx = torch.arange(n).repeat(4)  # every image at 4 places of the stream
+    seeds = data.sample_seeds(7, torch.arange(len(idx)))
+    batches = list(idx.split(5)), list(seeds.split(5))
+
+    def load(workers):
+        return torch.cat(
+            [x for x, _ in data.batches(train, *batches[:1], workers, seeds=batches[1])]
+        )
+
+    once, again, parallel = load(0), load(0), load(2)
+    assert torch.equal(once, again) and torch.equal(once, parallel)
+    views = once.view(4, n, *once.shape[1:])  # the 4 places of each image differ
+    assert (
+        sum(not torch.equal(views[0, i], views[j, i]) for i in range(n) for j in (1, 2, 3)) >= 2 * n
+    )
