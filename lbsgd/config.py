@@ -153,7 +153,10 @@ class Config:
     resume: bool = _run(False, "continue the run in out_dir/study/name from its last checkpoint")
     eval_every: int = _run(1, "evaluate every this many epochs (0: only at the end)")
     log_every: int = _run(10, "optimizer steps between metric flushes (one collective per flush)")
-    checkpoint: bool = _run(True, "write checkpoint.pt at every epoch and at the end")
+    checkpoint: bool = _run(
+        True,
+        "write checkpoint.pt (previous one kept as checkpoint.prev.pt) every epoch and at the end",
+    )
     checkpoint_every: int = _run(
         0, "also write checkpoint.pt every this many optimizer steps (0: epochs and end only)"
     )

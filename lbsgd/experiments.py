@@ -3,10 +3,15 @@
 A study (one notebook) describes its runs as flat dicts of config keys and hands them to
 :func:`sweep`, which
 
-- validates every run's config first (bad input stops the sweep before anything starts),
+- validates every run's config first, with the launch parameters, the data directories, the
+  process layout and the run directories (bad input stops the sweep with one line before anything
+  starts, and no file is touched; a finished run of other experiment keys under the same name is
+  refused, not skipped),
 - skips runs already complete in ``out_dir/study/`` and copies an identical run (same experiment
   keys) completed by another study instead of training it again,
 - starts each remaining run as ``python -m torch.distributed.run … -m lbsgd train key=value …``
+  with ``resume=true`` (a stopped run continues from its checkpoint) and ``--max-restarts``
+  ``max_restarts`` (torchrun restarts a group that lost a worker; the group resumes)
   (a one-process run as ``python -m lbsgd train key=value …``: the same trainer, without the
   agent's few seconds of start-up)
   (worker code never lives in a notebook), ``parallel`` at a time, with the output of each in
@@ -39,7 +44,7 @@ from lbsgd.config import Config
 from lbsgd.tracking import flatten
 
 DONE = ("completed", "diverged")  # statuses that end a run for good
-COPY_IGNORE = shutil.ignore_patterns("checkpoint.pt", ".checkpoint.pt.tmp", "wandb")
+COPY_IGNORE = shutil.ignore_patterns("checkpoint*.pt", ".checkpoint.pt.tmp", "wandb")
 
 
 class RunFailed(RuntimeError):
@@ -148,6 +153,7 @@ def sweep(
     from lbsgd import trainer  # torch: imported once the cheap checks have passed
 
     for c in cfgs:  # data directories, process layout, run directories: read only
+        config.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
         trainer.check(c, nproc_per_node * nnodes, nproc_per_node)
         trainer.check_run_dir(c)  # a finished run of other experiment keys is not "done"
     study_dir = Path(out_dir) / study

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,7 +28,11 @@ from lbsgd.precision import Precision
 from lbsgd.schedules import learning_rate
 from lbsgd.tracking import Tracker
 
-STATUS_EXIT_CODE = {"completed": 0, "diverged": 3}
+STATUS_EXIT_CODE = {"completed": 0, "diverged": 3, "interrupted": 143}
+# Asked to stop (a scheduler's pre-emption or time limit: SLURM sends SIGTERM, or the signal of
+# --signal=USR1@90; torchrun's agent passes its own SIGTERM on to the workers): the processes agree
+# on a step at the next metric flush, write a checkpoint there and exit with "interrupted".
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def check(cfg: Config, world_size: int | None = None, local_world_size: int | None = None) -> None:
@@ -199,15 +204,34 @@ class _Run:
         }
         self._write_summary()
         status = "failed"
+        handlers = self._catch_stop_signals()
         try:
             status = self._loop(start_step, t_start)
         finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
             self.summary["status"] = status
             self._write_summary()
             if self.tracker is not None:
                 self.tracker.summary(self.summary)
                 self.tracker.close(exit_code=STATUS_EXIT_CODE.get(status, 1))
         return self.summary
+
+    def _catch_stop_signals(self) -> dict:
+        """Record STOP_SIGNALS instead of dying of them; returns the handlers they replace."""
+        self.stop_signal: str | None = None  # set by the handler, acted on at the next flush
+        self.stop_agreed = False
+
+        def record(signum, frame):
+            self.stop_signal = signal.Signals(signum).name
+
+        handlers = {}
+        try:
+            for sig in STOP_SIGNALS:
+                handlers[sig] = signal.signal(sig, record)
+        except ValueError:  # not the main thread: leave signals to whoever owns it
+            pass
+        return handlers
 
     def _announce(self, d, start_step: int) -> None:
         cfg = self.cfg
@@ -296,6 +320,7 @@ class _Run:
                     status = "diverged"
                     self.summary["steps"] = done
                     break
+            saved = False
             if epoch_end or last:
                 t0 = time.perf_counter()
                 if self.local_sgd is not None:
@@ -305,6 +330,7 @@ class _Run:
                     self._evaluate(done)
                 if cfg.checkpoint:
                     self._save(done)
+                    saved = True
                 t_other += time.perf_counter() - t0
                 t_window += time.perf_counter() - t0
             elif (
@@ -315,9 +341,22 @@ class _Run:
             ):
                 t0 = time.perf_counter()
                 self._save(done)
+                saved = True
                 t_other += time.perf_counter() - t0
                 t_window += time.perf_counter() - t0
             self.summary["steps"] = done
+            if self.stop_agreed and not last:
+                status = "interrupted"
+                exact = self.local_sgd is None or self.local_sgd.in_sync(step)
+                if cfg.checkpoint and not saved and exact:
+                    self._save(done)
+                    saved = True
+                if ctx.is_main:
+                    where = "checkpoint written" if saved else "no checkpoint written here"
+                    print(f"lbsgd: asked to stop ({self.stop_signal or 'another process'}): "
+                          f"stopped after step {done}, {where}; resume=true continues",
+                          flush=True)  # fmt: skip
+                break
         bar.close()
         train_time = time.perf_counter() - t_loop - t_other
         steps_run = self.summary["steps"] - start_step
@@ -334,9 +373,12 @@ class _Run:
         return status
 
     def _flush(self, pending, img_per_s: float, bar) -> bool:
-        """Average the pending losses over ranks (one collective) and log them; False if any is not
-        finite."""
-        losses = distributed.all_reduce_mean(torch.stack([p[2] for p in pending])).cpu().tolist()
+        """Average the pending losses over ranks and log them; False if any is not finite. The
+        same collective tells every rank whether any was asked to stop (``stop_agreed``)."""
+        asked = torch.tensor(float(self.stop_signal is not None), device=pending[0][2].device)
+        values = torch.stack([*(p[2] for p in pending), asked])
+        *losses, anyone = distributed.all_reduce_mean(values).cpu().tolist()
+        self.stop_agreed = anyone > 0
         b, n = self.cfg.batch_size, self.d.num_train
         if self.tracker is not None:
             for (step, lr, _, scale), loss in zip(pending, losses, strict=True):

@@ -11,9 +11,11 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,6 +183,59 @@ def test_local_sgd_momentum_of_every_process_survives_a_kill(tmp_path):
     r = _run(_args(tmp_path, "two", **keys), nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
     _assert_bitwise(_weights(run_dir), _weights(tmp_path / "straight" / "runs" / "two"))
+
+
+def _popen(args, nproc=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if nproc:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+               f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{_port()}", "-m", "lbsgd", "train", *args]  # fmt: skip
+    else:
+        cmd = [sys.executable, "-m", "lbsgd", "train", *args]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+
+
+@pytest.mark.parametrize("nproc", [None, 2], ids=["one_process", "torchrun_two_processes"])
+def test_sigterm_stops_at_an_agreed_step_with_a_checkpoint_and_resume_is_bitwise(tmp_path, nproc):
+    """A scheduler's pre-emption: SIGTERM to the process (to torchrun's agent, which passes it on
+    to its workers). The run stops at the next metric flush, on the same step in every process,
+    writes a checkpoint there (here mid-epoch: only epoch checkpoints otherwise) and says so."""
+    keys = {"epochs": 10, "checkpoint_every": 0}  # 80 steps, flushes every 2
+    straight = _popen(_args(tmp_path / "straight", "run", **keys), nproc)
+    assert straight.wait(timeout=300) == 0, straight.stdout.read()[-3000:]
+    run_dir = tmp_path / "runs" / "run"
+    proc = _popen(_args(tmp_path, "run", **keys), nproc)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until training is under way, then pre-empt it
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists() and '"kind": "eval"' in metrics.read_text():  # past epoch 1
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0
+    if nproc is None:
+        assert proc.returncode == 143
+    summary = _status(run_dir)
+    assert summary["status"] == "interrupted", out[-3000:]
+    stopped = summary["steps"]
+    assert 8 < stopped < 80 and stopped % 2 == 0  # at a flush
+    assert f"stopped after step {stopped}, checkpoint written" in out
+    assert checkpoint.load(run_dir)["step"] == stopped
+    if stopped % 8:  # mid-epoch: the stop wrote its own checkpoint
+        assert checkpoint.read(run_dir / checkpoint.PREVIOUS)["step"] == stopped // 8 * 8
+
+    resumed = _popen(_args(tmp_path, "run", **keys), nproc)
+    out = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"at step {stopped}" in out
+    final = checkpoint.read(run_dir / checkpoint.NAME)
+    want = checkpoint.read(tmp_path / "straight" / "runs" / "run" / checkpoint.NAME)
+    assert final["step"] == want["step"] == 80
+    _assert_bitwise(final["model"], want["model"])
 
 
 # -- damaged and unsafe checkpoints ---------------------------------------------------------------
