@@ -122,6 +122,48 @@ def parameter_server_hook(state, bucket):
     return _done(t)
 
 
+class PowerSGD(powerSGD_hook.PowerSGDState):
+    """torch's PowerSGD state, with what a checkpoint needs: ``memories()`` / ``load_memories()``
+    (this process's error feedback and warm-start factors, kept per DDP bucket, and the step
+    counter), and ``plain`` to make the hook a plain all-reduce (see ``rebuild_buckets``)."""
+
+    MEMORIES = ("iter", "error_dict", "p_memory_dict", "q_memory_dict")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.plain = False
+
+    def memories(self) -> dict:
+        return {k: getattr(self, k) for k in self.MEMORIES}
+
+    def load_memories(self, memories: dict) -> None:
+        for k in self.MEMORIES:
+            setattr(self, k, memories[k])
+
+
+def powersgd_hook(state, bucket):
+    """torch's PowerSGD hook, or a plain averaging all-reduce while ``state.plain``."""
+    if state.plain:
+        return default_hooks.allreduce_hook(None, bucket)
+    return powerSGD_hook.powerSGD_hook(state, bucket)
+
+
+def rebuild_buckets(ddp, state: PowerSGD, forward_backward) -> None:
+    """Lay DDP's buckets out as they are after a first step, before any state is restored.
+
+    DDP assigns gradients to buckets in parameter order at first and re-assigns them in the order
+    the backward pass produced them after its first step; PowerSGD's memories are kept per bucket
+    index. A resumed group must therefore run one step's backward before its memories are loaded,
+    or they would meet other tensors. ``forward_backward()`` runs one forward/backward that changes
+    nothing else (eval mode, gradients dropped); its all-reduce is plain, and the re-assignment
+    happens at the next forward."""
+    state.plain = True
+    try:
+        forward_backward()
+    finally:
+        state.plain = False
+
+
 def register(
     ddp: torch.nn.parallel.DistributedDataParallel,
     hook: str,
@@ -131,7 +173,7 @@ def register(
 ):
     """Install ``hook`` (one of HOOKS) on a DDP model; ``none`` keeps DDP's all-reduce.
 
-    Returns the hook's state (PowerSGD's error feedback and step counter), or None.
+    Returns the hook's state (:class:`PowerSGD`: error feedback, factors, step counter), or None.
     """
     if hook not in HOOKS:
         raise ValueError(f"comm_hook={hook!r} is not one of {', '.join(HOOKS)}")
@@ -142,14 +184,14 @@ def register(
     elif hook == "bf16":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif hook == "powersgd":
-        state = powerSGD_hook.PowerSGDState(
+        state = PowerSGD(
             process_group=None,
             matrix_approximation_rank=powersgd_rank,
             start_powerSGD_iter=max(2, warmup_steps),  # > 1: error feedback needs one plain step
             use_error_feedback=True,
             warm_start=True,
         )
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        ddp.register_comm_hook(state, powersgd_hook)
         return state
     elif hook == "hierarchical":
         topo = Topology.of(dist.get_world_size(), local_world_size)

@@ -167,15 +167,16 @@ class _Run:
         self.model = distributed.wrap(net, ctx, cfg.bucket_cap_mb, cfg.comm_hook,
                                       cfg.powersgd_rank, d.warmup_steps)  # fmt: skip
         self.comm_state = getattr(self.model, "comm_state", None)
-        if self.comm_state is not None and start_step:
-            # PowerSGD's per-process error feedback and factors are kept per DDP bucket index, and
-            # DDP lays its buckets out anew after the first step of every process group, so saved
-            # memories would meet other tensors after a resume: they restart at zero instead (the
-            # step counter continues, so compression stays on past the warmup)
-            self.comm_state.iter = start_step
-            if ctx.is_main:
-                print("lbsgd: comm_hook=powersgd resumes with fresh error feedback (not bitwise "
-                      "equal to an uninterrupted run)", flush=True)  # fmt: skip
+        if self.comm_state is not None and state is not None:
+            mine = self._rank_state(state)
+            if mine is not None and "powersgd" in mine:  # this process's memories, exactly
+                comm.rebuild_buckets(self.model, self.comm_state, self._throwaway_backward)
+                self.comm_state.load_memories(mine["powersgd"])
+            else:  # saved by another number of processes: the error feedback restarts at zero
+                self.comm_state.iter = start_step  # (compression stays on past the warmup)
+                if ctx.is_main:
+                    print("lbsgd: comm_hook=powersgd resumes with fresh error feedback (the "
+                          "checkpoint was saved by another number of processes)", flush=True)  # fmt: skip
         self.local_sgd = None
         if cfg.local_sgd and ctx.world_size > 1:  # post-local SGD starts after the warmup
             self.local_sgd = comm.LocalSGD(cfg.local_sgd, start=d.warmup_steps, step=start_step)
@@ -436,10 +437,12 @@ class _Run:
 
     def _save(self, step: int) -> None:
         """Everything step ``step`` depends on (lbsgd.checkpoint). Every rank sends its RNG states
-        and what only it holds: its momentum under local SGD."""
+        and what only it holds: its momentum under local SGD, its PowerSGD memories."""
         mine: dict[str, Any] = _rng_state(self.ctx.device)
         if self.local_sgd is not None:
             mine["optimizer"] = self.opt.state_dict()
+        if self.comm_state is not None:
+            mine["powersgd"] = self.comm_state.memories()
         ranks = distributed.all_gather_object(mine)
         if not self.ctx.is_main:
             return
@@ -493,6 +496,23 @@ class _Run:
                 note = f" (saved by {len(ranks)} processes, resumed on {self.ctx.world_size})"
             print(f"lbsgd: resuming from {state.get('file')} at step {step}{note}", flush=True)
         return step
+
+    def _throwaway_backward(self) -> None:
+        """One training forward/backward on the first micro-batch that leaves no trace: buffers
+        (BN statistics) and RNG states restored, gradients dropped. Training mode, because the
+        order in which the backward pass produces gradients is what DDP's buckets follow."""
+        x, y = next(data.batches(self.splits.train, [torch.arange(self.d.micro_batch)]))
+        fmt = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
+        x = x.to(self.ctx.device, memory_format=fmt)
+        buffers = [b.detach().clone() for b in self.net.buffers()]
+        devices = [self.ctx.device] if self.ctx.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            with self.precision.autocast():
+                loss = torch.nn.functional.cross_entropy(self.model(x), y.to(self.ctx.device))
+            loss.backward()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            torch._foreach_copy_(list(self.net.buffers()), buffers)
 
     def _rank_state(self, state: dict[str, Any]) -> dict[str, Any] | None:
         """This process's part of the checkpoint, if it was saved by as many processes."""

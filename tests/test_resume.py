@@ -167,10 +167,15 @@ def test_torchrun_restarts_a_group_after_sigkill_and_finishes_with_the_same_weig
     assert _train_steps(run_dir) == list(range(1, 17))
 
 
-def test_local_sgd_momentum_of_every_process_survives_a_kill(tmp_path):
-    """Post-local SGD past the warmup of 4 steps: each process steps with its own momentum, and
-    the checkpoint (written only where the parameters were just averaged) holds every process's."""
-    keys = {"local_sgd": 2}
+@pytest.mark.parametrize(
+    ("keys", "own"),
+    [({"local_sgd": 2}, "optimizer"), ({"comm_hook": "powersgd"}, "powersgd")],
+    ids=["local_sgd", "powersgd"],
+)
+def test_state_each_process_holds_alone_survives_a_kill(tmp_path, keys, own):
+    """Past the warmup of 4 steps, post-local SGD steps each process with its own momentum and
+    PowerSGD keeps each process's error feedback and low-rank factors: the checkpoint holds every
+    process's part, and the resumed group ends bitwise where the uninterrupted one does."""
     r = _run(_args(tmp_path / "straight", "two", **keys), nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "runs" / "two"
@@ -178,8 +183,13 @@ def test_local_sgd_momentum_of_every_process_survives_a_kill(tmp_path):
     assert r.returncode != 0
     saved = checkpoint.load(run_dir)
     assert saved["step"] == 9
-    a, b = (rank["optimizer"]["state"][0]["momentum_buffer"] for rank in saved["ranks"])
-    assert not torch.equal(a, b)  # the two processes' momenta differ after local steps
+    parts = [rank[own] for rank in saved["ranks"]]
+    if own == "optimizer":  # the two processes' momenta differ after local steps
+        a, b = (p["state"][0]["momentum_buffer"] for p in parts)
+    else:  # so do their error-feedback memories
+        assert parts[0]["iter"] == parts[1]["iter"] > 4
+        a, b = parts[0]["error_dict"][0], parts[1]["error_dict"][0]
+    assert not torch.equal(a, b)
     r = _run(_args(tmp_path, "two", **keys), nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
     _assert_bitwise(_weights(run_dir), _weights(tmp_path / "straight" / "runs" / "two"))
