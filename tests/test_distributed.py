@@ -98,6 +98,22 @@ def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_
     assert moved > 1e-2  # the weights did train: the equality is not that of untouched models
 
 
+def test_dropout_masks_do_not_depend_on_the_layout(tmp_path):
+    """AlexNet-BN's dropout draws from a generator seeded by the global micro-batch: 2 processes ×
+    micro-batch 16 and 1 process accumulating 2 × 16 drop the same units and end with the same
+    weights (without that seeding, each process's own generator gives other masks)."""
+    keys = [k for k in COMMON if not k.startswith(("model=", "bn_batch=", "base_lr="))]
+    keys += ["model=alexnet_bn", "bn_batch=8", "micro_batch=16", "base_lr=0.02"]
+    for name, nproc in (("two", 2), ("one", None)):
+        args = [*keys, f"out_dir={tmp_path}", f"name={name}"]
+        r = lbsgd(args, nproc=nproc) if nproc else lbsgd(["train", *args])
+        assert r.returncode == 0, r.stderr[-3000:]
+    two = checkpoint.load(tmp_path / "runs" / "two")["model"]
+    one = checkpoint.load(tmp_path / "runs" / "one")["model"]
+    for key, value in one.items():
+        torch.testing.assert_close(two[key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
 def _initial_weights():
     from types import SimpleNamespace
 
