@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -46,6 +47,9 @@ def environment(device: torch.device, world_size: int) -> dict[str, Any]:
         "world_size": world_size,
         "threads_per_process": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
+        "cpu_count": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),  # the cores this process may run on
     }
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
