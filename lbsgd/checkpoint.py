@@ -23,7 +23,6 @@ the files.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import warnings
 from pathlib import Path
@@ -88,10 +87,8 @@ def save(run_dir: Path, state: dict[str, Any]) -> Path:
     path, prev, tmp = run_dir / NAME, run_dir / PREVIOUS, run_dir / TMP
     state = {**state, "format": FORMAT}
     state["digest"] = digest(state)
-    buf = io.BytesIO()
-    torch.save(state, buf)
     with open(tmp, "wb") as f:
-        f.write(buf.getbuffer())
+        torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
     if path.exists():

@@ -91,18 +91,22 @@ def check_run_dir(cfg: Config) -> str:
                 f"run directory {str(run_dir)!r} already holds a run (status={status}); pass "
                 "resume=true to continue it, or choose another name= or out_dir="
             )
-        old = read_yaml(run_dir / "config.yaml")
-        new = cfg.keys_of("experiment")
-        differ = [k for k in new if k in old and _plain(old[k]) != _plain(new[k])]
-        if differ:
-            shown = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in differ)
-            raise ConfigError(f"resume=true but experiment keys differ from {run_dir}: {shown}")
+        _same_experiment(cfg, read_yaml(run_dir / "config.yaml"), str(run_dir))
         return "completed" if status == "completed" else "resume"
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(
             f"run directory {str(run_dir)!r} exists and is not empty; choose another name="
         )
     return "new"
+
+
+def _same_experiment(cfg: Config, old: dict[str, Any], where: str) -> None:
+    """Refuse to continue ``old`` (a saved config) with other experiment keys, naming each."""
+    new = cfg.keys_of("experiment")
+    differ = [k for k in new if k in old and _plain(old[k]) != _plain(new[k])]
+    if differ:
+        shown = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in differ)
+        raise ConfigError(f"resume=true but experiment keys differ from {where}: {shown}")
 
 
 def _finite(v: Any) -> Any:
@@ -137,7 +141,6 @@ class _Run:
         t_start = time.perf_counter()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        check_world(cfg, ctx.world_size, ctx.local_world_size)
         mode = _on_main(ctx, lambda: check_run_dir(cfg))
         self.run_dir = cfg.run_dir()
         if mode == "completed":
@@ -172,11 +175,11 @@ class _Run:
             if mine is not None and "powersgd" in mine:  # this process's memories, exactly
                 comm.rebuild_buckets(self.model, self.comm_state, self._throwaway_backward)
                 self.comm_state.load_memories(mine["powersgd"])
-            else:  # saved by another number of processes: the error feedback restarts at zero
+            else:  # another number of processes, or no PowerSGD then: fresh error feedback
                 self.comm_state.iter = start_step  # (compression stays on past the warmup)
                 if ctx.is_main:
                     print("lbsgd: comm_hook=powersgd resumes with fresh error feedback (the "
-                          "checkpoint was saved by another number of processes)", flush=True)  # fmt: skip
+                          "checkpoint holds no PowerSGD state for this process)", flush=True)  # fmt: skip
         self.local_sgd = None
         if cfg.local_sgd and ctx.world_size > 1:  # post-local SGD starts after the warmup
             self.local_sgd = comm.LocalSGD(cfg.local_sgd, start=d.warmup_steps, step=start_step)
@@ -277,8 +280,7 @@ class _Run:
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
         bar = tqdm(total=d.total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                    disable=not (ctx.is_main and sys.stderr.isatty()))  # fmt: skip
-        pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss) awaiting a flush
-        self.best = (math.inf, 0)
+        pending: list[tuple] = []  # (step, lr, loss tensor, loss scale) awaiting a flush
         t_other = 0.0  # seconds spent in evaluation and checkpoints (not training throughput)
         t_loop = t_window = time.perf_counter()
         status = "completed"
@@ -523,17 +525,13 @@ class _Run:
 
 
 def _check_checkpoint(cfg: Config, state: dict[str, Any], sampler: data.StepSampler) -> None:
-    """Refuse a checkpoint made for other mathematics, or for another train split."""
-    old = state.get("config", {})
-    new = cfg.keys_of("experiment")
-    differ = [k for k in new if k in old and _plain(old[k]) != _plain(new[k])]
-    if differ:
-        shown = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in differ)
-        raise ConfigError(f"resume=true but experiment keys differ from {state['file']}: {shown}")
+    """Refuse a checkpoint made for other mathematics, or for another train split (a file
+    dataset whose folder gained or lost images: another stream of samples)."""
+    _same_experiment(cfg, state.get("config", {}), state["file"])
     saved = state.get("sampler")
-    step = int(state["step"])
     if saved is not None and (
-        state.get("num_train") != sampler.num_samples or saved != sampler.position(step)
+        state.get("num_train") != sampler.num_samples
+        or saved != sampler.position(int(state["step"]))
     ):
         raise ConfigError(
             f"checkpoint {state['file']!r} was made on a train split of {state.get('num_train')} "

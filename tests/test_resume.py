@@ -22,7 +22,9 @@ import pytest
 import torch
 
 from lbsgd import checkpoint
-from lbsgd.trainer import train
+from lbsgd.config import ConfigError
+from lbsgd.data import StepSampler
+from lbsgd.trainer import _check_checkpoint, train
 
 pytestmark = pytest.mark.slow
 
@@ -339,3 +341,16 @@ def test_resume_falls_back_past_a_truncated_newest_checkpoint(tiny):
     _assert_bitwise(
         checkpoint.load(run_dir)["model"], checkpoint.load(reference.run_dir())["model"]
     )
+
+
+def test_resume_is_refused_when_the_train_split_changed(tiny):
+    """A file dataset's folder that gained or lost images: the checkpoint's sampler position does
+    not exist in the new stream, so the resume is refused with one line before any work."""
+    cfg = tiny(name="grown", epochs=0.5)
+    train(cfg)
+    state = checkpoint.load(cfg.run_dir())
+    grown = StepSampler(state["num_train"] + 8, cfg.batch_size, 16, 0, 1, cfg.seed, 100)
+    with pytest.raises(ConfigError, match="train split of 512 samples, this run's has 520"):
+        _check_checkpoint(cfg, state, grown)
+    same = StepSampler(state["num_train"], cfg.batch_size, 16, 0, 1, cfg.seed, 100)
+    _check_checkpoint(cfg, state, same)  # the unchanged split is accepted

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from lbsgd.config import ConfigError
 from lbsgd.data import folders, synthetic
 from lbsgd.data.sampler import StepSampler, permutation
 from lbsgd.registry import Registry
@@ -43,8 +44,6 @@ register_dataset = DATASETS.register
 def check(cfg) -> None:
     """What can be checked of the dataset before any work starts: the layout of a file dataset's
     data_dir (one-line ConfigError naming data_dir and what is expected there)."""
-    from lbsgd.config import ConfigError
-
     if cfg.dataset not in DATASETS:
         raise ConfigError(DATASETS.unknown_message(cfg.dataset))
     try:
