@@ -107,3 +107,52 @@ def test_convert_keeps_parameters_buffers_and_state_dict_keys():
 def test_micro_batch_that_is_not_a_multiple_of_bn_batch_is_refused():
     with pytest.raises(RuntimeError, match="micro-batch of 6 is not a multiple of bn_batch=4"):
         make(3, 4)(torch.randn(6, 3, 2, 2))
+
+
+def test_channels_last_stays_channels_last_through_forward_and_backward():
+    # the next convolution's fast path needs its input channels_last; so does the previous one's
+    # gradient (Goyal's n = 32 inside a micro-batch of 4 groups)
+    bn = make(6, 4)
+    x = torch.randn(16, 6, 5, 5).contiguous(memory_format=torch.channels_last).requires_grad_()
+    y = bn(x)
+    assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+    y.backward(torch.randn_like(y))
+    assert x.grad.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+def test_grouped_kernels_equal_the_folded_formulation_used_under_compile(fmt):
+    n, c, g = 4, 5, 3
+    x = torch.randn(g * n, c, 3, 3).contiguous(memory_format=fmt)
+    upstream = torch.randn(g * n, c, 3, 3)
+    results = []
+    for fn in (ghost_bn._GroupedBatchNorm.apply, ghost_bn._folded):
+        bn = make(c, n)
+        xi = x.clone().requires_grad_()
+        stats = torch.zeros(2, g, c)
+        y = fn(xi, bn.weight, bn.bias, stats, n, bn.eps)
+        y.backward(upstream)
+        results.append((y.detach(), stats, xi.grad, bn.weight.grad, bn.bias.grad))
+    for eager, folded in zip(*results, strict=True):
+        torch.testing.assert_close(eager, folded, rtol=1e-5, atol=1e-5)
+    # the statistics are the groups' means and unbiased variances
+    ref = x.reshape(g, n, c, 9).transpose(1, 2).reshape(g, c, n * 9)
+    torch.testing.assert_close(results[0][1][0], ref.mean(-1))
+    torch.testing.assert_close(results[0][1][1], ref.var(-1, unbiased=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_activations_with_fp32_parameters_match_the_per_group_reference(dtype):
+    # under autocast BN sees half-precision activations and the fp32 master parameters
+    n, c = 8, 4
+    bn = make(c, n)
+    x = torch.randn(3 * n, c, 4, 4).to(dtype).requires_grad_()
+    y = bn(x)
+    assert y.dtype == dtype
+    ref = torch.cat([F.batch_norm(p.float(), None, None, bn.weight, bn.bias, True, 0.0, bn.eps)
+                     for p in x.detach().split(n)])  # fmt: skip
+    torch.testing.assert_close(
+        y.float(), ref, rtol=0, atol=2e-2 if dtype == torch.bfloat16 else 3e-3
+    )
+    y.float().sum().backward()
+    assert x.grad.dtype == dtype and bn.weight.grad.dtype == torch.float32

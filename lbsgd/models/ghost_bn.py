@@ -8,9 +8,14 @@ so a run with batch 65536 and n = 32 has the same mathematics on 1 process accum
 micro-batches of 32, on 1 process with micro-batches of 256 (8 groups each), or on 2048 processes.
 
 Training-mode forward: the micro-batch of m = g·n samples (g groups of consecutive samples) is
-normalised group by group. The groups are folded into channels, ``(g·n, C, …) → (n, g·C, …)``, so
-one native ``batch_norm`` call computes all g·C statistics (with γ and β repeated g times); for
-g = 1 no copy is made. Evaluation uses the running statistics as usual.
+normalised group by group, each group by one native ``native_batch_norm`` call on its contiguous
+slice of the micro-batch, written straight into its slice of one output tensor (and, backwards, of
+one input gradient): no copy of the activations, and a channels_last input (each slice of which is
+itself channels_last) gives a channels_last output, so the next convolution stays on its fast path.
+With momentum 1 the "running" arguments of each call are outputs: the group's mean and unbiased
+variance, computed by the kernel that normalises. g = 1 is one plain ``F.batch_norm`` call; under
+``torch.compile`` the groups are folded into channels, ``(g·n, C, …) → (n, g·C, …)``, which the
+compiler fuses. Evaluation uses the running statistics as usual.
 
 Running statistics (the decision this module makes, so that the layout never shows):
 every group's mean and unbiased variance are summed during the forward passes of an optimizer
@@ -45,8 +50,9 @@ class GhostBatchNorm(_BatchNorm):
             raise ValueError(f"bn_batch={group_size} must be >= 1")
         self.group_size = group_size
         # Sums over the groups seen since the last commit (not saved: zero at every step boundary)
-        self.register_buffer("group_mean_sum", torch.zeros(num_features), persistent=False)
-        self.register_buffer("group_var_sum", torch.zeros(num_features), persistent=False)
+        # (group_mean_sum, group_var_sum) rows: one tensor, so one kernel adds a forward's groups
+        self.register_buffer("group_sums", torch.zeros(2, num_features), persistent=False)
+        self._stats: Tensor | None = None
 
     def _check_input_dim(self, x: Tensor) -> None:
         if x.dim() < 2:
@@ -60,25 +66,96 @@ class GhostBatchNorm(_BatchNorm):
         if not self.training:
             return super().forward(x)
         n, c = self.group_size, self.num_features
-        batch = x.shape[0]
-        if batch % n:
-            raise RuntimeError(f"micro-batch of {batch} is not a multiple of bn_batch={n}")
-        g = batch // n
-        rest = x.shape[2:]
-        xg = x if g == 1 else x.reshape(g, n, c, *rest).transpose(0, 1).reshape(n, g * c, *rest)
-        # momentum=1 turns the "running" arguments into outputs: the group means and unbiased
-        # variances, computed by the same kernel that normalises.
-        mean = torch.zeros(g * c, device=x.device, dtype=torch.float32)
-        var = torch.ones(g * c, device=x.device, dtype=torch.float32)
-        weight = self.weight if g == 1 or self.weight is None else self.weight.repeat(g)
-        bias = self.bias if g == 1 or self.bias is None else self.bias.repeat(g)
-        y = F.batch_norm(xg, mean, var, weight, bias, True, 1.0, self.eps)
-        if g > 1:
-            y = y.reshape(n, g, c, *rest).transpose(0, 1).reshape(batch, c, *rest)
-        with torch.no_grad():  # .add_ on the buffer itself: no Module.__setattr__ per forward
-            self.group_mean_sum.add_(mean if g == 1 else mean.view(g, c).sum(0))
-            self.group_var_sum.add_(var if g == 1 else var.view(g, c).sum(0))
+        if x.shape[0] % n:
+            raise RuntimeError(f"micro-batch of {x.shape[0]} is not a multiple of bn_batch={n}")
+        g = x.shape[0] // n
+        stats = self._scratch(g, x.device)  # (2, g, C): each group's mean and unbiased variance
+        if g == 1:
+            y = F.batch_norm(
+                x, stats[0, 0], stats[1, 0], self.weight, self.bias, True, 1.0, self.eps
+            )
+        elif torch.compiler.is_compiling():
+            y = _folded(x, self.weight, self.bias, stats, n, self.eps)
+        else:
+            y = _GroupedBatchNorm.apply(x, self.weight, self.bias, stats, n, self.eps)
+        with torch.no_grad():  # in place on the buffer: no Module.__setattr__ per forward
+            self.group_sums.add_(stats[:, 0] if g == 1 else stats.sum(1))
         return y
+
+    def _scratch(self, groups: int, device: torch.device) -> Tensor:
+        """Where the kernels write the group statistics: allocated once per group count and
+        reused (momentum 1 overwrites it; zeros at first, so no 0 · garbage = NaN)."""
+        t = self._stats
+        if t is None or t.shape[1] != groups or t.device != device:
+            t = self._stats = torch.zeros(2, groups, self.num_features, device=device)
+        return t
+
+    @property
+    def group_mean_sum(self) -> Tensor:
+        return self.group_sums[0]
+
+    @property
+    def group_var_sum(self) -> Tensor:
+        return self.group_sums[1]
+
+
+def _folded(x: Tensor, weight, bias, stats: Tensor, n: int, eps: float) -> Tensor:
+    """Ghost BN as one batch_norm over g·C channels (copies through transposes; for compilers)."""
+    batch, c, rest = x.shape[0], x.shape[1], x.shape[2:]
+    g = batch // n
+    xg = x.reshape(g, n, c, *rest).transpose(0, 1).reshape(n, g * c, *rest)
+    mean, var = torch.zeros(g * c, device=x.device), torch.ones(g * c, device=x.device)
+    w = None if weight is None else weight.repeat(g)
+    b = None if bias is None else bias.repeat(g)
+    y = F.batch_norm(xg, mean, var, w, b, True, 1.0, eps)
+    stats.copy_(torch.stack([mean.view(g, c), var.view(g, c)]))
+    return y.reshape(n, g, c, *rest).transpose(0, 1).reshape(batch, c, *rest)
+
+
+def _memory_format(x: Tensor) -> torch.memory_format:
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last if not x.is_contiguous() else torch.contiguous_format
+    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d if not x.is_contiguous() else torch.contiguous_format
+    return torch.contiguous_format
+
+
+class _GroupedBatchNorm(torch.autograd.Function):
+    """One native batch-norm kernel per group of n samples, forward and backward, each reading
+    and writing its own slice of shared tensors (no gather, no concatenation)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, stats, n, eps):  # noqa: D102
+        x = x.contiguous(memory_format=_memory_format(x))
+        g = x.shape[0] // n
+        y = torch.empty_like(x)
+        save = torch.empty(2, g, x.shape[1], device=x.device, dtype=torch.float32)
+        # views made once per call (split/unbind), not per group: the loop is the hot path
+        outs = zip(y.split(n), save[0].unbind(), save[1].unbind(), strict=True)
+        groups = zip(x.split(n), stats[0].unbind(), stats[1].unbind(), strict=True)
+        for (xi, mean, var), out in zip(groups, outs, strict=True):
+            torch.native_batch_norm(xi, weight, bias, mean, var, True, 1.0, eps, out=out)
+        ctx.save_for_backward(x, weight, save)
+        ctx.n, ctx.eps = n, eps
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):  # noqa: D102
+        x, weight, save = ctx.saved_tensors
+        n, g = ctx.n, save.shape[1]
+        grad_y = grad_y.contiguous(memory_format=_memory_format(x))
+        mask = [True, weight is not None, weight is not None]
+        parts = zip(grad_y.split(n), x.split(n), save[0].unbind(), save[1].unbind(), strict=True)
+        grads = [torch.ops.aten.native_batch_norm_backward(gy, xi, weight, None, None, mean,
+                                                           invstd, True, ctx.eps, mask)
+                 for gy, xi, mean, invstd in parts]  # fmt: skip
+        # (the out= variant of the backward computes, then copies: one cat is one copy)
+        grad_x = torch.cat([gi[0] for gi in grads]).contiguous(memory_format=_memory_format(x))
+        if weight is None:
+            return grad_x, None, None, None, None, None
+        grad_w = torch.stack([gi[1] for gi in grads]).sum(0)
+        grad_b = torch.stack([gi[2] for gi in grads]).sum(0)
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 def convert(model: nn.Module, group_size: int) -> nn.Module:
@@ -121,14 +198,16 @@ class RunningStats:
         self.by_momentum: dict[float, list[GhostBatchNorm]] = {}
         for m in modules:
             self.by_momentum.setdefault(float(m.momentum), []).append(m)
-        self.sums = [t for m in modules for t in (m.group_mean_sum, m.group_var_sum)]
+        self.modules = modules
+        self.sums = [m.group_sums for m in modules]
 
     def commit(self) -> None:
         if not self.sums:
             return
         if self.all_reduce_sum is not None:  # one collective for the whole network
-            flat = self.all_reduce_sum(torch.cat(self.sums))
-            torch._foreach_copy_(self.sums, list(flat.split([t.numel() for t in self.sums])))
+            flat = self.all_reduce_sum(torch.cat([t.flatten() for t in self.sums]))
+            parts = flat.split([t.numel() for t in self.sums])
+            torch._foreach_copy_(self.sums, [p.view_as(t) for p, t in zip(parts, self.sums)])
         with torch.no_grad():
             for momentum, mods in self.by_momentum.items():
                 keep = (1.0 - momentum) ** self.groups  # G sequential updates with the average
@@ -138,3 +217,7 @@ class RunningStats:
                 torch._foreach_add_(running, sums, alpha=(1.0 - keep) / self.groups)
                 torch._foreach_add_([m.num_batches_tracked for m in mods], 1)
             torch._foreach_zero_(self.sums)
+            # a non-finite statistic would survive momentum 1 (0 · inf = NaN): start clean
+            scratch = [m._stats for m in self.modules if m._stats is not None]
+            if scratch:
+                torch._foreach_zero_(scratch)
