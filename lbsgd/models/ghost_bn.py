@@ -65,7 +65,7 @@ class GhostBatchNorm(_BatchNorm):
         self._check_input_dim(x)
         if not self.training:
             return super().forward(x)
-        n, c = self.group_size, self.num_features
+        n = self.group_size
         if x.shape[0] % n:
             raise RuntimeError(f"micro-batch of {x.shape[0]} is not a multiple of bn_batch={n}")
         g = x.shape[0] // n
@@ -142,7 +142,7 @@ class _GroupedBatchNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):  # noqa: D102
         x, weight, save = ctx.saved_tensors
-        n, g = ctx.n, save.shape[1]
+        n = ctx.n
         grad_y = grad_y.contiguous(memory_format=_memory_format(x))
         mask = [True, weight is not None, weight is not None]
         parts = zip(grad_y.split(n), x.split(n), save[0].unbind(), save[1].unbind(), strict=True)
@@ -207,7 +207,9 @@ class RunningStats:
         if self.all_reduce_sum is not None:  # one collective for the whole network
             flat = self.all_reduce_sum(torch.cat([t.flatten() for t in self.sums]))
             parts = flat.split([t.numel() for t in self.sums])
-            torch._foreach_copy_(self.sums, [p.view_as(t) for p, t in zip(parts, self.sums)])
+            torch._foreach_copy_(
+                self.sums, [p.view_as(t) for p, t in zip(parts, self.sums, strict=True)]
+            )
         with torch.no_grad():
             for momentum, mods in self.by_momentum.items():
                 keep = (1.0 - momentum) ** self.groups  # G sequential updates with the average
