@@ -129,7 +129,11 @@ class Config:
         0, "post-local SGD: after the warmup, average parameters every this many steps; 0 = off"
     )
     # --- hardware keys --------------------------------------------------------------------------
-    micro_batch: int | None = _hw(None, "samples per process per forward/backward; null = bn_batch")
+    micro_batch: int | Literal["auto"] | None = _hw(
+        None,
+        "samples per process per forward/backward; null = bn_batch; auto = the largest multiple "
+        "of bn_batch dividing the per-process share that fits the device (probed; see README)",
+    )
     workers: int = _hw(0, "DataLoader worker processes for file datasets (0: in the main process)")
     bucket_cap_mb: float = _hw(25.0, "DDP gradient bucket size in MB (tensor fusion)")
     comm_hook: Literal["none", "fp16", "bf16", "powersgd", "hierarchical", "parameter_server"] = (
@@ -143,6 +147,15 @@ class Config:
     channels_last: bool = _hw(False, "channels_last memory format for model and inputs")
     compile: bool = _hw(False, "torch.compile the model")
     device: Literal["auto", "cpu", "cuda"] = _hw("auto", "auto: cuda when available, else cpu")
+    backend: Literal["auto", "nccl", "gloo"] = _hw(
+        "auto",
+        "process group: auto (nccl on cuda, gloo on cpu); gloo on cuda lets processes share a GPU",
+    )
+    deterministic: bool = _hw(
+        False,
+        "deterministic algorithms (torch.use_deterministic_algorithms, cuBLAS workspace): bitwise "
+        "repeatable GPU runs, slower; CPU runs are deterministic either way",
+    )
     threads: int = _hw(0, "torch intra-op threads per process; 0 = torch's default")
     # --- run keys -------------------------------------------------------------------------------
     out_dir: str = _run("results", "results root; the run lives in out_dir/study/name")
@@ -263,12 +276,17 @@ def _check(c: Config) -> None:
         c.batch_size % c.bn_batch == 0,
         f"batch_size={c.batch_size} is not a multiple of bn_batch={c.bn_batch}",
     )
-    mb = c.micro_batch if c.micro_batch is not None else c.bn_batch
-    need(mb > 0, f"micro_batch={c.micro_batch} must be a positive integer (or null)")
-    need(mb % c.bn_batch == 0, f"micro_batch={mb} is not a multiple of bn_batch={c.bn_batch}")
+    if c.micro_batch != "auto":
+        mb = c.micro_batch if c.micro_batch is not None else c.bn_batch
+        need(mb > 0, f"micro_batch={c.micro_batch} must be a positive integer, auto or null")
+        need(mb % c.bn_batch == 0, f"micro_batch={mb} is not a multiple of bn_batch={c.bn_batch}")
+        need(
+            c.batch_size % mb == 0,
+            f"batch_size={c.batch_size} is not a multiple of micro_batch={mb}",
+        )
     need(
-        c.batch_size % mb == 0,
-        f"batch_size={c.batch_size} is not a multiple of micro_batch={mb}",
+        not (c.backend == "nccl" and c.device == "cpu"),
+        "backend=nccl needs GPUs, not device=cpu (valid with device=cpu: auto, gloo)",
     )
     if c.dataset in ("cifar10", "imagenet"):
         need(c.data_dir is not None, f"data_dir is required for dataset={c.dataset}")
@@ -449,34 +467,61 @@ def _nearest(x: float) -> int:
     return int(math.floor(x + 0.5))  # round half up: no banker's rounding of iteration counts
 
 
-def micro_batch(c: Config) -> int:
+def micro_batch(c: Config, world_size: int = 1) -> int:
+    """The micro-batch of a fixed ``micro_batch`` key; for ``auto``, the largest candidate (the
+    probe in lbsgd.trainer picks among :func:`micro_batch_candidates` on a device)."""
+    if c.micro_batch == "auto":
+        return micro_batch_candidates(c, world_size)[0]
     return c.micro_batch if c.micro_batch is not None else c.bn_batch
 
 
-def check_world(c: Config, world_size: int, local_world_size: int | None = None) -> int:
-    """Accumulation steps for this world size, or one line saying why the mapping is impossible."""
+def micro_batch_candidates(c: Config, world_size: int) -> list[int]:
+    """Multiples of bn_batch that divide the per-process share batch_size / world_size, largest
+    first (empty when the share is not a multiple of bn_batch)."""
+    if c.batch_size % world_size:
+        return []
+    share = c.batch_size // world_size
+    return [m for m in range(share, 0, -1) if m % c.bn_batch == 0 and share % m == 0]
+
+
+def check_world(
+    c: Config, world_size: int, local_world_size: int | None = None, micro: int | None = None
+) -> int:
+    """Accumulation steps for this world size (and micro-batch ``micro``, the key's by default),
+    or one line saying why the mapping is impossible."""
     if c.comm_hook == "hierarchical" and local_world_size and world_size % local_world_size:
         raise ConfigError(
             f"comm_hook=hierarchical needs the same number of processes on every node: "
             f"world_size={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_world_size}"
         )
-    per_step = world_size * micro_batch(c)
+    if micro is None and c.micro_batch == "auto":
+        if not micro_batch_candidates(c, world_size):
+            raise ConfigError(
+                f"micro_batch=auto: batch_size={c.batch_size} is not a multiple of world_size * "
+                f"bn_batch = {world_size} * {c.bn_batch} = {world_size * c.bn_batch}"
+            )
+        micro = micro_batch(c, world_size)
+    m = micro if micro is not None else micro_batch(c)
+    per_step = world_size * m
     if c.batch_size % per_step:
         raise ConfigError(
             f"batch_size={c.batch_size} is not a multiple of world_size * micro_batch = "
-            f"{world_size} * {micro_batch(c)} = {per_step}"
+            f"{world_size} * {m} = {per_step}"
         )
     return c.batch_size // per_step
 
 
-def derive(c: Config, world_size: int, num_train: int) -> Derived:
-    accum = check_world(c, world_size)
+def derive(c: Config, world_size: int, num_train: int, micro: int | None = None) -> Derived:
+    """``micro``: the micro-batch chosen for ``micro_batch=auto`` (the largest candidate if None)."""
+    if micro is None:
+        micro = micro_batch(c, world_size)
+    accum = check_world(c, world_size, micro=micro)
     ratio = c.batch_size / c.reference_batch
     scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[c.lr_scaling]
     spe = num_train / c.batch_size
     return Derived(
         world_size=world_size,
-        micro_batch=micro_batch(c),
+        micro_batch=micro,
         accum_steps=accum,
         num_train=num_train,
         steps_per_epoch=spe,

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from lbsgd import comm
+from lbsgd.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -38,26 +39,54 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
-def init(device: str = "auto", timeout_s: float = 600.0) -> Context:
+def resolve(device: str = "auto", backend: str = "auto") -> tuple[str, str]:
+    """(device type, process-group backend) that ``device`` and ``backend`` mean on this machine."""
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    kind = "cuda" if use_cuda else "cpu"
+    if backend == "auto":
+        backend = "nccl" if use_cuda else "gloo"
+    return kind, backend
+
+
+def check_layout(device: str, backend: str, local_world_size: int) -> None:
+    """One line (ConfigError) for a process layout this machine cannot run, before any work:
+    CUDA asked for and absent, NCCL without GPUs, more processes per node than GPUs (NCCL needs
+    a GPU per process; gloo lets processes share one)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but torch sees no CUDA device (valid here: auto, cpu)")
+    kind, backend = resolve(device, backend)
+    if backend == "nccl" and kind != "cuda":
+        raise ConfigError(
+            "backend=nccl needs CUDA devices and torch sees none (valid here: auto, gloo)"
+        )
+    gpus = torch.cuda.device_count() if kind == "cuda" else 0
+    if kind == "cuda" and backend == "nccl" and local_world_size > gpus:
+        raise ConfigError(
+            f"{local_world_size} processes per node but {gpus} visible GPU(s): NCCL needs one GPU "
+            f"per process (valid: --nproc-per-node <= {gpus}, or backend=gloo to share GPUs, "
+            "or device=cpu)"
+        )
+
+
+def init(device: str = "auto", timeout_s: float = 600.0, backend: str = "auto") -> Context:
     """Join torchrun's process group when launched by it; otherwise a world of one."""
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device='cuda' but torch sees no CUDA device (valid here: auto, cpu)")
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
+    check_layout(device, backend, local_world_size)
+    kind, backend = resolve(device, backend)
+    if kind == "cuda":  # processes beyond the GPU count share them round-robin (gloo only)
+        dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
     else:
         dev = torch.device("cpu")
     if "RANK" in os.environ and not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(
-            backend="nccl" if use_cuda else "gloo",
+            backend=backend,
             timeout=timeout,
-            device_id=dev if use_cuda else None,
+            device_id=dev if backend == "nccl" else None,
             **_attempt_store(rank, world_size, timeout),
         )
     return Context(rank, world_size, local_rank, local_world_size, dev)

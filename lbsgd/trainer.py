@@ -45,16 +45,29 @@ def check(cfg: Config, world_size: int | None = None, local_world_size: int | No
         world_size = int(os.environ.get("WORLD_SIZE", 1))
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     check_world(cfg, world_size, local_world_size)
+    distributed.check_layout(cfg.device, cfg.backend, local_world_size or world_size)
 
 
 def train(cfg: Config) -> dict[str, Any]:
     """Train one run to the end (or until it diverges); returns its summary.json content."""
     check(cfg)
-    ctx = distributed.init(cfg.device)
+    if cfg.deterministic:
+        deterministic()
+    ctx = distributed.init(cfg.device, backend=cfg.backend)
     try:
         return _Run(cfg, ctx).run()
     finally:
         distributed.shutdown()
+
+
+def deterministic() -> None:
+    """Deterministic kernels from here on (before CUDA starts): cuBLAS needs a fixed workspace
+    (its documented setting for reproducibility), cuDNN no benchmarking and no nondeterministic
+    algorithms; an operation with no deterministic implementation raises instead of varying."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
 
 
 def _on_main(ctx: distributed.Context, fn, then_all: bool = False):
