@@ -108,6 +108,12 @@ def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> d
     return {"store": prefixed, "rank": rank, "world_size": world_size}
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (before a clock is read); nothing to wait for on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

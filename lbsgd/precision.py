@@ -34,7 +34,10 @@ class Precision:
         self.scaler = torch.amp.GradScaler(
             device.type, init_scale=loss_scale, enabled=precision == "fp16"
         )
-        self.skipped_steps = 0
+        # skipped steps counted on the device: the step never waits for the GPU to say whether
+        # it overflowed; the count is read at a metric flush (``skipped_steps``)
+        self._skipped = torch.zeros((), dtype=torch.int64, device=device)
+        self._skipped_before = 0  # restored from a checkpoint
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype is None:
@@ -46,20 +49,30 @@ class Precision:
 
     @property
     def loss_scale(self) -> float:
-        """The current loss scale (1.0 when no scaling is done)."""
+        """The current loss scale (1.0 when no scaling is done). Reads the device."""
         return self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Unscale, step unless the gradients overflowed, update the scale. True if it stepped."""
+    def loss_scale_tensor(self) -> torch.Tensor | float:
+        """The current loss scale without a host read: a copy of the device tensor (fp16), 1.0
+        otherwise. For logging at the next flush."""
+        if not self.scaler.is_enabled() or self.scaler._scale is None:
+            return self.loss_scale
+        return self.scaler._scale.detach().clone()
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped because fp16 gradients overflowed. Reads the device."""
+        return self._skipped_before + int(self._skipped.item())
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Unscale, step unless the gradients overflowed, update the scale; no host read."""
         if not self.scaler.is_enabled():
             optimizer.step()
-            return True
-        before = self.scaler.get_scale()
+            return
         self.scaler.step(optimizer)  # unscales first, skips on inf/NaN
+        before = self.scaler._scale.detach().clone()
         self.scaler.update()
-        stepped = self.scaler.get_scale() >= before  # the scale only drops after an overflow
-        self.skipped_steps += not stepped
-        return stepped
+        self._skipped += self.scaler._scale < before  # the scale only drops after an overflow
 
     def state_dict(self) -> dict:
         return {"scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps}
@@ -67,4 +80,5 @@ class Precision:
     def load_state_dict(self, state: dict) -> None:
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self._skipped_before = int(state.get("skipped_steps", 0))
+        self._skipped.zero_()

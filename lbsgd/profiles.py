@@ -128,6 +128,8 @@ PROFILES: dict[str, Profile] = {
             "epochs": 90,
             "channels_last": True,
             "workers": 4,
+            # BN groups stay at n = 32; the GPU runs the largest micro-batch that fits
+            "micro_batch": "auto",
         },  # fmt: skip
         seeds=(0, 1, 2),
         ks={"batch_scaling": (1, 2, 4, 8, 16, 32, 64, 128), "lars": (8, 32, 128)},
@@ -154,6 +156,8 @@ PROFILES: dict[str, Profile] = {
             "zero_init_residual": True,
             "channels_last": True,
             "workers": 8,
+            # BN groups stay at n = 32; the GPU runs the largest micro-batch that fits
+            "micro_batch": "auto",
         },  # fmt: skip
         seeds=(0,),
         ks={"batch_scaling": (0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256), "lars": (2, 16, 32, 64)},

@@ -21,13 +21,23 @@ import torch
 from tqdm import tqdm
 
 from lbsgd import checkpoint, comm, data, distributed, models, optim
-from lbsgd.config import Config, ConfigError, check_world, derive, dump, read_yaml
+from lbsgd.config import (
+    Config,
+    ConfigError,
+    check_world,
+    derive,
+    dump,
+    micro_batch_candidates,
+    read_yaml,
+)
 from lbsgd.environment import environment
 from lbsgd.models import ghost_bn
 from lbsgd.precision import Precision
 from lbsgd.schedules import learning_rate
 from lbsgd.tracking import Tracker
 
+# Optimizer steps timed apart as warm-up (compilation, autotuning) at the start of each process run
+TIMED_WARMUP_STEPS = 3
 STATUS_EXIT_CODE = {"completed": 0, "diverged": 3, "interrupted": 143}
 # Asked to stop (a scheduler's pre-emption or time limit: SLURM sends SIGTERM, or the signal of
 # --signal=USR1@90; torchrun's agent passes its own SIGTERM on to the workers): the processes agree
@@ -68,6 +78,68 @@ def deterministic() -> None:
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
+
+
+# micro_batch=auto on a CPU: no memory probe (running out of host memory kills the process rather
+# than raising), the largest candidate up to this many samples
+CPU_AUTO_MICRO_BATCH = 256
+# micro_batch=auto on a GPU: a candidate fits when its probe's peak memory stays under this share
+# of the device's memory (the rest: optimizer state, DDP buckets, prefetched batches, fragmentation)
+GPU_MEMORY_SHARE = 0.85
+
+
+def pick_micro_batch(cfg: Config, ctx: distributed.Context, net: torch.nn.Module, splits,
+                     precision: Precision) -> int:  # fmt: skip
+    """``micro_batch=auto``: the largest multiple of bn_batch dividing the per-process share that
+    fits the device. On CUDA each candidate, largest first, is probed with one training forward and
+    backward on random inputs of the dataset's shape, leaving no trace (buffers, RNG, gradients
+    restored); every process takes the smallest choice of all (the layout needs one micro-batch)."""
+    candidates = micro_batch_candidates(cfg, ctx.world_size)
+    if ctx.device.type != "cuda":
+        choice = next((m for m in candidates if m <= CPU_AUTO_MICRO_BATCH), candidates[-1])
+    else:
+        total = torch.cuda.get_device_properties(ctx.device).total_memory
+        choice = 0
+        for m in candidates:
+            if _probe(net, m, splits, cfg, ctx.device, precision) <= GPU_MEMORY_SHARE * total:
+                choice = m
+                break
+        if not choice:
+            raise ConfigError(
+                f"micro_batch=auto: not even micro_batch={candidates[-1]} (one BN group of "
+                f"bn_batch={cfg.bn_batch}) fits in the memory of {ctx.device}"
+            )
+    choice = -int(distributed.all_reduce_max(torch.tensor([-choice], device=ctx.device)).item())
+    if ctx.is_main:
+        print(f"lbsgd: micro_batch=auto -> {choice} (candidates {candidates})", flush=True)
+    return choice
+
+
+def _probe(net, m: int, splits, cfg: Config, device: torch.device, precision: Precision) -> float:
+    """Peak device memory (bytes) of one training forward/backward of ``m`` samples; inf when it
+    does not fit."""
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    size = splits.image_size
+    buffers = [b.detach().clone() for b in net.buffers()]
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    try:
+        with torch.random.fork_rng(devices=[device]):
+            x = torch.randn(m, 3, size, size, device=device).contiguous(memory_format=fmt)
+            y = torch.randint(0, splits.num_classes, (m,), device=device)
+            with precision.autocast():
+                loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            del x, y, loss
+        peak = float(torch.cuda.max_memory_allocated(device))
+    except torch.cuda.OutOfMemoryError:
+        peak = math.inf
+    finally:
+        net.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            torch._foreach_copy_(list(net.buffers()), buffers)
+        torch.cuda.empty_cache()
+    return peak
 
 
 def _on_main(ctx: distributed.Context, fn, then_all: bool = False):
@@ -165,12 +237,15 @@ class _Run:
         )  # the same initialisation on every rank and for every batch size
         net = models.build(cfg, splits.num_classes, splits.image_size)
         self.ghost = ghost_bn.ghost_modules(ghost_bn.convert(net, cfg.bn_batch))
-        d = derive(cfg, ctx.world_size, len(splits.train))
         net.to(ctx.device)
         if cfg.channels_last:
             net.to(memory_format=torch.channels_last)
-        opt = optim.build(cfg, net)
         self.precision = Precision(cfg.precision, ctx.device, cfg.loss_scale)
+        micro = None
+        if cfg.micro_batch == "auto":
+            micro = pick_micro_batch(cfg, ctx, net, splits, self.precision)
+        d = derive(cfg, ctx.world_size, len(splits.train), micro)
+        opt = optim.build(cfg, net)
         self.sampler = data.StepSampler(len(splits.train), cfg.batch_size, d.micro_batch, ctx.rank,
                                         ctx.world_size, cfg.seed, d.total_steps)  # fmt: skip
         start_step = 0
@@ -295,6 +370,10 @@ class _Run:
                    disable=not (ctx.is_main and sys.stderr.isatty()))  # fmt: skip
         pending: list[tuple] = []  # (step, lr, loss tensor, loss scale) awaiting a flush
         t_other = 0.0  # seconds spent in evaluation and checkpoints (not training throughput)
+        # the first TIMED_WARMUP_STEPS steps (compilation, cuDNN autotuning, allocator growth) are
+        # timed apart from the steady state: warmup_s vs img_per_s in summary.json
+        warm_until = start_step + min(TIMED_WARMUP_STEPS, d.total_steps - start_step - 1)
+        t_warm = train_time = 0.0
         t_loop = t_window = time.perf_counter()
         status = "completed"
         self.model.train()
@@ -303,11 +382,12 @@ class _Run:
             optim.set_lr(self.opt, lr)
             loss_sum = torch.zeros((), device=ctx.device)
             local = self.local_sgd is not None and self.local_sgd.local(step)
+            # randomness inside the step (dropout) drawn from a generator seeded by the global
+            # micro-batch: the same on any layout, and after a resume
+            first = (step * ctx.world_size + ctx.rank) * d.accum_steps
+            seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
             for i in range(d.accum_steps):
-                # randomness inside the step (dropout) drawn from a generator seeded by the global
-                # micro-batch: the same on any layout, and after a resume
-                g = (step * ctx.world_size + ctx.rank) * d.accum_steps + i
-                torch.manual_seed(int(data.sample_seeds(2 * cfg.seed + 1, torch.tensor([g]))[0]))
+                torch.manual_seed(int(seeds[i]))
                 x, y = next(stream)
                 x = x.to(ctx.device, non_blocking=True, memory_format=fmt)
                 y = y.to(ctx.device, non_blocking=True)
@@ -323,15 +403,22 @@ class _Run:
                 self.local_sgd.after_step(list(self.net.parameters()))
             self.opt.zero_grad(set_to_none=True)
             bn_stats.commit()  # BN running statistics of the whole global batch
-            pending.append((step + 1, lr, loss_sum / d.accum_steps, prec.loss_scale))
+            pending.append((step + 1, lr, loss_sum / d.accum_steps, prec.loss_scale_tensor()))
             done = step + 1
             bar.update(1)
+            if step + 1 == warm_until:  # one device wait, once: where the warm-up ends
+                distributed.synchronize(ctx.device)
+                t_warm = time.perf_counter() - t_loop - t_other
             epoch_end = done * b // n > step * b // n
             last = done == d.total_steps
             if len(pending) >= cfg.log_every or epoch_end or last:
+                # the device's queued work belongs to this window: wait for it before the clock
+                distributed.synchronize(ctx.device)
                 now = time.perf_counter()
+                train_time = now - t_loop - t_other  # every step so far: the last flush has all
                 finite = self._flush(pending, b * len(pending) / max(now - t_window, 1e-9), bar)
-                pending, t_window = [], time.perf_counter()
+                pending, t_window = [], now  # windows tile the training time: the flush's own
+                # host time is counted in the next window
                 if not finite:
                     status = "diverged"
                     self.summary["steps"] = done
@@ -374,14 +461,21 @@ class _Run:
                           flush=True)  # fmt: skip
                 break
         bar.close()
-        train_time = time.perf_counter() - t_loop - t_other
         steps_run = self.summary["steps"] - start_step
+        warm_steps = warm_until - start_step if self.summary["steps"] >= warm_until else 0
+        steady_s = train_time - (t_warm if warm_steps else 0.0)
+        steady_steps = steps_run - warm_steps
         self.summary.update(
             epochs=self.summary["steps"] * b / n,
             wall_time_s=time.perf_counter() - t_start,
             train_time_s=train_time,
-            img_per_s=steps_run * b / train_time if train_time > 0 else None,
-        )
+            # steady training throughput: the timed warm-up steps left out (all steps when the
+            # run is too short to have a steady part)
+            img_per_s=(steady_steps * b / steady_s if steady_steps > 0 and steady_s > 0
+                       else steps_run * b / train_time if train_time > 0 else None),
+            warmup_steps_timed=warm_steps,
+            warmup_s=t_warm if warm_steps else None,
+        )  # fmt: skip
         if status == "diverged" and ctx.is_main:
             print(
                 f"lbsgd: run diverged (non-finite loss) at step {self.summary['steps']}", flush=True
@@ -391,13 +485,16 @@ class _Run:
     def _flush(self, pending, img_per_s: float, bar) -> bool:
         """Average the pending losses over ranks and log them; False if any is not finite. The
         same collective tells every rank whether any was asked to stop (``stop_agreed``)."""
-        asked = torch.tensor(float(self.stop_signal is not None), device=pending[0][2].device)
-        values = torch.stack([*(p[2] for p in pending), asked])
-        *losses, anyone = distributed.all_reduce_mean(values).cpu().tolist()
-        self.stop_agreed = anyone > 0
+        device = pending[0][2].device
+        asked = torch.tensor(float(self.stop_signal is not None), device=device)
+        scales = [torch.as_tensor(p[3], dtype=torch.float32, device=device) for p in pending]
+        values = torch.stack([*(p[2] for p in pending), *scales, asked])
+        reduced = distributed.all_reduce_mean(values).cpu().tolist()  # the flush's one device read
+        losses, scales = reduced[: len(pending)], reduced[len(pending) : 2 * len(pending)]
+        self.stop_agreed = reduced[-1] > 0
         b, n = self.cfg.batch_size, self.d.num_train
         if self.tracker is not None:
-            for (step, lr, _, scale), loss in zip(pending, losses, strict=True):
+            for (step, lr, _, _), loss, scale in zip(pending, losses, scales, strict=True):
                 self.tracker.log({"kind": "train", "step": step, "epoch": step * b / n, "lr": lr,
                                   "loss": loss, "img_per_s": img_per_s, "loss_scale": scale},
                                  wandb=step == pending[-1][0])  # fmt: skip
