@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test lint format reproduce lab train-quickstart bench bench-comm clean
+.PHONY: setup test lint format reproduce lab train-quickstart bench bench-gpu bench-comm clean
 
 setup: $(STAMP)
 
@@ -60,6 +60,16 @@ bench: setup
 	$(VENV)/bin/lbsgd bench train --steps 300 --repeats 6 channels_last=true --out results/benchmarks/train_cpu.json
 	$(VENV)/bin/lbsgd bench recipes --samples 6400 --repeats 4 channels_last=true --out results/benchmarks/recipes_cpu.json
 	$(MAKE) bench-comm
+
+# The trainer against the bare loop on a GPU (one process, device=cuda): ResNet-50 on random
+# ImageNet-shaped images (dataset=fake, 3x224x224, 1000 classes, resident on the GPU), channels_last,
+# micro-batch 256; layouts plain BN (bn_batch 256), ghost BN (bn_batch 32) and 4 accumulated
+# micro-batches, each eager and compiled (compilation reported apart as warm-up). Written to
+# results/benchmarks/train_<gpu>.json (e.g. train_cuda_h100.json). All precisions:
+# make bench-gpu BENCH_PRECISIONS=fp32,bf16,fp16
+BENCH_PRECISIONS ?= bf16
+bench-gpu: setup
+	$(VENV)/bin/lbsgd bench train --matrix --precisions $(BENCH_PRECISIONS) --compile false,true --layouts plain,ghost_bn,accum --accum 4 --steps 50 --repeats 2 device=cuda model=resnet50 dataset=fake precision=bf16 channels_last=true micro_batch=256 bn_batch=32 batch_size=256 threads=0
 
 # All-reduce vs message size (flat and hierarchical, 2 nodes x 2 processes) and the step breakdown
 # of 1, 2, 4 gloo processes for every comm_hook and two bucket sizes; notebook 10 reads both.

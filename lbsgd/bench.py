@@ -1,28 +1,46 @@
 """``lbsgd bench train``: the trainer against a minimal hand-written PyTorch loop, same everything.
 
-Both sides train the same model (same initialisation), on the same in-memory data, with the same
-batch, micro-batch, optimizer and thread count, for the same number of optimizer steps. The bare
-loop is what a PyTorch tutorial writes: index a batch, forward, loss, backward, SGD step. The
-trainer adds the schedule, the sampler, gradient accumulation bookkeeping, metric flushes and the
-run directory. The sides alternate (bare then trainer, trainer then bare, …) so that machine load drifts
-hit both; each side's best throughput is compared (ratio = trainer / bare), and the ratio of the
-medians is printed beside it.
+Both sides train the same model (same initialisation), on the same in-memory data, on the same
+device (the ``device`` key: auto = cuda when available), with the same batch, micro-batch,
+precision, compilation, optimizer and thread count, for the same number of optimizer steps. The
+bare loop is what a PyTorch tutorial writes: index a batch, forward under autocast, loss, backward
+(through a GradScaler for fp16), SGD step; it uses plain BatchNorm over the micro-batch, so with
+ghost BN (bn_batch < micro_batch) the ratio includes ghost BN's cost against plain BN, which DESIGN
+§8 says should be about nothing. The trainer adds the schedule, the sampler, ghost BN, gradient
+accumulation bookkeeping, metric flushes and the run directory.
+
+Measured alike: the data are resident on the device for both (:func:`lbsgd.data.resident`); the
+device is waited for before every clock read; the first ``TIMED_WARMUP_STEPS`` optimizer steps
+(compilation, cuDNN and allocator warm-up) are timed apart as ``warmup_s`` and left out of the
+throughput, exactly as the trainer's summary.json does. The sides alternate (bare then trainer,
+trainer then bare, …) so that drifts in machine load hit both; each side's best throughput is
+compared (ratio = trainer / bare), and the ratio of the medians is printed beside it.
+
+``--matrix`` measures every (precision, compile, layout) variant in one process, one line each;
+layouts from the config's micro_batch m and bn_batch n: ``plain`` (batch = BN group = m),
+``ghost_bn`` (batch = m, BN groups of n < m), ``accum`` (batch = k·m, k accumulated micro-batches,
+BN over m).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import platform
+import re
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from lbsgd import config, data, models
-from lbsgd.config import Config, derive, micro_batch
+from lbsgd import config, data, distributed, models
+from lbsgd.config import Config, ConfigError, derive, micro_batch
 from lbsgd.environment import environment
+from lbsgd.trainer import TIMED_WARMUP_STEPS
 
 # The CPU default: one thread per process, the quickstart model, one micro-batch per step.
 DEFAULTS = {
@@ -41,90 +59,204 @@ DEFAULTS = {
     "eval_every": 0,
     "synthetic_test": 1000,
 }
+PRECISIONS = ("fp32", "bf16", "fp16")
+LAYOUTS = ("plain", "ghost_bn", "accum")
+_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def bare_loop(cfg: Config, splits: data.Splits, steps: int) -> float:
-    """Images per second of the plain loop over ``steps`` optimizer steps."""
+class Timing(NamedTuple):
+    img_per_s: float  # steady throughput: the warm-up steps left out
+    warmup_s: float | None  # seconds of the first TIMED_WARMUP_STEPS steps (None: none timed)
+
+
+def bench_device(cfg: Config) -> torch.device:
+    """The device both sides run on: the ``device`` key resolved (a one-line error for cuda
+    without CUDA); on CUDA the current device, as :func:`lbsgd.distributed.init` picks it."""
+    distributed.check_layout(cfg.device, cfg.backend, 1)
+    kind, _ = distributed.resolve(cfg.device, cfg.backend)
+    return (
+        torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
+    )
+
+
+def device_slug(device: torch.device) -> str:
+    """``cpu``, or ``cuda_`` and the GPU's model: "NVIDIA H100 80GB HBM3" -> ``cuda_h100``,
+    "NVIDIA GeForce RTX 4090" -> ``cuda_rtx_4090`` (vendor words dropped, words up to the first
+    one holding a digit kept)."""
+    if device.type != "cuda":
+        return device.type
+    words = [w for w in re.split(r"[^a-z0-9]+", torch.cuda.get_device_name(device).lower())
+             if w and w not in ("nvidia", "geforce", "tesla", "quadro")]  # fmt: skip
+    model = next((i for i, w in enumerate(words) if any(c.isdigit() for c in w)), len(words) - 1)
+    return "_".join(["cuda", *words[: model + 1]])
+
+
+def default_out(overrides: list[str]) -> str:
+    """``results/benchmarks/train_<device slug>.json`` for the device these keys run on."""
+    return f"results/benchmarks/train_{device_slug(bench_device(_config(overrides)[1]))}.json"
+
+
+def _timed_warmup(steps: int) -> int:
+    # the trainer's rule (lbsgd.trainer): the first steps, always leaving one steady step
+    return min(TIMED_WARMUP_STEPS, steps - 1)
+
+
+def bare_loop(cfg: Config, splits: data.Splits, steps: int, device: torch.device) -> Timing:
+    """Steady images per second of the plain loop over ``steps`` optimizer steps, and its warm-up.
+
+    The reference side deliberately shares none of lbsgd's code paths, so it builds its own
+    GradScaler (everywhere else lbsgd.precision is the only place that does).
+    """
     torch.manual_seed(cfg.seed)
-    model = models.build(cfg, splits.num_classes, splits.image_size)
+    model = models.build(cfg, splits.num_classes, splits.image_size).to(device)
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
     model.to(memory_format=fmt).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=cfg.momentum,
                           nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)  # fmt: skip
-    x_all, y_all = splits.train.tensors
+    net = torch.compile(model) if cfg.compile else model
+    dtype = _AUTOCAST[cfg.precision]
+    scaler = torch.amp.GradScaler(device.type, init_scale=cfg.loss_scale,
+                                  enabled=cfg.precision == "fp16")  # fmt: skip
+    x_all, y_all = splits.train.tensors  # on the device already when it fits (data.resident)
     mb = micro_batch(cfg)
     accum = cfg.batch_size // mb
     order = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(cfg.seed))
-    t0 = time.perf_counter()
+    order = order.to(x_all.device)  # indices where the data are: no host wait per batch
+    warm = _timed_warmup(steps)
+    distributed.synchronize(device)
+    t0 = t_warm = time.perf_counter()
     pos = 0
-    for _ in range(steps):
+    for step in range(steps):
+        if step == warm and warm:
+            distributed.synchronize(device)
+            t_warm = time.perf_counter()
         for _ in range(accum):
             if pos + mb > len(order):
                 pos = 0
             idx = order[pos : pos + mb]
             pos += mb
-            x = x_all[idx].contiguous(memory_format=fmt)
-            loss = torch.nn.functional.cross_entropy(model(x), y_all[idx]) / accum
-            loss.backward()
-        opt.step()
+            x = x_all[idx].to(device, non_blocking=True, memory_format=fmt)
+            y = y_all[idx].to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = torch.nn.functional.cross_entropy(net(x), y) / accum
+            scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
-    return steps * cfg.batch_size / (time.perf_counter() - t0)
+    distributed.synchronize(device)
+    t_end = time.perf_counter()
+    return Timing((steps - warm) * cfg.batch_size / (t_end - t_warm), t_warm - t0 if warm else None)
 
 
-def trainer_run(cfg: Config, steps: int, num_train: int, out_dir: str) -> float:
-    """Images per second of lbsgd's trainer (its own measurement: training steps only)."""
+def trainer_run(cfg: Config, steps: int, num_train: int, out_dir: str) -> Timing:
+    """Images per second of lbsgd's trainer (its own measurement: steady training steps only)."""
     from lbsgd.trainer import train
 
     epochs = steps * cfg.batch_size / num_train
     summary = train(cfg.replace(epochs=epochs, out_dir=out_dir, name=None))
-    assert summary["steps"] == steps, summary["steps"]
-    return summary["img_per_s"]
+    if summary["steps"] != steps:  # diverged (random labels at a large lr) or interrupted
+        raise RuntimeError(
+            f"lbsgd bench train: the trainer stopped {summary['status']} after "
+            f"{summary['steps']} of {steps} steps"
+        )
+    return Timing(summary["img_per_s"], summary.get("warmup_s"))
+
+
+def _config(overrides: list[str]) -> tuple[dict, Config]:
+    """The keys given over :data:`DEFAULTS`, validated (one-line ConfigError)."""
+    values = {**DEFAULTS, **config.parse_overrides(overrides)}
+    config.import_plugins(values.get("plugins", ()))
+    cfg = config.from_dict(values)
+    if cfg.micro_batch == "auto":
+        raise ConfigError(
+            "micro_batch=auto: lbsgd bench train compares both sides at one micro-batch; give "
+            "micro_batch=<a multiple of bn_batch>"
+        )
+    return values, cfg
+
+
+def _setup(overrides: list[str]) -> tuple[dict, Config]:
+    """:func:`_config`, and the process-wide settings both sides share."""
+    values, cfg = _config(overrides)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if cfg.deterministic:  # process-wide: set before either side runs, so both run alike
+        from lbsgd.trainer import deterministic
+
+        deterministic()
+    return values, cfg
+
+
+def _compare(cfg: Config, splits: data.Splits, steps: int, repeats: int, device: torch.device,
+             tmp: str, label: str = "") -> dict:  # fmt: skip
+    """Both sides of one configuration, alternating; one row of the result."""
+    d = derive(cfg, 1, len(splits.train))
+    bare: list[Timing] = []
+    ours: list[Timing] = []
+    for r in range(repeats):  # alternate which side goes first: drifts in load hit both
+        sides = [lambda: bare.append(bare_loop(cfg, splits, steps, device)),
+                 lambda r=r: ours.append(trainer_run(cfg, steps, d.num_train, f"{tmp}/{r}"))]  # fmt: skip
+        for run in sides if r % 2 == 0 else sides[::-1]:
+            if cfg.compile:  # a fresh model would otherwise count against dynamo's recompile
+                torch._dynamo.reset()  # limit and silently run eager after a few measurements
+            run()
+        print(f"{label}repeat {r}: bare {bare[-1].img_per_s:8.1f} img/s   trainer "
+              f"{ours[-1].img_per_s:8.1f} img/s", flush=True)  # fmt: skip
+    b, t = [x.img_per_s for x in bare], [x.img_per_s for x in ours]
+    return {
+        "batch_size": cfg.batch_size,
+        "micro_batch": d.micro_batch,
+        "bn_batch": cfg.bn_batch,
+        "accum_steps": d.accum_steps,
+        "precision": cfg.precision,
+        "compile": cfg.compile,
+        "bare_img_per_s": max(b),
+        "trainer_img_per_s": max(t),
+        "ratio": max(t) / max(b),
+        "bare_median_img_per_s": statistics.median(b),
+        "trainer_median_img_per_s": statistics.median(t),
+        "ratio_of_medians": statistics.median(t) / statistics.median(b),
+        "all_bare": b,
+        "all_trainer": t,
+        "bare_warmup_s": [x.warmup_s for x in bare],
+        "trainer_warmup_s": [x.warmup_s for x in ours],
+    }
+
+
+def _header(cfg: Config, steps: int, repeats: int, device: torch.device, env: dict) -> dict:
+    return {
+        "model": f"{cfg.model}{cfg.depth}w{cfg.width}" if cfg.model == "resnet" else cfg.model,
+        "dataset": cfg.dataset,
+        "device": device_slug(device),
+        "steps": steps,
+        "warmup_steps_excluded": _timed_warmup(steps),
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "channels_last": cfg.channels_last,
+        "config": cfg.to_dict(),
+        "environment": env,
+    }
+
+
+def _write(result: dict, out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
 
 
 def bench_train(
     overrides: list[str], steps: int = 150, repeats: int = 3, out: str | None = None
 ) -> dict:
-    values = {**DEFAULTS, **config.parse_overrides(overrides)}
-    config.import_plugins(values.get("plugins", ()))
-    cfg = config.from_dict(values)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    splits = data.build(cfg)
+    """One configuration (the keys given over :data:`DEFAULTS`); written to ``out`` if given."""
+    _, cfg = _setup(overrides)
+    device = bench_device(cfg)
+    splits = data.build(cfg, device)
     if not isinstance(splits.train, torch.utils.data.TensorDataset):
-        raise config.ConfigError(f"dataset={cfg.dataset}: the benchmark needs an in-memory dataset")
-    d = derive(cfg, 1, len(splits.train))
-    env = {**environment(torch.device("cpu"), 1), "node": platform.node()}  # before, not after
-    bare, ours = [], []
+        raise ConfigError(f"dataset={cfg.dataset}: the benchmark needs an in-memory dataset")
+    env = {**environment(device, 1), "node": platform.node()}  # before, not after
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(repeats):  # alternate which side goes first: drifts in load hit both
-            sides = [lambda: bare.append(bare_loop(cfg, splits, steps)),
-                     lambda r=r: ours.append(trainer_run(cfg, steps, d.num_train, f"{tmp}/{r}"))]  # fmt: skip
-            for run in sides if r % 2 == 0 else sides[::-1]:
-                run()
-            print(
-                f"repeat {r}: bare {bare[-1]:8.1f} img/s   trainer {ours[-1]:8.1f} img/s",
-                flush=True,
-            )
-    result = {
-        "benchmark": "trainer vs bare loop",
-        "model": f"{cfg.model}{cfg.depth}w{cfg.width}" if cfg.model == "resnet" else cfg.model,
-        "batch_size": cfg.batch_size,
-        "micro_batch": d.micro_batch,
-        "steps": steps,
-        "repeats": repeats,
-        "threads": torch.get_num_threads(),
-        "channels_last": cfg.channels_last,
-        "bare_img_per_s": max(bare),
-        "trainer_img_per_s": max(ours),
-        "ratio": max(ours) / max(bare),
-        "bare_median_img_per_s": statistics.median(bare),
-        "trainer_median_img_per_s": statistics.median(ours),
-        "ratio_of_medians": statistics.median(ours) / statistics.median(bare),
-        "all_bare": bare,
-        "all_trainer": ours,
-        "config": cfg.to_dict(),
-        "environment": env,
-    }
+        row = _compare(cfg, splits, steps, repeats, device, tmp)
+    result = {"benchmark": "trainer vs bare loop", **_header(cfg, steps, repeats, device, env),
+              **row}  # fmt: skip
     print(
         f"best of {repeats}: bare loop {result['bare_img_per_s']:.1f} img/s | trainer "
         f"{result['trainer_img_per_s']:.1f} img/s | ratio trainer/bare = {result['ratio']:.3f} "
@@ -132,8 +264,79 @@ def bench_train(
         flush=True,
     )
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+        _write(result, out)
+    return result
+
+
+def parse_list(option: str, text: str, valid: tuple[str, ...]) -> list[str]:
+    """``"fp32,bf16"`` → ["fp32", "bf16"], each checked against ``valid`` (one-line ConfigError)."""
+    items = [t.strip().lower() for t in text.split(",") if t.strip()]
+    for item in items:
+        if item not in valid:
+            raise ConfigError(f"{option}: {item!r} is not one of {', '.join(valid)}")
+    if not items:
+        raise ConfigError(f"{option}: give at least one of {', '.join(valid)}")
+    return list(dict.fromkeys(items))
+
+
+def matrix_variants(cfg: Config, precisions: Sequence[str], compiles: Sequence[bool],
+                    layouts: Sequence[str], accum: int) -> list[tuple[str, dict]]:  # fmt: skip
+    """(label, keys) per variant: every precision x compile x layout, layouts built from the
+    config's micro_batch m and bn_batch n (see the module docstring). ``reference_batch`` follows
+    the batch so every variant trains at base_lr (large scaled rates diverge on random labels)."""
+    m, n = micro_batch(cfg), cfg.bn_batch
+    if "ghost_bn" in layouts and not n < m:
+        raise ConfigError(
+            f"--layouts ghost_bn needs bn_batch < micro_batch: bn_batch={n}, micro_batch={m} "
+            f"(e.g. micro_batch={4 * n})"
+        )
+    if accum < 2:
+        raise ConfigError(f"--accum={accum} must be an integer >= 2 (micro-batches per step)")
+    shapes = {"plain": (m, m), "ghost_bn": (m, n), "accum": (accum * m, m)}  # (batch, bn_batch)
+    out = []
+    for prec, comp, lay in itertools.product(precisions, compiles, layouts):
+        batch, bn = shapes[lay]
+        label = f"{prec} {'compiled' if comp else 'eager'} {lay}"
+        keys = {"precision": prec, "compile": comp, "batch_size": batch, "micro_batch": m,
+                "bn_batch": bn, "reference_batch": batch}  # fmt: skip
+        out.append((label, keys))
+    return out
+
+
+def bench_matrix(
+    overrides: list[str],
+    precisions: Sequence[str] = PRECISIONS,
+    compiles: Sequence[bool] = (False, True),
+    layouts: Sequence[str] = LAYOUTS,
+    accum: int = 4,
+    steps: int = 50,
+    repeats: int = 2,
+    out: str | None = None,
+) -> dict:
+    """Trainer vs bare loop for every variant of :func:`matrix_variants`, one line each."""
+    values, base = _setup(overrides)
+    device = bench_device(base)
+    variants = matrix_variants(base, precisions, compiles, layouts, accum)
+    cfgs = [config.from_dict({**values, **keys}) for _, keys in variants]  # all refused up front
+    splits = data.build(base, device)
+    if not isinstance(splits.train, torch.utils.data.TensorDataset):
+        raise ConfigError(f"dataset={base.dataset}: the benchmark needs an in-memory dataset")
+    env = {**environment(device, 1), "node": platform.node()}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, ((label, keys), cfg) in enumerate(zip(variants, cfgs, strict=True)):
+            row = {"variant": label, "layout": label.rsplit(" ", 1)[1], "keys": keys,
+                   **_compare(cfg, splits, steps, repeats, device, f"{tmp}/{i}", f"{label}: ")}  # fmt: skip
+            rows.append(row)
+            warm = [w for w in row["trainer_warmup_s"] if w is not None]
+            print(f"{label:<26} | bare {row['bare_img_per_s']:9.1f} img/s | trainer "
+                  f"{row['trainer_img_per_s']:9.1f} img/s | trainer/bare {row['ratio']:.3f} "
+                  f"(medians {row['ratio_of_medians']:.3f}) | trainer warm-up "
+                  f"{max(warm) if warm else float('nan'):.1f} s", flush=True)  # fmt: skip
+    result = {"benchmark": "trainer vs bare loop, matrix",
+              **_header(base, steps, repeats, device, env), "rows": rows}  # fmt: skip
+    if out:
+        _write(result, out)
     return result
 
 
@@ -159,8 +362,9 @@ def bench_recipes(
     base = config.from_dict(values)
     if base.threads:
         torch.set_num_threads(base.threads)
-    num_train = len(data.build(base).train)  # fills the cache before anything is timed
-    env = {**environment(torch.device("cpu"), 1), "node": platform.node()}
+    device = bench_device(base)
+    num_train = len(data.build(base, torch.device("cpu")).train)  # fills the cache, untimed
+    env = {**environment(device, 1), "node": platform.node()}
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for study, variants in RECIPES.items():
@@ -170,7 +374,8 @@ def bench_recipes(
                 order = range(len(variants)) if r % 2 == 0 else reversed(range(len(variants)))
                 for i in order:
                     steps = max(1, samples // cfgs[i].batch_size)
-                    runs[i].append(trainer_run(cfgs[i], steps, num_train, f"{tmp}/{study}{i}_{r}"))
+                    run = trainer_run(cfgs[i], steps, num_train, f"{tmp}/{study}{i}_{r}")
+                    runs[i].append(run.img_per_s)
             best0, med0 = max(runs[0]), statistics.median(runs[0])
             results[study] = []
             for (label, v), ips in zip(variants, runs, strict=True):

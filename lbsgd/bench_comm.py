@@ -160,7 +160,7 @@ def step_worker(overrides: list[str], steps: int, out: str) -> None:
     cfg = config.from_dict({**DEFAULTS, **config.parse_overrides(overrides)})
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    splits = data.build(cfg)
+    splits = data.build(cfg, ctx.device)  # the gloo breakdown runs on the host
     mb = config.micro_batch(cfg)  # weak scaling: each process keeps its micro-batch
     cfg = cfg.replace(batch_size=mb * ctx.world_size, micro_batch=mb)
     config.check_world(cfg, ctx.world_size, ctx.local_world_size)

@@ -28,9 +28,26 @@ def _parser() -> argparse.ArgumentParser:
     bt = bsub.add_parser(
         "train", help="trainer vs a bare PyTorch loop on the same model, data, batch"
     )
-    bt.add_argument("--steps", type=int, default=150, help="timed optimizer steps per measurement")
-    bt.add_argument("--repeats", type=int, default=3, help="alternating measurements of each side")
-    bt.add_argument("--out", default=None, help="also write the result as JSON here")
+    bt.add_argument("--steps", type=int, default=None,
+                    help="optimizer steps per measurement, the first 3 timed apart as warm-up "
+                         "(default 150; 50 with --matrix)")  # fmt: skip
+    bt.add_argument("--repeats", type=int, default=None,
+                    help="alternating measurements of each side (default 3; 2 with --matrix)")  # fmt: skip
+    bt.add_argument("--out", default=None,
+                    help="write the result as JSON here (default results/benchmarks/"
+                         "train_<device>.json, device cpu or e.g. cuda_h100)")  # fmt: skip
+    bt.add_argument("--matrix", action="store_true",
+                    help="every precision x compile x layout variant, one line each")  # fmt: skip
+    bt.add_argument("--precisions", default=None, metavar="LIST",
+                    help="with --matrix (implied): precisions, default fp32,bf16,fp16")  # fmt: skip
+    bt.add_argument("--compile", default=None, metavar="LIST", dest="compiles",
+                    help="with --matrix (implied): eager/compiled, default false,true")  # fmt: skip
+    bt.add_argument("--layouts", default=None, metavar="LIST",
+                    help="with --matrix (implied): plain (batch = BN group = micro_batch), "
+                         "ghost_bn (BN groups of bn_batch), accum (batch = --accum x "
+                         "micro_batch); default all three")  # fmt: skip
+    bt.add_argument("--accum", type=int, default=4,
+                    help="with --matrix: micro-batches per step of the accum layout")  # fmt: skip
     bt.add_argument(
         "--nproc", default=None, metavar="LIST",
         help="step breakdown instead: processes per layout, e.g. 1,2,4 (torchrun, gloo)",
@@ -99,20 +116,20 @@ def main(argv: list[str] | None = None) -> int:
             from lbsgd import bench_comm
 
             if args.step_worker:
-                bench_comm.step_worker(args.overrides, args.steps, args.out)
+                bench_comm.step_worker(args.overrides, args.steps or 150, args.out)
                 return 0
             try:
                 bench_comm.bench_breakdown(
                     args.overrides, [int(n) for n in args.nproc.split(",")],
                     args.comm_hooks.split(","), [float(b) for b in args.bucket_caps.split(",")],
-                    args.steps, args.out,
+                    args.steps or 150, args.out,
                 )  # fmt: skip
             except ValueError as e:
                 print(f"lbsgd: error: {e}", file=sys.stderr)
                 return EXIT_BAD_INPUT
             return 0
         if args.bench == "train":
-            bench.bench_train(args.overrides, steps=args.steps, repeats=args.repeats, out=args.out)
+            _bench_train(args)
         else:
             bench.bench_recipes(
                 args.overrides, samples=args.samples, repeats=args.repeats, out=args.out
@@ -121,6 +138,29 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as e:  # includes a checkpoint that cannot be used
         print(f"lbsgd: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def _bench_train(args: argparse.Namespace) -> None:
+    """``lbsgd bench train``: one configuration, or the matrix when --matrix or a list is given."""
+    from lbsgd import bench
+
+    for option, value in (("--steps", args.steps), ("--repeats", args.repeats)):
+        if value is not None and value < 1:
+            raise config.ConfigError(f"{option}={value} must be a positive integer")
+    lists = (args.precisions, args.compiles, args.layouts)
+    if not (args.matrix or any(v is not None for v in lists)):
+        out = args.out or bench.default_out(args.overrides)
+        bench.bench_train(args.overrides, steps=args.steps or 150, repeats=args.repeats or 3,
+                          out=out)  # fmt: skip
+        return
+    precisions = bench.parse_list("--precisions", args.precisions or ",".join(bench.PRECISIONS),
+                                  bench.PRECISIONS)  # fmt: skip
+    compiles = [c == "true" for c in bench.parse_list("--compile", args.compiles or "false,true",
+                                                      ("false", "true"))]  # fmt: skip
+    layouts = bench.parse_list("--layouts", args.layouts or ",".join(bench.LAYOUTS), bench.LAYOUTS)
+    out = args.out or bench.default_out(args.overrides)
+    bench.bench_matrix(args.overrides, precisions, compiles, layouts, args.accum,
+                       steps=args.steps or 50, repeats=args.repeats or 2, out=out)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -73,7 +73,11 @@ class Config:
         True, "gamma=0 for the last BN of each residual block (Goyal §5.3)"
     )
     pool5_bn: bool = _exp(False, "BN after pool5 of model=alexnet/alexnet_bn (Jia et al. 2018)")
-    dataset: str = _exp("synthetic", "synthetic (generated, no download), cifar10, imagenet")
+    dataset: str = _exp(
+        "synthetic",
+        "synthetic (generated, no download), cifar10, imagenet; fake (random images of "
+        "fake_image_size, nothing to learn: throughput measurements, lbsgd bench train)",
+    )
     data_dir: str | None = _exp(None, "folder holding cifar10/imagenet; cache folder for synthetic")
     synthetic_train: int = _exp(32_000, "images in the synthetic train split")
     synthetic_test: int = _exp(5_000, "images in the synthetic test split")
@@ -84,7 +88,16 @@ class Config:
     synthetic_noise: float | None = _exp(
         None, "pixel noise sigma of synthetic; null = difficulty's"
     )
-    seed: int = _exp(0, "seeds the initialisation and the data order (same across batch sizes)")
+    fake_train: int = _exp(
+        2_560,
+        "images in the fake train split (2,560 at 224x224: 1.5 GB of float32, held on the GPU)",
+    )
+    fake_test: int = _exp(256, "images in the fake test split")
+    fake_image_size: int = _exp(224, "height = width of the fake images (ImageNet: 224)")
+    fake_classes: int = _exp(1_000, "classes of the fake labels (ImageNet: 1000)")
+    seed: int = _exp(
+        0, "seeds the initialisation, the data order and fake's images (same across batch sizes)"
+    )
     # --- experiment keys: minibatch and learning rate ------------------------------------------
     batch_size: int = _exp(256, "global minibatch kn: samples per optimizer step over all workers")
     bn_batch: int = _exp(32, "n: samples per BatchNorm group (Goyal: 32 per worker)")
@@ -198,8 +211,15 @@ class Config:
         }
 
     def experiment_id(self) -> str:
-        """Short hash of the experiment keys: equal for runs of the same mathematics."""
-        text = json.dumps(_plain(self.keys_of("experiment")), sort_keys=True)
+        """Short hash of the experiment keys: equal for runs of the same mathematics.
+
+        Keys of :data:`HASHED_ONLY_OFF_DEFAULT` count only when they differ from their default."""
+        keys = {
+            k: v
+            for k, v in self.keys_of("experiment").items()
+            if k not in HASHED_ONLY_OFF_DEFAULT or v != FIELDS[k].default
+        }
+        text = json.dumps(_plain(keys), sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:8]
 
     def run_name(self) -> str:
@@ -221,6 +241,12 @@ def _plain(d: Mapping[str, Any]) -> dict[str, Any]:
 
 KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+# Experiment keys added after results were committed: a run's name ends in the hash of its
+# experiment keys, so a new key in the hash would rename every earlier run (and make committed
+# results look missing). These keys enter the hash only when they differ from their default, which
+# is what every earlier run had. Append each new experiment key here; never remove one.
+HASHED_ONLY_OFF_DEFAULT: tuple[str, ...] = ("fake_train", "fake_test", "fake_image_size",
+                                            "fake_classes")  # fmt: skip
 
 
 def _check(c: Config) -> None:
@@ -231,7 +257,8 @@ def _check(c: Config) -> None:
             raise ValueError(msg)
 
     for key in ("batch_size", "bn_batch", "reference_batch", "depth", "width", "synthetic_train",
-                "synthetic_test", "log_every"):  # fmt: skip
+                "synthetic_test", "fake_train", "fake_test", "fake_image_size", "fake_classes",
+                "log_every"):  # fmt: skip
         need(getattr(c, key) > 0, f"{key}={getattr(c, key)} must be a positive integer")
     for key in ("base_lr", "epochs"):
         need(getattr(c, key) > 0, f"{key}={getattr(c, key)} must be > 0")
@@ -561,6 +588,7 @@ __all__ = [
     "Derived",
     "DERIVED_KEYS",
     "KEYS",
+    "HASHED_ONLY_OFF_DEFAULT",
     "derive",
     "check_world",
     "dump",

@@ -118,3 +118,13 @@ def test_every_key_documents_its_kind_and_meaning():
         assert f.metadata["kind"] in ("experiment", "hardware", "run")
         assert len(f.metadata["help"]) > 10
         assert f.name in text
+
+
+def test_keys_added_later_leave_earlier_run_ids_unchanged_until_set():
+    # 7e6ebad0 is the default config's id before the fake_* keys existed: committed run names
+    # end in such ids, so a new key at its default must not change any of them
+    assert Config().experiment_id() == "7e6ebad0"
+    assert Config(fake_classes=1000).experiment_id() == "7e6ebad0"  # the default, given
+    for key in config.HASHED_ONLY_OFF_DEFAULT:
+        changed = Config(**{key: getattr(Config(), key) + 1})
+        assert changed.experiment_id() != "7e6ebad0", key

@@ -1,6 +1,7 @@
 """Datasets by name, and the batches each process trains on.
 
 Built-in datasets: ``synthetic`` (generated, the embedded default: :mod:`lbsgd.data.synthetic`),
+``fake`` (random ImageNet-shaped images for throughput measurements: :mod:`lbsgd.data.fake`),
 ``cifar10`` and ``imagenet`` (read from ``data_dir``: :mod:`lbsgd.data.folders`). Register your own::
 
     from lbsgd.data import Splits, register_dataset
@@ -12,10 +13,17 @@ Built-in datasets: ``synthetic`` (generated, the embedded default: :mod:`lbsgd.d
 A builder gets the run's config and returns :class:`Splits` of map-style datasets yielding
 ``(image CHW float tensor, int label)``. In-memory ``TensorDataset`` splits are batched by indexing
 (no per-sample collation); any other dataset goes through a ``DataLoader`` with ``workers`` processes.
+
+Device-resident data: :func:`build` moves in-memory splits to the run's device once (when they fit
+in a share of its memory), so that a batch is an index into device memory, not a host-to-device
+copy per micro-batch. Consumers need not know: :func:`batches` indexes a split where it lives and
+the trainer's ``x.to(device)`` is then a no-op. File datasets stay on the host (decoded and
+augmented by loader workers) and arrive in pinned batches when ``pin`` is asked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +31,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from lbsgd import distributed
 from lbsgd.config import ConfigError
-from lbsgd.data import folders, synthetic
+from lbsgd.data import fake, folders, synthetic
 from lbsgd.data.sampler import StepSampler, permutation
 from lbsgd.registry import Registry
 
@@ -52,8 +61,44 @@ def check(cfg) -> None:
         raise ConfigError(str(e)) from None
 
 
-def build(cfg) -> Splits:
-    return DATASETS.get(cfg.dataset)(cfg)
+# In-memory splits move to a GPU only when together they take at most this share of its free
+# memory: the rest is for the model, its activations and the optimizer state (ResNet-50 at
+# micro-batch 256 in bf16 needs ~25 GB), and for other processes sharing the GPU (each holds its
+# own copy). Larger ones stay on the host and are copied per micro-batch.
+RESIDENT_SHARE = 0.25
+
+
+def build(cfg, device: torch.device | None = None) -> Splits:
+    """The splits of ``cfg.dataset``, in-memory ones made resident on ``device`` (:func:`resident`).
+
+    ``device`` defaults to the run's: ``cfg.device`` resolved (auto: cuda when available), on CUDA
+    the current device, which :func:`lbsgd.distributed.init` sets per process. Pass
+    ``torch.device("cpu")`` to keep everything on the host.
+    """
+    splits = DATASETS.get(cfg.dataset)(cfg)
+    if device is None:
+        kind, _ = distributed.resolve(cfg.device, cfg.backend)
+        device = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else None
+    return resident(splits, device) if device is not None else splits
+
+
+def resident(splits: Splits, device: torch.device) -> Splits:
+    """``splits`` with its TensorDataset splits copied to ``device`` once, when they fit
+    (:data:`RESIDENT_SHARE` of a GPU's free memory); other splits, and a host device, unchanged."""
+    if device.type == "cpu":
+        return splits
+    tensors = [t for ds in (splits.train, splits.test) if isinstance(ds, TensorDataset)
+               for t in ds.tensors]  # fmt: skip
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    if device.type == "cuda" and size > RESIDENT_SHARE * torch.cuda.mem_get_info(device)[0]:
+        return splits
+
+    def move(ds: Dataset) -> Dataset:
+        if not isinstance(ds, TensorDataset):
+            return ds
+        return TensorDataset(*(t.to(device) for t in ds.tensors))
+
+    return dataclasses.replace(splits, train=move(splits.train), test=move(splits.test))
 
 
 @register_dataset("synthetic")
@@ -67,6 +112,15 @@ def _synthetic(cfg) -> Splits:
         cache_dir=cache,
     )
     return Splits(TensorDataset(x_tr, y_tr), TensorDataset(x_te, y_te), 10, x_tr.shape[-1])
+
+
+@register_dataset("fake")
+def _fake(cfg) -> Splits:
+    x_tr, y_tr, x_te, y_te = fake.splits(
+        cfg.fake_train, cfg.fake_test, cfg.fake_image_size, cfg.fake_classes, cfg.seed
+    )
+    return Splits(TensorDataset(x_tr, y_tr), TensorDataset(x_te, y_te), cfg.fake_classes,
+                  cfg.fake_image_size)  # fmt: skip
 
 
 @register_dataset("cifar10")
@@ -92,10 +146,17 @@ def batches(
     positions) makes random augmentation reproducible: each sample's transform draws from torch's
     generator seeded with its own seed, so a sample at a given place of the run's stream is
     augmented the same way whatever the number of processes or loader workers, and after a resume.
+
+    ``pin`` (page-locked batches, for asynchronous copies to a GPU) applies to loader batches only:
+    an in-memory split is indexed where it lives, and one already on the GPU (:func:`resident`)
+    is never pinned or copied; its index tensors follow it without a host wait.
     """
     if isinstance(dataset, TensorDataset):
         x, y = dataset.tensors
         for idx in index_batches:
+            if isinstance(idx, torch.Tensor) and idx.device != x.device:
+                # a blocking copy would wait for all queued GPU work (a host sync per micro-batch)
+                idx = idx.to(x.device, non_blocking=True)
             yield x[idx], y[idx]
         return
     if seeds is not None:
@@ -169,6 +230,7 @@ __all__ = [
     "check",
     "permutation",
     "register_dataset",
+    "resident",
     "sample_seeds",
     "shard",
 ]

@@ -1,0 +1,132 @@
+"""``lbsgd bench train`` on any device: the fake dataset, device-resident data, the matrix mode."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from lbsgd import bench, cli, data
+from lbsgd.config import Config, ConfigError
+from lbsgd.data import fake
+
+# A tiny fake set: ResNet-8 of width 8 on 16x16 images of 10 classes (a few ms per step).
+TINY_FAKE = ["model=resnet", "depth=8", "width=8", "dataset=fake", "fake_image_size=16",
+             "fake_classes=10", "fake_train=256", "fake_test=64", "device=cpu"]  # fmt: skip
+
+
+def test_fake_dataset_has_the_asked_shape_and_classes_and_comes_from_the_seed():
+    cfg = Config(dataset="fake", fake_train=40, fake_test=12, fake_image_size=20, fake_classes=7)
+    splits = data.build(cfg, torch.device("cpu"))
+    (x, y), (xt, yt) = splits.train.tensors, splits.test.tensors
+    assert x.shape == (40, 3, 20, 20) and xt.shape == (12, 3, 20, 20)
+    assert x.dtype == torch.float32 and y.dtype == torch.int64
+    assert (splits.num_classes, splits.image_size) == (7, 20)
+    assert set(y.tolist()) | set(yt.tolist()) <= set(range(7)) and len(set(y.tolist())) > 1
+    assert abs(float(x.mean())) < 0.05 and float(x.std()) == pytest.approx(1.0, abs=0.05)
+    # drawn afresh (not the process cache): the same seed gives the same images, another seed not
+    again = fake.splits.__wrapped__(40, 12, 20, 7, cfg.seed)
+    assert torch.equal(again[0], x) and torch.equal(again[1], y) and torch.equal(again[2], xt)
+    other = fake.splits.__wrapped__(40, 12, 20, 7, cfg.seed + 1)
+    assert not torch.equal(other[0], x)
+    # each split is its own draw: the train images do not depend on the test split's size
+    assert torch.equal(fake.splits.__wrapped__(40, 3, 20, 7, cfg.seed)[0], x)
+
+
+def test_fake_defaults_are_imagenet_shaped():
+    cfg = Config(dataset="fake")
+    assert (cfg.fake_image_size, cfg.fake_classes) == (224, 1000)
+    assert cfg.fake_train * 3 * 224 * 224 * 4 < 2e9  # the default train split stays under 2 GB
+
+
+def test_resident_moves_in_memory_splits_once_and_leaves_the_host_case_alone():
+    train = TensorDataset(torch.randn(10, 3, 4, 4), torch.arange(10))
+    other = torch.utils.data.Subset(train, range(4))  # not in memory as tensors: stays
+    splits = data.Splits(train, other, 10, 4)
+    assert data.resident(splits, torch.device("cpu")) is splits
+    moved = data.resident(splits, torch.device("meta"))  # any non-host device, testable on CPU
+    assert all(t.device.type == "meta" for t in moved.train.tensors)
+    assert moved.test is other and all(t.device.type == "cpu" for t in train.tensors)
+    x, y = next(data.batches(moved.train, [torch.tensor([1, 2, 3])], pin=True))
+    assert x.shape == (3, 3, 4, 4) and x.device.type == "meta" and y.device.type == "meta"
+
+
+@pytest.mark.parametrize(
+    ("name", "slug"),
+    [("NVIDIA H100 80GB HBM3", "cuda_h100"), ("NVIDIA A100-SXM4-80GB", "cuda_a100"),
+     ("NVIDIA GeForce RTX 4090", "cuda_rtx_4090"), ("NVIDIA H200", "cuda_h200")],
+)  # fmt: skip
+def test_device_slug_names_the_gpu_model(monkeypatch, name, slug):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert bench.device_slug(torch.device("cuda", 0)) == slug
+    assert bench.device_slug(torch.device("cpu")) == "cpu"
+
+
+def test_default_output_is_named_after_the_device():
+    assert bench.default_out(["device=cpu"]) == "results/benchmarks/train_cpu.json"
+
+
+def test_matrix_variants_cover_every_precision_compile_and_layout():
+    cfg = Config(**{**bench.DEFAULTS, "batch_size": 64, "micro_batch": 64, "bn_batch": 16})
+    variants = bench.matrix_variants(cfg, ["fp32", "bf16"], [False, True], list(bench.LAYOUTS), 4)
+    assert len(variants) == 2 * 2 * 3 and len({label for label, _ in variants}) == 12
+    shapes = {label.split()[-1]: (k["batch_size"], k["micro_batch"], k["bn_batch"])
+              for label, k in variants}  # fmt: skip
+    assert shapes == {"plain": (64, 64, 64), "ghost_bn": (64, 64, 16), "accum": (256, 64, 64)}
+    with pytest.raises(ConfigError, match="bn_batch < micro_batch"):
+        bench.matrix_variants(cfg.replace(bn_batch=64), ["fp32"], [False], ["ghost_bn"], 4)
+
+
+@pytest.mark.slow
+def test_matrix_gives_one_row_per_variant_with_ratio_trainer_over_bare(tmp_path):
+    out = tmp_path / "train_cpu.json"
+    result = bench.bench_matrix([*TINY_FAKE, "micro_batch=32", "bn_batch=8"], ["fp32", "bf16"],
+                                [False], list(bench.LAYOUTS), accum=2, steps=5, repeats=1,
+                                out=str(out))  # fmt: skip
+    rows = result["rows"]
+    assert [r["variant"] for r in rows] == [f"{p} eager {lay}" for p in ("fp32", "bf16")
+                                            for lay in bench.LAYOUTS]  # fmt: skip
+    for r in rows:
+        for key in ("bare_img_per_s", "trainer_img_per_s"):
+            assert math.isfinite(r[key]) and r[key] > 0
+        assert r["ratio"] == pytest.approx(r["trainer_img_per_s"] / r["bare_img_per_s"])
+        assert all(w is not None and w > 0 for w in r["bare_warmup_s"] + r["trainer_warmup_s"])
+    assert {(r["layout"], r["accum_steps"], r["bn_batch"]) for r in rows} == {
+        ("plain", 1, 32), ("ghost_bn", 1, 8), ("accum", 2, 32)}  # fmt: skip
+    assert result["warmup_steps_excluded"] == 3 and result["device"] == "cpu"
+    assert json.loads(out.read_text())["rows"] == rows
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [(["--precisions", "fp32,fp8"], "--precisions: 'fp8'"),
+     (["--compile", "maybe"], "--compile: 'maybe'"),
+     (["--layouts", "ghost"], "--layouts: 'ghost'"),
+     (["--matrix", "micro_batch=32", "bn_batch=32", "batch_size=32"], "bn_batch < micro_batch"),
+     (["--matrix", "micro_batch=auto"], "micro_batch=auto"),
+     (["--matrix", "precison=fp16"], "unknown key 'precison'")],
+)  # fmt: skip
+def test_bad_bench_option_is_a_one_line_error_and_writes_nothing(tmp_path, capsys, args, named):
+    out = tmp_path / "r.json"
+    code = cli.main(["bench", "train", "--out", str(out), *args, *TINY_FAKE])
+    err = capsys.readouterr().err.strip()
+    assert code == cli.EXIT_BAD_INPUT and named in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_on_cuda_the_data_live_on_the_gpu_and_both_sides_measure_there(tmp_path):
+    cfg = Config(dataset="fake", fake_train=64, fake_test=16, fake_image_size=16, fake_classes=10,
+                 device="cuda")  # fmt: skip
+    splits = data.build(cfg)  # the run's device by default
+    assert all(t.is_cuda for t in (*splits.train.tensors, *splits.test.tensors))
+    keys = [*(k for k in TINY_FAKE if k != "device=cpu"), "device=cuda", "micro_batch=32",
+            "bn_batch=8"]  # fmt: skip
+    result = bench.bench_matrix(keys, ["bf16", "fp16"], [False], ["plain", "ghost_bn"], accum=2,
+                                steps=5, repeats=1, out=str(tmp_path / "r.json"))  # fmt: skip
+    assert result["device"].startswith("cuda_") and result["environment"]["gpu"]
+    assert len(result["rows"]) == 4
+    for r in result["rows"]:
+        assert math.isfinite(r["ratio"]) and r["ratio"] > 0
