@@ -311,10 +311,6 @@ def _check(c: Config) -> None:
             c.batch_size % mb == 0,
             f"batch_size={c.batch_size} is not a multiple of micro_batch={mb}",
         )
-    need(
-        not (c.backend == "nccl" and c.device == "cpu"),
-        "backend=nccl needs GPUs, not device=cpu (valid with device=cpu: auto, gloo)",
-    )
     if c.dataset in ("cifar10", "imagenet"):
         need(c.data_dir is not None, f"data_dir is required for dataset={c.dataset}")
         need(

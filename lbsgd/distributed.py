@@ -55,6 +55,10 @@ def check_layout(device: str, backend: str, local_world_size: int) -> None:
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but torch sees no CUDA device (valid here: auto, cpu)")
     kind, backend = resolve(device, backend)
+    if backend == "nccl" and device == "cpu":
+        raise ConfigError(
+            "backend=nccl needs GPUs, not device=cpu (valid with device=cpu: auto, gloo)"
+        )
     if backend == "nccl" and kind != "cuda":
         raise ConfigError(
             "backend=nccl needs CUDA devices and torch sees none (valid here: auto, gloo)"
@@ -106,6 +110,13 @@ def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> d
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefixed = dist.PrefixStore(f"/lbsgd/attempt_{attempt}", store)
     return {"store": prefixed, "rank": rank, "world_size": world_size}
+
+
+def backend_name(device: torch.device, backend: str = "auto") -> str:
+    """The process group's backend, or the one a group would use (a world of one has none)."""
+    if dist.is_initialized():
+        return str(dist.get_backend())
+    return resolve(device.type, backend)[1]
 
 
 def synchronize(device: torch.device) -> None:

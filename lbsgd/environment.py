@@ -56,4 +56,7 @@ def environment(device: torch.device, world_size: int) -> dict[str, Any]:
         env["cuda"] = torch.version.cuda
         env["cudnn"] = torch.backends.cudnn.version()
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        # TF32 convolutions (cuDNN's default): the layout guarantee holds to TF32's precision
+        env["tf32_conv"] = torch.backends.cudnn.allow_tf32
+        env["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
     return env

@@ -61,6 +61,8 @@ def check(cfg: Config, world_size: int | None = None, local_world_size: int | No
 def train(cfg: Config) -> dict[str, Any]:
     """Train one run to the end (or until it diverges); returns its summary.json content."""
     check(cfg)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+              torch.backends.cudnn.deterministic)  # fmt: skip
     if cfg.deterministic:
         deterministic()
     ctx = distributed.init(cfg.device, backend=cfg.backend)
@@ -68,6 +70,9 @@ def train(cfg: Config) -> dict[str, Any]:
         return _Run(cfg, ctx).run()
     finally:
         distributed.shutdown()
+        # a train() called from Python (a notebook) leaves the process as it found it
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1:]
 
 
 def deterministic() -> None:
@@ -291,7 +296,11 @@ class _Run:
             "experiment_id": cfg.experiment_id(),
             "steps": start_step,
             "total_steps": d.total_steps,
-            "environment": environment(ctx.device, ctx.world_size),
+            "environment": {
+                **environment(ctx.device, ctx.world_size),
+                "backend": distributed.backend_name(ctx.device, cfg.backend),
+                "deterministic": torch.are_deterministic_algorithms_enabled(),
+            },
             **self.summary_resumed,
         }
         self._write_summary()

@@ -1,10 +1,15 @@
 import os
+import site
+from pathlib import Path
 
 import pytest
 
+import lbsgd
 from lbsgd.config import Config
 
 # A few seconds per run on one CPU thread: ResNet-8 (width 8) on 512 easy synthetic images.
+# device=cpu: the tests hold CPU semantics (gloo, bitwise-repeatable kernels) on any machine; the
+# CUDA tests (tests/test_cuda.py) override it.
 TINY = {
     "model": "resnet",
     "depth": 8,
@@ -20,9 +25,42 @@ TINY = {
     "schedule": "cosine",
     "epochs": 2,
     "threads": 1,
+    "device": "cpu",
     "wandb": "disabled",
     "log_every": 3,
 }
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of the processes a test starts (``python -m lbsgd``, torchrun and its
+    workers, a worker script): one intra-op thread each, and the lbsgd this session imported first
+    on the import path, so that they run the code under test whether it is installed into the
+    interpreter or only in this checkout, from any working directory. The caller's PYTHONPATH is
+    kept (a cluster image may hold torch there)."""
+    root = str(Path(lbsgd.__file__).resolve().parent.parent)
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    site_dirs = {
+        str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]
+    }
+    path = kept if root in site_dirs else [root, *(p for p in kept if p != root)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` need a CUDA device: skipped, saying so, where torch sees none."""
+    marked = [item for item in items if item.get_closest_marker("cuda")]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device: torch.cuda.is_available() is False")
+    for item in marked:
+        item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True, scope="session")

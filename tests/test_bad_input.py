@@ -9,12 +9,15 @@ byte-for-byte and mtime-for-mtime as it was.
 """
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import TINY
+from test_distributed import lbsgd
 
-from lbsgd import checkpoint, cli, experiments, profiles
+from lbsgd import checkpoint, cli, distributed, experiments, profiles
 from lbsgd.config import Config, ConfigError
 from lbsgd.trainer import train
 
@@ -94,6 +97,7 @@ CASES = [
         ["experiment keys differ", "batch_size: 64 -> 128"],
     ),
     ("cli", ["name=notes"], ["notes", "exists and is not empty"]),
+    ("cli", ["backend=nccl", "device=cpu"], ["backend=nccl", "device=cpu", "gloo"]),
     (
         "cli",
         ["name=broken", "resume=true", "epochs=0.25"],
@@ -123,7 +127,7 @@ def _notebook(root: Path, params: dict) -> None:
     p = profiles.get(params.pop("profile", "smoke"), epochs=params.pop("epochs", None))
     seeds, ks = params.pop("seeds", [0]), params.pop("ks", [1])
     name, k = params.pop("name", None), params.pop("k", None)
-    runs = [p.keys(k=kk, seed=s) for kk in ks for s in seeds]
+    runs = [p.keys(k=kk, seed=s, device="cpu") for kk in ks for s in seeds]
     if name:  # a run of the study that lands on an existing run directory of another experiment
         runs = [{**TINY, "batch_size": 32 * k // 2, "name": name}]
     launch = {"out_dir": str(root / "results"), "wandb": "disabled", **params}
@@ -165,3 +169,66 @@ def test_bad_input_is_one_line_before_any_work_and_touches_nothing(
 def test_the_table_covers_every_door_and_at_least_twenty_inputs():
     doors = {c[0].partition(":")[0] for c in CASES}
     assert doors == {"cli", "yaml", "notebook"} and len(CASES) >= 20
+
+
+# -- process layouts this machine cannot run --------------------------------------------------
+# CUDA_VISIBLE_DEVICES="" hides every GPU from the processes started here: a CPU-only machine,
+# whatever machine runs the tests.
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_device_cuda_without_cuda_exits_2_with_one_line_naming_device(results):
+    before = _snapshot(results)
+    r = lbsgd(["train", *TINY_ARGS, f"out_dir={results}/results", "device=cuda", "name=cuda"],
+              env=NO_GPU)  # fmt: skip
+    message = r.stderr.strip()
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert message.startswith("lbsgd: error: device=cuda") and "\n" not in message, message
+    assert "no CUDA device" in message and "valid here: auto, cpu" in message
+    assert _snapshot(results) == before
+    assert not (results / "results" / "runs" / "cuda").exists()
+
+
+def test_nccl_under_torchrun_without_gpus_stops_every_worker_before_any_work(results):
+    """device=auto resolves to the CPU here, where NCCL cannot run: each worker refuses in one line
+    and exits 2 before joining a process group. torchrun stops the other workers once one has
+    failed; a monitor interval longer than a worker's start lets every worker reach its own exit."""
+    before = _snapshot(results)
+    args = [*TINY_ARGS, f"out_dir={results}/results", "device=auto", "backend=nccl", "name=nccl"]
+    r = lbsgd(args, nproc=2, env={**NO_GPU, "PET_MONITOR_INTERVAL": "20"})
+    assert r.returncode != 0
+    refusal = "lbsgd: error: backend=nccl needs CUDA devices and torch sees none (valid here: "
+    worker_lines = [line for line in r.stderr.splitlines() if line.startswith("lbsgd: error:")]
+    assert len(worker_lines) == 2, r.stderr[-3000:]  # one line from each worker, nothing else
+    assert all(line.startswith(refusal) for line in worker_lines), worker_lines
+    # torchrun's report: both local ranks failed with the command line's bad-input code
+    assert sorted(re.findall(r"local_rank: (\d)\)\s+exitcode\s*: 2\b", r.stderr)) == ["0", "1"], (
+        r.stderr[-3000:]
+    )
+    assert "lbsgd: run" not in r.stdout  # no run was announced, no step taken
+    assert _snapshot(results) == before
+    assert not (results / "results" / "runs" / "nccl").exists()
+
+
+def test_check_layout_refuses_nccl_beyond_one_process_per_gpu_and_lets_gloo_share(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError) as err:
+        distributed.check_layout("auto", "nccl", 2)
+    message = str(err.value)
+    assert "2 processes per node but 1 visible GPU(s)" in message and "\n" not in message
+    assert "backend=gloo" in message  # what would be valid
+    with pytest.raises(ConfigError, match="1 visible GPU"):
+        distributed.check_layout("cuda", "auto", 2)  # auto means NCCL on CUDA
+    # gloo: the two processes share the one GPU (process i on GPU i % 1)
+    distributed.check_layout("auto", "gloo", 2)
+    assert distributed.resolve("auto", "gloo") == ("cuda", "gloo")
+    distributed.check_layout("auto", "nccl", 1)  # one process per GPU is NCCL's layout
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ConfigError, match=r"^device=cuda but torch sees no CUDA device"):
+        distributed.check_layout("cuda", "auto", 1)
+    with pytest.raises(ConfigError, match=r"^backend=nccl needs CUDA devices"):
+        distributed.check_layout("auto", "nccl", 1)
+    assert distributed.resolve("auto", "auto") == ("cpu", "gloo")

@@ -6,13 +6,13 @@ all-reduce is built for.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import subprocess_env
 from test_distributed import COMMON as DISTRIBUTED_COMMON
 from test_distributed import free_port
 
@@ -22,13 +22,14 @@ from lbsgd.config import ConfigError
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 
-# test_distributed's tiny run (6 optimizer steps, the first 2 of them warmup), BN groups of 8
+# test_distributed's tiny run (6 optimizer steps, the first 2 of them warmup, device=cpu), BN
+# groups of 8
 COMMON = [k if not k.startswith("bn_batch=") else "bn_batch=8" for k in DISTRIBUTED_COMMON]
 
 
 def torchrun(target: list[str], nodes: int, per_node: int, cwd: Path, timeout: int = 240):
     """Run ``target`` on ``nodes`` torchrun agents of ``per_node`` processes; every agent's result."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
+    env = subprocess_env()
     port = free_port()
     agents = [
         subprocess.Popen(
@@ -122,7 +123,7 @@ def test_comm_keys_refuse_impossible_settings_in_one_line():
 
 
 def lbsgd_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
+    env = subprocess_env()
     return subprocess.run([sys.executable, "-m", "lbsgd", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=240)  # fmt: skip
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import subprocess_env
 
 from lbsgd import checkpoint
 
@@ -45,9 +46,10 @@ COMMON = [
     "schedule=cosine",
     "epochs=0.75",
     "threads=1",
+    "device=cpu",
     "wandb=disabled",
     "log_every=2",
-]  # fmt: skip  (6 optimizer steps: 256 / 32 = 8 per epoch)
+]  # fmt: skip  (6 optimizer steps: 256 / 32 = 8 per epoch; gloo on CPU on any machine)
 
 
 def free_port() -> int:
@@ -56,8 +58,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def lbsgd(args, nproc=None, cwd=None, timeout=240):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def lbsgd(args, nproc=None, cwd=None, timeout=240, env=None):
+    """``python -m lbsgd *args``, or ``lbsgd train *args`` under torchrun with ``nproc`` processes;
+    ``env``: variables added to :func:`conftest.subprocess_env`'s."""
+    env = subprocess_env(**(env or {}))
     if nproc:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
                f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
@@ -171,7 +175,7 @@ def test_progress_bar_shows_on_a_terminal_and_stays_quiet_otherwise(tmp_path):
     fcntl.ioctl(
         follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0)
     )  # a 100-col terminal
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = subprocess_env()
     proc = subprocess.Popen([sys.executable, "-m", "lbsgd", "train", *args, "name=tty"],
                             stdout=subprocess.DEVNULL, stderr=follower, env=env)  # fmt: skip
     os.close(follower)

@@ -325,3 +325,13 @@ def test_alexnet_bn_one_sgd_step_changes_every_parameter():
     nn.functional.cross_entropy(model(torch.randn(8, 3, 16, 16)), torch.arange(8)).backward()
     opt.step()
     assert not [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
+
+
+@pytest.mark.parametrize("image_size, pooled", [(16, False), (32, True)])
+def test_alexnet_skips_its_adaptive_pool_where_it_is_the_identity(image_size, pooled):
+    # the identity pool would still run a backward with no deterministic CUDA kernel
+    model = build(SimpleNamespace(model="alexnet", pool5_bn=False), 10, image_size)
+    calls = []
+    model.avgpool.register_forward_hook(lambda *a: calls.append(1))
+    out = model(torch.randn(2, 3, image_size, image_size))
+    assert out.shape == (2, 10) and bool(calls) == pooled

@@ -8,7 +8,6 @@ study is copied rather than trained again.
 import ast
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ import nbformat
 import pandas as pd
 import papermill
 import pytest
+from conftest import subprocess_env
 
 from lbsgd import config, profiles, report
 from lbsgd import experiments as ex
@@ -76,15 +76,16 @@ SECRET = "lbsgd-test-secret-0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 
 @pytest.fixture(scope="module")
 def smoke_out(tmp_path_factory):
-    """One results root for all notebooks of the module (identical runs are copied, not retrained)."""
-    saved = {k: os.environ.get(k) for k in ("WANDB_API_KEY", "LBSGD_TEST_TOKEN")}
-    os.environ.update(WANDB_API_KEY=SECRET, LBSGD_TEST_TOKEN=SECRET)
-    yield tmp_path_factory.mktemp("smoke_results")
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    """One results root for all notebooks of the module (identical runs are copied, not retrained).
+
+    A notebook's parameters hold no device (its runs take the profile's keys, device=auto), so the
+    kernels and the runs they start are shown no GPU: the smoke profile is CPU semantics (gloo,
+    one process per run) on any machine."""
+    with pytest.MonkeyPatch.context() as mp:
+        for var, value in (("WANDB_API_KEY", SECRET), ("LBSGD_TEST_TOKEN", SECRET),
+                           ("CUDA_VISIBLE_DEVICES", "")):  # fmt: skip
+            mp.setenv(var, value)
+        yield tmp_path_factory.mktemp("smoke_results")
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +179,7 @@ def test_report_gathers_every_study(execute, smoke_out, tmp_path):
     empty.mkdir()
     cli = subprocess.run(
         [sys.executable, "-m", "lbsgd", "report", "--results", str(empty)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert cli.returncode == 2, (cli.returncode, cli.stdout, cli.stderr)
     lines = cli.stderr.strip().splitlines()
@@ -258,7 +259,7 @@ def test_help_notebook_documents_every_parameter_with_type_and_help(nb):
 
 
 def tiny_keys(k=1, **overrides):
-    return profiles.get("smoke").keys(k=k, synthetic_train=500, epochs=1, **overrides)
+    return profiles.get("smoke").keys(k=k, synthetic_train=500, epochs=1, device="cpu", **overrides)
 
 
 def _unreadable_cifar10(data_dir: Path) -> None:
@@ -293,6 +294,7 @@ def test_a_failing_run_fails_its_notebook_with_the_run_and_its_log(tmp_path, mon
     out = tmp_path / "out"
     params = {"profile": "cifar10", "out_dir": str(out), "parallel": 1, "wandb": "disabled"}
     monkeypatch.chdir(tmp_path)  # the run name hashes data_dir as given: relative
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the notebook's runs take no device key
     P = profiles.get("cifar10")
     name = config.from_dict({**P.keys(k=16, seed=P.seeds[0]), "study": "quickstart"}).run_name()
     log = out / "quickstart" / f"{name}.log"

@@ -12,7 +12,6 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import subprocess_env
+from test_distributed import free_port
 
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError
@@ -48,6 +49,7 @@ KEYS = {
     "epochs": 2,
     "eval_every": 1,
     "threads": 1,
+    "device": "cpu",  # gloo and bitwise-repeatable kernels on any machine (tests/test_cuda.py: GPU)
     "wandb": "disabled",
     "log_every": 2,
     "checkpoint_every": 3,
@@ -61,21 +63,15 @@ def _args(out: Path, name: str, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in keys.items()]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(args, nproc=None, kill_at=None, kill_rank=0, restarts=0, timeout=300):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = subprocess_env(PYTHONUNBUFFERED="1")
     env.pop("TORCHELASTIC_RESTART_COUNT", None)
     if kill_at is not None:
         env.update(LBSGD_TEST_KILL_AT_STEP=str(kill_at), LBSGD_TEST_KILL_RANK=str(kill_rank))
     if nproc:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
                f"--nproc-per-node={nproc}", f"--max-restarts={restarts}", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{_port()}", WORKER, "train", *args]  # fmt: skip
+               f"--rdzv-endpoint=127.0.0.1:{free_port()}", WORKER, "train", *args]  # fmt: skip
     else:
         cmd = [sys.executable, WORKER, "train", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -198,11 +194,11 @@ def test_state_each_process_holds_alone_survives_a_kill(tmp_path, keys, own):
 
 
 def _popen(args, nproc=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = subprocess_env(PYTHONUNBUFFERED="1")
     if nproc:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
                f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{_port()}", "-m", "lbsgd", "train", *args]  # fmt: skip
+               f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "lbsgd", "train", *args]  # fmt: skip
     else:
         cmd = [sys.executable, "-m", "lbsgd", "train", *args]
     return subprocess.Popen(

@@ -157,7 +157,7 @@ def test_bench_commands_compare_against_a_baseline_in_the_same_process(tmp_path,
 
     monkeypatch.setattr(bench, "RECIPES", {"precision": bench.RECIPES["precision"][:2]})
     tiny_keys = ["synthetic_train=512", "synthetic_test=128", "synthetic_difficulty=easy",
-                 "depth=8", "width=4"]  # fmt: skip
+                 "depth=8", "width=4", "device=cpu"]  # fmt: skip
     t = bench.bench_train(tiny_keys, steps=3, repeats=2, out=str(tmp_path / "t.json"))
     assert t["ratio"] == pytest.approx(t["trainer_img_per_s"] / t["bare_img_per_s"])
     assert len(t["all_bare"]) == len(t["all_trainer"]) == 2
@@ -171,3 +171,19 @@ def test_bench_commands_compare_against_a_baseline_in_the_same_process(tmp_path,
     assert json.loads((tmp_path / "r.json").read_text())["results"] == json.loads(
         json.dumps(r["results"])
     )
+
+
+def test_deterministic_mode_holds_during_the_run_and_is_undone_after_it(tiny, monkeypatch):
+    seen = []
+    run = _Run.run
+
+    def spy(self):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return run(self)
+
+    monkeypatch.setattr(_Run, "run", spy)
+    assert not torch.are_deterministic_algorithms_enabled()
+    summary = train(tiny(deterministic=True, epochs=0.25))
+    assert seen == [True] and summary["environment"]["deterministic"] is True
+    assert summary["environment"]["backend"] == "gloo"  # what a group on this device would use
+    assert not torch.are_deterministic_algorithms_enabled()  # a notebook's process as it was

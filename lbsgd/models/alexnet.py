@@ -145,7 +145,9 @@ class AlexNet(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.avgpool(self.features(x))
+        x = self.features(x)
+        if x.shape[-2:] != self.avgpool.output_size:  # at the design size the pool is the
+            x = self.avgpool(x)  # identity; skipped, it costs no (non-deterministic CUDA) backward
         return self.classifier(x.flatten(1))
 
 
