@@ -367,6 +367,7 @@ class _Run:
             pin=ctx.device.type == "cuda",
             seeds=(data.sample_seeds(2 * cfg.seed, p) for t in steps
                    for p in sampler.rank_positions(t)),
+            device=ctx.device,
         )  # fmt: skip
         criterion = torch.nn.CrossEntropyLoss()
         prec = self.precision
@@ -396,7 +397,7 @@ class _Run:
             first = (step * ctx.world_size + ctx.rank) * d.accum_steps
             seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
             for i in range(d.accum_steps):
-                torch.manual_seed(int(seeds[i]))
+                _seed(int(seeds[i]), ctx.device)
                 x, y = next(stream)
                 x = x.to(ctx.device, non_blocking=True, memory_format=fmt)
                 y = y.to(ctx.device, non_blocking=True)
@@ -526,7 +527,9 @@ class _Run:
         sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss, top1, top5, count
         k = min(5, self.splits.num_classes)
         fmt = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
-        for x, y in data.batches(test, idx.split(4 * self.d.micro_batch), self.cfg.workers):
+        for x, y in data.batches(
+            test, idx.split(4 * self.d.micro_batch), self.cfg.workers, device=ctx.device
+        ):
             x = x.to(ctx.device, memory_format=fmt)
             y = y.to(ctx.device)
             with self.precision.autocast():
@@ -622,7 +625,8 @@ class _Run:
         """One training forward/backward on the first micro-batch that leaves no trace: buffers
         (BN statistics) and RNG states restored, gradients dropped. Training mode, because the
         order in which the backward pass produces gradients is what DDP's buckets follow."""
-        x, y = next(data.batches(self.splits.train, [torch.arange(self.d.micro_batch)]))
+        x, y = next(data.batches(self.splits.train, [torch.arange(self.d.micro_batch)],
+                                 device=self.ctx.device))  # fmt: skip
         fmt = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
         x = x.to(self.ctx.device, memory_format=fmt)
         buffers = [b.detach().clone() for b in self.net.buffers()]
@@ -656,6 +660,15 @@ def _check_checkpoint(cfg: Config, state: dict[str, Any], sampler: data.StepSamp
             f"checkpoint {state['file']!r} was made on a train split of {state.get('num_train')} "
             f"samples, this run's has {sampler.num_samples}: the data changed, resume is refused"
         )
+
+
+def _seed(seed: int, device: torch.device) -> None:
+    """Seed the generators a step draws from: the CPU's, and the training GPU's. (torch.manual_seed
+    also queues seeds for every other device type, capturing a traceback for each, on every
+    call: a measurable share of a small CPU step.)"""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)  # the current device: distributed.init set it to ours
 
 
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:

@@ -198,8 +198,18 @@ class RunningStats:
         self.by_momentum: dict[float, list[GhostBatchNorm]] = {}
         for m in modules:
             self.by_momentum.setdefault(float(m.momentum), []).append(m)
-        self.modules = modules
         self.sums = [m.group_sums for m in modules]
+        # the lists each commit works on, made once (buffers are not replaced after this point)
+        self.updates = [
+            (
+                (1.0 - momentum) ** groups,  # keep: G sequential updates with the average
+                [t for m in mods for t in (m.running_mean, m.running_var)],
+                [t for m in mods for t in m.group_sums.unbind()],
+                [m.num_batches_tracked for m in mods],
+            )
+            for momentum, mods in self.by_momentum.items()
+        ]
+        self.modules = modules
 
     def commit(self) -> None:
         if not self.sums:
@@ -211,13 +221,10 @@ class RunningStats:
                 self.sums, [p.view_as(t) for p, t in zip(parts, self.sums, strict=True)]
             )
         with torch.no_grad():
-            for momentum, mods in self.by_momentum.items():
-                keep = (1.0 - momentum) ** self.groups  # G sequential updates with the average
-                running = [t for m in mods for t in (m.running_mean, m.running_var)]
-                sums = [t for m in mods for t in (m.group_mean_sum, m.group_var_sum)]
+            for keep, running, sums, counts in self.updates:
                 torch._foreach_mul_(running, keep)
                 torch._foreach_add_(running, sums, alpha=(1.0 - keep) / self.groups)
-                torch._foreach_add_([m.num_batches_tracked for m in mods], 1)
+                torch._foreach_add_(counts, 1)
             torch._foreach_zero_(self.sums)
             # a non-finite statistic would survive momentum 1 (0 · inf = NaN): start clean
             scratch = [m._stats for m in self.modules if m._stats is not None]
