@@ -139,8 +139,12 @@ def batches(
     workers: int = 0,
     pin: bool = False,
     seeds: Iterable[torch.Tensor] | None = None,
+    device: torch.device | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(inputs, labels) for each index tensor in ``index_batches``, in order.
+
+    ``device``: the training device, where batch-level work (augmentation, normalisation of
+    compact uint8 images) happens for datasets that do it there; None = where the data lives.
 
     ``seeds`` (one tensor per index tensor, e.g. :func:`sample_seeds` of the sampler's stream
     positions) makes random augmentation reproducible: each sample's transform draws from torch's
