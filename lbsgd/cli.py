@@ -1,4 +1,5 @@
-"""Command line: ``lbsgd train key=value …`` (alone or under torchrun), ``lbsgd keys``, ``lbsgd bench``.
+"""Command line: ``lbsgd train key=value …`` (alone or under torchrun), ``lbsgd keys``, ``lbsgd bench``,
+``lbsgd data fake {cifar10,imagenet} DIR`` (files to test and benchmark with, no download).
 
 Exit codes: 0 completed, 2 bad input (one line on stderr, nothing written), 3 diverged, 1 other errors.
 """
@@ -63,6 +64,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     br.add_argument("--out", default=None, help="also write the result as JSON here")
     br.add_argument("overrides", nargs="*", metavar="key=value")
+    bd = bsub.add_parser(
+        "data", help="loader-only img/s of a file dataset vs the model's compute-bound img/s"
+    )
+    bd.add_argument("--dataset", required=True, help="cifar10 or imagenet")
+    bd.add_argument("--data-dir", required=True, help="its folder (lbsgd data fake writes one)")
+    bd.add_argument("--workers", type=int, default=0, help="loader worker processes")
+    bd.add_argument("--batches", type=int, default=50,
+                    help="micro-batches the loader delivers, the first timed apart")  # fmt: skip
+    bd.add_argument("--steps", type=int, default=30,
+                    help="optimizer steps of the compute measurement (first 3: warm-up)")  # fmt: skip
+    bd.add_argument("--out", default=None, help="also write the result as JSON here")
+    bd.add_argument("overrides", nargs="*", metavar="key=value",
+                    help="model, precision, micro-batch, device: as for bench train")  # fmt: skip
     ba = bsub.add_parser(
         "allreduce", help="all-reduce time and bus bandwidth vs message size, flat and hierarchical"
     )
@@ -73,7 +87,46 @@ def _parser() -> argparse.ArgumentParser:
     ba.add_argument("--iters", type=int, default=10, help="timed all-reduces per size and path")
     ba.add_argument("--out", default="results/benchmarks/allreduce_cpu.json", help="JSON result")
     ba.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    _data_parser(sub)
     return p
+
+
+def _data_parser(sub) -> None:
+    d = sub.add_parser("data", help="dataset files")
+    fake = d.add_subparsers(dest="data", required=True).add_parser(
+        "fake", help="write fake files in the layout the loaders read (refuses a non-empty DIR)"
+    )
+    kinds = fake.add_subparsers(dest="kind", required=True)
+    c = kinds.add_parser("cifar10", help="DIR/cifar-10-batches-py/ (torchvision's python version)")
+    c.add_argument("--train", type=int, default=50_000, help="training images (5 batch files)")
+    c.add_argument("--test", type=int, default=10_000, help="test images")
+    i = kinds.add_parser("imagenet", help="DIR/{train,val}/<class>/*.JPEG (ImageFolder)")
+    i.add_argument("--train", type=int, default=1_000, help="training images, over the classes")
+    i.add_argument("--val", type=int, default=200, help="validation images, over the classes")
+    i.add_argument("--classes", type=int, default=10, help="class folders")
+    i.add_argument("--width", type=int, default=500, help="JPEG width (ImageNet's typical 500)")
+    i.add_argument("--height", type=int, default=375, help="JPEG height (typical 375)")
+    i.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    for k in (c, i):
+        k.add_argument("dir", metavar="DIR", help="new or empty directory to write into")
+        k.add_argument("--seed", type=int, default=0, help="the images drawn (deterministic)")
+
+
+def _fake_files(args: argparse.Namespace) -> int:
+    from lbsgd.data import fake_files
+
+    try:
+        if args.kind == "cifar10":
+            where = fake_files.write_cifar10(args.dir, args.train, args.test, args.seed)
+        else:
+            where = fake_files.write_imagenet(args.dir, args.train, args.val, args.classes,
+                                              (args.width, args.height), args.quality,
+                                              args.seed)  # fmt: skip
+    except (FileExistsError, ValueError) as e:  # nothing written
+        print(f"lbsgd: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"wrote {where}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "keys":
         print(config.describe_keys())
         return 0
+    if args.command == "data":
+        return _fake_files(args)
     if args.command == "report":
         from lbsgd import report
 
@@ -109,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
                 except ValueError as e:  # bad sizes or process counts: one line, nothing started
                     print(f"lbsgd: error: {e}", file=sys.stderr)
                     return EXIT_BAD_INPUT
+            return 0
+        if args.bench == "data":
+            from lbsgd import bench_data
+
+            bench_data.bench_data(args.dataset, args.data_dir, args.workers, args.batches,
+                                  args.steps, args.overrides, args.out)  # fmt: skip
             return 0
         from lbsgd import bench
 

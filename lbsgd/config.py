@@ -147,7 +147,11 @@ class Config:
         "samples per process per forward/backward; null = bn_batch; auto = the largest multiple "
         "of bn_batch dividing the per-process share that fits the device (probed; see README)",
     )
-    workers: int = _hw(0, "DataLoader worker processes for file datasets (0: in the main process)")
+    workers: int = _hw(
+        0,
+        "DataLoader worker processes for imagenet and other per-sample datasets "
+        "(0: in the main process; in-memory ones, cifar10 included, use none)",
+    )
     bucket_cap_mb: float = _hw(25.0, "DDP gradient bucket size in MB (tensor fusion)")
     comm_hook: Literal["none", "fp16", "bf16", "powersgd", "hierarchical", "parameter_server"] = (
         _hw(

@@ -200,3 +200,29 @@ def test_cli_diverged_run_exits_3_with_status_recorded(tmp_path):
     assert "diverged" in r.stdout
     summary = (tmp_path / "runs" / "boom" / "summary.json").read_text()
     assert '"status": "diverged"' in summary
+
+
+def test_cifar10_augmentation_does_not_depend_on_the_layout(tmp_path):
+    """On CIFAR-10 files (5 x 64 training images of 32x32), each sample's pad-crop-flip is drawn
+    from its position in the run's stream, on the training device: 2 processes x micro-batch 16,
+    1 process accumulating 2 x 16 and 1 process with micro-batch 32 train on the same augmented
+    images (same final weights; a draw per micro-batch from a reseeded generator would not)."""
+    from test_folders import _write_cifar
+
+    _write_cifar(tmp_path / "cifar", per_batch=64, n_test=32)
+    keys = [k for k in COMMON if not k.startswith(("synthetic_", "bn_batch=", "epochs="))]
+    keys += ["dataset=cifar10", f"data_dir={tmp_path / 'cifar'}", "bn_batch=8"]
+    keys += ["epochs=0.6"]  # 6 steps of 32 out of 320 images
+    layouts = {"two": (2, 16), "accumulate": (None, 16), "whole": (None, 32)}
+    for name, (nproc, micro) in layouts.items():
+        args = [*keys, f"micro_batch={micro}", f"out_dir={tmp_path}", f"name={name}"]
+        r = lbsgd(args, nproc=nproc) if nproc else lbsgd(["train", *args])
+        assert r.returncode == 0, r.stderr[-3000:]
+    ref = checkpoint.load(tmp_path / "runs" / "accumulate")
+    assert ref["step"] == 6
+    for name in ("two", "whole"):
+        state = checkpoint.load(tmp_path / "runs" / name)["model"]
+        for key, value in ref["model"].items():
+            torch.testing.assert_close(
+                state[key], value, rtol=1e-5, atol=1e-6, msg=f"{name}: {key}"
+            )

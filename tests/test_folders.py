@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +10,7 @@ import torch
 from PIL import Image
 
 from lbsgd import data
+from lbsgd.data.fake_files import dump_py2 as _dump_py2
 from lbsgd.data.folders import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -32,30 +31,6 @@ def _normalise(chw_uint8: np.ndarray, mean, std) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------- CIFAR-10
-
-
-class _Py2Pickler(pickle._Pickler):
-    """Pickles bytes as Python 2 ``str`` (SHORT_BINSTRING/BINSTRING opcodes), as the real CIFAR-10
-    files do (they were written by Python 2 cPickle). Loaded with encoding="latin1", as torchvision
-    does, the keys come back as "data"; with encoding="bytes" as b"data". Python 3's own pickler
-    would store b"data" as bytes, which torchvision's entry["data"] lookup does not find."""
-
-    dispatch = dict(pickle._Pickler.dispatch)
-
-    def _save_py2_str(self, obj: bytes) -> None:
-        n = len(obj)
-        if n < 256:
-            self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj)
-        else:
-            self.write(pickle.BINSTRING + struct.pack("<i", n) + obj)
-        self.memoize(obj)
-
-    dispatch[bytes] = _save_py2_str
-
-
-def _dump_py2(obj: dict, path: Path) -> None:
-    with open(path, "wb") as f:
-        _Py2Pickler(f, protocol=2).dump(obj)
 
 
 def _write_cifar(root: Path, per_batch: int = 3, n_test: int = 4) -> dict[str, tuple]:
@@ -191,13 +166,15 @@ def test_imagenet_classes_shapes_and_val_transform(tmp_path):
 
     torch.manual_seed(0)
     crops = [train[i][0] for i in range(len(train))]
-    assert all(x.dtype == torch.float32 and x.shape == (3, 32, 32) for x in crops)
+    # items are uint8 crops; the float cast and normalisation happen per batch (data.batches)
+    assert all(x.dtype == torch.uint8 and x.shape == (3, 32, 32) for x in crops)
     assert not torch.equal(train[0][0], train[0][0])  # random resized crop differs per draw
     assert type(train[5][1]) is int and train[5][1] == 1
 
     # Val by hand: shorter side 30 -> int(32 * 256 / 224) = 36, so 40x30 -> 48x36 (bilinear, as
     # torchvision does for PIL); centre crop 32 starts at round((36-32)/2)=2, round((48-32)/2)=8.
-    image, label = val[6]
+    (batch, labels), *_ = data.batches(val, [torch.tensor([6])], device=torch.device("cpu"))
+    image, label = batch[0], int(labels[0])
     assert label == 1
     resized = Image.fromarray(written[("val", "n02", 2)]).resize((48, 36), Image.BILINEAR)
     crop = np.asarray(resized)[2:34, 8:40].transpose(2, 0, 1)

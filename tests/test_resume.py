@@ -193,6 +193,25 @@ def test_state_each_process_holds_alone_survives_a_kill(tmp_path, keys, own):
     _assert_bitwise(_weights(run_dir), _weights(tmp_path / "straight" / "runs" / "two"))
 
 
+def test_cifar10_run_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path):
+    """On CIFAR-10 files the pad-crop-flip of each sample is drawn from its stream position on the
+    training device, nothing else: a run killed mid-epoch resumes to the uninterrupted weights."""
+    from test_folders import _write_cifar
+
+    _write_cifar(tmp_path / "cifar", per_batch=64, n_test=32)  # 320 images: 10 steps per epoch
+    keys = {"dataset": "cifar10", "data_dir": str(tmp_path / "cifar"), "epochs": 1.6}  # 16 steps
+    r = _run(_args(tmp_path / "straight", "c", **keys))
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "c"
+    r = _run(_args(tmp_path, "c", **keys), kill_at=13)
+    assert r.returncode == -9
+    assert checkpoint.load(run_dir)["step"] == 12  # mid-epoch 2 (checkpoints every 3 steps)
+    r = _run(_args(tmp_path, "c", **keys))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "at step 12" in r.stdout
+    _assert_bitwise(_weights(run_dir), _weights(tmp_path / "straight" / "runs" / "c"))
+
+
 def _popen(args, nproc=None):
     env = subprocess_env(PYTHONUNBUFFERED="1")
     if nproc:

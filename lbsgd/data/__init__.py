@@ -17,13 +17,16 @@ A builder gets the run's config and returns :class:`Splits` of map-style dataset
 Device-resident data: :func:`build` moves in-memory splits to the run's device once (when they fit
 in a share of its memory), so that a batch is an index into device memory, not a host-to-device
 copy per micro-batch. Consumers need not know: :func:`batches` indexes a split where it lives and
-the trainer's ``x.to(device)`` is then a no-op. File datasets stay on the host (decoded and
-augmented by loader workers) and arrive in pinned batches when ``pin`` is asked.
+the trainer's ``x.to(device)`` is then a no-op. CIFAR-10 is in memory too, as uint8, and is
+augmented and normalised in batches on the training device (:mod:`lbsgd.data.device_images`).
+File datasets stay on the host (decoded and augmented by loader workers) and arrive in pinned
+batches when ``pin`` is asked.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +36,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lbsgd import distributed
 from lbsgd.config import ConfigError
-from lbsgd.data import fake, folders, synthetic
+from lbsgd.data import fake, folders, prefetch, synthetic
+from lbsgd.data.device_images import DeviceImages
 from lbsgd.data.sampler import StepSampler, permutation
 from lbsgd.registry import Registry
 
@@ -83,17 +87,21 @@ def build(cfg, device: torch.device | None = None) -> Splits:
 
 
 def resident(splits: Splits, device: torch.device) -> Splits:
-    """``splits`` with its TensorDataset splits copied to ``device`` once, when they fit
-    (:data:`RESIDENT_SHARE` of a GPU's free memory); other splits, and a host device, unchanged."""
+    """``splits`` with its in-memory splits (TensorDataset, :class:`DeviceImages`) copied to
+    ``device`` once, when they fit (:data:`RESIDENT_SHARE` of a GPU's free memory); other splits,
+    and a host device, unchanged."""
     if device.type == "cpu":
         return splits
     tensors = [t for ds in (splits.train, splits.test) if isinstance(ds, TensorDataset)
                for t in ds.tensors]  # fmt: skip
     size = sum(t.numel() * t.element_size() for t in tensors)
+    size += sum(ds.nbytes for ds in (splits.train, splits.test) if isinstance(ds, DeviceImages))
     if device.type == "cuda" and size > RESIDENT_SHARE * torch.cuda.mem_get_info(device)[0]:
         return splits
 
     def move(ds: Dataset) -> Dataset:
+        if isinstance(ds, DeviceImages):
+            return ds.to(device)
         if not isinstance(ds, TensorDataset):
             return ds
         return TensorDataset(*(t.to(device) for t in ds.tensors))
@@ -154,7 +162,19 @@ def batches(
     ``pin`` (page-locked batches, for asynchronous copies to a GPU) applies to loader batches only:
     an in-memory split is indexed where it lives, and one already on the GPU (:func:`resident`)
     is never pinned or copied; its index tensors follow it without a host wait.
+
+    Loader batches (file datasets) go to ``device`` when it is given, pinned (on CUDA) and one
+    batch ahead on a side stream (:func:`lbsgd.data.prefetch.to_device`); a dataset with an
+    ``on_device`` callable (ImageNet: uint8 items) has it applied to each batch there.
+
+    :class:`DeviceImages` (CIFAR-10) are batched by indexing too, then augmented with ``seeds`` and
+    normalised on ``device`` (:meth:`DeviceImages.batch`); ``workers`` and ``pin`` do not apply.
     """
+    if isinstance(dataset, DeviceImages):
+        seed_batches = seeds if seeds is not None else itertools.repeat(None)
+        for idx, s in zip(index_batches, seed_batches, strict=seeds is not None):
+            yield dataset.batch(idx, s, device)
+        return
     if isinstance(dataset, TensorDataset):
         x, y = dataset.tensors
         for idx in index_batches:
@@ -163,6 +183,9 @@ def batches(
                 idx = idx.to(x.device, non_blocking=True)
             yield x[idx], y[idx]
         return
+    # A file dataset's batch-level work (ImageNet: uint8 -> normalised float32) runs on `device`,
+    # after the copy; the next batch is copied and finished while the current one trains.
+    finish = getattr(dataset, "on_device", None)
     if seeds is not None:
         dataset = _Seeded(dataset)
         index_batches = (
@@ -173,10 +196,14 @@ def batches(
         dataset,
         batch_sampler=_AsLists(index_batches),  # lazy: a run's index stream can be huge
         num_workers=workers,
-        pin_memory=pin,
+        pin_memory=pin or (device is not None and device.type == "cuda"),
+        # iterated once: the training stream's workers live for the whole run without this
         persistent_workers=False,
     )
-    yield from loader
+    if finish is None and device is None:
+        yield from loader
+        return
+    yield from prefetch.to_device(loader, device, finish)
 
 
 _MASK64 = (1 << 64) - 1
@@ -206,7 +233,9 @@ class _Seeded(Dataset):
     def __getitem__(self, key: tuple[int, int]):
         index, seed = key
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            # the CPU generator alone: torch.manual_seed also queues a seed, with a captured
+            # traceback, for every other device type, per sample
+            torch.default_generator.manual_seed(seed)
             return self.dataset[index]
 
 
@@ -227,6 +256,7 @@ def shard(num_samples: int, rank: int, world_size: int) -> range:
 
 __all__ = [
     "DATASETS",
+    "DeviceImages",
     "Splits",
     "StepSampler",
     "batches",

@@ -4,24 +4,32 @@ Nothing here downloads: the machines this runs on may have no internet, so a mis
 ``data_dir`` is a ``FileNotFoundError`` that says which layout was expected and how to get it.
 
 * CIFAR-10 (Krizhevsky 2009) in torchvision's "python version" layout
-  (``cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``), read by
-  ``torchvision.datasets.CIFAR10``. Train augmentation is the usual one of He et al. 2016 §4.2
-  (4-pixel zero padding, random 32x32 crop, horizontal flip).
+  (``cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``), read once into uint8
+  tensors. Train augmentation is the usual one of He et al. 2016 §4.2 (4-pixel zero padding,
+  random 32x32 crop, horizontal flip), done in batches on the training device
+  (:mod:`lbsgd.data.device_images`), as is the normalisation.
 * ImageNet (ILSVRC-2012) in ``torchvision.datasets.ImageFolder`` layout (``train/<class>/*`` and
   ``val/<class>/*``). Train augmentation follows Goyal et al. 2017 §5.1: the scale and aspect-ratio
   augmentation of Szegedy et al. 2015 (GoogLeNet) plus horizontal flip; evaluation is the usual
   resize of the shorter side to 256/224 of the crop, then a centre crop.
 
-Every dataset returns ``(float32 CHW tensor, int label)``.
+Every dataset returns ``(float32 CHW tensor, int label)`` per item; CIFAR-10's are batched by
+:func:`lbsgd.data.batches` without a DataLoader.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
+import numpy as np
+import torch
 from torch.utils.data import Dataset
 from torchvision import datasets, transforms
+
+from lbsgd.data.device_images import DeviceImages
+from lbsgd.data.prefetch import Normalise
 
 # Per-channel mean/std over all pixels of the 50,000 CIFAR-10 training images, pixels scaled to
 # [0, 1] (recompute: CIFAR10(root).data.reshape(-1, 3).mean(0) / 255, likewise .std(0)). The
@@ -50,26 +58,6 @@ def _missing(data_dir: Path, problem: str, expected: str) -> FileNotFoundError:
     return FileNotFoundError(f"data_dir='{data_dir}' {problem} ({expected})")
 
 
-class _CIFAR10Files(datasets.CIFAR10):
-    """``torchvision.datasets.CIFAR10`` whose integrity check is "all expected files exist".
-
-    torchvision compares the md5 of each batch file against the official archive, which cannot be
-    satisfied by the tiny files the tests write, and hashing ~180 MB on every construction buys
-    little: a truncated or foreign batch still fails loudly when torchvision reshapes it to
-    (N, 3, 32, 32). ``cifar10`` checks the files itself first, so this only ever sees a full folder.
-    """
-
-    meta = {**datasets.CIFAR10.meta, "md5": None}  # md5=None: check_integrity tests existence only
-
-    def __init__(self, root: Path, base_folder: str, train: bool, transform: transforms.Compose):
-        self.base_folder = base_folder  # lets data_dir be the batches folder itself, under any name
-        super().__init__(root, train=train, transform=transform, download=False)
-
-    def _check_integrity(self) -> bool:
-        folder = Path(self.root, self.base_folder)
-        return all((folder / name).is_file() for name in _CIFAR_FILES)
-
-
 def _cifar10_root(data_dir: str | os.PathLike) -> tuple[Path, str]:
     """(torchvision root, batches folder name) of a CIFAR-10 data_dir; FileNotFoundError if not."""
     data_dir = Path(data_dir).expanduser()
@@ -87,22 +75,40 @@ def _cifar10_root(data_dir: str | os.PathLike) -> tuple[Path, str]:
     return root, folder
 
 
-def cifar10(data_dir: str | os.PathLike, augment: bool = True) -> tuple[Dataset, Dataset, int, int]:
+def _read_split(folder: Path, names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 (N, 3, 32, 32) images and int64 labels of the batch files ``names``, in order: each
+    row of a file's "data" is 1024 red, then green, then blue pixels, each plane row-major."""
+    images, labels = [], []
+    for name in names:
+        with open(folder / name, "rb") as f:
+            entry = pickle.load(f, encoding="latin1")
+        pixels = np.asarray(entry["data"], dtype=np.uint8)
+        if pixels.ndim != 2 or pixels.shape[1] != 3072 or len(pixels) != len(entry["labels"]):
+            raise ValueError(f"{folder / name}: expected one 3072-byte row per label, got data of "
+                             f"shape {pixels.shape} and {len(entry['labels'])} labels")  # fmt: skip
+        images.append(pixels.reshape(-1, 3, 32, 32))
+        labels.extend(entry["labels"])
+    return torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.int64)
+
+
+def cifar10(
+    data_dir: str | os.PathLike, augment: bool = True
+) -> tuple[DeviceImages, DeviceImages, int, int]:
     """Return ``(train, test, num_classes=10, image_size=32)`` for CIFAR-10 under ``data_dir``.
 
     ``data_dir`` is either the folder holding ``cifar-10-batches-py/`` (torchvision's ``root``) or
-    that batches folder itself. ``augment=False`` gives the train set the test transform.
+    that batches folder itself. Both splits are read once into uint8 tensors
+    (:class:`~lbsgd.data.device_images.DeviceImages`), normalised per batch on the training device;
+    the train split is pad-crop-flip augmented there, unless ``augment=False``.
     """
     root, folder = _cifar10_root(data_dir)
-    normalise = [transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
-    test_tf = transforms.Compose(normalise)
-    train_tf = test_tf
-    if augment:
-        train_tf = transforms.Compose(
-            [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(), *normalise]
-        )
-    train = _CIFAR10Files(root, folder, train=True, transform=train_tf)
-    test = _CIFAR10Files(root, folder, train=False, transform=test_tf)
+    folder = root / folder
+    with open(folder / "batches.meta", "rb") as f:
+        classes = list(pickle.load(f, encoding="latin1")["label_names"])
+    x_tr, y_tr = _read_split(folder, [f"data_batch_{i}" for i in range(1, 6)])
+    x_te, y_te = _read_split(folder, ["test_batch"])
+    train = DeviceImages(x_tr, y_tr, CIFAR10_MEAN, CIFAR10_STD, augment, classes)
+    test = DeviceImages(x_te, y_te, CIFAR10_MEAN, CIFAR10_STD, False, classes)
     return train, test, 10, 32
 
 
@@ -149,11 +155,15 @@ def imagenet(
 ) -> tuple[Dataset, Dataset, int, int]:
     """Return ``(train, val, num_classes, image_size)`` for an ImageFolder tree under ``data_dir``.
 
-    Labels are the indices of the sorted class-folder names, identical for train and val.
+    Labels are the indices of the sorted class-folder names, identical for train and val. Items
+    are uint8 CHW crops (decoded, cropped, resized and flipped by PIL in the loader workers, no
+    float work on the CPU); each split's ``on_device`` (:class:`~lbsgd.data.prefetch.Normalise`
+    with the ImageNet statistics) turns a collated batch into normalised float32 where it trains,
+    which :func:`lbsgd.data.batches` does.
     """
     data_dir = Path(data_dir).expanduser()
     train_classes = _imagenet_classes(data_dir)
-    normalise = [transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    to_uint8 = [transforms.PILToTensor()]  # HWC PIL -> uint8 CHW, no scaling
     # fb.resnet.torch, whose recipe Goyal et al. follow, also applies colour augmentation (colour
     # jitter plus AlexNet-style PCA lighting). It is left out: it is expected to be a small effect
     # on final error, it is the same at every minibatch size so it does not change the comparisons
@@ -163,16 +173,25 @@ def imagenet(
         [
             transforms.RandomResizedCrop(image_size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)),
             transforms.RandomHorizontalFlip(),
-            *normalise,
+            *to_uint8,
         ]
     )
     val_tf = transforms.Compose(
         [
             transforms.Resize(int(image_size * 256 / 224)),  # 256 for 224, the usual ratio
             transforms.CenterCrop(image_size),
-            *normalise,
+            *to_uint8,
         ]
     )
-    train = datasets.ImageFolder(str(data_dir / "train"), transform=train_tf)
-    val = datasets.ImageFolder(str(data_dir / "val"), transform=val_tf)
+    train = _UInt8ImageFolder(data_dir / "train", train_tf)
+    val = _UInt8ImageFolder(data_dir / "val", val_tf)
     return train, val, len(train_classes), image_size
+
+
+class _UInt8ImageFolder(datasets.ImageFolder):
+    """ImageFolder of uint8 CHW items; ``on_device`` normalises a batch of them where it trains
+    (read by :func:`lbsgd.data.batches`, which applies it after the copy to the device)."""
+
+    def __init__(self, root: Path, transform: transforms.Compose) -> None:
+        super().__init__(str(root), transform=transform)
+        self.on_device = Normalise(IMAGENET_MEAN, IMAGENET_STD)
