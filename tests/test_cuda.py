@@ -263,3 +263,23 @@ def test_ghost_bn_on_cuda_equals_plain_bn_applied_per_group(dtype, fmt):
     torch.testing.assert_close(
         bn.group_var_sum, groups.var(-1, unbiased=True).sum(0), rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.slow
+def test_micro_batch_auto_probes_the_gpu_leaves_no_trace_and_is_recorded(tmp_path):
+    # the tiny run's share (batch 64, bn_batch 16) fits whole: the probe picks 64; with
+    # deterministic kernels the run ends bitwise where micro_batch=64 given by hand ends, so the
+    # probe's forward/backward left nothing behind (BN buffers, RNG, gradients)
+    keys = {"deterministic": True, "epochs": 1}
+    out = {}
+    for name, micro in (("auto", "auto"), ("fixed", 64)):
+        r = lbsgd(["train", *_args(tmp_path, name, micro_batch=micro, **keys)],
+                  env=FP32_ONLY)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[name] = r.stdout
+    assert "micro_batch=auto -> 64" in out["auto"]
+    saved = (tmp_path / "runs" / "auto" / "config.yaml").read_text()
+    assert "micro_batch: auto" in saved and "\nmicro_batch: 64" in saved  # the key, then derived
+    auto, fixed = (checkpoint.load(tmp_path / "runs" / n)["model"] for n in ("auto", "fixed"))
+    for k in fixed:
+        assert torch.equal(auto[k], fixed[k]), k
