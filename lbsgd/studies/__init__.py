@@ -1,0 +1,250 @@
+"""The studies: each paper's ablation as a run list, a table beside the published numbers, and rules
+that decide whether this replay shows the paper's claims.
+
+A study module (``lbsgd/studies/<study>.py``) holds the decisions; its notebook holds parameters,
+the sweep call, tables and figures (DESIGN §9, STYLE 11). Every notebook starts the same way::
+
+    S = studies.start("warmup", profile=profile, seeds=seeds, epochs=epochs, out_dir=out_dir, ...)
+    df = S.sweep(warmup.runs(S.profile, S.seeds, ks))
+
+and ends with ``S.findings(warmup.findings(...))``. :func:`start` resolves the results root to the
+repository's ``results/`` whatever the kernel's working directory, so JupyterLab (kernel in
+``notebooks/``), papermill and ``make reproduce`` write to the same place; each profile has its own
+folder, ``results/<profile>/<study>/``, so a smoke run never replaces a cpu result.
+
+A finding is decided by :func:`decide` from the per-seed errors of the arms it compares. It is
+``undecided`` (never "replayed") when its evidence cannot decide it: every run at chance, one run
+per arm (no seed spread to judge the margin by), or a margin inside the seed spread; the evidence
+then says which.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lbsgd import experiments as ex
+from lbsgd import profiles
+from lbsgd.experiments import Finding
+
+# The notebooks in reading order (notebooks/NN_<study>.ipynb); titles start with the number.
+STUDIES: tuple[str, ...] = ("quickstart", "warmup", "batch_scaling", "lr_scaling_rule",
+                            "bn_gamma_init", "lars", "bn_decay", "pool5_bn", "mixed_precision",
+                            "scaling")  # fmt: skip
+
+# A run is "at chance" when its top-1 error is within this many points of 100·(1 − 1/classes):
+# at the smoke profile every run ends at 86-91% on 10 classes (chance 90%).
+CHANCE_MARGIN_PCT = 5.0
+
+
+# -- where results go --------------------------------------------------------------------------
+
+
+def repo_root() -> Path:
+    """The checkout holding lbsgd (an editable install), else the working directory."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "pyproject.toml").is_file() else Path.cwd()
+
+
+def results_root(out_dir: str | os.PathLike | None = None) -> Path:
+    """The results root: ``None`` is the repository's ``results/``; a relative path is taken from
+    the repository root (not the kernel's working directory); an absolute path is itself."""
+    if out_dir is None:
+        return repo_root() / "results"
+    path = Path(out_dir).expanduser()
+    return path if path.is_absolute() else repo_root() / path
+
+
+# -- the decision rules ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the evidence shows a claim (None: it cannot decide), and why when undecided."""
+
+    replayed: bool | None
+    why: str = ""
+
+    def text(self) -> str:
+        """``"; undecided: …"`` to append to a finding's evidence (empty when decided)."""
+        return f"; undecided: {self.why}" if self.replayed is None else ""
+
+
+def chance_error_pct(num_classes: int) -> float:
+    """Top-1 error (%) of guessing: 100·(1 − 1/classes)."""
+    return 100.0 * (1.0 - 1.0 / num_classes)
+
+
+def spread(*arms: Sequence[float]) -> float | None:
+    """The seed spread of a comparison: the largest sample standard deviation over the seeds of
+    one arm (None when no arm has two runs)."""
+    sds = [statistics.stdev(a) for a in arms if len(a) >= 2]
+    return max(sds) if sds else None
+
+
+def decide(
+    x: Sequence[float],
+    y: Sequence[float],
+    *,
+    more_than: float | None = None,
+    at_most: float | None = None,
+    chance: float | None = None,
+    seed_spread: float | None = None,
+) -> Verdict:
+    """The claim ``mean(x) − mean(y) > more_than`` (or ``≤ at_most``), decided from per-seed values
+    (top-1 errors in %, one per seed) of two arms.
+
+    Undecided when
+    - every run of both arms is at ``chance`` (within :data:`CHANCE_MARGIN_PCT`), or
+    - no arm has two seeds and no ``seed_spread`` is given (a spread measured elsewhere in the
+      study, e.g. the baseline's), so the margin cannot be judged, or
+    - the margin, the distance of ``mean(x) − mean(y)`` from the threshold, is no larger than the
+      seed spread (:func:`spread` of the arms unless ``seed_spread`` is given).
+    """
+    if (more_than is None) == (at_most is None):
+        raise ValueError("decide: give exactly one of more_than= or at_most=")
+    if not x or not y:
+        raise ValueError("decide: each arm needs at least one value")
+    vals = [*x, *y]
+    if any(not math.isfinite(v) for v in vals):
+        return Verdict(None, "a run has no finite result")
+    if chance is not None and all(v >= chance - CHANCE_MARGIN_PCT for v in vals):
+        return Verdict(None, f"every run is at chance ({chance:.0f}% error)")
+    diff = statistics.fmean(x) - statistics.fmean(y)
+    threshold = more_than if more_than is not None else at_most
+    s = seed_spread if seed_spread is not None else spread(x, y)
+    if s is None:
+        return Verdict(None, "one seed per arm: no seed spread to judge the margin by")
+    margin = abs(diff - threshold)
+    if margin <= s:
+        return Verdict(None, f"the margin ({margin:.2f} points) is inside the seed spread "
+                             f"({s:.2f} points, standard deviation over seeds)")  # fmt: skip
+    return Verdict(diff > threshold if more_than is not None else diff <= threshold)
+
+
+def lower(a: Sequence[float], b: Sequence[float], **kw: Any) -> Verdict:
+    """The claim "a's error is lower than b's" (mean over seeds)."""
+    return decide(b, a, more_than=0.0, **kw)
+
+
+def within(a: Sequence[float], b: Sequence[float], points: float, **kw: Any) -> Verdict:
+    """The claim "a's error is no more than ``points`` above b's" (mean over seeds)."""
+    return decide(a, b, at_most=points, **kw)
+
+
+def worse_by(a: Sequence[float], b: Sequence[float], points: float, **kw: Any) -> Verdict:
+    """The claim "a's error is more than ``points`` above b's" (mean over seeds)."""
+    return decide(a, b, more_than=points, **kw)
+
+
+def finding(claim: str, verdict: Verdict, evidence: str) -> Finding:
+    """A finding whose evidence ends with the reason when the verdict is undecided."""
+    return Finding(claim, verdict.replayed, evidence + verdict.text())
+
+
+def errors(df, metric: str = "final_top1_error_pct", **where: Any) -> list[float]:
+    """The values of ``metric`` of the runs of ``df`` matching ``where`` (key=value), by seed."""
+    sel = df
+    for k, v in where.items():
+        sel = sel[sel[k] == v]
+    return [float(v) for v in sel.sort_values("seed")[metric]]
+
+
+# -- a study session ---------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    """One study at one profile: where it writes, how it launches, what it has saved."""
+
+    study: str
+    title: str
+    profile: profiles.Profile
+    seeds: list[int]
+    root: Path  # results root
+    launch: Mapping[str, Any]  # sweep's launch parameters (processes, parallel runs, W&B mode)
+    table_path: Path | None = None
+    figure_paths: list[Path] = field(default_factory=list)
+
+    @property
+    def out(self) -> Path:
+        """The profile's folder: the runs' ``out_dir``."""
+        return self.root / self.profile.name
+
+    @property
+    def dir(self) -> Path:
+        """The study's folder: ``<root>/<profile>/<study>/``."""
+        return self.out / self.study
+
+    def sweep(self, runs: Sequence[Mapping[str, Any]]):
+        """Train the runs (see :func:`lbsgd.experiments.sweep`) into this study's folder."""
+        return ex.sweep(self.study, runs, out_dir=self.out, profile=self.profile.name,
+                        **self.launch)  # fmt: skip
+
+    def save_table(self, table, name: str = "table.csv"):
+        """Write ``table`` (ours beside the paper) to the study's folder; returns it for display."""
+        path = ex.save_table(table, self.out, self.study, name)
+        if name == "table.csv":
+            self.table_path = path
+        return table
+
+    def save_figure(self, fig, name: str) -> Path:
+        """Save ``fig`` to the study's folder; the notebook still displays it (inline backend)."""
+        path = ex.save_figure(fig, self.out, self.study, name)
+        if path not in self.figure_paths:
+            self.figure_paths.append(path)
+        return path
+
+    def findings(self, findings: Iterable[Finding], seeds: Sequence[int] | None = None) -> Path:
+        """Write ``findings.json``, print each verdict, and log the study (table, figures,
+        findings) to W&B as one run of the study's group."""
+        findings = list(findings)
+        used = list(self.seeds if seeds is None else seeds)
+        path = ex.write_findings(self.out, self.study, self.profile.name, used, findings,
+                                 title=self.title)  # fmt: skip
+        from lbsgd import tracking
+
+        log_study = getattr(tracking, "log_study", None)
+        if log_study is not None and self.launch.get("wandb", "auto") != "disabled":
+            log_study(self.dir, study=self.study, profile=self.profile.name,
+                      mode=self.launch.get("wandb", "auto"), table=self.table_path,
+                      figures=tuple(self.figure_paths),
+                      findings=[f.to_dict() for f in findings])  # fmt: skip
+        return path
+
+
+def start(
+    study: str,
+    *,
+    title: str,
+    profile: str = "cpu",
+    seeds: Sequence[int] | None = None,
+    epochs: float | None = None,
+    out_dir: str | os.PathLike | None = None,
+    nproc_per_node: int = 1,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    parallel: int = 1,
+    wandb: str = "auto",
+) -> Session:
+    """A study's session from its notebook's parameters; bad values fail here, one line each."""
+    if study not in STUDIES:
+        raise ex.config.ConfigError(f"study={study!r} is not one of {', '.join(STUDIES)}")
+    if wandb not in ("auto", "online", "offline", "disabled"):
+        raise ex.config.ConfigError(
+            f"wandb={wandb!r} must be one of auto, online, offline, disabled"
+        )
+    ex.check_launch(nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                    parallel=parallel)  # fmt: skip
+    p = profiles.get(profile, epochs=epochs)
+    chosen = list(seeds) if seeds is not None else list(p.seeds)
+    if not chosen or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in chosen):
+        raise ex.config.ConfigError(f"seeds={seeds!r} must be a non-empty list of integers >= 0")
+    launch = {"nproc_per_node": nproc_per_node, "nnodes": nnodes,
+              "rdzv_endpoint": rdzv_endpoint, "parallel": parallel, "wandb": wandb}  # fmt: skip
+    return Session(study, title, p, chosen, results_root(out_dir), launch)
