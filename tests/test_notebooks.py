@@ -95,7 +95,7 @@ def execute(smoke_out):
 
     def run(nb: Path) -> Path:
         if nb not in outcome:
-            out_nb = smoke_out / study_of(nb) / nb.name  # beside its results, as make reproduce
+            out_nb = smoke_out / "smoke" / study_of(nb) / nb.name  # beside its results
             out_nb.parent.mkdir(parents=True, exist_ok=True)
             try:
                 papermill.execute_notebook(
@@ -117,7 +117,7 @@ def execute(smoke_out):
 def test_every_notebook_runs_at_smoke_scale_and_writes_what_it_promises(nb, execute, smoke_out):
     executed = execute(nb)
     study = study_of(nb)
-    sdir = smoke_out / study
+    sdir = smoke_out / "smoke" / study  # <root>/<profile>/<study>/
 
     table = pd.read_csv(sdir / "table.csv")
     assert len(table) > 0, f"{study}/table.csv has no rows"
@@ -126,6 +126,9 @@ def test_every_notebook_runs_at_smoke_scale_and_writes_what_it_promises(nb, exec
             f"{study}/table.csv has no paper_* column beside ours: {list(table.columns)}"
         )
     assert list(sdir.glob("*.png")), f"no figure in {study}/"
+    shown = [o for c in nbformat.read(executed, as_version=4).cells if c.cell_type == "code"
+             for o in c.get("outputs", []) if "image/png" in o.get("data", {})]  # fmt: skip
+    assert shown, f"{nb.name}: no figure displayed in the executed notebook (inline backend)"
 
     findings = json.loads((sdir / "findings.json").read_text())
     assert findings["study"] == study and findings["profile"] == "smoke"
@@ -169,10 +172,12 @@ def test_no_result_file_holds_a_secret_of_the_environment(execute, smoke_out):
 def test_report_gathers_every_study(execute, smoke_out, tmp_path):
     for nb in NOTEBOOKS:  # already executed by the test above when the module runs in order
         execute(nb)
-    text = report.write(smoke_out).read_text()
-    assert (smoke_out / "REPORT.md").is_file()
+    # the notebooks write into smoke_out/smoke/ (one folder per profile); so does its report
+    assert report.write_all(smoke_out) == [smoke_out / "smoke" / "REPORT.md"]
+    text = (smoke_out / "smoke" / "REPORT.md").read_text()
     for nb in NOTEBOOKS:
-        title = json.loads((smoke_out / study_of(nb) / "findings.json").read_text())["title"]
+        findings = smoke_out / "smoke" / study_of(nb) / "findings.json"
+        title = json.loads(findings.read_text())["title"]
         assert f"## {title}\n" in text, f"REPORT.md has no section for {title!r}"
 
     empty = tmp_path / "empty"
@@ -297,7 +302,7 @@ def test_a_failing_run_fails_its_notebook_with_the_run_and_its_log(tmp_path, mon
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the notebook's runs take no device key
     P = profiles.get("cifar10")
     name = config.from_dict({**P.keys(k=16, seed=P.seeds[0]), "study": "quickstart"}).run_name()
-    log = out / "quickstart" / f"{name}.log"
+    log = out / "cifar10" / "quickstart" / f"{name}.log"  # results/<profile>/<study>/
     with pytest.raises(papermill.PapermillExecutionError) as err:
         papermill.execute_notebook(str(nb), str(tmp_path / "executed.ipynb"), parameters=params,
                                    kernel_name="python3", cwd=str(tmp_path), progress_bar=False)  # fmt: skip

@@ -77,6 +77,18 @@ def test_chance_error_of_ten_classes_is_ninety_percent():
     assert studies.chance_error_pct(10) == pytest.approx(90.0)
 
 
+def test_chance_of_runs_follows_their_dataset_and_is_none_when_unknown():
+    import pandas as pd
+
+    assert studies.chance_of(pd.DataFrame({"dataset": ["synthetic"] * 2})) == pytest.approx(90.0)
+    assert studies.chance_of(pd.DataFrame({"dataset": ["imagenet"]})) == pytest.approx(99.9)
+    fake = pd.DataFrame({"dataset": ["fake"], "fake_classes": [4]})
+    assert studies.chance_of(fake) == pytest.approx(75.0)
+    assert studies.chance_of(pd.DataFrame({"dataset": ["synthetic", "imagenet"]})) is None
+    assert studies.chance_of(pd.DataFrame({"dataset": ["plugin_data"]})) is None
+    assert studies.chance_of(pd.DataFrame({"seed": [0]})) is None
+
+
 def test_results_root_is_the_repository_results_whatever_the_working_directory(
     tmp_path, monkeypatch
 ):
@@ -103,3 +115,26 @@ def test_a_session_refuses_bad_parameters_naming_them_before_writing(tmp_path, k
     with pytest.raises(ConfigError, match=key):
         studies.start(args.pop("study"), **args)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_diverged_run_counts_as_full_error_and_the_input_is_untouched():
+    import pandas as pd
+
+    df = pd.DataFrame({"status": ["completed", "diverged"], "final_top1_error_pct": [4.0, 12.0]})
+    out = studies.diverged_as_failed(df)
+    assert list(out["final_top1_error_pct"]) == [4.0, 100.0]
+    assert list(out["diverged"]) == [False, True]
+    assert list(df["final_top1_error_pct"]) == [4.0, 12.0] and "diverged" not in df
+
+
+def test_paired_seeds_judge_the_margin_by_the_spread_of_their_differences():
+    # every seed 1.0-2.0 points better, though each arm alone spreads 2 points: decided when paired
+    a, b = [2.0, 4.0, 6.0], [3.5, 5.0, 8.0]
+    assert studies.lower(a, b).replayed is None
+    v = studies.lower(a, b, paired=True)  # differences -1.5, -1, -2: mean -1.5, stdev 0.5
+    assert v.replayed is True
+    # the same means with the seeds shuffled: the differences scatter, undecided
+    v = studies.lower(a, [8.0, 3.5, 5.0], paired=True)  # -6, 0.5, 1
+    assert v.replayed is None and "of the per-seed differences" in v.why
+    with pytest.raises(ValueError, match="one value per seed"):
+        studies.lower([1.0, 2.0], [1.0], paired=True)

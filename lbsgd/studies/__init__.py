@@ -80,6 +80,21 @@ def chance_error_pct(num_classes: int) -> float:
     return 100.0 * (1.0 - 1.0 / num_classes)
 
 
+# Classes per dataset key (ImageNet as published; a plugin's dataset is unknown here).
+DATASET_CLASSES = {"synthetic": 10, "cifar10": 10, "imagenet": 1000}
+
+
+def chance_of(df) -> float | None:
+    """The chance error (%) of the dataset the runs of ``df`` trained on (``fake``: its
+    ``fake_classes``); None when the runs differ in it or it is unknown (no chance check)."""
+    if "dataset" not in df.columns:
+        return None
+    fake = df["fake_classes"] if "fake_classes" in df.columns else [None] * len(df)
+    n = {int(c) if d == "fake" else DATASET_CLASSES.get(d)
+         for d, c in zip(df["dataset"], fake, strict=True)}  # fmt: skip
+    return chance_error_pct(n.pop()) if len(n) == 1 and None not in n else None
+
+
 def spread(*arms: Sequence[float]) -> float | None:
     """The seed spread of a comparison: the largest sample standard deviation over the seeds of
     one arm (None when no arm has two runs)."""
@@ -95,16 +110,23 @@ def decide(
     at_most: float | None = None,
     chance: float | None = None,
     seed_spread: float | None = None,
+    paired: bool = False,
 ) -> Verdict:
     """The claim ``mean(x) − mean(y) > more_than`` (or ``≤ at_most``), decided from per-seed values
     (top-1 errors in %, one per seed) of two arms.
 
+    ``paired``: ``x[i]`` and ``y[i]`` come from the same seed (the same initialisation and data
+    order, as every study's arms do), so the spread that judges the margin is that of the
+    per-seed differences ``x[i] − y[i]``: the seed's own luck cancels, as in a paired t-test.
+
     Undecided when
     - every run of both arms is at ``chance`` (within :data:`CHANCE_MARGIN_PCT`), or
-    - no arm has two seeds and no ``seed_spread`` is given (a spread measured elsewhere in the
-      study, e.g. the baseline's), so the margin cannot be judged, or
+    - there are not two seeds to measure a spread from (two per arm; two pairs when ``paired``)
+      and no ``seed_spread`` is given (a spread measured elsewhere in the study, e.g. the
+      baseline's), so the margin cannot be judged, or
     - the margin, the distance of ``mean(x) − mean(y)`` from the threshold, is no larger than the
-      seed spread (:func:`spread` of the arms unless ``seed_spread`` is given).
+      seed spread (sample standard deviation over seeds: of the differences when ``paired``, else
+      the larger of the arms'; ``seed_spread`` when given).
     """
     if (more_than is None) == (at_most is None):
         raise ValueError("decide: give exactly one of more_than= or at_most=")
@@ -117,13 +139,22 @@ def decide(
         return Verdict(None, f"every run is at chance ({chance:.0f}% error)")
     diff = statistics.fmean(x) - statistics.fmean(y)
     threshold = more_than if more_than is not None else at_most
-    s = seed_spread if seed_spread is not None else spread(x, y)
+    if paired and len(x) != len(y):
+        raise ValueError(f"decide: paired arms need one value per seed each ({len(x)} vs {len(y)})")
+    if seed_spread is not None:
+        s = seed_spread
+    elif paired:
+        diffs = [a - b for a, b in zip(x, y, strict=True)]
+        s = statistics.stdev(diffs) if len(diffs) >= 2 else None
+    else:
+        s = spread(x, y)
     if s is None:
         return Verdict(None, "one seed per arm: no seed spread to judge the margin by")
     margin = abs(diff - threshold)
     if margin <= s:
+        over = "of the per-seed differences" if paired and seed_spread is None else "over seeds"
         return Verdict(None, f"the margin ({margin:.2f} points) is inside the seed spread "
-                             f"({s:.2f} points, standard deviation over seeds)")  # fmt: skip
+                             f"({s:.2f} points, standard deviation {over})")  # fmt: skip
     return Verdict(diff > threshold if more_than is not None else diff <= threshold)
 
 
@@ -153,6 +184,15 @@ def errors(df, metric: str = "final_top1_error_pct", **where: Any) -> list[float
     for k, v in where.items():
         sel = sel[sel[k] == v]
     return [float(v) for v in sel.sort_values("seed")[metric]]
+
+
+def diverged_as_failed(df):
+    """A copy of ``df`` in which a diverged run counts as 100% error (not its last evaluation),
+    with a boolean ``diverged`` column."""
+    df = df.copy()
+    df["diverged"] = df["status"] == "diverged"
+    df.loc[df["diverged"], "final_top1_error_pct"] = 100.0
+    return df
 
 
 # -- a study session ---------------------------------------------------------------------------
@@ -193,20 +233,19 @@ class Session:
             self.table_path = path
         return table
 
-    def save_figure(self, fig, name: str) -> Path:
+    def save_figure(self, fig, name: str) -> None:
         """Save ``fig`` to the study's folder; the notebook still displays it (inline backend)."""
         path = ex.save_figure(fig, self.out, self.study, name)
         if path not in self.figure_paths:
             self.figure_paths.append(path)
-        return path
 
-    def findings(self, findings: Iterable[Finding], seeds: Sequence[int] | None = None) -> Path:
+    def findings(self, findings: Iterable[Finding], seeds: Sequence[int] | None = None) -> None:
         """Write ``findings.json``, print each verdict, and log the study (table, figures,
         findings) to W&B as one run of the study's group."""
         findings = list(findings)
         used = list(self.seeds if seeds is None else seeds)
-        path = ex.write_findings(self.out, self.study, self.profile.name, used, findings,
-                                 title=self.title)  # fmt: skip
+        ex.write_findings(self.out, self.study, self.profile.name, used, findings,
+                          title=self.title)  # fmt: skip
         from lbsgd import tracking
 
         log_study = getattr(tracking, "log_study", None)
@@ -215,7 +254,6 @@ class Session:
                       mode=self.launch.get("wandb", "auto"), table=self.table_path,
                       figures=tuple(self.figure_paths),
                       findings=[f.to_dict() for f in findings])  # fmt: skip
-        return path
 
 
 def start(

@@ -1,0 +1,81 @@
+"""3. Minibatch size (Goyal et al. 2017, Figure 1): the linear scaling rule with gradual warmup at
+each k of the profile's list; every seed up to the profile's large k (they decide the flat region),
+the first seed beyond."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lbsgd import experiments as ex
+from lbsgd import studies
+from lbsgd.experiments import Finding
+from lbsgd.profiles import Profile
+from lbsgd.studies.warmup import at_chance, mean, note
+
+STUDY = "batch_scaling"
+TITLE = "3. Minibatch size (Goyal Fig. 1)"
+FLAT_PCT = 2.0  # "flat": Goyal's errors from 128 to 8k lie within 0.3 points
+RISE_PCT = 2.0  # "rises": the largest k more than this above k = 1
+
+
+def runs(
+    profile: Profile, seeds: Sequence[int], ks: Sequence[float] | None = None
+) -> list[dict[str, Any]]:
+    """Each k of ``ks`` (default the profile's list): every seed up to ``large_k``, the first
+    seed beyond."""
+    return [profile.keys(k=k, seed=s) for k in (ks or profile.ks[STUDY])
+            for s in (seeds if k <= profile.large_k else seeds[:1])]  # fmt: skip
+
+
+def table(df):
+    """Mean error per k beside Figure 1 (k = batch / 256), rows of either side alone kept."""
+    ours = ex.summarize(df.assign(k=df["k"].astype(float)), ["k", "batch_size"])
+    paper = ex.reference(STUDY)[["batch", "value", "std"]].rename(
+        columns={"batch": "paper_batch", "value": "paper_top1_error_pct", "std": "paper_std"}
+    )
+    paper["k"] = paper["paper_batch"] / 256
+    t = ours.merge(paper, on="k", how="outer").sort_values("k").reset_index(drop=True)
+    return t.astype(dict.fromkeys(("batch_size", "runs", "paper_batch"), "Int64"))  # no 4.1e+03
+
+
+def findings(df, large_k: float) -> list[Finding]:
+    """The error is flat up to ``large_k`` (the profile's; Goyal: 8k) and rises at the largest k.
+    Decided over seeds (:mod:`lbsgd.studies`)."""
+    chance = studies.chance_of(df)
+    ks = sorted(float(k) for k in df["k"].unique())
+    e = {k: studies.errors(df, k=k) for k in ks}
+    err = {k: mean(v) for k, v in e.items()}
+    steps = {k: int(df[df["k"] == k]["total_steps"].iloc[0]) for k in ks}
+    small = [k for k in ks if k <= large_k]  # Goyal: flat up to 8k, the ablations' large minibatch
+
+    # flat: the worst of the small k within 2 points of the best, judged by the spread of them all
+    best, worst = min(small, key=err.get), max(small, key=err.get)
+    flat = err[worst] - err[best]
+    v_flat = studies.within(e[worst], e[best], FLAT_PCT, chance=chance,
+                            seed_spread=studies.spread(*(e[k] for k in small)))  # fmt: skip
+
+    def width(top: float) -> float:  # the spread of the mean errors from the smallest k to top
+        return max(err[j] for j in small if j <= top) - min(err[j] for j in small if j <= top)
+
+    upto, last = max(k for k in small if width(k) < FLAT_PCT), max(small)
+    against = not flat < FLAT_PCT and not at_chance([*e[worst], *e[best]], chance)
+    why_flat = note(v_flat, against, (
+        f"flat within {FLAT_PCT:g} points up to k={upto:g} ({steps[upto]} steps); k={last:g} "
+        f"({steps[last]} steps; Goyal's 8k run: 14,076) is {err[last] - err[best]:.1f} points above "
+        f"the best, k={best:g}: the step budget of a CPU run moves the knee to smaller k"))  # fmt: skip
+
+    base, top = (1.0 if 1.0 in e else ks[0]), ks[-1]
+    p = ex.reference(STUDY)
+    p = dict(zip(p["batch"], p["value"], strict=True))
+    return [
+        studies.finding(
+            f"the error is flat (within {FLAT_PCT:g} points) from k={min(small):g} to "
+            f"k={max(small):g}", v_flat,
+            f"spread {flat:.1f} points (paper: flat from 128 to 8k, spread 0.3)" + why_flat),
+        studies.finding(
+            "the error rises at the largest minibatches",
+            studies.worse_by(e[top], e[base], RISE_PCT, chance=chance),
+            f"k={top:g}: {err[top]:.1f}% vs k={base:g}: {err[base]:.1f}% (paper 64k: "
+            f"{p[65536]:.2f} vs {p[256]:.2f})"),
+    ]  # fmt: skip

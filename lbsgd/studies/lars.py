@@ -1,0 +1,203 @@
+"""6. LARS (You et al. 2017, Tables 1 and 3; Jia et al. 2018): the profile's ResNet with SGD and
+with LARS at each k of the profile's LARS list, and AlexNet-BN with both at the largest k.
+
+The papers report top-1 accuracy; the table gives error = 100 − accuracy beside ours, mapped by
+k = batch / 256. A diverged run counts as 100% error. The LARS keys (:func:`lars_keys`) are shared
+with notebooks 7 and 8, so that their common runs are the same experiments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lbsgd import experiments as ex
+from lbsgd import studies
+from lbsgd.experiments import Finding
+from lbsgd.profiles import Profile
+
+STUDY = "lars"
+TITLE = "6. LARS (You et al. 2017, Jia et al. 2018)"
+INT_COLUMNS = ("batch_size", "paper_batch", "runs", "diverged")  # no 1.6e+04 in the tables
+COLORS = {("resnet", "sgd"): "tab:red", ("resnet", "lars"): "tab:green",
+          ("alexnet_bn", "sgd"): "tab:orange", ("alexnet_bn", "lars"): "tab:blue"}  # fmt: skip
+
+
+# -- the runs ----------------------------------------------------------------------------------
+
+
+def own(keys: Mapping[str, Any], epochs: float | None) -> dict[str, Any]:
+    """A profile's study keys, less their own ``epochs`` when the notebook sets every run's length."""
+    return {k: v for k, v in keys.items() if epochs is None or k != "epochs"}
+
+
+def lars_keys(
+    profile: Profile,
+    *,
+    alexnet: bool = False,
+    lars_base_lr: float | None = None,
+    epochs: float | None = None,
+) -> dict[str, Any]:
+    """The profile's LARS keys (You et al.: plain momentum); ``alexnet`` adds its AlexNet LARS keys;
+    ``lars_base_lr`` overrides the lr at the reference batch (notebooks 6 to 8 alike)."""
+    keys = {**own(profile.lars, epochs), "optimizer": "lars", "nesterov": False}
+    if alexnet:
+        keys.update(own(profile.alexnet_lars, epochs))
+    if lars_base_lr is not None:
+        keys["base_lr"] = lars_base_lr
+    return keys
+
+
+def runs(
+    profile: Profile,
+    seeds: Sequence[int],
+    ks: Sequence[float] | None = None,
+    *,
+    lars_base_lr: float | None = None,
+    epochs: float | None = None,
+) -> list[dict[str, Any]]:
+    """ResNet with SGD and LARS at each k (every seed at the largest, the first elsewhere), then
+    AlexNet-BN with both at its k (``max(ks)``, else the profile's AlexNet k), every seed."""
+    ks_ = sorted(ks or profile.ks["lars"])
+    kmax = ks_[-1]
+    kalex = max(ks) if ks else profile.alexnet_k()
+    opts = ({}, lars_keys(profile, lars_base_lr=lars_base_lr, epochs=epochs))
+    out = [profile.keys(k=k, **{**o, "seed": s})
+           for k in ks_ for o in opts for s in (seeds if k == kmax else seeds[:1])]  # fmt: skip
+    alex = own(profile.alexnet, epochs)
+    alex_opts = ({}, lars_keys(profile, alexnet=True, lars_base_lr=lars_base_lr, epochs=epochs))
+    out += [profile.keys(k=kalex, **{**alex, "model": "alexnet_bn", **o, "seed": s})
+            for o in alex_opts for s in seeds]  # fmt: skip
+    return out
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+
+def arch(model: str) -> str:
+    """The network family: every ResNet depth is "resnet" (the papers' ResNet-50)."""
+    return "resnet" if model.startswith("resnet") else model
+
+
+def prepare(df):
+    """The runs as the study reads them: diverged runs at 100% error, and their ``arch``."""
+    df = studies.diverged_as_failed(df)
+    df["arch"] = [arch(m) for m in df["model"]]
+    return df
+
+
+def largest_k(df) -> dict[str, float]:
+    """The k of each network's deciding comparison: its largest."""
+    df = prepare(df)
+    return {a: float(g["k"].max()) for a, g in df.groupby("arch")}
+
+
+def ours(df):
+    """Mean, spread and count of the error per network, optimizer and k, with diverged runs."""
+    df = prepare(df)
+    by = ["arch", "optimizer", "k", "batch_size", "lr"]
+    out = ex.summarize(df, by)
+    return out.merge(df.groupby(by)["diverged"].sum().astype(int).reset_index(), on=by)
+
+
+def paper(archs: Sequence[str] | None = None):
+    """The papers' rows (You et al., Jia et al.) of the networks ``archs``, as error by k."""
+    p = ex.reference(STUDY)
+    p = p[p["metric"] == "top1_acc_pct"].copy()
+    p["arch"] = [arch(m) for m in p["model"]]
+    if archs is not None:
+        p = p[p["arch"].isin(set(archs))]  # the networks trained here (not plain AlexNet)
+    p["k"] = p["batch"] / 256
+    p["paper_top1_error_pct"] = 100 - p["value"]  # the papers give accuracy
+    cols = ["arch", "optimizer", "k", "batch", "lr", "value", "paper_top1_error_pct", "source",
+            "variant"]  # fmt: skip
+    return p[cols].rename(columns={"batch": "paper_batch", "lr": "paper_lr",
+                                   "value": "paper_top1_acc_pct", "source": "paper_source",
+                                   "variant": "paper_variant"})  # fmt: skip
+
+
+def table(df):
+    """Ours beside the papers, by network, optimizer and k (rows of either side alone kept)."""
+    df = prepare(df)
+    t = ours(df).merge(paper(set(df["arch"])), on=["arch", "optimizer", "k"], how="outer")
+    t = t.sort_values(["arch", "optimizer", "k"]).reset_index(drop=True)
+    return t.astype({c: "Int64" for c in t if c in INT_COLUMNS})
+
+
+# -- the findings ------------------------------------------------------------------------------
+
+
+def _paper_error(p, arch_: str, opt: str, batch: int | None = None) -> tuple[float, int]:
+    """The paper's error at ``batch`` (default: its largest batch for the network and optimizer)."""
+    r = p[(p["arch"] == arch_) & (p["optimizer"] == opt)]
+    r = r[r["paper_batch"] == (batch or r["paper_batch"].max())]
+    return float(r["paper_top1_error_pct"].iloc[0]), int(r["paper_batch"].iloc[0])
+
+
+def _wins(df, arch_: str, k: float) -> tuple[int, int]:
+    """Seeds at k where LARS's error is below SGD's, of the seeds both ran."""
+    sel = df[(df["arch"] == arch_) & (df["k"] == k)]
+    piv = sel.pivot_table(index="seed", columns="optimizer", values="final_top1_error_pct").dropna()
+    return int((piv["lars"] < piv["sgd"]).sum()), len(piv)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def findings(df) -> list[Finding]:
+    """LARS beats SGD at each network's largest k; from the smallest to the largest k the ResNet
+    loses less with LARS than with SGD. Decided over seeds (:mod:`lbsgd.studies`)."""
+    df = prepare(df)
+    chance = studies.chance_of(df)
+    kmax = largest_k(df)
+    p = paper()
+    jia_sgd, b64 = _paper_error(p, "resnet", "sgd")
+    jia_lars, _ = _paper_error(p, "resnet", "lars", b64)
+    you_sgd, b_sgd = _paper_error(p, "alexnet_bn", "sgd")
+    you_lars, _ = _paper_error(p, "alexnet_bn", "lars", b_sgd)
+    quotes = {
+        "resnet": f"Jia et al. ResNet-50 at {b64}: SGD {jia_sgd:.1f} vs LARS {jia_lars:.1f} "
+                  f"(accuracy {100 - jia_sgd:.1f} vs {100 - jia_lars:.1f})",
+        "alexnet_bn": f"You et al. AlexNet-BN at {b_sgd}: SGD {you_sgd:.1f} vs LARS {you_lars:.1f} "
+                      f"(accuracy {100 - you_sgd:.1f} vs {100 - you_lars:.1f})",
+    }  # fmt: skip
+
+    out = []
+    for a in ("resnet", "alexnet_bn"):
+        if a not in kmax:
+            continue
+        k = kmax[a]
+        lars = studies.errors(df, arch=a, optimizer="lars", k=k)
+        sgd = studies.errors(df, arch=a, optimizer="sgd", k=k)
+        w, n = _wins(df, a, k)
+        out.append(studies.finding(
+            f"at the largest minibatch LARS beats SGD ({a})",
+            studies.lower(lars, sgd, chance=chance, paired=True),
+            f"k={k:g}: LARS {_mean(lars):.1f}% vs SGD {_mean(sgd):.1f}% error (mean of {len(lars)}; "
+            f"LARS better in {w} of {n} seeds); paper error: {quotes[a]}"))  # fmt: skip
+
+    res = df[df["arch"] == "resnet"]
+    if res.empty or res["k"].nunique() < 2:
+        return out
+    kmin, kbig = float(res["k"].min()), kmax["resnet"]
+    first = int(res[res["k"] == kmin]["seed"].min())
+    # each seed's error at the largest k less the first seed's at the smallest (the only one there)
+    change = {o: [e - studies.errors(res, optimizer=o, k=kmin, seed=first)[0]
+                  for e in studies.errors(res, optimizer=o, k=kbig)]
+              for o in ("lars", "sgd")}  # fmt: skip
+    big = {o: studies.errors(res, optimizer=o, k=kbig) for o in ("lars", "sgd")}
+    small = [studies.errors(res, optimizer=o, k=kmin, seed=first)[0] for o in ("lars", "sgd")]
+    if chance is not None and all(e >= chance - studies.CHANCE_MARGIN_PCT
+                                  for e in [*big["lars"], *big["sgd"], *small]):  # fmt: skip
+        verdict = studies.Verdict(None, f"every run is at chance ({chance:.0f}% error)")
+    else:  # judged by the seed spread at the largest k (one run at the smallest)
+        verdict = studies.lower(change["lars"], change["sgd"], paired=True)  # fmt: skip
+    pds = you_sgd - _paper_error(p, "alexnet_bn", "sgd", 512)[0]
+    pdl = you_lars - _paper_error(p, "alexnet_bn", "lars", 512)[0]
+    out.append(studies.finding(
+        f"from k={kmin:g} to k={kbig:g} LARS loses less accuracy than SGD (resnet)", verdict,
+        f"error change: LARS {_mean(change['lars']):+.1f} points, SGD {_mean(change['sgd']):+.1f} "
+        f"points (k={kmin:g}: seed {first} only); paper, AlexNet-BN from 512 to {b_sgd}: "
+        f"LARS {pdl:+.1f} points, SGD {pds:+.1f} points"))  # fmt: skip
+    return out

@@ -1,0 +1,49 @@
+"""1. Quickstart: one run of the profile at k = 16 (the minibatch 16 times the reference batch) with
+the linear scaling rule and gradual warmup; it shows where a run's numbers live."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lbsgd import studies
+from lbsgd.experiments import Finding
+from lbsgd.profiles import Profile
+
+STUDY = "quickstart"
+TITLE = "1. Quickstart"
+COLUMNS = ["run", "k", "batch_size", "lr", "final_top1_error_pct", "final_top5_error_pct",
+           "img_per_s"]  # fmt: skip
+# "learns": top-1 error this many points below chance. One run, no seed spread: a run beyond this
+# allowance has learned whatever its seed (a cpu run's seed spread is ~2 points); one inside it is
+# undecided, as is one at chance (smoke: too few steps to say); one that diverged has not learned.
+LEARNS_PCT = 20.0
+
+
+def runs(profile: Profile, seeds: Sequence[int], k: float = 16) -> list[dict[str, Any]]:
+    """One run at ``k`` with the profile's keys and the first seed."""
+    return [profile.keys(k=k, seed=seeds[0])]
+
+
+def table(df):
+    """The run's minibatch, learning rate, errors and throughput."""
+    return df[COLUMNS]
+
+
+def findings(df) -> list[Finding]:
+    """The run learns: its top-1 error is over 20 points below chance (see :data:`LEARNS_PCT`)."""
+    err = studies.errors(df)[0]
+    chance = studies.chance_of(df)
+    claim = "a large-minibatch run with the linear rule and gradual warmup learns"
+    if (df["status"] == "diverged").any():
+        return [studies.finding(claim, studies.Verdict(False), f"the run diverged (top-1 error "
+                                f"{err:.1f}% at its last evaluation)")]  # fmt: skip
+    if chance is None:
+        verdict = studies.Verdict(None, "the dataset's chance error is unknown")
+        return [studies.finding(claim, verdict, f"top-1 error {err:.1f}%")]
+    # chance is no measurement: its arm has no spread; the allowance plays that part
+    verdict = studies.worse_by([chance], [err], LEARNS_PCT, chance=chance, seed_spread=0.0)
+    if verdict.replayed is False:
+        verdict = studies.Verdict(None, f"one run, {chance - err:.1f} points below chance (the "
+                                        f"claim: over {LEARNS_PCT:g}): no seed spread to judge it by")  # fmt: skip
+    return [studies.finding(claim, verdict, f"top-1 error {err:.1f}% vs chance {chance:.0f}%")]
