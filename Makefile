@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test lint format reproduce lab train-quickstart bench bench-gpu bench-comm clean
+.PHONY: setup test lint format reproduce verify lab train-quickstart bench bench-gpu bench-comm clean
 
 setup: $(STAMP)
 
@@ -30,10 +30,12 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The main job: every study notebook executed through papermill at one scale, each executed copy
-# saved beside its results in $(OUT)/<study>/, then $(OUT)/REPORT.md. Runs already complete in
-# $(OUT) are skipped, so an interrupted `make reproduce` resumes; `OUT=elsewhere` replays from
-# scratch. Other scales: make reproduce PROFILE=cifar10 NPROC=1, PROFILE=imagenet NPROC=8.
+# The main job: every study notebook executed through papermill at one scale (a profile), each
+# executed copy saved beside its results in $(OUT)/$(PROFILE)/<study>/, then
+# $(OUT)/$(PROFILE)/REPORT.md. Each profile has its own folder: no profile overwrites another's.
+# Runs already complete there are skipped, so an interrupted `make reproduce` resumes;
+# `OUT=elsewhere` replays from scratch. Other scales: make reproduce PROFILE=cifar10 NPROC=1,
+# PROFILE=imagenet NPROC=8.
 OUT ?= results
 PROFILE ?= cpu
 NPROC ?= 1
@@ -41,14 +43,24 @@ PARALLEL ?= 2
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*_*.ipynb))
 reproduce: setup
 	@set -e; for nb in $(NOTEBOOKS); do \
-	  name=$$(basename $$nb .ipynb); study=$${name#*_}; mkdir -p $(OUT)/$$study; \
+	  name=$$(basename $$nb .ipynb); study=$${name#*_}; mkdir -p $(OUT)/$(PROFILE)/$$study; \
 	  echo "== $$name (profile=$(PROFILE))"; \
-	  $(VENV)/bin/papermill --log-output --no-progress-bar $$nb $(OUT)/$$study/$$name.ipynb \
-	    -p profile $(PROFILE) -p nproc_per_node $(NPROC) -p parallel $(PARALLEL) -p out_dir $(OUT); \
+	  $(VENV)/bin/papermill --log-output --no-progress-bar $$nb \
+	    $(OUT)/$(PROFILE)/$$study/$$name.ipynb -p profile $(PROFILE) -p nproc_per_node $(NPROC) \
+	    -p parallel $(PARALLEL) -p out_dir $(OUT); \
 	done
-	$(VENV)/bin/lbsgd report --results $(OUT)
+	$(VENV)/bin/lbsgd report --results $(OUT)/$(PROFILE)
 
-# JupyterLab on notebooks/ with the project's environment as its kernel.
+# Replays a sample of the committed runs of $(OUT)/$(PROFILE) (the cheapest run of each study, a
+# few minutes on 2 cores) in a temporary folder and says, for each, bitwise equal or how far off
+# beside its seed spread, and whether this CPU and its caps are the committed run's; exit code 0
+# only if every replay is bitwise equal. More: make verify VERIFY_ARGS="--sample 9".
+VERIFY_ARGS ?=
+verify: setup
+	$(VENV)/bin/lbsgd verify --results $(OUT)/$(PROFILE) --parallel $(PARALLEL) $(VERIFY_ARGS)
+
+# JupyterLab on notebooks/ with the project's environment as its kernel. The kernels run in
+# notebooks/; the studies still write to the repository's results/<profile>/ (lbsgd.studies).
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 

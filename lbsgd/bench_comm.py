@@ -13,6 +13,7 @@ the α–β fits (lbsgd.scaling: the flat path fitted as a ring all-reduce, t = 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -152,11 +153,30 @@ def step_worker(overrides: list[str], steps: int, out: str) -> None:
     Phases: data (index the in-memory batch), forward (+ loss), backward (DDP's bucketed
     all-reduces overlap it and its end waits for them: backward with communication), optimizer
     (step + zero_grad). One micro-batch per step; the median over steps, the slowest rank's.
+
+    The DDP model lives in :func:`_measure` only, so that it is gone before the process group is
+    destroyed. Its reducer holds a reference to the group, and a reducer is freed with the GIL
+    held: were it the group's last holder, freeing it would join gloo's worker threads while one
+    of them waits for the GIL to drop a tensor of the last all-reduce (torch 2.11 does), a
+    deadlock that leaves this rank hanging after the others have exited 0.
     """
+    from lbsgd import distributed
+
+    ctx = distributed.init("cpu")
+    try:
+        row = _measure(ctx, overrides, steps)
+        gc.collect()  # whatever of the model a reference cycle kept, while the group is alive
+        if row is not None:
+            Path(out).write_text(json.dumps(row) + "\n")
+    finally:
+        distributed.shutdown()
+
+
+def _measure(ctx, overrides: list[str], steps: int) -> dict | None:
+    """:func:`step_worker`'s measurement: rank 0's row (the slowest rank's medians), else None."""
     from lbsgd import config, data, distributed, models, optim
     from lbsgd.bench import DEFAULTS
 
-    ctx = distributed.init("cpu")
     cfg = config.from_dict({**DEFAULTS, **config.parse_overrides(overrides)})
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -193,16 +213,16 @@ def step_worker(overrides: list[str], steps: int, out: str) -> None:
                 times[k].append(v)
     med = torch.tensor([statistics.median(times[k]) for k in PHASES], dtype=torch.float64)
     distributed.all_reduce_max(med)
-    if ctx.is_main:
-        row = dict(zip(PHASES, (float(v) for v in med), strict=True))
-        row["step"] = sum(row[k] for k in PHASES)
-        row.update(
-            nproc=ctx.world_size, micro_batch=mb, batch_size=cfg.batch_size,
-            comm_hook=cfg.comm_hook, bucket_cap_mb=cfg.bucket_cap_mb, grad_bytes=grad_bytes,
-            img_per_s=cfg.batch_size / row["step"],
-        )  # fmt: skip
-        Path(out).write_text(json.dumps(row) + "\n")
-    distributed.shutdown()
+    if not ctx.is_main:
+        return None
+    row = dict(zip(PHASES, (float(v) for v in med), strict=True))
+    row["step"] = sum(row[k] for k in PHASES)
+    row.update(
+        nproc=ctx.world_size, micro_batch=mb, batch_size=cfg.batch_size,
+        comm_hook=cfg.comm_hook, bucket_cap_mb=cfg.bucket_cap_mb, grad_bytes=grad_bytes,
+        img_per_s=cfg.batch_size / row["step"],
+    )  # fmt: skip
+    return row
 
 
 def bench_breakdown(overrides: list[str], nprocs: list[int], hooks: list[str],

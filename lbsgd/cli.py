@@ -22,8 +22,20 @@ def _parser() -> argparse.ArgumentParser:
                    help="YAML file of key: value (repeatable; later files win, key=value wins last)")  # fmt: skip
     t.add_argument("overrides", nargs="*", metavar="key=value", help="see `lbsgd keys`")
     sub.add_parser("keys", help="print every config key: kind, type, default, meaning")
-    r = sub.add_parser("report", help="gather results/*/findings.json into results/REPORT.md")
-    r.add_argument("--results", default="results", help="the results root")
+    v = sub.add_parser("verify", help="replay a sample of committed runs: bitwise equal or not")
+    v.add_argument("--results", default="results/cpu",
+                   help="a profile's folder of committed runs (relative: to the repository)")  # fmt: skip
+    v.add_argument("--sample", type=int, default=4,
+                   help="runs replayed: the cheapest run of each study, cheapest first")  # fmt: skip
+    v.add_argument("--runs", nargs="+", default=None, metavar="NAME",
+                   help="replay these runs (names, or study/name) instead of a sample")  # fmt: skip
+    v.add_argument("--out", default=None,
+                   help="keep the replays here (default: a temporary folder, removed)")  # fmt: skip
+    v.add_argument("--parallel", type=int, default=1, help="replays at a time")
+    r = sub.add_parser("report", help="gather a profile's */findings.json into its REPORT.md")
+    r.add_argument("--results", default="results",
+                   help="a profile's folder (results/cpu), or a results root: one report per "
+                        "profile folder in it")  # fmt: skip
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
     bt = bsub.add_parser(
@@ -140,13 +152,19 @@ def main(argv: list[str] | None = None) -> int:
         from lbsgd import report
 
         try:
-            print(f"wrote {report.write(args.results)}")
+            for path in report.write_all(args.results):
+                print(f"wrote {path}")
         except FileNotFoundError as e:
             print(f"lbsgd: error: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT
         return 0
     try:
+        if args.command == "verify":
+            from lbsgd import verify
+
+            return verify.main(args.results, args.sample, args.runs, args.out, args.parallel)
         if args.command == "train":
+            _pin_cpu_isa(args.config, args.overrides)
             cfg = config.load(args.config, args.overrides)
             from lbsgd.trainer import STATUS_EXIT_CODE, train
 
@@ -199,6 +217,23 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as e:  # includes a checkpoint that cannot be used
         print(f"lbsgd: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def _pin_cpu_isa(files: list[str], overrides: list[str]) -> None:
+    """The config's cap of the CPU kernels' instruction set (``cpu_isa``, lbsgd.isa) into the
+    environment before anything imports torch (a plugin may): each CPU library reads its cap once,
+    at its first use. The trainer then checks that it took effect. Torchrun's workers are
+    ``python -m lbsgd train`` too: each pins itself here. Called in a process that has imported
+    torch already (``main()`` from Python), it leaves the cap to the trainer's check."""
+    from lbsgd import isa
+
+    if "torch" in sys.modules:
+        return
+    values: dict = {}
+    for f in files:
+        values.update(config.read_yaml(f))
+    values.update(config.parse_overrides(overrides))
+    isa.pin(isa.requested(values))
 
 
 def _bench_train(args: argparse.Namespace) -> None:

@@ -30,6 +30,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -174,11 +175,24 @@ class Config:
         "repeatable GPU runs, slower; CPU runs are deterministic either way",
     )
     threads: int = _hw(0, "torch intra-op threads per process; 0 = torch's default")
+    cpu_isa: Literal["native", "avx2", "avx512_core", "avx512_core_amx"] = _hw(
+        "native",
+        "cap of the CPU kernels' instruction set (ATen, oneDNN, MKL), set before torch loads: "
+        "native (none) or avx2, avx512_core, avx512_core_amx; the same digits on any CPU that has "
+        "it (lbsgd.isa)",
+    )
     # --- run keys -------------------------------------------------------------------------------
     out_dir: str = _run("results", "results root; the run lives in out_dir/study/name")
     study: str = _run("runs", "group of runs (a notebook's study); W&B group")
     name: str | None = _run(
         None, "run name; null = model-dataset-batch-warmup-seed-<experiment hash>"
+    )
+    profile: str | None = _run(
+        None,
+        "study scale that produced the run (smoke, cpu, cifar10, imagenet); W&B config and tags",
+    )
+    varied: tuple[str, ...] = _run(
+        (), "the keys this run's study varies; the W&B display name and tags show their values"
     )
     resume: bool = _run(False, "continue the run in out_dir/study/name from its last checkpoint")
     eval_every: int = _run(1, "evaluate every this many epochs (0: only at the end)")
@@ -253,6 +267,17 @@ HASHED_ONLY_OFF_DEFAULT: tuple[str, ...] = ("fake_train", "fake_test", "fake_ima
                                             "fake_classes")  # fmt: skip
 
 
+FOLDER_NAME_RULE = ("must be a plain folder name: no '/' or '\\', not '', '.' or '..', no leading "
+                    "'-', printable characters only")  # fmt: skip
+
+
+def _plain_folder_name(value: Any) -> bool:
+    """One path component that stays where it is put: no separator, no '.'/'..', no option-like
+    leading '-', no NUL or other unprintable character."""
+    return (isinstance(value, str) and value not in ("", ".", "..") and value.isprintable()
+            and "/" not in value and "\\" not in value and not value.startswith("-"))  # fmt: skip
+
+
 def _check(c: Config) -> None:
     """Cross-key rules, each failing with one line that names the key and what would be valid."""
 
@@ -325,8 +350,22 @@ def _check(c: Config) -> None:
         c.model != "resnet" or (c.depth - 2) % 6 == 0,
         f"depth={c.depth} is not 6n+2 for model=resnet (valid: 8, 14, 20, 32, 44, 56, 110, …)",
     )
-    need(c.name is None or ("/" not in c.name and c.name not in ("", ".", "..")),
-         f"name={c.name!r} must be a plain folder name")  # fmt: skip
+    # every key that becomes a path component under out_dir: nothing is written outside it
+    for key in ("study", "name", "profile"):
+        value = getattr(c, key)
+        need(value is None or _plain_folder_name(value), f"{key}={value!r} {FOLDER_NAME_RULE}")
+    if c.name is None:  # model and dataset (a plugin's registered names) make the run name
+        need(_plain_folder_name(c.run_name()),
+             f"run name {c.run_name()!r} (from model and dataset) {FOLDER_NAME_RULE}")  # fmt: skip
+    need(
+        c.profile is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", c.profile) is not None,
+        f"profile={c.profile!r} must be null or a plain name (letters, digits, '_', '-', '.')",
+    )
+    for key in c.varied:
+        need(
+            key in FIELDS or key == "k",
+            f"varied: {key!r} is not a config key (nor k); `lbsgd keys` lists the vocabulary",
+        )
 
 
 # -- loading ----------------------------------------------------------------------------------

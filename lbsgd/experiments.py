@@ -7,8 +7,11 @@ A study (one notebook) describes its runs as flat dicts of config keys and hands
   process layout and the run directories (bad input stops the sweep with one line before anything
   starts, and no file is touched; a finished run of other experiment keys under the same name is
   refused, not skipped),
+- writes ``profile`` and ``varied`` (the keys whose values differ across the runs, ``k`` for
+  ``batch_size``) into every run's config: W&B's tags and display names,
 - skips runs already complete in ``out_dir/study/`` and copies an identical run (same experiment
-  keys) completed by another study instead of training it again,
+  keys) completed by another study of ``out_dir`` (the same profile) instead of training it again
+  (the copy's config names this study; W&B gets it in this study's group),
 - starts each remaining run as ``python -m torch.distributed.run … -m lbsgd train key=value …``
   with ``resume=true`` (a stopped run continues from its checkpoint) and ``--max-restarts``
   ``max_restarts`` (torchrun restarts a group that lost a worker; the group resumes)
@@ -19,6 +22,12 @@ A study (one notebook) describes its runs as flat dicts of config keys and hands
 - prints one line when a run starts and one when it ends (status, cost, error),
 - records a diverged run and goes on; a run that fails raises :class:`RunFailed` naming the run
   and its log, once the runs in flight have finished,
+- on an interrupt (Ctrl-C, Jupyter's Kernel > Interrupt: the runs, in sessions of their own, do not
+  see it) asks every running run to stop with SIGTERM (torchrun passes it on to its workers; each
+  stops at its next metric flush with a checkpoint, status ``interrupted``), waits for them, prints
+  one line per run and raises :class:`RunInterrupted` naming them; the same sweep again resumes
+  them. A second interrupt while waiting kills them (each keeps its last checkpoint). A run whose
+  sweep dies without a word (a killed kernel) is sent SIGTERM by the system (Linux), not orphaned,
 
 and returns :func:`load_runs` of the study: one row per run, every key, derived value and summary
 field. Everything here reads the local results only: no W&B server is needed to compare runs.
@@ -29,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -39,16 +49,33 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lbsgd import config
+from lbsgd import config, tracking
 from lbsgd.config import Config
 from lbsgd.tracking import flatten
 
 DONE = ("completed", "diverged")  # statuses that end a run for good
-COPY_IGNORE = shutil.ignore_patterns("checkpoint*.pt", ".checkpoint.pt.tmp", "wandb")
+# what a copy from another study leaves behind: checkpoints, W&B's files and its run id
+COPY_IGNORE = shutil.ignore_patterns("checkpoint*.pt", ".checkpoint.pt.tmp", "wandb", "wandb_id")
+# Run keys that name this study's copy of a run (the rest of config.yaml is the twin's)
+COPY_RUN_KEYS = ("out_dir", "study", "profile", "varied")
+# Each run's process starts through this guard (Linux): it asks the system for SIGTERM when the
+# sweep's process dies (PR_SET_PDEATHSIG, kept across exec), so that a run whose kernel is killed
+# stops with a checkpoint instead of training on, orphaned, beside its own resumption.
+_ORPHAN_GUARD = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"  # 1: PR_SET_PDEATHSIG
+    "if os.getppid() != int(sys.argv[1]):\n"  # the sweep died before the guard was in place
+    "    sys.exit(143)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
 
 
 class RunFailed(RuntimeError):
     """A run of a sweep ended with an error (not a divergence)."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A sweep was interrupted; its runs were stopped (checkpoint, status ``interrupted``)."""
 
 
 @dataclass
@@ -74,7 +101,8 @@ def _status(run_dir: Path) -> str | None:
 
 
 def _find_identical(cfg: Config, root: Path) -> Path | None:
-    """A finished run with the same experiment keys in another study of ``root``."""
+    """A finished run with the same experiment keys in another study of ``root`` (the runs'
+    ``out_dir``: one profile's folder, so a run of another profile is never taken)."""
     name = cfg.run_name()
     for other in sorted(root.glob(f"*/{name}")):
         if other.parent.name != cfg.study and _status(other) in DONE:
@@ -122,6 +150,39 @@ def _command(cfg: Config, nproc_per_node: int, nnodes: int, rdzv_endpoint: str |
             f"--rdzv-endpoint={endpoint}", "-m", "lbsgd", "train", *overrides]  # fmt: skip
 
 
+def varied_keys(cfgs: Sequence[Config]) -> tuple[str, ...]:
+    """The keys whose values differ across ``cfgs``, sorted, ``k`` standing for ``batch_size``
+    (``name`` left out: the run name is what a display name falls back to)."""
+    dicts = [c.to_dict() for c in cfgs]
+    keys = {k for k in dicts[0] if k not in ("name", "varied")
+            and any(d[k] != dicts[0][k] for d in dicts[1:])}  # fmt: skip
+    if "batch_size" in keys:
+        keys = (keys - {"batch_size"}) | {"k"}
+    return tuple(sorted(keys))
+
+
+def _copy_run(twin: Path, cfg: Config) -> None:
+    """``twin`` (a finished run of another study) as ``cfg``'s run: its records, with config.yaml's
+    run keys naming this study (the copy's W&B group, tags and display name). Written under a
+    temporary name first: an interrupted copy leaves no half run behind."""
+    import yaml
+
+    run_dir = cfg.run_dir()
+    tmp = run_dir.with_name(f".{run_dir.name}.copying")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(twin, tmp, ignore=COPY_IGNORE)
+    values = yaml.safe_load((tmp / "config.yaml").read_text()) or {}
+    ours = cfg.to_dict()
+    values.update({k: ours[k] for k in COPY_RUN_KEYS})
+    keys = {k: v for k, v in values.items() if k not in config.DERIVED_KEYS}
+    derived = {k: v for k, v in values.items() if k in config.DERIVED_KEYS}
+    text = yaml.safe_dump(keys, sort_keys=False)
+    if derived:
+        text += "# derived (lbsgd.config.derive)\n" + yaml.safe_dump(derived, sort_keys=False)
+    (tmp / "config.yaml").write_text(text)
+    os.replace(tmp, run_dir)
+
+
 def _text(v: Any) -> str:
     if isinstance(v, list | tuple):
         return "[" + ",".join(str(x) for x in v) + "]"
@@ -140,12 +201,19 @@ def sweep(
     wandb: str = "auto",
     max_restarts: int = 0,
     quiet: bool = False,
+    profile: str | None = None,
 ):
-    """Train every run of ``runs`` (dicts of config keys) into ``out_dir/study``; see the module."""
+    """Train every run of ``runs`` (dicts of config keys) into ``out_dir/study``; see the module.
+
+    ``profile`` (the study's scale) is written into every run's config, as is ``varied``."""
     check_launch(nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
                  parallel=parallel, max_restarts=max_restarts)  # fmt: skip
-    base = {"study": study, "out_dir": str(out_dir), "wandb": wandb, "resume": True}
+    base = {"study": study, "out_dir": str(out_dir), "wandb": wandb, "resume": True,
+            "profile": profile}  # fmt: skip
     cfgs = [config.from_dict({**base, **dict(r)}) for r in runs]  # all validated before any work
+    if cfgs:
+        varied = varied_keys(cfgs)
+        cfgs = [c.replace(varied=varied) for c in cfgs]
     names = [c.run_name() for c in cfgs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -168,25 +236,45 @@ def sweep(
             continue
         twin = _find_identical(c, Path(out_dir))
         if twin is not None and not run_dir.exists():
-            shutil.copytree(twin, run_dir, ignore=COPY_IGNORE)
+            _copy_run(twin, c)
             say(f"[{i}/{len(cfgs)}] {c.run_name()}: identical run in {twin.parent.name}/, copied")
+            # W&B: the copy in this study's group too (never fails the sweep)
+            tracking.log_copied_run(run_dir, copied_from=twin, mode=wandb, project=c.wandb_project)
             continue
         todo.append(_Job(c, study_dir / f"{c.run_name()}.log"))
 
     running: list[_Job] = []
     failed: list[str] = []
     done = len(cfgs) - len(todo)
+    try:
+        done = _launch(todo, running, failed, done, len(cfgs), parallel, say,
+                       lambda c: _command(c, nproc_per_node, nnodes, rdzv_endpoint, max_restarts))  # fmt: skip
+    except KeyboardInterrupt:
+        raise _interrupted(study, running, todo, failed, say) from None
+    if failed:
+        raise RunFailed(" | ".join(failed))
+    return load_runs(study_dir, names=names)
+
+
+def _launch(todo: list[_Job], running: list[_Job], failed: list[str], done: int, total: int,
+            parallel: int, say, command) -> int:  # fmt: skip
+    """Start the runs of ``todo``, ``parallel`` at a time, until every one has ended (or one
+    failed and the others in flight have ended); ``running`` holds those in flight."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    guard = [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid())]
     while todo or running:
         while todo and len(running) < parallel and not failed:
-            job = todo.pop(0)
+            job = todo[0]
             job.handle = job.log.open("w")
+            # a session of its own: an interrupt meant for the sweep (a terminal's or Jupyter's,
+            # sent to the whole process group) does not kill the run; the sweep stops it
             job.proc = subprocess.Popen(
-                _command(job.cfg, nproc_per_node, nnodes, rdzv_endpoint, max_restarts),
-                stdout=job.handle, stderr=subprocess.STDOUT, env=env,
+                [*(guard if sys.platform == "linux" else []), *command(job.cfg)],
+                stdin=subprocess.DEVNULL, stdout=job.handle, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
             )  # fmt: skip
             job.started = time.perf_counter()
-            running.append(job)
+            running.append(todo.pop(0))
             say(f"[start] {job.cfg.run_name()} (log: {job.log})")
         if failed and not running:
             break
@@ -200,15 +288,72 @@ def sweep(
             # torchrun reports any failed worker as exit code 1, so the run's own record decides:
             # a diverged run (trainer exit code 3) is a result, not a failure
             if status in DONE:
-                say(f"[{done}/{len(cfgs)}] {job.cfg.run_name()}: {status} in {secs:.0f} s"
+                say(f"[{done}/{total}] {job.cfg.run_name()}: {status} in {secs:.0f} s"
                     f"{_result_text(job.cfg.run_dir())}")  # fmt: skip
             else:
                 failed.append(f"run {job.cfg.run_name()} failed (exit code {rc}); log: {job.log}; "
                               f"error: {_error_line(job.log)}")  # fmt: skip
-                say(f"[{done}/{len(cfgs)}] {job.cfg.run_name()}: FAILED, see {job.log}")
-    if failed:
-        raise RunFailed(" | ".join(failed))
-    return load_runs(study_dir, names=names)
+                say(f"[{done}/{total}] {job.cfg.run_name()}: FAILED, see {job.log}")
+    return done
+
+
+def _interrupted(study: str, running: list[_Job], todo: list[_Job], failed: list[str],
+                 say) -> RunInterrupted:  # fmt: skip
+    """Stop the runs in flight as a scheduler would (SIGTERM: checkpoint at an agreed step, status
+    interrupted), wait for them, say where each stands; the exception to raise."""
+    running += [j for j in todo if j.proc is not None]  # started as the interrupt came
+    todo = [j for j in todo if j.proc is None]
+    for job in running:
+        if job.proc.poll() is None:
+            job.proc.send_signal(signal.SIGTERM)  # torchrun's agent passes it on to its workers
+    if running:
+        say(f"[interrupt] asked {len(running)} run(s) to stop (SIGTERM): each stops at its next "
+            "metric flush with a checkpoint; interrupt again to kill them now")  # fmt: skip
+    killed = False
+    try:
+        for job in running:
+            job.proc.wait()
+    except KeyboardInterrupt:  # asked twice: no waiting for the next flush
+        killed = True
+        for job in running:
+            if job.proc.poll() is None:
+                try:
+                    os.killpg(job.proc.pid, signal.SIGKILL)  # its own session: torchrun's workers
+                except OSError:
+                    job.proc.kill()
+        for job in running:
+            job.proc.wait()
+    parts = []
+    for job in running:
+        job.handle.close()
+        where = _stop_text(job.cfg.run_dir())
+        parts.append(f"{job.cfg.run_name()} ({where})")
+        say(f"[interrupted] {job.cfg.run_name()}: {where} (log: {job.log})")
+    for job in todo:
+        parts.append(f"{job.cfg.run_name()} (not started)")
+        say(f"[interrupted] {job.cfg.run_name()}: not started")
+    how = "killed" if killed else "stopped"
+    earlier = f" | before the interrupt: {' | '.join(failed)}" if failed else ""
+    return RunInterrupted(f"sweep of study {study!r} interrupted, runs {how}: " + "; ".join(parts)
+                          + f"; the same sweep again resumes them{earlier}")  # fmt: skip
+
+
+def _stop_text(run_dir: Path) -> str:
+    """Where a stopped run stands, from its summary.json: status, step, checkpoint."""
+    from lbsgd import checkpoint  # torch: already imported by the sweep's checks
+
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return "stopped before training began"
+    status, steps = s.get("status"), s.get("steps")
+    kept = (run_dir / checkpoint.NAME).exists()
+    if status in DONE:
+        return f"{status} at step {steps}"
+    if status == "interrupted":
+        return f"interrupted at step {steps}, " + ("checkpoint kept" if kept else "no checkpoint")
+    return (f"status {status} at step {steps}, "
+            + ("resumes from its last checkpoint" if kept else "no checkpoint: restarts"))  # fmt: skip
 
 
 def _error_line(log: Path) -> str:

@@ -70,6 +70,8 @@ _CPU_BASE = {
     "bn_batch": 16, "reference_batch": 16, "base_lr": 0.0125, "nesterov": False,
     "weight_decay": 5e-4, "warmup": "gradual", "warmup_epochs": 0.5, "schedule": "cosine",
     "epochs": 4, "threads": 1, "channels_last": True, "eval_every": 2,
+    # the same digits on any x86 CPU with AVX2 (lbsgd.isa; the smoke profile inherits it)
+    "cpu_isa": "avx2",
 }  # fmt: skip
 
 PROFILES: dict[str, Profile] = {

@@ -1,10 +1,25 @@
 """Metrics to disk (always) and to Weights & Biases (when enabled); only rank 0 creates a Tracker.
 
 ``metrics.jsonl`` in the run directory is the record of truth: one JSON object per logged step and
-per evaluation, flushed as it is written. W&B mirrors it (project ``wandb_project``, group = the study,
-job_type = train, name = the run, config = every key and derived value) and must never block or
-fail a run: its import, init and every log call are guarded, and a failure leaves one warning and a
-run that goes on without it.
+per evaluation, flushed as it is written. W&B mirrors it and must never block or fail a run: its
+import, init and every log call are guarded, and a failure leaves one warning and a run that goes on
+without it. What W&B gets, so that runs compare there:
+
+- project ``wandb_project``, group = the study, job_type = train, run name = the run's folder;
+  display name = the values of the study's ``varied`` keys (``k=16 warmup=gradual seed=0``), the run
+  name when nothing varies; tags = profile, study, ``k=<k>`` and ``key=value`` of each varied key;
+  config = every key, the derived values and ``k`` (= batch_size / reference_batch).
+- one train point per metric flush: the mean loss over the flush's window of steps (the JSONL keeps
+  every step), the lr, img/s and loss scale of its last step; ``epoch`` with every point, declared
+  as the step metric of ``train/*`` and ``eval/*`` so that runs of different batch sizes share an
+  x-axis.
+- the W&B run id lives in the run directory (``wandb_id``, written once). A resumed run continues
+  it online (``resume="allow"``); W&B cannot resume an offline run, so there the continuation is a
+  new offline run of the same group and name whose config says what it continues (``continues``:
+  the id in ``wandb_id``, ``resumed_from_step``).
+
+A run that a sweep copies from another study is logged into the second study's group by
+:func:`log_copied_run`; a study's table, figures and findings by :func:`log_study`.
 """
 
 from __future__ import annotations
@@ -13,10 +28,14 @@ import json
 import math
 import netrc
 import os
+import secrets
+import string
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+ID_FILE = "wandb_id"  # in the run directory: the W&B run id, written once, kept across resumes
 
 
 def resolve_wandb_mode(mode: str) -> str:
@@ -42,33 +61,159 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+def new_run_id() -> str:
+    """A fresh W&B run id (8 characters of [0-9a-z], as W&B makes them)."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(8))
+
+
+def _read_id(path: Path) -> str | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def batch_ratio(config: Mapping[str, Any]) -> int | float | None:
+    """k = batch_size / reference_batch (an int when whole)."""
+    try:
+        k = config["batch_size"] / config["reference_batch"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    return int(k) if float(k).is_integer() else k
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if v is None:
+        return "null"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, list | tuple):
+        return ",".join(_text(x) for x in v)
+    return str(v)
+
+
+def _varied_values(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, value text) of the varied keys: k first, seed last, the others in the given order."""
+    varied = list(config.get("varied") or ())
+    order = [k for k in varied if k == "k"] + [k for k in varied if k not in ("k", "seed")]
+    order += [k for k in varied if k == "seed"]
+    values = {**config, "k": batch_ratio(config)}
+    return [(k, _text(values.get(k))) for k in dict.fromkeys(order)]
+
+
+def display_name(config: Mapping[str, Any], fallback: str) -> str:
+    """``k=16 warmup=gradual seed=0``: what the run's study varies; ``fallback`` when nothing."""
+    return " ".join(f"{k}={v}" for k, v in _varied_values(config)) or fallback
+
+
+def run_tags(config: Mapping[str, Any]) -> list[str]:
+    """profile, study, ``k=<k>`` and ``key=value`` of each varied key (W&B: at most 64 chars)."""
+    tags = [config.get("profile"), config.get("study"), f"k={_text(batch_ratio(config))}"]
+    tags += [f"{k}={v}" for k, v in _varied_values(config)]
+    return list(dict.fromkeys(str(t)[:64] for t in tags if t))
+
+
+def wandb_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every key and derived value, plus ``k`` (and ``profile``, null when the run has none)."""
+    return {**config, "profile": config.get("profile"), "k": batch_ratio(config)}
+
+
+def _define_epoch_axis(run: Any) -> None:
+    """``epoch`` with every point is the x-axis of train/* and eval/* (runs of different batch
+    sizes have different steps, the same epochs)."""
+    run.define_metric("epoch")
+    run.define_metric("train/*", step_metric="epoch")
+    run.define_metric("eval/*", step_metric="epoch")
+
+
+def _point(record: Mapping[str, Any]) -> dict[str, Any]:
+    """One JSONL record as a W&B point: ``epoch`` as is, the rest under ``<kind>/``."""
+    prefix = record.get("kind", "train")
+    data = {f"{prefix}/{k}": v for k, v in record.items() if k not in ("kind", "step", "epoch")}
+    if "epoch" in record:
+        data["epoch"] = record["epoch"]
+    return data
+
+
+def window_means(records: Sequence[Mapping[str, Any]], log_every: int) -> list[dict[str, Any]]:
+    """W&B's train points from the per-step train records of metrics.jsonl: one per flush window,
+    its loss the window's mean. A window's steps share the flush's ``img_per_s``; runs of
+    consecutive records with one value, at most ``log_every`` long, are taken as its windows."""
+    points: list[dict[str, Any]] = []
+    window: list[Mapping[str, Any]] = []
+
+    def close() -> None:
+        if window:
+            losses = [float(r["loss"]) for r in window]
+            points.append({**window[-1], "loss": sum(losses) / len(losses)})
+            window.clear()
+
+    for r in records:
+        if window and (r.get("img_per_s") != window[-1].get("img_per_s")
+                       or len(window) >= max(1, log_every)):  # fmt: skip
+            close()
+        window.append(r)
+    close()
+    return points
+
+
 class Tracker:
     def __init__(self, run_dir: Path, config: dict[str, Any], *, mode: str, project: str,
                  group: str, name: str, truncate_after_step: int | None = None) -> None:  # fmt: skip
+        """``config``: every key and derived value. ``truncate_after_step`` (a resume): the step of
+        the checkpoint; later records are dropped, and W&B continues the run's earlier W&B run."""
         self.path = Path(run_dir) / "metrics.jsonl"
         if truncate_after_step is not None:
             self._truncate(truncate_after_step)
         self._file = self.path.open("a")
         self._wandb = None
+        self.wandb_id: str | None = None
         self.wandb_mode = resolve_wandb_mode(mode)
         if self.wandb_mode != "disabled":
-            self._init_wandb(run_dir, config, project, group, name)
+            self._init_wandb(Path(run_dir), config, project, group, name, truncate_after_step)
 
     # How long an online W&B may take to answer before the run logs offline instead (it never waits
     # longer: a run must not stall on an unreachable server).
     INIT_TIMEOUT_S = 15.0
 
-    def _init_wandb(self, run_dir: Path, config: dict, project: str, group: str, name: str) -> None:
+    def _init_wandb(self, run_dir: Path, config: dict, project: str, group: str, name: str,
+                    resumed_from: int | None) -> None:  # fmt: skip
         """Start W&B; online failing (no network, bad key) falls back to offline, one warning."""
         try:
             import wandb
 
-            def start(mode: str):
-                return wandb.init(
-                    project=project, group=group, job_type="train", name=name, config=config,
+            id_file = run_dir / ID_FILE
+            earlier = _read_id(id_file)
+            run_id = earlier or new_run_id()
+            if earlier is None:
+                id_file.write_text(run_id + "\n")
+            cfg = wandb_config(config)
+            if resumed_from is not None:
+                cfg["resumed_from_step"] = resumed_from
+
+            def start(mode: str, fallback: bool = False):
+                this_id, resume, notes, c = run_id, None, None, cfg
+                if mode == "online":
+                    resume = "allow"  # a continuation goes on in the same W&B run
+                elif earlier is not None and resumed_from is not None:
+                    # W&B cannot resume an offline run: a new one, saying what it continues
+                    this_id, c = new_run_id(), {**cfg, "continues": earlier}
+                    notes = f"continues W&B run {earlier} from step {resumed_from}"
+                elif fallback:  # W&B keeps the failed online attempt's id "in use": a new one
+                    this_id = new_run_id()
+                    id_file.write_text(this_id + "\n")
+                run = wandb.init(
+                    project=project, group=group, job_type="train", name=display_name(config, name),
+                    config=c, tags=run_tags(config), notes=notes, id=this_id, resume=resume,
                     dir=str(run_dir), mode=mode, reinit="create_new",
                     settings=wandb.Settings(init_timeout=self.INIT_TIMEOUT_S, silent=True),
                 )  # fmt: skip
+                self.wandb_id = this_id
+                return run
 
             try:
                 self._wandb = start(self.wandb_mode)
@@ -76,11 +221,12 @@ class Tracker:
                 if self.wandb_mode != "online":
                     raise
                 self.wandb_mode = "offline"
-                self._wandb = start("offline")
+                self._wandb = start("offline", fallback=True)
                 warnings.warn(
                     f"W&B online failed ({type(e).__name__}: {e}); logging offline instead "
                     f"(wandb sync {run_dir}/wandb/offline-run-* later)", RuntimeWarning, stacklevel=2,
                 )  # fmt: skip
+            _define_epoch_axis(self._wandb)
         except Exception as e:  # noqa: BLE001 - W&B must never fail a run
             self._warn(f"W&B init failed ({type(e).__name__}: {e}); continuing without W&B")
 
@@ -105,14 +251,17 @@ class Tracker:
         os.replace(tmp, self.path)
 
     def log(self, record: dict[str, Any], wandb: bool = True) -> None:
-        """One line of metrics.jsonl, and (``wandb``) one W&B point."""
+        """One line of metrics.jsonl, and (``wandb``) the same record as one W&B point."""
         self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
         self._file.flush()
-        if self._wandb is not None and wandb:
+        if wandb:
+            self.log_wandb(record)
+
+    def log_wandb(self, record: dict[str, Any]) -> None:
+        """One W&B point only (a flush's window mean; the JSONL has each step)."""
+        if self._wandb is not None:
             try:
-                prefix = record.get("kind", "train")
-                data = {f"{prefix}/{k}": v for k, v in record.items() if k not in ("kind", "step")}
-                self._wandb.log(data, step=record["step"])
+                self._wandb.log(_point(record), step=record["step"])
             except Exception as e:  # noqa: BLE001
                 self._warn(f"W&B log failed ({type(e).__name__}: {e}); continuing without W&B")
 
@@ -142,3 +291,158 @@ def flatten(d: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict[str,
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+# -- runs and studies logged after the fact (from a notebook's process) ---------------------------
+
+
+def _init_after(mode: str, run_dir: Path, **kwargs: Any) -> Any:
+    """A W&B run for :func:`log_copied_run` / :func:`log_study`: online failing falls back to
+    offline (the caller's one warning says so); None when disabled."""
+    import wandb
+
+    mode = resolve_wandb_mode(mode)
+    if mode == "disabled":
+        return None
+    settings = wandb.Settings(init_timeout=Tracker.INIT_TIMEOUT_S, silent=True, console="off")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(m: str) -> Any:
+        extra = {"resume": "allow"} if m == "online" else {}
+        return wandb.init(dir=str(run_dir), mode=m, reinit="create_new", settings=settings,
+                          **kwargs, **extra)  # fmt: skip
+
+    if mode != "online":
+        return start(mode)
+    try:
+        return start("online")
+    except Exception as e:  # noqa: BLE001
+        kwargs["id"] = new_run_id()  # W&B keeps the failed online attempt's id "in use"
+        run = start("offline")
+        warnings.warn(f"W&B online failed ({type(e).__name__}: {e}); logged offline instead "
+                      f"(wandb sync {run_dir}/wandb/offline-run-* later)", RuntimeWarning,
+                      stacklevel=3)  # fmt: skip
+        return run
+
+
+def log_copied_run(
+    run_dir: str | os.PathLike,
+    *,
+    copied_from: str | os.PathLike,
+    mode: str,
+    project: str = "lbsgd",
+    varied: Sequence[str] | None = None,
+    profile: str | None = None,
+) -> str | None:
+    """Log a run that a sweep copied from another study (``copied_from``, the twin's folder) into
+    this study's W&B group (the study = ``run_dir``'s parent folder): a new W&B run (its id in
+    ``run_dir/wandb_id``) replaying metrics.jsonl (a point per flush window, as the trainer logs)
+    and the summary; config = the run's, with ``study`` this one, ``copied_from`` (study/run) and
+    ``copied_from_wandb_id``. ``varied``/``profile``: this study's, when they differ from the
+    copied config's. Returns the W&B id, or None (disabled, or a failure: one RuntimeWarning)."""
+    try:
+        import yaml
+
+        run_dir, twin = Path(run_dir), Path(copied_from)
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        config["study"] = run_dir.parent.name
+        if varied is not None:
+            config["varied"] = list(varied)
+        if profile is not None:
+            config["profile"] = profile
+        cfg = {**wandb_config(config), "copied_from": f"{twin.parent.name}/{twin.name}",
+               "copied_from_wandb_id": _read_id(twin / ID_FILE)}  # fmt: skip
+        run = _init_after(
+            mode, run_dir, project=project, group=config["study"], job_type="train", id=new_run_id(),
+            name=display_name(config, run_dir.name), config=cfg, tags=run_tags(config),
+            notes=f"copied from {cfg['copied_from']} (identical experiment keys)",
+        )  # fmt: skip
+        if run is None:
+            return None
+        (run_dir / ID_FILE).write_text(run.id + "\n")  # this copy's own W&B run
+        try:
+            _define_epoch_axis(run)
+            records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+                       if x.strip()]  # fmt: skip
+            train = [r for r in records if r.get("kind", "train") == "train"]
+            points = window_means(train, int(config.get("log_every") or 1))
+            evals = [r for r in records if r.get("kind") == "eval"]
+            for r in sorted(points + evals, key=lambda r: (r["step"], r.get("kind") == "eval")):
+                run.log(_point(r), step=r["step"])
+            summary_path = run_dir / "summary.json"
+            if summary_path.exists():
+                for k, v in flatten(json.loads(summary_path.read_text())).items():
+                    run.summary[k] = v
+        finally:
+            run.finish()
+        return run.id
+    except Exception as e:  # noqa: BLE001 - W&B never fails the sweep
+        warnings.warn(f"W&B: copied run {run_dir} not logged ({type(e).__name__}: {e})",
+                      RuntimeWarning, stacklevel=2)  # fmt: skip
+        return None
+
+
+VERDICTS = {True: "replayed", False: "not replayed", None: "undecided"}
+
+
+def _finding_row(f: Any) -> list[str]:
+    d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
+    verdict = d.get("verdict") or VERDICTS.get(d.get("replayed"), str(d.get("replayed")))
+    return [str(d.get("claim", "")), str(verdict), str(d.get("evidence", ""))]
+
+
+def log_study(
+    study_dir: str | os.PathLike,
+    *,
+    study: str,
+    profile: str,
+    mode: str,
+    project: str = "lbsgd",
+    table: Any = None,
+    figures: Iterable[str | os.PathLike] = (),
+    findings: Iterable[Any] | None = None,
+) -> str | None:
+    """One W&B run for the study (job_type=study, group=study, name ``<study> (<profile>)``)
+    holding ``table`` (a CSV path or a DataFrame: ours beside the paper) as ``table``, each PNG of
+    ``figures`` as an image named by its file stem, and ``findings`` (dicts or Findings: claim,
+    replayed, evidence) as the table ``findings`` (claim, verdict, evidence). Online, the study's
+    W&B run is kept (its id in ``<study_dir>/wandb/study_id``) and updated by each call. Returns
+    the W&B id, or None (disabled, or a failure: one RuntimeWarning; never raises)."""
+    try:
+        import wandb
+
+        study_dir = Path(study_dir)
+        id_file = study_dir / "wandb" / "study_id"  # W&B's own folder: out of git
+        online = resolve_wandb_mode(mode) == "online"
+        run_id = (_read_id(id_file) if online else None) or new_run_id()
+        run = _init_after(
+            mode, study_dir, project=project, group=study, job_type="study", id=run_id,
+            name=f"{study} ({profile})", tags=[t for t in (profile, study) if t],
+            config={"study": study, "profile": profile},
+        )  # fmt: skip
+        if run is None:
+            return None
+        if online and run.settings.mode == "online":
+            id_file.parent.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(run.id + "\n")
+        try:
+            data: dict[str, Any] = {}
+            if table is not None:
+                import pandas as pd
+
+                df = table if isinstance(table, pd.DataFrame) else pd.read_csv(table)
+                data["table"] = wandb.Table(dataframe=df)
+            for fig in figures:
+                data[f"figures/{Path(fig).stem}"] = wandb.Image(str(fig))
+            if findings is not None:
+                rows = [_finding_row(f) for f in findings]
+                data["findings"] = wandb.Table(columns=["claim", "verdict", "evidence"], data=rows)
+            if data:
+                run.log(data)
+        finally:
+            run.finish()
+        return run.id
+    except Exception as e:  # noqa: BLE001 - W&B never fails the notebook
+        warnings.warn(f"W&B: study {study} not logged ({type(e).__name__}: {e})", RuntimeWarning,
+                      stacklevel=2)  # fmt: skip
+        return None

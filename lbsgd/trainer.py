@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from lbsgd import checkpoint, comm, data, distributed, models, optim
+from lbsgd import checkpoint, comm, data, distributed, isa, models, optim
 from lbsgd.config import (
     Config,
     ConfigError,
@@ -42,7 +42,9 @@ STATUS_EXIT_CODE = {"completed": 0, "diverged": 3, "interrupted": 143}
 # Asked to stop (a scheduler's pre-emption or time limit: SLURM sends SIGTERM, or the signal of
 # --signal=USR1@90; torchrun's agent passes its own SIGTERM on to the workers): the processes agree
 # on a step at the next metric flush, write a checkpoint there and exit with "interrupted".
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# SIGINT (Ctrl-C on `lbsgd train`, at the terminal on torchrun and its workers) stops the same way:
+# status "interrupted", exit code 143, whichever signal asked.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 def check(cfg: Config, world_size: int | None = None, local_world_size: int | None = None) -> None:
@@ -61,6 +63,7 @@ def check(cfg: Config, world_size: int | None = None, local_world_size: int | No
 def train(cfg: Config) -> dict[str, Any]:
     """Train one run to the end (or until it diverges); returns its summary.json content."""
     check(cfg)
+    isa.require(cfg.cpu_isa)  # before the run's first CPU operation: refused if it cannot hold
     before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
               torch.backends.cudnn.deterministic)  # fmt: skip
     if cfg.deterministic:
@@ -297,7 +300,12 @@ class _Run:
             "steps": start_step,
             "total_steps": d.total_steps,
             "environment": {
-                **environment(ctx.device, ctx.world_size),
+                **environment(
+                    ctx.device,
+                    ctx.world_size,
+                    cpu_isa=cfg.cpu_isa,
+                    train_split=splits.train if ctx.is_main else None,  # its digest: rank 0's
+                ),
                 "backend": distributed.backend_name(ctx.device, cfg.backend),
                 "deterministic": torch.are_deterministic_algorithms_enabled(),
             },
@@ -505,9 +513,11 @@ class _Run:
         b, n = self.cfg.batch_size, self.d.num_train
         if self.tracker is not None:
             for (step, lr, _, _), loss, scale in zip(pending, losses, scales, strict=True):
-                self.tracker.log({"kind": "train", "step": step, "epoch": step * b / n, "lr": lr,
-                                  "loss": loss, "img_per_s": img_per_s, "loss_scale": scale},
-                                 wandb=step == pending[-1][0])  # fmt: skip
+                rec = {"kind": "train", "step": step, "epoch": step * b / n, "lr": lr,
+                       "loss": loss, "img_per_s": img_per_s, "loss_scale": scale}  # fmt: skip
+                self.tracker.log(rec, wandb=False)  # every step in metrics.jsonl
+            # W&B: one point per flush, the window's mean loss (its other values: the last step's)
+            self.tracker.log_wandb({**rec, "loss": sum(losses) / len(losses)})
         self.summary.setdefault("final", {})["train_loss"] = losses[-1]
         self.summary["skipped_steps"] = self.precision.skipped_steps
         bar.set_postfix(

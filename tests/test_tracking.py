@@ -44,6 +44,9 @@ class _BrokenRun:
     def __init__(self):
         self.summary = {}
 
+    def define_metric(self, *a, **k):
+        pass
+
     def log(self, *a, **k):
         raise ConnectionError("W&B server went away")
 
@@ -140,7 +143,9 @@ def test_wandb_server_failing_falls_back_to_offline_quickly_and_keeps_the_key_ou
     assert summary["status"] == "completed"
     assert len([w for w in caught if "W&B" in str(w.message)]) == 1
     assert elapsed < 4 * 15  # the online attempt gives up after its 15 s init timeout
-    assert list((cfg.run_dir() / "wandb").glob("offline-run-*/run-*.wandb"))
+    (offline,) = list((cfg.run_dir() / "wandb").glob("offline-run-*/run-*.wandb"))
+    # the offline run's id is the one kept in the run directory (a resume continues that one)
+    assert offline.name == f"run-{(cfg.run_dir() / 'wandb_id').read_text().strip()}.wandb"
     lines = (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 8 + 1
     leaked = [p for p in cfg.run_dir().rglob("*") if p.is_file() and key.encode() in p.read_bytes()]

@@ -1,0 +1,275 @@
+"""``lbsgd verify``: replay a sample of committed runs and say, for each, whether it gives the same
+digits here.
+
+A replay is the committed run's config.yaml with its run keys pointed elsewhere (a temporary
+folder, never the committed results; no W&B, no checkpoints) and, for a run made on a CPU, the
+CPU as its device. It is bitwise equal when every train loss, learning rate and loss scale of its
+metrics.jsonl, every evaluation (top-1, top-5, test loss) and the final metrics of its summary
+are equal to the committed ones; otherwise the report gives the first step that differs and the
+difference in final top-1 error beside the seed spread of the run's group (the standard deviation
+of final top-1 over the seeds of the same experiment in the same study). Each line also says
+whether this machine's CPU and caps (lbsgd.isa) are those the committed run recorded.
+
+The sample (``--sample N``): the cheapest run of each study (by its recorded wall time; one run of
+an experiment that several studies share), cheapest first; the same on every machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lbsgd import config, isa
+
+EXIT_BAD_INPUT = 2
+# metrics.jsonl values that a replay must reproduce (img_per_s and the like are the machine's)
+COMPARED = {"train": ("lr", "loss", "loss_scale"),
+            "eval": ("top1_error_pct", "top5_error_pct", "test_loss")}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Run:
+    """A committed run: its folder, study, config keys (raw) and summary."""
+
+    dir: Path
+    study: str
+    keys: dict[str, Any]
+    summary: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.dir.name
+
+    @property
+    def cost(self) -> float:
+        return float(self.summary.get("wall_time_s") or math.inf)
+
+    @property
+    def top1(self) -> float | None:
+        v = self.summary.get("final", {}).get("top1_error_pct")
+        return v if isinstance(v, float | int) else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def find_runs(root: Path) -> list[Run]:
+    """The completed CPU runs under ``root`` (a profile's folder: ``study/run/``), sorted."""
+    runs = []
+    for summary_path in sorted(root.glob("*/*/summary.json")):
+        run_dir = summary_path.parent
+        summary = _read_json(summary_path)
+        if not isinstance(summary, dict) or summary.get("status") != "completed":
+            continue
+        if not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "config.yaml").is_file():
+            continue
+        if summary.get("environment", {}).get("device", "cpu") != "cpu":
+            continue  # GPU runs are bitwise only under deterministic kernels, on the same GPU
+        try:
+            keys = config.read_yaml(run_dir / "config.yaml")
+        except config.ConfigError:
+            continue
+        runs.append(Run(run_dir, run_dir.parent.name, keys, summary))
+    return runs
+
+
+def sample(runs: list[Run], n: int) -> list[Run]:
+    """The cheapest run of each study (an experiment shared by studies counted once), cheapest
+    first, at most ``n``."""
+    picked: list[Run] = []
+    seen: set[str] = set()
+    for study in sorted({r.study for r in runs}):
+        mine = sorted((r for r in runs if r.study == study), key=lambda r: (r.cost, r.name))
+        for r in mine:
+            eid = r.summary.get("experiment_id", r.name)
+            if eid not in seen:
+                seen.add(eid)
+                picked.append(r)
+                break
+    return sorted(picked, key=lambda r: (r.cost, r.study, r.name))[:n]
+
+
+def _experiment(keys: dict[str, Any], drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {k: v for k, v in keys.items()
+            if k in config.FIELDS and config.FIELDS[k].metadata["kind"] == "experiment"
+            and k not in drop}  # fmt: skip
+
+
+def seed_spread(run: Run, runs: list[Run]) -> tuple[float | None, int]:
+    """Standard deviation (points) of final top-1 error over the seeds of ``run``'s experiment in
+    its study, and the number of seeds (None when fewer than two)."""
+    mine = _experiment(run.keys, ("seed",))
+    errors = [r.top1 for r in runs
+              if r.study == run.study and _experiment(r.keys, ("seed",)) == mine
+              and r.top1 is not None]  # fmt: skip
+    return (statistics.stdev(errors) if len(errors) > 1 else None), len(errors)
+
+
+def _metrics(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        kind = rec.get("kind")
+        if kind in COMPARED:
+            out[(kind, int(rec["step"]))] = {k: rec.get(k) for k in COMPARED[kind]}
+    return out
+
+
+def compare(reference: Path, replay: Path) -> str | None:
+    """None when ``replay`` reproduces ``reference`` bitwise (metrics.jsonl's compared values at
+    every step, and the summary's final metrics); else where they first differ."""
+    ref, new = _metrics(reference / "metrics.jsonl"), _metrics(replay / "metrics.jsonl")
+    for key in sorted(set(ref) | set(new), key=lambda k: (k[1], k[0])):
+        a, b = ref.get(key), new.get(key)
+        if a is None or b is None:
+            return f"{key[0]} step {key[1]} is only in the {'replay' if a is None else 'reference'}"
+        for k in a:
+            if a[k] != b[k]:
+                return f"step {key[1]}: {key[0]} {k} {a[k]!r} vs {b[k]!r}"
+    fa = (_read_json(reference / "summary.json") or {}).get("final", {})
+    fb = (_read_json(replay / "summary.json") or {}).get("final", {})
+    for k in sorted(set(fa) | set(fb)):
+        if fa.get(k) != fb.get(k):
+            return f"final {k} {fa.get(k)!r} vs {fb.get(k)!r}"
+    return None
+
+
+def machine_match(committed: dict[str, Any], here: dict[str, Any]) -> str:
+    """Whether the replay ran on the committed run's CPU model and under its caps, in words."""
+    model = committed.get("cpu_model")
+    parts = [
+        "CPU model not recorded"
+        if model is None
+        else "same CPU model"
+        if model == here.get("cpu_model")
+        else f"other CPU model (committed {model!r}, here {here.get('cpu_model')!r})"
+    ]
+    ours, theirs = here.get("cpu_isa") or {}, committed.get("cpu_isa")
+    fields = ("requested", "aten", "onednn")
+    if theirs is None:
+        parts.append("caps not recorded")
+    elif all(theirs.get(k) == ours.get(k) for k in fields):
+        parts.append(f"same caps ({_caps(ours)})")
+    else:
+        parts.append(f"other caps (committed {_caps(theirs)}, here {_caps(ours)})")
+    return ", ".join(parts)
+
+
+def _caps(record: dict[str, Any]) -> str:
+    return (f"cpu_isa={record.get('requested')}: ATen {record.get('aten')}, "
+            f"oneDNN {record.get('onednn')}")  # fmt: skip
+
+
+def _command(run: Run, out: Path) -> list[str]:
+    return [sys.executable, "-m", "lbsgd", "train", "-c", str(run.dir / "config.yaml"),
+            f"out_dir={out}", f"study={run.study}", f"name={run.name}", "resume=false",
+            "wandb=disabled", "checkpoint=false", "checkpoint_every=0", "device=cpu"]  # fmt: skip
+
+
+def _report(run: Run, runs: list[Run], replay: Path, code: int, log: Path) -> bool:
+    """Print the lines of one replay; True when bitwise equal."""
+    if code != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+        print(f"  replay failed (exit code {code}): {tail[0] if tail else 'no output'}")
+        return False
+    difference = compare(run.dir, replay)
+    new = _read_json(replay / "summary.json") or {}
+    top1 = new.get("final", {}).get("top1_error_pct")
+    if difference is None:
+        print(f"  bitwise equal (final top-1 error {top1}%)")
+    else:
+        spread, seeds = seed_spread(run, runs)
+        delta = top1 - run.top1 if top1 is not None and run.top1 is not None else None
+        beside = (f"seed spread of its group {spread:.2f} points ({seeds} seeds)"
+                  if spread is not None else "no seed spread (one seed in its group)")  # fmt: skip
+        shown = f"{delta:+.2f} points" if delta is not None else "n/a"
+        print(f"  differs, first at {difference}")
+        print(f"  final top-1 error {run.top1}% committed vs {top1}% here: {shown}; {beside}")
+    print(
+        f"  machine: {machine_match(run.summary.get('environment', {}), new.get('environment', {}))}"
+    )
+    return difference is None
+
+
+def main(results: str, n: int = 4, names: list[str] | None = None, out: str | None = None,
+         parallel: int = 1) -> int:  # fmt: skip
+    """Replay and report; 0 when every replay is bitwise equal, 1 otherwise, 2 on bad input."""
+    from lbsgd.studies import results_root
+
+    root = results_root(results)
+    if n < 1 or parallel < 1:
+        return _bad(f"--sample={n} and --parallel={parallel} must be positive integers")
+    runs = find_runs(root)
+    if not runs:
+        return _bad(f"no completed CPU runs under {root} (expected {root}/<study>/<run>/)")
+    if names:
+        chosen = [r for r in runs if r.name in names or f"{r.study}/{r.name}" in names]
+        unknown = [x for x in names
+                   if not any(x in (r.name, f"{r.study}/{r.name}") for r in chosen)]  # fmt: skip
+        if unknown:
+            return _bad(f"--runs: no completed CPU run named {', '.join(unknown)} under {root}")
+    else:
+        chosen = sample(runs, n)
+    where = Path(out).resolve() if out else Path(tempfile.mkdtemp(prefix="lbsgd-verify-"))
+    if out:
+        if where == root.resolve() or root.resolve() in where.parents:
+            return _bad(f"--out={out} is inside the committed results {root}: choose another")
+        if where.exists() and any(where.iterdir()):
+            return _bad(f"--out={out} is not empty")
+    flags = [f for f in ("avx2", "avx512f", "amx_tile") if f in (isa.cpu_flags() or [])]
+    print(f"lbsgd verify: {len(chosen)} of {len(runs)} runs under {root}, replayed in {where}\n"
+          f"this machine: {isa.cpu_model()} ({', '.join(flags) or 'no AVX2'})", flush=True)  # fmt: skip
+    try:
+        equal = _replay_all(chosen, runs, where, parallel)
+        print(f"lbsgd verify: {sum(equal)} of {len(equal)} replays bitwise equal")
+        return 0 if all(equal) else 1
+    finally:
+        if not out:
+            shutil.rmtree(where, ignore_errors=True)
+
+
+def _replay_all(chosen: list[Run], runs: list[Run], where: Path, parallel: int) -> list[bool]:
+    """Replay ``chosen``, ``parallel`` at a time, reporting each as it ends; bitwise equal each?"""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    pending, running, equal = list(enumerate(chosen, 1)), [], []
+    while pending or running:
+        while pending and len(running) < parallel:
+            i, run = pending.pop(0)
+            log = where / run.study / f"{run.name}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "w") as f:
+                proc = subprocess.Popen(_command(run, where), stdout=f, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+            running.append((i, run, log, proc, time.perf_counter()))
+        for item in list(running):
+            i, run, log, proc, started = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            print(f"[{i}/{len(chosen)}] {run.study}/{run.name} "
+                  f"({time.perf_counter() - started:.0f} s)")  # fmt: skip
+            equal.append(_report(run, runs, where / run.study / run.name, proc.returncode, log))
+            sys.stdout.flush()
+        time.sleep(0.2)
+    return equal
+
+
+def _bad(message: str) -> int:
+    print(f"lbsgd: error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT

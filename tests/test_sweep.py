@@ -1,0 +1,345 @@
+"""The sweep as users run it: what it writes into each run's config, copies between the studies of
+one profile, interrupts (Ctrl-C, Jupyter's Kernel > Interrupt, a killed kernel), the paths it may
+write to, and the per-profile report."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import TINY, subprocess_env
+
+from lbsgd import checkpoint, cli, config
+from lbsgd import experiments as ex
+from lbsgd.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+# several epochs of TINY (8 steps each, a flush every 3): time to interrupt it mid-run
+LONG = {**TINY, "epochs": 20}
+
+
+def snapshot(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def wait_for_training(run_dir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until the run has logged a training step (it is past start-up and under the stop handlers)."""
+    metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metrics.exists() and '"kind": "train"' in metrics.read_text():
+            return
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    raise AssertionError(f"{run_dir} logged no training step in {timeout} s")
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux: /proc)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # the field after the state: the parent's id
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def run_config(run_dir: Path) -> dict:
+    return yaml.safe_load((run_dir / "config.yaml").read_text())
+
+
+# -- profile and varied ------------------------------------------------------------------------
+
+
+def test_varied_names_the_keys_that_differ_with_k_for_batch_size():
+    def cfgs(*runs):
+        return [config.from_dict({**TINY, **r}) for r in runs]
+
+    assert ex.varied_keys(cfgs({"seed": 0}, {"seed": 1})) == ("seed",)
+    two = cfgs({"batch_size": 64, "seed": 0}, {"batch_size": 128, "seed": 0, "warmup": "none"})
+    assert ex.varied_keys(two) == ("k", "warmup")
+    assert ex.varied_keys(cfgs({"seed": 0}, {"seed": 0, "name": "other"})) == ()  # names aside
+    assert ex.varied_keys(cfgs({})) == ()
+
+
+def _completed_twin(out: Path, study: str, keys: dict) -> Path:
+    """A finished run of ``study`` (its files, no training): what a sweep may copy."""
+    cfg = config.from_dict({**keys, "study": study, "out_dir": str(out), "varied": ["seed"]})
+    run_dir = cfg.run_dir()
+    run_dir.mkdir(parents=True)
+    d = config.derive(cfg, 1, cfg.synthetic_train)
+    (run_dir / "config.yaml").write_text(config.dump(cfg, d))
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"status": "completed", "experiment_id": cfg.experiment_id(), "steps": 16}))  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 3, "loss": 2.0}\n')
+    (run_dir / checkpoint.NAME).write_bytes(b"weights")
+    (run_dir / "wandb_id").write_text("twin0001\n")
+    return run_dir
+
+
+def test_a_twin_is_copied_within_its_profile_only_and_named_as_this_studys_run(
+    tmp_path, monkeypatch
+):
+    logged = []
+    monkeypatch.setattr(ex.tracking, "log_copied_run", lambda run_dir, **kw: logged.append((run_dir, kw)))  # fmt: skip
+    keys = {**TINY, "seed": 0}
+    other_profile = _completed_twin(tmp_path / "cpu", "warmup", keys)
+    twin = _completed_twin(tmp_path / "smoke", "warmup", keys)
+    cfg = config.from_dict({**keys, "study": "lr", "out_dir": str(tmp_path / "smoke")})
+    assert ex._find_identical(cfg, tmp_path / "smoke") == twin
+    assert ex._find_identical(cfg, tmp_path / "cpu") == other_profile
+    assert ex._find_identical(cfg, tmp_path / "imagenet") is None  # another profile's is not seen
+
+    df = ex.sweep("lr", [keys], out_dir=tmp_path / "smoke", profile="smoke", quiet=True)
+    copy = tmp_path / "smoke" / "lr" / cfg.run_name()
+    assert list(df["run_dir"]) == [str(copy)] and list(df["status"]) == ["completed"]
+    assert not list((tmp_path / "smoke" / "lr").glob("*.log")), "the copy was trained"
+    got = run_config(copy)
+    assert (got["study"], got["profile"], got["varied"]) == ("lr", "smoke", [])
+    assert got["out_dir"] == str(tmp_path / "smoke") and got["total_steps"] == 16  # derived kept
+    assert not (copy / checkpoint.NAME).exists() and not (copy / "wandb_id").exists()
+    assert logged == [(copy, {"copied_from": twin, "mode": "auto", "project": "lbsgd"})]
+    assert run_config(twin)["study"] == "warmup"  # the twin itself is untouched
+
+
+# -- interrupts --------------------------------------------------------------------------------
+
+SWEEP_SCRIPT = """
+import sys
+from lbsgd import experiments as ex
+runs = [{{**{keys!r}, "seed": 0}}, {{**{keys!r}, "seed": 1}}]
+ex.sweep("study", runs, out_dir=sys.argv[1], profile="smoke", parallel=1)
+"""
+
+
+def _sweep_process(out: Path) -> subprocess.Popen:
+    """A sweep in a process (as in a kernel) in a process group of its own, as Jupyter starts one."""
+    code = textwrap.dedent(SWEEP_SCRIPT.format(keys=LONG))
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(out)], cwd=REPO, env=subprocess_env(PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def _names(out: Path) -> list[str]:
+    return [config.from_dict({**LONG, "seed": s, "study": "study", "out_dir": str(out)}).run_name()
+            for s in (0, 1)]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_stops_its_runs_with_a_checkpoint_names_them_and_resumes(tmp_path):
+    out = tmp_path / "smoke"
+    first, second = _names(out)
+    proc = _sweep_process(out)
+    wait_for_training(out / "study" / first, proc)
+    if Path("/proc").is_dir():  # the run is in a session of its own: the group's SIGINT misses it
+        kids = children(proc.pid)
+        assert kids and all(os.getsid(k) not in (os.getsid(proc.pid), os.getsid(0)) for k in kids)
+    os.killpg(proc.pid, signal.SIGINT)  # Kernel > Interrupt: the kernel's whole process group
+    printed = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0, printed
+
+    run_dir = out / "study" / first
+    s = summary(run_dir)
+    assert s["status"] == "interrupted", printed
+    stopped = s["steps"]
+    assert 0 < stopped < s["total_steps"], printed
+    assert checkpoint.load(run_dir)["step"] == stopped
+    assert f"[interrupted] {first}: interrupted at step {stopped}, checkpoint kept" in printed
+    assert f"[interrupted] {second}: not started" in printed
+    assert "asked to stop (SIGTERM)" in (out / "study" / f"{first}.log").read_text()  # the sweep
+    assert not (out / "study" / second).exists()
+    # the exception the cell ends with: a KeyboardInterrupt naming both runs
+    error = [ln for ln in printed.splitlines() if ln.startswith("lbsgd.experiments.RunInterrupted")]
+    assert error and first in error[0] and second in error[0], printed
+    assert issubclass(ex.RunInterrupted, KeyboardInterrupt)
+
+    runs = [{**LONG, "seed": 0}, {**LONG, "seed": 1}]
+    df = ex.sweep("study", runs, out_dir=out, profile="smoke", parallel=1, quiet=True)
+    assert list(df["status"]) == ["completed", "completed"]
+    assert f"resuming from {run_dir / checkpoint.NAME} at step {stopped}" in (
+        out / "study" / f"{first}.log").read_text()  # fmt: skip
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if json.loads(x)["kind"] == "train"]  # fmt: skip
+    assert steps == sorted(set(steps)) and steps[-1] == s["total_steps"]  # no step twice
+    for name in (first, second):  # what the W&B run of each shows
+        got = run_config(out / "study" / name)
+        assert (got["profile"], got["varied"]) == ("smoke", ["seed"]), got
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_run_whose_sweep_is_killed_stops_with_a_checkpoint_instead_of_training_on(tmp_path):
+    out = tmp_path / "smoke"
+    run_dir = out / "study" / _names(out)[0]
+    proc = _sweep_process(out)
+    wait_for_training(run_dir, proc)
+    proc.kill()  # a kernel killed (restart, out of memory): no interrupt, no word
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while summary(run_dir)["status"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    s = summary(run_dir)
+    assert s["status"] == "interrupted" and s["steps"] < s["total_steps"], s
+    assert checkpoint.load(run_dir)["step"] == s["steps"]
+
+
+@pytest.mark.slow
+def test_lbsgd_train_under_ctrl_c_stops_at_a_flush_with_a_checkpoint(tmp_path):
+    args = [f"{k}={v}" for k, v in LONG.items()] + [f"out_dir={tmp_path}", "name=run"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lbsgd", "train", *args], cwd=REPO,
+        env=subprocess_env(PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    run_dir = tmp_path / "runs" / "run"
+    wait_for_training(run_dir, proc)
+    proc.send_signal(signal.SIGINT)
+    printed = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, printed  # interrupted, as under SIGTERM
+    s = summary(run_dir)
+    assert s["status"] == "interrupted", printed
+    assert 0 < s["steps"] < s["total_steps"] and s["steps"] % LONG["log_every"] == 0  # at a flush
+    assert f"asked to stop (SIGINT): stopped after step {s['steps']}, checkpoint written" in printed
+    assert checkpoint.load(run_dir)["step"] == s["steps"]
+    assert "Traceback" not in printed, printed
+
+
+# -- nothing written outside out_dir -------------------------------------------------------------
+
+BAD_FOLDER_NAMES = ["../x", "a/b", "..", ".", "", "a\\b", "-rf", "a\x00b", "tab\there", "/abs"]
+
+
+@pytest.mark.parametrize("key", ["study", "name", "profile"])
+@pytest.mark.parametrize("bad", BAD_FOLDER_NAMES, ids=repr)
+def test_every_path_component_key_must_be_a_plain_folder_name(key, bad):
+    with pytest.raises(ConfigError) as err:
+        config.from_dict({key: bad})
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{key}={bad!r}") and "plain folder name" in msg
+
+
+@pytest.mark.parametrize("good", ["warmup", "lr_scaling_rule", "run 1", "v1.2", "é"])
+def test_plain_folder_names_are_accepted(good):
+    c = config.from_dict({"study": good, "name": good})
+    assert c.run_dir() == Path("results") / good / good
+
+
+def test_a_model_name_that_would_leave_the_study_folder_is_refused():
+    with pytest.raises(ConfigError, match="run name '../"):
+        config.from_dict({"model": "../x"})
+
+
+@pytest.mark.parametrize("door", ["override", "yaml"])
+def test_lbsgd_train_refuses_a_path_outside_out_dir_before_writing(tmp_path, capsys, door):
+    out = tmp_path / "out"
+    if door == "yaml":
+        (tmp_path / "bad.yaml").write_text(f"study: ../x\nout_dir: {out}\n")
+        args = ["train", "-c", str(tmp_path / "bad.yaml")]
+    else:
+        args = ["train", "study=../x", f"out_dir={out}"]
+    before = snapshot(tmp_path)
+    assert cli.main(args) == cli.EXIT_BAD_INPUT
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lbsgd: error: study='../x'"), lines
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "where", ["study", "profile", "run name"], ids=["study", "profile", "a run's name"]
+)
+def test_sweep_refuses_a_path_outside_out_dir_before_writing(tmp_path, where):
+    out = tmp_path / "results" / "smoke"
+    study, profile, run = "ok", "smoke", {**TINY}
+    if where == "study":
+        study = "../x"
+    elif where == "profile":
+        profile = "../x"
+    else:
+        run["name"] = "../x"
+    with pytest.raises(ConfigError, match=re.escape("='../x' must be a plain folder name")):
+        ex.sweep(study, [run], out_dir=out, profile=profile, quiet=True)
+    assert snapshot(tmp_path) == []
+
+
+# -- the report, per profile -------------------------------------------------------------------
+
+
+def _study(profile_dir: Path, study: str, title: str, findings: list[dict], seeds=(0, 1)) -> None:
+    d = profile_dir / study
+    d.mkdir(parents=True)
+    (d / "findings.json").write_text(json.dumps(
+        {"study": study, "title": title, "profile": profile_dir.name, "seeds": list(seeds),
+         "findings": findings}))  # fmt: skip
+    (d / "table.csv").write_text("k,top1_error_pct_mean,paper_top1_error_pct\n1,30.1,23.7\n")
+    (d / "curve.png").write_bytes(b"png")
+
+
+def _results(root: Path) -> None:
+    _study(root / "cpu", "warmup", "2. Warmup", [
+        {"claim": "gradual warmup beats none at k=8", "replayed": True, "evidence": "2.1 vs 5.3"},
+        {"claim": "constant warmup is the worst", "replayed": None,
+         "evidence": "constant 30.0 vs gradual 29.8; undecided: margin 0.2 inside the seed spread 0.9"},
+    ])  # fmt: skip
+    _study(root / "cpu", "quickstart", "1. Quickstart", [
+        {"claim": "a run trains", "replayed": False, "evidence": "error 89% | chance 90%"},
+    ])  # fmt: skip
+    _study(root / "smoke", "warmup", "2. Warmup", [
+        {"claim": "gradual warmup beats none at k=8", "replayed": None,
+         "evidence": "undecided: every run at chance (89-91%, chance 90%)"},
+    ], seeds=(0,))  # fmt: skip
+    (root / "benchmarks").mkdir()  # not a profile: no report
+    (root / "benchmarks" / "train_cpu.json").write_text("{}")
+
+
+def test_report_per_profile_from_a_results_root_and_from_one_profile(tmp_path, capsys):
+    _results(tmp_path)
+    assert cli.main(["report", "--results", str(tmp_path)]) == 0
+    wrote = capsys.readouterr().out.splitlines()
+    assert wrote == [f"wrote {tmp_path / p / 'REPORT.md'}" for p in ("cpu", "smoke")]
+    assert not (tmp_path / "REPORT.md").exists() and not (tmp_path / "benchmarks" / "REPORT.md").exists()  # fmt: skip
+
+    cpu = (tmp_path / "cpu" / "REPORT.md").read_text()
+    smoke = (tmp_path / "smoke" / "REPORT.md").read_text()
+    assert "profile `cpu`" in cpu.splitlines()[0] and "profile `smoke`" in smoke.splitlines()[0]
+    assert "every run at chance" not in cpu and "margin 0.2" not in smoke  # never mixed
+    assert cpu.index("## 1. Quickstart") < cpu.index("## 2. Warmup")  # reading order
+    # an undecided finding says why; a decided one shows its evidence; '|' kept inside its cell
+    row = next(ln for ln in cpu.splitlines() if "constant warmup is the worst" in ln)
+    assert "| undecided | " in row and "margin 0.2 inside the seed spread 0.9" in row
+    assert row.count(" | ") == 4
+    row = next(ln for ln in cpu.splitlines() if "a run trains" in ln)
+    assert "**no**" in row and "error 89% \\| chance 90%" in row
+    assert "3 claims: 1 replayed, 1 not replayed, 1 undecided." in cpu
+    # links relative to the profile's folder: they work where REPORT.md lies
+    for target in re.findall(r"\]\(([^)#]+)\)", cpu):
+        assert (tmp_path / "cpu" / target).exists(), target
+    assert "(warmup/curve.png)" in cpu and "[`warmup/`](warmup/)" in cpu
+    assert "| 30.1 | 23.7 |" in cpu  # the table beside the paper
+
+    before = (tmp_path / "smoke" / "REPORT.md").stat().st_mtime_ns
+    assert cli.main(["report", "--results", str(tmp_path / "cpu")]) == 0  # one profile's folder
+    assert capsys.readouterr().out.splitlines() == [f"wrote {tmp_path / 'cpu' / 'REPORT.md'}"]
+    assert (tmp_path / "smoke" / "REPORT.md").stat().st_mtime_ns == before
+
+
+def test_report_of_a_folder_without_findings_is_one_line_and_writes_nothing(tmp_path, capsys):
+    (tmp_path / "benchmarks").mkdir()
+    before = snapshot(tmp_path)
+    assert cli.main(["report", "--results", str(tmp_path)]) == cli.EXIT_BAD_INPUT
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lbsgd: error:") and str(tmp_path) in lines[0]
+    assert snapshot(tmp_path) == before

@@ -1,0 +1,119 @@
+"""lbsgd verify: replays of committed runs, bitwise equal or not."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import TINY, subprocess_env
+
+from lbsgd import isa, verify
+
+CAP = "avx2" if {"avx2", "fma"} <= set(isa.cpu_flags() or []) else "native"
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory):
+    """A results folder holding one TINY run, trained by the CLI as a study's runs are."""
+    root = tmp_path_factory.mktemp("committed") / "results"
+    keys = {**TINY, "out_dir": str(root), "study": "tiny", "cpu_isa": CAP}
+    env = {k: v for k, v in subprocess_env().items() if k not in isa.VARIABLES}
+    subprocess.run([sys.executable, "-m", "lbsgd", "train", *(f"{k}={v}" for k, v in keys.items())],
+                   env=env, check=True, capture_output=True)  # fmt: skip
+    return root
+
+
+@pytest.fixture
+def replay_env(monkeypatch):
+    """The replays' processes: this checkout's lbsgd, one thread, no caps set by hand."""
+    for k, v in subprocess_env().items():
+        monkeypatch.setenv(k, v)
+    for k in isa.VARIABLES:
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_verify_reports_bitwise_equal_for_a_run_it_replays(committed, replay_env, capsys):
+    assert verify.main(str(committed), 1) == 0
+    out = capsys.readouterr().out
+    assert "bitwise equal" in out
+    assert f"same CPU model, same caps (cpu_isa={CAP}" in out
+    assert not list(committed.glob("tiny/*/*.log"))  # nothing written into the committed results
+
+
+def test_verify_reports_a_difference_when_a_committed_value_was_altered(
+    committed, replay_env, tmp_path, capsys
+):
+    altered = tmp_path / "results"
+    shutil.copytree(committed, altered)
+    metrics = next(altered.glob("tiny/*/metrics.jsonl"))
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    first_eval = next(rec for rec in lines if rec["kind"] == "eval")
+    first_eval["top1_error_pct"] += 1e-9
+    metrics.write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    assert verify.main(str(altered), 1) == 1
+    out = capsys.readouterr().out
+    assert f"differs, first at step {first_eval['step']}: eval top1_error_pct" in out
+    assert "no seed spread (one seed in its group)" in out
+
+
+# -- the choice, the comparison and the spread, on hand-made runs (no training) -------------
+
+
+def _run(root, study, name, *, seed=0, batch=64, wall=10.0, top1=50.0, eid=None, steps=()):
+    run = root / study / name
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"seed: {seed}\nbatch_size: {batch}\nstudy: {study}\n")
+    summary = {"status": "completed", "experiment_id": eid or f"{batch}-{seed}",
+               "wall_time_s": wall, "final": {"top1_error_pct": top1},
+               "environment": {"device": "cpu"}}  # fmt: skip
+    (run / "summary.json").write_text(json.dumps(summary))
+    records = [{"kind": "train", "step": s, "lr": 0.1, "loss": loss, "loss_scale": 1.0,
+                "img_per_s": 100.0 + s} for s, loss in steps]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in records))
+    return run
+
+
+def test_sample_takes_the_cheapest_run_of_each_study_once_cheapest_first(tmp_path):
+    _run(tmp_path, "a", "a1", wall=30)
+    _run(tmp_path, "a", "a2", wall=20, seed=1)
+    _run(tmp_path, "b", "b1", wall=20, seed=1, eid="64-1")  # a copy of a2: counted once
+    _run(tmp_path, "b", "b2", wall=25, seed=2)
+    _run(tmp_path, "c", "c1", wall=5, seed=3)
+    runs = verify.find_runs(tmp_path)
+    assert [f"{r.study}/{r.name}" for r in verify.sample(runs, 3)] == ["c/c1", "a/a2", "b/b2"]
+    assert [r.name for r in verify.sample(runs, 1)] == ["c1"]
+
+
+def test_seed_spread_is_the_std_over_the_seeds_of_the_same_experiment(tmp_path):
+    for seed, top1 in enumerate((10.0, 12.0, 14.0)):
+        _run(tmp_path, "a", f"s{seed}", seed=seed, top1=top1)
+    _run(tmp_path, "a", "other", batch=128, top1=90.0)  # another experiment: not in the group
+    runs = verify.find_runs(tmp_path)
+    s0 = next(r for r in runs if r.name == "s0")
+    assert verify.seed_spread(s0, runs) == (pytest.approx(2.0), 3)
+    other = next(r for r in runs if r.name == "other")
+    assert verify.seed_spread(other, runs) == (None, 1)
+
+
+def test_compare_ignores_throughput_and_names_the_first_step_that_differs(tmp_path):
+    ref = _run(tmp_path, "a", "ref", steps=[(1, 2.5), (2, 2.25)])
+    same = _run(tmp_path, "b", "same", steps=[(1, 2.5), (2, 2.25)])
+    (same / "metrics.jsonl").write_text(
+        (same / "metrics.jsonl").read_text().replace('"img_per_s": 101.0', '"img_per_s": 7.0')
+    )
+    assert verify.compare(ref, same) is None
+    off = _run(tmp_path, "c", "off", steps=[(1, 2.5), (2, 2.2500000000000004)])
+    assert verify.compare(ref, off) == "step 2: train loss 2.25 vs 2.2500000000000004"
+    short = _run(tmp_path, "d", "short", steps=[(1, 2.5)])
+    assert verify.compare(ref, short) == "train step 2 is only in the reference"
+    final = _run(tmp_path, "e", "final", steps=[(1, 2.5), (2, 2.25)], top1=50.5)
+    assert verify.compare(ref, final) == "final top1_error_pct 50.0 vs 50.5"
+
+
+def test_verify_refuses_to_replay_into_the_committed_results(tmp_path, capsys):
+    _run(tmp_path, "a", "a1")
+    assert verify.main(str(tmp_path), 1, out=str(tmp_path / "a" / "replays")) == 2
+    assert "inside the committed results" in capsys.readouterr().err
+    assert verify.main(str(tmp_path), 1, names=["nope"]) == 2
+    assert verify.main(str(tmp_path / "empty"), 1) == 2

@@ -1,0 +1,336 @@
+"""W&B that compares runs: what reaches W&B, read back from the offline run files with wandb's own
+record definitions (``wandb.proto.wandb_internal_pb2.Record``; wandb 0.2x+ no longer ships a
+Python reader of the ``.wandb`` log, so its LevelDB-log framing is unpacked here)."""
+
+import json
+import os
+import shutil
+import signal
+import struct
+import sys
+import time
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+
+from lbsgd import experiments, tracking
+from lbsgd.config import ConfigError, from_dict
+from lbsgd.trainer import train
+
+# -- reading the offline run files -------------------------------------------------------------
+
+_BLOCK = 32768  # LevelDB log blocks; each record chunk has a 7-byte header (crc, length, type)
+_FULL, _LAST = 1, 4
+
+
+def _records(path: Path) -> list:
+    """Every Record of a ``run-<id>.wandb`` file, in order."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    ident, magic, version = struct.unpack("<4sHB", data[:7])
+    assert (ident, magic, version) == (b":W&B", 0xBEE1, 0), "not a W&B transaction log"
+    pos, buf, out = 7, b"", []
+    while pos + 7 <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < 7:  # a block's trailer
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if length == 0 and kind == 0:  # zero padding to the block's end
+            pos += left
+            continue
+        buf += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (_FULL, _LAST):
+            record = pb.Record()
+            record.ParseFromString(buf)
+            out.append(record)
+            buf = b""
+    return out
+
+
+def _value(item):
+    """A history/config item's value (older records: value_json; newer: typed fields)."""
+    if item.value_json:
+        return json.loads(item.value_json)
+    which = item.WhichOneof("value") if "value" in item.DESCRIPTOR.oneofs_by_name else None
+    return getattr(item, which) if which else None
+
+
+def _nested(items) -> dict:
+    """History items as a dict; a logged dict (a table's or image's reference) comes back as
+    items of nested keys, put together again here."""
+    row: dict = {}
+    for i in items:
+        *outer, last = list(i.nested_key) or [i.key]
+        d = row
+        for k in outer:
+            d = d.setdefault(k, {})
+        d[last] = _value(i)
+    return row
+
+
+class OfflineRun:
+    """One offline W&B run: its run record, config, history rows, metric declarations, files."""
+
+    def __init__(self, wandb_file: Path):
+        self.dir = wandb_file.parent
+        deadline = time.monotonic() + 60
+        while True:  # W&B's service process writes the log on its own schedule: wait, bounded
+            records = _records(wandb_file)
+            if any(r.WhichOneof("record_type") == "exit" for r in records):
+                break
+            assert time.monotonic() < deadline, f"{wandb_file} has no exit record"
+            time.sleep(0.5)
+        of = {}
+        for r in records:
+            of.setdefault(r.WhichOneof("record_type"), []).append(r)
+        run = of["run"][0].run
+        self.id, self.name, self.group = run.run_id, run.display_name, run.run_group
+        self.job_type, self.tags, self.notes = run.job_type, list(run.tags), run.notes
+        self.started = run.start_time.ToNanoseconds()
+        self.config = {i.key: _value(i) for i in run.config.update}
+        for c in of.get("config", []):
+            self.config.update({i.key: _value(i) for i in c.config.update})
+        self.history = [_nested(h.history.item) for h in of.get("history", [])]
+        self.metrics = [m.metric for m in of.get("metric", [])]
+
+    def points(self, key: str) -> list[tuple[int, float]]:
+        return [(row["_step"], row[key]) for row in self.history if key in row]
+
+
+def offline_runs(folder: Path) -> list[OfflineRun]:
+    """The offline W&B runs under ``folder``/wandb, oldest first."""
+    runs = [OfflineRun(f) for f in folder.glob("wandb/offline-run-*/run-*.wandb")]
+    return sorted(runs, key=lambda r: r.started)
+
+
+def _jsonl(run_dir: Path, kind: str = "train") -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def _assert_window_means(run: OfflineRun, steps: list[dict]) -> None:
+    """Each W&B train point: the mean loss of the steps since the previous point (metrics.jsonl)."""
+    points = run.points("train/loss")
+    assert len(points) >= 2
+    loss = {r["step"]: r["loss"] for r in steps}
+    prev = min(loss) - 1
+    sizes = []
+    for step, logged in points:
+        window = [loss[s] for s in range(prev + 1, step + 1)]
+        assert window, f"W&B point at step {step} has no steps in metrics.jsonl"
+        assert logged == pytest.approx(sum(window) / len(window), rel=1e-12, abs=0)
+        sizes.append(len(window))
+        prev = step
+    assert prev == max(loss)  # every step belongs to a window
+    assert max(sizes) > 1  # a window of several steps: the mean is not one step's loss
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+
+
+# -- a trained run ---------------------------------------------------------------------------
+
+
+def test_run_carries_profile_k_tags_display_name_window_mean_loss_and_epoch_axis(tiny, offline):
+    cfg = tiny(wandb="offline", epochs=1.5, batch_size=128, study="warmup", profile="smoke",
+               varied=("seed", "warmup", "k"))  # fmt: skip
+    assert train(cfg)["status"] == "completed"
+    (run,) = offline_runs(cfg.run_dir())
+    assert run.id == (cfg.run_dir() / "wandb_id").read_text().strip()
+    assert run.group == "warmup" and run.job_type == "train"
+    assert run.name == "k=2 warmup=gradual seed=0"  # k first, seed last
+    assert run.config["profile"] == "smoke" and run.config["k"] == 2
+    assert run.config["batch_size"] == 128 and run.config["warmup_steps"] == 2  # keys, derived
+    assert set(run.tags) == {"smoke", "warmup", "k=2", "warmup=gradual", "seed=0"}
+    _assert_window_means(run, _jsonl(cfg.run_dir()))
+    assert all("epoch" in row for row in run.history)
+    last = max(run.history, key=lambda row: row["_step"])
+    assert last["epoch"] == pytest.approx(1.5) and "eval/top1_error_pct" in last
+    axis = {m.glob_name: m.step_metric for m in run.metrics if m.glob_name}
+    assert axis == {"train/*": "epoch", "eval/*": "epoch"}
+    assert any(m.name == "epoch" for m in run.metrics)
+
+
+def test_runs_of_a_sweep_varying_warmup_have_distinct_display_names(tiny, offline):
+    names = []
+    for warmup in ("none", "constant", "gradual"):
+        cfg = tiny(wandb="offline", epochs=0.25, warmup=warmup, varied=("warmup",))
+        train(cfg)
+        (run,) = offline_runs(cfg.run_dir())
+        assert f"warmup={warmup}" in run.tags
+        names.append(run.name)
+    assert names == ["warmup=none", "warmup=constant", "warmup=gradual"]
+    cfg = tiny(wandb="offline", epochs=0.25, name="alone")  # nothing varies: the run's name
+    train(cfg)
+    assert offline_runs(cfg.run_dir())[0].name == "alone"
+
+
+def _stop_after(monkeypatch, step: int) -> None:
+    """The run asks itself to stop (SIGUSR1, as a scheduler would) once ``step`` is logged."""
+    log = tracking.Tracker.log
+
+    def log_then_signal(self, record, **kw):
+        log(self, record, **kw)
+        if record.get("kind") == "train" and record["step"] == step:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    monkeypatch.setattr(tracking.Tracker, "log", log_then_signal)
+
+
+def test_offline_resume_is_a_new_run_of_the_same_group_and_name_saying_what_it_continues(
+    tiny, offline, monkeypatch
+):
+    cfg = tiny(wandb="offline", study="warmup", varied=("warmup",), profile="smoke")
+    with monkeypatch.context() as m:
+        _stop_after(m, 4)
+        assert train(cfg)["status"] == "interrupted"
+    first_id = (cfg.run_dir() / "wandb_id").read_text()
+    steps_done = max(r["step"] for r in _jsonl(cfg.run_dir()))
+    assert 4 <= steps_done < 16
+    assert train(cfg.replace(resume=True))["status"] == "completed"
+    assert (cfg.run_dir() / "wandb_id").read_text() == first_id  # kept across the resume
+    first, second = offline_runs(cfg.run_dir())
+    assert first.id == first_id.strip() and second.id != first.id
+    assert (second.group, second.name) == (first.group, first.name) == ("warmup", "warmup=gradual")
+    assert second.config["continues"] == first.id and "continues" not in first.config
+    assert second.config["resumed_from_step"] == steps_done
+    assert first.id in second.notes
+    assert min(s for s, _ in second.points("train/loss")) > steps_done
+    _assert_window_means(second, [r for r in _jsonl(cfg.run_dir()) if r["step"] > steps_done])
+
+
+class _FakeRun:
+    def __init__(self):
+        self.summary = {}
+
+    def define_metric(self, *a, **k):
+        pass
+
+    def log(self, *a, **k):
+        pass
+
+    def finish(self, *a, **k):
+        pass
+
+
+def test_online_resume_continues_the_same_wandb_run(tiny, monkeypatch):
+    calls = []
+    fake = types.ModuleType("wandb")
+    fake.Settings = lambda **k: k
+    fake.init = lambda **k: calls.append(k) or _FakeRun()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = tiny(wandb="online")
+    with monkeypatch.context() as m:
+        _stop_after(m, 4)
+        assert train(cfg)["status"] == "interrupted"
+    assert train(cfg.replace(resume=True))["status"] == "completed"
+    first, second = calls
+    stored = (cfg.run_dir() / "wandb_id").read_text().strip()
+    assert first["id"] == second["id"] == stored
+    assert first["resume"] == second["resume"] == "allow"
+    assert second["name"] == first["name"] and second["group"] == first["group"]
+    assert second["config"]["resumed_from_step"] > 0 and "continues" not in second["config"]
+
+
+# -- runs and studies logged from a notebook ---------------------------------------------------
+
+
+def test_copied_run_is_logged_to_the_second_studys_group_with_its_own_id(tiny, offline, tmp_path):
+    cfg = tiny(wandb="offline", study="warmup", varied=("warmup",), profile="smoke")
+    train(cfg)
+    twin = cfg.run_dir()
+    copy = twin.parent.parent / "batch_scaling" / twin.name
+    shutil.copytree(twin, copy, ignore=experiments.COPY_IGNORE)  # as the sweep copies
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = tracking.log_copied_run(copy, copied_from=twin, mode="offline", varied=("k",))
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    (run,) = offline_runs(copy)
+    assert got == run.id == (copy / "wandb_id").read_text().strip()
+    assert run.id != (twin / "wandb_id").read_text().strip()  # a new W&B run for this study
+    assert run.group == "batch_scaling" and run.name == "k=1"
+    assert run.config["study"] == "batch_scaling" and run.config["profile"] == "smoke"
+    assert run.config["copied_from"] == f"warmup/{twin.name}"
+    assert run.config["copied_from_wandb_id"] == offline_runs(twin)[0].id
+    assert {"batch_scaling", "k=1", "smoke"} <= set(run.tags)
+    _assert_window_means(run, _jsonl(copy))  # the same points the trainer logged
+    original = offline_runs(twin)[0]
+    assert run.points("train/loss") == original.points("train/loss")
+    assert run.points("eval/top1_error_pct") == original.points("eval/top1_error_pct")
+
+
+def test_log_study_writes_the_table_figures_and_findings(offline, tmp_path):
+    pd = pytest.importorskip("pandas")
+    plt = pytest.importorskip("matplotlib.pyplot")
+    study_dir = tmp_path / "results" / "smoke" / "warmup"
+    study_dir.mkdir(parents=True)
+    table = pd.DataFrame({"warmup": ["none", "gradual"], "ours_top1_error_pct": [31.5, 28.25],
+                          "paper_top1_error_pct": [float("nan"), 23.74]})  # fmt: skip
+    table.to_csv(study_dir / "table.csv", index=False)
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    fig.savefig(study_dir / "curves.png")
+    plt.close(fig)
+    findings = [
+        {"claim": "gradual warmup helps", "replayed": True, "evidence": "28.2 < 31.5"},
+        {"claim": "constant warmup hurts", "replayed": None, "evidence": "one seed"},
+    ]
+    got = tracking.log_study(study_dir, study="warmup", profile="smoke", mode="offline",
+                             table=study_dir / "table.csv", figures=[study_dir / "curves.png"],
+                             findings=findings)  # fmt: skip
+    (run,) = offline_runs(study_dir)
+    assert got == run.id
+    assert (run.job_type, run.group, run.name) == ("study", "warmup", "warmup (smoke)")
+    assert run.config["profile"] == "smoke"
+    (row,) = [r for r in run.history if "table" in r]
+    files = run.dir / "files"
+    logged = json.loads((files / row["table"]["path"]).read_text())
+    assert logged["columns"] == list(table.columns) and len(logged["data"]) == 2
+    assert logged["data"][1][1:] == [28.25, 23.74]
+    image = row["figures/curves"]
+    assert (files / image["path"]).read_bytes()[:4] == b"\x89PNG"
+    verdicts = json.loads((files / row["findings"]["path"]).read_text())
+    assert verdicts["columns"] == ["claim", "verdict", "evidence"]
+    assert [r[1] for r in verdicts["data"]] == ["replayed", "undecided"]
+    # a DataFrame is logged as well as a CSV path
+    assert tracking.log_study(study_dir, study="warmup", profile="smoke", mode="offline",
+                              table=table) is not None  # fmt: skip
+
+
+def test_log_study_and_log_copied_run_never_raise_and_warn_once(offline, tmp_path, monkeypatch):
+    with pytest.warns(RuntimeWarning, match="copied run .* not logged") as caught:
+        got = tracking.log_copied_run(tmp_path / "s" / "missing", copied_from=tmp_path / "t",
+                                      mode="offline")  # fmt: skip
+    assert got is None and len(caught) == 1
+    fake = types.ModuleType("wandb")
+    fake.Settings = lambda **k: k
+
+    def init(**k):
+        raise ConnectionError("cannot reach api.wandb.ai")
+
+    fake.init = init
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    with pytest.warns(RuntimeWarning, match="study warmup not logged") as caught:
+        got = tracking.log_study(tmp_path, study="warmup", profile="smoke", mode="offline",
+                                 figures=[tmp_path / "nothing.png"])  # fmt: skip
+    assert got is None and len(caught) == 1
+    assert tracking.log_study(tmp_path, study="warmup", profile="smoke", mode="disabled") is None
+
+
+def test_profile_and_varied_are_validated(tiny):
+    assert tiny(profile="cpu", varied=("k", "warmup")).varied == ("k", "warmup")
+    with pytest.raises(ConfigError, match="profile='../x'"):
+        from_dict({"profile": "../x"})
+    with pytest.raises(ConfigError, match="varied: 'wramup' is not a config key"):
+        from_dict({"varied": ["wramup"]})
+    cfg = tiny()
+    assert cfg.replace(profile="cpu", varied=["seed"]).experiment_id() == cfg.experiment_id()
