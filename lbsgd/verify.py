@@ -182,6 +182,10 @@ def _command(run: Run, out: Path) -> list[str]:
             "wandb=disabled", "checkpoint=false", "checkpoint_every=0", "device=cpu"]  # fmt: skip
 
 
+def _pct(value: float | None) -> str:
+    return f"{value:.2f}%" if value is not None else "n/a"
+
+
 def _report(run: Run, runs: list[Run], replay: Path, code: int, log: Path) -> bool:
     """Print the lines of one replay; True when bitwise equal."""
     if code != 0:
@@ -192,7 +196,7 @@ def _report(run: Run, runs: list[Run], replay: Path, code: int, log: Path) -> bo
     new = _read_json(replay / "summary.json") or {}
     top1 = new.get("final", {}).get("top1_error_pct")
     if difference is None:
-        print(f"  bitwise equal (final top-1 error {top1}%)")
+        print(f"  bitwise equal (final top-1 error {_pct(top1)})")
     else:
         spread, seeds = seed_spread(run, runs)
         delta = top1 - run.top1 if top1 is not None and run.top1 is not None else None
@@ -200,7 +204,8 @@ def _report(run: Run, runs: list[Run], replay: Path, code: int, log: Path) -> bo
                   if spread is not None else "no seed spread (one seed in its group)")  # fmt: skip
         shown = f"{delta:+.2f} points" if delta is not None else "n/a"
         print(f"  differs, first at {difference}")
-        print(f"  final top-1 error {run.top1}% committed vs {top1}% here: {shown}; {beside}")
+        print(f"  final top-1 error {_pct(run.top1)} committed vs {_pct(top1)} here: {shown}; "
+              f"{beside}")  # fmt: skip
     print(
         f"  machine: {machine_match(run.summary.get('environment', {}), new.get('environment', {}))}"
     )
