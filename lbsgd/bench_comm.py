@@ -13,14 +13,20 @@ the α–β fits (lbsgd.scaling: the flat path fitted as a ring all-reduce, t = 
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import gc
 import json
 import os
 import platform
+import re
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -116,18 +122,238 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(nodes: int, per_node: int, args: list[str]) -> list[int]:
-    """Run ``python -m lbsgd <args>`` on ``nodes`` torchrun agents of ``per_node`` processes on
-    this machine (static rendezvous on 127.0.0.1: node ranks 0 …); the agents' exit codes."""
+# How long the other workers may take to exit once one has exited or an agent has stopped: then
+# the ones still running are taken to hang, and are stopped and reported.
+EXIT_GRACE_S = 60.0
+_STATUS_DIR = "LBSGD_WORKER_STATUS_DIR"
+# What each worker runs (torchrun --no-python): run_worker, with Python's stacks on a crash and on
+# SIGUSR1 (the launcher's question to a worker that hangs), written to its stderr.
+_WORKER = (
+    "import faulthandler, signal, sys; faulthandler.enable(); "
+    "faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    "from lbsgd.bench_comm import run_worker; run_worker(sys.argv[1:])"
+)
+# torchrun's summary of failed workers (torch.distributed.elastic's ChildFailedError): each one's
+# rank and exit code, and the first failure it saw
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+_ROOT_CAUSE = re.compile(r"Root Cause[^\n]*\n(?:[^\n]*\n){0,4}?\s*rank\s*:\s*(\d+)")
+_SIGNALS = {s.value for s in signal.Signals}
+_STOPS = {signal.SIGTERM, signal.SIGKILL, signal.SIGINT}  # how torchrun (or a person) stops one
+
+
+def run_worker(argv: list[str]) -> None:
+    """One worker of :func:`torchrun`: ``lbsgd <argv>``, with its pid and then its exit status in
+    ``$LBSGD_WORKER_STATUS_DIR/rank<RANK>.pid|.exit``, for the launcher to tell a worker that has
+    exited (and with what) from one that is still running."""
+    from lbsgd.cli import main
+
+    where = Path(os.environ[_STATUS_DIR]) / f"rank{os.environ['RANK']}"
+    where.with_suffix(".pid").write_text(str(os.getpid()))
+    code: int = 1
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        raise
+    finally:
+        where.with_suffix(".exit").write_text(str(code))
+    sys.exit(code)
+
+
+def torchrun(nodes: int, per_node: int, args: list[str], what: str = "lbsgd",
+             grace_s: float = EXIT_GRACE_S) -> None:  # fmt: skip
+    """Run ``lbsgd <args>`` (:func:`run_worker`) on ``nodes`` torchrun agents of ``per_node``
+    processes on this machine (static rendezvous on 127.0.0.1: node ranks 0 …).
+
+    Never hangs on a worker that died: torchrun stops the group when a worker fails, but not when
+    one exits 0 while another still waits (a deadlock, or a peer gone). So once any worker or agent
+    has exited, the rest get ``grace_s`` seconds; then the ones still running dump their Python
+    stacks and are killed. On any failure each failed rank's exit code (or "still running") and
+    last stderr lines go to stderr, and SystemExit carries one line, prefixed ``what``.
+    """
     port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
-                f"--nproc-per-node={per_node}", "--master-addr=127.0.0.1", f"--master-port={port}"]  # fmt: skip
-    agents = [
-        subprocess.Popen([*launcher, f"--node-rank={i}", "-m", "lbsgd", *args], env=env)
-        for i in range(nodes)
-    ]
-    return [a.wait() for a in agents]
+    with tempfile.TemporaryDirectory(prefix="lbsgd-torchrun-") as tmp:
+        status, logs = Path(tmp) / "status", Path(tmp) / "logs"
+        status.mkdir()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", _STATUS_DIR: str(status)}
+        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
+                    f"--nproc-per-node={per_node}", "--master-addr=127.0.0.1",
+                    f"--master-port={port}", "--tee=2"]  # fmt: skip
+        worker = ["--no-python", sys.executable, "-u", "-c", _WORKER, *args]
+        agents, tails = [], []
+        try:
+            for i in range(nodes):
+                agents.append(subprocess.Popen(
+                    [*launcher, f"--node-rank={i}", f"--log-dir={logs / str(i)}", *worker],
+                    env=env, stderr=subprocess.PIPE, text=True, errors="replace",
+                ))  # fmt: skip
+                tails.append(_forward(agents[-1].stderr))
+            hung = _wait(agents, status, grace_s)
+        finally:
+            for a in agents:  # nothing is left behind, on any exit (Ctrl-C included)
+                if a.poll() is None:
+                    _kill_workers(status)
+                    a.kill()
+                a.wait()
+            for t in tails:
+                t.join(timeout=5)
+        codes = [a.returncode for a in agents]
+        if hung is None and not any(codes):
+            return
+        report = _report(status, logs, per_node, nodes * per_node, hung or {}, codes,
+                         "".join(line for t in tails for line in t.lines), grace_s)  # fmt: skip
+    raise SystemExit(f"{what}: {report}")
+
+
+class _Forward(threading.Thread):
+    """Copies an agent's stderr to ours line by line (a notebook shows it too), keeping the last
+    lines: torchrun's summary of a failed worker."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.lines = stream, collections.deque(maxlen=400)
+
+    def run(self) -> None:
+        for line in self.stream:
+            self.lines.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+
+def _forward(stream) -> _Forward:
+    t = _Forward(stream)
+    t.start()
+    return t
+
+
+def _wait(agents: list, status: Path, grace_s: float) -> dict[int, int] | None:
+    """Wait for every agent. None when they all exited in time; else, ``grace_s`` after the first
+    worker or agent exited, the ranks still running (rank: pid), their stacks dumped to their
+    stderr, and every worker killed."""
+    first_exit = None
+    while any(a.poll() is None for a in agents):
+        if first_exit is None and (
+            any(status.glob("*.exit")) or any(a.poll() is not None for a in agents)
+        ):
+            first_exit = time.monotonic()
+        if first_exit is not None and time.monotonic() - first_exit > grace_s:
+            running = {r: pid for r, pid in _pids(status).items() if _alive(pid)}
+            for pid in running.values():
+                _signal(pid, signal.SIGUSR1)  # faulthandler: its stacks to its stderr log
+            time.sleep(2)
+            _kill_workers(status)
+            return running
+        time.sleep(0.2)
+    return None
+
+
+def _pids(status: Path) -> dict[int, int]:
+    out = {}
+    for f in status.glob("rank*.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            out[int(f.stem[4:])] = int(f.read_text())
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped by its agent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, sig)
+
+
+def _kill_workers(status: Path) -> None:
+    for pid in _pids(status).values():
+        if _alive(pid):
+            _signal(pid, signal.SIGKILL)
+
+
+def _stderr_tail(logs: Path, rank: int, per_node: int, n: int = 15) -> list[str]:
+    """The last ``n`` non-empty lines the worker of ``rank`` wrote to stderr (torchrun's log)."""
+    node, local = divmod(rank, per_node)
+    files = sorted(logs.glob(f"{node}/*/attempt_*/{local}/stderr.log"))
+    if not files:
+        return []
+    lines = files[-1].read_text(errors="replace").splitlines()
+    noise = ("Extension modules:", "(total: ")  # faulthandler's list of loaded modules
+    return [line for line in lines if line.strip() and not line.startswith(noise)][-n:]
+
+
+def _report(status: Path, logs: Path, per_node: int, world: int, hung: dict[int, int],
+            codes: list[int], agent_err: str, grace_s: float) -> str:  # fmt: skip
+    """Each failed rank's state (exit code, or still running) and last stderr lines, to stderr;
+    back, one line: the first failure (a crash, else the first rank to exit non-zero, else
+    torchrun's root cause, else a rank that hung) with its telling stderr line, then every other
+    rank's state."""
+    exits, exited_at = {}, {}
+    for f in status.glob("rank*.exit"):
+        with contextlib.suppress(ValueError, OSError):
+            exits[int(f.stem[4:])] = int(f.read_text())
+            exited_at[int(f.stem[4:])] = f.stat().st_mtime
+    for rank, code in _FAILURE.findall(agent_err):  # killed by a signal: no .exit file of its own
+        exits.setdefault(int(rank), int(code))
+    started = _pids(status)
+    states = {}
+    for rank in range(world):
+        if rank in hung:
+            states[rank] = f"still running {grace_s:g} s after a worker exited (killed)"
+        elif rank in exits:
+            code = exits[rank]
+            sig = f" ({signal.Signals(-code).name})" if -code in _SIGNALS else ""
+            states[rank] = f"exited with {code}{sig}"
+        elif rank in started:
+            states[rank] = "ended without an exit status"
+        else:
+            states[rank] = "never started"
+    if not started and not exits:
+        return f"torchrun exited with {codes} before any worker started (its output is above)"
+    failed = [r for r in range(world) if states[r] != "exited with 0"]
+    tails = {r: _stderr_tail(logs, r, per_node, 25 if r in hung else 15) for r in failed}
+    for rank in failed:
+        print(f"--- rank {rank}: {states[rank]}; last stderr lines:", file=sys.stderr)
+        for line in tails[rank] or ["(none)"]:
+            print(f"  {line}", file=sys.stderr)
+    sys.stderr.flush()
+    if not failed:  # every worker exited 0, but an agent failed or did not exit
+        parts = ", ".join(f"rank {r} {states[r]}" for r in range(world))
+        return f"{parts}; torchrun agents exited with {codes}"
+    roots = {int(r) for r in _ROOT_CAUSE.findall(agent_err)}
+
+    def cause(r: int) -> tuple:  # a crash, an error exit (the first), torchrun's root cause, a hang
+        crash = exits.get(r, 0) < 0 and -exits[r] not in _STOPS
+        error = r in exited_at and exits[r] != 0
+        rank = 0 if crash else 1 if error else 2 if r in roots else 3 if r in hung else 4
+        return rank, exited_at.get(r, 0.0), r
+
+    first = min(failed, key=cause)
+    line = _telling(tails[first], first in hung)
+    others = [f"rank {r} {states[r]}" for r in range(world) if r != first]
+    return f"rank {first} {states[first]}{': ' + line if line else ''}" + (
+        f"; {', '.join(others)}" if others else ""
+    )
+
+
+def _telling(tail: list[str], hung: bool) -> str:
+    """The line of a failed worker's stderr that says most: faulthandler's fatal error and the
+    innermost frame, a hung worker's innermost frame, else the last line."""
+    starts = [i for i, t in enumerate(tail) if t.startswith("Current thread")]
+    frame = tail[starts[-1] + 1].strip() if starts and starts[-1] + 1 < len(tail) else ""
+    fatal = [t for t in tail if t.startswith("Fatal Python error")]
+    if fatal:
+        return fatal[-1].strip() + (f", at {frame}" if frame else "")
+    if hung and frame:
+        return f"at {frame}"
+    return tail[-1].strip() if tail else ""
 
 
 def bench_allreduce(nproc: int, nodes: int, min_bytes: int, max_bytes: int, iters: int,
@@ -138,9 +364,7 @@ def bench_allreduce(nproc: int, nodes: int, min_bytes: int, max_bytes: int, iter
     sizes(min_bytes, max_bytes)  # bad sizes fail here, before anything starts
     args = ["bench", "allreduce", "--worker", f"--min-bytes={min_bytes}",
             f"--max-bytes={max_bytes}", f"--iters={iters}", f"--out={out}"]  # fmt: skip
-    codes = torchrun(nodes, nproc // nodes, args)
-    if any(codes):
-        raise SystemExit(f"lbsgd bench allreduce: torchrun exited with {codes}")
+    torchrun(nodes, nproc // nodes, args, what="lbsgd bench allreduce")
 
 
 # ``lbsgd bench train --nproc 1,2,4``: where a data-parallel step's time goes, per layout and knob.
@@ -234,8 +458,6 @@ def bench_breakdown(overrides: list[str], nprocs: list[int], hooks: list[str],
     ratio of each layout's throughput to 1 process is printed beside it (ideal: the process count
     while there are cores for every process).
     """
-    import tempfile
-
     from lbsgd import config
     from lbsgd.bench import DEFAULTS
 
@@ -255,11 +477,8 @@ def bench_breakdown(overrides: list[str], nprocs: list[int], hooks: list[str],
             args = ["bench", "train", "--step-worker", f"--steps={steps}", f"--out={path}",
                     *overrides, f"comm_hook={hook}", f"bucket_cap_mb={cap}"]  # fmt: skip
             nodes = 2 if hook == "hierarchical" and n % 2 == 0 else 1  # 2 nodes of n/2 processes
-            codes = torchrun(nodes, n // nodes, args)
-            if any(codes):
-                raise SystemExit(
-                    f"lbsgd bench train: layout {n} x {hook} x {cap} MB failed: {codes}"
-                )
+            torchrun(nodes, n // nodes, args,
+                     what=f"lbsgd bench train: layout {n} x {hook} x {cap:g} MB failed")  # fmt: skip
             rows.append(json.loads(Path(path).read_text()))
             base = rows[0]["img_per_s"]
             r = rows[-1]

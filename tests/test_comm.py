@@ -181,3 +181,27 @@ def test_bench_commands_refuse_bad_layouts_in_one_line(tmp_path):
     r = lbsgd_cli("bench", "train", "--nproc=2", "--comm-hooks=ring", cwd=tmp_path)
     assert r.returncode == 2 and "'ring'" in r.stderr and r.stderr.count("\n") == 1
     assert not list(tmp_path.iterdir())
+
+
+# A worker that never exits beside one that has exited 0 (a deadlock at teardown, as gloo's under
+# torch 2.11 was): rank 0 records its pid, as run_worker does, then sleeps.
+_HANGING_WORKER = (
+    "import os, sys, time; from pathlib import Path; from lbsgd.bench_comm import run_worker\n"
+    "if os.environ['RANK'] == '0':\n"
+    "    Path(os.environ['LBSGD_WORKER_STATUS_DIR'], 'rank0.pid').write_text(str(os.getpid()))\n"
+    "    time.sleep(600)\n"
+    "else:\n"
+    "    run_worker(['keys'])\n"
+)
+
+
+def test_a_worker_that_hangs_after_another_exited_is_stopped_and_named_in_one_line(monkeypatch):
+    from lbsgd import bench_comm
+
+    monkeypatch.setattr(bench_comm, "_WORKER", _HANGING_WORKER)
+    with pytest.raises(SystemExit) as e:
+        bench_comm.torchrun(1, 2, [], what="hang", grace_s=3)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("hang")
+    assert "rank 0 still running 3 s after a worker exited (killed)" in msg
+    assert "rank 1 exited with 0" in msg
