@@ -334,3 +334,22 @@ def test_profile_and_varied_are_validated(tiny):
         from_dict({"varied": ["wramup"]})
     cfg = tiny()
     assert cfg.replace(profile="cpu", varied=["seed"]).experiment_id() == cfg.experiment_id()
+
+
+def test_a_study_session_logs_its_table_figures_and_findings_to_its_group(offline, tmp_path):
+    pd = pytest.importorskip("pandas")
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from lbsgd import studies
+
+    s = studies.start("warmup", title="2. Warmup", profile="smoke", out_dir=tmp_path,
+                      wandb="offline")  # fmt: skip
+    s.save_table(pd.DataFrame({"warmup": ["none", "gradual"], "err": [31.5, 28.25]}))
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    s.save_figure(fig, "curves.png")
+    plt.close(fig)
+    s.findings([studies.Finding("gradual warmup helps", None, "one seed")])
+    (run,) = offline_runs(s.dir)
+    assert (run.job_type, run.group, run.name) == ("study", "warmup", "warmup (smoke)")
+    (row,) = [r for r in run.history if "table" in r]
+    assert "figures/curves" in row and "findings" in row

@@ -1,0 +1,46 @@
+"""What runs, notebooks and JupyterLab write beside the results stays out of git (checkpoints,
+W&B's local files, smoke-scale results, JupyterLab's own files), and the results do not."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout"
+)
+
+
+def ignored(path: str) -> bool:
+    return (
+        subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=REPO).returncode == 0
+    )
+
+
+@pytest.mark.parametrize("path", [
+    "results/cpu/warmup/run-s0-1234abcd/checkpoint.pt",
+    "results/cpu/warmup/run-s0-1234abcd/checkpoint.prev.pt",
+    "results/cpu/warmup/run-s0-1234abcd/.checkpoint.pt.tmp",
+    "results/cpu/warmup/run-s0-1234abcd/wandb/offline-run-1/run-1.wandb",
+    "results/cpu/warmup/run-s0-1234abcd/wandb_id",
+    "results/cpu/warmup/wandb/study_id",
+    "results/smoke/warmup/02_warmup.ipynb",
+    "notebooks/.ipynb_checkpoints/02_warmup-checkpoint.ipynb",
+])  # fmt: skip
+def test_what_is_not_a_result_is_ignored(path):
+    assert ignored(path)
+
+
+@pytest.mark.parametrize("path", [
+    "results/cpu/warmup/run-s0-1234abcd/summary.json",
+    "results/cpu/warmup/run-s0-1234abcd/metrics.jsonl",
+    "results/cpu/warmup/run-s0-1234abcd.log",
+    "results/cpu/warmup/02_warmup.ipynb",
+    "results/cpu/warmup/table.csv",
+    "results/cpu/REPORT.md",
+])  # fmt: skip
+def test_results_are_not_ignored(path):
+    assert not ignored(path)
