@@ -118,8 +118,11 @@ def test_a_twin_is_copied_within_its_profile_only_and_named_as_this_studys_run(
 # -- interrupts --------------------------------------------------------------------------------
 
 SWEEP_SCRIPT = """
-import sys
+import signal, sys
 from lbsgd import experiments as ex
+# a Jupyter kernel handles SIGINT itself (Kernel > Interrupt), even when started from a shell that
+# ignores it (a background job inherits SIGINT ignored, and Python then installs no handler)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 runs = [{{**{keys!r}, "seed": 0}}, {{**{keys!r}, "seed": 1}}]
 ex.sweep("study", runs, out_dir=sys.argv[1], profile="smoke", parallel=1)
 """
