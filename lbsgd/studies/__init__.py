@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +193,52 @@ def diverged_as_failed(df):
     df["diverged"] = df["status"] == "diverged"
     df.loc[df["diverged"], "final_top1_error_pct"] = 100.0
     return df
+
+
+# -- helpers of the finding rules --------------------------------------------------------------
+
+
+# The training curves a finding reads: run_dir -> DataFrame, a loader, or None (the run folders).
+Metrics = Mapping[str, Any] | Callable[[str], Any] | None
+
+
+def every(*verdicts: Verdict) -> Verdict:
+    """The verdict of a claim that holds when each comparison does: not replayed when one is not,
+    replayed when all are, else undecided for the first undecided one's reason."""
+    if any(v.replayed is False for v in verdicts):
+        return Verdict(False)
+    undecided = [v for v in verdicts if v.replayed is None]
+    return undecided[0] if undecided else Verdict(True)
+
+
+def curves(metrics: Metrics) -> Callable[[str], Any]:
+    """A run's training records (``metrics.jsonl``, kind train) by run directory: ``metrics`` is
+    a mapping run_dir → DataFrame, a loader, or None (read the run directory)."""
+    if metrics is None:
+        return ex.load_metrics
+    if callable(metrics):
+        return metrics
+    return lambda run_dir: metrics[str(run_dir)]
+
+
+def at_chance(values: Sequence[float], chance: float | None) -> bool:
+    """Every value at chance (as :func:`decide` judges it)."""
+    return chance is not None and all(v >= chance - CHANCE_MARGIN_PCT for v in values)
+
+
+def note(verdict: Verdict, against: bool, text: str) -> str:
+    """The explanation of a claim this scale does not show: after "not replayed at this scale" when
+    not replayed, after "at this scale" when undecided with the means against the claim (callers
+    pass ``against`` false when every run is at chance: then there is nothing to explain)."""
+    if verdict.replayed is False:
+        return "; not replayed at this scale: " + text
+    if verdict.replayed is None and against:
+        return "; at this scale: " + text
+    return ""
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
 
 
 # -- a study session ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
 from lbsgd.profiles import Profile
-from lbsgd.studies.warmup import at_chance, mean, note
+from lbsgd.studies import at_chance, mean, note
 
 STUDY = "batch_scaling"
 TITLE = "3. Minibatch size (Goyal Fig. 1)"

@@ -15,7 +15,7 @@ from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
 from lbsgd.profiles import Profile
-from lbsgd.studies.warmup import every, mean
+from lbsgd.studies import every, mean
 
 STUDY = "lr_scaling_rule"
 TITLE = "4. Learning-rate scaling rules (Goyal Table 2a)"

@@ -2,71 +2,25 @@
 large minibatch with no, constant and gradual warmup, over the profile's seeds (paired: seed s gives
 the same initialisation at every k).
 
-Two helpers here serve studies 2 to 5: :func:`every` (a claim made of several comparisons) and
-:func:`curves` (the training curves a finding reads, from the run directories or hand-made).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
 from lbsgd.profiles import Profile
+from lbsgd.studies import Metrics, at_chance, curves, every, mean, note
 
 STUDY = "warmup"
 TITLE = "2. Warmup (Goyal Table 1)"
 WARMUPS = ("none", "constant", "gradual")
 CLOSE_PCT = 1.5  # "comes close to the baseline": Goyal's 8k run is 0.14 points above it
 SPIKE = 1.1  # a jump ratio below this barely disturbs training
-
-Metrics = Mapping[str, Any] | Callable[[str], Any] | None
-
-
-# -- helpers of studies 2 to 5 -----------------------------------------------------------------
-
-
-def every(*verdicts: studies.Verdict) -> studies.Verdict:
-    """The verdict of a claim that holds when each comparison does: not replayed when one is not,
-    replayed when all are, else undecided for the first undecided one's reason."""
-    if any(v.replayed is False for v in verdicts):
-        return studies.Verdict(False)
-    undecided = [v for v in verdicts if v.replayed is None]
-    return undecided[0] if undecided else studies.Verdict(True)
-
-
-def curves(metrics: Metrics) -> Callable[[str], Any]:
-    """A run's training records (``metrics.jsonl``, kind train) by run directory: ``metrics`` is
-    a mapping run_dir → DataFrame, a loader, or None (read the run directory)."""
-    if metrics is None:
-        return ex.load_metrics
-    if callable(metrics):
-        return metrics
-    return lambda run_dir: metrics[str(run_dir)]
-
-
-def at_chance(values: Sequence[float], chance: float | None) -> bool:
-    """Every value at chance (as :func:`lbsgd.studies.decide` judges it)."""
-    return chance is not None and all(v >= chance - studies.CHANCE_MARGIN_PCT for v in values)
-
-
-def note(verdict: studies.Verdict, against: bool, text: str) -> str:
-    """The explanation of a claim this scale does not show: after "not replayed at this scale" when
-    not replayed, after "at this scale" when undecided with the means against the claim (callers
-    pass ``against`` false when every run is at chance: then there is nothing to explain)."""
-    if verdict.replayed is False:
-        return "; not replayed at this scale: " + text
-    if verdict.replayed is None and against:
-        return "; at this scale: " + text
-    return ""
-
-
-def mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
 
 # -- the runs and the table --------------------------------------------------------------------
 
