@@ -170,19 +170,26 @@ def register(
     local_world_size: int,
     powersgd_rank: int = 1,
     warmup_steps: int = 0,
+    noise=None,
 ):
     """Install ``hook`` (one of HOOKS) on a DDP model; ``none`` keeps DDP's all-reduce.
+
+    ``noise``: a :class:`lbsgd.noise_scale.Probe` that reads each bucket's local gradients
+    before the hook reduces them (``none`` then becomes torch's averaging all-reduce hook: the
+    same sum, each gradient divided by the world size before it rather than multiplied by its
+    inverse while copied into the bucket).
 
     Returns the hook's state (:class:`PowerSGD`: error feedback, factors, step counter), or None.
     """
     if hook not in HOOKS:
         raise ValueError(f"comm_hook={hook!r} is not one of {', '.join(HOOKS)}")
+    state, fn = None, None
     if hook == "none":
-        return None
-    if hook == "fp16":
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        fn = default_hooks.allreduce_hook if noise is not None else None
+    elif hook == "fp16":
+        fn = default_hooks.fp16_compress_hook
     elif hook == "bf16":
-        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        fn = default_hooks.bf16_compress_hook
     elif hook == "powersgd":
         state = PowerSGD(
             process_group=None,
@@ -191,14 +198,15 @@ def register(
             use_error_feedback=True,
             warm_start=True,
         )
-        ddp.register_comm_hook(state, powersgd_hook)
-        return state
+        fn = powersgd_hook
     elif hook == "hierarchical":
         topo = Topology.of(dist.get_world_size(), local_world_size)
-        ddp.register_comm_hook(Groups(topo), hierarchical_hook)
+        state, fn = Groups(topo), hierarchical_hook
     else:
-        ddp.register_comm_hook(None, parameter_server_hook)
-    return None
+        fn = parameter_server_hook
+    if fn is not None:
+        ddp.register_comm_hook(state, fn if noise is None else noise.wrap(fn))
+    return state if hook == "powersgd" else None
 
 
 class LocalSGD:

@@ -209,6 +209,19 @@ class Config:
     )
     wandb_project: str = _run("lbsgd", "W&B project")
     plugins: tuple[str, ...] = _run((), "modules or .py files imported first (register_model, …)")
+    noise_scale: bool = _run(
+        False,
+        "measure the gradient noise scale B_simple = tr(Sigma)/|G|^2 every step from two batch "
+        "sizes, noise_scale_batch and batch_size (McCandlish et al. 2018; lbsgd.noise_scale)",
+    )
+    noise_scale_batch: int | None = _run(
+        None,
+        "B_small of noise_scale: samples per small batch, consecutive micro-batches of one "
+        "process; null = micro_batch (then it follows the layout: set it to compare layouts)",
+    )
+    noise_scale_ema: float = _run(
+        0.99, "decay of the moving averages of |G|^2 and tr(Sigma) whose ratio is B_simple"
+    )
 
     def __post_init__(self) -> None:
         _check(self)
@@ -289,8 +302,9 @@ def _check(c: Config) -> None:
                 "synthetic_test", "fake_train", "fake_test", "fake_image_size", "fake_classes",
                 "log_every"):  # fmt: skip
         need(getattr(c, key) > 0, f"{key}={getattr(c, key)} must be a positive integer")
-    for key in ("base_lr", "epochs"):
-        need(getattr(c, key) > 0, f"{key}={getattr(c, key)} must be > 0")
+    need(c.epochs > 0, f"epochs={c.epochs} must be > 0")
+    # 0: a fixed point (the noise scale of a model as it is, lbsgd.noise_scale)
+    need(c.base_lr >= 0, f"base_lr={c.base_lr} must be >= 0")
     for key in (
         "warmup_epochs",
         "weight_decay",
@@ -311,6 +325,19 @@ def _check(c: Config) -> None:
     need(c.lars_eta > 0, f"lars_eta={c.lars_eta} must be > 0")
     need(c.loss_scale > 0, f"loss_scale={c.loss_scale} must be > 0")
     need(c.powersgd_rank >= 1, f"powersgd_rank={c.powersgd_rank} must be a positive integer")
+    need(0 <= c.noise_scale_ema < 1, f"noise_scale_ema={c.noise_scale_ema} must be in [0, 1)")
+    need(c.noise_scale_batch is None or c.noise_scale_batch > 0,
+         f"noise_scale_batch={c.noise_scale_batch} must be a positive integer (or null)")  # fmt: skip
+    need(
+        not c.noise_scale or c.local_sgd == 0,
+        f"noise_scale=true needs the all-reduced gradient of every step: not with "
+        f"local_sgd={c.local_sgd} (valid: local_sgd=0)",
+    )
+    need(
+        not c.noise_scale or c.comm_hook != "powersgd",
+        "noise_scale=true measures the exact all-reduced gradient: comm_hook=powersgd only "
+        "approximates it (valid: none, fp16, bf16, hierarchical, parameter_server)",
+    )
     need(
         c.local_sgd == 0 or c.comm_hook == "none",
         f"local_sgd={c.local_sgd} averages parameters itself: it needs comm_hook=none, "
@@ -521,6 +548,7 @@ class Derived:
     warmup_start_lr: float  # first lr of the warmup
     warmup_steps: int  # round(warmup_epochs * N / kn)
     milestone_steps: tuple[int, ...]  # round(milestone * N / kn), schedule=step
+    noise_batch: int | None = None  # B_small of noise_scale=true (lbsgd.noise_scale); None: off
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(dataclasses.asdict(self))
@@ -547,7 +575,10 @@ def micro_batch_candidates(c: Config, world_size: int) -> list[int]:
     if c.batch_size % world_size:
         return []
     share = c.batch_size // world_size
-    return [m for m in range(share, 0, -1) if m % c.bn_batch == 0 and share % m == 0]
+    # noise_scale with a fixed small batch: micro-batches make it up whole
+    group = c.noise_scale_batch if c.noise_scale and c.noise_scale_batch else share
+    return [m for m in range(share, 0, -1) if m % c.bn_batch == 0 and share % m == 0
+            and group % m == 0]  # fmt: skip
 
 
 def check_world(
@@ -574,7 +605,33 @@ def check_world(
             f"batch_size={c.batch_size} is not a multiple of world_size * micro_batch = "
             f"{world_size} * {m} = {per_step}"
         )
+    if c.noise_scale:
+        noise_batch(c, world_size, m)
     return c.batch_size // per_step
+
+
+def noise_batch(c: Config, world_size: int, micro: int) -> int | None:
+    """B_small of ``noise_scale`` (None when it is off), or one line saying why the layout
+    cannot measure it: the small batch is whole micro-batches of one process, and smaller than
+    the global batch."""
+    if not c.noise_scale:
+        return None
+    b_small = c.noise_scale_batch or micro
+    key = (f"noise_scale_batch={c.noise_scale_batch}" if c.noise_scale_batch
+           else f"noise_scale_batch=null (= micro_batch={micro})")  # fmt: skip
+    share = c.batch_size // world_size
+    if b_small % micro or share % b_small:
+        raise ConfigError(
+            f"{key} must be a multiple of micro_batch={micro} dividing the per-process share "
+            f"batch_size / world_size = {c.batch_size} / {world_size} = {share}"
+        )
+    if b_small >= c.batch_size:
+        raise ConfigError(
+            f"noise_scale=true compares two batch sizes: {key} must be smaller than "
+            f"batch_size={c.batch_size} (valid: a multiple of micro_batch={micro} dividing "
+            f"{share}, below {c.batch_size})"
+        )
+    return b_small
 
 
 def derive(c: Config, world_size: int, num_train: int, micro: int | None = None) -> Derived:
@@ -596,6 +653,7 @@ def derive(c: Config, world_size: int, num_train: int, micro: int | None = None)
         warmup_start_lr=c.warmup_lr if c.warmup_lr is not None else c.base_lr,
         warmup_steps=0 if c.warmup == "none" else _nearest(c.warmup_epochs * spe),
         milestone_steps=tuple(_nearest(m * spe) for m in c.milestones),
+        noise_batch=noise_batch(c, world_size, micro),
     )
 
 

@@ -193,12 +193,14 @@ def wrap(
     comm_hook: str = "none",
     powersgd_rank: int = 1,
     warmup_steps: int = 0,
+    noise=None,
 ) -> torch.nn.Module:
     """DDP over the process group when there is more than one process, else the model itself.
 
     DDP averages gradients over ranks with bucketed all-reduces that overlap the backward pass;
     ``bucket_cap_mb`` is the bucket size, i.e. tensor fusion (Horovod's fusion threshold), and
-    ``comm_hook`` what each bucket's communication is (lbsgd.comm).
+    ``comm_hook`` what each bucket's communication is (lbsgd.comm); ``noise``: a
+    :class:`lbsgd.noise_scale.Probe` that reads each process's gradients before the all-reduce.
     """
     if ctx.world_size == 1:
         return model
@@ -212,7 +214,7 @@ def wrap(
         broadcast_buffers=False,
     )
     ddp.comm_state = comm.register(ddp, comm_hook, ctx.local_world_size, powersgd_rank,
-                                   warmup_steps)  # fmt: skip
+                                   warmup_steps, noise)  # fmt: skip
     return ddp
 
 

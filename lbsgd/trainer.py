@@ -20,13 +20,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from lbsgd import checkpoint, comm, data, distributed, isa, models, optim
+from lbsgd import checkpoint, comm, data, distributed, isa, models, noise_scale, optim
 from lbsgd.config import (
     Config,
     ConfigError,
     check_world,
     derive,
     dump,
+    import_plugins,
     micro_batch_candidates,
     read_yaml,
 )
@@ -49,7 +50,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 def check(cfg: Config, world_size: int | None = None, local_world_size: int | None = None) -> None:
     """Rules that need the registries, the data directory or the process layout (torchrun's
-    environment by default); with the config's own checks, all before any work starts."""
+    environment by default); with the config's own checks, all before any work starts. The
+    config's plugins are imported first (a Config built in Python names them, as a file does)."""
+    import_plugins(cfg.plugins)
     data.check(cfg)
     if cfg.model not in models.MODELS:
         raise ConfigError(models.MODELS.unknown_message(cfg.model))
@@ -260,11 +263,19 @@ class _Run:
         state = self._load_checkpoint() if mode == "resume" else None
         if state is not None:
             start_step = self._restore(state, net, opt)
+        self.noise = None  # noise_scale=true: the gradient noise scale's probe
+        if d.noise_batch:
+            self.noise = noise_scale.Probe(
+                list(net.parameters()), d.noise_batch // d.micro_batch, d.accum_steps,
+                d.noise_batch, cfg.batch_size, cfg.noise_scale_ema,
+            )  # fmt: skip
+            if state is not None and "noise_scale" in state:
+                self.noise.smoother.load_state_dict(state["noise_scale"])
         if cfg.compile:
             net = torch.compile(net)
         self.net, self.opt, self.splits, self.d = net, opt, splits, d
         self.model = distributed.wrap(net, ctx, cfg.bucket_cap_mb, cfg.comm_hook,
-                                      cfg.powersgd_rank, d.warmup_steps)  # fmt: skip
+                                      cfg.powersgd_rank, d.warmup_steps, self.noise)  # fmt: skip
         self.comm_state = getattr(self.model, "comm_state", None)
         if self.comm_state is not None and state is not None:
             mine = self._rank_state(state)
@@ -386,7 +397,9 @@ class _Run:
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
         bar = tqdm(total=d.total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                    disable=not (ctx.is_main and sys.stderr.isatty()))  # fmt: skip
-        pending: list[tuple] = []  # (step, lr, loss tensor, loss scale) awaiting a flush
+        # (step, lr, loss tensor, loss scale, noise-scale norms or None) awaiting a flush
+        pending: list[tuple] = []
+        noise = self.noise
         t_other = 0.0  # seconds spent in evaluation and checkpoints (not training throughput)
         # the first TIMED_WARMUP_STEPS steps (compilation, cuDNN autotuning, allocator growth) are
         # timed apart from the steady state: warmup_s vs img_per_s in summary.json
@@ -404,6 +417,8 @@ class _Run:
             # micro-batch: the same on any layout, and after a resume
             first = (step * ctx.world_size + ctx.rank) * d.accum_steps
             seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
+            if noise is not None:
+                noise.start()
             for i in range(d.accum_steps):
                 _seed(int(seeds[i]), ctx.device)
                 x, y = next(stream)
@@ -413,7 +428,10 @@ class _Run:
                     with prec.autocast():
                         loss = criterion(self.model(x), y)
                     prec.backward(loss / d.accum_steps)
+                if noise is not None:  # DDP all-reduces the last backward of a step
+                    noise.after_backward(i, synced=ctx.world_size > 1 and i == d.accum_steps - 1)
                 loss_sum += loss.detach().float()
+            norms = None if noise is None else noise.finish(prec.loss_scale_tensor())
             prec.step(self.opt)  # unscaled gradients; skipped if fp16 gradients overflowed
             if (
                 self.local_sgd is not None
@@ -421,7 +439,9 @@ class _Run:
                 self.local_sgd.after_step(list(self.net.parameters()))
             self.opt.zero_grad(set_to_none=True)
             bn_stats.commit()  # BN running statistics of the whole global batch
-            pending.append((step + 1, lr, loss_sum / d.accum_steps, prec.loss_scale_tensor()))
+            pending.append(
+                (step + 1, lr, loss_sum / d.accum_steps, prec.loss_scale_tensor(), norms)
+            )
             done = step + 1
             bar.update(1)
             if step + 1 == warm_until:  # one device wait, once: where the warm-up ends
@@ -429,7 +449,12 @@ class _Run:
                 t_warm = time.perf_counter() - t_loop - t_other
             epoch_end = done * b // n > step * b // n
             last = done == d.total_steps
-            if len(pending) >= cfg.log_every or epoch_end or last:
+            save_due = (not (epoch_end or last) and cfg.checkpoint and cfg.checkpoint_every
+                        and done % cfg.checkpoint_every == 0
+                        and (self.local_sgd is None or self.local_sgd.in_sync(step)))  # fmt: skip
+            # every step up to a checkpoint is logged before it is written: a resumed run's
+            # metrics.jsonl then misses none (and the noise scale's averages are in the checkpoint)
+            if len(pending) >= cfg.log_every or epoch_end or last or save_due:
                 # the device's queued work belongs to this window: wait for it before the clock
                 distributed.synchronize(ctx.device)
                 now = time.perf_counter()
@@ -454,12 +479,7 @@ class _Run:
                     saved = True
                 t_other += time.perf_counter() - t0
                 t_window += time.perf_counter() - t0
-            elif (
-                cfg.checkpoint
-                and cfg.checkpoint_every
-                and done % cfg.checkpoint_every == 0
-                and (self.local_sgd is None or self.local_sgd.in_sync(step))
-            ):
+            elif save_due:
                 t0 = time.perf_counter()
                 self._save(done)
                 saved = True
@@ -507,14 +527,25 @@ class _Run:
         asked = torch.tensor(float(self.stop_signal is not None), device=device)
         scales = [torch.as_tensor(p[3], dtype=torch.float32, device=device) for p in pending]
         values = torch.stack([*(p[2] for p in pending), *scales, asked])
+        k = len(pending)
+        if self.noise is not None:  # each process's mean |G_small|^2 (and |G_big|^2) join in
+            values = torch.cat([values.double(), *(p[4] for p in pending)])
         reduced = distributed.all_reduce_mean(values).cpu().tolist()  # the flush's one device read
-        losses, scales = reduced[: len(pending)], reduced[len(pending) : 2 * len(pending)]
-        self.stop_agreed = reduced[-1] > 0
+        losses, scales = reduced[:k], reduced[k : 2 * k]
+        self.stop_agreed = reduced[2 * k] > 0
+        gns = [{}] * k
+        if self.noise is not None:
+            gns = [self.noise.record(*reduced[2 * k + 1 + 2 * j : 2 * k + 3 + 2 * j])
+                   for j in range(k)]  # fmt: skip
+            g_sq, trace, b_simple = self.noise.smoother.value()
+            self.summary["noise_scale"] = {"b_simple": b_simple, "g_sq": g_sq, "trace": trace,
+                                           "b_small": self.noise.b_small,
+                                           "b_big": self.noise.b_big}  # fmt: skip
         b, n = self.cfg.batch_size, self.d.num_train
         if self.tracker is not None:
-            for (step, lr, _, _), loss, scale in zip(pending, losses, scales, strict=True):
+            for (step, lr, *_), loss, scale, g in zip(pending, losses, scales, gns, strict=True):
                 rec = {"kind": "train", "step": step, "epoch": step * b / n, "lr": lr,
-                       "loss": loss, "img_per_s": img_per_s, "loss_scale": scale}  # fmt: skip
+                       "loss": loss, "img_per_s": img_per_s, "loss_scale": scale, **g}  # fmt: skip
                 self.tracker.log(rec, wandb=False)  # every step in metrics.jsonl
             # W&B: one point per flush, the window's mean loss (its other values: the last step's)
             self.tracker.log_wandb({**rec, "loss": sum(losses) / len(losses)})
@@ -577,6 +608,7 @@ class _Run:
             mine["optimizer"] = self.opt.state_dict()
         if self.comm_state is not None:
             mine["powersgd"] = self.comm_state.memories()
+        extra = {} if self.noise is None else {"noise_scale": self.noise.smoother.state_dict()}
         ranks = distributed.all_gather_object(mine)
         if not self.ctx.is_main:
             return
@@ -591,6 +623,7 @@ class _Run:
             "ranks": ranks,
             "config": self.cfg.to_dict(),
             "summary": {k: self.summary[k] for k in ("best", "final") if k in self.summary},
+            **extra,
         })  # fmt: skip
 
     def _load_checkpoint(self) -> dict[str, Any] | None:

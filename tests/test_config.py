@@ -34,7 +34,7 @@ def test_config_is_frozen():
         (["batchsize=64"], "batchsize", "did you mean 'batch_size'"),
         (["warmup=linear"], "warmup", "'none', 'constant' or 'gradual'"),
         (["batch_size=1000"], "batch_size", "not a multiple of bn_batch=32"),
-        (["base_lr=-0.1"], "base_lr", "must be > 0"),
+        (["base_lr=-0.1"], "base_lr", "must be >= 0"),
         (["dataset=cifar10"], "data_dir", "required for dataset=cifar10"),
         (["dataset=imagenet", "data_dir=/no/such/dir"], "data_dir", "does not exist"),
         (["batch_size=abc"], "batch_size", "valid integer"),
