@@ -131,9 +131,12 @@ def _define_epoch_axis(run: Any) -> None:
 
 
 def _point(record: Mapping[str, Any]) -> dict[str, Any]:
-    """One JSONL record as a W&B point: ``epoch`` as is, the rest under ``<kind>/``."""
+    """One JSONL record as a W&B point: ``epoch`` as is, the rest under ``<kind>/``; a field
+    without a value at this step (None: e.g. a noise scale whose |G|² estimate is not positive)
+    is left out rather than charted."""
     prefix = record.get("kind", "train")
-    data = {f"{prefix}/{k}": v for k, v in record.items() if k not in ("kind", "step", "epoch")}
+    data = {f"{prefix}/{k}": v for k, v in record.items()
+            if k not in ("kind", "step", "epoch") and v is not None}  # fmt: skip
     if "epoch" in record:
         data["epoch"] = record["epoch"]
     return data

@@ -283,3 +283,27 @@ def test_micro_batch_auto_probes_the_gpu_leaves_no_trace_and_is_recorded(tmp_pat
     auto, fixed = (checkpoint.load(tmp_path / "runs" / n)["model"] for n in ("auto", "fixed"))
     for k in fixed:
         assert torch.equal(auto[k], fixed[k]), k
+
+
+# -- gradient noise scale ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_noise_scale_on_cuda_changes_no_weight_and_matches_the_cpu_measurement(tmp_path):
+    """Deterministic mode, fp32 without TF32: a CUDA run measuring the noise scale ends with the
+    weights of the same run without it (the probe only reads gradients), and its first step's
+    norms (same initial weights and batch) equal the CPU's up to the order of float additions."""
+    keys = {"micro_batch": 16, "noise_scale_batch": 32, "deterministic": True, "epochs": 1}
+    for name, extra in (("on", {"noise_scale": True}), ("off", {})):
+        r = lbsgd(["train", *_args(tmp_path, name, **keys, **extra)], env=FP32_ONLY)
+        assert r.returncode == 0, r.stderr[-3000:]
+        _ran_on_cuda(tmp_path / "runs" / name)
+    r = lbsgd(["train", *_args(tmp_path, "cpu", **{**keys, "device": "cpu", "deterministic": False},
+                               noise_scale=True)])  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    on, off = (checkpoint.load(tmp_path / "runs" / n)["model"] for n in ("on", "off"))
+    _assert_bitwise(on, off)
+    gpu, cpu = (_train_records(tmp_path / "runs" / n)[0] for n in ("on", "cpu"))
+    assert (gpu["gns_b_small"], gpu["gns_b_big"]) == (32, 64)
+    for key in ("gns_g_small_sq", "gns_g_big_sq"):
+        assert gpu[key] == pytest.approx(cpu[key], rel=1e-3), key

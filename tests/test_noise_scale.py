@@ -198,3 +198,40 @@ def test_a_killed_run_resumes_with_the_same_noise_scale_record(tmp_path):
     for a, b in zip(want, got, strict=True):
         assert {k: a[k] for k in noise_scale.FIELDS} == {k: b[k] for k in noise_scale.FIELDS}
     assert checkpoint.load(tmp_path / "runs" / "gns")["noise_scale"]["steps"] == 16
+
+
+def test_fp16_measures_the_unscaled_gradients(tiny):
+    """fp16 scales the loss by 2^16 before the backward: the norms are divided by the scale
+    squared, so the first step (same weights, same batch) measures what fp32 measures, to the
+    rounding of half precision."""
+    keys = {"noise_scale": True, "epochs": 0.25, "log_every": 1, "checkpoint": False}
+    runs = {p: tiny(study=p, precision=p, **keys) for p in ("fp32", "fp16")}
+    first = {}
+    for p, cfg in runs.items():
+        train(cfg)
+        first[p] = _train_records(cfg.run_dir())[0]
+    assert first["fp16"]["loss_scale"] == 2.0**16
+    for key in ("gns_g_small_sq", "gns_g_big_sq"):
+        assert first["fp16"][key] == pytest.approx(first["fp32"][key], rel=2e-2)
+
+
+def test_wandb_gets_the_noise_scale_with_both_batch_sizes_named(tiny, tmp_path, monkeypatch):
+    """Read back from W&B's own offline files: every point carries the smoothed B_simple and
+    B_small/B_big of the run, equal to metrics.jsonl's record of the same step."""
+    from test_wandb import offline_runs
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = tiny(wandb="offline", noise_scale=True, noise_scale_batch=32, epochs=1)
+    assert train(cfg)["status"] == "completed"
+    (run,) = offline_runs(cfg.run_dir())
+    records = {r["step"]: r for r in _train_records(cfg.run_dir())}
+    points = dict(run.points("train/gns_b_simple_ema"))
+    flushed = [s for s in records if s in dict(run.points("train/loss"))]
+    # a point per flush, but none where the smoothed |G|^2 was not yet positive (None)
+    assert [s for s in flushed if records[s]["gns_b_simple_ema"] is not None] == list(points)
+    assert len(points) >= 2
+    for step, value in points.items():
+        assert value == pytest.approx(records[step]["gns_b_simple_ema"], rel=1e-12)
+    assert {v for _, v in run.points("train/gns_b_small")} == {32}
+    assert {v for _, v in run.points("train/gns_b_big")} == {64}
