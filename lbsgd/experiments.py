@@ -100,17 +100,26 @@ def _status(run_dir: Path) -> str | None:
         return None
 
 
+# Run keys that change what a run records, not what it trains: a twin must have recorded the same
+MEASUREMENT_KEYS = ("noise_scale", "noise_scale_batch", "noise_scale_ema")
+
+
 def _find_identical(cfg: Config, root: Path) -> Path | None:
     """A finished run with the same experiment keys in another study of ``root`` (the runs'
-    ``out_dir``: one profile's folder, so a run of another profile is never taken)."""
+    ``out_dir``: one profile's folder, so a run of another profile is never taken) that recorded
+    the same measurements (:data:`MEASUREMENT_KEYS`, as its config.yaml has them)."""
     name = cfg.run_name()
+    want = {k: getattr(cfg, k) for k in MEASUREMENT_KEYS}
+    default = {k: config.FIELDS[k].default for k in MEASUREMENT_KEYS}
     for other in sorted(root.glob(f"*/{name}")):
         if other.parent.name != cfg.study and _status(other) in DONE:
             try:
                 theirs = json.loads((other / "summary.json").read_text()).get("experiment_id")
-            except (OSError, ValueError):
+                keys = config.read_yaml(other / "config.yaml")
+            except (OSError, ValueError, config.ConfigError):
                 continue
-            if theirs == cfg.experiment_id():
+            recorded = {k: keys.get(k, default[k]) for k in MEASUREMENT_KEYS}
+            if theirs == cfg.experiment_id() and recorded == want:
                 return other
     return None
 

@@ -28,7 +28,9 @@ from lbsgd.config import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 ALL_NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*_*.ipynb"))
-NO_PUBLISHED_NUMBERS = {"quickstart"}  # studies whose table has no paper_* column
+# studies whose table has no paper_* column (critical_batch: McCandlish et al. publish B_crit of
+# other tasks, not of this model and data; its table holds our measurements and fit)
+NO_PUBLISHED_NUMBERS = {"quickstart", "critical_batch"}
 MEASURED = {"scaling"}  # notebooks that train nothing: they measure communication and model it
 SMOKE = {"profile": "smoke", "parallel": 2, "wandb": "disabled"}
 # what ex.sweep prints per run: "[start] NAME (log: …)" and "[i/n] NAME: …"

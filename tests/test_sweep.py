@@ -102,6 +102,13 @@ def test_a_twin_is_copied_within_its_profile_only_and_named_as_this_studys_run(
     assert ex._find_identical(cfg, tmp_path / "smoke") == twin
     assert ex._find_identical(cfg, tmp_path / "cpu") == other_profile
     assert ex._find_identical(cfg, tmp_path / "imagenet") is None  # another profile's is not seen
+    # the same experiment measured otherwise (noise_scale: a run key) is no twin: its records lack
+    # the measurement this run asks for
+    measured = cfg.replace(noise_scale=True)
+    assert measured.experiment_id() == cfg.experiment_id()
+    assert ex._find_identical(measured, tmp_path / "smoke") is None
+    both = _completed_twin(tmp_path / "smoke", "critical_batch", {**keys, "noise_scale": True})
+    assert ex._find_identical(measured, tmp_path / "smoke") == both
 
     df = ex.sweep("lr", [keys], out_dir=tmp_path / "smoke", profile="smoke", quiet=True)
     copy = tmp_path / "smoke" / "lr" / cfg.run_name()
