@@ -142,25 +142,31 @@ def _train_records(run_dir):
 
 @pytest.mark.slow
 def test_one_process_and_two_processes_measure_the_same_noise_scale(tmp_path):
-    """B_small = 16 = two micro-batches of 8: one process accumulating 4 micro-batches (two small
-    batches, both read between micro-batches) and two processes accumulating 2 each (each one's
-    small batch read by the DDP hook before the all-reduce) log the same norms every step. A
-    third run, two processes without the measurement, ends with bitwise the same weights."""
+    """Micro-batches of 8, batch 32. B_small = 16: one process accumulating 4 micro-batches (two
+    small batches, read between micro-batches) and two processes accumulating 2 each (each one's
+    small batch read by the DDP hook before the all-reduce). B_small = 8: the two processes read
+    one small batch between micro-batches and the other in the hook, as a change since the first.
+    Each pair logs the same norms every step. Two processes without the measurement end with
+    bitwise the weights of two processes measuring."""
     keys = [k for k in COMMON if not k.startswith("bn_batch")] + ["bn_batch=8", "micro_batch=8"]
-    noise = ["noise_scale=true", "noise_scale_batch=16"]
-    runs = {"one": (None, noise), "two": (2, noise), "two_off": (2, [])}
+    runs = {"two_off": (2, [])}
+    for b_small in (16, 8):
+        noise = ["noise_scale=true", f"noise_scale_batch={b_small}"]
+        runs |= {f"one{b_small}": (None, noise), f"two{b_small}": (2, noise)}
     for name, (nproc, extra) in runs.items():
         args = [*keys, *extra, f"out_dir={tmp_path}", f"name={name}"]
         r = lbsgd(args, nproc=nproc) if nproc else lbsgd(["train", *args])
         assert r.returncode == 0, r.stderr[-3000:]
-    one, two = (_train_records(tmp_path / "runs" / n) for n in ("one", "two"))
-    assert len(one) == len(two) == 6
-    for a, b in zip(one, two, strict=True):
-        assert (a["gns_b_small"], a["gns_b_big"]) == (b["gns_b_small"], b["gns_b_big"]) == (16, 32)
-        for key in ("gns_g_small_sq", "gns_g_big_sq", "gns_g_sq", "gns_trace"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (a["step"], key)
-        assert a["gns_g_small_sq"] > a["gns_g_big_sq"] > 0  # the small batch is the noisier
-    on = checkpoint.load(tmp_path / "runs" / "two")["model"]
+    for b_small in (16, 8):
+        one, two = (_train_records(tmp_path / "runs" / f"{n}{b_small}") for n in ("one", "two"))
+        assert len(one) == len(two) == 6
+        for a, b in zip(one, two, strict=True):
+            assert (a["gns_b_small"], a["gns_b_big"]) == (b["gns_b_small"], b["gns_b_big"])
+            assert (a["gns_b_small"], a["gns_b_big"]) == (b_small, 32)
+            for key in ("gns_g_small_sq", "gns_g_big_sq", "gns_g_sq", "gns_trace"):
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (a["step"], key)
+            assert a["gns_g_small_sq"] > a["gns_g_big_sq"] > 0  # the small batch is the noisier
+    on = checkpoint.load(tmp_path / "runs" / "two8")["model"]
     off = checkpoint.load(tmp_path / "runs" / "two_off")["model"]
     assert all(torch.equal(on[k], off[k]) for k in off)
 
