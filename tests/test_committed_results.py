@@ -30,3 +30,16 @@ def test_every_committed_cpu_run_finished_under_the_avx2_cap_in_its_own_folder()
 
 def test_the_committed_report_is_the_one_built_from_the_study_files():
     assert (CPU / "REPORT.md").read_text() == report.build(CPU)
+
+
+def test_measuring_the_noise_scale_changed_no_committed_result():
+    """Study 11 re-ran notebook 3's sweep with noise_scale=true (a run key): every run of the same
+    name ended with the same losses and errors, to the last digit, and measured where it could."""
+    pairs = [(run, CPU / "batch_scaling" / run.name) for run in RUNS
+             if run.parent.name == "critical_batch"]  # fmt: skip
+    assert len(pairs) == 19
+    for run, twin in pairs:
+        ours, theirs = (json.loads((d / "summary.json").read_text()) for d in (run, twin))
+        assert ours["final"] == theirs["final"] and ours["steps"] == theirs["steps"], run.name
+        measured = "noise_scale" in ours
+        assert measured == (ours["total_steps"] < 5000), run.name  # all but batch 16 = B_small
