@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test lint format reproduce verify lab train-quickstart bench bench-gpu bench-comm clean
+.PHONY: setup test lint format reproduce verify lab train-quickstart bench bench-gpu bench-comm bench-noise clean
 
 setup: $(STAMP)
 
@@ -71,7 +71,15 @@ train-quickstart: setup
 bench: setup
 	$(VENV)/bin/lbsgd bench train --steps 300 --repeats 6 channels_last=true --out results/benchmarks/train_cpu.json
 	$(VENV)/bin/lbsgd bench recipes --samples 6400 --repeats 4 channels_last=true --out results/benchmarks/recipes_cpu.json
+	$(MAKE) bench-noise
 	$(MAKE) bench-comm
+
+# What noise_scale=true costs: the trainer's step time with it over without it, alternating, in 3
+# layouts of batch 128 = 4 micro-batches of 32 (1 process with B_small = 32 and = 64, 2 gloo
+# processes with B_small = 64, the DDP hook alone), written to results/benchmarks/noise_scale_cpu.json;
+# on a GPU node the same target measures the GPU (device=auto: noise_scale_cuda_h100.json, ...).
+bench-noise: setup
+	$(VENV)/bin/lbsgd bench noise --steps 100 --repeats 9 channels_last=true
 
 # The trainer against the bare loop on a GPU (one process, device=cuda): ResNet-50 on random
 # ImageNet-shaped images (dataset=fake, 3x224x224, 1000 classes, resident on the GPU), channels_last,

@@ -76,6 +76,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     br.add_argument("--out", default=None, help="also write the result as JSON here")
     br.add_argument("overrides", nargs="*", metavar="key=value")
+    bn = bsub.add_parser(
+        "noise", help="cost of noise_scale=true: step time with / without it, per layout"
+    )
+    bn.add_argument("--steps", type=int, default=150,
+                    help="optimizer steps per measurement, the first 3 timed apart as warm-up")  # fmt: skip
+    bn.add_argument("--repeats", type=int, default=5,
+                    help="alternating measurements without and with, per layout (median)")  # fmt: skip
+    bn.add_argument("--nproc", type=int, default=2,
+                    help="processes of the ddp layout (gloo on a CPU)")  # fmt: skip
+    bn.add_argument("--layouts", default=None, metavar="LIST",
+                    help="accum (1 process, B_small = micro_batch), half (1 process, B_small = "
+                         "batch/2), ddp (--nproc processes, B_small = their share); default all")  # fmt: skip
+    bn.add_argument("--out", default=None,
+                    help="write the result as JSON here (default results/benchmarks/"
+                         "noise_scale_<device>.json)")  # fmt: skip
+    bn.add_argument("overrides", nargs="*", metavar="key=value",
+                    help="keys over bench train's, and batch_size=128 micro_batch=32")  # fmt: skip
     bd = bsub.add_parser(
         "data", help="loader-only img/s of a file dataset vs the model's compute-bound img/s"
     )
@@ -209,6 +226,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.bench == "train":
             _bench_train(args)
+        elif args.bench == "noise":
+            for option, value in (("--steps", args.steps), ("--repeats", args.repeats)):
+                if value < 1:
+                    raise config.ConfigError(f"{option}={value} must be a positive integer")
+            out = args.out or bench.default_out(args.overrides, "noise_scale",
+                                                {**bench.DEFAULTS, **bench.NOISE_DEFAULTS})  # fmt: skip
+            layouts = bench.parse_list("--layouts", args.layouts or ",".join(bench.NOISE_LAYOUTS),
+                                       bench.NOISE_LAYOUTS)  # fmt: skip
+            bench.bench_noise(args.overrides, steps=args.steps, repeats=args.repeats,
+                              nproc=args.nproc, layouts=layouts, out=out)  # fmt: skip
         else:
             bench.bench_recipes(
                 args.overrides, samples=args.samples, repeats=args.repeats, out=args.out

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from lbsgd import bench, cli, data
-from lbsgd.config import Config, ConfigError
+from lbsgd.config import Config, ConfigError, derive
 from lbsgd.data import fake
 
 # A tiny fake set: ResNet-8 of width 8 on 16x16 images of 10 classes (a few ms per step).
@@ -65,6 +65,9 @@ def test_device_slug_names_the_gpu_model(monkeypatch, name, slug):
 
 def test_default_output_is_named_after_the_device():
     assert bench.default_out(["device=cpu"]) == "results/benchmarks/train_cpu.json"
+    noise = {**bench.DEFAULTS, **bench.NOISE_DEFAULTS}  # micro_batch=64 divides its batch of 128
+    assert (bench.default_out(["device=cpu", "micro_batch=64"], "noise_scale", noise)
+            == "results/benchmarks/noise_scale_cpu.json")  # fmt: skip
 
 
 def test_matrix_variants_cover_every_precision_compile_and_layout():
@@ -130,3 +133,77 @@ def test_on_cuda_the_data_live_on_the_gpu_and_both_sides_measure_there(tmp_path)
     assert len(result["rows"]) == 4
     for r in result["rows"]:
         assert math.isfinite(r["ratio"]) and r["ratio"] > 0
+
+
+# ``lbsgd bench noise``: the cost of noise_scale=true, step time with / without, per layout
+def test_noise_layouts_take_micro_batch_half_batch_and_the_per_process_share_as_b_small():
+    cfg = Config(**{**bench.DEFAULTS, **bench.NOISE_DEFAULTS})  # batch 128 of micro-batches of 32
+    layouts = bench.noise_layouts(cfg, nproc=2)
+    assert [(name, n) for name, _, n, _ in layouts] == [("accum", 1), ("half", 1), ("ddp", 2)]
+    derived = {}
+    for name, _, n, keys in layouts:
+        on = cfg.replace(noise_scale=True, **keys)
+        derived[name] = derive(on, n, 32_000)
+    a, h, p = derived["accum"], derived["half"], derived["ddp"]
+    assert (a.noise_batch, a.micro_batch, a.accum_steps) == (32, 32, 4)  # a small batch per micro
+    assert (h.noise_batch, h.accum_steps) == (64, 4)  # two small batches of two micro-batches
+    # two processes of 2 micro-batches: B_small is each process's share, read by the DDP hook only
+    assert (p.noise_batch, p.accum_steps) == (64, 2) and p.noise_batch == p.accum_steps * 32
+    assert [name for name, *_ in bench.noise_layouts(cfg, nproc=0)] == ["accum", "half"]
+
+
+@pytest.mark.parametrize(
+    ("keys", "nproc", "named"),
+    [({"batch_size": 96}, 2, "even number"), ({"batch_size": 32}, 2, "even number"),
+     ({}, 1, "--nproc=1"), ({}, 3, "--nproc=3")],
+)  # fmt: skip
+def test_noise_layouts_the_batch_cannot_make_are_refused_in_one_line(keys, nproc, named):
+    cfg = Config(**{**bench.DEFAULTS, **bench.NOISE_DEFAULTS, **keys})
+    with pytest.raises(ConfigError, match=named) as e:
+        bench.noise_layouts(cfg, nproc)
+    assert len(str(e.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [(["noise_scale=true"], "sets noise_scale and noise_scale_batch itself"),
+     (["noise_scale_batch=8"], "sets noise_scale and noise_scale_batch itself"),
+     (["--nproc", "3"], "--nproc=3"), (["--repeats", "0"], "--repeats=0"),
+     (["batch_size=24"], "even number")],
+)  # fmt: skip
+def test_bad_noise_bench_input_is_a_one_line_error_and_writes_nothing(
+    tmp_path, capsys, args, named
+):
+    out = tmp_path / "r.json"
+    base = [*TINY_FAKE, "batch_size=32", "micro_batch=8", "bn_batch=8"]
+    code = cli.main(["bench", "noise", "--out", str(out), *base, *args])  # later keys win
+    err = capsys.readouterr().err.strip()
+    assert code == cli.EXIT_BAD_INPUT and named in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_noise_bench_gives_a_step_time_ratio_for_every_layout(tmp_path):
+    out = tmp_path / "noise_scale_cpu.json"
+    keys = [*TINY_FAKE, "batch_size=32", "micro_batch=8", "bn_batch=8"]
+    result = bench.bench_noise(keys, steps=5, repeats=2, nproc=2, out=str(out))
+    rows = result["rows"]
+    assert [(r["layout"], r["nproc"], r["noise_scale_batch"]) for r in rows] == [
+        ("accum", 1, 8), ("half", 1, 16), ("ddp", 2, 16)]  # fmt: skip
+    for r in rows:
+        for side in ("off", "on"):
+            assert len(r[f"all_{side}_img_per_s"]) == 2
+            assert all(math.isfinite(x) and x > 0 for x in r[f"all_{side}_img_per_s"])
+        assert r["paired_ratios"] == pytest.approx(
+            [b / a for a, b in zip(r["all_on_img_per_s"], r["all_off_img_per_s"], strict=True)]
+        )
+        assert r["ratio"] == pytest.approx(sum(r["paired_ratios"]) / 2)  # the median of two
+        assert r["ratio_of_medians"] == pytest.approx(
+            r["on_step_ms_median"] / r["off_step_ms_median"]
+        )
+        assert r["overhead_pct"] == pytest.approx(100 * (r["ratio"] - 1))
+        assert math.isfinite(r["ratio_best"]) and r["ratio_best"] > 0
+        assert r["target_pct"] == 5.0 and r["within_target"] == (r["overhead_pct"] <= 5.0)
+    assert result["target_pct"] == 5.0 and result["device"] == "cpu" and result["left_out"] == {}
+    assert result["environment"]["torch"] and result["warmup_steps_excluded"] == 3
+    assert json.loads(out.read_text())["rows"] == rows
