@@ -26,11 +26,18 @@ the BMUF family of the Jizhi slides): until the end of the learning-rate warmup 
 all-reduces gradients as usual; afterwards each process steps on its own gradients and the
 parameters are averaged over all processes every ``local_sgd`` steps (torch's
 ``PeriodicModelAverager``).
+
+BMUF (Chen & Huo 2016, blockwise model-update filtering; the Jizhi slides' Algorithm 1) filters
+the same blocks when ``block_momentum`` or ``block_lr`` is off its default: the block gradient
+(the averaged model minus the block's start) is smoothed with block momentum and every process
+restarts from the filtered model (:class:`BMUF`). One all-reduce of the parameters per block, as
+post-local SGD.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -239,6 +246,139 @@ class LocalSGD:
     def sync(params) -> None:
         """Average now (before evaluating or saving, so that every process holds the same model)."""
         average_parameters(iter(params), dist.group.WORLD)
+
+
+# -- BMUF ------------------------------------------------------------------------------------------
+
+
+def average_flat(flat: torch.Tensor) -> torch.Tensor:
+    """Mean of a flat tensor over every process, in place (one all-reduce); unchanged on one."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        flat /= dist.get_world_size()  # as torch's average_parameters: divide, then sum
+        dist.all_reduce(flat)
+    return flat
+
+
+def _flat(params: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+@torch.no_grad()
+def _unflat(flat: torch.Tensor, params: list[torch.Tensor]) -> None:
+    """Copy ``flat`` into the parameters, in place (their storage, hence the optimizer's and DDP's
+    references to them, stays)."""
+    parts = flat.split([p.numel() for p in params])
+    for p, part in zip(params, parts, strict=True):
+        p.copy_(part.view_as(p))
+
+
+class BMUF:
+    """Blockwise model-update filtering (Chen & Huo 2016, Algorithm 1 as the Jizhi slides give it)
+    on the blocks of post-local SGD; the trainer drives it as it drives :class:`LocalSGD`.
+
+    Block t is ``period`` = n local steps of each of the K processes from the same start W_g(t−1)
+    (the first block after the warmup is one step, as torch's averager places its first
+    averaging: the blocks end where :meth:`LocalSGD.in_sync` says, and :meth:`in_sync`). At its end, with W(t−1) the
+    global model and Δ(t−1) the last block update (W(0) = W_g(0) = the model after the warmup,
+    the same on every process; Δ(0) = 0)::
+
+        W̄(t)  = (1/K) Σ_k W_k(t)              one all-reduce of the parameters
+        G(t)  = W̄(t) − W_g(t−1)               block gradient
+        Δ(t)  = η_B Δ(t−1) + ε_B G(t)         block momentum η_B, block learning rate ε_B
+        W(t)  = W(t−1) + Δ(t)
+        W_g(t) = W(t) + η_B Δ(t)              Nesterov-style start (NBM, ``nesterov``)
+        W_g(t) = W(t)                         classical block momentum (CBM)
+
+    and every process restarts from W_g(t). W and Δ are the same on every process (one copy each
+    of the parameters, flat); W_g(t−1) is recomputed from them, bitwise what the restart copied.
+    With η_B = 0 and ε_B = 1 this is plain model averaging (:meth:`filters` is False: the trainer
+    keeps torch's averager). K = 1 is Algorithm 1 with W̄ = W_1: the filter still applies.
+    Every parameter takes part (gradient or not); buffers (BN running statistics, kept equal on
+    every process by ghost BN's all-reduced group statistics) are not filtered.
+
+    ``average(flat)`` returns the mean of ``flat`` over the processes (:func:`average_flat`; a
+    test passes a fake one).
+    """
+
+    def __init__(self, period: int, start: int, step: int, params, block_momentum: float,
+                 block_lr: float, nesterov: bool = True,
+                 average: Callable[[torch.Tensor], torch.Tensor] = average_flat):  # fmt: skip
+        if period < 1:
+            raise ValueError(f"local_sgd={period} must be >= 1 (0 turns local SGD off)")
+        if not 0 <= block_momentum < 1:
+            raise ValueError(f"block_momentum={block_momentum} must be in [0, 1)")
+        if not (math.isfinite(block_lr) and block_lr > 0):
+            raise ValueError(f"block_lr={block_lr} must be a finite number > 0")
+        self.period, self.start = period, start
+        self.step = step  # optimizer steps taken
+        self.eta, self.eps, self.nesterov = block_momentum, block_lr, nesterov
+        self.average = average
+        params = list(params)
+        self.device = params[0].device
+        self.global_model: torch.Tensor | None = None  # W(t−1), flat; None before the first block
+        self.delta: torch.Tensor | None = None  # Δ(t−1), flat
+        if step >= start:  # resumed in the local phase: load_state_dict replaces this start
+            self.begin(params)
+
+    @staticmethod
+    def filters(block_momentum: float, block_lr: float) -> bool:
+        """Whether the filter changes the mathematics of periodic averaging (η_B ≠ 0 or ε_B ≠ 1)."""
+        return block_momentum != 0 or block_lr != 1
+
+    def begin(self, params: list[torch.Tensor]) -> None:
+        """W(0) = W_g(0) = the parameters (every process holds the same), Δ(0) = 0."""
+        self.global_model = _flat(params).clone()
+        self.delta = torch.zeros_like(self.global_model)
+
+    def block_start(self) -> torch.Tensor:
+        """W_g = W + η_B Δ (Nesterov) or W: where every process starts the block."""
+        if self.nesterov:
+            return torch.add(self.global_model, self.delta, alpha=self.eta)
+        return self.global_model.clone()
+
+    def local(self, step: int) -> bool:
+        """Whether optimizer step ``step`` (0-based) is local (no gradient all-reduce)."""
+        return step >= self.start
+
+    def in_sync(self, step: int) -> bool:
+        """Whether every process holds the same parameters after step ``step`` and its
+        ``after_step``: a synchronous step, or the end of a block."""
+        return step < self.start or (step - self.start) % self.period == 0
+
+    def after_step(self, params) -> None:
+        """Called once after every optimizer step."""
+        params = list(params)
+        step = self.step  # the optimizer step just taken (0-based)
+        self.step += 1
+        if step + 1 == self.start:  # the last synchronous step: the first block starts here
+            self.begin(params)
+        elif self.local(step) and self.in_sync(step):
+            self.end_block(params)
+
+    @torch.no_grad()
+    def end_block(self, params: list[torch.Tensor]) -> None:
+        """Algorithm 1's update at the end of a block; the parameters become W_g(t)."""
+        g = self.average(_flat(params)).sub_(self.block_start())  # G(t) = W̄(t) − W_g(t−1)
+        self.delta.mul_(self.eta).add_(g, alpha=self.eps)  # Δ(t) = η_B Δ(t−1) + ε_B G(t)
+        self.global_model.add_(self.delta)  # W(t) = W(t−1) + Δ(t)
+        _unflat(self.block_start(), params)  # every process restarts from W_g(t)
+
+    def sync(self, params) -> None:
+        """Average now (before evaluating or saving, as post-local SGD): every process holds W̄ of
+        their current parameters; a block so cut goes on from there (G is still measured from
+        W_g(t−1))."""
+        params = list(params)
+        _unflat(self.average(_flat(params)), params)
+
+    def state_dict(self) -> dict[str, torch.Tensor] | None:
+        """W(t−1) and Δ(t−1) (the same on every process: saved once); None before the first block."""
+        if self.global_model is None:
+            return None
+        return {"global_model": self.global_model, "delta": self.delta}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.global_model = state["global_model"].to(self.device, copy=True)
+        self.delta = state["delta"].to(self.device, copy=True)
 
 
 def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> float:

@@ -142,6 +142,38 @@ class Config:
     local_sgd: int = _exp(
         0, "post-local SGD: after the warmup, average parameters every this many steps; 0 = off"
     )
+    # --- experiment keys: BMUF, block momentum on local_sgd's blocks (lbsgd.comm.BMUF) ----------
+    block_momentum: float = _exp(
+        0.0,
+        "eta_B of BMUF (Chen & Huo 2016): the block update is eta_B * previous + block_lr * "
+        "(averaged model - block start), every local_sgd steps; in [0, 1); needs local_sgd > 0",
+    )
+    block_lr: float = _exp(
+        1.0, "epsilon_B of BMUF: block learning rate (> 0); 1 with block_momentum 0 = local_sgd"
+    )
+    block_nesterov: bool = _exp(
+        True, "BMUF: each block starts from W + eta_B * Delta (Nesterov, NBM); false: from W (CBM)"
+    )
+    # --- experiment keys: simulated asynchronous SGD, bounded staleness (lbsgd.staleness) -------
+    staleness: int = _exp(
+        0,
+        "tau_max: the update of step t applies gradients computed on the weights of step t - tau "
+        "(Lian et al. 2015); 0 = synchronous. Keeps tau_max + 1 copies of the parameters (also "
+        "in the checkpoint)",
+    )
+    staleness_dist: Literal["fixed", "uniform"] = _exp(
+        "fixed",
+        "fixed: tau = staleness for every step (layout-independent); uniform: tau drawn from "
+        "{0..staleness} per micro-batch and step, seeded by (seed, step, micro-batch): the draws "
+        "follow micro_batch",
+    )
+    # --- experiment keys: asynchronous parameter server (lbsgd.parameter_server) ----------------
+    async_ps: bool = _exp(
+        False,
+        "asynchronous SGD under torchrun (>= 2 processes): rank 0 a parameter server applying each "
+        "worker's gradient on arrival, ranks 1.. workers without barriers; one update = one "
+        "worker's batch_size samples; measured staleness in summary.json; cannot resume",
+    )
     # --- hardware keys --------------------------------------------------------------------------
     micro_batch: int | Literal["auto"] | None = _hw(
         None,
@@ -278,6 +310,9 @@ FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 # is what every earlier run had. Append each new experiment key here; never remove one.
 HASHED_ONLY_OFF_DEFAULT: tuple[str, ...] = ("fake_train", "fake_test", "fake_image_size",
                                             "fake_classes")  # fmt: skip
+HASHED_ONLY_OFF_DEFAULT += ("staleness", "staleness_dist")  # lbsgd.staleness
+HASHED_ONLY_OFF_DEFAULT += ("async_ps",)  # lbsgd.parameter_server
+HASHED_ONLY_OFF_DEFAULT += ("block_momentum", "block_lr", "block_nesterov")  # lbsgd.comm.BMUF
 
 
 FOLDER_NAME_RULE = ("must be a plain folder name: no '/' or '\\', not '', '.' or '..', no leading "
@@ -343,6 +378,37 @@ def _check(c: Config) -> None:
         f"local_sgd={c.local_sgd} averages parameters itself: it needs comm_hook=none, "
         f"not comm_hook={c.comm_hook}",
     )
+    # -- BMUF (lbsgd.comm.BMUF) --
+    need(0 <= c.block_momentum < 1, f"block_momentum={c.block_momentum} must be in [0, 1)")
+    need(math.isfinite(c.block_lr) and c.block_lr > 0,
+         f"block_lr={c.block_lr} must be a finite number > 0")  # fmt: skip
+    for key, default in (("block_momentum", 0.0), ("block_lr", 1.0), ("block_nesterov", True)):
+        need(c.local_sgd > 0 or getattr(c, key) == default,
+             f"{key}={getattr(c, key)} filters the blocks of local SGD: it needs local_sgd > 0 "
+             f"(the block length n), not local_sgd=0")  # fmt: skip
+    # -- simulated asynchronous SGD (lbsgd.staleness) --
+    need(c.staleness >= 0, f"staleness={c.staleness} must be >= 0 (0 = synchronous)")
+    need(
+        c.staleness == 0 or c.local_sgd == 0,
+        f"staleness={c.staleness} delays the gradients of synchronous steps: not with "
+        f"local_sgd={c.local_sgd} (valid: local_sgd=0)",
+    )
+    # -- asynchronous parameter server (lbsgd.parameter_server) --
+    if c.async_ps:
+        need(c.local_sgd == 0, f"async_ps=true applies each worker's gradient on the server as it "
+             f"arrives: not with local_sgd={c.local_sgd} (valid: local_sgd=0)")  # fmt: skip
+        need(c.comm_hook == "none", f"async_ps=true sends each gradient to the server point to "
+             f"point: not with comm_hook={c.comm_hook} (valid: comm_hook=none)")  # fmt: skip
+        need(not c.noise_scale, "noise_scale=true needs the all-reduced gradient of every step: "
+             "not with async_ps=true (valid: noise_scale=false)")  # fmt: skip
+        need(c.staleness == 0, f"async_ps=true measures real staleness: not with the simulated "
+             f"staleness={c.staleness} (valid: staleness=0)")  # fmt: skip
+        need(c.precision != "fp16", "async_ps=true has no dynamic loss scaling (one scale for "
+             "asynchronous workers): precision=fp16 is refused (valid: fp32, bf16)")  # fmt: skip
+        need(not c.resume, "async_ps=true cannot resume: the order in which asynchronous "
+             "gradients arrive is not reproducible (valid: resume=false, a new name=)")  # fmt: skip
+        need(c.checkpoint_every == 0, f"async_ps=true writes one checkpoint, at the end (resume "
+             f"is refused): checkpoint_every={c.checkpoint_every} must be 0")  # fmt: skip
     need(
         not c.pool5_bn or c.model in ("alexnet", "alexnet_bn"),
         f"pool5_bn=true applies to model=alexnet or alexnet_bn, not model={c.model}",
@@ -572,6 +638,8 @@ def micro_batch(c: Config, world_size: int = 1) -> int:
 def micro_batch_candidates(c: Config, world_size: int) -> list[int]:
     """Multiples of bn_batch that divide the per-process share batch_size / world_size, largest
     first (empty when the share is not a multiple of bn_batch)."""
+    if c.async_ps:  # one update = one worker's whole batch (lbsgd.parameter_server)
+        world_size = 1
     if c.batch_size % world_size:
         return []
     share = c.batch_size // world_size
@@ -586,6 +654,8 @@ def check_world(
 ) -> int:
     """Accumulation steps for this world size (and micro-batch ``micro``, the key's by default),
     or one line saying why the mapping is impossible."""
+    if c.async_ps:  # one update = one worker's whole batch (lbsgd.parameter_server)
+        world_size = 1
     if c.comm_hook == "hierarchical" and local_world_size and world_size % local_world_size:
         raise ConfigError(
             f"comm_hook=hierarchical needs the same number of processes on every node: "

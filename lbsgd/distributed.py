@@ -237,3 +237,29 @@ def no_sync(model: torch.nn.Module, skip: bool) -> Iterator[None]:
             yield
     else:
         yield
+
+
+# -- point-to-point messages (lbsgd.parameter_server) ------------------------------------------
+# Asynchronous SGD has no collective: each worker talks to the server alone, and the server takes
+# whichever worker's message comes first. Gloo receives from any source; NCCL only from a named
+# peer, so on GPUs these messages go through a gloo group of their own (CPU tensors).
+
+
+def p2p_group() -> Any:
+    """The group for :func:`send` / :func:`recv`: None (the default group) when it is gloo, else a
+    new gloo group of every process. Every process calls it, at the same point of its run."""
+    if dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
+
+
+def send(t: torch.Tensor, dst: int, tag: int, group: Any = None) -> None:
+    """Send the CPU tensor ``t`` to rank ``dst``; messages of one tag between two ranks arrive in
+    the order they were sent."""
+    dist.send(t, dst=dst, group=group, tag=tag)
+
+
+def recv(t: torch.Tensor, src: int | None, tag: int, group: Any = None) -> int:
+    """Receive into the CPU tensor ``t`` from rank ``src``, or from whichever rank sends first
+    when ``src`` is None; returns the sender's rank."""
+    return dist.recv(t, src=src, group=group, tag=tag)

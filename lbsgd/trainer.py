@@ -35,6 +35,7 @@ from lbsgd.environment import environment
 from lbsgd.models import ghost_bn
 from lbsgd.precision import Precision
 from lbsgd.schedules import learning_rate
+from lbsgd.staleness import StaleWeights
 from lbsgd.tracking import Tracker
 
 # Optimizer steps timed apart as warm-up (compilation, autotuning) at the start of each process run
@@ -65,6 +66,10 @@ def check(cfg: Config, world_size: int | None = None, local_world_size: int | No
 
 def train(cfg: Config) -> dict[str, Any]:
     """Train one run to the end (or until it diverges); returns its summary.json content."""
+    if cfg.async_ps:  # rank 0 a parameter server, the others asynchronous workers
+        from lbsgd import parameter_server  # built on this module: imported when used
+
+        return parameter_server.train(cfg)
     check(cfg)
     isa.require(cfg.cpu_isa)  # before the run's first CPU operation: refused if it cannot hold
     before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
@@ -271,6 +276,14 @@ class _Run:
             )  # fmt: skip
             if state is not None and "noise_scale" in state:
                 self.noise.smoother.load_state_dict(state["noise_scale"])
+        # -- staleness > 0: simulated asynchronous SGD, the ring of past weights (lbsgd.staleness)
+        self.stale = None
+        if cfg.staleness:
+            self.stale = StaleWeights(list(net.parameters()), cfg.staleness, cfg.staleness_dist,
+                                      cfg.seed)  # fmt: skip
+            if state is not None:
+                self.stale.load_state_dict(state.get("staleness"), state.get("file", "checkpoint"))
+        # --
         if cfg.compile:
             net = torch.compile(net)
         self.net, self.opt, self.splits, self.d = net, opt, splits, d
@@ -290,6 +303,23 @@ class _Run:
         self.local_sgd = None
         if cfg.local_sgd and ctx.world_size > 1:  # post-local SGD starts after the warmup
             self.local_sgd = comm.LocalSGD(cfg.local_sgd, start=d.warmup_steps, step=start_step)
+        # -- BMUF: block momentum / block lr off their defaults filter local SGD's blocks (at
+        # them BMUF is the plain averaging above); on one process too (K = 1) (lbsgd.comm.BMUF)
+        if cfg.local_sgd and comm.BMUF.filters(cfg.block_momentum, cfg.block_lr):
+            self.local_sgd = comm.BMUF(cfg.local_sgd, d.warmup_steps, start_step,
+                                       self.net.parameters(), cfg.block_momentum, cfg.block_lr,
+                                       cfg.block_nesterov)  # fmt: skip
+            if state is not None and state.get("bmuf") is not None:
+                self.local_sgd.load_state_dict(state["bmuf"])
+            elif start_step > d.warmup_steps and ctx.is_main:
+                print("lbsgd: BMUF resumes with Delta = 0 from the checkpoint's model (the "
+                      "checkpoint holds no BMUF state)", flush=True)  # fmt: skip
+            if ctx.is_main:
+                start = "W + eta_B Delta (Nesterov)" if cfg.block_nesterov else "W (classical)"
+                print(f"lbsgd: BMUF eta_B={cfg.block_momentum:g} eps_B={cfg.block_lr:g}: blocks of "
+                      f"{cfg.local_sgd} local steps on {ctx.world_size} processes after step "
+                      f"{d.warmup_steps}, each from {start}", flush=True)  # fmt: skip
+        # --
 
         full_config = {**cfg.to_dict(), **d.to_dict()}
         self.tracker = None
@@ -417,10 +447,14 @@ class _Run:
             # micro-batch: the same on any layout, and after a resume
             first = (step * ctx.world_size + ctx.rank) * d.accum_steps
             seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
+            if self.stale is not None:  # staleness: W_t enters the ring of past weights
+                self.stale.begin(step)
             if noise is not None:
                 noise.start()
             for i in range(d.accum_steps):
                 _seed(int(seeds[i]), ctx.device)
+                if self.stale is not None:  # staleness: this forward/backward runs on W_{t-tau}
+                    self.stale.use(ctx.rank * d.accum_steps + i)  # the global micro-batch index
                 x, y = next(stream)
                 x = x.to(ctx.device, non_blocking=True, memory_format=fmt)
                 y = y.to(ctx.device, non_blocking=True)
@@ -432,6 +466,8 @@ class _Run:
                     noise.after_backward(i, synced=ctx.world_size > 1 and i == d.accum_steps - 1)
                 loss_sum += loss.detach().float()
             norms = None if noise is None else noise.finish(prec.loss_scale_tensor())
+            if self.stale is not None:  # staleness: the optimizer steps W_t (stale gradient)
+                self.stale.restore()
             prec.step(self.opt)  # unscaled gradients; skipped if fp16 gradients overflowed
             if (
                 self.local_sgd is not None
@@ -609,6 +645,10 @@ class _Run:
         if self.comm_state is not None:
             mine["powersgd"] = self.comm_state.memories()
         extra = {} if self.noise is None else {"noise_scale": self.noise.smoother.state_dict()}
+        if self.stale is not None:  # staleness: the ring of past weights, the same on every rank
+            extra["staleness"] = self.stale.state_dict()
+        if isinstance(self.local_sgd, comm.BMUF):  # BMUF: W and Δ, the same on every rank
+            extra["bmuf"] = self.local_sgd.state_dict()
         ranks = distributed.all_gather_object(mine)
         if not self.ctx.is_main:
             return

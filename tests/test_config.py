@@ -125,6 +125,15 @@ def test_keys_added_later_leave_earlier_run_ids_unchanged_until_set():
     # end in such ids, so a new key at its default must not change any of them
     assert Config().experiment_id() == "7e6ebad0"
     assert Config(fake_classes=1000).experiment_id() == "7e6ebad0"  # the default, given
+    # each later key set off its default (with the keys it needs), against the same config with
+    # the key at its default
+    off_default = {
+        "staleness_dist": {"staleness": 1, "staleness_dist": "uniform"},
+        "block_momentum": {"local_sgd": 2, "block_momentum": 0.5},
+        "block_lr": {"local_sgd": 2, "block_lr": 2.0},
+        "block_nesterov": {"local_sgd": 2, "block_nesterov": False},
+    }
     for key in config.HASHED_ONLY_OFF_DEFAULT:
-        changed = Config(**{key: getattr(Config(), key) + 1})
-        assert changed.experiment_id() != "7e6ebad0", key
+        keys = off_default[key] if key in off_default else {key: getattr(Config(), key) + 1}
+        base = Config(**{k: v for k, v in keys.items() if k != key})
+        assert Config(**keys).experiment_id() != base.experiment_id(), key
