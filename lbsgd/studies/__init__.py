@@ -35,7 +35,7 @@ from lbsgd.experiments import Finding
 # The notebooks in reading order (notebooks/NN_<study>.ipynb); titles start with the number.
 STUDIES: tuple[str, ...] = ("quickstart", "warmup", "batch_scaling", "lr_scaling_rule",
                             "bn_gamma_init", "lars", "bn_decay", "pool5_bn", "mixed_precision",
-                            "scaling", "critical_batch")  # fmt: skip
+                            "scaling", "critical_batch", "local_sgd", "staleness")  # fmt: skip
 
 # A run is "at chance" when its top-1 error is within this many points of 100·(1 − 1/classes):
 # at the smoke profile every run ends at 86-91% on 10 classes (chance 90%).

@@ -1,0 +1,272 @@
+"""13. Stale gradients: error vs staleness τ, with and without the linear scaling rule, and a
+genuinely asynchronous parameter server beside the simulation.
+
+The simulation (``staleness`` = τ, ``staleness_dist=fixed``; :mod:`lbsgd.staleness`) is Lian et
+al.'s bounded-staleness model made deterministic on one process: the update of step t applies the
+gradient of step t's batch computed on the weights of step t − τ,
+
+    W_{t+1} = W_t − η_t · ∇L(W_{t−τ}; batch_t),
+
+so every seed replays exactly and τ is the only difference between the arms. Lian et al. 2015
+("Asynchronous Parallel Stochastic Gradient for Nonconvex Optimization", NeurIPS) prove
+convergence when the step size shrinks with the staleness bound (their condition couples L·γ·τ);
+Zhang et al. 2016 ("Staleness-aware Async-SGD for Distributed Deep Learning", IJCAI) divide the
+learning rate of a gradient by its staleness, η/τ. The linear scaling rule goes the other way (a
+larger batch, a larger lr), so it should make the same τ worse: this study runs each τ with
+``lr_scaling=linear`` and ``none`` at one batch.
+
+The parameter server (``async_ps=true``; :mod:`lbsgd.parameter_server`, 1 server + K workers,
+torchrun with K + 1 processes) is the real thing: its staleness is whatever the arrival order
+makes it, measured per update (``summary.json``: ``async_ps.staleness``, histogram and mean). It
+is compared with the simulated run at the nearest integer to its mean staleness (same batch, same
+lr rule, same seed), which this study trains when that τ is not in its list. The PS runs are not
+repeatable (timing) and cannot resume; they run one at a time, so that another run does not
+change their timing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lbsgd import config, studies
+from lbsgd import experiments as ex
+from lbsgd.experiments import Finding
+from lbsgd.profiles import Profile
+from lbsgd.studies import Verdict, mean
+
+STUDY = "staleness"
+TITLE = "13. Stale gradients: simulated staleness and an asynchronous parameter server (Lian et al. 2015, Zhang et al. 2016)"  # fmt: skip
+TAUS = (0, 1, 2, 4, 8)
+RULES = ("linear", "none")
+PS_WORKERS = 2  # K workers of the parameter server (K + 1 processes)
+# "near": the PS run's error within this many points of the simulated run's, either way (about the
+# seed spread at the cpu profile's large_k, notebook 3: 1-2 points)
+NEAR_PTS = 1.0
+STALENESS_MEAN = "async_ps_staleness_mean"  # summary.json's async_ps.staleness.mean, flattened
+
+
+# -- the runs ----------------------------------------------------------------------------------
+
+
+def batch_k(profile: Profile, k: float | None = None) -> float:
+    """The study's fixed batch as k: ``k`` or the profile's ``large_k`` (cpu: 16, batch 256, lr
+    0.2 with the linear rule vs 0.0125 without; at k = 1 the two arms would be the same runs)."""
+    return profile.large_k if k is None else k
+
+
+def runs(
+    profile: Profile,
+    seeds: Sequence[int],
+    taus: Sequence[int] = TAUS,
+    rules: Sequence[str] = RULES,
+    k: float | None = None,
+) -> list[dict[str, Any]]:
+    """The simulated runs: each lr rule, τ and seed at the fixed batch, ``staleness_dist=fixed``
+    (τ = 0 is synchronous SGD: with the linear rule, notebook 3's run at that k)."""
+    out = []
+    for rule in rules:
+        for tau in taus:
+            for s in seeds:
+                keys = profile.keys(k=batch_k(profile, k), seed=s, lr_scaling=rule)
+                out.append({**keys, "staleness": int(tau), "staleness_dist": "fixed"})
+    return out
+
+
+def ps_runs(
+    profile: Profile, seeds: Sequence[int], workers: int = PS_WORKERS, k: float | None = None
+) -> list[dict[str, Any]]:
+    """The parameter-server runs, one per seed, with the profile's lr rule, named
+    ``<run>-ps<workers>`` (the worker count is no experiment key, yet sets the staleness);
+    ``resume=false`` (async_ps cannot resume)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise config.ConfigError(f"workers={workers!r} must be an integer >= 1 (K workers)")
+    out = []
+    for s in seeds:
+        keys = {**profile.keys(k=batch_k(profile, k), seed=s), "async_ps": True}
+        name = f"{config.from_dict(keys).run_name()}-ps{workers}"
+        out.append({**keys, "name": name, "resume": False})
+    return out
+
+
+def _status(run_dir: Path) -> str | None:
+    """The status in a run folder's summary.json (None: no readable summary)."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def ps_sweep(S, runs: Sequence[Mapping[str, Any]], workers: int):
+    """The PS runs on ``workers`` + 1 processes, one at a time; a run already finished is loaded,
+    not started again (``resume=false``: the sweep would refuse its folder)."""
+    import pandas as pd
+
+    todo, done = [], []
+    for r in runs:
+        cfg = config.from_dict({**r, "study": S.study, "out_dir": str(S.out)})
+        status = _status(cfg.run_dir())
+        if status in ex.DONE:
+            print(f"[{len(done) + 1}/{len(runs)}] {cfg.run_name()}: already {status}, skipped",
+                  flush=True)  # fmt: skip
+            done.append(cfg.run_name())
+        else:
+            todo.append(r)
+    frames = [ex.load_runs(S.dir, names=done)] if done else []
+    if todo:
+        frames.append(ex.sweep(S.study, todo, out_dir=S.out, profile=S.profile.name,
+                               **{**S.launch, "nproc_per_node": workers + 1, "parallel": 1}))  # fmt: skip
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def matched_tau(ps) -> int:
+    """The simulated τ that matches the PS runs: the nearest integer to their mean measured
+    staleness (mean over runs of each run's mean)."""
+    return int(round(mean([float(v) for v in ps[STALENESS_MEAN]])))
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+
+def table(sim, ps=None):
+    """Per lr rule and τ: runs, the error (mean, std), diverged runs, the peak lr; the PS runs as
+    mode ``async_ps`` at their mean measured staleness (one row); ``paper_lr_factor``: Zhang et al.'s
+    staleness-aware lr factor 1/τ (1 at τ = 0) beside ``lr_factor``, the factor the rule applied."""
+    import pandas as pd
+
+    sim = studies.diverged_as_failed(sim).assign(mode="simulated")
+    parts = [sim]
+    if ps is not None and len(ps):
+        # one row: at the mean over the runs of each run's mean measured staleness
+        tau = mean([float(v) for v in ps[STALENESS_MEAN]])
+        ps = studies.diverged_as_failed(ps).assign(mode="async_ps", staleness=tau)
+        parts.append(ps)
+    m = pd.concat(parts, ignore_index=True)
+    t = ex.summarize(m, ["mode", "lr_scaling", "staleness"])
+    g = m.groupby(["mode", "lr_scaling", "staleness"], sort=True, dropna=False)
+    t["diverged"] = g["diverged"].sum().to_numpy()
+    t["peak_lr"] = g["lr"].first().to_numpy() if "lr" in m else math.nan  # derived: the peak lr
+    t["lr_factor"] = g["k"].first().to_numpy()
+    t.loc[t["lr_scaling"] == "none", "lr_factor"] = 1.0
+    t["paper_lr_factor"] = [1.0 / max(float(x), 1.0) for x in t["staleness"]]
+    return t.sort_values(["mode", "lr_scaling", "staleness"], ascending=[False, True, True],
+                         ignore_index=True)  # fmt: skip
+
+
+# -- the findings ------------------------------------------------------------------------------
+
+
+def _by_seed(df, **where: Any) -> dict[int, float]:
+    sel = df
+    for key, v in where.items():
+        sel = sel[sel[key] == v]
+    return {int(s): float(e) for s, e in zip(sel["seed"], sel["final_top1_error_pct"], strict=True)}
+
+
+def _curve(sim, rule: str) -> str:
+    taus = sorted({int(t) for t in sim[sim["lr_scaling"] == rule]["staleness"]})
+    return ", ".join(f"τ={t}: {mean(list(_by_seed(sim, lr_scaling=rule, staleness=t).values())):.2f}%"
+                     for t in taus)  # fmt: skip
+
+
+def _growth(sim, rule: str, top: int) -> dict[int, float]:
+    """Per seed: error at τ = ``top`` minus error at τ = 0."""
+    a, b = (
+        _by_seed(sim, lr_scaling=rule, staleness=top),
+        _by_seed(sim, lr_scaling=rule, staleness=0),
+    )
+    return {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
+
+
+def findings(sim, ps=None) -> list[Finding]:
+    """From the simulated runs ``sim`` (:func:`runs`) and the PS runs ``ps`` (:func:`ps_runs`; their
+    matched simulated runs belong in ``sim``):
+
+    1. the error grows with τ: with the linear rule, the largest τ's error is above τ = 0's
+       (paired over seeds; a diverged run counts as 100%);
+    2. the linear rule makes staleness worse: the per-seed growth from τ = 0 to the largest τ is
+       larger with ``lr_scaling=linear`` than with ``none`` (paired);
+    3. the PS runs' error lies within :data:`NEAR_PTS` points of the simulated run's at τ = their
+       rounded mean staleness (same seeds, linear rule; paired), either way.
+    """
+    sim = studies.diverged_as_failed(sim)
+    chance = studies.chance_of(sim)
+    taus = sorted({int(t) for t in sim["staleness"]})
+    top = max(taus)
+    rules = sorted(set(sim["lr_scaling"]))
+    curves = "; ".join(f"{r}: {_curve(sim, r)}" for r in rules)
+    div = int(sim["diverged"].sum())
+    div_txt = f"; {div} diverged run(s) counted as 100%" if div else ""
+
+    # 1. error grows with τ (linear rule)
+    lin = "linear" if "linear" in rules else rules[0]
+    e0 = list(_by_seed(sim, lr_scaling=lin, staleness=0).values())
+    et = list(_by_seed(sim, lr_scaling=lin, staleness=top).values())
+    if top == 0 or not e0 or not et:
+        v1 = Verdict(None, "no run at τ = 0 and at a τ > 0")
+    else:
+        v1 = studies.lower(e0, et, chance=chance, paired=len(e0) == len(et))
+    note1 = studies.note(v1, bool(e0 and et) and mean(et) <= mean(e0),
+                         f"τ = {top} steps is a small share of the run's steps at this lr; the "
+                         "stale gradient points almost where the fresh one does")  # fmt: skip
+    f1 = studies.finding(f"the error grows with the staleness τ (lr_scaling={lin}, τ = 0 vs {top})",
+                         v1, curves + div_txt + note1)  # fmt: skip
+
+    # 2. the linear rule amplifies staleness
+    g_lin, g_none = _growth(sim, "linear", top), _growth(sim, "none", top)
+    seeds = sorted(set(g_lin) & set(g_none))
+    if top == 0 or not seeds:
+        v2 = Verdict(None, "the linear and none arms have no common seed at τ = 0 and a τ > 0")
+        ev2 = "no paired runs"
+    else:
+        x, y = [g_lin[s] for s in seeds], [g_none[s] for s in seeds]
+        if studies.at_chance(list(sim["final_top1_error_pct"]), chance):
+            v2 = Verdict(None, f"every run is at chance ({chance:.0f}% error)")
+        else:
+            v2 = studies.decide(x, y, more_than=0.0, paired=True)
+        ev2 = (f"error growth from τ = 0 to τ = {top}, per seed: linear "
+               f"{', '.join(f'{v:+.2f}' for v in x)}, none {', '.join(f'{v:+.2f}' for v in y)} "
+               f"points (means {mean(x):+.2f} vs {mean(y):+.2f})")  # fmt: skip
+        ev2 += studies.note(v2, mean(x) <= mean(y), "the larger lr of the linear rule does not "
+                            "turn these few steps of delay into a larger loss")  # fmt: skip
+    f2 = studies.finding(
+        "the linear scaling rule makes stale gradients worse (a larger lr amplifies staleness; Lian "
+        "et al. 2015 bound the step size by the staleness, Zhang et al. 2016 scale it by 1/τ)", v2,
+        ev2)  # fmt: skip
+
+    # 3. the PS mode beside the simulation at its mean staleness
+    claim3 = (f"the asynchronous parameter server's error lies within {NEAR_PTS:g} point of the "
+              "simulated run at its mean measured staleness")  # fmt: skip
+    if ps is None or not len(ps):
+        return [f1, f2, studies.finding(claim3, Verdict(None, "no parameter-server run"), "none")]
+    ps = studies.diverged_as_failed(ps)
+    tau = matched_tau(ps)
+    means = [float(v) for v in ps[STALENESS_MEAN]]
+    a = _by_seed(ps)
+    b = _by_seed(sim, lr_scaling=lin, staleness=tau)
+    common = sorted(set(a) & set(b))
+    workers = int(ps["async_ps_workers"].iloc[0]) if "async_ps_workers" in ps else None
+    head = (f"{workers} workers; measured mean staleness per run {', '.join(f'{v:.2f}' for v in means)} "
+            f"→ τ = {tau}")  # fmt: skip
+    if not common:
+        return [
+            f1,
+            f2,
+            studies.finding(
+                claim3,
+                Verdict(None, f"no simulated run at τ = {tau} with the PS runs' seeds"),
+                head,
+            ),
+        ]
+    x, y = [a[s] for s in common], [b[s] for s in common]
+    v3 = studies.every(studies.within(x, y, NEAR_PTS, chance=chance, paired=True),
+                       studies.within(y, x, NEAR_PTS, chance=chance, paired=True))  # fmt: skip
+    ev3 = (f"{head}: PS {mean(x):.2f}% vs simulated {mean(y):.2f}% (seeds "
+           f"{', '.join(map(str, common))}; Δ {mean(x) - mean(y):+.2f} points)")  # fmt: skip
+    ev3 += studies.note(v3, abs(mean(x) - mean(y)) > NEAR_PTS, "the server's staleness is a "
+                        "distribution (its histogram in summary.json), the simulation's a single τ; "
+                        "and the server applies the gradients in arrival order")  # fmt: skip
+    return [f1, f2, studies.finding(claim3, v3, ev3)]

@@ -1,0 +1,310 @@
+"""Studies 12 (lbsgd.studies.local_sgd) and 13 (lbsgd.studies.staleness) on hand-made runs: the run
+lists of the cpu and smoke profiles (valid configs with their process layouts), the all-reduce
+count and the modelled wall time, and each finding replayed, not replayed and undecided."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from lbsgd import config, profiles
+from lbsgd import scaling as cost
+from lbsgd.studies import batch_scaling
+from lbsgd.studies import local_sgd as ls
+from lbsgd.studies import staleness as st
+
+CPU, SMOKE = profiles.get("cpu"), profiles.get("smoke")
+T, W = 313, 39  # the cpu profile at k = 16: ceil(4 · 20,000 / 256) steps, round(0.5 · 20,000 / 256)
+
+
+def name(r):
+    return config.from_dict({**r, "study": "x"}).run_name()
+
+
+def valid(r, world_size):
+    """The run's config and its layout on ``world_size`` processes (raises ConfigError if not)."""
+    cfg = config.from_dict({**r, "study": "x"})
+    return config.derive(cfg, world_size, r["synthetic_train"])
+
+
+# -- 12: the runs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", [CPU, SMOKE], ids=["cpu", "smoke"])
+def test_local_sgd_runs_are_valid_on_their_processes_and_named_by_k(profile):
+    seeds = list(profile.seeds)
+    sync = ls.sync_runs(profile, seeds)
+    # synchronous SGD: notebook 3's runs at large_k (copied, not trained again)
+    same = batch_scaling.runs(profile, seeds, [profile.large_k])
+    assert [name(r) for r in sync] == [name(r) for r in same]
+    for r in sync:
+        assert valid(r, 1).world_size == 1 and r.get("local_sgd", 0) == 0
+    for k in ls.NPROCS:
+        runs = ls.runs(profile, seeds, k)
+        assert len(runs) == 2 * len(ls.PERIODS) * len(seeds)
+        assert {r["local_sgd"] for r in runs} == set(ls.PERIODS)
+        assert all(r["name"].endswith(f"-K{k}") for r in runs)
+        bmuf = [r for r in runs if "block_momentum" in r]
+        assert len(bmuf) == len(runs) // 2
+        assert {r["block_momentum"] for r in bmuf} == {1 - 1 / k}
+        assert all(r["block_lr"] == 1.0 and r["block_nesterov"] for r in bmuf)
+        assert len({r["name"] for r in runs}) == len(runs)
+        for r in runs:
+            d = valid(r, k)
+            assert d.world_size == k and r["batch_size"] == profile.large_k * 16
+
+
+def test_local_sgd_runs_of_two_process_counts_never_share_a_folder():
+    two, four = ls.runs(CPU, [0], 2), ls.runs(CPU, [0], 4)
+    assert not {r["name"] for r in two} & {r["name"] for r in four}
+    # the same experiment keys apart from the block momentum 1 − 1/K: only the name tells K apart
+    assert name({**two[0], "name": None}) == name({**four[0], "name": None})
+
+
+def test_local_sgd_refuses_fewer_than_two_processes_in_one_line():
+    with pytest.raises(config.ConfigError, match=r"^nproc=1 must be an integer >= 2"):
+        ls.runs(CPU, [0], 1)
+
+
+def test_all_reduces_are_the_warmup_plus_the_averagings():
+    assert ls.all_reduces(T, W, 0) == T
+    assert ls.all_reduces(T, W, 4) == W + 69  # ceil(274 / 4)
+    assert ls.all_reduces(T, W, 16) == W + 18  # ceil(274 / 16)
+    assert ls.all_reduces(T, W, 1) == T  # averaging every step: one all-reduce per step
+    assert ls.all_reduces(10, 20, 4) == 10  # the warmup covers the run
+    # the cpu profile's derived values give these numbers
+    d = valid(ls.sync_runs(CPU, [0])[0], 1)
+    assert (d.total_steps, d.warmup_steps) == (T, W)
+
+
+def test_mode_of_reads_the_keys_and_missing_keys_of_older_runs():
+    assert ls.mode_of({"local_sgd": 0}) == "sync"
+    assert ls.mode_of({"local_sgd": math.nan, "block_momentum": math.nan}) == "sync"
+    assert ls.mode_of({"local_sgd": 4, "block_momentum": 0.0, "block_lr": 1.0}) == "local"
+    assert ls.mode_of({"local_sgd": 4}) == "local"
+    assert ls.mode_of({"local_sgd": 4, "block_momentum": 0.5}) == "bmuf"
+    assert ls.mode_of({"local_sgd": 4, "block_momentum": 0.0, "block_lr": 2.0}) == "bmuf"
+
+
+# -- 12: hand-made runs ------------------------------------------------------------------------
+
+LINK = cost.Link(1e-3, 1e8)  # α = 1 ms, β = 100 MB/s
+BYTES = 400_000  # 100,000 fp32 parameters
+RATE = 1000.0  # img/s of one process
+
+
+def study(sync, local, bmuf, seeds=(0, 1, 2), ks=(2, 4), periods=(4, 16), rate=RATE):
+    """Runs: sync errors per seed; ``local[k][n]`` / ``bmuf[k][n]``: errors per seed."""
+    rows = []
+    base = {"total_steps": T, "warmup_steps": W, "batch_size": 256, "dataset": "synthetic",
+            "status": "completed", "img_per_s": rate}  # fmt: skip
+    for s, e in zip(seeds, sync, strict=True):
+        rows.append({**base, "seed": s, "local_sgd": 0, "block_momentum": math.nan,
+                     "nproc": 1, "final_top1_error_pct": e})  # fmt: skip
+    for k in ks:
+        for n in periods:
+            for mode, errs in (("local", local), ("bmuf", bmuf)):
+                for s, e in zip(seeds, errs[k][n], strict=True):
+                    rows.append({**base, "seed": s, "local_sgd": n, "nproc": k,
+                                 "block_momentum": 1 - 1 / k if mode == "bmuf" else 0.0,
+                                 "block_lr": 1.0, "final_top1_error_pct": e})  # fmt: skip
+    return ls.measure(pd.DataFrame(rows), ks, LINK, BYTES)
+
+
+def grid(values, ks=(2, 4), periods=(4, 16)):
+    return {k: {n: list(values) for n in periods} for k in ks}
+
+
+def test_measure_models_the_wall_time_from_throughput_and_the_ring_allreduce():
+    m = study([5, 5, 5], grid([5, 5, 5]), grid([5, 5, 5]))
+    assert len(m) == 3 * 2 + 2 * 2 * 2 * 3  # sync once per K, the local modes per K and n
+    for k in (2, 4):
+        t_c = 256 / k / RATE
+        t_ar = 2 * (k - 1) * (1e-3 + BYTES / k / 1e8)
+        sync = m[(m["mode"] == "sync") & (m["nproc"] == k)]
+        assert sync["wall_s"].tolist() == pytest.approx([T * t_c + T * t_ar] * 3)
+        bm = m[(m["mode"] == "bmuf") & (m["nproc"] == k) & (m["period"] == 16)]
+        assert bm["all_reduces"].tolist() == [W + 18] * 3
+        assert bm["wall_s"].tolist() == pytest.approx([T * t_c + (W + 18) * t_ar] * 3)
+    t = ls.table(m)
+    assert set(t["mode"]) == {"sync", "local", "bmuf"}
+    assert t[t["mode"] == "local"]["paper_max_gap_pts"].tolist() == [0.0] * 4
+    assert t["runs"].tolist() == [3] * len(t)
+
+
+def test_a_diverged_run_counts_as_100_percent_error():
+    m = study([5, 5, 5], grid([5, 5, 5]), grid([5, 5, 5]))
+    rows = m[m["mode"] == "sync"].drop_duplicates("seed").drop(columns=["diverged"])
+    rows = rows.assign(status=["diverged", "completed", "completed"])
+    again = ls.measure(rows, (2,), LINK, BYTES)
+    assert again.sort_values("seed")["final_top1_error_pct"].tolist() == [100.0, 5, 5]
+
+
+def test_bmuf_finding_replayed_when_bmuf_is_clearly_no_worse_than_local_sgd():
+    f = ls.findings(study([5, 5.1, 4.9], grid([6, 6.2, 5.8]), grid([5, 5.1, 4.9])))[0]
+    assert f.replayed is True, f.evidence
+    assert "K=4 n=16" in f.evidence and f"({W + 18} all-reduces)" in f.evidence
+
+
+def test_bmuf_finding_not_replayed_when_bmuf_is_clearly_worse_anywhere():
+    bmuf = grid([5, 5.1, 4.9])
+    bmuf[4][16] = [9, 9.2, 8.8]
+    f = ls.findings(study([5, 5.1, 4.9], grid([5, 5.1, 4.9]), bmuf))[0]
+    assert f.replayed is False and "not replayed at this scale" in f.evidence
+
+
+def test_bmuf_finding_undecided_inside_the_seed_spread_and_at_chance():
+    f = ls.findings(study([5, 5, 5], grid([5, 6, 4]), grid([5.2, 3, 7])))[0]
+    assert f.replayed is None and "inside the seed spread" in f.evidence
+    f = ls.findings(study([90, 89, 88], grid([90, 89, 88]), grid([91, 89, 90])))[0]
+    assert f.replayed is None and "at chance" in f.evidence
+
+
+def test_local_sgd_finding_within_one_point_of_sync_replayed_or_not():
+    ok = ls.findings(study([5, 5.1, 4.9], grid([5.2, 5.3, 5.1]), grid([5, 5, 5])))[1]
+    assert ok.replayed is True, ok.evidence
+    bad = ls.findings(study([5, 5.1, 4.9], grid([8, 8.1, 7.9]), grid([5, 5, 5])))[1]
+    assert bad.replayed is False and "+3.00 points" in bad.evidence
+    one = ls.findings(study([5], grid([5.2]), grid([5]), seeds=(0,)))[1]
+    assert one.replayed is None and "one seed" in one.evidence
+
+
+def test_wall_time_finding_needs_a_saving_at_the_largest_k():
+    # α = 1 ms: at K = 4 sync pays 12 ms per step on 64 ms of compute; n = 4 saves 10.3%
+    f = ls.findings(study([5] * 3, grid([5] * 3), grid([5] * 3)))[2]
+    assert f.replayed is True, f.evidence
+    assert "K=4 n=16" in f.evidence and "saved" in f.evidence
+    # a slow process: compute dominates, the saving is below SAVE_PCT
+    slow = ls.findings(study([5] * 3, grid([5] * 3), grid([5] * 3), rate=100.0))[2]
+    assert slow.replayed is False and "compute dominates" in slow.evidence
+    none = ls.findings(study([5] * 3, grid([5] * 3), grid([5] * 3), rate=math.nan))[2]
+    assert none.replayed is None and "no modelled wall time" in none.evidence
+
+
+def test_allreduce_fit_prefers_the_results_root_then_the_committed_one(tmp_path):
+    ar, path = ls.allreduce_fit(tmp_path)  # nothing here: the repository's committed fit
+    assert path.parts[-3:] == ("results", "benchmarks", "allreduce_cpu.json")
+    assert ar["backend"] == "gloo"
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "allreduce_cpu.json").write_text('{"backend": "mine"}')
+    assert ls.allreduce_fit(tmp_path)[0] == {"backend": "mine"}
+
+
+def test_param_bytes_are_four_per_parameter_of_the_profiles_model():
+    from lbsgd import models
+
+    keys = ls.sync_runs(CPU, [0])[0]
+    net = models.build(config.from_dict(keys), 10, 16)
+    assert ls.param_bytes(keys) == 4 * sum(p.numel() for p in net.parameters()) > 0
+
+
+# -- 13: the runs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", [CPU, SMOKE], ids=["cpu", "smoke"])
+def test_staleness_runs_are_valid_and_tau_0_linear_is_notebook_3s_run(profile):
+    seeds = list(profile.seeds)
+    runs = st.runs(profile, seeds)
+    assert len(runs) == len(st.TAUS) * len(st.RULES) * len(seeds)
+    assert {r["staleness"] for r in runs} == set(st.TAUS)
+    assert {r["staleness_dist"] for r in runs} == {"fixed"}
+    assert len({name(r) for r in runs}) == len(runs)
+    for r in runs:
+        valid(r, 1)
+    base = [r for r in runs if r["staleness"] == 0 and r["lr_scaling"] == "linear"]
+    same = batch_scaling.runs(profile, seeds, [profile.large_k])
+    assert [name(r) for r in base] == [name(r) for r in same]
+    # the two rules differ in the peak lr by k
+    lin, none = (valid(next(r for r in runs if r["lr_scaling"] == x), 1).lr
+                 for x in ("linear", "none"))  # fmt: skip
+    assert lin == pytest.approx(none * profile.large_k)
+
+
+@pytest.mark.parametrize("profile", [CPU, SMOKE], ids=["cpu", "smoke"])
+def test_ps_runs_name_their_workers_and_do_not_resume(profile):
+    runs = st.ps_runs(profile, list(profile.seeds), workers=2)
+    for r in runs:
+        assert r["async_ps"] is True and r["resume"] is False
+        assert r["name"].endswith("-ps2")
+        cfg = config.from_dict({**r, "study": "x"})
+        assert cfg.async_ps and not cfg.resume
+        config.derive(cfg, 3, r["synthetic_train"])  # 1 server + 2 workers
+    assert {r["name"] for r in runs}.isdisjoint(r["name"] for r in st.ps_runs(profile, [0], 1))
+    with pytest.raises(config.ConfigError, match=r"^workers=0 must be an integer >= 1"):
+        st.ps_runs(profile, [0], workers=0)
+
+
+# -- 13: hand-made runs ------------------------------------------------------------------------
+
+
+def sim(errors, seeds=(0, 1, 2), diverged=()):
+    """``errors[rule][tau]``: errors per seed; ``diverged``: (rule, tau, seed) that diverged."""
+    rows = []
+    for rule, by_tau in errors.items():
+        for tau, errs in by_tau.items():
+            for s, e in zip(seeds, errs, strict=True):
+                rows.append({"lr_scaling": rule, "staleness": tau, "seed": s, "k": 16.0,
+                             "lr": 0.2 if rule == "linear" else 0.0125, "dataset": "synthetic",
+                             "final_top1_error_pct": e,
+                             "status": "diverged" if (rule, tau, s) in diverged else "completed"})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def ps(errors, means, seeds=(0, 1, 2)):
+    return pd.DataFrame({"seed": list(seeds), "final_top1_error_pct": errors,
+                         st.STALENESS_MEAN: means, "async_ps_workers": 2, "lr_scaling": "linear",
+                         "k": 16.0, "lr": 0.2, "status": "completed", "dataset": "synthetic"})  # fmt: skip
+
+
+GROWS = {"linear": {0: [5, 5.2, 4.8], 1: [5.5, 5.6, 5.4], 8: [9, 9.3, 8.7]},
+         "none": {0: [20, 20.2, 19.8], 1: [20, 20.2, 19.8], 8: [20.5, 20.6, 20.4]}}  # fmt: skip
+
+
+def test_staleness_findings_replayed_on_a_clear_table():
+    f = st.findings(sim(GROWS), ps([5.6, 5.5, 5.4], [0.9, 1.1, 1.0]))
+    assert [x.replayed for x in f] == [True, True, True], [x.evidence for x in f]
+    assert "τ=8: 9.00%" in f[0].evidence
+    assert "linear +4.00, +4.10, +3.90" in f[1].evidence
+    assert "→ τ = 1" in f[2].evidence and "PS 5.50% vs simulated 5.50%" in f[2].evidence
+
+
+def test_staleness_findings_not_replayed_when_tau_does_not_hurt():
+    flat = {"linear": {0: [5, 5.2, 4.8], 8: [4, 4.1, 3.9]},
+            "none": {0: [20, 20.2, 19.8], 8: [22, 22.2, 21.8]}}  # fmt: skip
+    f = st.findings(sim(flat), ps([8, 8.2, 7.8], [0.2, 0.1, 0.3]))
+    assert [x.replayed for x in f] == [False, False, False], [x.evidence for x in f]
+    assert "not replayed at this scale" in f[0].evidence
+    assert "a distribution" in f[2].evidence
+
+
+def test_staleness_findings_undecided_inside_the_spread_one_seed_or_without_ps():
+    noisy = {"linear": {0: [5, 7, 3], 8: [6, 4, 7]}, "none": {0: [5, 7, 3], 8: [7, 4, 6]}}
+    f = st.findings(sim(noisy))
+    assert [x.replayed for x in f] == [None, None, None]
+    assert "inside the seed spread" in f[0].evidence and "no parameter-server run" in f[2].evidence
+    one = st.findings(sim({r: {t: v[:1] for t, v in d.items()} for r, d in GROWS.items()},
+                          seeds=(0,)))  # fmt: skip
+    assert one[0].replayed is None and "one seed" in one[0].evidence
+    # no simulated run at the PS runs' staleness
+    far = st.findings(sim(GROWS), ps([5, 5, 5], [3.9, 4.1, 4.0]))[2]
+    assert far.replayed is None and "no simulated run at τ = 4" in far.evidence
+
+
+def test_a_diverged_stale_run_counts_as_failed():
+    div = {"linear": {0: [5, 5.2, 4.8], 8: [6, 6, 6]}, "none": {0: [20, 20, 20], 8: [20, 20, 20]}}
+    f = st.findings(sim(div, diverged={("linear", 8, s) for s in (0, 1, 2)}))
+    assert f[0].replayed is True and "3 diverged run(s) counted as 100%" in f[0].evidence
+    t = st.table(sim(div, diverged={("linear", 8, 0)}))
+    row = t[(t["lr_scaling"] == "linear") & (t["staleness"] == 8)].iloc[0]
+    assert row["diverged"] == 1 and row["final_top1_error_pct_mean"] == pytest.approx(112 / 3)
+
+
+def test_staleness_table_sets_zhangs_lr_factor_beside_the_rules():
+    t = st.table(sim(GROWS), ps([5.6, 5.5, 5.4], [0.9, 1.1, 1.0]))
+    simulated = t[t["mode"] == "simulated"]
+    assert simulated["paper_lr_factor"].tolist() == [1.0, 1.0, 1 / 8] * 2
+    assert set(simulated[simulated["lr_scaling"] == "linear"]["lr_factor"]) == {16.0}
+    assert set(simulated[simulated["lr_scaling"] == "none"]["lr_factor"]) == {1.0}
+    server = t[t["mode"] == "async_ps"]
+    assert server["runs"].tolist() == [3] and server["staleness"].tolist() == [pytest.approx(1.0)]
+    assert st.matched_tau(ps([5, 5, 5], [1.4, 1.6, 1.5])) == 2
