@@ -391,11 +391,15 @@ def _result_text(run_dir: Path) -> str:
 
 
 def run_record(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """One run as a flat dict: config keys, derived values, summary (``final_*``, ``best_*``, …)."""
+    """One run as a flat dict: config keys, derived values, summary (``final_*``, ``best_*``, …).
+    A key the run's config.yaml lacks (added to the vocabulary after the run) has its default:
+    the value the run trained with."""
     import yaml
 
     run_dir = Path(run_dir)
-    rec: dict[str, Any] = yaml.safe_load((run_dir / "config.yaml").read_text())
+    written: dict[str, Any] = yaml.safe_load((run_dir / "config.yaml").read_text())
+    rec: dict[str, Any] = {**{k: f.default for k, f in config.FIELDS.items()}, **written}
+    rec = {k: list(v) if isinstance(v, tuple) else v for k, v in rec.items()}
     summary = json.loads((run_dir / "summary.json").read_text())
     summary.pop("environment", None)
     rec.update(flatten(summary, sep="_"))

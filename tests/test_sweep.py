@@ -353,3 +353,19 @@ def test_report_of_a_folder_without_findings_is_one_line_and_writes_nothing(tmp_
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lbsgd: error:") and str(tmp_path) in lines[0]
     assert snapshot(tmp_path) == before
+
+
+def test_a_run_written_before_a_key_existed_reads_with_the_keys_default(tmp_path):
+    """config.yaml of an older run lacks the keys added since: the table holds their defaults
+    (what the run trained with), not NaN, so a study mixing old and new runs can group by them."""
+    run_dir = _completed_twin(tmp_path / "cpu", "batch_scaling", {**TINY, "seed": 0})
+    keys = yaml.safe_load((run_dir / "config.yaml").read_text())
+    del keys["staleness"], keys["noise_scale"]
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(keys))
+    (row,) = ex.load_runs(run_dir.parent).to_dict("records")
+    assert (row["staleness"], row["noise_scale"], row["batch_size"]) == (
+        0,
+        False,
+        TINY["batch_size"],
+    )
+    assert row["milestones"] == [30.0, 60.0, 80.0]

@@ -50,9 +50,9 @@ TITLE = "12. Communication vs accuracy: post-local SGD and BMUF (Lin et al. 2020
 NPROCS = (2, 4)  # K: gloo processes of the local modes
 PERIODS = (4, 16)  # n: local steps between two averagings
 # "loses at most X points": Lin et al. (2020) report post-local SGD matching or beating mini-batch
-# SGD at the same global batch (ResNet-20 on CIFAR-10 and others, K = 16; gaps within a few tenths
-# of a point either way). At this scale the seed spread at k = 16 is ~1-2 points (notebook 3), so a
-# loss of 1 point is what "matching" can mean here.
+# SGD at the same global batch (a qualitative claim here: no number of theirs is copied). At this
+# scale the seed spread at k = 16 is ~1-2 points (notebook 3), so a loss of 1 point is what
+# "matching" can mean here.
 LOSS_PTS = 1.0
 # "buys wall time": the modelled wall time falls by at least this share of synchronous SGD's
 SAVE_PCT = 5.0

@@ -46,6 +46,9 @@ PS_WORKERS = 2  # K workers of the parameter server (K + 1 processes)
 # "near": the PS run's error within this many points of the simulated run's, either way (about the
 # seed spread at the cpu profile's large_k, notebook 3: 1-2 points)
 NEAR_PTS = 1.0
+# the two lr rules' arms compare their growth with τ only when both train: their errors at τ = 0
+# within this many points (else one arm is undertrained and its flat curve says nothing)
+BASE_GAP_PTS = 10.0
 STALENESS_MEAN = "async_ps_staleness_mean"  # summary.json's async_ps.staleness.mean, flattened
 
 
@@ -223,8 +226,15 @@ def findings(sim, ps=None) -> list[Finding]:
         ev2 = "no paired runs"
     else:
         x, y = [g_lin[s] for s in seeds], [g_none[s] for s in seeds]
+        base = {r: mean(list(_by_seed(sim, lr_scaling=r, staleness=0).values()))
+                for r in ("linear", "none")}  # fmt: skip
         if studies.at_chance(list(sim["final_top1_error_pct"]), chance):
             v2 = Verdict(None, f"every run is at chance ({chance:.0f}% error)")
+        elif abs(base["linear"] - base["none"]) > BASE_GAP_PTS:
+            v2 = Verdict(None, (
+                f"at τ = 0 the arms already differ by {abs(base['linear'] - base['none']):.1f} "
+                f"points (linear {base['linear']:.1f}%, none {base['none']:.1f}%): one of them "
+                "hardly trains in this budget, so their growths do not compare"))  # fmt: skip
         else:
             v2 = studies.decide(x, y, more_than=0.0, paired=True)
         ev2 = (f"error growth from τ = 0 to τ = {top}, per seed: linear "
