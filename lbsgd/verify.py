@@ -77,8 +77,14 @@ def find_runs(root: Path) -> list[Run]:
             continue
         if not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "config.yaml").is_file():
             continue
-        if summary.get("environment", {}).get("device", "cpu") != "cpu":
+        env = summary.get("environment", {})
+        if env.get("device", "cpu") != "cpu":
             continue  # GPU runs are bitwise only under deterministic kernels, on the same GPU
+        if env.get("world_size", 1) != 1 or "async_ps" in summary:
+            # the replay is one process: a multi-process run (post-local SGD, BMUF: their
+            # mathematics depend on the processes) is not that run, and a parameter server's
+            # arrival order does not repeat
+            continue
         try:
             keys = config.read_yaml(run_dir / "config.yaml")
         except config.ConfigError:

@@ -85,6 +85,18 @@ def test_sample_takes_the_cheapest_run_of_each_study_once_cheapest_first(tmp_pat
     assert [r.name for r in verify.sample(runs, 1)] == ["c1"]
 
 
+def test_only_one_process_runs_are_replayed(tmp_path):
+    """The replay runs one process: runs of several processes (local SGD, BMUF depend on their
+    number) and parameter-server runs (timing-dependent) are not candidates."""
+    _run(tmp_path, "a", "one", wall=30)
+    for name, extra in (("two", {"environment": {"device": "cpu", "world_size": 2}}),
+                        ("ps", {"async_ps": {"workers": 2}})):  # fmt: skip
+        run = _run(tmp_path, "a", name, wall=1, seed=len(name))
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps({**summary, **extra}))
+    assert [r.name for r in verify.find_runs(tmp_path)] == ["one"]
+
+
 def test_seed_spread_is_the_std_over_the_seeds_of_the_same_experiment(tmp_path):
     for seed, top1 in enumerate((10.0, 12.0, 14.0)):
         _run(tmp_path, "a", f"s{seed}", seed=seed, top1=top1)
