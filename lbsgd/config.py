@@ -326,12 +326,50 @@ def _plain_folder_name(value: Any) -> bool:
             and "/" not in value and "\\" not in value and not value.startswith("-"))  # fmt: skip
 
 
+# The largest float32: lrs, decays, loss scales and noise levels become float32 tensor values
+FLOAT32_MAX = 3.4028234663852886e38
+# float keys whose value enters float32 arithmetic as it is (the peak lr is checked as derived)
+FLOAT32_KEYS = ("warmup_lr", "weight_decay", "lars_eta", "loss_scale", "block_lr",
+                "synthetic_noise")  # fmt: skip
+
+
+def _float_keys() -> list[str]:
+    """The keys holding floats (alone, optional or in a tuple)."""
+    return [k for k, tp in _hints().items()
+            if tp is float or float in typing.get_args(tp)]  # fmt: skip
+
+
+def _check_numbers(c: Config) -> None:
+    """Every float finite, and within float32 where it feeds float32 arithmetic."""
+    for key in _float_keys():
+        value = getattr(c, key)
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, float) and not math.isfinite(v):
+                shown = list(value) if isinstance(value, tuple) else value
+                raise ValueError(f"{key}={shown} must be a finite number")
+    for key in FLOAT32_KEYS:
+        value = getattr(c, key)
+        if value is not None and abs(value) > FLOAT32_MAX:
+            raise ValueError(f"{key}={value:g} overflows float32, where it is used (at most "
+                             f"{FLOAT32_MAX:.4g})")  # fmt: skip
+    ratio = c.batch_size / c.reference_batch if c.reference_batch > 0 else 1.0
+    scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[c.lr_scaling]
+    if c.base_lr * scale > FLOAT32_MAX:
+        raise ValueError(
+            f"base_lr={c.base_lr:g} x {c.lr_scaling}(batch_size / reference_batch = {ratio:g}) = "
+            f"{c.base_lr * scale:.4g} overflows float32, where the lr is used (at most "
+            f"{FLOAT32_MAX:.4g})"
+        )
+
+
 def _check(c: Config) -> None:
     """Cross-key rules, each failing with one line that names the key and what would be valid."""
 
     def need(ok: bool, msg: str) -> None:
         if not ok:
             raise ValueError(msg)
+
+    _check_numbers(c)
 
     for key in ("batch_size", "bn_batch", "reference_batch", "depth", "width", "synthetic_train",
                 "synthetic_test", "fake_train", "fake_test", "fake_image_size", "fake_classes",
@@ -595,6 +633,14 @@ def import_plugins(plugins: Iterable[str] | str) -> None:
             raise
         except ImportError as e:
             raise ConfigError(f"plugins: cannot import {spec!r}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - the plugin's own code failed while importing
+            if spec.endswith(".py"):  # not left half-imported: a retry imports it again
+                sys.modules.pop(f"lbsgd_plugin_{Path(spec).stem}", None)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ConfigError(
+                f"plugins: importing {spec!r} raised {type(e).__name__}"
+                + (f": {first}" if first else "")
+            ) from None
 
 
 # -- derived values ---------------------------------------------------------------------------

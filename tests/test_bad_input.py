@@ -47,6 +47,8 @@ def results(tmp_path_factory):
         "list.yaml": "- batch_size: 64\n",
         "syntax.yaml": "batch_size: [64\n",
         "type.yaml": "epochs: ten\n",
+        "nan.yaml": "momentum: .nan\n",
+        "raising.py": "raise RuntimeError('no GPU driver here')\n",
     }
     for name, text in files.items():
         (root / name).write_text(text)
@@ -103,6 +105,17 @@ CASES = [
         ["name=broken", "resume=true", "epochs=0.25"],
         ["broken/checkpoint.pt", "no usable checkpoint"],
     ),
+    ("cli", ["base_lr=nan"], ["base_lr=nan", "finite number"]),
+    ("cli", ["epochs=inf"], ["epochs=inf", "finite number"]),
+    ("cli", ["milestones=30,nan"], ["milestones=[30.0, nan]", "finite number"]),
+    ("cli", ["loss_scale=1e39"], ["loss_scale=1e+39", "overflows float32"]),
+    (
+        "cli",
+        ["base_lr=1e38", "batch_size=1024", "reference_batch=256", "bn_batch=16"],
+        ["base_lr=1e+38", "linear(batch_size / reference_batch = 4)", "overflows float32"],
+    ),
+    ("cli", ["plugins={root}/raising.py"], ["raising.py", "RuntimeError: no GPU driver here"]),
+    ("yaml", "nan.yaml", ["momentum=nan", "finite number"]),
     ("yaml", "unknown.yaml", ["warmpu", "did you mean 'warmup'"]),
     ("yaml", "list.yaml", ["list.yaml", "flat mapping"]),
     ("yaml", "syntax.yaml", ["syntax.yaml", "not valid YAML"]),
@@ -116,6 +129,7 @@ CASES = [
     ("notebook", {"nproc_per_node": 3}, ["world_size * micro_batch"]),
     ("notebook", {"wandb": "sometimes"}, ["wandb", "'auto', 'online', 'offline' or 'disabled'"]),
     ("notebook", {"seeds": [-2]}, ["seed", ">= 0"]),
+    ("notebook", {"epochs": float("inf")}, ["epochs=inf", "finite number"]),
     ("notebook", {"ks": [0.3]}, ["k=0.3", "fractional batch"]),
     ("notebook", {"name": "existing", "k": 2}, ["experiment keys differ", "batch_size: 64 -> 32"]),
 ]
