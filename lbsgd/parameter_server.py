@@ -43,9 +43,7 @@ worker. The arrival order depends on timing, so a run is not reproducible: resum
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import signal
 import time
 from collections import Counter
@@ -53,8 +51,8 @@ from typing import Any
 
 import torch
 
-from lbsgd import checkpoint, data, distributed, isa, models, optim, trainer
-from lbsgd.config import Config, ConfigError, derive, dump
+from lbsgd import checkpoint, data, distributed, models, optim, trainer
+from lbsgd.config import Config, derive, dump
 from lbsgd.environment import environment
 from lbsgd.models import ghost_bn
 from lbsgd.precision import Precision
@@ -68,61 +66,6 @@ SERVER = 0
 TAG_REPORT, TAG_GRADIENT, TAG_ORDER, TAG_WEIGHTS = 0, 1, 2, 3
 STOP = -1
 STATUSES = ("running", "completed", "diverged", "interrupted")
-
-
-def check(cfg: Config, world_size: int | None = None, local_world_size: int | None = None) -> None:
-    """The trainer's rules, and a server with at least one worker; before any work."""
-    if world_size is None:
-        world_size = int(os.environ.get("WORLD_SIZE", 1))
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if world_size < 2:
-        raise ConfigError(
-            f"async_ps=true needs torchrun with at least 2 processes (rank 0 the server, the "
-            f"others workers), not world_size={world_size}"
-        )
-    trainer.check(cfg, world_size, local_world_size)
-
-
-def train(cfg: Config) -> dict[str, Any]:
-    """Train one asynchronous run; the server returns the run's summary, a worker its own."""
-    check(cfg)
-    isa.require(cfg.cpu_isa)
-    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
-              torch.backends.cudnn.deterministic)  # fmt: skip
-    if cfg.deterministic:
-        trainer.deterministic()
-    ctx = distributed.init(cfg.device, backend=cfg.backend)
-    try:
-        return _Run(cfg, ctx).run()
-    finally:
-        distributed.shutdown()
-        torch.use_deterministic_algorithms(before[0])
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1:]
-
-
-@torch.no_grad()
-def evaluate(net: torch.nn.Module, splits: data.Splits, batch: int, cfg: Config,
-             device: torch.device, precision: Precision) -> dict[str, float]:  # fmt: skip
-    """Top-1/top-5 error (%) and mean loss of ``net`` on the whole test split, in this process."""
-    test = splits.test
-    net.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
-    k = min(5, splits.num_classes)
-    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    for x, y in data.batches(test, torch.arange(len(test)).split(batch), cfg.workers,
-                             device=device):  # fmt: skip
-        x, y = x.to(device, memory_format=fmt), y.to(device)
-        with precision.autocast():
-            out = net(x).float()
-        topk = out.topk(k, dim=1).indices
-        sums[0] += torch.nn.functional.cross_entropy(out, y, reduction="sum")
-        sums[1] += (topk[:, 0] == y).sum()
-        sums[2] += (topk == y[:, None]).any(dim=1).sum()
-        sums[3] += len(y)
-    net.train()
-    loss, top1, top5, count = sums.cpu().tolist()
-    return {"top1_error_pct": 100.0 * (1 - top1 / count),
-            "top5_error_pct": 100.0 * (1 - top5 / count), "test_loss": loss / count}  # fmt: skip
 
 
 def staleness_summary(values: list[int]) -> dict[str, Any]:
@@ -141,7 +84,7 @@ def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     return [p.view(t.shape) for p, t in zip(parts, like, strict=True)]
 
 
-class _Run:
+class Run:
     def __init__(self, cfg: Config, ctx: distributed.Context) -> None:
         self.cfg, self.ctx = cfg, ctx
         self.stop_signal: str | None = None  # a stop signal this process caught (STOP_SIGNALS)
@@ -437,16 +380,20 @@ class _Run:
         self.summary.setdefault("final", {})["train_loss"] = losses[-1]
 
     def _evaluate(self, step: int) -> None:
-        rec = evaluate(self.net, self.splits, 4 * self.d.micro_batch, self.cfg, self.ctx.device,
-                       self.precision)  # fmt: skip
-        rec = {"kind": "eval", "step": step,
-               "epoch": step * self.cfg.batch_size / self.d.num_train, **rec}  # fmt: skip
-        self.tracker.log(rec)
-        self.summary.setdefault("final", {}).update(
-            {k: rec[k] for k in ("top1_error_pct", "top5_error_pct", "test_loss")}
+        """Top-1/top-5 error (%) and loss on the whole test split, on the server alone."""
+        idx = torch.arange(len(self.splits.test))
+        sums = trainer.evaluation_sums(
+            self.net,
+            self.splits,
+            idx,
+            4 * self.d.micro_batch,
+            self.cfg,
+            self.ctx.device,
+            self.precision,
         )
-        if rec["top1_error_pct"] < self.summary.get("best", {}).get("top1_error_pct", math.inf):
-            self.summary["best"] = {"top1_error_pct": rec["top1_error_pct"], "step": step}
+        rec = trainer.evaluation_record(step, sums, self.cfg.batch_size, self.d.num_train)
+        self.tracker.log(rec)
+        trainer.note_evaluation(self.summary, rec)
 
     def _save(self, step: int) -> None:
         """The server's state after update ``step``: a record of the run's end (no resume)."""
@@ -462,7 +409,4 @@ class _Run:
         })  # fmt: skip
 
     def _write_summary(self) -> None:
-        path = self.run_dir / "summary.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(trainer._finite(self.summary), indent=2, default=str) + "\n")
-        tmp.replace(path)
+        trainer.write_summary(self.run_dir, self.summary)

@@ -60,16 +60,23 @@ def check(cfg: Config, world_size: int | None = None, local_world_size: int | No
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", 1))
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if cfg.async_ps and world_size < 2:
+        raise ConfigError(
+            f"async_ps=true needs torchrun with at least 2 processes (rank 0 the server, the "
+            f"others workers), not world_size={world_size}"
+        )
     check_world(cfg, world_size, local_world_size)
     distributed.check_layout(cfg.device, cfg.backend, local_world_size or world_size)
 
 
 def train(cfg: Config) -> dict[str, Any]:
-    """Train one run to the end (or until it diverges); returns its summary.json content."""
+    """Train one run to the end (or until it diverges); returns its summary.json content (a
+    parameter server's worker: its own)."""
+    run = _Run
     if cfg.async_ps:  # rank 0 a parameter server, the others asynchronous workers
         from lbsgd import parameter_server  # built on this module: imported when used
 
-        return parameter_server.train(cfg)
+        run = parameter_server.Run
     check(cfg)
     isa.require(cfg.cpu_isa)  # before the run's first CPU operation: refused if it cannot hold
     before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
@@ -78,7 +85,7 @@ def train(cfg: Config) -> dict[str, Any]:
         deterministic()
     ctx = distributed.init(cfg.device, backend=cfg.backend)
     try:
-        return _Run(cfg, ctx).run()
+        return run(cfg, ctx).run()
     finally:
         distributed.shutdown()
         # a train() called from Python (a notebook) leaves the process as it found it
@@ -217,6 +224,66 @@ def _finite(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return v
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """``run_dir/summary.json``, replaced atomically (strict JSON: non-finite floats as strings)."""
+    path = run_dir / "summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_finite(summary), indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+@torch.no_grad()
+def evaluation_sums(
+    net: torch.nn.Module,
+    splits: data.Splits,
+    idx: torch.Tensor,
+    batch: int,
+    cfg: Config,
+    device: torch.device,
+    precision: Precision,
+) -> torch.Tensor:
+    """[summed loss, top-1 hits, top-5 hits, count] (float64, on ``device``) of ``net`` in eval
+    mode over the test samples ``idx``, in batches of ``batch``; the net is left in train mode."""
+    net.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    k = min(5, splits.num_classes)
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    for x, y in data.batches(splits.test, idx.split(batch), cfg.workers, device=device):
+        x, y = x.to(device, memory_format=fmt), y.to(device)
+        with precision.autocast():
+            out = net(x).float()
+        topk = out.topk(k, dim=1).indices
+        sums[0] += torch.nn.functional.cross_entropy(out, y, reduction="sum")
+        sums[1] += (topk[:, 0] == y).sum()
+        sums[2] += (topk == y[:, None]).any(dim=1).sum()
+        sums[3] += len(y)
+    net.train()
+    return sums
+
+
+def evaluation_record(step: int, sums: torch.Tensor, batch_size: int, num_train: int) -> dict:
+    """The metrics.jsonl record of an evaluation from :func:`evaluation_sums` (summed over the
+    processes that shared the test split)."""
+    loss, top1, top5, count = sums.cpu().tolist()
+    return {
+        "kind": "eval",
+        "step": step,
+        "epoch": step * batch_size / num_train,
+        "top1_error_pct": 100.0 * (1 - top1 / count),
+        "top5_error_pct": 100.0 * (1 - top5 / count),
+        "test_loss": loss / count,
+    }
+
+
+def note_evaluation(summary: dict[str, Any], rec: dict[str, Any]) -> None:
+    """An evaluation into summary.json's ``final``, and ``best`` when its top-1 error is lower."""
+    summary.setdefault("final", {}).update(
+        {k: rec[k] for k in ("top1_error_pct", "top5_error_pct", "test_loss")}
+    )
+    if rec["top1_error_pct"] < summary.get("best", {}).get("top1_error_pct", math.inf):
+        summary["best"] = {"top1_error_pct": rec["top1_error_pct"], "step": rec["step"]}
 
 
 def _plain(v: Any) -> Any:
@@ -399,10 +466,7 @@ class _Run:
 
     def _write_summary(self) -> None:
         if self.ctx.is_main:
-            path = self.run_dir / "summary.json"
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(_finite(self.summary), indent=2, default=str) + "\n")
-            tmp.replace(path)
+            write_summary(self.run_dir, self.summary)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -592,47 +656,22 @@ class _Run:
         )
         return all(math.isfinite(v) for v in losses)
 
-    @torch.no_grad()
     def _evaluate(self, step: int) -> None:
         """Top-1/top-5 error (%) and loss on the test split, each rank a disjoint shard."""
-        ctx, net, test = self.ctx, self.net, self.splits.test
+        ctx, test = self.ctx, self.splits.test
         # Ghost BN keeps BN buffers equal on every rank; this also covers a user model's own
         # normalisation layers, which lbsgd does not convert.
-        distributed.sync_buffers(distributed.unwrap(net))
-        net.eval()
+        distributed.sync_buffers(distributed.unwrap(self.net))
         idx = torch.tensor(data.shard(len(test), ctx.rank, ctx.world_size), dtype=torch.long)
-        sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss, top1, top5, count
-        k = min(5, self.splits.num_classes)
-        fmt = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
-        for x, y in data.batches(
-            test, idx.split(4 * self.d.micro_batch), self.cfg.workers, device=ctx.device
-        ):
-            x = x.to(ctx.device, memory_format=fmt)
-            y = y.to(ctx.device)
-            with self.precision.autocast():
-                out = net(x).float()
-            topk = out.topk(k, dim=1).indices
-            sums[0] += torch.nn.functional.cross_entropy(out, y, reduction="sum")
-            sums[1] += (topk[:, 0] == y).sum()
-            sums[2] += (topk == y[:, None]).any(dim=1).sum()
-            sums[3] += len(y)
-        net.train()
-        loss, top1, top5, count = distributed.all_reduce_sum(sums).cpu().tolist()
-        rec = {
-            "kind": "eval",
-            "step": step,
-            "epoch": step * self.cfg.batch_size / self.d.num_train,
-            "top1_error_pct": 100.0 * (1 - top1 / count),
-            "top5_error_pct": 100.0 * (1 - top5 / count),
-            "test_loss": loss / count,
-        }
+        sums = evaluation_sums(
+            self.net, self.splits, idx, 4 * self.d.micro_batch, self.cfg, ctx.device, self.precision
+        )
+        rec = evaluation_record(
+            step, distributed.all_reduce_sum(sums), self.cfg.batch_size, self.d.num_train
+        )
         if self.tracker is not None:
             self.tracker.log(rec)
-        self.summary.setdefault("final", {}).update(
-            {k: rec[k] for k in ("top1_error_pct", "top5_error_pct", "test_loss")}
-        )
-        if rec["top1_error_pct"] < self.summary.get("best", {}).get("top1_error_pct", math.inf):
-            self.summary["best"] = {"top1_error_pct": rec["top1_error_pct"], "step": step}
+        note_evaluation(self.summary, rec)
 
     # -- checkpoints ------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import test_resume
 import torch
 from conftest import TINY
 from test_distributed import COMMON, lbsgd
-from test_resume import KILL_AT, _args, _assert_bitwise, _run, _weights
+from test_resume import _run, killed_and_resumed
 
 from lbsgd import checkpoint, comm
 from lbsgd.config import HASHED_ONLY_OFF_DEFAULT, Config, ConfigError, from_dict
@@ -271,21 +271,12 @@ def test_bmuf_run_killed_mid_training_resumes_to_bitwise_equal_weights(tmp_path)
     9, …): rank 1 killed before step 11 leaves the checkpoint of step 9 (a block end), holding W
     and Δ once and each process's momentum; the resumed group ends bitwise where the
     uninterrupted one does."""
-    keys = {"local_sgd": 2, "block_momentum": 0.5, "block_lr": 0.9}
-    r = _run(_args(tmp_path / "straight", "b", **keys), nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "b"
-    r = _run(_args(tmp_path, "b", **keys), nproc=2, kill_at=KILL_AT, kill_rank=1)
-    assert r.returncode != 0
-    saved = checkpoint.load(run_dir)
-    assert saved["step"] == 9
+    saved = killed_and_resumed(
+        tmp_path, "b", nproc=2, local_sgd=2, block_momentum=0.5, block_lr=0.9
+    )
     assert saved["bmuf"]["delta"].abs().max() > 0
     a, b = (rank["optimizer"]["state"][0]["momentum_buffer"] for rank in saved["ranks"])
     assert not torch.equal(a, b)  # each process's own momentum
-    r = _run(_args(tmp_path, "b", **keys), nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "at step 9" in r.stdout
-    _assert_bitwise(_weights(run_dir), _weights(tmp_path / "straight" / "runs" / "b"))
 
 
 @pytest.mark.slow

@@ -191,13 +191,10 @@ def test_a_killed_run_resumes_with_the_same_noise_scale_record(tmp_path):
     """Killed (SIGKILL) before step 11, resumed from the checkpoint of step 9, which falls between
     two metric flushes: the steps up to it are logged before it is written, its moving averages
     are in it, and every step's record equals the uninterrupted run's."""
-    from test_resume import KILL_AT, _args, _run
+    from test_resume import killed_and_resumed
 
-    for out, kill in ((tmp_path / "straight", None), (tmp_path, KILL_AT)):
-        r = _run(_args(out, "gns", noise_scale="true"), kill_at=kill)
-        assert r.returncode == (0 if kill is None else -9), r.stderr[-3000:]
-    r = _run(_args(tmp_path, "gns", noise_scale="true"))
-    assert r.returncode == 0 and "at step 9" in r.stdout, r.stderr[-3000:]
+    saved = killed_and_resumed(tmp_path, "gns", noise_scale=True)
+    assert saved["noise_scale"]["steps"] == 9  # every step up to the checkpoint, averaged
     want = _train_records(tmp_path / "straight" / "runs" / "gns")
     got = _train_records(tmp_path / "runs" / "gns")
     assert [r["step"] for r in got] == list(range(1, 17))

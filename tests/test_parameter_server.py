@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import test_resume
 import torch
 from conftest import subprocess_env
 from test_distributed import _initial_weights, free_port, lbsgd
@@ -26,24 +27,14 @@ from lbsgd.config import ConfigError, derive, from_dict, micro_batch_candidates
 HERE = Path(__file__).parent
 WORKER = str(HERE / "ps_worker.py")
 
+# test_resume's 16-step run without what the parameter server refuses (resume, step checkpoints)
+# or does per update (evaluation every epoch), with BN groups of 16: one micro-batch of 32 per task
 KEYS = {
-    "model": "resnet",
-    "depth": 8,
-    "width": 8,
-    "synthetic_train": 256,
-    "synthetic_test": 128,
-    "synthetic_difficulty": "easy",
-    "batch_size": 32,
-    "bn_batch": 16,
-    "reference_batch": 32,
-    "base_lr": 0.2,
-    "warmup_epochs": 0.25,
-    "schedule": "cosine",
-    "threads": 1,
-    "device": "cpu",
-    "wandb": "disabled",
-    "log_every": 2,
+    k: v
+    for k, v in test_resume.KEYS.items()
+    if k not in ("resume", "checkpoint_every", "eval_every", "micro_batch", "epochs")
 }
+KEYS |= {"bn_batch": 16, "warmup_epochs": 0.25}
 
 
 def _args(out: Path, name: str, **extra) -> list[str]:

@@ -98,6 +98,28 @@ def _train_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in map(json.loads, lines) if r["kind"] == "train"]
 
 
+def killed_and_resumed(tmp_path: Path, name: str, nproc=None, **keys) -> dict:
+    """Run ``name`` (KEYS and ``keys``) uninterrupted into ``tmp_path/straight``, and again into
+    ``tmp_path`` killed (SIGKILL, the last rank) before step KILL_AT, then resumed: the resume
+    starts at the checkpoint of step 9 and ends bitwise where the uninterrupted run does. Returns
+    the checkpoint the killed run left, for what it must hold."""
+    r = _run(_args(tmp_path / "straight", name, **keys), nproc=nproc)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _run(
+        _args(tmp_path, name, **keys), nproc=nproc, kill_at=KILL_AT, kill_rank=(nproc or 1) - 1
+    )
+    assert r.returncode != 0
+    saved = checkpoint.load(tmp_path / "runs" / name)
+    assert saved["step"] == 9
+    r = _run(_args(tmp_path, name, **keys), nproc=nproc)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "at step 9" in r.stdout
+    _assert_bitwise(
+        _weights(tmp_path / "runs" / name), _weights(tmp_path / "straight" / "runs" / name)
+    )
+    return saved
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """Uninterrupted runs: one process (fp16, so that the loss scaler matters) and two processes."""
@@ -174,13 +196,7 @@ def test_state_each_process_holds_alone_survives_a_kill(tmp_path, keys, own):
     """Past the warmup of 4 steps, post-local SGD steps each process with its own momentum and
     PowerSGD keeps each process's error feedback and low-rank factors: the checkpoint holds every
     process's part, and the resumed group ends bitwise where the uninterrupted one does."""
-    r = _run(_args(tmp_path / "straight", "two", **keys), nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "two"
-    r = _run(_args(tmp_path, "two", **keys), nproc=2, kill_at=KILL_AT, kill_rank=1)
-    assert r.returncode != 0
-    saved = checkpoint.load(run_dir)
-    assert saved["step"] == 9
+    saved = killed_and_resumed(tmp_path, "two", nproc=2, **keys)
     parts = [rank[own] for rank in saved["ranks"]]
     if own == "optimizer":  # the two processes' momenta differ after local steps
         a, b = (p["state"][0]["momentum_buffer"] for p in parts)
@@ -188,9 +204,6 @@ def test_state_each_process_holds_alone_survives_a_kill(tmp_path, keys, own):
         assert parts[0]["iter"] == parts[1]["iter"] > 4
         a, b = parts[0]["error_dict"][0], parts[1]["error_dict"][0]
     assert not torch.equal(a, b)
-    r = _run(_args(tmp_path, "two", **keys), nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    _assert_bitwise(_weights(run_dir), _weights(tmp_path / "straight" / "runs" / "two"))
 
 
 def test_cifar10_run_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path):

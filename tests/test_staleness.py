@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import TINY
 from test_distributed import COMMON, lbsgd
-from test_resume import KILL_AT, _args, _assert_bitwise, _run, _weights
+from test_resume import _assert_bitwise, killed_and_resumed
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from lbsgd import checkpoint, register_model
@@ -191,19 +191,9 @@ def test_two_processes_killed_mid_run_resume_to_bitwise_equal_weights(tmp_path):
     """uniform τ ≤ 2 (a draw per rank: one micro-batch each), 2 gloo processes, rank 1 killed
     before step 11: the checkpoint of step 9 holds the ring W_6, W_7, W_8 once, and the resumed
     group ends bitwise where the uninterrupted one does."""
-    keys = {"staleness": 2, "staleness_dist": "uniform"}
-    r = _run(_args(tmp_path / "straight", "two", **keys), nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "two"
-    r = _run(_args(tmp_path, "two", **keys), nproc=2, kill_at=KILL_AT, kill_rank=1)
-    assert r.returncode != 0
-    saved = checkpoint.load(run_dir)
-    assert saved["step"] == 9 and sorted(saved["staleness"]["held"]) == [6, 7, 8]
+    saved = killed_and_resumed(tmp_path, "two", nproc=2, staleness=2, staleness_dist="uniform")
+    assert sorted(saved["staleness"]["held"]) == [6, 7, 8]
     assert all("staleness" not in rank for rank in saved["ranks"])  # once, not per process
-    r = _run(_args(tmp_path, "two", **keys), nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "at step 9" in r.stdout
-    _assert_bitwise(_weights(run_dir), _weights(tmp_path / "straight" / "runs" / "two"))
 
 
 @pytest.mark.slow
