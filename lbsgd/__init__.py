@@ -28,8 +28,12 @@ __all__ = [
 
 # Imported at first use, not with the package: these import torch, and `python -m lbsgd train`
 # must set the CPU kernels' instruction-set caps (lbsgd.isa) before torch is imported.
-_LAZY = {"Splits": "lbsgd.data", "register_dataset": "lbsgd.data",
-         "register_model": "lbsgd.models", "train": "lbsgd.trainer"}  # fmt: skip
+_LAZY = {
+    "Splits": "lbsgd.data",
+    "register_dataset": "lbsgd.data",
+    "register_model": "lbsgd.models",
+    "train": "lbsgd.trainer",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -89,8 +89,11 @@ def device_slug(device: torch.device) -> str:
     one holding a digit kept)."""
     if device.type != "cuda":
         return device.type
-    words = [w for w in re.split(r"[^a-z0-9]+", torch.cuda.get_device_name(device).lower())
-             if w and w not in ("nvidia", "geforce", "tesla", "quadro")]  # fmt: skip
+    words = [
+        w
+        for w in re.split(r"[^a-z0-9]+", torch.cuda.get_device_name(device).lower())
+        if w and w not in ("nvidia", "geforce", "tesla", "quadro")
+    ]
     model = next((i for i, w in enumerate(words) if any(c.isdigit() for c in w)), len(words) - 1)
     return "_".join(["cuda", *words[: model + 1]])
 
@@ -117,12 +120,18 @@ def bare_loop(cfg: Config, splits: data.Splits, steps: int, device: torch.device
     model = models.build(cfg, splits.num_classes, splits.image_size).to(device)
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
     model.to(memory_format=fmt).train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=cfg.momentum,
-                          nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)  # fmt: skip
+    opt = torch.optim.SGD(
+        model.parameters(),
+        lr=0.01,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        weight_decay=cfg.weight_decay,
+    )
     net = torch.compile(model) if cfg.compile else model
     dtype = _AUTOCAST[cfg.precision]
-    scaler = torch.amp.GradScaler(device.type, init_scale=cfg.loss_scale,
-                                  enabled=cfg.precision == "fp16")  # fmt: skip
+    scaler = torch.amp.GradScaler(
+        device.type, init_scale=cfg.loss_scale, enabled=cfg.precision == "fp16"
+    )
     x_all, y_all = splits.train.tensors  # on the device already when it fits (data.resident)
     mb = micro_batch(cfg)
     accum = cfg.batch_size // mb
@@ -193,21 +202,33 @@ def _setup(overrides: list[str], defaults: dict | None = None) -> tuple[dict, Co
     return values, cfg
 
 
-def _compare(cfg: Config, splits: data.Splits, steps: int, repeats: int, device: torch.device,
-             tmp: str, label: str = "") -> dict:  # fmt: skip
+def _compare(
+    cfg: Config,
+    splits: data.Splits,
+    steps: int,
+    repeats: int,
+    device: torch.device,
+    tmp: str,
+    label: str = "",
+) -> dict:
     """Both sides of one configuration, alternating; one row of the result."""
     d = derive(cfg, 1, len(splits.train))
     bare: list[Timing] = []
     ours: list[Timing] = []
     for r in range(repeats):  # alternate which side goes first: drifts in load hit both
-        sides = [lambda: bare.append(bare_loop(cfg, splits, steps, device)),
-                 lambda r=r: ours.append(trainer_run(cfg, steps, d.num_train, f"{tmp}/{r}"))]  # fmt: skip
+        sides = [
+            lambda: bare.append(bare_loop(cfg, splits, steps, device)),
+            lambda r=r: ours.append(trainer_run(cfg, steps, d.num_train, f"{tmp}/{r}")),
+        ]
         for run in sides if r % 2 == 0 else sides[::-1]:
             if cfg.compile:  # a fresh model would otherwise count against dynamo's recompile
                 torch._dynamo.reset()  # limit and silently run eager after a few measurements
             run()
-        print(f"{label}repeat {r}: bare {bare[-1].img_per_s:8.1f} img/s   trainer "
-              f"{ours[-1].img_per_s:8.1f} img/s", flush=True)  # fmt: skip
+        print(
+            f"{label}repeat {r}: bare {bare[-1].img_per_s:8.1f} img/s   trainer "
+            f"{ours[-1].img_per_s:8.1f} img/s",
+            flush=True,
+        )
     b, t = [x.img_per_s for x in bare], [x.img_per_s for x in ours]
     return {
         "batch_size": cfg.batch_size,
@@ -261,8 +282,11 @@ def bench_train(
     env = {**environment(device, 1), "node": platform.node()}  # before, not after
     with tempfile.TemporaryDirectory() as tmp:
         row = _compare(cfg, splits, steps, repeats, device, tmp)
-    result = {"benchmark": "trainer vs bare loop", **_header(cfg, steps, repeats, device, env),
-              **row}  # fmt: skip
+    result = {
+        "benchmark": "trainer vs bare loop",
+        **_header(cfg, steps, repeats, device, env),
+        **row,
+    }
     print(
         f"best of {repeats}: bare loop {result['bare_img_per_s']:.1f} img/s | trainer "
         f"{result['trainer_img_per_s']:.1f} img/s | ratio trainer/bare = {result['ratio']:.3f} "
@@ -285,8 +309,13 @@ def parse_list(option: str, text: str, valid: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def matrix_variants(cfg: Config, precisions: Sequence[str], compiles: Sequence[bool],
-                    layouts: Sequence[str], accum: int) -> list[tuple[str, dict]]:  # fmt: skip
+def matrix_variants(
+    cfg: Config,
+    precisions: Sequence[str],
+    compiles: Sequence[bool],
+    layouts: Sequence[str],
+    accum: int,
+) -> list[tuple[str, dict]]:
     """(label, keys) per variant: every precision x compile x layout, layouts built from the
     config's micro_batch m and bn_batch n (see the module docstring). ``reference_batch`` follows
     the batch so every variant trains at base_lr (large scaled rates diverge on random labels)."""
@@ -303,8 +332,14 @@ def matrix_variants(cfg: Config, precisions: Sequence[str], compiles: Sequence[b
     for prec, comp, lay in itertools.product(precisions, compiles, layouts):
         batch, bn = shapes[lay]
         label = f"{prec} {'compiled' if comp else 'eager'} {lay}"
-        keys = {"precision": prec, "compile": comp, "batch_size": batch, "micro_batch": m,
-                "bn_batch": bn, "reference_batch": batch}  # fmt: skip
+        keys = {
+            "precision": prec,
+            "compile": comp,
+            "batch_size": batch,
+            "micro_batch": m,
+            "bn_batch": bn,
+            "reference_batch": batch,
+        }
         out.append((label, keys))
     return out
 
@@ -331,16 +366,26 @@ def bench_matrix(
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, ((label, keys), cfg) in enumerate(zip(variants, cfgs, strict=True)):
-            row = {"variant": label, "layout": label.rsplit(" ", 1)[1], "keys": keys,
-                   **_compare(cfg, splits, steps, repeats, device, f"{tmp}/{i}", f"{label}: ")}  # fmt: skip
+            row = {
+                "variant": label,
+                "layout": label.rsplit(" ", 1)[1],
+                "keys": keys,
+                **_compare(cfg, splits, steps, repeats, device, f"{tmp}/{i}", f"{label}: "),
+            }
             rows.append(row)
             warm = [w for w in row["trainer_warmup_s"] if w is not None]
-            print(f"{label:<26} | bare {row['bare_img_per_s']:9.1f} img/s | trainer "
-                  f"{row['trainer_img_per_s']:9.1f} img/s | trainer/bare {row['ratio']:.3f} "
-                  f"(medians {row['ratio_of_medians']:.3f}) | trainer warm-up "
-                  f"{max(warm) if warm else float('nan'):.1f} s", flush=True)  # fmt: skip
-    result = {"benchmark": "trainer vs bare loop, matrix",
-              **_header(base, steps, repeats, device, env), "rows": rows}  # fmt: skip
+            print(
+                f"{label:<26} | bare {row['bare_img_per_s']:9.1f} img/s | trainer "
+                f"{row['trainer_img_per_s']:9.1f} img/s | trainer/bare {row['ratio']:.3f} "
+                f"(medians {row['ratio_of_medians']:.3f}) | trainer warm-up "
+                f"{max(warm) if warm else float('nan'):.1f} s",
+                flush=True,
+            )
+    result = {
+        "benchmark": "trainer vs bare loop, matrix",
+        **_header(base, steps, repeats, device, env),
+        "rows": rows,
+    }
     if out:
         _write(result, out)
     return result
@@ -350,14 +395,24 @@ def bench_matrix(
 # measured in the same process (alternating, best and median of the repeats).
 RECIPES: dict[str, list[tuple[str, dict]]] = {
     # same micro-batch m = 32; the global batch takes 1 or 8 micro-batches per optimizer step
-    "accumulation": [("batch=m (no accumulation)", {"batch_size": 32, "micro_batch": 32}),
-                     ("batch=8m (8 accumulated micro-batches)", {"batch_size": 256, "micro_batch": 32})],
+    "accumulation": [
+        ("batch=m (no accumulation)", {"batch_size": 32, "micro_batch": 32}),
+        ("batch=8m (8 accumulated micro-batches)", {"batch_size": 256, "micro_batch": 32}),
+    ],
     # same micro-batch of 128; BN over the whole micro-batch vs over 8 ghost groups of 16
-    "ghost_bn": [("plain BN (bn_batch=128)", {"batch_size": 128, "micro_batch": 128, "bn_batch": 128}),
-                 ("ghost BN (bn_batch=16, 8 groups)", {"batch_size": 128, "micro_batch": 128, "bn_batch": 16})],
-    "precision": [("fp32", {"precision": "fp32"}), ("bf16", {"precision": "bf16"}),
-                  ("fp16 (loss scaling)", {"precision": "fp16"})],
-}  # fmt: skip
+    "ghost_bn": [
+        ("plain BN (bn_batch=128)", {"batch_size": 128, "micro_batch": 128, "bn_batch": 128}),
+        (
+            "ghost BN (bn_batch=16, 8 groups)",
+            {"batch_size": 128, "micro_batch": 128, "bn_batch": 16},
+        ),
+    ],
+    "precision": [
+        ("fp32", {"precision": "fp32"}),
+        ("bf16", {"precision": "bf16"}),
+        ("fp16 (loss scaling)", {"precision": "fp16"}),
+    ],
+}
 
 
 def bench_recipes(
@@ -385,13 +440,21 @@ def bench_recipes(
             best0, med0 = max(runs[0]), statistics.median(runs[0])
             results[study] = []
             for (label, v), ips in zip(variants, runs, strict=True):
-                row = {"variant": label, "keys": v, "best_img_per_s": max(ips),
-                       "median_img_per_s": statistics.median(ips), "all_img_per_s": ips,
-                       "ratio_best": max(ips) / best0, "ratio_median": statistics.median(ips) / med0}  # fmt: skip
+                row = {
+                    "variant": label,
+                    "keys": v,
+                    "best_img_per_s": max(ips),
+                    "median_img_per_s": statistics.median(ips),
+                    "all_img_per_s": ips,
+                    "ratio_best": max(ips) / best0,
+                    "ratio_median": statistics.median(ips) / med0,
+                }
                 results[study].append(row)
-                print(f"{study:>12} | {label:<40} {row['best_img_per_s']:8.1f} img/s | "
-                      f"vs baseline {row['ratio_best']:.3f} (medians {row['ratio_median']:.3f})",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{study:>12} | {label:<40} {row['best_img_per_s']:8.1f} img/s | "
+                    f"vs baseline {row['ratio_best']:.3f} (medians {row['ratio_median']:.3f})",
+                    flush=True,
+                )
     result = {
         "benchmark": "large-batch recipes, trainer throughput vs a baseline variant",
         "samples_per_measurement": samples,
@@ -433,11 +496,19 @@ def noise_layouts(cfg: Config, nproc: int) -> list[tuple[str, str, int, dict]]:
             f"micro_batch={m}: the layouts accumulate micro-batches (e.g. batch_size={4 * m})"
         )
     out = [
-        ("accum", f"1 process, {b // m} micro-batches of {m}, B_small = micro_batch = {m}", 1,
-         {"noise_scale_batch": m}),
-        ("half", f"1 process, {b // m} micro-batches of {m}, B_small = batch/2 = {b // 2}", 1,
-         {"noise_scale_batch": b // 2}),
-    ]  # fmt: skip
+        (
+            "accum",
+            f"1 process, {b // m} micro-batches of {m}, B_small = micro_batch = {m}",
+            1,
+            {"noise_scale_batch": m},
+        ),
+        (
+            "half",
+            f"1 process, {b // m} micro-batches of {m}, B_small = batch/2 = {b // 2}",
+            1,
+            {"noise_scale_batch": b // 2},
+        ),
+    ]
     if nproc:
         if nproc < 2 or b % (nproc * m):
             raise ConfigError(
@@ -446,9 +517,15 @@ def noise_layouts(cfg: Config, nproc: int) -> list[tuple[str, str, int, dict]]:
                 "(--layouts accum,half leaves the layout out)"
             )
         share = b // nproc
-        out.append(("ddp", f"{nproc} gloo processes, {share // m} micro-batches of {m} each, "
-                    f"B_small = per-process share = {share} (the DDP hook alone)", nproc,
-                    {"noise_scale_batch": share}))  # fmt: skip
+        out.append(
+            (
+                "ddp",
+                f"{nproc} gloo processes, {share // m} micro-batches of {m} each, "
+                f"B_small = per-process share = {share} (the DDP hook alone)",
+                nproc,
+                {"noise_scale_batch": share},
+            )
+        )
     return out
 
 
@@ -461,8 +538,9 @@ def trainer_torchrun(cfg: Config, steps: int, num_train: int, nproc: int, out_di
     keys = Path(out_dir) / "keys.yaml"
     keys.parent.mkdir(parents=True, exist_ok=True)
     keys.write_text(config.dump(run))
-    bench_comm.torchrun(1, nproc, ["train", "-c", str(keys)],
-                        what=f"lbsgd bench noise: {nproc} processes")  # fmt: skip
+    bench_comm.torchrun(
+        1, nproc, ["train", "-c", str(keys)], what=f"lbsgd bench noise: {nproc} processes"
+    )
     summary = json.loads((run.run_dir() / "summary.json").read_text())
     if summary["steps"] != steps:
         raise RuntimeError(
@@ -472,8 +550,17 @@ def trainer_torchrun(cfg: Config, steps: int, num_train: int, nproc: int, out_di
     return Timing(summary["img_per_s"], summary.get("warmup_s"))
 
 
-def _noise_row(name: str, what: str, nproc: int, off: Config, on: Config, num_train: int,
-               steps: int, repeats: int, tmp: str) -> dict:  # fmt: skip
+def _noise_row(
+    name: str,
+    what: str,
+    nproc: int,
+    off: Config,
+    on: Config,
+    num_train: int,
+    steps: int,
+    repeats: int,
+    tmp: str,
+) -> dict:
     """One layout: the run without and with the measurement, alternating (off then on, on then
     off, …); step time = global batch / the trainer's steady img/s. ``ratio``: the median over
     the repeats of each repeat's step time with / without (neighbours in time, so drifts in the
@@ -488,8 +575,11 @@ def _noise_row(name: str, what: str, nproc: int, off: Config, on: Config, num_tr
                 runs[measure].append(trainer_run(cfg, steps, num_train, where))
             else:
                 runs[measure].append(trainer_torchrun(cfg, steps, num_train, nproc, where))
-        print(f"{name}: repeat {r}: off {runs[False][-1].img_per_s:8.1f} img/s   on "
-              f"{runs[True][-1].img_per_s:8.1f} img/s", flush=True)  # fmt: skip
+        print(
+            f"{name}: repeat {r}: off {runs[False][-1].img_per_s:8.1f} img/s   on "
+            f"{runs[True][-1].img_per_s:8.1f} img/s",
+            flush=True,
+        )
     ips = {k: [t.img_per_s for t in v] for k, v in runs.items()}
     ms = {k: [1e3 * on.batch_size / x for x in v] for k, v in ips.items()}  # step times
     # each repeat's two runs are neighbours in time: their ratio cancels drifts in machine load
@@ -521,8 +611,14 @@ def _noise_row(name: str, what: str, nproc: int, off: Config, on: Config, num_tr
     }
 
 
-def bench_noise(overrides: list[str], steps: int = 150, repeats: int = 5, nproc: int = 2,
-                layouts: Sequence[str] = NOISE_LAYOUTS, out: str | None = None) -> dict:  # fmt: skip
+def bench_noise(
+    overrides: list[str],
+    steps: int = 150,
+    repeats: int = 5,
+    nproc: int = 2,
+    layouts: Sequence[str] = NOISE_LAYOUTS,
+    out: str | None = None,
+) -> dict:
     """The cost of ``noise_scale=true`` in each layout of :func:`noise_layouts`: the trainer's
     steady step time with the measurement over the same run's without it (same keys otherwise,
     same invocation, alternating; median of ``repeats``; the first steps timed apart as warm-up,
@@ -535,20 +631,26 @@ def bench_noise(overrides: list[str], steps: int = 150, repeats: int = 5, nproc:
             "B_small): leave both out"
         )
     values, base = _setup(overrides, {**DEFAULTS, **NOISE_DEFAULTS})
-    measured = [lay for lay in noise_layouts(base, nproc if "ddp" in layouts else 0)
-                if lay[0] in layouts]  # fmt: skip
+    measured = [
+        lay for lay in noise_layouts(base, nproc if "ddp" in layouts else 0) if lay[0] in layouts
+    ]
     device = bench_device(base)
     left_out = {}
     if "ddp" in layouts and device.type == "cuda" and torch.cuda.device_count() < nproc:
-        left_out["ddp"] = (f"{nproc} processes need {nproc} GPUs, "
-                           f"{torch.cuda.device_count()} visible")  # fmt: skip
+        left_out["ddp"] = (
+            f"{nproc} processes need {nproc} GPUs, {torch.cuda.device_count()} visible"
+        )
         print(f"ddp layout left out: {left_out['ddp']}", flush=True)
         measured = [lay for lay in measured if lay[0] != "ddp"]
     if not measured:
         raise ConfigError(f"lbsgd bench noise: no layout to measure here ({left_out['ddp']})")
-    pairs = [(config.from_dict({**values, **keys}),
-              config.from_dict({**values, **keys, "noise_scale": True}))
-             for _, _, _, keys in measured]  # fmt: skip
+    pairs = [
+        (
+            config.from_dict({**values, **keys}),
+            config.from_dict({**values, **keys, "noise_scale": True}),
+        )
+        for _, _, _, keys in measured
+    ]
     splits = data.build(base, device)
     if not isinstance(splits.train, torch.utils.data.TensorDataset):
         raise ConfigError(f"dataset={base.dataset}: the benchmark needs an in-memory dataset")
@@ -564,14 +666,21 @@ def bench_noise(overrides: list[str], steps: int = 150, repeats: int = 5, nproc:
         for (name, what, n, _), (off, on) in zip(measured, pairs, strict=True):
             row = _noise_row(name, what, n, off, on, num_train, steps, repeats, tmp)
             rows.append(row)
-            print(f"{name:<6} {what}\n       step {row['off_step_ms_median']:7.2f} ms without, "
-                  f"{row['on_step_ms_median']:7.2f} ms with noise_scale | step time ratio "
-                  f"{row['ratio']:.3f} (of medians {row['ratio_of_medians']:.3f}, best "
-                  f"{row['ratio_best']:.3f}) = "
-                  f"{row['overhead_pct']:+.1f}% (target <= {NOISE_TARGET_PCT:g}%)", flush=True)  # fmt: skip
-    result = {"benchmark": "noise_scale=true: trainer step time with / without",
-              **_header(base, steps, repeats, device, env), "target_pct": NOISE_TARGET_PCT,
-              "rows": rows, "left_out": left_out}  # fmt: skip
+            print(
+                f"{name:<6} {what}\n       step {row['off_step_ms_median']:7.2f} ms without, "
+                f"{row['on_step_ms_median']:7.2f} ms with noise_scale | step time ratio "
+                f"{row['ratio']:.3f} (of medians {row['ratio_of_medians']:.3f}, best "
+                f"{row['ratio_best']:.3f}) = "
+                f"{row['overhead_pct']:+.1f}% (target <= {NOISE_TARGET_PCT:g}%)",
+                flush=True,
+            )
+    result = {
+        "benchmark": "noise_scale=true: trainer step time with / without",
+        **_header(base, steps, repeats, device, env),
+        "target_pct": NOISE_TARGET_PCT,
+        "rows": rows,
+        "left_out": left_out,
+    }
     if out:
         _write(result, out)
     return result

@@ -77,26 +77,50 @@ def worker(out: str, min_bytes: int, max_bytes: int, iters: int) -> None:
         }
         for path, fn in paths.items():
             s = _time(lambda fn=fn, t=t: fn(t), iters)
-            rows.append({"path": path, "bytes": n, "seconds": s,
-                         "bus_bandwidth_Bps": comm.bus_bandwidth(n, s, world)})  # fmt: skip
+            rows.append(
+                {
+                    "path": path,
+                    "bytes": n,
+                    "seconds": s,
+                    "bus_bandwidth_Bps": comm.bus_bandwidth(n, s, world),
+                }
+            )
             if rank == 0:
-                print(f"{path:>12} {n:>11,d} B  {s * 1e3:9.3f} ms  "
-                      f"{rows[-1]['bus_bandwidth_Bps'] / 1e9:7.3f} GB/s bus", flush=True)  # fmt: skip
+                print(
+                    f"{path:>12} {n:>11,d} B  {s * 1e3:9.3f} ms  "
+                    f"{rows[-1]['bus_bandwidth_Bps'] / 1e9:7.3f} GB/s bus",
+                    flush=True,
+                )
     if rank == 0:
         fits = {}
-        models = {"flat_ring": ("t = 2(p-1)*alpha + 2(p-1)/p * n/beta", "flat",
-                                lambda x, y: scaling.fit_ring_allreduce(x, y, world)),
-                  "hierarchical_effective": ("t = alpha + n/beta", "hierarchical",
-                                             scaling.fit_alpha_beta)}  # fmt: skip
+        models = {
+            "flat_ring": (
+                "t = 2(p-1)*alpha + 2(p-1)/p * n/beta",
+                "flat",
+                lambda x, y: scaling.fit_ring_allreduce(x, y, world),
+            ),
+            "hierarchical_effective": (
+                "t = alpha + n/beta",
+                "hierarchical",
+                scaling.fit_alpha_beta,
+            ),
+        }
         for key, (model, path, fit) in models.items():
             sel = [r for r in rows if r["path"] == path]
             try:
                 link = fit([r["bytes"] for r in sel], [r["seconds"] for r in sel])
-                fits[key] = {"alpha_s": link.alpha_s, "bandwidth_Bps": link.bandwidth_Bps,
-                             "model": model}  # fmt: skip
+                fits[key] = {
+                    "alpha_s": link.alpha_s,
+                    "bandwidth_Bps": link.bandwidth_Bps,
+                    "model": model,
+                }
             except ValueError as e:  # e.g. sizes too small for the time to grow with them
-                fits[key] = {"alpha_s": None, "bandwidth_Bps": None, "model": model,
-                             "error": str(e)}  # fmt: skip
+                fits[key] = {
+                    "alpha_s": None,
+                    "bandwidth_Bps": None,
+                    "model": model,
+                    "error": str(e),
+                }
         result = {
             "benchmark": "allreduce",
             "backend": "gloo",
@@ -160,8 +184,9 @@ def run_worker(argv: list[str]) -> None:
     sys.exit(code)
 
 
-def torchrun(nodes: int, per_node: int, args: list[str], what: str = "lbsgd",
-             grace_s: float = EXIT_GRACE_S) -> None:  # fmt: skip
+def torchrun(
+    nodes: int, per_node: int, args: list[str], what: str = "lbsgd", grace_s: float = EXIT_GRACE_S
+) -> None:
     """Run ``lbsgd <args>`` (:func:`run_worker`) on ``nodes`` torchrun agents of ``per_node``
     processes on this machine (static rendezvous on 127.0.0.1: node ranks 0 …).
 
@@ -176,17 +201,29 @@ def torchrun(nodes: int, per_node: int, args: list[str], what: str = "lbsgd",
         status, logs = Path(tmp) / "status", Path(tmp) / "logs"
         status.mkdir()
         env = {**os.environ, "OMP_NUM_THREADS": "1", _STATUS_DIR: str(status)}
-        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
-                    f"--nproc-per-node={per_node}", "--master-addr=127.0.0.1",
-                    f"--master-port={port}", "--tee=2"]  # fmt: skip
+        launcher = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nodes}",
+            f"--nproc-per-node={per_node}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "--tee=2",
+        ]
         worker = ["--no-python", sys.executable, "-u", "-c", _WORKER, *args]
         agents, tails = [], []
         try:
             for i in range(nodes):
-                agents.append(subprocess.Popen(
-                    [*launcher, f"--node-rank={i}", f"--log-dir={logs / str(i)}", *worker],
-                    env=env, stderr=subprocess.PIPE, text=True, errors="replace",
-                ))  # fmt: skip
+                agents.append(
+                    subprocess.Popen(
+                        [*launcher, f"--node-rank={i}", f"--log-dir={logs / str(i)}", *worker],
+                        env=env,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                        errors="replace",
+                    )
+                )
                 tails.append(_forward(agents[-1].stderr))
             hung = _wait(agents, status, grace_s)
         finally:
@@ -200,8 +237,16 @@ def torchrun(nodes: int, per_node: int, args: list[str], what: str = "lbsgd",
         codes = [a.returncode for a in agents]
         if hung is None and not any(codes):
             return
-        report = _report(status, logs, per_node, nodes * per_node, hung or {}, codes,
-                         "".join(line for t in tails for line in t.lines), grace_s)  # fmt: skip
+        report = _report(
+            status,
+            logs,
+            per_node,
+            nodes * per_node,
+            hung or {},
+            codes,
+            "".join(line for t in tails for line in t.lines),
+            grace_s,
+        )
     raise SystemExit(f"{what}: {report}")
 
 
@@ -289,8 +334,16 @@ def _stderr_tail(logs: Path, rank: int, per_node: int, n: int = 15) -> list[str]
     return [line for line in lines if line.strip() and not line.startswith(noise)][-n:]
 
 
-def _report(status: Path, logs: Path, per_node: int, world: int, hung: dict[int, int],
-            codes: list[int], agent_err: str, grace_s: float) -> str:  # fmt: skip
+def _report(
+    status: Path,
+    logs: Path,
+    per_node: int,
+    world: int,
+    hung: dict[int, int],
+    codes: list[int],
+    agent_err: str,
+    grace_s: float,
+) -> str:
     """Each failed rank's state (exit code, or still running) and last stderr lines, to stderr;
     back, one line: the first failure (a crash, else the first rank to exit non-zero, else
     torchrun's root cause, else a rank that hung) with its telling stderr line, then every other
@@ -356,14 +409,22 @@ def _telling(tail: list[str], hung: bool) -> str:
     return tail[-1].strip() if tail else ""
 
 
-def bench_allreduce(nproc: int, nodes: int, min_bytes: int, max_bytes: int, iters: int,
-                    out: str) -> None:  # fmt: skip
+def bench_allreduce(
+    nproc: int, nodes: int, min_bytes: int, max_bytes: int, iters: int, out: str
+) -> None:
     """Start ``nodes`` torchrun agents on this machine and run :func:`worker` in each process."""
     if nproc < 2 or nodes < 1 or nproc % nodes:
         raise ValueError(f"--nproc={nproc} must be >= 2 and a multiple of --nodes={nodes}")
     sizes(min_bytes, max_bytes)  # bad sizes fail here, before anything starts
-    args = ["bench", "allreduce", "--worker", f"--min-bytes={min_bytes}",
-            f"--max-bytes={max_bytes}", f"--iters={iters}", f"--out={out}"]  # fmt: skip
+    args = [
+        "bench",
+        "allreduce",
+        "--worker",
+        f"--min-bytes={min_bytes}",
+        f"--max-bytes={max_bytes}",
+        f"--iters={iters}",
+        f"--out={out}",
+    ]
     torchrun(nodes, nproc // nodes, args, what="lbsgd bench allreduce")
 
 
@@ -442,15 +503,25 @@ def _measure(ctx, overrides: list[str], steps: int) -> dict | None:
     row = dict(zip(PHASES, (float(v) for v in med), strict=True))
     row["step"] = sum(row[k] for k in PHASES)
     row.update(
-        nproc=ctx.world_size, micro_batch=mb, batch_size=cfg.batch_size,
-        comm_hook=cfg.comm_hook, bucket_cap_mb=cfg.bucket_cap_mb, grad_bytes=grad_bytes,
+        nproc=ctx.world_size,
+        micro_batch=mb,
+        batch_size=cfg.batch_size,
+        comm_hook=cfg.comm_hook,
+        bucket_cap_mb=cfg.bucket_cap_mb,
+        grad_bytes=grad_bytes,
         img_per_s=cfg.batch_size / row["step"],
-    )  # fmt: skip
+    )
     return row
 
 
-def bench_breakdown(overrides: list[str], nprocs: list[int], hooks: list[str],
-                    bucket_caps: list[float], steps: int, out: str | None) -> dict:  # fmt: skip
+def bench_breakdown(
+    overrides: list[str],
+    nprocs: list[int],
+    hooks: list[str],
+    bucket_caps: list[float],
+    steps: int,
+    out: str | None,
+) -> dict:
     """Every (processes, comm_hook, bucket_cap_mb) layout, each under its own torchrun.
 
     Weak scaling, as in Goyal et al. and Jia et al.: every process keeps the micro-batch
@@ -474,18 +545,33 @@ def bench_breakdown(overrides: list[str], nprocs: list[int], hooks: list[str],
     with tempfile.TemporaryDirectory() as tmp:
         for i, (n, hook, cap) in enumerate(layouts):
             path = f"{tmp}/{i}.json"
-            args = ["bench", "train", "--step-worker", f"--steps={steps}", f"--out={path}",
-                    *overrides, f"comm_hook={hook}", f"bucket_cap_mb={cap}"]  # fmt: skip
+            args = [
+                "bench",
+                "train",
+                "--step-worker",
+                f"--steps={steps}",
+                f"--out={path}",
+                *overrides,
+                f"comm_hook={hook}",
+                f"bucket_cap_mb={cap}",
+            ]
             nodes = 2 if hook == "hierarchical" and n % 2 == 0 else 1  # 2 nodes of n/2 processes
-            torchrun(nodes, n // nodes, args,
-                     what=f"lbsgd bench train: layout {n} x {hook} x {cap:g} MB failed")  # fmt: skip
+            torchrun(
+                nodes,
+                n // nodes,
+                args,
+                what=f"lbsgd bench train: layout {n} x {hook} x {cap:g} MB failed",
+            )
             rows.append(json.loads(Path(path).read_text()))
             base = rows[0]["img_per_s"]
             r = rows[-1]
-            print(f"{n} proc  {hook:>16}  bucket {cap:>6g} MB | data {r['data'] * 1e3:7.2f}  fwd "
-                  f"{r['forward'] * 1e3:7.2f}  bwd+comm {r['backward'] * 1e3:7.2f}  opt "
-                  f"{r['optimizer'] * 1e3:6.2f} ms | {r['img_per_s']:8.1f} img/s, "
-                  f"x{r['img_per_s'] / base:.2f} vs 1 process", flush=True)  # fmt: skip
+            print(
+                f"{n} proc  {hook:>16}  bucket {cap:>6g} MB | data {r['data'] * 1e3:7.2f}  fwd "
+                f"{r['forward'] * 1e3:7.2f}  bwd+comm {r['backward'] * 1e3:7.2f}  opt "
+                f"{r['optimizer'] * 1e3:6.2f} ms | {r['img_per_s']:8.1f} img/s, "
+                f"x{r['img_per_s'] / base:.2f} vs 1 process",
+                flush=True,
+            )
     result = {
         "benchmark": "data-parallel step breakdown (gloo, CPU)",
         "steps": steps,

@@ -46,16 +46,21 @@ def _real_train(dataset: str, data_dir: str):
     return train, size, classes
 
 
-def loader_rate(train, batch: int, batches: int, workers: int, seed: int,
-                device: torch.device) -> tuple[float, float]:  # fmt: skip
+def loader_rate(
+    train, batch: int, batches: int, workers: int, seed: int, device: torch.device
+) -> tuple[float, float]:
     """(steady images/s after the first batch, seconds to the first batch) of ``batches`` batches
     of ``batch`` samples, drawn in a seeded random order (cycled when longer than the split)."""
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
     idx = torch.cat([order] * -(-batches * batch // len(order)))[: batches * batch]
     positions = torch.arange(len(idx))
-    stream = data.batches(train, idx.split(batch), workers,
-                          seeds=data.sample_seeds(2 * seed, positions).split(batch),
-                          device=device)  # fmt: skip
+    stream = data.batches(
+        train,
+        idx.split(batch),
+        workers,
+        seeds=data.sample_seeds(2 * seed, positions).split(batch),
+        device=device,
+    )
     t0 = time.perf_counter()
     next(stream)
     distributed.synchronize(device)
@@ -65,8 +70,15 @@ def loader_rate(train, batch: int, batches: int, workers: int, seed: int,
     return rest / (time.perf_counter() - t1), t1 - t0
 
 
-def bench_data(dataset: str, data_dir: str, workers: int, batches: int, steps: int,
-               overrides: list[str], out: str | None = None) -> dict:  # fmt: skip
+def bench_data(
+    dataset: str,
+    data_dir: str,
+    workers: int,
+    batches: int,
+    steps: int,
+    overrides: list[str],
+    out: str | None = None,
+) -> dict:
     """Loader vs compute (module docstring); written to ``out`` as JSON when given."""
     for option, value in (("--batches", batches), ("--steps", steps)):
         if value < 2:
@@ -74,23 +86,36 @@ def bench_data(dataset: str, data_dir: str, workers: int, batches: int, steps: i
     if workers < 0:
         raise ConfigError(f"--workers={workers} must be 0 (main process) or more")
     train, size, classes = _real_train(dataset, data_dir)
-    _, cfg = bench._setup([*overrides, "dataset=fake", f"fake_image_size={size}",
-                           f"fake_classes={classes}"])  # fmt: skip
+    _, cfg = bench._setup(
+        [*overrides, "dataset=fake", f"fake_image_size={size}", f"fake_classes={classes}"]
+    )
     device = bench.bench_device(cfg)
     env = {**environment(device, 1), "node": platform.node()}
     mb = micro_batch(cfg)
     loader, startup = loader_rate(train, mb, batches, workers, cfg.seed, device)
-    print(f"loader  {dataset} workers={workers} batch={mb}: {loader:9.1f} img/s "
-          f"(first batch {startup:.2f} s)", flush=True)  # fmt: skip
+    print(
+        f"loader  {dataset} workers={workers} batch={mb}: {loader:9.1f} img/s "
+        f"(first batch {startup:.2f} s)",
+        flush=True,
+    )
     splits = data.build(cfg, device)
     compute = bench.bare_loop(cfg, splits, steps, device)
-    print(f"compute {bench._header(cfg, steps, 1, device, env)['model']} {cfg.precision} on "
-          f"{size}x{size}, {classes} classes: {compute.img_per_s:9.1f} img/s", flush=True)  # fmt: skip
+    print(
+        f"compute {bench._header(cfg, steps, 1, device, env)['model']} {cfg.precision} on "
+        f"{size}x{size}, {classes} classes: {compute.img_per_s:9.1f} img/s",
+        flush=True,
+    )
     ratio = loader / compute.img_per_s
     bound = "loader" if ratio < 1 else "compute"
-    print(f"loader/compute = {ratio:.2f}: training is {bound}-bound"
-          + (f" (at ~{ratio:.2f}x of the model's speed)" if ratio < 1
-             else f" (the loader has {ratio:.2f}x headroom)"), flush=True)  # fmt: skip
+    print(
+        f"loader/compute = {ratio:.2f}: training is {bound}-bound"
+        + (
+            f" (at ~{ratio:.2f}x of the model's speed)"
+            if ratio < 1
+            else f" (the loader has {ratio:.2f}x headroom)"
+        ),
+        flush=True,
+    )
     result = {
         "benchmark": "data loader vs compute",
         "dataset": dataset,

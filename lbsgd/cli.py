@@ -18,53 +18,108 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lbsgd", description="Large-minibatch distributed SGD.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train one run (works the same under torchrun)")
-    t.add_argument("-c", "--config", action="append", default=[], metavar="FILE",
-                   help="YAML file of key: value (repeatable; later files win, key=value wins last)")  # fmt: skip
+    t.add_argument(
+        "-c",
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="YAML file of key: value (repeatable; later files win, key=value wins last)",
+    )
     t.add_argument("overrides", nargs="*", metavar="key=value", help="see `lbsgd keys`")
     sub.add_parser("keys", help="print every config key: kind, type, default, meaning")
     v = sub.add_parser("verify", help="replay a sample of committed runs: bitwise equal or not")
-    v.add_argument("--results", default="results/cpu",
-                   help="a profile's folder of committed runs (relative: to the repository)")  # fmt: skip
-    v.add_argument("--sample", type=int, default=4,
-                   help="runs replayed: the cheapest run of each study, cheapest first")  # fmt: skip
-    v.add_argument("--runs", nargs="+", default=None, metavar="NAME",
-                   help="replay these runs (names, or study/name) instead of a sample")  # fmt: skip
-    v.add_argument("--out", default=None,
-                   help="keep the replays here (default: a temporary folder, removed)")  # fmt: skip
+    v.add_argument(
+        "--results",
+        default="results/cpu",
+        help="a profile's folder of committed runs (relative: to the repository)",
+    )
+    v.add_argument(
+        "--sample",
+        type=int,
+        default=4,
+        help="runs replayed: the cheapest run of each study, cheapest first",
+    )
+    v.add_argument(
+        "--runs",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="replay these runs (names, or study/name) instead of a sample",
+    )
+    v.add_argument(
+        "--out", default=None, help="keep the replays here (default: a temporary folder, removed)"
+    )
     v.add_argument("--parallel", type=int, default=1, help="replays at a time")
     r = sub.add_parser("report", help="gather a profile's */findings.json into its REPORT.md")
-    r.add_argument("--results", default="results",
-                   help="a profile's folder (results/cpu), or a results root: one report per "
-                        "profile folder in it")  # fmt: skip
+    r.add_argument(
+        "--results",
+        default="results",
+        help="a profile's folder (results/cpu), or a results root: one report per "
+        "profile folder in it",
+    )
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
     bt = bsub.add_parser(
         "train", help="trainer vs a bare PyTorch loop on the same model, data, batch"
     )
-    bt.add_argument("--steps", type=int, default=None,
-                    help="optimizer steps per measurement, the first 3 timed apart as warm-up "
-                         "(default 150; 50 with --matrix)")  # fmt: skip
-    bt.add_argument("--repeats", type=int, default=None,
-                    help="alternating measurements of each side (default 3; 2 with --matrix)")  # fmt: skip
-    bt.add_argument("--out", default=None,
-                    help="write the result as JSON here (default results/benchmarks/"
-                         "train_<device>.json, device cpu or e.g. cuda_h100)")  # fmt: skip
-    bt.add_argument("--matrix", action="store_true",
-                    help="every precision x compile x layout variant, one line each")  # fmt: skip
-    bt.add_argument("--precisions", default=None, metavar="LIST",
-                    help="with --matrix (implied): precisions, default fp32,bf16,fp16")  # fmt: skip
-    bt.add_argument("--compile", default=None, metavar="LIST", dest="compiles",
-                    help="with --matrix (implied): eager/compiled, default false,true")  # fmt: skip
-    bt.add_argument("--layouts", default=None, metavar="LIST",
-                    help="with --matrix (implied): plain (batch = BN group = micro_batch), "
-                         "ghost_bn (BN groups of bn_batch), accum (batch = --accum x "
-                         "micro_batch); default all three")  # fmt: skip
-    bt.add_argument("--accum", type=int, default=4,
-                    help="with --matrix: micro-batches per step of the accum layout")  # fmt: skip
     bt.add_argument(
-        "--nproc", default=None, metavar="LIST",
+        "--steps",
+        type=int,
+        default=None,
+        help="optimizer steps per measurement, the first 3 timed apart as warm-up "
+        "(default 150; 50 with --matrix)",
+    )
+    bt.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="alternating measurements of each side (default 3; 2 with --matrix)",
+    )
+    bt.add_argument(
+        "--out",
+        default=None,
+        help="write the result as JSON here (default results/benchmarks/"
+        "train_<device>.json, device cpu or e.g. cuda_h100)",
+    )
+    bt.add_argument(
+        "--matrix",
+        action="store_true",
+        help="every precision x compile x layout variant, one line each",
+    )
+    bt.add_argument(
+        "--precisions",
+        default=None,
+        metavar="LIST",
+        help="with --matrix (implied): precisions, default fp32,bf16,fp16",
+    )
+    bt.add_argument(
+        "--compile",
+        default=None,
+        metavar="LIST",
+        dest="compiles",
+        help="with --matrix (implied): eager/compiled, default false,true",
+    )
+    bt.add_argument(
+        "--layouts",
+        default=None,
+        metavar="LIST",
+        help="with --matrix (implied): plain (batch = BN group = micro_batch), "
+        "ghost_bn (BN groups of bn_batch), accum (batch = --accum x "
+        "micro_batch); default all three",
+    )
+    bt.add_argument(
+        "--accum",
+        type=int,
+        default=4,
+        help="with --matrix: micro-batches per step of the accum layout",
+    )
+    bt.add_argument(
+        "--nproc",
+        default=None,
+        metavar="LIST",
         help="step breakdown instead: processes per layout, e.g. 1,2,4 (torchrun, gloo)",
-    )  # fmt: skip
+    )
     bt.add_argument("--comm-hooks", default="none", metavar="LIST", help="with --nproc: hooks")
     bt.add_argument("--bucket-caps", default="25", metavar="LIST", help="with --nproc: MB list")
     bt.add_argument("--step-worker", action="store_true", help=argparse.SUPPRESS)
@@ -79,33 +134,64 @@ def _parser() -> argparse.ArgumentParser:
     bn = bsub.add_parser(
         "noise", help="cost of noise_scale=true: step time with / without it, per layout"
     )
-    bn.add_argument("--steps", type=int, default=150,
-                    help="optimizer steps per measurement, the first 3 timed apart as warm-up")  # fmt: skip
-    bn.add_argument("--repeats", type=int, default=5,
-                    help="alternating measurements without and with, per layout (median)")  # fmt: skip
-    bn.add_argument("--nproc", type=int, default=2,
-                    help="processes of the ddp layout (gloo on a CPU)")  # fmt: skip
-    bn.add_argument("--layouts", default=None, metavar="LIST",
-                    help="accum (1 process, B_small = micro_batch), half (1 process, B_small = "
-                         "batch/2), ddp (--nproc processes, B_small = their share); default all")  # fmt: skip
-    bn.add_argument("--out", default=None,
-                    help="write the result as JSON here (default results/benchmarks/"
-                         "noise_scale_<device>.json)")  # fmt: skip
-    bn.add_argument("overrides", nargs="*", metavar="key=value",
-                    help="keys over bench train's, and batch_size=128 micro_batch=32")  # fmt: skip
+    bn.add_argument(
+        "--steps",
+        type=int,
+        default=150,
+        help="optimizer steps per measurement, the first 3 timed apart as warm-up",
+    )
+    bn.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="alternating measurements without and with, per layout (median)",
+    )
+    bn.add_argument(
+        "--nproc", type=int, default=2, help="processes of the ddp layout (gloo on a CPU)"
+    )
+    bn.add_argument(
+        "--layouts",
+        default=None,
+        metavar="LIST",
+        help="accum (1 process, B_small = micro_batch), half (1 process, B_small = "
+        "batch/2), ddp (--nproc processes, B_small = their share); default all",
+    )
+    bn.add_argument(
+        "--out",
+        default=None,
+        help="write the result as JSON here (default results/benchmarks/noise_scale_<device>.json)",
+    )
+    bn.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="keys over bench train's, and batch_size=128 micro_batch=32",
+    )
     bd = bsub.add_parser(
         "data", help="loader-only img/s of a file dataset vs the model's compute-bound img/s"
     )
     bd.add_argument("--dataset", required=True, help="cifar10 or imagenet")
     bd.add_argument("--data-dir", required=True, help="its folder (lbsgd data fake writes one)")
     bd.add_argument("--workers", type=int, default=0, help="loader worker processes")
-    bd.add_argument("--batches", type=int, default=50,
-                    help="micro-batches the loader delivers, the first timed apart")  # fmt: skip
-    bd.add_argument("--steps", type=int, default=30,
-                    help="optimizer steps of the compute measurement (first 3: warm-up)")  # fmt: skip
+    bd.add_argument(
+        "--batches",
+        type=int,
+        default=50,
+        help="micro-batches the loader delivers, the first timed apart",
+    )
+    bd.add_argument(
+        "--steps",
+        type=int,
+        default=30,
+        help="optimizer steps of the compute measurement (first 3: warm-up)",
+    )
     bd.add_argument("--out", default=None, help="also write the result as JSON here")
-    bd.add_argument("overrides", nargs="*", metavar="key=value",
-                    help="model, precision, micro-batch, device: as for bench train")  # fmt: skip
+    bd.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="model, precision, micro-batch, device: as for bench train",
+    )
     ba = bsub.add_parser(
         "allreduce", help="all-reduce time and bus bandwidth vs message size, flat and hierarchical"
     )
@@ -148,9 +234,15 @@ def _fake_files(args: argparse.Namespace) -> int:
         if args.kind == "cifar10":
             where = fake_files.write_cifar10(args.dir, args.train, args.test, args.seed)
         else:
-            where = fake_files.write_imagenet(args.dir, args.train, args.val, args.classes,
-                                              (args.width, args.height), args.quality,
-                                              args.seed)  # fmt: skip
+            where = fake_files.write_imagenet(
+                args.dir,
+                args.train,
+                args.val,
+                args.classes,
+                (args.width, args.height),
+                args.quality,
+                args.seed,
+            )
     except (FileExistsError, ValueError) as e:  # nothing written
         print(f"lbsgd: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -194,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                 bench_comm.worker(args.out, args.min_bytes, args.max_bytes, args.iters)
             else:
                 try:
-                    bench_comm.bench_allreduce(args.nproc, args.nodes, args.min_bytes,
-                                               args.max_bytes, args.iters, args.out)  # fmt: skip
+                    bench_comm.bench_allreduce(
+                        args.nproc, args.nodes, args.min_bytes, args.max_bytes, args.iters, args.out
+                    )
                 except ValueError as e:  # bad sizes or process counts: one line, nothing started
                     print(f"lbsgd: error: {e}", file=sys.stderr)
                     return EXIT_BAD_INPUT
@@ -203,8 +296,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.bench == "data":
             from lbsgd import bench_data
 
-            bench_data.bench_data(args.dataset, args.data_dir, args.workers, args.batches,
-                                  args.steps, args.overrides, args.out)  # fmt: skip
+            bench_data.bench_data(
+                args.dataset,
+                args.data_dir,
+                args.workers,
+                args.batches,
+                args.steps,
+                args.overrides,
+                args.out,
+            )
             return 0
         from lbsgd import bench
 
@@ -216,10 +316,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             try:
                 bench_comm.bench_breakdown(
-                    args.overrides, [int(n) for n in args.nproc.split(",")],
-                    args.comm_hooks.split(","), [float(b) for b in args.bucket_caps.split(",")],
-                    args.steps or 150, args.out,
-                )  # fmt: skip
+                    args.overrides,
+                    [int(n) for n in args.nproc.split(",")],
+                    args.comm_hooks.split(","),
+                    [float(b) for b in args.bucket_caps.split(",")],
+                    args.steps or 150,
+                    args.out,
+                )
             except ValueError as e:
                 print(f"lbsgd: error: {e}", file=sys.stderr)
                 return EXIT_BAD_INPUT
@@ -230,12 +333,20 @@ def main(argv: list[str] | None = None) -> int:
             for option, value in (("--steps", args.steps), ("--repeats", args.repeats)):
                 if value < 1:
                     raise config.ConfigError(f"{option}={value} must be a positive integer")
-            out = args.out or bench.default_out(args.overrides, "noise_scale",
-                                                {**bench.DEFAULTS, **bench.NOISE_DEFAULTS})  # fmt: skip
-            layouts = bench.parse_list("--layouts", args.layouts or ",".join(bench.NOISE_LAYOUTS),
-                                       bench.NOISE_LAYOUTS)  # fmt: skip
-            bench.bench_noise(args.overrides, steps=args.steps, repeats=args.repeats,
-                              nproc=args.nproc, layouts=layouts, out=out)  # fmt: skip
+            out = args.out or bench.default_out(
+                args.overrides, "noise_scale", {**bench.DEFAULTS, **bench.NOISE_DEFAULTS}
+            )
+            layouts = bench.parse_list(
+                "--layouts", args.layouts or ",".join(bench.NOISE_LAYOUTS), bench.NOISE_LAYOUTS
+            )
+            bench.bench_noise(
+                args.overrides,
+                steps=args.steps,
+                repeats=args.repeats,
+                nproc=args.nproc,
+                layouts=layouts,
+                out=out,
+            )
         else:
             bench.bench_recipes(
                 args.overrides, samples=args.samples, repeats=args.repeats, out=args.out
@@ -273,17 +384,29 @@ def _bench_train(args: argparse.Namespace) -> None:
     lists = (args.precisions, args.compiles, args.layouts)
     if not (args.matrix or any(v is not None for v in lists)):
         out = args.out or bench.default_out(args.overrides)
-        bench.bench_train(args.overrides, steps=args.steps or 150, repeats=args.repeats or 3,
-                          out=out)  # fmt: skip
+        bench.bench_train(
+            args.overrides, steps=args.steps or 150, repeats=args.repeats or 3, out=out
+        )
         return
-    precisions = bench.parse_list("--precisions", args.precisions or ",".join(bench.PRECISIONS),
-                                  bench.PRECISIONS)  # fmt: skip
-    compiles = [c == "true" for c in bench.parse_list("--compile", args.compiles or "false,true",
-                                                      ("false", "true"))]  # fmt: skip
+    precisions = bench.parse_list(
+        "--precisions", args.precisions or ",".join(bench.PRECISIONS), bench.PRECISIONS
+    )
+    compiles = [
+        c == "true"
+        for c in bench.parse_list("--compile", args.compiles or "false,true", ("false", "true"))
+    ]
     layouts = bench.parse_list("--layouts", args.layouts or ",".join(bench.LAYOUTS), bench.LAYOUTS)
     out = args.out or bench.default_out(args.overrides)
-    bench.bench_matrix(args.overrides, precisions, compiles, layouts, args.accum,
-                       steps=args.steps or 50, repeats=args.repeats or 2, out=out)  # fmt: skip
+    bench.bench_matrix(
+        args.overrides,
+        precisions,
+        compiles,
+        layouts,
+        args.accum,
+        steps=args.steps or 50,
+        repeats=args.repeats or 2,
+        out=out,
+    )
 
 
 if __name__ == "__main__":

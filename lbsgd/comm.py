@@ -300,9 +300,17 @@ class BMUF:
     test passes a fake one).
     """
 
-    def __init__(self, period: int, start: int, step: int, params, block_momentum: float,
-                 block_lr: float, nesterov: bool = True,
-                 average: Callable[[torch.Tensor], torch.Tensor] = average_flat):  # fmt: skip
+    def __init__(
+        self,
+        period: int,
+        start: int,
+        step: int,
+        params,
+        block_momentum: float,
+        block_lr: float,
+        nesterov: bool = True,
+        average: Callable[[torch.Tensor], torch.Tensor] = average_flat,
+    ):
         if period < 1:
             raise ValueError(f"local_sgd={period} must be >= 1 (0 turns local SGD off)")
         if not 0 <= block_momentum < 1:

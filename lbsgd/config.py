@@ -308,35 +308,52 @@ FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 # experiment keys, so a new key in the hash would rename every earlier run (and make committed
 # results look missing). These keys enter the hash only when they differ from their default, which
 # is what every earlier run had. Append each new experiment key here; never remove one.
-HASHED_ONLY_OFF_DEFAULT: tuple[str, ...] = ("fake_train", "fake_test", "fake_image_size",
-                                            "fake_classes")  # fmt: skip
+HASHED_ONLY_OFF_DEFAULT: tuple[str, ...] = (
+    "fake_train",
+    "fake_test",
+    "fake_image_size",
+    "fake_classes",
+)
 HASHED_ONLY_OFF_DEFAULT += ("staleness", "staleness_dist")  # lbsgd.staleness
 HASHED_ONLY_OFF_DEFAULT += ("async_ps",)  # lbsgd.parameter_server
 HASHED_ONLY_OFF_DEFAULT += ("block_momentum", "block_lr", "block_nesterov")  # lbsgd.comm.BMUF
 
 
-FOLDER_NAME_RULE = ("must be a plain folder name: no '/' or '\\', not '', '.' or '..', no leading "
-                    "'-', printable characters only")  # fmt: skip
+FOLDER_NAME_RULE = (
+    "must be a plain folder name: no '/' or '\\', not '', '.' or '..', no leading "
+    "'-', printable characters only"
+)
 
 
 def _plain_folder_name(value: Any) -> bool:
     """One path component that stays where it is put: no separator, no '.'/'..', no option-like
     leading '-', no NUL or other unprintable character."""
-    return (isinstance(value, str) and value not in ("", ".", "..") and value.isprintable()
-            and "/" not in value and "\\" not in value and not value.startswith("-"))  # fmt: skip
+    return (
+        isinstance(value, str)
+        and value not in ("", ".", "..")
+        and value.isprintable()
+        and "/" not in value
+        and "\\" not in value
+        and not value.startswith("-")
+    )
 
 
 # The largest float32: lrs, decays, loss scales and noise levels become float32 tensor values
 FLOAT32_MAX = 3.4028234663852886e38
 # float keys whose value enters float32 arithmetic as it is (the peak lr is checked as derived)
-FLOAT32_KEYS = ("warmup_lr", "weight_decay", "lars_eta", "loss_scale", "block_lr",
-                "synthetic_noise")  # fmt: skip
+FLOAT32_KEYS = (
+    "warmup_lr",
+    "weight_decay",
+    "lars_eta",
+    "loss_scale",
+    "block_lr",
+    "synthetic_noise",
+)
 
 
 def _float_keys() -> list[str]:
     """The keys holding floats (alone, optional or in a tuple)."""
-    return [k for k, tp in _hints().items()
-            if tp is float or float in typing.get_args(tp)]  # fmt: skip
+    return [k for k, tp in _hints().items() if tp is float or float in typing.get_args(tp)]
 
 
 def _check_numbers(c: Config) -> None:
@@ -350,8 +367,9 @@ def _check_numbers(c: Config) -> None:
     for key in FLOAT32_KEYS:
         value = getattr(c, key)
         if value is not None and abs(value) > FLOAT32_MAX:
-            raise ValueError(f"{key}={value:g} overflows float32, where it is used (at most "
-                             f"{FLOAT32_MAX:.4g})")  # fmt: skip
+            raise ValueError(
+                f"{key}={value:g} overflows float32, where it is used (at most {FLOAT32_MAX:.4g})"
+            )
     ratio = c.batch_size / c.reference_batch if c.reference_batch > 0 else 1.0
     scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[c.lr_scaling]
     if c.base_lr * scale > FLOAT32_MAX:
@@ -371,9 +389,20 @@ def _check(c: Config) -> None:
 
     _check_numbers(c)
 
-    for key in ("batch_size", "bn_batch", "reference_batch", "depth", "width", "synthetic_train",
-                "synthetic_test", "fake_train", "fake_test", "fake_image_size", "fake_classes",
-                "log_every"):  # fmt: skip
+    for key in (
+        "batch_size",
+        "bn_batch",
+        "reference_batch",
+        "depth",
+        "width",
+        "synthetic_train",
+        "synthetic_test",
+        "fake_train",
+        "fake_test",
+        "fake_image_size",
+        "fake_classes",
+        "log_every",
+    ):
         need(getattr(c, key) > 0, f"{key}={getattr(c, key)} must be a positive integer")
     need(c.epochs > 0, f"epochs={c.epochs} must be > 0")
     # 0: a fixed point (the noise scale of a model as it is, lbsgd.noise_scale)
@@ -399,8 +428,10 @@ def _check(c: Config) -> None:
     need(c.loss_scale > 0, f"loss_scale={c.loss_scale} must be > 0")
     need(c.powersgd_rank >= 1, f"powersgd_rank={c.powersgd_rank} must be a positive integer")
     need(0 <= c.noise_scale_ema < 1, f"noise_scale_ema={c.noise_scale_ema} must be in [0, 1)")
-    need(c.noise_scale_batch is None or c.noise_scale_batch > 0,
-         f"noise_scale_batch={c.noise_scale_batch} must be a positive integer (or null)")  # fmt: skip
+    need(
+        c.noise_scale_batch is None or c.noise_scale_batch > 0,
+        f"noise_scale_batch={c.noise_scale_batch} must be a positive integer (or null)",
+    )
     need(
         not c.noise_scale or c.local_sgd == 0,
         f"noise_scale=true needs the all-reduced gradient of every step: not with "
@@ -418,12 +449,16 @@ def _check(c: Config) -> None:
     )
     # -- BMUF (lbsgd.comm.BMUF) --
     need(0 <= c.block_momentum < 1, f"block_momentum={c.block_momentum} must be in [0, 1)")
-    need(math.isfinite(c.block_lr) and c.block_lr > 0,
-         f"block_lr={c.block_lr} must be a finite number > 0")  # fmt: skip
+    need(
+        math.isfinite(c.block_lr) and c.block_lr > 0,
+        f"block_lr={c.block_lr} must be a finite number > 0",
+    )
     for key, default in (("block_momentum", 0.0), ("block_lr", 1.0), ("block_nesterov", True)):
-        need(c.local_sgd > 0 or getattr(c, key) == default,
-             f"{key}={getattr(c, key)} filters the blocks of local SGD: it needs local_sgd > 0 "
-             f"(the block length n), not local_sgd=0")  # fmt: skip
+        need(
+            c.local_sgd > 0 or getattr(c, key) == default,
+            f"{key}={getattr(c, key)} filters the blocks of local SGD: it needs local_sgd > 0 "
+            f"(the block length n), not local_sgd=0",
+        )
     # -- simulated asynchronous SGD (lbsgd.staleness) --
     need(c.staleness >= 0, f"staleness={c.staleness} must be >= 0 (0 = synchronous)")
     need(
@@ -433,20 +468,41 @@ def _check(c: Config) -> None:
     )
     # -- asynchronous parameter server (lbsgd.parameter_server) --
     if c.async_ps:
-        need(c.local_sgd == 0, f"async_ps=true applies each worker's gradient on the server as it "
-             f"arrives: not with local_sgd={c.local_sgd} (valid: local_sgd=0)")  # fmt: skip
-        need(c.comm_hook == "none", f"async_ps=true sends each gradient to the server point to "
-             f"point: not with comm_hook={c.comm_hook} (valid: comm_hook=none)")  # fmt: skip
-        need(not c.noise_scale, "noise_scale=true needs the all-reduced gradient of every step: "
-             "not with async_ps=true (valid: noise_scale=false)")  # fmt: skip
-        need(c.staleness == 0, f"async_ps=true measures real staleness: not with the simulated "
-             f"staleness={c.staleness} (valid: staleness=0)")  # fmt: skip
-        need(c.precision != "fp16", "async_ps=true has no dynamic loss scaling (one scale for "
-             "asynchronous workers): precision=fp16 is refused (valid: fp32, bf16)")  # fmt: skip
-        need(not c.resume, "async_ps=true cannot resume: the order in which asynchronous "
-             "gradients arrive is not reproducible (valid: resume=false, a new name=)")  # fmt: skip
-        need(c.checkpoint_every == 0, f"async_ps=true writes one checkpoint, at the end (resume "
-             f"is refused): checkpoint_every={c.checkpoint_every} must be 0")  # fmt: skip
+        need(
+            c.local_sgd == 0,
+            f"async_ps=true applies each worker's gradient on the server as it "
+            f"arrives: not with local_sgd={c.local_sgd} (valid: local_sgd=0)",
+        )
+        need(
+            c.comm_hook == "none",
+            f"async_ps=true sends each gradient to the server point to "
+            f"point: not with comm_hook={c.comm_hook} (valid: comm_hook=none)",
+        )
+        need(
+            not c.noise_scale,
+            "noise_scale=true needs the all-reduced gradient of every step: "
+            "not with async_ps=true (valid: noise_scale=false)",
+        )
+        need(
+            c.staleness == 0,
+            f"async_ps=true measures real staleness: not with the simulated "
+            f"staleness={c.staleness} (valid: staleness=0)",
+        )
+        need(
+            c.precision != "fp16",
+            "async_ps=true has no dynamic loss scaling (one scale for "
+            "asynchronous workers): precision=fp16 is refused (valid: fp32, bf16)",
+        )
+        need(
+            not c.resume,
+            "async_ps=true cannot resume: the order in which asynchronous "
+            "gradients arrive is not reproducible (valid: resume=false, a new name=)",
+        )
+        need(
+            c.checkpoint_every == 0,
+            f"async_ps=true writes one checkpoint, at the end (resume "
+            f"is refused): checkpoint_every={c.checkpoint_every} must be 0",
+        )
     need(
         not c.pool5_bn or c.model in ("alexnet", "alexnet_bn"),
         f"pool5_bn=true applies to model=alexnet or alexnet_bn, not model={c.model}",
@@ -486,8 +542,10 @@ def _check(c: Config) -> None:
         value = getattr(c, key)
         need(value is None or _plain_folder_name(value), f"{key}={value!r} {FOLDER_NAME_RULE}")
     if c.name is None:  # model and dataset (a plugin's registered names) make the run name
-        need(_plain_folder_name(c.run_name()),
-             f"run name {c.run_name()!r} (from model and dataset) {FOLDER_NAME_RULE}")  # fmt: skip
+        need(
+            _plain_folder_name(c.run_name()),
+            f"run name {c.run_name()!r} (from model and dataset) {FOLDER_NAME_RULE}",
+        )
     need(
         c.profile is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", c.profile) is not None,
         f"profile={c.profile!r} must be null or a plain name (letters, digits, '_', '-', '.')",
@@ -691,8 +749,9 @@ def micro_batch_candidates(c: Config, world_size: int) -> list[int]:
     share = c.batch_size // world_size
     # noise_scale with a fixed small batch: micro-batches make it up whole
     group = c.noise_scale_batch if c.noise_scale and c.noise_scale_batch else share
-    return [m for m in range(share, 0, -1) if m % c.bn_batch == 0 and share % m == 0
-            and group % m == 0]  # fmt: skip
+    return [
+        m for m in range(share, 0, -1) if m % c.bn_batch == 0 and share % m == 0 and group % m == 0
+    ]
 
 
 def check_world(
@@ -733,8 +792,11 @@ def noise_batch(c: Config, world_size: int, micro: int) -> int | None:
     if not c.noise_scale:
         return None
     b_small = c.noise_scale_batch or micro
-    key = (f"noise_scale_batch={c.noise_scale_batch}" if c.noise_scale_batch
-           else f"noise_scale_batch=null (= micro_batch={micro})")  # fmt: skip
+    key = (
+        f"noise_scale_batch={c.noise_scale_batch}"
+        if c.noise_scale_batch
+        else f"noise_scale_batch=null (= micro_batch={micro})"
+    )
     share = c.batch_size // world_size
     if b_small % micro or share % b_small:
         raise ConfigError(

@@ -104,9 +104,12 @@ def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> d
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-        is_master=False, timeout=timeout,
-    )  # fmt: skip
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=timeout,
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefixed = dist.PrefixStore(f"/lbsgd/attempt_{attempt}", store)
     return {"store": prefixed, "rank": rank, "world_size": world_size}
@@ -213,8 +216,9 @@ def wrap(
         # step), so DDP's per-forward broadcast of rank 0's buffers is not needed.
         broadcast_buffers=False,
     )
-    ddp.comm_state = comm.register(ddp, comm_hook, ctx.local_world_size, powersgd_rank,
-                                   warmup_steps, noise)  # fmt: skip
+    ddp.comm_state = comm.register(
+        ddp, comm_hook, ctx.local_world_size, powersgd_rank, warmup_steps, noise
+    )
     return ddp
 
 

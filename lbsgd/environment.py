@@ -31,10 +31,21 @@ def git_commit(path: Path | None = None) -> str | None:
     """HEAD of the checkout holding lbsgd, with ``-dirty`` when it has uncommitted changes."""
     where = path or Path(__file__).resolve().parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
-                               capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -44,10 +55,14 @@ def torch_build() -> dict[str, Any]:
     """torch's build configuration: sha1 of ``torch.__config__.show()`` and its CPU-library lines
     (MKL, oneDNN, OpenMP, LAPACK, BLAS_INFO). The line of the CPU capability in use is left out of
     both: it is this process's cap (``cpu_isa`` records it), not the build."""
-    shown = [line for line in torch.__config__.show().splitlines()
-             if "CPU capability usage" not in line]  # fmt: skip
-    lines = [line.strip().removeprefix("- ") for line in shown
-             if re.search(r"Math Kernel|MKL-DNN|oneDNN|OpenMP|LAPACK is", line)]  # fmt: skip
+    shown = [
+        line for line in torch.__config__.show().splitlines() if "CPU capability usage" not in line
+    ]
+    lines = [
+        line.strip().removeprefix("- ")
+        for line in shown
+        if re.search(r"Math Kernel|MKL-DNN|oneDNN|OpenMP|LAPACK is", line)
+    ]
     lines += re.findall(r"\b(?:BLAS_INFO|LAPACK_INFO)=[^,\s]*", "\n".join(shown))
     return {"sha1": hashlib.sha1("\n".join(shown).encode()).hexdigest(), "cpu_libraries": lines}
 

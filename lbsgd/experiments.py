@@ -130,9 +130,13 @@ def _positive_int(key: str, value: Any, least: int = 1) -> None:
 
 
 def check_launch(
-    *, nproc_per_node: int = 1, nnodes: int = 1, rdzv_endpoint: str | None = None,
-    parallel: int = 1, max_restarts: int = 0,
-) -> None:  # fmt: skip
+    *,
+    nproc_per_node: int = 1,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    parallel: int = 1,
+    max_restarts: int = 0,
+) -> None:
     """The launch parameters of a sweep (a notebook's), one line naming the bad one."""
     _positive_int("nproc_per_node", nproc_per_node)
     _positive_int("nnodes", nnodes)
@@ -147,24 +151,38 @@ def check_launch(
             )
 
 
-def _command(cfg: Config, nproc_per_node: int, nnodes: int, rdzv_endpoint: str | None,
-             max_restarts: int = 0) -> list[str]:  # fmt: skip
+def _command(
+    cfg: Config, nproc_per_node: int, nnodes: int, rdzv_endpoint: str | None, max_restarts: int = 0
+) -> list[str]:
     overrides = [f"{k}={_text(v)}" for k, v in cfg.to_dict().items() if v is not None]
     if nproc_per_node == 1 and nnodes == 1:  # one process: the same trainer, no agent to start
         return [sys.executable, "-m", "lbsgd", "train", *overrides]
     endpoint = rdzv_endpoint or f"127.0.0.1:{_free_port()}"
-    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
-            f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={endpoint}", "-m", "lbsgd", "train", *overrides]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        f"--max-restarts={max_restarts}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        "-m",
+        "lbsgd",
+        "train",
+        *overrides,
+    ]
 
 
 def varied_keys(cfgs: Sequence[Config]) -> tuple[str, ...]:
     """The keys whose values differ across ``cfgs``, sorted, ``k`` standing for ``batch_size``
     (``name`` left out: the run name is what a display name falls back to)."""
     dicts = [c.to_dict() for c in cfgs]
-    keys = {k for k in dicts[0] if k not in ("name", "varied")
-            and any(d[k] != dicts[0][k] for d in dicts[1:])}  # fmt: skip
+    keys = {
+        k
+        for k in dicts[0]
+        if k not in ("name", "varied") and any(d[k] != dicts[0][k] for d in dicts[1:])
+    }
     if "batch_size" in keys:
         keys = (keys - {"batch_size"}) | {"k"}
     return tuple(sorted(keys))
@@ -215,10 +233,20 @@ def sweep(
     """Train every run of ``runs`` (dicts of config keys) into ``out_dir/study``; see the module.
 
     ``profile`` (the study's scale) is written into every run's config, as is ``varied``."""
-    check_launch(nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                 parallel=parallel, max_restarts=max_restarts)  # fmt: skip
-    base = {"study": study, "out_dir": str(out_dir), "wandb": wandb, "resume": True,
-            "profile": profile}  # fmt: skip
+    check_launch(
+        nproc_per_node=nproc_per_node,
+        nnodes=nnodes,
+        rdzv_endpoint=rdzv_endpoint,
+        parallel=parallel,
+        max_restarts=max_restarts,
+    )
+    base = {
+        "study": study,
+        "out_dir": str(out_dir),
+        "wandb": wandb,
+        "resume": True,
+        "profile": profile,
+    }
     cfgs = [config.from_dict({**base, **dict(r)}) for r in runs]  # all validated before any work
     if cfgs:
         varied = varied_keys(cfgs)
@@ -256,8 +284,16 @@ def sweep(
     failed: list[str] = []
     done = len(cfgs) - len(todo)
     try:
-        done = _launch(todo, running, failed, done, len(cfgs), parallel, say,
-                       lambda c: _command(c, nproc_per_node, nnodes, rdzv_endpoint, max_restarts))  # fmt: skip
+        done = _launch(
+            todo,
+            running,
+            failed,
+            done,
+            len(cfgs),
+            parallel,
+            say,
+            lambda c: _command(c, nproc_per_node, nnodes, rdzv_endpoint, max_restarts),
+        )
     except KeyboardInterrupt:
         raise _interrupted(study, running, todo, failed, say) from None
     if failed:
@@ -265,8 +301,16 @@ def sweep(
     return load_runs(study_dir, names=names)
 
 
-def _launch(todo: list[_Job], running: list[_Job], failed: list[str], done: int, total: int,
-            parallel: int, say, command) -> int:  # fmt: skip
+def _launch(
+    todo: list[_Job],
+    running: list[_Job],
+    failed: list[str],
+    done: int,
+    total: int,
+    parallel: int,
+    say,
+    command,
+) -> int:
     """Start the runs of ``todo``, ``parallel`` at a time, until every one has ended (or one
     failed and the others in flight have ended); ``running`` holds those in flight."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -279,9 +323,12 @@ def _launch(todo: list[_Job], running: list[_Job], failed: list[str], done: int,
             # sent to the whole process group) does not kill the run; the sweep stops it
             job.proc = subprocess.Popen(
                 [*(guard if sys.platform == "linux" else []), *command(job.cfg)],
-                stdin=subprocess.DEVNULL, stdout=job.handle, stderr=subprocess.STDOUT, env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=job.handle,
+                stderr=subprocess.STDOUT,
+                env=env,
                 start_new_session=True,
-            )  # fmt: skip
+            )
             job.started = time.perf_counter()
             running.append(todo.pop(0))
             say(f"[start] {job.cfg.run_name()} (log: {job.log})")
@@ -297,17 +344,22 @@ def _launch(todo: list[_Job], running: list[_Job], failed: list[str], done: int,
             # torchrun reports any failed worker as exit code 1, so the run's own record decides:
             # a diverged run (trainer exit code 3) is a result, not a failure
             if status in DONE:
-                say(f"[{done}/{total}] {job.cfg.run_name()}: {status} in {secs:.0f} s"
-                    f"{_result_text(job.cfg.run_dir())}")  # fmt: skip
+                say(
+                    f"[{done}/{total}] {job.cfg.run_name()}: {status} in {secs:.0f} s"
+                    f"{_result_text(job.cfg.run_dir())}"
+                )
             else:
-                failed.append(f"run {job.cfg.run_name()} failed (exit code {rc}); log: {job.log}; "
-                              f"error: {_error_line(job.log)}")  # fmt: skip
+                failed.append(
+                    f"run {job.cfg.run_name()} failed (exit code {rc}); log: {job.log}; "
+                    f"error: {_error_line(job.log)}"
+                )
                 say(f"[{done}/{total}] {job.cfg.run_name()}: FAILED, see {job.log}")
     return done
 
 
-def _interrupted(study: str, running: list[_Job], todo: list[_Job], failed: list[str],
-                 say) -> RunInterrupted:  # fmt: skip
+def _interrupted(
+    study: str, running: list[_Job], todo: list[_Job], failed: list[str], say
+) -> RunInterrupted:
     """Stop the runs in flight as a scheduler would (SIGTERM: checkpoint at an agreed step, status
     interrupted), wait for them, say where each stands; the exception to raise."""
     running += [j for j in todo if j.proc is not None]  # started as the interrupt came
@@ -316,8 +368,10 @@ def _interrupted(study: str, running: list[_Job], todo: list[_Job], failed: list
         if job.proc.poll() is None:
             job.proc.send_signal(signal.SIGTERM)  # torchrun's agent passes it on to its workers
     if running:
-        say(f"[interrupt] asked {len(running)} run(s) to stop (SIGTERM): each stops at its next "
-            "metric flush with a checkpoint; interrupt again to kill them now")  # fmt: skip
+        say(
+            f"[interrupt] asked {len(running)} run(s) to stop (SIGTERM): each stops at its next "
+            "metric flush with a checkpoint; interrupt again to kill them now"
+        )
     killed = False
     try:
         for job in running:
@@ -343,8 +397,11 @@ def _interrupted(study: str, running: list[_Job], todo: list[_Job], failed: list
         say(f"[interrupted] {job.cfg.run_name()}: not started")
     how = "killed" if killed else "stopped"
     earlier = f" | before the interrupt: {' | '.join(failed)}" if failed else ""
-    return RunInterrupted(f"sweep of study {study!r} interrupted, runs {how}: " + "; ".join(parts)
-                          + f"; the same sweep again resumes them{earlier}")  # fmt: skip
+    return RunInterrupted(
+        f"sweep of study {study!r} interrupted, runs {how}: "
+        + "; ".join(parts)
+        + f"; the same sweep again resumes them{earlier}"
+    )
 
 
 def _stop_text(run_dir: Path) -> str:
@@ -361,8 +418,9 @@ def _stop_text(run_dir: Path) -> str:
         return f"{status} at step {steps}"
     if status == "interrupted":
         return f"interrupted at step {steps}, " + ("checkpoint kept" if kept else "no checkpoint")
-    return (f"status {status} at step {steps}, "
-            + ("resumes from its last checkpoint" if kept else "no checkpoint: restarts"))  # fmt: skip
+    return f"status {status} at step {steps}, " + (
+        "resumes from its last checkpoint" if kept else "no checkpoint: restarts"
+    )
 
 
 def _error_line(log: Path) -> str:
@@ -413,8 +471,11 @@ def load_runs(study_dir: str | os.PathLike, names: Iterable[str] | None = None):
     import pandas as pd
 
     study_dir = Path(study_dir)
-    dirs = [study_dir / n for n in names] if names is not None else sorted(
-        p.parent for p in study_dir.glob("*/summary.json"))  # fmt: skip
+    dirs = (
+        [study_dir / n for n in names]
+        if names is not None
+        else sorted(p.parent for p in study_dir.glob("*/summary.json"))
+    )
     return pd.DataFrame([run_record(d) for d in dirs if (d / "config.yaml").exists()])
 
 
@@ -497,12 +558,23 @@ class Finding:
         return {"claim": self.claim, "replayed": self.replayed, "evidence": self.evidence}
 
 
-def write_findings(out_dir: str | os.PathLike, study: str, profile: str, seeds: Sequence[int],
-                   findings: Sequence[Finding], title: str = "") -> Path:  # fmt: skip
+def write_findings(
+    out_dir: str | os.PathLike,
+    study: str,
+    profile: str,
+    seeds: Sequence[int],
+    findings: Sequence[Finding],
+    title: str = "",
+) -> Path:
     """``findings.json`` of a study: what the report gathers."""
     path = study_dir(out_dir, study) / "findings.json"
-    record = {"study": study, "title": title or study, "profile": profile, "seeds": list(seeds),
-              "findings": [f.to_dict() for f in findings]}  # fmt: skip
+    record = {
+        "study": study,
+        "title": title or study,
+        "profile": profile,
+        "seeds": list(seeds),
+        "findings": [f.to_dict() for f in findings],
+    }
     path.write_text(json.dumps(record, indent=2) + "\n")
     for f in findings:
         mark = {True: "replayed", False: "NOT replayed", None: "undecided"}[f.replayed]

@@ -50,8 +50,13 @@ CAPS: dict[str, dict[str, str]] = {
     },
 }
 # every variable that caps a CPU library's instruction set (the ones a user may set by hand too)
-VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR",
-             "MKL_ENABLE_INSTRUCTIONS")  # fmt: skip
+VARIABLES = (
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+)
 # /proc/cpuinfo flags a cap needs
 NEEDS: dict[str, tuple[str, ...]] = {
     "avx2": ("avx2", "fma"),
@@ -62,11 +67,24 @@ NEEDS: dict[str, tuple[str, ...]] = {
 ATEN = {"avx2": "AVX2", "avx512_core": "AVX512", "avx512_core_amx": "AVX512"}
 # oneDNN implementation suffixes by rank (same rank: oneDNN's aliases); a convolution's
 # implementation must not rank above its cap
-_ONEDNN_RANK = {"sse41": 0, "avx": 1, "avx2": 2, "avx2_vnni": 3, "avx2_vnni_2": 4,
-                "avx512_core": 5, "avx512_core_vnni": 6, "avx512_core_bf16": 7,
-                "avx512_core_fp16": 8, "avx10_1_512": 8, "avx512_core_amx": 9,
-                "avx10_1_512_amx": 9, "avx512_core_amx_fp16": 10, "avx10_1_512_amx_fp16": 10,
-                "avx10_2_512": 11, "avx10_2_512_amx_2": 12}  # fmt: skip
+_ONEDNN_RANK = {
+    "sse41": 0,
+    "avx": 1,
+    "avx2": 2,
+    "avx2_vnni": 3,
+    "avx2_vnni_2": 4,
+    "avx512_core": 5,
+    "avx512_core_vnni": 6,
+    "avx512_core_bf16": 7,
+    "avx512_core_fp16": 8,
+    "avx10_1_512": 8,
+    "avx512_core_amx": 9,
+    "avx10_1_512_amx": 9,
+    "avx512_core_amx_fp16": 10,
+    "avx10_1_512_amx_fp16": 10,
+    "avx10_2_512": 11,
+    "avx10_2_512_amx_2": 12,
+}
 _PROBED: dict[str, Any] = {}  # probe()'s answers, once per process
 # whether pin() ran before torch was imported (python -m lbsgd train): then every library reads
 # the cap at its first use, by construction
@@ -164,8 +182,13 @@ def probe(mkl: bool = False) -> dict[str, Any]:
         return dict(_PROBED)
     import torch
 
-    out: dict[str, Any] = {"aten": torch.backends.cpu.get_cpu_capability(), "onednn": None,
-                           "onednn_max": None, "mkl_cbwr": None, **_PROBED}  # fmt: skip
+    out: dict[str, Any] = {
+        "aten": torch.backends.cpu.get_cpu_capability(),
+        "onednn": None,
+        "onednn_max": None,
+        "mkl_cbwr": None,
+        **_PROBED,
+    }
     lines: list[str] = []
     with contextlib.suppress(Exception), _captured_stdout(lines):
         if torch.backends.mkldnn.is_available() and out["onednn"] is None:

@@ -45,8 +45,18 @@ from dataclasses import dataclass
 import torch
 
 # metrics.jsonl fields of one step (W&B: the same names, one point per flush)
-FIELDS = ("gns_g_small_sq", "gns_g_big_sq", "gns_g_sq", "gns_trace", "gns_b_simple",
-          "gns_g_sq_ema", "gns_trace_ema", "gns_b_simple_ema", "gns_b_small", "gns_b_big")  # fmt: skip
+FIELDS = (
+    "gns_g_small_sq",
+    "gns_g_big_sq",
+    "gns_g_sq",
+    "gns_trace",
+    "gns_b_simple",
+    "gns_g_sq_ema",
+    "gns_trace_ema",
+    "gns_b_simple_ema",
+    "gns_b_small",
+    "gns_b_big",
+)
 
 
 def estimate(g_small_sq: float, g_big_sq: float, b_small: int, b_big: int) -> tuple[float, float]:
@@ -104,11 +114,20 @@ class Probe:
     backward is all-reduced by DDP (its small batch is then read in the hook, :meth:`wrap`).
     """
 
-    def __init__(self, params: Sequence[torch.Tensor], micro_per_group: int, accum_steps: int,
-                 b_small: int, b_big: int, decay: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        micro_per_group: int,
+        accum_steps: int,
+        b_small: int,
+        b_big: int,
+        decay: float,
+    ) -> None:
         if accum_steps % micro_per_group:
-            raise ValueError(f"{micro_per_group} micro-batches per small batch do not divide "
-                             f"{accum_steps} per step")  # fmt: skip
+            raise ValueError(
+                f"{micro_per_group} micro-batches per small batch do not divide "
+                f"{accum_steps} per step"
+            )
         self.params = [p for p in params if p.requires_grad]
         self.index = {p.data_ptr(): i for i, p in enumerate(self.params)}
         self.group = micro_per_group
@@ -185,12 +204,17 @@ class Probe:
             self.smoother.update(g_sq, trace)
         g_sq_ema, trace_ema, b_ema = self.smoother.value()
         return {
-            "gns_g_small_sq": g_small_sq, "gns_g_big_sq": g_big_sq,
-            "gns_g_sq": g_sq, "gns_trace": trace,
+            "gns_g_small_sq": g_small_sq,
+            "gns_g_big_sq": g_big_sq,
+            "gns_g_sq": g_sq,
+            "gns_trace": trace,
             "gns_b_simple": ratio(trace, g_sq) if finite else None,
-            "gns_g_sq_ema": g_sq_ema, "gns_trace_ema": trace_ema, "gns_b_simple_ema": b_ema,
-            "gns_b_small": self.b_small, "gns_b_big": self.b_big,
-        }  # fmt: skip
+            "gns_g_sq_ema": g_sq_ema,
+            "gns_trace_ema": trace_ema,
+            "gns_b_simple_ema": b_ema,
+            "gns_b_small": self.b_small,
+            "gns_b_big": self.b_big,
+        }
 
 
 def _sq_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -66,8 +66,14 @@ def _defaults(
     lr: float, momentum: float, weight_decay: float, nesterov: bool, momentum_correction: bool
 ) -> dict[str, Any]:
     # last_lr: the lr of the group's previous step (None before the first), read by the correction.
-    return {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov,
-            "momentum_correction": momentum_correction, "last_lr": None}  # fmt: skip
+    return {
+        "lr": lr,
+        "momentum": momentum,
+        "weight_decay": weight_decay,
+        "nesterov": nesterov,
+        "momentum_correction": momentum_correction,
+        "last_lr": None,
+    }
 
 
 class _VelocitySGD(torch.optim.Optimizer):
@@ -224,8 +230,9 @@ def param_groups(model: nn.Module, cfg: Config) -> list[dict[str, Any]]:
     """
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.decay_bn_bias:
-        groups = [{"params": params, "weight_decay": cfg.weight_decay, "adapt": True,
-                   "name": "all"}]  # fmt: skip
+        groups = [
+            {"params": params, "weight_decay": cfg.weight_decay, "adapt": True, "name": "all"}
+        ]
     else:
         norm_ids = {
             id(p)
@@ -290,5 +297,13 @@ def describe_groups(optimizer: torch.optim.Optimizer) -> str:
     return "parameter groups: " + "; ".join(parts)
 
 
-__all__ = ["LARS", "NORM_TYPES", "SGD", "build", "describe_groups", "lars_trust_ratio",
-           "param_groups", "set_lr"]  # fmt: skip
+__all__ = [
+    "LARS",
+    "NORM_TYPES",
+    "SGD",
+    "build",
+    "describe_groups",
+    "lars_trust_ratio",
+    "param_groups",
+    "set_lr",
+]

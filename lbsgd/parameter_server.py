@@ -112,8 +112,15 @@ class Run:
         if cfg.micro_batch == "auto":  # candidates of one worker's batch (config.check_world)
             micro = trainer.pick_micro_batch(cfg, ctx, net, self.splits, self.precision)
         self.d = derive(cfg, ctx.world_size, len(self.splits.train), micro)
-        self.sampler = data.StepSampler(len(self.splits.train), cfg.batch_size,
-                                        self.d.micro_batch, 0, 1, cfg.seed, self.d.total_steps)  # fmt: skip
+        self.sampler = data.StepSampler(
+            len(self.splits.train),
+            cfg.batch_size,
+            self.d.micro_batch,
+            0,
+            1,
+            cfg.seed,
+            self.d.total_steps,
+        )
         self.group = distributed.p2p_group()
         # the messages' float32 payload: loss, BN group sums, gradients
         self.n_sums = sum(m.group_sums.numel() for m in self.ghost)
@@ -164,8 +171,12 @@ class Run:
             distributed.send(payload, SERVER, TAG_GRADIENT, self.group)
             done += 1
         distributed.barrier()  # the run's end: no process leaves while another still talks
-        return {"status": STATUSES[status], "role": "worker", "rank": self.ctx.rank,
-                "gradients": done}  # fmt: skip
+        return {
+            "status": STATUSES[status],
+            "role": "worker",
+            "rank": self.ctx.rank,
+            "gradients": done,
+        }
 
     def _gradient(self, model: torch.nn.Module, task: int) -> torch.Tensor:
         """[mean loss, BN group sums, gradient] of task ``task`` (step ``task``'s batch of a
@@ -173,11 +184,13 @@ class Run:
         cfg, d, device = self.cfg, self.d, self.ctx.device
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
         stream = data.batches(
-            self.splits.train, self.sampler.rank_batches(task), cfg.workers,
+            self.splits.train,
+            self.sampler.rank_batches(task),
+            cfg.workers,
             pin=device.type == "cuda",
             seeds=(data.sample_seeds(2 * cfg.seed, p) for p in self.sampler.rank_positions(task)),
             device=device,
-        )  # fmt: skip
+        )
         first = task * d.accum_steps  # the global micro-batch: dropout as in a synchronous run
         seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
         loss_sum = torch.zeros((), device=device)
@@ -192,8 +205,13 @@ class Run:
             loss_sum += loss.detach().float()
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
         sums = [m.group_sums for m in self.ghost]
-        payload = torch.cat([(loss_sum / d.accum_steps).reshape(1),
-                             *(t.reshape(-1) for t in sums), *(g.reshape(-1) for g in grads)])  # fmt: skip
+        payload = torch.cat(
+            [
+                (loss_sum / d.accum_steps).reshape(1),
+                *(t.reshape(-1) for t in sums),
+                *(g.reshape(-1) for g in grads),
+            ]
+        )
         payload = payload.to("cpu", torch.float32)
         self.net.zero_grad(set_to_none=True)
         with torch.no_grad():  # the next task starts clean (RunningStats.commit's reset)
@@ -221,8 +239,14 @@ class Run:
         self.bn_stats = ghost_bn.RunningStats(self.ghost, groups=cfg.batch_size // cfg.bn_batch)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump(cfg, d))
-        self.tracker = Tracker(self.run_dir, {**cfg.to_dict(), **d.to_dict()}, mode=cfg.wandb,
-                               project=cfg.wandb_project, group=cfg.study, name=cfg.run_name())  # fmt: skip
+        self.tracker = Tracker(
+            self.run_dir,
+            {**cfg.to_dict(), **d.to_dict()},
+            mode=cfg.wandb,
+            project=cfg.wandb_project,
+            group=cfg.study,
+            name=cfg.run_name(),
+        )
         self._announce()
         self.summary: dict[str, Any] = {
             "status": "running",
@@ -234,7 +258,7 @@ class Run:
             "environment": {
                 **environment(
                     ctx.device, ctx.world_size, cpu_isa=cfg.cpu_isa, train_split=self.splits.train
-                ),  # fmt: skip
+                ),
                 "backend": distributed.backend_name(ctx.device, cfg.backend),
                 "deterministic": torch.are_deterministic_algorithms_enabled(),
             },
@@ -298,8 +322,18 @@ class Run:
                 self.staleness.append(tau)
                 self.senders.append(w)
                 step += 1
-                pending.append({"kind": "train", "step": step, "epoch": step * b / n, "lr": lr,
-                                "loss": loss, "staleness": tau, "worker": w, "task": task})  # fmt: skip
+                pending.append(
+                    {
+                        "kind": "train",
+                        "step": step,
+                        "epoch": step * b / n,
+                        "lr": lr,
+                        "loss": loss,
+                        "staleness": tau,
+                        "worker": w,
+                        "task": task,
+                    }
+                )
             else:
                 discarded += 1
             if status == "running" and self.stop_signal is not None and step < total:
@@ -351,8 +385,11 @@ class Run:
             print(f"lbsgd: run diverged (non-finite loss) after update {step}", flush=True)
         elif status == "interrupted":
             where = "checkpoint written" if cfg.checkpoint else "no checkpoint (checkpoint=false)"
-            print(f"lbsgd: asked to stop ({self.stop_signal}): stopped after update {step}, "
-                  f"{where}; async_ps runs do not resume", flush=True)  # fmt: skip
+            print(
+                f"lbsgd: asked to stop ({self.stop_signal}): stopped after update {step}, "
+                f"{where}; async_ps runs do not resume",
+                flush=True,
+            )
         return status
 
     def _apply(self, step: int, payload: torch.Tensor) -> float:
@@ -397,16 +434,20 @@ class Run:
 
     def _save(self, step: int) -> None:
         """The server's state after update ``step``: a record of the run's end (no resume)."""
-        checkpoint.save(self.run_dir, {
-            "model": self.net.state_dict(),
-            "optimizer": self.opt.state_dict(),
-            "step": step,
-            "num_train": self.d.num_train,
-            "world_size": self.ctx.world_size,
-            "config": self.cfg.to_dict(),
-            "summary": {k: self.summary[k] for k in ("best", "final", "async_ps")
-                        if k in self.summary},
-        })  # fmt: skip
+        checkpoint.save(
+            self.run_dir,
+            {
+                "model": self.net.state_dict(),
+                "optimizer": self.opt.state_dict(),
+                "step": step,
+                "num_train": self.d.num_train,
+                "world_size": self.ctx.world_size,
+                "config": self.cfg.to_dict(),
+                "summary": {
+                    k: self.summary[k] for k in ("best", "final", "async_ps") if k in self.summary
+                },
+            },
+        )
 
     def _write_summary(self) -> None:
         trainer.write_summary(self.run_dir, self.summary)

@@ -64,15 +64,29 @@ class Profile:
 #   The knee sits between k = 16 and 32, so large_k = 16 plays Goyal's 8k (the largest minibatch
 #   that still matches the baseline).
 _CPU_BASE = {
-    "model": "resnet", "depth": 8, "width": 8, "zero_init_residual": False,
-    "dataset": "synthetic", "synthetic_train": 20_000, "synthetic_test": 5_000,
+    "model": "resnet",
+    "depth": 8,
+    "width": 8,
+    "zero_init_residual": False,
+    "dataset": "synthetic",
+    "synthetic_train": 20_000,
+    "synthetic_test": 5_000,
     "synthetic_difficulty": "easy",
-    "bn_batch": 16, "reference_batch": 16, "base_lr": 0.0125, "nesterov": False,
-    "weight_decay": 5e-4, "warmup": "gradual", "warmup_epochs": 0.5, "schedule": "cosine",
-    "epochs": 4, "threads": 1, "channels_last": True, "eval_every": 2,
+    "bn_batch": 16,
+    "reference_batch": 16,
+    "base_lr": 0.0125,
+    "nesterov": False,
+    "weight_decay": 5e-4,
+    "warmup": "gradual",
+    "warmup_epochs": 0.5,
+    "schedule": "cosine",
+    "epochs": 4,
+    "threads": 1,
+    "channels_last": True,
+    "eval_every": 2,
     # the same digits on any x86 CPU with AVX2 (lbsgd.isa; the smoke profile inherits it)
     "cpu_isa": "avx2",
-}  # fmt: skip
+}
 
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
@@ -83,7 +97,7 @@ PROFILES: dict[str, Profile] = {
             "synthetic_test": 500,
             "epochs": 2,
             "eval_every": 1,
-        },  # fmt: skip
+        },
         seeds=(0,),
         ks={"batch_scaling": (1, 4, 16), "lars": (4, 16)},
         large_k=8,
@@ -132,7 +146,7 @@ PROFILES: dict[str, Profile] = {
             "workers": 4,
             # BN groups stay at n = 32; the GPU runs the largest micro-batch that fits
             "micro_batch": "auto",
-        },  # fmt: skip
+        },
         seeds=(0, 1, 2),
         ks={"batch_scaling": (1, 2, 4, 8, 16, 32, 64, 128), "lars": (8, 32, 128)},
         large_k=32,
@@ -160,7 +174,7 @@ PROFILES: dict[str, Profile] = {
             "workers": 8,
             # BN groups stay at n = 32; the GPU runs the largest micro-batch that fits
             "micro_batch": "auto",
-        },  # fmt: skip
+        },
         seeds=(0,),
         ks={"batch_scaling": (0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256), "lars": (2, 16, 32, 64)},
         large_k=32,
@@ -173,7 +187,7 @@ PROFILES: dict[str, Profile] = {
             "weight_decay": 5e-4,
             "epochs": 100,
             "nesterov": False,
-        },  # fmt: skip
+        },
         alexnet={"model": "alexnet_bn", "weight_decay": 5e-4, "epochs": 100},
     ),
 }

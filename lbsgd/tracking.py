@@ -135,8 +135,11 @@ def _point(record: Mapping[str, Any]) -> dict[str, Any]:
     without a value at this step (None: e.g. a noise scale whose |G|² estimate is not positive)
     is left out rather than charted."""
     prefix = record.get("kind", "train")
-    data = {f"{prefix}/{k}": v for k, v in record.items()
-            if k not in ("kind", "step", "epoch") and v is not None}  # fmt: skip
+    data = {
+        f"{prefix}/{k}": v
+        for k, v in record.items()
+        if k not in ("kind", "step", "epoch") and v is not None
+    }
     if "epoch" in record:
         data["epoch"] = record["epoch"]
     return data
@@ -156,8 +159,9 @@ def window_means(records: Sequence[Mapping[str, Any]], log_every: int) -> list[d
             window.clear()
 
     for r in records:
-        if window and (r.get("img_per_s") != window[-1].get("img_per_s")
-                       or len(window) >= max(1, log_every)):  # fmt: skip
+        if window and (
+            r.get("img_per_s") != window[-1].get("img_per_s") or len(window) >= max(1, log_every)
+        ):
             close()
         window.append(r)
     close()
@@ -165,8 +169,17 @@ def window_means(records: Sequence[Mapping[str, Any]], log_every: int) -> list[d
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, config: dict[str, Any], *, mode: str, project: str,
-                 group: str, name: str, truncate_after_step: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path,
+        config: dict[str, Any],
+        *,
+        mode: str,
+        project: str,
+        group: str,
+        name: str,
+        truncate_after_step: int | None = None,
+    ) -> None:
         """``config``: every key and derived value. ``truncate_after_step`` (a resume): the step of
         the checkpoint; later records are dropped, and W&B continues the run's earlier W&B run."""
         self.path = Path(run_dir) / "metrics.jsonl"
@@ -183,8 +196,15 @@ class Tracker:
     # longer: a run must not stall on an unreachable server).
     INIT_TIMEOUT_S = 15.0
 
-    def _init_wandb(self, run_dir: Path, config: dict, project: str, group: str, name: str,
-                    resumed_from: int | None) -> None:  # fmt: skip
+    def _init_wandb(
+        self,
+        run_dir: Path,
+        config: dict,
+        project: str,
+        group: str,
+        name: str,
+        resumed_from: int | None,
+    ) -> None:
         """Start W&B; online failing (no network, bad key) falls back to offline, one warning."""
         try:
             import wandb
@@ -210,11 +230,20 @@ class Tracker:
                     this_id = new_run_id()
                     id_file.write_text(this_id + "\n")
                 run = wandb.init(
-                    project=project, group=group, job_type="train", name=display_name(config, name),
-                    config=c, tags=run_tags(config), notes=notes, id=this_id, resume=resume,
-                    dir=str(run_dir), mode=mode, reinit="create_new",
+                    project=project,
+                    group=group,
+                    job_type="train",
+                    name=display_name(config, name),
+                    config=c,
+                    tags=run_tags(config),
+                    notes=notes,
+                    id=this_id,
+                    resume=resume,
+                    dir=str(run_dir),
+                    mode=mode,
+                    reinit="create_new",
                     settings=wandb.Settings(init_timeout=self.INIT_TIMEOUT_S, silent=True),
-                )  # fmt: skip
+                )
                 self.wandb_id = this_id
                 return run
 
@@ -227,8 +256,10 @@ class Tracker:
                 self._wandb = start("offline", fallback=True)
                 warnings.warn(
                     f"W&B online failed ({type(e).__name__}: {e}); logging offline instead "
-                    f"(wandb sync {run_dir}/wandb/offline-run-* later)", RuntimeWarning, stacklevel=2,
-                )  # fmt: skip
+                    f"(wandb sync {run_dir}/wandb/offline-run-* later)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             _define_epoch_axis(self._wandb)
         except Exception as e:  # noqa: BLE001 - W&B must never fail a run
             self._warn(f"W&B init failed ({type(e).__name__}: {e}); continuing without W&B")
@@ -312,8 +343,9 @@ def _init_after(mode: str, run_dir: Path, **kwargs: Any) -> Any:
 
     def start(m: str) -> Any:
         extra = {"resume": "allow"} if m == "online" else {}
-        return wandb.init(dir=str(run_dir), mode=m, reinit="create_new", settings=settings,
-                          **kwargs, **extra)  # fmt: skip
+        return wandb.init(
+            dir=str(run_dir), mode=m, reinit="create_new", settings=settings, **kwargs, **extra
+        )
 
     if mode != "online":
         return start(mode)
@@ -322,9 +354,12 @@ def _init_after(mode: str, run_dir: Path, **kwargs: Any) -> Any:
     except Exception as e:  # noqa: BLE001
         kwargs["id"] = new_run_id()  # W&B keeps the failed online attempt's id "in use"
         run = start("offline")
-        warnings.warn(f"W&B online failed ({type(e).__name__}: {e}); logged offline instead "
-                      f"(wandb sync {run_dir}/wandb/offline-run-* later)", RuntimeWarning,
-                      stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"W&B online failed ({type(e).__name__}: {e}); logged offline instead "
+            f"(wandb sync {run_dir}/wandb/offline-run-* later)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return run
 
 
@@ -353,20 +388,33 @@ def log_copied_run(
             config["varied"] = list(varied)
         if profile is not None:
             config["profile"] = profile
-        cfg = {**wandb_config(config), "copied_from": f"{twin.parent.name}/{twin.name}",
-               "copied_from_wandb_id": _read_id(twin / ID_FILE)}  # fmt: skip
+        cfg = {
+            **wandb_config(config),
+            "copied_from": f"{twin.parent.name}/{twin.name}",
+            "copied_from_wandb_id": _read_id(twin / ID_FILE),
+        }
         run = _init_after(
-            mode, run_dir, project=project, group=config["study"], job_type="train", id=new_run_id(),
-            name=display_name(config, run_dir.name), config=cfg, tags=run_tags(config),
+            mode,
+            run_dir,
+            project=project,
+            group=config["study"],
+            job_type="train",
+            id=new_run_id(),
+            name=display_name(config, run_dir.name),
+            config=cfg,
+            tags=run_tags(config),
             notes=f"copied from {cfg['copied_from']} (identical experiment keys)",
-        )  # fmt: skip
+        )
         if run is None:
             return None
         (run_dir / ID_FILE).write_text(run.id + "\n")  # this copy's own W&B run
         try:
             _define_epoch_axis(run)
-            records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
-                       if x.strip()]  # fmt: skip
+            records = [
+                json.loads(x)
+                for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+                if x.strip()
+            ]
             train = [r for r in records if r.get("kind", "train") == "train"]
             points = window_means(train, int(config.get("log_every") or 1))
             evals = [r for r in records if r.get("kind") == "eval"]
@@ -380,8 +428,11 @@ def log_copied_run(
             run.finish()
         return run.id
     except Exception as e:  # noqa: BLE001 - W&B never fails the sweep
-        warnings.warn(f"W&B: copied run {run_dir} not logged ({type(e).__name__}: {e})",
-                      RuntimeWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"W&B: copied run {run_dir} not logged ({type(e).__name__}: {e})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
 
 
@@ -419,10 +470,16 @@ def log_study(
         online = resolve_wandb_mode(mode) == "online"
         run_id = (_read_id(id_file) if online else None) or new_run_id()
         run = _init_after(
-            mode, study_dir, project=project, group=study, job_type="study", id=run_id,
-            name=f"{study} ({profile})", tags=[t for t in (profile, study) if t],
+            mode,
+            study_dir,
+            project=project,
+            group=study,
+            job_type="study",
+            id=run_id,
+            name=f"{study} ({profile})",
+            tags=[t for t in (profile, study) if t],
             config={"study": study, "profile": profile},
-        )  # fmt: skip
+        )
         if run is None:
             return None
         if online and run.settings.mode == "online":
@@ -446,6 +503,7 @@ def log_study(
             run.finish()
         return run.id
     except Exception as e:  # noqa: BLE001 - W&B never fails the notebook
-        warnings.warn(f"W&B: study {study} not logged ({type(e).__name__}: {e})", RuntimeWarning,
-                      stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"W&B: study {study} not logged ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=2
+        )
         return None

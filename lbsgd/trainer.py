@@ -79,8 +79,11 @@ def train(cfg: Config) -> dict[str, Any]:
         run = parameter_server.Run
     check(cfg)
     isa.require(cfg.cpu_isa)  # before the run's first CPU operation: refused if it cannot hold
-    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
-              torch.backends.cudnn.deterministic)  # fmt: skip
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+    )
     if cfg.deterministic:
         deterministic()
     ctx = distributed.init(cfg.device, backend=cfg.backend)
@@ -111,8 +114,9 @@ CPU_AUTO_MICRO_BATCH = 256
 GPU_MEMORY_SHARE = 0.85
 
 
-def pick_micro_batch(cfg: Config, ctx: distributed.Context, net: torch.nn.Module, splits,
-                     precision: Precision) -> int:  # fmt: skip
+def pick_micro_batch(
+    cfg: Config, ctx: distributed.Context, net: torch.nn.Module, splits, precision: Precision
+) -> int:
     """``micro_batch=auto``: the largest multiple of bn_batch dividing the per-process share that
     fits the device. On CUDA each candidate, largest first, is probed with one training forward and
     backward on random inputs of the dataset's shape, leaving no trace (buffers, RNG, gradients
@@ -329,8 +333,15 @@ class _Run:
             micro = pick_micro_batch(cfg, ctx, net, splits, self.precision)
         d = derive(cfg, ctx.world_size, len(splits.train), micro)
         opt = optim.build(cfg, net)
-        self.sampler = data.StepSampler(len(splits.train), cfg.batch_size, d.micro_batch, ctx.rank,
-                                        ctx.world_size, cfg.seed, d.total_steps)  # fmt: skip
+        self.sampler = data.StepSampler(
+            len(splits.train),
+            cfg.batch_size,
+            d.micro_batch,
+            ctx.rank,
+            ctx.world_size,
+            cfg.seed,
+            d.total_steps,
+        )
         start_step = 0
         state = self._load_checkpoint() if mode == "resume" else None
         if state is not None:
@@ -338,24 +349,36 @@ class _Run:
         self.noise = None  # noise_scale=true: the gradient noise scale's probe
         if d.noise_batch:
             self.noise = noise_scale.Probe(
-                list(net.parameters()), d.noise_batch // d.micro_batch, d.accum_steps,
-                d.noise_batch, cfg.batch_size, cfg.noise_scale_ema,
-            )  # fmt: skip
+                list(net.parameters()),
+                d.noise_batch // d.micro_batch,
+                d.accum_steps,
+                d.noise_batch,
+                cfg.batch_size,
+                cfg.noise_scale_ema,
+            )
             if state is not None and "noise_scale" in state:
                 self.noise.smoother.load_state_dict(state["noise_scale"])
         # -- staleness > 0: simulated asynchronous SGD, the ring of past weights (lbsgd.staleness)
         self.stale = None
         if cfg.staleness:
-            self.stale = StaleWeights(list(net.parameters()), cfg.staleness, cfg.staleness_dist,
-                                      cfg.seed)  # fmt: skip
+            self.stale = StaleWeights(
+                list(net.parameters()), cfg.staleness, cfg.staleness_dist, cfg.seed
+            )
             if state is not None:
                 self.stale.load_state_dict(state.get("staleness"), state.get("file", "checkpoint"))
         # --
         if cfg.compile:
             net = torch.compile(net)
         self.net, self.opt, self.splits, self.d = net, opt, splits, d
-        self.model = distributed.wrap(net, ctx, cfg.bucket_cap_mb, cfg.comm_hook,
-                                      cfg.powersgd_rank, d.warmup_steps, self.noise)  # fmt: skip
+        self.model = distributed.wrap(
+            net,
+            ctx,
+            cfg.bucket_cap_mb,
+            cfg.comm_hook,
+            cfg.powersgd_rank,
+            d.warmup_steps,
+            self.noise,
+        )
         self.comm_state = getattr(self.model, "comm_state", None)
         if self.comm_state is not None and state is not None:
             mine = self._rank_state(state)
@@ -365,27 +388,42 @@ class _Run:
             else:  # another number of processes, or no PowerSGD then: fresh error feedback
                 self.comm_state.iter = start_step  # (compression stays on past the warmup)
                 if ctx.is_main:
-                    print("lbsgd: comm_hook=powersgd resumes with fresh error feedback (the "
-                          "checkpoint holds no PowerSGD state for this process)", flush=True)  # fmt: skip
+                    print(
+                        "lbsgd: comm_hook=powersgd resumes with fresh error feedback (the "
+                        "checkpoint holds no PowerSGD state for this process)",
+                        flush=True,
+                    )
         self.local_sgd = None
         if cfg.local_sgd and ctx.world_size > 1:  # post-local SGD starts after the warmup
             self.local_sgd = comm.LocalSGD(cfg.local_sgd, start=d.warmup_steps, step=start_step)
         # -- BMUF: block momentum / block lr off their defaults filter local SGD's blocks (at
         # them BMUF is the plain averaging above); on one process too (K = 1) (lbsgd.comm.BMUF)
         if cfg.local_sgd and comm.BMUF.filters(cfg.block_momentum, cfg.block_lr):
-            self.local_sgd = comm.BMUF(cfg.local_sgd, d.warmup_steps, start_step,
-                                       self.net.parameters(), cfg.block_momentum, cfg.block_lr,
-                                       cfg.block_nesterov)  # fmt: skip
+            self.local_sgd = comm.BMUF(
+                cfg.local_sgd,
+                d.warmup_steps,
+                start_step,
+                self.net.parameters(),
+                cfg.block_momentum,
+                cfg.block_lr,
+                cfg.block_nesterov,
+            )
             if state is not None and state.get("bmuf") is not None:
                 self.local_sgd.load_state_dict(state["bmuf"])
             elif start_step > d.warmup_steps and ctx.is_main:
-                print("lbsgd: BMUF resumes with Delta = 0 from the checkpoint's model (the "
-                      "checkpoint holds no BMUF state)", flush=True)  # fmt: skip
+                print(
+                    "lbsgd: BMUF resumes with Delta = 0 from the checkpoint's model (the "
+                    "checkpoint holds no BMUF state)",
+                    flush=True,
+                )
             if ctx.is_main:
                 start = "W + eta_B Delta (Nesterov)" if cfg.block_nesterov else "W (classical)"
-                print(f"lbsgd: BMUF eta_B={cfg.block_momentum:g} eps_B={cfg.block_lr:g}: blocks of "
-                      f"{cfg.local_sgd} local steps on {ctx.world_size} processes after step "
-                      f"{d.warmup_steps}, each from {start}", flush=True)  # fmt: skip
+                print(
+                    f"lbsgd: BMUF eta_B={cfg.block_momentum:g} eps_B={cfg.block_lr:g}: blocks of "
+                    f"{cfg.local_sgd} local steps on {ctx.world_size} processes after step "
+                    f"{d.warmup_steps}, each from {start}",
+                    flush=True,
+                )
         # --
 
         full_config = {**cfg.to_dict(), **d.to_dict()}
@@ -394,10 +432,14 @@ class _Run:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(dump(cfg, d))
             self.tracker = Tracker(
-                self.run_dir, full_config, mode=cfg.wandb, project=cfg.wandb_project,
-                group=cfg.study, name=cfg.run_name(),
+                self.run_dir,
+                full_config,
+                mode=cfg.wandb,
+                project=cfg.wandb_project,
+                group=cfg.study,
+                name=cfg.run_name(),
                 truncate_after_step=start_step if mode == "resume" else None,
-            )  # fmt: skip
+            )
             self._announce(d, start_step)
             print(f"lbsgd: {optim.describe_groups(opt)}", flush=True)
         self.summary: dict[str, Any] = {
@@ -476,21 +518,30 @@ class _Run:
         sampler = self.sampler
         steps = range(start_step, d.total_steps)
         stream = data.batches(
-            self.splits.train, (mb for t in steps for mb in sampler.rank_batches(t)), cfg.workers,
+            self.splits.train,
+            (mb for t in steps for mb in sampler.rank_batches(t)),
+            cfg.workers,
             pin=ctx.device.type == "cuda",
-            seeds=(data.sample_seeds(2 * cfg.seed, p) for t in steps
-                   for p in sampler.rank_positions(t)),
+            seeds=(
+                data.sample_seeds(2 * cfg.seed, p) for t in steps for p in sampler.rank_positions(t)
+            ),
             device=ctx.device,
-        )  # fmt: skip
+        )
         criterion = torch.nn.CrossEntropyLoss()
         prec = self.precision
         bn_stats = ghost_bn.RunningStats(
-            self.ghost, groups=b // cfg.bn_batch,
+            self.ghost,
+            groups=b // cfg.bn_batch,
             all_reduce_sum=distributed.all_reduce_sum if ctx.world_size > 1 else None,
-        )  # fmt: skip
+        )
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-        bar = tqdm(total=d.total_steps, initial=start_step, unit="step", dynamic_ncols=True,
-                   disable=not (ctx.is_main and sys.stderr.isatty()))  # fmt: skip
+        bar = tqdm(
+            total=d.total_steps,
+            initial=start_step,
+            unit="step",
+            dynamic_ncols=True,
+            disable=not (ctx.is_main and sys.stderr.isatty()),
+        )
         # (step, lr, loss tensor, loss scale, noise-scale norms or None) awaiting a flush
         pending: list[tuple] = []
         noise = self.noise
@@ -549,9 +600,13 @@ class _Run:
                 t_warm = time.perf_counter() - t_loop - t_other
             epoch_end = done * b // n > step * b // n
             last = done == d.total_steps
-            save_due = (not (epoch_end or last) and cfg.checkpoint and cfg.checkpoint_every
-                        and done % cfg.checkpoint_every == 0
-                        and (self.local_sgd is None or self.local_sgd.in_sync(step)))  # fmt: skip
+            save_due = (
+                not (epoch_end or last)
+                and cfg.checkpoint
+                and cfg.checkpoint_every
+                and done % cfg.checkpoint_every == 0
+                and (self.local_sgd is None or self.local_sgd.in_sync(step))
+            )
             # every step up to a checkpoint is logged before it is written: a resumed run's
             # metrics.jsonl then misses none (and the noise scale's averages are in the checkpoint)
             if len(pending) >= cfg.log_every or epoch_end or last or save_due:
@@ -594,9 +649,11 @@ class _Run:
                     saved = True
                 if ctx.is_main:
                     where = "checkpoint written" if saved else "no checkpoint written here"
-                    print(f"lbsgd: asked to stop ({self.stop_signal or 'another process'}): "
-                          f"stopped after step {done}, {where}; resume=true continues",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"lbsgd: asked to stop ({self.stop_signal or 'another process'}): "
+                        f"stopped after step {done}, {where}; resume=true continues",
+                        flush=True,
+                    )
                 break
         bar.close()
         steps_run = self.summary["steps"] - start_step
@@ -609,11 +666,16 @@ class _Run:
             train_time_s=train_time,
             # steady training throughput: the timed warm-up steps left out (all steps when the
             # run is too short to have a steady part)
-            img_per_s=(steady_steps * b / steady_s if steady_steps > 0 and steady_s > 0
-                       else steps_run * b / train_time if train_time > 0 else None),
+            img_per_s=(
+                steady_steps * b / steady_s
+                if steady_steps > 0 and steady_s > 0
+                else steps_run * b / train_time
+                if train_time > 0
+                else None
+            ),
             warmup_steps_timed=warm_steps,
             warmup_s=t_warm if warm_steps else None,
-        )  # fmt: skip
+        )
         if status == "diverged" and ctx.is_main:
             print(
                 f"lbsgd: run diverged (non-finite loss) at step {self.summary['steps']}", flush=True
@@ -635,17 +697,30 @@ class _Run:
         self.stop_agreed = reduced[2 * k] > 0
         gns = [{}] * k
         if self.noise is not None:
-            gns = [self.noise.record(*reduced[2 * k + 1 + 2 * j : 2 * k + 3 + 2 * j])
-                   for j in range(k)]  # fmt: skip
+            gns = [
+                self.noise.record(*reduced[2 * k + 1 + 2 * j : 2 * k + 3 + 2 * j]) for j in range(k)
+            ]
             g_sq, trace, b_simple = self.noise.smoother.value()
-            self.summary["noise_scale"] = {"b_simple": b_simple, "g_sq": g_sq, "trace": trace,
-                                           "b_small": self.noise.b_small,
-                                           "b_big": self.noise.b_big}  # fmt: skip
+            self.summary["noise_scale"] = {
+                "b_simple": b_simple,
+                "g_sq": g_sq,
+                "trace": trace,
+                "b_small": self.noise.b_small,
+                "b_big": self.noise.b_big,
+            }
         b, n = self.cfg.batch_size, self.d.num_train
         if self.tracker is not None:
             for (step, lr, *_), loss, scale, g in zip(pending, losses, scales, gns, strict=True):
-                rec = {"kind": "train", "step": step, "epoch": step * b / n, "lr": lr,
-                       "loss": loss, "img_per_s": img_per_s, "loss_scale": scale, **g}  # fmt: skip
+                rec = {
+                    "kind": "train",
+                    "step": step,
+                    "epoch": step * b / n,
+                    "lr": lr,
+                    "loss": loss,
+                    "img_per_s": img_per_s,
+                    "loss_scale": scale,
+                    **g,
+                }
                 self.tracker.log(rec, wandb=False)  # every step in metrics.jsonl
             # W&B: one point per flush, the window's mean loss (its other values: the last step's)
             self.tracker.log_wandb({**rec, "loss": sum(losses) / len(losses)})
@@ -691,19 +766,22 @@ class _Run:
         ranks = distributed.all_gather_object(mine)
         if not self.ctx.is_main:
             return
-        checkpoint.save(self.run_dir, {
-            "model": distributed.unwrap(self.net).state_dict(),
-            "optimizer": self.opt.state_dict(),
-            "precision": self.precision.state_dict(),
-            "step": step,
-            "sampler": self.sampler.position(step),
-            "num_train": self.d.num_train,
-            "world_size": self.ctx.world_size,
-            "ranks": ranks,
-            "config": self.cfg.to_dict(),
-            "summary": {k: self.summary[k] for k in ("best", "final") if k in self.summary},
-            **extra,
-        })  # fmt: skip
+        checkpoint.save(
+            self.run_dir,
+            {
+                "model": distributed.unwrap(self.net).state_dict(),
+                "optimizer": self.opt.state_dict(),
+                "precision": self.precision.state_dict(),
+                "step": step,
+                "sampler": self.sampler.position(step),
+                "num_train": self.d.num_train,
+                "world_size": self.ctx.world_size,
+                "ranks": ranks,
+                "config": self.cfg.to_dict(),
+                "summary": {k: self.summary[k] for k in ("best", "final") if k in self.summary},
+                **extra,
+            },
+        )
 
     def _load_checkpoint(self) -> dict[str, Any] | None:
         """Rank 0 picks the newest usable checkpoint (falling back to the previous one with a
@@ -747,8 +825,11 @@ class _Run:
         """One training forward/backward on the first micro-batch that leaves no trace: buffers
         (BN statistics) and RNG states restored, gradients dropped. Training mode, because the
         order in which the backward pass produces gradients is what DDP's buckets follow."""
-        x, y = next(data.batches(self.splits.train, [torch.arange(self.d.micro_batch)],
-                                 device=self.ctx.device))  # fmt: skip
+        x, y = next(
+            data.batches(
+                self.splits.train, [torch.arange(self.d.micro_batch)], device=self.ctx.device
+            )
+        )
         fmt = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
         x = x.to(self.ctx.device, memory_format=fmt)
         buffers = [b.detach().clone() for b in self.net.buffers()]

@@ -33,8 +33,10 @@ from lbsgd import config, isa
 
 EXIT_BAD_INPUT = 2
 # metrics.jsonl values that a replay must reproduce (img_per_s and the like are the machine's)
-COMPARED = {"train": ("lr", "loss", "loss_scale"),
-            "eval": ("top1_error_pct", "top5_error_pct", "test_loss")}  # fmt: skip
+COMPARED = {
+    "train": ("lr", "loss", "loss_scale"),
+    "eval": ("top1_error_pct", "top5_error_pct", "test_loss"),
+}
 
 
 @dataclass(frozen=True)
@@ -110,18 +112,24 @@ def sample(runs: list[Run], n: int) -> list[Run]:
 
 
 def _experiment(keys: dict[str, Any], drop: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {k: v for k, v in keys.items()
-            if k in config.FIELDS and config.FIELDS[k].metadata["kind"] == "experiment"
-            and k not in drop}  # fmt: skip
+    return {
+        k: v
+        for k, v in keys.items()
+        if k in config.FIELDS
+        and config.FIELDS[k].metadata["kind"] == "experiment"
+        and k not in drop
+    }
 
 
 def seed_spread(run: Run, runs: list[Run]) -> tuple[float | None, int]:
     """Standard deviation (points) of final top-1 error over the seeds of ``run``'s experiment in
     its study, and the number of seeds (None when fewer than two)."""
     mine = _experiment(run.keys, ("seed",))
-    errors = [r.top1 for r in runs
-              if r.study == run.study and _experiment(r.keys, ("seed",)) == mine
-              and r.top1 is not None]  # fmt: skip
+    errors = [
+        r.top1
+        for r in runs
+        if r.study == run.study and _experiment(r.keys, ("seed",)) == mine and r.top1 is not None
+    ]
     return (statistics.stdev(errors) if len(errors) > 1 else None), len(errors)
 
 
@@ -178,14 +186,29 @@ def machine_match(committed: dict[str, Any], here: dict[str, Any]) -> str:
 
 
 def _caps(record: dict[str, Any]) -> str:
-    return (f"cpu_isa={record.get('requested')}: ATen {record.get('aten')}, "
-            f"oneDNN {record.get('onednn')}")  # fmt: skip
+    return (
+        f"cpu_isa={record.get('requested')}: ATen {record.get('aten')}, "
+        f"oneDNN {record.get('onednn')}"
+    )
 
 
 def _command(run: Run, out: Path) -> list[str]:
-    return [sys.executable, "-m", "lbsgd", "train", "-c", str(run.dir / "config.yaml"),
-            f"out_dir={out}", f"study={run.study}", f"name={run.name}", "resume=false",
-            "wandb=disabled", "checkpoint=false", "checkpoint_every=0", "device=cpu"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "lbsgd",
+        "train",
+        "-c",
+        str(run.dir / "config.yaml"),
+        f"out_dir={out}",
+        f"study={run.study}",
+        f"name={run.name}",
+        "resume=false",
+        "wandb=disabled",
+        "checkpoint=false",
+        "checkpoint_every=0",
+        "device=cpu",
+    ]
 
 
 def _pct(value: float | None) -> str:
@@ -206,20 +229,30 @@ def _report(run: Run, runs: list[Run], replay: Path, code: int, log: Path) -> bo
     else:
         spread, seeds = seed_spread(run, runs)
         delta = top1 - run.top1 if top1 is not None and run.top1 is not None else None
-        beside = (f"seed spread of its group {spread:.2f} points ({seeds} seeds)"
-                  if spread is not None else "no seed spread (one seed in its group)")  # fmt: skip
+        beside = (
+            f"seed spread of its group {spread:.2f} points ({seeds} seeds)"
+            if spread is not None
+            else "no seed spread (one seed in its group)"
+        )
         shown = f"{delta:+.2f} points" if delta is not None else "n/a"
         print(f"  differs, first at {difference}")
-        print(f"  final top-1 error {_pct(run.top1)} committed vs {_pct(top1)} here: {shown}; "
-              f"{beside}")  # fmt: skip
+        print(
+            f"  final top-1 error {_pct(run.top1)} committed vs {_pct(top1)} here: {shown}; "
+            f"{beside}"
+        )
     print(
         f"  machine: {machine_match(run.summary.get('environment', {}), new.get('environment', {}))}"
     )
     return difference is None
 
 
-def main(results: str, n: int = 4, names: list[str] | None = None, out: str | None = None,
-         parallel: int = 1) -> int:  # fmt: skip
+def main(
+    results: str,
+    n: int = 4,
+    names: list[str] | None = None,
+    out: str | None = None,
+    parallel: int = 1,
+) -> int:
     """Replay and report; 0 when every replay is bitwise equal, 1 otherwise, 2 on bad input."""
     from lbsgd.studies import results_root
 
@@ -231,8 +264,9 @@ def main(results: str, n: int = 4, names: list[str] | None = None, out: str | No
         return _bad(f"no completed CPU runs under {root} (expected {root}/<study>/<run>/)")
     if names:
         chosen = [r for r in runs if r.name in names or f"{r.study}/{r.name}" in names]
-        unknown = [x for x in names
-                   if not any(x in (r.name, f"{r.study}/{r.name}") for r in chosen)]  # fmt: skip
+        unknown = [
+            x for x in names if not any(x in (r.name, f"{r.study}/{r.name}") for r in chosen)
+        ]
         if unknown:
             return _bad(f"--runs: no completed CPU run named {', '.join(unknown)} under {root}")
     else:
@@ -244,8 +278,11 @@ def main(results: str, n: int = 4, names: list[str] | None = None, out: str | No
         if where.exists() and any(where.iterdir()):
             return _bad(f"--out={out} is not empty")
     flags = [f for f in ("avx2", "avx512f", "amx_tile") if f in (isa.cpu_flags() or [])]
-    print(f"lbsgd verify: {len(chosen)} of {len(runs)} runs under {root}, replayed in {where}\n"
-          f"this machine: {isa.cpu_model()} ({', '.join(flags) or 'no AVX2'})", flush=True)  # fmt: skip
+    print(
+        f"lbsgd verify: {len(chosen)} of {len(runs)} runs under {root}, replayed in {where}\n"
+        f"this machine: {isa.cpu_model()} ({', '.join(flags) or 'no AVX2'})",
+        flush=True,
+    )
     try:
         equal = _replay_all(chosen, runs, where, parallel)
         print(f"lbsgd verify: {sum(equal)} of {len(equal)} replays bitwise equal")
@@ -265,16 +302,23 @@ def _replay_all(chosen: list[Run], runs: list[Run], where: Path, parallel: int) 
             log = where / run.study / f"{run.name}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "w") as f:
-                proc = subprocess.Popen(_command(run, where), stdout=f, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+                proc = subprocess.Popen(
+                    _command(run, where),
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                )
             running.append((i, run, log, proc, time.perf_counter()))
         for item in list(running):
             i, run, log, proc, started = item
             if proc.poll() is None:
                 continue
             running.remove(item)
-            print(f"[{i}/{len(chosen)}] {run.study}/{run.name} "
-                  f"({time.perf_counter() - started:.0f} s)")  # fmt: skip
+            print(
+                f"[{i}/{len(chosen)}] {run.study}/{run.name} "
+                f"({time.perf_counter() - started:.0f} s)"
+            )
             equal.append(_report(run, runs, where / run.study / run.name, proc.returncode, log))
             sys.stdout.flush()
         time.sleep(0.2)

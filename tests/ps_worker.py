@@ -37,9 +37,17 @@ def _apply_and_record_last(self, step, payload):
     before = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
     lr = _apply(self, step, payload)
     after = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
-    torch.save({"before": before, "after": after, "payload": payload.clone(), "lr": lr,
-                "n_sums": self.n_sums, "params": [k for k, _ in self.net.named_parameters()]},
-               LAST_UPDATE)  # fmt: skip
+    torch.save(
+        {
+            "before": before,
+            "after": after,
+            "payload": payload.clone(),
+            "lr": lr,
+            "n_sums": self.n_sums,
+            "params": [k for k, _ in self.net.named_parameters()],
+        },
+        LAST_UPDATE,
+    )
     return lr
 
 

@@ -193,8 +193,9 @@ NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 
 def test_device_cuda_without_cuda_exits_2_with_one_line_naming_device(results):
     before = _snapshot(results)
-    r = lbsgd(["train", *TINY_ARGS, f"out_dir={results}/results", "device=cuda", "name=cuda"],
-              env=NO_GPU)  # fmt: skip
+    r = lbsgd(
+        ["train", *TINY_ARGS, f"out_dir={results}/results", "device=cuda", "name=cuda"], env=NO_GPU
+    )
     message = r.stderr.strip()
     assert r.returncode == 2, r.stderr[-2000:]
     assert message.startswith("lbsgd: error: device=cuda") and "\n" not in message, message

@@ -12,8 +12,17 @@ from lbsgd.config import Config, ConfigError, derive
 from lbsgd.data import fake
 
 # A tiny fake set: ResNet-8 of width 8 on 16x16 images of 10 classes (a few ms per step).
-TINY_FAKE = ["model=resnet", "depth=8", "width=8", "dataset=fake", "fake_image_size=16",
-             "fake_classes=10", "fake_train=256", "fake_test=64", "device=cpu"]  # fmt: skip
+TINY_FAKE = [
+    "model=resnet",
+    "depth=8",
+    "width=8",
+    "dataset=fake",
+    "fake_image_size=16",
+    "fake_classes=10",
+    "fake_train=256",
+    "fake_test=64",
+    "device=cpu",
+]
 
 
 def test_fake_dataset_has_the_asked_shape_and_classes_and_comes_from_the_seed():
@@ -54,9 +63,13 @@ def test_resident_moves_in_memory_splits_once_and_leaves_the_host_case_alone():
 
 @pytest.mark.parametrize(
     ("name", "slug"),
-    [("NVIDIA H100 80GB HBM3", "cuda_h100"), ("NVIDIA A100-SXM4-80GB", "cuda_a100"),
-     ("NVIDIA GeForce RTX 4090", "cuda_rtx_4090"), ("NVIDIA H200", "cuda_h200")],
-)  # fmt: skip
+    [
+        ("NVIDIA H100 80GB HBM3", "cuda_h100"),
+        ("NVIDIA A100-SXM4-80GB", "cuda_a100"),
+        ("NVIDIA GeForce RTX 4090", "cuda_rtx_4090"),
+        ("NVIDIA H200", "cuda_h200"),
+    ],
+)
 def test_device_slug_names_the_gpu_model(monkeypatch, name, slug):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert bench.device_slug(torch.device("cuda", 0)) == slug
@@ -66,16 +79,20 @@ def test_device_slug_names_the_gpu_model(monkeypatch, name, slug):
 def test_default_output_is_named_after_the_device():
     assert bench.default_out(["device=cpu"]) == "results/benchmarks/train_cpu.json"
     noise = {**bench.DEFAULTS, **bench.NOISE_DEFAULTS}  # micro_batch=64 divides its batch of 128
-    assert (bench.default_out(["device=cpu", "micro_batch=64"], "noise_scale", noise)
-            == "results/benchmarks/noise_scale_cpu.json")  # fmt: skip
+    assert (
+        bench.default_out(["device=cpu", "micro_batch=64"], "noise_scale", noise)
+        == "results/benchmarks/noise_scale_cpu.json"
+    )
 
 
 def test_matrix_variants_cover_every_precision_compile_and_layout():
     cfg = Config(**{**bench.DEFAULTS, "batch_size": 64, "micro_batch": 64, "bn_batch": 16})
     variants = bench.matrix_variants(cfg, ["fp32", "bf16"], [False, True], list(bench.LAYOUTS), 4)
     assert len(variants) == 2 * 2 * 3 and len({label for label, _ in variants}) == 12
-    shapes = {label.split()[-1]: (k["batch_size"], k["micro_batch"], k["bn_batch"])
-              for label, k in variants}  # fmt: skip
+    shapes = {
+        label.split()[-1]: (k["batch_size"], k["micro_batch"], k["bn_batch"])
+        for label, k in variants
+    }
     assert shapes == {"plain": (64, 64, 64), "ghost_bn": (64, 64, 16), "accum": (256, 64, 64)}
     with pytest.raises(ConfigError, match="bn_batch < micro_batch"):
         bench.matrix_variants(cfg.replace(bn_batch=64), ["fp32"], [False], ["ghost_bn"], 4)
@@ -84,32 +101,45 @@ def test_matrix_variants_cover_every_precision_compile_and_layout():
 @pytest.mark.slow
 def test_matrix_gives_one_row_per_variant_with_ratio_trainer_over_bare(tmp_path):
     out = tmp_path / "train_cpu.json"
-    result = bench.bench_matrix([*TINY_FAKE, "micro_batch=32", "bn_batch=8"], ["fp32", "bf16"],
-                                [False], list(bench.LAYOUTS), accum=2, steps=5, repeats=1,
-                                out=str(out))  # fmt: skip
+    result = bench.bench_matrix(
+        [*TINY_FAKE, "micro_batch=32", "bn_batch=8"],
+        ["fp32", "bf16"],
+        [False],
+        list(bench.LAYOUTS),
+        accum=2,
+        steps=5,
+        repeats=1,
+        out=str(out),
+    )
     rows = result["rows"]
-    assert [r["variant"] for r in rows] == [f"{p} eager {lay}" for p in ("fp32", "bf16")
-                                            for lay in bench.LAYOUTS]  # fmt: skip
+    assert [r["variant"] for r in rows] == [
+        f"{p} eager {lay}" for p in ("fp32", "bf16") for lay in bench.LAYOUTS
+    ]
     for r in rows:
         for key in ("bare_img_per_s", "trainer_img_per_s"):
             assert math.isfinite(r[key]) and r[key] > 0
         assert r["ratio"] == pytest.approx(r["trainer_img_per_s"] / r["bare_img_per_s"])
         assert all(w is not None and w > 0 for w in r["bare_warmup_s"] + r["trainer_warmup_s"])
     assert {(r["layout"], r["accum_steps"], r["bn_batch"]) for r in rows} == {
-        ("plain", 1, 32), ("ghost_bn", 1, 8), ("accum", 2, 32)}  # fmt: skip
+        ("plain", 1, 32),
+        ("ghost_bn", 1, 8),
+        ("accum", 2, 32),
+    }
     assert result["warmup_steps_excluded"] == 3 and result["device"] == "cpu"
     assert json.loads(out.read_text())["rows"] == rows
 
 
 @pytest.mark.parametrize(
     ("args", "named"),
-    [(["--precisions", "fp32,fp8"], "--precisions: 'fp8'"),
-     (["--compile", "maybe"], "--compile: 'maybe'"),
-     (["--layouts", "ghost"], "--layouts: 'ghost'"),
-     (["--matrix", "micro_batch=32", "bn_batch=32", "batch_size=32"], "bn_batch < micro_batch"),
-     (["--matrix", "micro_batch=auto"], "micro_batch=auto"),
-     (["--matrix", "precison=fp16"], "unknown key 'precison'")],
-)  # fmt: skip
+    [
+        (["--precisions", "fp32,fp8"], "--precisions: 'fp8'"),
+        (["--compile", "maybe"], "--compile: 'maybe'"),
+        (["--layouts", "ghost"], "--layouts: 'ghost'"),
+        (["--matrix", "micro_batch=32", "bn_batch=32", "batch_size=32"], "bn_batch < micro_batch"),
+        (["--matrix", "micro_batch=auto"], "micro_batch=auto"),
+        (["--matrix", "precison=fp16"], "unknown key 'precison'"),
+    ],
+)
 def test_bad_bench_option_is_a_one_line_error_and_writes_nothing(tmp_path, capsys, args, named):
     out = tmp_path / "r.json"
     code = cli.main(["bench", "train", "--out", str(out), *args, *TINY_FAKE])
@@ -121,14 +151,32 @@ def test_bad_bench_option_is_a_one_line_error_and_writes_nothing(tmp_path, capsy
 @pytest.mark.cuda
 @pytest.mark.slow
 def test_on_cuda_the_data_live_on_the_gpu_and_both_sides_measure_there(tmp_path):
-    cfg = Config(dataset="fake", fake_train=64, fake_test=16, fake_image_size=16, fake_classes=10,
-                 device="cuda")  # fmt: skip
+    cfg = Config(
+        dataset="fake",
+        fake_train=64,
+        fake_test=16,
+        fake_image_size=16,
+        fake_classes=10,
+        device="cuda",
+    )
     splits = data.build(cfg)  # the run's device by default
     assert all(t.is_cuda for t in (*splits.train.tensors, *splits.test.tensors))
-    keys = [*(k for k in TINY_FAKE if k != "device=cpu"), "device=cuda", "micro_batch=32",
-            "bn_batch=8"]  # fmt: skip
-    result = bench.bench_matrix(keys, ["bf16", "fp16"], [False], ["plain", "ghost_bn"], accum=2,
-                                steps=5, repeats=1, out=str(tmp_path / "r.json"))  # fmt: skip
+    keys = [
+        *(k for k in TINY_FAKE if k != "device=cpu"),
+        "device=cuda",
+        "micro_batch=32",
+        "bn_batch=8",
+    ]
+    result = bench.bench_matrix(
+        keys,
+        ["bf16", "fp16"],
+        [False],
+        ["plain", "ghost_bn"],
+        accum=2,
+        steps=5,
+        repeats=1,
+        out=str(tmp_path / "r.json"),
+    )
     assert result["device"].startswith("cuda_") and result["environment"]["gpu"]
     assert len(result["rows"]) == 4
     for r in result["rows"]:
@@ -154,9 +202,13 @@ def test_noise_layouts_take_micro_batch_half_batch_and_the_per_process_share_as_
 
 @pytest.mark.parametrize(
     ("keys", "nproc", "named"),
-    [({"batch_size": 96}, 2, "even number"), ({"batch_size": 32}, 2, "even number"),
-     ({}, 1, "--nproc=1"), ({}, 3, "--nproc=3")],
-)  # fmt: skip
+    [
+        ({"batch_size": 96}, 2, "even number"),
+        ({"batch_size": 32}, 2, "even number"),
+        ({}, 1, "--nproc=1"),
+        ({}, 3, "--nproc=3"),
+    ],
+)
 def test_noise_layouts_the_batch_cannot_make_are_refused_in_one_line(keys, nproc, named):
     cfg = Config(**{**bench.DEFAULTS, **bench.NOISE_DEFAULTS, **keys})
     with pytest.raises(ConfigError, match=named) as e:
@@ -166,11 +218,14 @@ def test_noise_layouts_the_batch_cannot_make_are_refused_in_one_line(keys, nproc
 
 @pytest.mark.parametrize(
     ("args", "named"),
-    [(["noise_scale=true"], "sets noise_scale and noise_scale_batch itself"),
-     (["noise_scale_batch=8"], "sets noise_scale and noise_scale_batch itself"),
-     (["--nproc", "3"], "--nproc=3"), (["--repeats", "0"], "--repeats=0"),
-     (["batch_size=24"], "even number")],
-)  # fmt: skip
+    [
+        (["noise_scale=true"], "sets noise_scale and noise_scale_batch itself"),
+        (["noise_scale_batch=8"], "sets noise_scale and noise_scale_batch itself"),
+        (["--nproc", "3"], "--nproc=3"),
+        (["--repeats", "0"], "--repeats=0"),
+        (["batch_size=24"], "even number"),
+    ],
+)
 def test_bad_noise_bench_input_is_a_one_line_error_and_writes_nothing(
     tmp_path, capsys, args, named
 ):
@@ -189,7 +244,10 @@ def test_noise_bench_gives_a_step_time_ratio_for_every_layout(tmp_path):
     result = bench.bench_noise(keys, steps=5, repeats=2, nproc=2, out=str(out))
     rows = result["rows"]
     assert [(r["layout"], r["nproc"], r["noise_scale_batch"]) for r in rows] == [
-        ("accum", 1, 8), ("half", 1, 16), ("ddp", 2, 16)]  # fmt: skip
+        ("accum", 1, 8),
+        ("half", 1, 16),
+        ("ddp", 2, 16),
+    ]
     for r in rows:
         for side in ("off", "on"):
             assert len(r[f"all_{side}_img_per_s"]) == 2

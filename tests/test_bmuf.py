@@ -36,13 +36,23 @@ class Workers:
     fake all-reduce returns the mean of what every process held when the step ended, as a real
     all-reduce does (all processes contribute before any restarts)."""
 
-    def __init__(self, k: int, start: int, period: int, eta: float, eps: float, nesterov: bool,
-                 init: list[float]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        k: int,
+        start: int,
+        period: int,
+        eta: float,
+        eps: float,
+        nesterov: bool,
+        init: list[float],
+    ) -> None:
         self.params = [[torch.nn.Parameter(torch.tensor(init, dtype=F64))] for _ in range(k)]
         self.held: list[torch.Tensor] = []
         self.averaged = 0  # all-reduces so far
-        self.bmuf = [comm.BMUF(period, start, 0, p, eta, eps, nesterov, average=self.average)
-                     for p in self.params]  # fmt: skip
+        self.bmuf = [
+            comm.BMUF(period, start, 0, p, eta, eps, nesterov, average=self.average)
+            for p in self.params
+        ]
 
     def average(self, flat: torch.Tensor) -> torch.Tensor:
         assert any(torch.equal(flat, h) for h in self.held)  # its own parameters, flat
@@ -95,8 +105,12 @@ def test_zero_block_momentum_and_unit_block_lr_is_plain_model_averaging():
     w = Workers(2, start=0, period=1, eta=0.0, eps=1.0, nesterov=True, init=init)
     for _ in range(3):
         moves = torch.randn(2, 5).tolist()
-        mean = torch.stack([p[0].detach() + torch.tensor(m, dtype=F64)
-                            for p, m in zip(w.params, moves, strict=True)]).mean(0)  # fmt: skip
+        mean = torch.stack(
+            [
+                p[0].detach() + torch.tensor(m, dtype=F64)
+                for p, m in zip(w.params, moves, strict=True)
+            ]
+        ).mean(0)
         w.step(*moves)
         for p in w.params:
             torch.testing.assert_close(p[0].detach(), mean, rtol=0, atol=1e-12)
@@ -172,7 +186,7 @@ def test_state_dict_resumes_the_filter_bitwise():
         "lr_without_local_sgd",
         "classical_without_local_sgd",
         "lr_not_a_number",
-    ],  # fmt: skip
+    ],
 )
 def test_bad_bmuf_keys_are_refused_in_one_line(keys, match):
     with pytest.raises(ConfigError, match=match) as e:
@@ -245,8 +259,9 @@ def test_first_block_of_a_two_process_run_is_the_filtered_average(tmp_path):
     for name, extra in {"local": [], "bmuf": bmuf_keys}.items():
         r = lbsgd([*keys, *extra, f"name={name}"], nproc=2)
         assert r.returncode == 0, r.stderr[-3000:]
-    prev = {n: checkpoint.read(tmp_path / "runs" / n / checkpoint.PREVIOUS)
-            for n in ("local", "bmuf")}  # fmt: skip
+    prev = {
+        n: checkpoint.read(tmp_path / "runs" / n / checkpoint.PREVIOUS) for n in ("local", "bmuf")
+    }
     final = {n: _final(tmp_path, n) for n in ("local", "bmuf")}
     assert prev["local"]["step"] == prev["bmuf"]["step"] == 2
     assert final["local"]["step"] == final["bmuf"]["step"] == 3

@@ -43,8 +43,10 @@ def test_pad_crop_flip_equals_the_per_sample_reference_for_every_placement():
     rng = np.random.default_rng(0)
     n = 2 * 9 * 9  # every (top, left), each unflipped and flipped
     images = rng.integers(0, 256, size=(n, 3, 32, 32), dtype=np.uint8)
-    top, left, flip = (t.flatten() for t in torch.meshgrid(
-        torch.arange(9), torch.arange(9), torch.arange(2), indexing="ij"))  # fmt: skip
+    top, left, flip = (
+        t.flatten()
+        for t in torch.meshgrid(torch.arange(9), torch.arange(9), torch.arange(2), indexing="ij")
+    )
     out = pad_crop_flip(torch.from_numpy(images), top, left, flip)
     assert out.dtype == torch.uint8 and out.shape == (n, 3, 32, 32) and out.is_contiguous()
     for b in range(n):
@@ -57,7 +59,7 @@ def test_train_batch_is_the_seeded_placement_of_each_image_then_normalised(split
     raw = np.concatenate([written[f"data_batch_{i}"][0] for i in range(1, 6)])
     idx = torch.tensor([3, 0, 79, 3, 41])  # a repeated image gets its own placement per position
     seeds = data.sample_seeds(11, torch.arange(100, 105))
-    (x, y), = data.batches(train, [idx], seeds=[seeds], device=torch.device("cpu"))  # fmt: skip
+    ((x, y),) = data.batches(train, [idx], seeds=[seeds], device=torch.device("cpu"))
     assert x.dtype == torch.float32 and x.shape == (5, 3, 32, 32)
     labels = sum((written[f"data_batch_{i}"][1] for i in range(1, 6)), [])
     assert y.tolist() == [labels[i] for i in idx]
@@ -73,7 +75,7 @@ def test_test_split_and_unaugmented_train_are_only_normalised(splits, files):
     plain, _, _, _ = cifar10(files[0], augment=False)
     seeds = data.sample_seeds(0, torch.arange(8))  # seeds given, and still no augmentation
     for split, name in ((test, "test_batch"), (plain, "data_batch_1")):
-        (x, y), = data.batches(split, [torch.arange(8)], seeds=[seeds])  # fmt: skip
+        ((x, y),) = data.batches(split, [torch.arange(8)], seeds=[seeds])
         pixels, labels = written[name]
         for b in range(8):
             expected = _normalise(pixels[b].reshape(3, 32, 32), CIFAR10_MEAN, CIFAR10_STD)

@@ -43,13 +43,13 @@ def torchrun(target: list[str], nodes: int, per_node: int, cwd: Path, timeout: i
                 "--master-addr=127.0.0.1",
                 f"--master-port={port}",
                 *target,
-            ],  # fmt: skip
+            ],
             cwd=cwd,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         for i in range(nodes)
     ]
     outs = [a.communicate(timeout=timeout)[0] for a in agents]
@@ -124,14 +124,29 @@ def test_comm_keys_refuse_impossible_settings_in_one_line():
 
 def lbsgd_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = subprocess_env()
-    return subprocess.run([sys.executable, "-m", "lbsgd", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "lbsgd", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def test_bench_allreduce_measures_every_size_and_path_and_fits_alpha_beta(tmp_path):
     out = tmp_path / "ar.json"
-    r = lbsgd_cli("bench", "allreduce", "--nproc=2", "--nodes=2", "--min-bytes=1024",
-                  "--max-bytes=1048576", "--iters=3", f"--out={out}", cwd=tmp_path)  # fmt: skip
+    r = lbsgd_cli(
+        "bench",
+        "allreduce",
+        "--nproc=2",
+        "--nodes=2",
+        "--min-bytes=1024",
+        "--max-bytes=1048576",
+        "--iters=3",
+        f"--out={out}",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert (res["world_size"], res["nodes"], res["processes_per_node"]) == (2, 2, 1)
@@ -153,9 +168,20 @@ def test_bench_allreduce_measures_every_size_and_path_and_fits_alpha_beta(tmp_pa
 
 def test_bench_train_breakdown_times_each_phase_per_layout(tmp_path):
     out = tmp_path / "steps.json"
-    r = lbsgd_cli("bench", "train", "--nproc=1,2", "--comm-hooks=none,fp16", "--bucket-caps=1",
-                  "--steps=3", f"--out={out}", "synthetic_train=256", "synthetic_test=64",
-                  "synthetic_difficulty=easy", "width=4", cwd=tmp_path)  # fmt: skip
+    r = lbsgd_cli(
+        "bench",
+        "train",
+        "--nproc=1,2",
+        "--comm-hooks=none,fp16",
+        "--bucket-caps=1",
+        "--steps=3",
+        f"--out={out}",
+        "synthetic_train=256",
+        "synthetic_test=64",
+        "synthetic_difficulty=easy",
+        "width=4",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     assert [(row["nproc"], row["comm_hook"]) for row in rows] == [

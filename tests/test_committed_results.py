@@ -35,8 +35,11 @@ def test_the_committed_report_is_the_one_built_from_the_study_files():
 def test_measuring_the_noise_scale_changed_no_committed_result():
     """Study 11 re-ran notebook 3's sweep with noise_scale=true (a run key): every run of the same
     name ended with the same losses and errors, to the last digit, and measured where it could."""
-    pairs = [(run, CPU / "batch_scaling" / run.name) for run in RUNS
-             if run.parent.name == "critical_batch"]  # fmt: skip
+    pairs = [
+        (run, CPU / "batch_scaling" / run.name)
+        for run in RUNS
+        if run.parent.name == "critical_batch"
+    ]
     assert len(pairs) == 19
     for run, twin in pairs:
         ours, theirs = (json.loads((d / "summary.json").read_text()) for d in (run, twin))

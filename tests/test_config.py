@@ -73,10 +73,22 @@ def test_hardware_mapping_that_cannot_be_exact_is_refused():
 
 
 def test_overrides_are_typed_by_the_schema():
-    c = config.load(overrides=["batch_size=8192", "nesterov=false", "milestones=[10, 20]",
-                               "warmup_lr=null", "base_lr=1e-3"])  # fmt: skip
+    c = config.load(
+        overrides=[
+            "batch_size=8192",
+            "nesterov=false",
+            "milestones=[10, 20]",
+            "warmup_lr=null",
+            "base_lr=1e-3",
+        ]
+    )
     assert (c.batch_size, c.nesterov, c.milestones, c.warmup_lr, c.base_lr) == (
-        8192, False, (10.0, 20.0), None, 0.001)  # fmt: skip
+        8192,
+        False,
+        (10.0, 20.0),
+        None,
+        0.001,
+    )
 
 
 def test_yaml_files_then_overrides_later_wins(tmp_path):

@@ -60,8 +60,19 @@ def _ran_on_cuda(run_dir: Path, world_size: int = 1) -> None:
 def test_fp16_on_cuda_lowers_the_loss_scale_and_counts_skipped_steps(tmp_path):
     # tests/test_precision.py's CPU test on the GPU: 2^30 overflows fp16 activation gradients
     # (max 65504), so the first steps are skipped and the scale halves at each
-    r = lbsgd(["train", *_args(tmp_path, "fp16", precision="fp16", loss_scale=2.0**30, epochs=3,
-                               zero_init_residual=False)])  # fmt: skip
+    r = lbsgd(
+        [
+            "train",
+            *_args(
+                tmp_path,
+                "fp16",
+                precision="fp16",
+                loss_scale=2.0**30,
+                epochs=3,
+                zero_init_residual=False,
+            ),
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "runs" / "fp16"
     _ran_on_cuda(run_dir)
@@ -78,10 +89,25 @@ def test_bf16_channels_last_on_cuda_trains_to_a_finite_falling_loss(tmp_path):
     # tests/test_trainer.py's learning run (4,000 easy images, 375 steps of batch 32). Measured on
     # the CPU in bf16 + channels_last: mean loss of the first 75 steps 2.33-2.35, of the last 75
     # 1.08-1.35 (seeds 0, 1); top-1 error 33-50% (chance: 90%).
-    r = lbsgd(["train", *_args(tmp_path, "bf16", precision="bf16", channels_last=True,
-                               synthetic_train=4000, synthetic_test=1000, batch_size=32,
-                               reference_batch=32, base_lr=0.1, epochs=3, warmup_epochs=0.3,
-                               zero_init_residual=False)])  # fmt: skip
+    r = lbsgd(
+        [
+            "train",
+            *_args(
+                tmp_path,
+                "bf16",
+                precision="bf16",
+                channels_last=True,
+                synthetic_train=4000,
+                synthetic_test=1000,
+                batch_size=32,
+                reference_batch=32,
+                base_lr=0.1,
+                epochs=3,
+                warmup_epochs=0.3,
+                zero_init_residual=False,
+            ),
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "runs" / "bf16"
     _ran_on_cuda(run_dir)
@@ -101,8 +127,9 @@ def test_bf16_channels_last_on_cuda_trains_to_a_finite_falling_loss(tmp_path):
 def test_torchrun_world_of_one_trains_over_nccl(tmp_path):
     # NCCL_DEBUG=INFO: NCCL itself reports its communicator (torch creates it at init when given
     # the device), which shows that the process group really is NCCL's
-    r = lbsgd(_args(tmp_path, "nccl", backend="nccl", epochs=1), nproc=1,
-              env={"NCCL_DEBUG": "INFO"})  # fmt: skip
+    r = lbsgd(
+        _args(tmp_path, "nccl", backend="nccl", epochs=1), nproc=1, env={"NCCL_DEBUG": "INFO"}
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "NCCL INFO" in r.stdout + r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
     assert "world_size=1 x micro_batch=16 x accum_steps=4 = batch_size=64" in r.stdout
@@ -132,8 +159,9 @@ def test_two_processes_on_cuda_end_with_the_weights_of_one_accumulating(tmp_path
     BN statistics, up to the order of float additions (10x the CPU test's tolerance)."""
     keys = [k for k in COMMON if not k.startswith(("bn_batch=", "device="))]
     keys += ["bn_batch=8", "micro_batch=16", "device=cuda", "deterministic=true"]
-    two = lbsgd([*keys, f"backend={backend}", f"out_dir={tmp_path}", "name=two"], nproc=2,
-                env=FP32_ONLY)  # fmt: skip
+    two = lbsgd(
+        [*keys, f"backend={backend}", f"out_dir={tmp_path}", "name=two"], nproc=2, env=FP32_ONLY
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     assert "world_size=2 x micro_batch=16 x accum_steps=1 = batch_size=32" in two.stdout
     one = lbsgd(["train", *keys, f"out_dir={tmp_path}", "name=one"], env=FP32_ONLY)
@@ -197,8 +225,9 @@ def test_compiled_model_on_cuda_trains_to_the_weights_of_eager_mode(tmp_path):
     keys = {"epochs": 1, "eval_every": 0}  # 8 steps of 64, one evaluation at the end
     eager = lbsgd(["train", *_args(tmp_path, "eager", **keys)], env=FP32_ONLY)
     assert eager.returncode == 0, eager.stderr[-3000:]
-    compiled = lbsgd(["train", *_args(tmp_path, "compiled", compile=True, **keys)],
-                     env=FP32_ONLY, timeout=600)  # fmt: skip
+    compiled = lbsgd(
+        ["train", *_args(tmp_path, "compiled", compile=True, **keys)], env=FP32_ONLY, timeout=600
+    )
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     _ran_on_cuda(tmp_path / "runs" / "compiled")
     want = checkpoint.load(tmp_path / "runs" / "eager")["model"]
@@ -219,8 +248,9 @@ def test_compiled_model_on_cuda_trains_to_the_weights_of_eager_mode(tmp_path):
 # -- ghost BN's kernels ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", [torch.channels_last, torch.contiguous_format],
-                         ids=["channels_last", "contiguous"])  # fmt: skip
+@pytest.mark.parametrize(
+    "fmt", [torch.channels_last, torch.contiguous_format], ids=["channels_last", "contiguous"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_ghost_bn_on_cuda_equals_plain_bn_applied_per_group(dtype, fmt):
     """tests/test_ghost_bn.py on the GPU: one native kernel per group of n samples, forward and
@@ -273,8 +303,7 @@ def test_micro_batch_auto_probes_the_gpu_leaves_no_trace_and_is_recorded(tmp_pat
     keys = {"deterministic": True, "epochs": 1}
     out = {}
     for name, micro in (("auto", "auto"), ("fixed", 64)):
-        r = lbsgd(["train", *_args(tmp_path, name, micro_batch=micro, **keys)],
-                  env=FP32_ONLY)  # fmt: skip
+        r = lbsgd(["train", *_args(tmp_path, name, micro_batch=micro, **keys)], env=FP32_ONLY)
         assert r.returncode == 0, r.stderr[-3000:]
         out[name] = r.stdout
     assert "micro_batch=auto -> 64" in out["auto"]
@@ -298,8 +327,17 @@ def test_noise_scale_on_cuda_changes_no_weight_and_matches_the_cpu_measurement(t
         r = lbsgd(["train", *_args(tmp_path, name, **keys, **extra)], env=FP32_ONLY)
         assert r.returncode == 0, r.stderr[-3000:]
         _ran_on_cuda(tmp_path / "runs" / name)
-    r = lbsgd(["train", *_args(tmp_path, "cpu", **{**keys, "device": "cpu", "deterministic": False},
-                               noise_scale=True)])  # fmt: skip
+    r = lbsgd(
+        [
+            "train",
+            *_args(
+                tmp_path,
+                "cpu",
+                **{**keys, "device": "cpu", "deterministic": False},
+                noise_scale=True,
+            ),
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     on, off = (checkpoint.load(tmp_path / "runs" / n)["model"] for n in ("on", "off"))
     _assert_bitwise(on, off)

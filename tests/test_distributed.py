@@ -63,9 +63,19 @@ def lbsgd(args, nproc=None, cwd=None, timeout=240, env=None):
     ``env``: variables added to :func:`conftest.subprocess_env`'s."""
     env = subprocess_env(**(env or {}))
     if nproc:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-               f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "lbsgd", "train", *args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            "-m",
+            "lbsgd",
+            "train",
+            *args,
+        ]
     else:
         cmd = [sys.executable, "-m", "lbsgd", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
@@ -95,8 +105,9 @@ def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_
     moved = 0.0
     for name in ("a_two_processes", "c_one_micro_batch"):
         for key, value in ref["model"].items():  # parameters and BN buffers alike
-            torch.testing.assert_close(states[name]["model"][key], value, rtol=1e-5, atol=1e-6,
-                                       msg=f"{name}: {key}")  # fmt: skip
+            torch.testing.assert_close(
+                states[name]["model"][key], value, rtol=1e-5, atol=1e-6, msg=f"{name}: {key}"
+            )
             if value.is_floating_point():
                 moved = max(moved, (value - init[key]).abs().max().item())
     assert moved > 1e-2  # the weights did train: the equality is not that of untouched models
@@ -148,8 +159,17 @@ def test_cli_trains_a_user_plugin_model_by_name(tmp_path):
         "    return torch.nn.Sequential(torch.nn.Flatten(),\n"
         "                               torch.nn.Linear(3 * image_size**2, num_classes))\n"
     )
-    r = lbsgd(["train", *COMMON, f"plugins={plugin}", "model=tiny_linear", f"out_dir={tmp_path}",
-               "name=plug"], cwd=tmp_path)  # fmt: skip
+    r = lbsgd(
+        [
+            "train",
+            *COMMON,
+            f"plugins={plugin}",
+            "model=tiny_linear",
+            f"out_dir={tmp_path}",
+            "name=plug",
+        ],
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     state = checkpoint.load(tmp_path / "runs" / "plug")["model"]
     assert set(state) == {"1.weight", "1.bias"}  # the user's network, not a built-in one
@@ -176,8 +196,12 @@ def test_progress_bar_shows_on_a_terminal_and_stays_quiet_otherwise(tmp_path):
         follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0)
     )  # a 100-col terminal
     env = subprocess_env()
-    proc = subprocess.Popen([sys.executable, "-m", "lbsgd", "train", *args, "name=tty"],
-                            stdout=subprocess.DEVNULL, stderr=follower, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lbsgd", "train", *args, "name=tty"],
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
+        env=env,
+    )
     os.close(follower)
     chunks = []
     while True:

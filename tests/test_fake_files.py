@@ -52,8 +52,9 @@ def test_imagenet_files_are_imagefolder_jpegs_of_the_asked_size(tmp_path):
 
 def test_same_seed_same_bytes_other_seed_other_images(tmp_path):
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-        fake_files.write_imagenet(tmp_path / name, train=2, val=2, classes=2, size=(64, 48),
-                                  seed=seed)  # fmt: skip
+        fake_files.write_imagenet(
+            tmp_path / name, train=2, val=2, classes=2, size=(64, 48), seed=seed
+        )
     file = "train/n00000000/n00000000_0.JPEG"
     a, b, c = ((tmp_path / n / file).read_bytes() for n in "abc")
     assert a == b and a != c
@@ -92,8 +93,25 @@ def test_fake_jpegs_are_photo_like_not_noise_in_entropy():
 
 
 def test_cli_writes_then_refuses_the_same_dir_in_one_line(tmp_path):
-    cmd = [sys.executable, "-m", "lbsgd", "data", "fake", "imagenet", str(tmp_path / "d"),
-           "--train", "3", "--val", "3", "--classes", "3", "--width", "40", "--height", "30"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "lbsgd",
+        "data",
+        "fake",
+        "imagenet",
+        str(tmp_path / "d"),
+        "--train",
+        "3",
+        "--val",
+        "3",
+        "--classes",
+        "3",
+        "--width",
+        "40",
+        "--height",
+        "30",
+    ]
     first = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env())
     assert first.returncode == 0, first.stderr
     assert len(list((tmp_path / "d" / "val").glob("*/*.JPEG"))) == 3

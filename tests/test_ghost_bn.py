@@ -92,7 +92,9 @@ def test_convert_keeps_parameters_buffers_and_state_dict_keys():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ghost_bn.convert(model, group_size=2)
     assert [type(m) for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] == [
-        GhostBatchNorm, GhostBatchNorm]  # fmt: skip
+        GhostBatchNorm,
+        GhostBatchNorm,
+    ]
     after = model.state_dict()
     assert after.keys() == before.keys()
     for k in before:
@@ -149,8 +151,12 @@ def test_half_precision_activations_with_fp32_parameters_match_the_per_group_ref
     x = torch.randn(3 * n, c, 4, 4).to(dtype).requires_grad_()
     y = bn(x)
     assert y.dtype == dtype
-    ref = torch.cat([F.batch_norm(p.float(), None, None, bn.weight, bn.bias, True, 0.0, bn.eps)
-                     for p in x.detach().split(n)])  # fmt: skip
+    ref = torch.cat(
+        [
+            F.batch_norm(p.float(), None, None, bn.weight, bn.bias, True, 0.0, bn.eps)
+            for p in x.detach().split(n)
+        ]
+    )
     torch.testing.assert_close(
         y.float(), ref, rtol=0, atol=2e-2 if dtype == torch.bfloat16 else 3e-3
     )

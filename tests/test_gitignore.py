@@ -20,27 +20,33 @@ def ignored(path: str) -> bool:
     )
 
 
-@pytest.mark.parametrize("path", [
-    "results/cpu/warmup/run-s0-1234abcd/checkpoint.pt",
-    "results/cpu/warmup/run-s0-1234abcd/checkpoint.prev.pt",
-    "results/cpu/warmup/run-s0-1234abcd/.checkpoint.pt.tmp",
-    "results/cpu/warmup/run-s0-1234abcd/wandb/offline-run-1/run-1.wandb",
-    "results/cpu/warmup/run-s0-1234abcd/wandb_id",
-    "results/cpu/warmup/wandb/study_id",
-    "results/smoke/warmup/02_warmup.ipynb",
-    "notebooks/.ipynb_checkpoints/02_warmup-checkpoint.ipynb",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path",
+    [
+        "results/cpu/warmup/run-s0-1234abcd/checkpoint.pt",
+        "results/cpu/warmup/run-s0-1234abcd/checkpoint.prev.pt",
+        "results/cpu/warmup/run-s0-1234abcd/.checkpoint.pt.tmp",
+        "results/cpu/warmup/run-s0-1234abcd/wandb/offline-run-1/run-1.wandb",
+        "results/cpu/warmup/run-s0-1234abcd/wandb_id",
+        "results/cpu/warmup/wandb/study_id",
+        "results/smoke/warmup/02_warmup.ipynb",
+        "notebooks/.ipynb_checkpoints/02_warmup-checkpoint.ipynb",
+    ],
+)
 def test_what_is_not_a_result_is_ignored(path):
     assert ignored(path)
 
 
-@pytest.mark.parametrize("path", [
-    "results/cpu/warmup/run-s0-1234abcd/summary.json",
-    "results/cpu/warmup/run-s0-1234abcd/metrics.jsonl",
-    "results/cpu/warmup/run-s0-1234abcd.log",
-    "results/cpu/warmup/02_warmup.ipynb",
-    "results/cpu/warmup/table.csv",
-    "results/cpu/REPORT.md",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path",
+    [
+        "results/cpu/warmup/run-s0-1234abcd/summary.json",
+        "results/cpu/warmup/run-s0-1234abcd/metrics.jsonl",
+        "results/cpu/warmup/run-s0-1234abcd.log",
+        "results/cpu/warmup/02_warmup.ipynb",
+        "results/cpu/warmup/table.csv",
+        "results/cpu/REPORT.md",
+    ],
+)
 def test_results_are_not_ignored(path):
     assert not ignored(path)

@@ -91,8 +91,9 @@ def test_each_sample_is_the_crop_and_flip_drawn_from_its_seed_and_flips_half(tin
             expected = TF.resized_crop(image, top, left, h, w, [32, 32])
             if flips[-1]:
                 expected = TF.hflip(expected)
-            (x, _), *_ = data.batches(Subset(train, [0]), [torch.tensor([0])],
-                                      seeds=[torch.tensor([seed])])  # fmt: skip
+            (x, _), *_ = data.batches(
+                Subset(train, [0]), [torch.tensor([0])], seeds=[torch.tensor([seed])]
+            )
             assert torch.equal(x[0], TF.pil_to_tensor(expected))
     assert 0.42 < sum(flips) / len(flips) < 0.58  # 400 fair coin flips: sd 0.025
 
@@ -100,8 +101,12 @@ def test_each_sample_is_the_crop_and_flip_drawn_from_its_seed_and_flips_half(tin
 def _uint8_stream(train, idx, seeds, workers, start=0):
     """uint8 batches (Subset hides ``on_device``: what the workers hand over) of stream positions
     ``start`` onwards, batches of 4."""
-    batches = data.batches(Subset(train, range(len(train))), idx[start:].split(4), workers,
-                           seeds=seeds[start:].split(4))  # fmt: skip
+    batches = data.batches(
+        Subset(train, range(len(train))),
+        idx[start:].split(4),
+        workers,
+        seeds=seeds[start:].split(4),
+    )
     return torch.cat([x for x, _ in batches])
 
 

@@ -29,16 +29,23 @@ def _cli_run(tmp_path, **kw) -> dict:
     """A TINY run by ``python -m lbsgd train`` in a fresh process: its summary and weights."""
     keys = _keys(tmp_path, **kw)
     env = {k: v for k, v in subprocess_env().items() if k not in isa.VARIABLES}
-    subprocess.run([sys.executable, "-m", "lbsgd", "train", *(f"{k}={v}" for k, v in keys.items())],
-                   env=env, check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "lbsgd", "train", *(f"{k}={v}" for k, v in keys.items())],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     return _read(tmp_path)
 
 
 def _read(tmp_path) -> dict:
     run = tmp_path / "results" / "runs" / "r"
     weights = torch.load(run / "checkpoint.pt", weights_only=False)["model"]
-    return {"summary": json.loads((run / "summary.json").read_text()), "weights": weights,
-            "metrics": (run / "metrics.jsonl").read_text()}  # fmt: skip
+    return {
+        "summary": json.loads((run / "summary.json").read_text()),
+        "weights": weights,
+        "metrics": (run / "metrics.jsonl").read_text(),
+    }
 
 
 def _bitwise_equal(a: dict, b: dict) -> bool:
@@ -48,8 +55,13 @@ def _bitwise_equal(a: dict, b: dict) -> bool:
 def test_importing_lbsgd_and_its_cli_leaves_torch_unimported():
     """What lets `python -m lbsgd train` set the caps before torch's libraries read them."""
     code = "import sys, lbsgd, lbsgd.cli, lbsgd.isa; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=subprocess_env(),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert out.strip() == "False"
 
 
@@ -161,8 +173,9 @@ def test_dataset_digest_is_equal_for_equal_data_and_differs_for_other_data():
 
 def test_dataset_digest_of_files_follows_their_list_and_sizes(tmp_path):
     def digest(root):
-        return dataset_digest(data.build(Config(**{**TINY, "dataset": "imagenet",
-                                                   "data_dir": str(root)})).train)  # fmt: skip
+        return dataset_digest(
+            data.build(Config(**{**TINY, "dataset": "imagenet", "data_dir": str(root)})).train
+        )
 
     for name in ("a", "b"):
         fake_files.write_imagenet(tmp_path / name, 4, 2, 2, (40, 30), seed=0)
@@ -174,9 +187,14 @@ def test_dataset_digest_of_files_follows_their_list_and_sizes(tmp_path):
     assert digest(tmp_path / "b")["sha1"] != first["sha1"]
     fake_files.write_cifar10(tmp_path / "c", 10, 5, seed=0)
     fake_files.write_cifar10(tmp_path / "d", 10, 5, seed=1)
-    cifar = [dataset_digest(data.build(Config(**{**TINY, "dataset": "cifar10",
-                                                 "data_dir": str(tmp_path / x)})).train)
-             for x in "cd"]  # fmt: skip
+    cifar = [
+        dataset_digest(
+            data.build(
+                Config(**{**TINY, "dataset": "cifar10", "data_dir": str(tmp_path / x)})
+            ).train
+        )
+        for x in "cd"
+    ]
     assert cifar[0]["over"] == "tensors" and cifar[0]["sha1"] != cifar[1]["sha1"]
 
 

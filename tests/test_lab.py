@@ -55,17 +55,39 @@ class Lab:
         """Runs ``code`` in the kernel; returns its stdout and its execute_reply content."""
         ws = websocket.create_connection(
             f"{self.ws_base}/api/kernels/{kernel_id}/channels?token={self.token}",
-            timeout=EXECUTE_DEADLINE_S, suppress_origin=True,
-        )  # fmt: skip
+            timeout=EXECUTE_DEADLINE_S,
+            suppress_origin=True,
+        )
         try:
             msg_id = uuid.uuid4().hex
-            header = {"msg_id": msg_id, "msg_type": "execute_request", "username": "test",
-                      "session": uuid.uuid4().hex, "version": "5.3",
-                      "date": datetime.now(timezone.utc).isoformat()}  # fmt: skip
-            content = {"code": code, "silent": False, "store_history": False,
-                       "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}  # fmt: skip
-            ws.send(json.dumps({"header": header, "parent_header": {}, "metadata": {},
-                                "content": content, "channel": "shell", "buffers": []}))  # fmt: skip
+            header = {
+                "msg_id": msg_id,
+                "msg_type": "execute_request",
+                "username": "test",
+                "session": uuid.uuid4().hex,
+                "version": "5.3",
+                "date": datetime.now(timezone.utc).isoformat(),
+            }
+            content = {
+                "code": code,
+                "silent": False,
+                "store_history": False,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            }
+            ws.send(
+                json.dumps(
+                    {
+                        "header": header,
+                        "parent_header": {},
+                        "metadata": {},
+                        "content": content,
+                        "channel": "shell",
+                        "buffers": [],
+                    }
+                )
+            )
             out, reply, idle = [], None, False
             deadline = time.monotonic() + EXECUTE_DEADLINE_S
             while (reply is None or not idle) and time.monotonic() < deadline:
@@ -115,12 +137,25 @@ def listening_addresses(procs: list[psutil.Process]) -> set[tuple[str, int]]:
 def test_jupyterlab_serves_the_notebooks_and_runs_one_through_a_kernel(tmp_path):
     port, token = free_port(), secrets.token_hex(16)
     env = {**os.environ}
-    for var, sub in [("JUPYTER_RUNTIME_DIR", "runtime"), ("JUPYTER_CONFIG_DIR", "config"),
-                     ("JUPYTER_DATA_DIR", "data"), ("IPYTHONDIR", "ipython")]:  # fmt: skip
+    for var, sub in [
+        ("JUPYTER_RUNTIME_DIR", "runtime"),
+        ("JUPYTER_CONFIG_DIR", "config"),
+        ("JUPYTER_DATA_DIR", "data"),
+        ("IPYTHONDIR", "ipython"),
+    ]:
         env[var] = str(tmp_path / sub)
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
-           f"--port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-           "--notebook-dir=notebooks"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        "--notebook-dir=notebooks",
+    ]
     if os.geteuid() == 0:  # containers: jupyter refuses root without it
         cmd.append("--allow-root")
     log = tmp_path / "lab.log"
@@ -137,7 +172,9 @@ def test_jupyterlab_serves_the_notebooks_and_runs_one_through_a_kernel(tmp_path)
                 status = lab.call("GET", "/api/status", timeout=2)
                 break
             except (urllib.error.URLError, ConnectionError, TimeoutError):
-                assert time.monotonic() < deadline, f"no answer in {START_DEADLINE_S} s:\n{log.read_text()[-3000:]}"  # fmt: skip
+                assert time.monotonic() < deadline, (
+                    f"no answer in {START_DEADLINE_S} s:\n{log.read_text()[-3000:]}"
+                )
                 time.sleep(0.5)
         assert "started" in status, status
 
@@ -148,11 +185,15 @@ def test_jupyterlab_serves_the_notebooks_and_runs_one_through_a_kernel(tmp_path)
 
         kernel = lab.call("POST", "/api/kernels", {"name": "python3"}, timeout=30)
         kernel_id = kernel["id"]
-        out, reply = lab.execute(kernel_id, "from lbsgd import profiles; print(sorted(profiles.PROFILES))")  # fmt: skip
+        out, reply = lab.execute(
+            kernel_id, "from lbsgd import profiles; print(sorted(profiles.PROFILES))"
+        )
         assert reply["status"] == "ok" and "'smoke'" in out, (reply, out)
 
         # the first notebook's parameters cell and the setup cell after it, as "run all" would
-        cells = [c for c in nbformat.read(NOTEBOOKS[0], as_version=4).cells if c.cell_type == "code"]  # fmt: skip
+        cells = [
+            c for c in nbformat.read(NOTEBOOKS[0], as_version=4).cells if c.cell_type == "code"
+        ]
         i = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
         code = "\n".join([cells[i].source, cells[i + 1].source, "print('study', S.dir)"])
         out, reply = lab.execute(kernel_id, code)
@@ -165,7 +206,9 @@ def test_jupyterlab_serves_the_notebooks_and_runs_one_through_a_kernel(tmp_path)
         started = tree(server.pid)
         addresses = listening_addresses(started)
         assert ("127.0.0.1", port) in addresses, addresses
-        assert all(ip == "127.0.0.1" for ip, _ in addresses), f"listening beyond 127.0.0.1: {addresses}"  # fmt: skip
+        assert all(ip == "127.0.0.1" for ip, _ in addresses), (
+            f"listening beyond 127.0.0.1: {addresses}"
+        )
     finally:
         if kernel_id is not None:
             with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):

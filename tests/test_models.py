@@ -17,10 +17,20 @@ from lbsgd.models.alexnet import IMAGENET_LAYOUT, AlexNet
 from lbsgd.models.resnet import BasicBlock, resnet_cifar
 
 
-def cfg(model: str, depth: int = 20, width: int = 16, zero_init_residual: bool = False,
-        pool5_bn: bool = False):  # fmt: skip
-    return SimpleNamespace(model=model, depth=depth, width=width,
-                           zero_init_residual=zero_init_residual, pool5_bn=pool5_bn)  # fmt: skip
+def cfg(
+    model: str,
+    depth: int = 20,
+    width: int = 16,
+    zero_init_residual: bool = False,
+    pool5_bn: bool = False,
+):
+    return SimpleNamespace(
+        model=model,
+        depth=depth,
+        width=width,
+        zero_init_residual=zero_init_residual,
+        pool5_bn=pool5_bn,
+    )
 
 
 def n_params(model: nn.Module) -> int:
@@ -273,8 +283,16 @@ def test_unknown_model_raises_keyerror_with_suggestion():
 
 
 def test_builtin_models_are_registered():
-    expected = {"resnet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "alexnet",
-                "alexnet_bn"}  # fmt: skip
+    expected = {
+        "resnet",
+        "resnet18",
+        "resnet34",
+        "resnet50",
+        "resnet101",
+        "resnet152",
+        "alexnet",
+        "alexnet_bn",
+    }
     assert set(MODELS.names()) >= expected
 
 
@@ -300,8 +318,10 @@ def test_one_sgd_step_changes_every_parameter(model_cfg):
 
 
 @pytest.mark.parametrize("image_size", [16, 224])
-@pytest.mark.parametrize(("name", "pool5_bn"), [("alexnet", False), ("alexnet", True),
-                                                ("alexnet_bn", False), ("alexnet_bn", True)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "pool5_bn"),
+    [("alexnet", False), ("alexnet", True), ("alexnet_bn", False), ("alexnet_bn", True)],
+)
 def test_alexnet_family_places_bn_after_each_conv_and_after_pool5(name, pool5_bn, image_size):
     model = build(cfg(name, pool5_bn=pool5_bn), 10, image_size)
     layers = list(model.features)

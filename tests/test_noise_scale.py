@@ -91,12 +91,27 @@ def test_at_a_fixed_point_the_estimate_converges_to_the_exact_noise_scale(tmp_pa
     sampling without replacement is accounted for (module docstring of lbsgd.noise_scale)."""
     plugin = tmp_path / "linear_model.py"
     plugin.write_text(LINEAR)
-    cfg = from_dict({**TINY, "model": "softmax_regression", "plugins": (str(plugin),),
-                    "synthetic_train": 2048, "base_lr": 0.0, "weight_decay": 0.0, "epochs": 30,
-                    "batch_size": 128, "micro_batch": 16, "reference_batch": 128,
-                    "noise_scale": True, "noise_scale_batch": 32, "noise_scale_ema": 0.998,
-                    "log_every": 50, "out_dir": str(tmp_path / "results"),
-                    "checkpoint": False, "eval_every": 0})  # fmt: skip
+    cfg = from_dict(
+        {
+            **TINY,
+            "model": "softmax_regression",
+            "plugins": (str(plugin),),
+            "synthetic_train": 2048,
+            "base_lr": 0.0,
+            "weight_decay": 0.0,
+            "epochs": 30,
+            "batch_size": 128,
+            "micro_batch": 16,
+            "reference_batch": 128,
+            "noise_scale": True,
+            "noise_scale_batch": 32,
+            "noise_scale_ema": 0.998,
+            "log_every": 50,
+            "out_dir": str(tmp_path / "results"),
+            "checkpoint": False,
+            "eval_every": 0,
+        }
+    )
     summary = train(cfg)
     assert summary["status"] == "completed" and summary["noise_scale"]["b_small"] == 32
 

@@ -42,7 +42,11 @@ def study_of(nb: Path) -> str:
 
 
 def parameters_cell(nb: Path):
-    cells = [c for c in nbformat.read(nb, as_version=4).cells if "parameters" in c.metadata.get("tags", [])]  # fmt: skip
+    cells = [
+        c
+        for c in nbformat.read(nb, as_version=4).cells
+        if "parameters" in c.metadata.get("tags", [])
+    ]
     assert len(cells) == 1, f"{nb.name}: {len(cells)} cells tagged 'parameters' (want 1)"
     return cells[0]
 
@@ -64,7 +68,11 @@ def stdout_of(executed: Path) -> str:
 @pytest.mark.parametrize("nb", ALL_NOTEBOOKS, ids=lambda p: p.name)
 def test_committed_notebooks_carry_no_outputs_and_no_execution_counts(nb):
     cells = nbformat.read(nb, as_version=4).cells
-    dirty = [i for i, c in enumerate(cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]  # fmt: skip
+    dirty = [
+        i
+        for i, c in enumerate(cells)
+        if c.cell_type == "code" and (c.outputs or c.execution_count is not None)
+    ]
     assert not dirty, f"{nb.name}: code cells {dirty} carry outputs or an execution count"
 
 
@@ -84,8 +92,11 @@ def smoke_out(tmp_path_factory):
     kernels and the runs they start are shown no GPU: the smoke profile is CPU semantics (gloo,
     one process per run) on any machine."""
     with pytest.MonkeyPatch.context() as mp:
-        for var, value in (("WANDB_API_KEY", SECRET), ("LBSGD_TEST_TOKEN", SECRET),
-                           ("CUDA_VISIBLE_DEVICES", "")):  # fmt: skip
+        for var, value in (
+            ("WANDB_API_KEY", SECRET),
+            ("LBSGD_TEST_TOKEN", SECRET),
+            ("CUDA_VISIBLE_DEVICES", ""),
+        ):
             mp.setenv(var, value)
         yield tmp_path_factory.mktemp("smoke_results")
 
@@ -101,9 +112,13 @@ def execute(smoke_out):
             out_nb.parent.mkdir(parents=True, exist_ok=True)
             try:
                 papermill.execute_notebook(
-                    str(nb), str(out_nb), parameters={**SMOKE, "out_dir": str(smoke_out)},
-                    kernel_name="python3", cwd=str(REPO), progress_bar=False,
-                )  # fmt: skip
+                    str(nb),
+                    str(out_nb),
+                    parameters={**SMOKE, "out_dir": str(smoke_out)},
+                    kernel_name="python3",
+                    cwd=str(REPO),
+                    progress_bar=False,
+                )
                 outcome[nb] = out_nb
             except BaseException as e:
                 outcome[nb] = e
@@ -128,8 +143,13 @@ def test_every_notebook_runs_at_smoke_scale_and_writes_what_it_promises(nb, exec
             f"{study}/table.csv has no paper_* column beside ours: {list(table.columns)}"
         )
     assert list(sdir.glob("*.png")), f"no figure in {study}/"
-    shown = [o for c in nbformat.read(executed, as_version=4).cells if c.cell_type == "code"
-             for o in c.get("outputs", []) if "image/png" in o.get("data", {})]  # fmt: skip
+    shown = [
+        o
+        for c in nbformat.read(executed, as_version=4).cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "image/png" in o.get("data", {})
+    ]
     assert shown, f"{nb.name}: no figure displayed in the executed notebook (inline backend)"
 
     findings = json.loads((sdir / "findings.json").read_text())
@@ -186,11 +206,17 @@ def test_report_gathers_every_study(execute, smoke_out, tmp_path):
     empty.mkdir()
     cli = subprocess.run(
         [sys.executable, "-m", "lbsgd", "report", "--results", str(empty)],
-        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cli.returncode == 2, (cli.returncode, cli.stdout, cli.stderr)
     lines = cli.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("lbsgd: error:") and str(empty) in lines[0], cli.stderr  # fmt: skip
+    assert len(lines) == 1 and lines[0].startswith("lbsgd: error:") and str(empty) in lines[0], (
+        cli.stderr
+    )
     assert not list(empty.iterdir()), "a failed report wrote something"
 
 
@@ -246,11 +272,16 @@ def test_help_notebook_documents_every_parameter_with_type_and_help(nb):
     declared = declared_parameters(nb)
     assert declared, f"{nb.name}: no parameter assigned in the parameters cell"
     for name, d in declared.items():
-        assert d["type"] and d["help"], f"{nb.name}: parameter {name} lacks a type annotation or a comment"  # fmt: skip
+        assert d["type"] and d["help"], (
+            f"{nb.name}: parameter {name} lacks a type annotation or a comment"
+        )
     proc = subprocess.run(
         [sys.executable, "-m", "papermill", "--help-notebook", str(nb)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     listed = parse_help_listing(proc.stdout)
     missing = sorted(set(declared) - set(listed))
@@ -306,8 +337,14 @@ def test_a_failing_run_fails_its_notebook_with_the_run_and_its_log(tmp_path, mon
     name = config.from_dict({**P.keys(k=16, seed=P.seeds[0]), "study": "quickstart"}).run_name()
     log = out / "cifar10" / "quickstart" / f"{name}.log"  # results/<profile>/<study>/
     with pytest.raises(papermill.PapermillExecutionError) as err:
-        papermill.execute_notebook(str(nb), str(tmp_path / "executed.ipynb"), parameters=params,
-                                   kernel_name="python3", cwd=str(tmp_path), progress_bar=False)  # fmt: skip
+        papermill.execute_notebook(
+            str(nb),
+            str(tmp_path / "executed.ipynb"),
+            parameters=params,
+            kernel_name="python3",
+            cwd=str(tmp_path),
+            progress_bar=False,
+        )
     text = str(err.value)
     assert "RunFailed" in text and name in text and str(log) in text, text
     assert "UnpicklingError" in log.read_text()

@@ -62,8 +62,13 @@ def torch_and_ours(nesterov: bool, correction: bool, lrs: list[float], wd: float
     model, x, y = mlp()
     twin = copy.deepcopy(model)
     ref = torch.optim.SGD(groups_of(model, wd), lr=lrs[0], momentum=0.9, nesterov=nesterov)
-    ours = SGD(groups_of(twin, wd), lr=lrs[0], momentum=0.9, nesterov=nesterov,
-               momentum_correction=correction)  # fmt: skip
+    ours = SGD(
+        groups_of(twin, wd),
+        lr=lrs[0],
+        momentum=0.9,
+        nesterov=nesterov,
+        momentum_correction=correction,
+    )
     return trajectory(ref, model, x, y, lrs), trajectory(ours, twin, x, y, lrs)
 
 
@@ -84,8 +89,10 @@ def test_sgd_without_momentum_correction_departs_from_torch_once_lr_changes(nest
     torch.testing.assert_close(ours[0], ref[0], rtol=1e-12, atol=1e-14)  # no history yet
     # From the second step the velocity still holds gradients scaled by the older, smaller lr.
     # Gap relative to the size of torch's step t (w_t − w_{t−1}), over the ramp.
-    gap = [((ours[t] - ref[t]).abs().max() / (ref[t] - ref[t - 1]).abs().max()).item()
-           for t in range(1, 10)]  # fmt: skip
+    gap = [
+        ((ours[t] - ref[t]).abs().max() / (ref[t] - ref[t - 1]).abs().max()).item()
+        for t in range(1, 10)
+    ]
     assert min(gap) > 0.05, gap
     assert (ours[-1] - ref[-1]).abs().max() > 1e-2
 
@@ -127,8 +134,14 @@ def test_lars_trust_ratio_equals_formula_and_guards_zero_norms():
 def test_lars_three_steps_with_changing_lr_equal_hand_computation(correction):
     eta, beta, m = 0.001, 0.01, 0.9
     w = nn.Parameter(torch.tensor([3.0, 4.0]))
-    opt = LARS([w], lr=2.0, momentum=m, weight_decay=beta, trust_coefficient=eta,
-               momentum_correction=correction)  # fmt: skip
+    opt = LARS(
+        [w],
+        lr=2.0,
+        momentum=m,
+        weight_decay=beta,
+        trust_coefficient=eta,
+        momentum_correction=correction,
+    )
     g = [0.3, 0.4]  # ‖g‖ = 0.5 at every step
     w_ref, v_ref, lr_prev = [3.0, 4.0], [0.0, 0.0], None
     for step, lr in enumerate((2.0, 4.0, 0.4)):  # doubled, then ÷10
@@ -138,8 +151,10 @@ def test_lars_three_steps_with_changing_lr_equal_hand_computation(correction):
         w_norm = math.hypot(*w_ref)
         local = eta * w_norm / (0.5 + beta * w_norm)  # λ
         scale = lr / lr_prev if correction and lr_prev else 1.0  # Goyal eq. (10)
-        v_ref = [m * scale * v + lr * local * (gi + beta * wi)
-                 for v, gi, wi in zip(v_ref, g, w_ref, strict=True)]  # fmt: skip
+        v_ref = [
+            m * scale * v + lr * local * (gi + beta * wi)
+            for v, gi, wi in zip(v_ref, g, w_ref, strict=True)
+        ]
         w_ref = [wi - v for wi, v in zip(w_ref, v_ref, strict=True)]
         lr_prev = lr
         if step == 0:  # the worked example of the module docstring, as literal numbers
@@ -180,8 +195,11 @@ def test_lars_zero_norm_tensors_and_excluded_group_equal_hand_computation():
     bias = nn.Parameter(torch.tensor([1.0, -1.0]))  # no-decay group: neither β nor λ
     opt = LARS(
         [{"params": [zero_w, zero_g]}, {"params": [bias], "weight_decay": 0.0, "adapt": False}],
-        lr=2.0, momentum=0.9, weight_decay=0.01, trust_coefficient=0.001,
-    )  # fmt: skip
+        lr=2.0,
+        momentum=0.9,
+        weight_decay=0.01,
+        trust_coefficient=0.001,
+    )
     zero_w.grad, zero_g.grad = torch.tensor([1.0, -2.0]), torch.zeros(2)
     bias.grad = torch.tensor([0.5, 0.25])
     opt.step()
@@ -336,8 +354,10 @@ def test_one_dimensional_parameter_goes_to_no_decay_by_shape():
     decay, no_decay = param_groups(model, Config())
     assert [id(p) for p in decay["params"]] == [id(model.conv.weight)]
     assert {id(p) for p in no_decay["params"]} == {
-        id(model.channel_scale), id(model.norm.weight), id(model.norm.bias)
-    }  # fmt: skip
+        id(model.channel_scale),
+        id(model.norm.weight),
+        id(model.norm.bias),
+    }
 
 
 def test_decay_bn_bias_true_gives_one_group_with_everything():
@@ -355,13 +375,22 @@ def test_empty_group_is_dropped_and_frozen_parameters_left_out():
 
 
 def test_build_sets_hyperparameters_from_config():
-    cfg = Config(optimizer="sgd", base_lr=0.3, momentum=0.8, nesterov=False, weight_decay=5e-5,
-                 momentum_correction=False)  # fmt: skip
+    cfg = Config(
+        optimizer="sgd",
+        base_lr=0.3,
+        momentum=0.8,
+        nesterov=False,
+        weight_decay=5e-5,
+        momentum_correction=False,
+    )
     opt = build(cfg, nn.Linear(3, 2))
     for g in opt.param_groups:
         assert (g["lr"], g["momentum"], g["nesterov"], g["momentum_correction"]) == (
-            0.3, 0.8, False, False
-        )  # fmt: skip
+            0.3,
+            0.8,
+            False,
+            False,
+        )
     assert [g["weight_decay"] for g in opt.param_groups] == [5e-5, 0.0]
     optim.set_lr(opt, 1.5)
     assert [g["lr"] for g in opt.param_groups] == [1.5, 1.5]

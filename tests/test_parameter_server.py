@@ -73,11 +73,21 @@ def test_one_worker_is_synchronous_sgd_on_one_process(tmp_path):
 
 
 def _torchrun(args: list[str], nproc: int, env: dict[str, str], timeout: int = 300):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-           f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint=127.0.0.1:{free_port()}", WORKER, "train", *args]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=subprocess_env(**env))  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        WORKER,
+        "train",
+        *args,
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=subprocess_env(**env)
+    )
 
 
 PLUGIN = """import torch
@@ -98,10 +108,22 @@ def slowed_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ps")
     (out / "tiny_mlp.py").write_text(PLUGIN)
     last = out / "last_update.pt"
-    env = {"LBSGD_TEST_PS_SLOW_RANK": "2", "LBSGD_TEST_PS_SLOW_S": "0.2",
-           "LBSGD_TEST_PS_LAST_UPDATE": str(last)}  # fmt: skip
-    args = _args(out, "slowed", epochs=6, async_ps="true", momentum=0, nesterov="false",
-                 weight_decay=0, plugins=out / "tiny_mlp.py", model="tiny_mlp")  # fmt: skip
+    env = {
+        "LBSGD_TEST_PS_SLOW_RANK": "2",
+        "LBSGD_TEST_PS_SLOW_S": "0.2",
+        "LBSGD_TEST_PS_LAST_UPDATE": str(last),
+    }
+    args = _args(
+        out,
+        "slowed",
+        epochs=6,
+        async_ps="true",
+        momentum=0,
+        nesterov="false",
+        weight_decay=0,
+        plugins=out / "tiny_mlp.py",
+        model="tiny_mlp",
+    )
     r = _torchrun(args, nproc=3, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return out / "runs" / "slowed", last, r.stdout
@@ -169,8 +191,9 @@ def test_final_checkpoint_holds_the_weights_of_the_last_update(slowed_run):
 def test_diverged_run_stops_every_worker_and_records_the_status(tmp_path):
     """A non-finite loss: the server applies nothing more, answers each worker's next gradient
     with STOP (discarding it), and the run ends, recorded as diverged, without a checkpoint."""
-    r = lbsgd(_args(tmp_path, "boom", epochs=2, async_ps="true", base_lr=1e8, warmup="none"),
-              nproc=3)  # fmt: skip
+    r = lbsgd(
+        _args(tmp_path, "boom", epochs=2, async_ps="true", base_lr=1e8, warmup="none"), nproc=3
+    )
     assert r.returncode != 0
     assert "run diverged (non-finite loss)" in r.stdout
     summary = json.loads((tmp_path / "runs" / "boom" / "summary.json").read_text())

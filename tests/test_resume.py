@@ -69,9 +69,19 @@ def _run(args, nproc=None, kill_at=None, kill_rank=0, restarts=0, timeout=300):
     if kill_at is not None:
         env.update(LBSGD_TEST_KILL_AT_STEP=str(kill_at), LBSGD_TEST_KILL_RANK=str(kill_rank))
     if nproc:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-               f"--nproc-per-node={nproc}", f"--max-restarts={restarts}", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{free_port()}", WORKER, "train", *args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            f"--nproc-per-node={nproc}",
+            f"--max-restarts={restarts}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            WORKER,
+            "train",
+            *args,
+        ]
     else:
         cmd = [sys.executable, WORKER, "train", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -228,9 +238,19 @@ def test_cifar10_run_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path)
 def _popen(args, nproc=None):
     env = subprocess_env(PYTHONUNBUFFERED="1")
     if nproc:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-               f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "lbsgd", "train", *args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            "-m",
+            "lbsgd",
+            "train",
+            *args,
+        ]
     else:
         cmd = [sys.executable, "-m", "lbsgd", "train", *args]
     return subprocess.Popen(

@@ -107,8 +107,13 @@ def test_trainer_computes_each_gradient_on_the_weights_tau_steps_old(tiny, dist)
         lambda opt, args, kwargs: STEPPED.append(BUILT[-1].fc.weight.detach().clone())
     )
     try:
-        cfg = tiny(model="test_staleness_recording_linear", micro_batch=16, epochs=1,
-                   staleness=2, staleness_dist=dist)  # fmt: skip
+        cfg = tiny(
+            model="test_staleness_recording_linear",
+            micro_batch=16,
+            epochs=1,
+            staleness=2,
+            staleness_dist=dist,
+        )
         assert train(cfg)["status"] == "completed"
     finally:
         handle.remove()
@@ -131,8 +136,9 @@ def test_staleness_zero_trains_bitwise_like_a_run_without_the_key(tiny):
     assert Config(**TINY).run_name() != Config(**TINY, staleness=1).run_name()
     for cfg in (plain, zero):
         assert train(cfg)["status"] == "completed"
-    _assert_bitwise(checkpoint.load(zero.run_dir())["model"],
-                    checkpoint.load(plain.run_dir())["model"])  # fmt: skip
+    _assert_bitwise(
+        checkpoint.load(zero.run_dir())["model"], checkpoint.load(plain.run_dir())["model"]
+    )
     stale = tiny(name="stale", epochs=1, staleness=1)  # the key does act when it is not 0
     train(stale)
     moved, want = (
@@ -150,12 +156,14 @@ def test_staleness_zero_trains_bitwise_like_a_run_without_the_key(tiny):
     [
         ({"staleness": -1}, "staleness=-1 must be >= 0 (0 = synchronous)"),
         ({"staleness": 2, "staleness_dist": "gaussian"}, "staleness_dist='gaussian'"),
-        ({"staleness": 2, "local_sgd": 4},
-         "staleness=2 delays the gradients of synchronous steps: not with local_sgd=4 "
-         "(valid: local_sgd=0)"),
+        (
+            {"staleness": 2, "local_sgd": 4},
+            "staleness=2 delays the gradients of synchronous steps: not with local_sgd=4 "
+            "(valid: local_sgd=0)",
+        ),
     ],
     ids=["negative", "unknown_distribution", "local_sgd"],
-)  # fmt: skip
+)
 def test_bad_staleness_input_is_refused_with_one_line(keys, message):
     with pytest.raises(ConfigError) as e:
         from_dict(keys)

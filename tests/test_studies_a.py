@@ -16,8 +16,16 @@ REF = 16  # the cpu and smoke profiles' reference batch
 
 def frame(rows):
     """Runs as ``experiments.load_runs`` gives them: the columns the study modules read."""
-    base = {"dataset": "synthetic", "status": "completed", "total_steps": 100, "warmup": "gradual",
-            "lr_scaling": "linear", "model": "resnet", "depth": 8, "zero_init_residual": False}  # fmt: skip
+    base = {
+        "dataset": "synthetic",
+        "status": "completed",
+        "total_steps": 100,
+        "warmup": "gradual",
+        "lr_scaling": "linear",
+        "model": "resnet",
+        "depth": 8,
+        "zero_init_residual": False,
+    }
     out = pd.DataFrame([{**base, **r} for r in rows])
     out["batch_size"] = (out["k"] * REF).astype(int)
     out["run_dir"] = [f"runs/{i}" for i in range(len(out))]
@@ -54,9 +62,12 @@ def test_quickstart_runs_one_run_at_k16_with_the_first_seed():
 
 @pytest.mark.parametrize(
     ("err", "verdict", "why"),
-    [(3.9, True, None), (75.0, None, "one run, 15.0 points below chance (the claim: over 20)"),
-     (88.0, None, "every run is at chance (90% error)")],  # smoke: the run ends at chance
-)  # fmt: skip
+    [
+        (3.9, True, None),
+        (75.0, None, "one run, 15.0 points below chance (the claim: over 20)"),
+        (88.0, None, "every run is at chance (90% error)"),
+    ],  # smoke: the run ends at chance
+)
 def test_quickstart_learns_when_twenty_points_below_chance(err, verdict, why):
     (f,) = quickstart.findings(frame(arms([err], k=16)))
     assert f.replayed is verdict, f
@@ -95,8 +106,9 @@ def jump_curve(peak):
     jump, ``peak`` at it, 0.9 after."""
     loss = [1.0] * 20 + [peak] + [0.9] * 19
     lr = [0.1] * 20 + [1.6] * 20
-    return pd.DataFrame({"kind": "train", "epoch": [i / 10 for i in range(40)], "lr": lr,
-                         "loss": loss})  # fmt: skip
+    return pd.DataFrame(
+        {"kind": "train", "epoch": [i / 10 for i in range(40)], "lr": lr, "loss": loss}
+    )
 
 
 def constant_curves(df, peak):
@@ -116,11 +128,19 @@ def test_warmup_runs_pair_the_seeds_of_the_baseline_and_each_warmup():
     arms_ = {}
     for r in runs:
         arms_.setdefault((r["batch_size"], r["warmup"]), []).append(r["seed"])
-    assert arms_ == {(16, "none"): [0, 1, 2], (256, "none"): [0, 1, 2],
-                     (256, "constant"): [0, 1, 2], (256, "gradual"): [0, 1, 2]}  # fmt: skip
+    assert arms_ == {
+        (16, "none"): [0, 1, 2],
+        (256, "none"): [0, 1, 2],
+        (256, "constant"): [0, 1, 2],
+        (256, "gradual"): [0, 1, 2],
+    }
     smoke = warmup.runs(SMOKE, list(SMOKE.seeds))
     assert [(r["batch_size"], r["warmup"], r["seed"]) for r in smoke] == [
-        (16, "none", 0), (128, "none", 0), (128, "constant", 0), (128, "gradual", 0)]  # fmt: skip
+        (16, "none", 0),
+        (128, "none", 0),
+        (128, "constant", 0),
+        (128, "gradual", 0),
+    ]
     assert [r["batch_size"] for r in warmup.runs(CPU, [0], ks=[2, 8])] == [32, 128, 128, 128]
 
 
@@ -194,8 +214,17 @@ def test_batch_scaling_runs_every_seed_up_to_the_large_k_then_the_first():
     seeds = {}
     for r in runs:
         seeds.setdefault(r["batch_size"] // REF, []).append(r["seed"])
-    assert seeds == {1: [0, 1, 2], 2: [0, 1, 2], 4: [0, 1, 2], 8: [0, 1, 2], 16: [0, 1, 2],
-                     32: [0], 64: [0], 128: [0], 256: [0]}  # fmt: skip
+    assert seeds == {
+        1: [0, 1, 2],
+        2: [0, 1, 2],
+        4: [0, 1, 2],
+        8: [0, 1, 2],
+        16: [0, 1, 2],
+        32: [0],
+        64: [0],
+        128: [0],
+        256: [0],
+    }
     assert len(runs) == 19
     smoke = batch_scaling.runs(SMOKE, list(SMOKE.seeds))
     assert [(r["batch_size"], r["seed"]) for r in smoke] == [(16, 0), (64, 0), (256, 0)]
@@ -211,8 +240,9 @@ def test_batch_scaling_replayed_flat_to_the_large_k_then_rising():
 
 
 def test_batch_scaling_not_replayed_names_where_the_flat_region_ends():
-    df = scaling_df({1: [3.0, 3.1, 3.2], 4: [2.0, 2.1, 2.2], 8: [3.5, 3.6, 3.7],
-                     16: [8.0, 8.1, 8.2], 64: [3.5]})  # fmt: skip
+    df = scaling_df(
+        {1: [3.0, 3.1, 3.2], 4: [2.0, 2.1, 2.2], 8: [3.5, 3.6, 3.7], 16: [8.0, 8.1, 8.2], 64: [3.5]}
+    )
     fs = batch_scaling.findings(df, large_k=16)
     assert verdicts(fs) == [False, False]
     assert (
@@ -252,10 +282,14 @@ def test_batch_scaling_table_maps_figure_1_by_k_and_keeps_its_rows_we_did_not_ru
 
 
 def rules_df(linear, sqrt, none, k=16):
-    rows = [r for rule, e in (("linear", linear), ("sqrt", sqrt), ("none", none))
-            for r in arms(e, k=k, lr_scaling=rule)]  # fmt: skip
-    return frame(rows).assign(lr=lambda d: d["lr_scaling"].map({"linear": 0.2, "sqrt": 0.05,
-                                                                "none": 0.0125}))  # fmt: skip
+    rows = [
+        r
+        for rule, e in (("linear", linear), ("sqrt", sqrt), ("none", none))
+        for r in arms(e, k=k, lr_scaling=rule)
+    ]
+    return frame(rows).assign(
+        lr=lambda d: d["lr_scaling"].map({"linear": 0.2, "sqrt": 0.05, "none": 0.0125})
+    )
 
 
 def test_lr_scaling_rule_runs_each_rule_with_the_same_seeds_and_its_linear_runs_are_warmups():
@@ -266,7 +300,11 @@ def test_lr_scaling_rule_runs_each_rule_with_the_same_seeds_and_its_linear_runs_
     assert {r["batch_size"] for r in runs} == {256}
     assert len(lr_scaling_rule.runs(SMOKE, list(SMOKE.seeds))) == 3
     # the linear-rule runs are the gradual-warmup runs of study 2 (copied, not trained again)
-    gradual = [r for r in warmup.runs(CPU, [0, 1, 2]) if r["batch_size"] == 256 and r["warmup"] == "gradual"]  # fmt: skip
+    gradual = [
+        r
+        for r in warmup.runs(CPU, [0, 1, 2])
+        if r["batch_size"] == 256 and r["warmup"] == "gradual"
+    ]
     assert [experiment(r, "lr_scaling_rule") for r in runs[:3]] == [
         experiment(r, "warmup") for r in gradual
     ]
@@ -364,23 +402,29 @@ def test_bn_gamma_init_plateau_is_the_epoch_of_half_the_loss_decrease():
 
 
 def test_bn_gamma_init_replayed_when_gamma0_wins_beyond_the_spread():
-    df = gamma_df(([2.0, 2.1, 2.2], [3.0, 3.1, 3.2]), ([4.0, 4.1, 4.2], [6.0, 6.1, 6.2]),
-                  probe=(3.0, 6.0))  # fmt: skip
+    df = gamma_df(
+        ([2.0, 2.1, 2.2], [3.0, 3.1, 3.2]), ([4.0, 4.1, 4.2], [6.0, 6.1, 6.2]), probe=(3.0, 6.0)
+    )
     fs = bn_gamma_init.findings(df)
     assert verdicts(fs) == [True, True, True]
-    assert fs[0].evidence == ("γ=0 2.1% vs γ=1 3.1% (mean of 3; γ=0 better in 3 of 3 seeds; paper "
-                              "23.60 vs 23.84)")  # fmt: skip
+    assert fs[0].evidence == (
+        "γ=0 2.1% vs γ=1 3.1% (mean of 3; γ=0 better in 3 of 3 seeds; paper 23.60 vs 23.84)"
+    )
     assert "at the large minibatch k=16" in fs[1].claim and "paper 23.74 vs 24.11" in fs[1].evidence
     assert "resnet14" in fs[2].claim
     assert "seed 0 only, judged by the seed spread of resnet8 at k=16" in fs[2].evidence
 
 
 def test_bn_gamma_init_not_replayed_gives_the_plateaus():
-    df = gamma_df(([6.0, 6.1, 6.2], [2.0, 2.1, 2.2]), ([24.0, 24.1, 24.2], [4.0, 4.1, 4.2]),
-                  probe=(9.7, 2.6))  # fmt: skip
+    df = gamma_df(
+        ([6.0, 6.1, 6.2], [2.0, 2.1, 2.2]), ([24.0, 24.1, 24.2], [4.0, 4.1, 4.2]), probe=(9.7, 2.6)
+    )
     fs = bn_gamma_init.findings(df)
     assert verdicts(fs) == [False, False, False]
-    assert "not replayed at this scale: an earlier ResNet-8 probe found the order reversed" in fs[0].evidence  # fmt: skip
+    assert (
+        "not replayed at this scale: an earlier ResNet-8 probe found the order reversed"
+        in fs[0].evidence
+    )
     assert "half of its decrease after 2.00 epochs with γ=0 vs 1.00 with γ=1" in fs[1].evidence
     assert "half the loss decrease after 2.50 vs 0.50 epochs" in fs[2].evidence
 
@@ -388,8 +432,9 @@ def test_bn_gamma_init_not_replayed_gives_the_plateaus():
 def test_bn_gamma_init_is_decided_on_the_seeds_both_arms_ran():
     # γ=0 better in 2 of the 3 paired seeds; γ=1's extra seed 3 (no γ=0 run) is left out
     df = gamma_df(([2.0, 2.1, 9.0], [3.0, 3.1, 3.2]), ([4.0, 4.1, 4.2], [6.0, 6.1, 6.2]))
-    extra = frame([{"k": 1, "warmup": "none", "seed": 3, "final_top1_error_pct": 50.0,
-                    "plateau_epochs": 1.0}]).assign(run_dir="runs/extra")  # fmt: skip
+    extra = frame(
+        [{"k": 1, "warmup": "none", "seed": 3, "final_top1_error_pct": 50.0, "plateau_epochs": 1.0}]
+    ).assign(run_dir="runs/extra")
     fs = bn_gamma_init.findings(pd.concat([df, extra], ignore_index=True))
     assert "(mean of 3; γ=0 better in 2 of 3 seeds" in fs[0].evidence
     assert fs[0].replayed is None  # means 4.4 vs 3.1: inside the γ=0 spread (4.0)
@@ -397,8 +442,9 @@ def test_bn_gamma_init_is_decided_on_the_seeds_both_arms_ran():
 
 
 def test_bn_gamma_init_undecided_inside_the_seed_spread_and_at_smoke_scale():
-    df = gamma_df(([2.0, 4.0, 6.0], [3.0, 4.5, 6.0]), ([4.0, 8.0, 12.0], [6.0, 7.0, 8.0]),
-                  probe=(5.0, 6.0))  # fmt: skip
+    df = gamma_df(
+        ([2.0, 4.0, 6.0], [3.0, 4.5, 6.0]), ([4.0, 8.0, 12.0], [6.0, 7.0, 8.0]), probe=(5.0, 6.0)
+    )
     assert verdicts(bn_gamma_init.findings(df)) == [None, None, None]
     smoke = gamma_df(([89.0], [88.0]), ([90.5], [87.0]), probe=(89.9, 88.8), large_k=8)
     fs = bn_gamma_init.findings(smoke)
@@ -406,12 +452,18 @@ def test_bn_gamma_init_undecided_inside_the_seed_spread_and_at_smoke_scale():
 
 
 def test_bn_gamma_init_table_puts_table_2b_on_the_profiles_network_first():
-    df = gamma_df(([2.0, 2.1, 2.2], [3.0, 3.1, 3.2]), ([4.0, 4.1, 4.2], [6.0, 6.1, 6.2]),
-                  probe=(3.0, 6.0))  # fmt: skip
+    df = gamma_df(
+        ([2.0, 2.1, 2.2], [3.0, 3.1, 3.2]), ([4.0, 4.1, 4.2], [6.0, 6.1, 6.2]), probe=(3.0, 6.0)
+    )
     t = bn_gamma_init.table(df)
     assert list(zip(t["arch"], t["k"], t["gamma_init"], strict=True)) == [
-        ("resnet8", 1, 0), ("resnet8", 1, 1), ("resnet8", 16, 0), ("resnet8", 16, 1),
-        ("resnet14", 16, 0), ("resnet14", 16, 1)]  # fmt: skip
+        ("resnet8", 1, 0),
+        ("resnet8", 1, 1),
+        ("resnet8", 16, 0),
+        ("resnet8", 16, 1),
+        ("resnet14", 16, 0),
+        ("resnet14", 16, 1),
+    ]
     assert list(t["paper_top1_error_pct"][:4]) == [23.60, 23.84, 23.74, 24.11]
     assert list(t["paper_batch"][:4]) == [256, 256, 8192, 8192]
     assert t["paper_top1_error_pct"][4:].isna().all()  # no ResNet-14 in the paper

@@ -17,8 +17,15 @@ CPU, SMOKE = profiles.get("cpu"), profiles.get("smoke")
 
 def frame(rows: list[dict], **common) -> pd.DataFrame:
     """Runs as ``experiments.load_runs`` gives them: the columns the study modules read."""
-    base = {"dataset": "synthetic", "status": "completed", "final_train_loss": 0.5, "lr": 1.0,
-            "skipped_steps": 0, "img_per_s": 1000.0, **common}  # fmt: skip
+    base = {
+        "dataset": "synthetic",
+        "status": "completed",
+        "final_train_loss": 0.5,
+        "lr": 1.0,
+        "skipped_steps": 0,
+        "img_per_s": 1000.0,
+        **common,
+    }
     out = pd.DataFrame([{**base, **r} for r in rows])
     out["batch_size"] = (out["k"] * 16).astype(int)
     return out
@@ -43,12 +50,16 @@ def valid(runs: list[dict], study: str) -> None:
 def lars_runs(resnet_lars, resnet_sgd, alex_lars, alex_sgd, small=(5.0, 3.0)) -> pd.DataFrame:
     """ResNet at k = 4 (seed 0: LARS, SGD errors ``small``) and k = 128 (per seed), AlexNet-BN at
     k = 64 (per seed)."""
-    rows = [{"model": "resnet", "optimizer": o, "k": 4.0, "seed": 0, "final_top1_error_pct": e}
-            for o, e in zip(("lars", "sgd"), small, strict=True)]  # fmt: skip
-    for model, k, opt, errs in (("resnet", 128.0, "lars", resnet_lars),
-                                ("resnet", 128.0, "sgd", resnet_sgd),
-                                ("alexnet_bn", 64.0, "lars", alex_lars),
-                                ("alexnet_bn", 64.0, "sgd", alex_sgd)):  # fmt: skip
+    rows = [
+        {"model": "resnet", "optimizer": o, "k": 4.0, "seed": 0, "final_top1_error_pct": e}
+        for o, e in zip(("lars", "sgd"), small, strict=True)
+    ]
+    for model, k, opt, errs in (
+        ("resnet", 128.0, "lars", resnet_lars),
+        ("resnet", 128.0, "sgd", resnet_sgd),
+        ("alexnet_bn", 64.0, "lars", alex_lars),
+        ("alexnet_bn", 64.0, "sgd", alex_sgd),
+    ):
         rows += by_seed(errs, model=model, optimizer=opt, k=k)
     return frame(rows)
 
@@ -103,10 +114,19 @@ def test_lars_loses_less_from_the_smallest_to_the_largest_k():
 def test_lars_runs_of_the_cpu_and_smoke_profiles():
     runs = lars.runs(CPU, [0, 1, 2])
     assert len(runs) == 16  # ResNet: 2 optimizers x (1 + 1 + 3 seeds); AlexNet-BN: 2 x 3 seeds
-    resnet = [(r["batch_size"], r.get("optimizer", "sgd"), r["seed"]) for r in runs
-              if r["model"] == "resnet"]  # fmt: skip
-    assert resnet == [(64, "sgd", 0), (64, "lars", 0), (256, "sgd", 0), (256, "lars", 0),
-                      *[(2048, "sgd", s) for s in range(3)], *[(2048, "lars", s) for s in range(3)]]  # fmt: skip
+    resnet = [
+        (r["batch_size"], r.get("optimizer", "sgd"), r["seed"])
+        for r in runs
+        if r["model"] == "resnet"
+    ]
+    assert resnet == [
+        (64, "sgd", 0),
+        (64, "lars", 0),
+        (256, "sgd", 0),
+        (256, "lars", 0),
+        *[(2048, "sgd", s) for s in range(3)],
+        *[(2048, "lars", s) for s in range(3)],
+    ]
     alex = [r for r in runs if r["model"] == "alexnet_bn"]
     assert {r["batch_size"] for r in alex} == {1024} and len(alex) == 6
     lars_alex = [r for r in alex if r.get("optimizer") == "lars"]
@@ -116,8 +136,13 @@ def test_lars_runs_of_the_cpu_and_smoke_profiles():
 
     smoke = lars.runs(SMOKE, [0])
     assert [(r["model"], r["batch_size"], r.get("optimizer", "sgd")) for r in smoke] == [
-        ("resnet", 64, "sgd"), ("resnet", 64, "lars"), ("resnet", 256, "sgd"),
-        ("resnet", 256, "lars"), ("alexnet_bn", 256, "sgd"), ("alexnet_bn", 256, "lars")]  # fmt: skip
+        ("resnet", 64, "sgd"),
+        ("resnet", 64, "lars"),
+        ("resnet", 256, "sgd"),
+        ("resnet", 256, "lars"),
+        ("alexnet_bn", 256, "sgd"),
+        ("alexnet_bn", 256, "lars"),
+    ]
     valid(smoke, "lars")
 
 
@@ -147,8 +172,12 @@ def test_lars_table_puts_the_papers_numbers_on_their_rows():
 
 
 def decay_runs(no_decay, decay, k=128.0) -> pd.DataFrame:
-    return frame([*by_seed(no_decay, decay_bn_bias=False), *by_seed(decay, decay_bn_bias=True)],
-                 model="resnet", optimizer="lars", k=k)  # fmt: skip
+    return frame(
+        [*by_seed(no_decay, decay_bn_bias=False), *by_seed(decay, decay_bn_bias=True)],
+        model="resnet",
+        optimizer="lars",
+        k=k,
+    )
 
 
 def test_bn_decay_finding_replayed_not_replayed_undecided():
@@ -168,11 +197,20 @@ def test_bn_decay_finding_replayed_not_replayed_undecided():
 def test_bn_decay_runs_and_table():
     runs = bn_decay.runs(CPU, [0, 1, 2])
     assert [(r["decay_bn_bias"], r["seed"]) for r in runs] == [
-        (True, 0), (True, 1), (True, 2), (False, 0), (False, 1), (False, 2)]  # fmt: skip
+        (True, 0),
+        (True, 1),
+        (True, 2),
+        (False, 0),
+        (False, 1),
+        (False, 2),
+    ]
     assert {r["batch_size"] for r in runs} == {2048} and {r["optimizer"] for r in runs} == {"lars"}
     # the no-decay runs are notebook 6's LARS runs at that k (the same experiment keys)
-    six = [r for r in lars.runs(CPU, [0, 1, 2]) if r.get("optimizer") == "lars"
-           and r["batch_size"] == 2048]  # fmt: skip
+    six = [
+        r
+        for r in lars.runs(CPU, [0, 1, 2])
+        if r.get("optimizer") == "lars" and r["batch_size"] == 2048
+    ]
     assert [{**r, "decay_bn_bias": False} for r in six] == [
         r for r in runs if not r["decay_bn_bias"]
     ]
@@ -189,9 +227,11 @@ def test_bn_decay_runs_and_table():
 
 
 def pool5_runs(bn, none, decay, loss_none=0.5) -> pd.DataFrame:
-    rows = [*by_seed(bn, decay_bn_bias=False, pool5_bn=True),
-            *by_seed(none, decay_bn_bias=False, pool5_bn=False, final_train_loss=loss_none),
-            *by_seed(decay, decay_bn_bias=True, pool5_bn=False)]  # fmt: skip
+    rows = [
+        *by_seed(bn, decay_bn_bias=False, pool5_bn=True),
+        *by_seed(none, decay_bn_bias=False, pool5_bn=False, final_train_loss=loss_none),
+        *by_seed(decay, decay_bn_bias=True, pool5_bn=False),
+    ]
     return frame(rows, model="alexnet", optimizer="lars", k=64.0, lr=16.0)
 
 
@@ -221,8 +261,9 @@ def test_pool5_bn_at_chance_is_undecided_and_says_the_runs_did_not_train():
     assert verdicts(f) == [None, None]
     assert "did not train" in f[1].evidence and f[1].evidence.endswith("at chance (90% error)")
     # the committed cpu replay: pool5-BN learned, the no-decay runs stayed at chance
-    f = pool5_bn.findings(pool5_runs([50.0, 55.0, 69.0], [90.0] * 3, [76.0, 84.0, 89.0],
-                                     loss_none=2.30))  # fmt: skip
+    f = pool5_bn.findings(
+        pool5_runs([50.0, 55.0, 69.0], [90.0] * 3, [76.0, 84.0, 89.0], loss_none=2.30)
+    )
     assert f[0].replayed is True and f[1].replayed is False
     assert "they did not train" in f[1].evidence
 
@@ -291,7 +332,12 @@ def test_mixed_precision_is_faster_only_decided_on_a_gpu():
 def test_mixed_precision_runs_and_table():
     runs = mixed_precision.runs(CPU, [0, 1, 2])
     assert [(r["precision"], r["seed"]) for r in runs] == [
-        ("fp32", 0), ("fp32", 1), ("fp32", 2), ("bf16", 0), ("fp16", 0)]  # fmt: skip
+        ("fp32", 0),
+        ("fp32", 1),
+        ("fp32", 2),
+        ("bf16", 0),
+        ("fp16", 0),
+    ]
     assert {r["batch_size"] for r in runs} == {256}  # k = 16
     assert len(mixed_precision.runs(CPU, [0, 1, 2], low_seeds=2)) == 7
     smoke = mixed_precision.runs(SMOKE, [0])
@@ -317,12 +363,24 @@ def test_mixed_precision_runs_and_table():
 
 def allreduce(alpha=1e-4, bandwidth=1e9) -> dict:
     """The shape of results/benchmarks/allreduce_cpu.json (lbsgd bench allreduce)."""
-    rows = [{"path": p, "bytes": n, "seconds": t, "bus_bandwidth_Bps": n / t}
-            for n, t in ((1024, 2e-4), (2**20, 2e-3)) for p in ("flat", "hierarchical")]  # fmt: skip
-    return {"benchmark": "allreduce", "backend": "gloo", "world_size": 4, "nodes": 2,
-            "processes_per_node": 2, "iters": 3, "rows": rows,
-            "fits": {"flat_ring": {"alpha_s": alpha, "bandwidth_Bps": bandwidth},
-                     "hierarchical_effective": {"alpha_s": 0.0, "bandwidth_Bps": 5e8}}}  # fmt: skip
+    rows = [
+        {"path": p, "bytes": n, "seconds": t, "bus_bandwidth_Bps": n / t}
+        for n, t in ((1024, 2e-4), (2**20, 2e-3))
+        for p in ("flat", "hierarchical")
+    ]
+    return {
+        "benchmark": "allreduce",
+        "backend": "gloo",
+        "world_size": 4,
+        "nodes": 2,
+        "processes_per_node": 2,
+        "iters": 3,
+        "rows": rows,
+        "fits": {
+            "flat_ring": {"alpha_s": alpha, "bandwidth_Bps": bandwidth},
+            "hierarchical_effective": {"alpha_s": 0.0, "bandwidth_Bps": 5e8},
+        },
+    }
 
 
 def breakdown(measured: dict[int, float], cores=4) -> dict:
@@ -330,10 +388,20 @@ def breakdown(measured: dict[int, float], cores=4) -> dict:
     6 ms backward) and the measured steps of more, 1 MB of gradient."""
 
     def row(n, step, cap=25.0, hook="none"):
-        return {"data": 1e-4, "forward": 3e-3, "backward": 0.6 * step, "optimizer": 5e-4,
-                "step": step, "nproc": n, "micro_batch": 32, "batch_size": 32 * n,
-                "comm_hook": hook, "bucket_cap_mb": cap, "grad_bytes": 1_000_000,
-                "img_per_s": 32 * n / step}  # fmt: skip
+        return {
+            "data": 1e-4,
+            "forward": 3e-3,
+            "backward": 0.6 * step,
+            "optimizer": 5e-4,
+            "step": step,
+            "nproc": n,
+            "micro_batch": 32,
+            "batch_size": 32 * n,
+            "comm_hook": hook,
+            "bucket_cap_mb": cap,
+            "grad_bytes": 1_000_000,
+            "img_per_s": 32 * n / step,
+        }
 
     rows = [row(1, 0.01, cap=1.0)] + [row(n, s) for n, s in measured.items()]
     rows.append(row(2, 1.0, hook="fp16"))  # a comm hook's layout: not the model's
@@ -398,8 +466,10 @@ def test_alexnet_scales_worse_at_many_workers_not_within_one_node():
     assert f.replayed is False and f.evidence == "AlexNet 100.0% vs ResNet-50 100.0%"
     pred = scaling.predicted(scaling.published(), [8, 16], gpus_per_node=8)
     assert len(pred) == 2 * 2 * 4 * 2  # models x overlap x algorithms x workers
-    assert math.isclose(scaling.compute_per_step(scaling.published())["alexnet"],
-                        scaling.published()["compute_s"].iloc[0] * 0.72 / 4.1)  # fmt: skip
+    assert math.isclose(
+        scaling.compute_per_step(scaling.published())["alexnet"],
+        scaling.published()["compute_s"].iloc[0] * 0.72 / 4.1,
+    )
 
 
 def test_scaling_findings_do_not_change_their_inputs():

@@ -69,8 +69,9 @@ def test_steps_to_target_is_the_first_step_the_moving_average_reaches_it():
 
 
 def test_steps_to_target_reads_train_records_in_step_order():
-    rec = pd.concat([records([3.0, 1.0]).iloc[::-1],
-                     pd.DataFrame([{"kind": "eval", "step": 1, "loss": 0.0}])])  # fmt: skip
+    rec = pd.concat(
+        [records([3.0, 1.0]).iloc[::-1], pd.DataFrame([{"kind": "eval", "step": 1, "loss": 0.0}])]
+    )
     assert cb.steps_to_target(rec, 1.0, 1, 1) == 2
 
 
@@ -95,8 +96,9 @@ def steps_of(batch):
     return round(S_MIN * (1 + B_CRIT / batch))
 
 
-def study(b_target, b_early=(20.0, 20.0, 20.0), b_end=(100.0, 100.0, 100.0), errors=None,
-          seeds=(0, 1, 2)):  # fmt: skip
+def study(
+    b_target, b_early=(20.0, 20.0, 20.0), b_end=(100.0, 100.0, 100.0), errors=None, seeds=(0, 1, 2)
+):
     """k = 1, 2, 4, 8 (batch 16 … 128, k = 1 without the noise scale), each seed reaching the
     loss target 1.5 at S(B) of half its steps; B_simple ``b_early`` to the early step,
     ``b_target`` up to the end, ``b_end`` at the last step (per seed, the same at every k).
@@ -113,10 +115,20 @@ def study(b_target, b_early=(20.0, 20.0, 20.0), b_end=(100.0, 100.0, 100.0), err
             loss = [2.0 if i < hit else 1.0 for i in range(1, total + 1)]
             b = [b_early[s] if i <= early else b_target[s] for i in range(1, total)] + [b_end[s]]
             curves[d] = records(loss, b if batch > REF else None)
-            rows.append({"dataset": "synthetic", "status": "completed", "k": float(k),
-                         "batch_size": batch, "seed": s, "final_top1_error_pct": err + s / 10,
-                         "total_steps": total, "warmup_steps": 0, "num_train": 20_000,
-                         "run_dir": d})  # fmt: skip
+            rows.append(
+                {
+                    "dataset": "synthetic",
+                    "status": "completed",
+                    "k": float(k),
+                    "batch_size": batch,
+                    "seed": s,
+                    "final_top1_error_pct": err + s / 10,
+                    "total_steps": total,
+                    "warmup_steps": 0,
+                    "num_train": 20_000,
+                    "run_dir": d,
+                }
+            )
     df = pd.DataFrame(rows)
     return cb.measure(df, large_k=8, target=1.5, window_samples=1, metrics=curves)
 
@@ -133,8 +145,11 @@ def test_measure_counts_the_steps_and_reads_b_simple_per_run():
 
 
 def test_default_target_is_the_highest_smoothed_final_loss_of_the_large_k_seeds():
-    curves = {"a": records([3.0, 2.0, 1.0]), "b": records([3.0, 2.0, 2.0]),
-              "c": records([0.1, 0.1, 0.1])}  # fmt: skip
+    curves = {
+        "a": records([3.0, 2.0, 1.0]),
+        "b": records([3.0, 2.0, 2.0]),
+        "c": records([0.1, 0.1, 0.1]),
+    }
     df = pd.DataFrame({"k": [4.0, 4.0, 1.0], "batch_size": [64, 64, 16], "run_dir": list("abc")})
     # window 2 steps at batch 64: final means 1.5 and 2.0 (every seed reaches 2.0); k = 1 (run
     # c) is not read
@@ -146,9 +161,16 @@ def test_default_target_is_the_highest_smoothed_final_loss_of_the_large_k_seeds(
 
 def test_measure_defaults_the_target_to_the_large_k_runs_final_loss():
     rec = {"a": records([3.0, 1.0]), "b": records([3.0, 2.0, 1.5, 1.2, 1.0])}
-    df = pd.DataFrame({"k": [2.0, 1.0], "batch_size": [32, 16], "run_dir": ["a", "b"],
-                       "total_steps": [2, 5], "warmup_steps": [0, 0],
-                       "num_train": [10, 10]})  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "k": [2.0, 1.0],
+            "batch_size": [32, 16],
+            "run_dir": ["a", "b"],
+            "total_steps": [2, 5],
+            "warmup_steps": [0, 0],
+            "num_train": [10, 10],
+        }
+    )
     m = cb.measure(df, large_k=2, metrics=rec)  # window a tenth of 10 samples: one step
     assert list(m["target_loss"]) == [1.0, 1.0] and list(m["window_samples"]) == [1, 1]
     assert list(m["steps_to_target"]) == [2, 5]
@@ -195,8 +217,12 @@ def test_fit_runs_uses_the_seed_mean_steps_of_every_k():
 
 
 def knee_of(errors):
-    m = pd.DataFrame([{"k": float(k), "batch_size": int(k * REF), "seed": 0,
-                       "final_top1_error_pct": e} for k, e in errors.items()])  # fmt: skip
+    m = pd.DataFrame(
+        [
+            {"k": float(k), "batch_size": int(k * REF), "seed": 0, "final_top1_error_pct": e}
+            for k, e in errors.items()
+        ]
+    )
     return cb.knee(m.assign(steps_to_target=1.0, b_noise_target=math.nan))
 
 
@@ -245,8 +271,9 @@ def verdicts(fs):
 
 
 def test_every_finding_replayed_when_b_noise_sits_at_the_knee_and_b_crit_and_grows():
-    fs = cb.findings(study(b_target=(60.0, 70.0, 80.0), b_early=(20.0, 22.0, 25.0),
-                           b_end=(100.0, 120.0, 110.0)))  # fmt: skip
+    fs = cb.findings(
+        study(b_target=(60.0, 70.0, 80.0), b_early=(20.0, 22.0, 25.0), b_end=(100.0, 120.0, 110.0))
+    )
     assert verdicts(fs) == [True, True, True], [f.evidence for f in fs]
     assert fs[0].evidence == (
         "baseline k=2 (batch 32), B_noise at the target loss 1.5: 60, 70, 80 (seeds 0, 1, 2); "
@@ -259,8 +286,13 @@ def test_every_finding_replayed_when_b_noise_sits_at_the_knee_and_b_crit_and_gro
 
 
 def test_no_finding_replayed_when_b_noise_is_far_from_the_knee_and_b_crit_and_falls():
-    fs = cb.findings(study(b_target=(1000.0, 1100.0, 1200.0), b_early=(200.0, 220.0, 250.0),
-                           b_end=(100.0, 120.0, 110.0)))  # fmt: skip
+    fs = cb.findings(
+        study(
+            b_target=(1000.0, 1100.0, 1200.0),
+            b_early=(200.0, 220.0, 250.0),
+            b_end=(100.0, 120.0, 110.0),
+        )
+    )
     assert verdicts(fs) == [False, False, False], [f.evidence for f in fs]
     assert "not replayed at this scale: every seed's B_noise lies above the band" in fs[0].evidence
     assert "not replayed at this scale: B_simple does not grow" in fs[1].evidence
@@ -268,8 +300,9 @@ def test_no_finding_replayed_when_b_noise_is_far_from_the_knee_and_b_crit_and_fa
 
 
 def test_findings_undecided_when_the_seeds_disagree():
-    fs = cb.findings(study(b_target=(70.0, 1000.0, 70.0), b_early=(20.0, 20.0, 20.0),
-                           b_end=(40.0, 10.0, 25.0)))  # fmt: skip
+    fs = cb.findings(
+        study(b_target=(70.0, 1000.0, 70.0), b_early=(20.0, 20.0, 20.0), b_end=(40.0, 10.0, 25.0))
+    )
     assert verdicts(fs) == [None, None, None], [f.evidence for f in fs]
     assert fs[0].evidence.endswith("undecided: 2 of 3 seeds inside the band")
     assert "undecided: the margin" in fs[1].evidence and "in log2 B" in fs[1].evidence
@@ -288,8 +321,9 @@ def test_findings_undecided_at_chance_with_one_seed_or_without_a_measurement():
     m["b_noise_target"] = math.nan  # runs copied from notebook 3: no gns_* fields
     fs = cb.findings(m)
     assert verdicts(fs) == [None, None, None]
-    assert all("undecided: no k measured B_simple at the target with every seed" in f.evidence
-               for f in fs)  # fmt: skip
+    assert all(
+        "undecided: no k measured B_simple at the target with every seed" in f.evidence for f in fs
+    )
 
 
 def test_b_crit_undecided_without_a_finite_fit():

@@ -96,18 +96,40 @@ RATE = 1000.0  # img/s of one process
 def study(sync, local, bmuf, seeds=(0, 1, 2), ks=(2, 4), periods=(4, 16), rate=RATE):
     """Runs: sync errors per seed; ``local[k][n]`` / ``bmuf[k][n]``: errors per seed."""
     rows = []
-    base = {"total_steps": T, "warmup_steps": W, "batch_size": 256, "dataset": "synthetic",
-            "status": "completed", "img_per_s": rate}  # fmt: skip
+    base = {
+        "total_steps": T,
+        "warmup_steps": W,
+        "batch_size": 256,
+        "dataset": "synthetic",
+        "status": "completed",
+        "img_per_s": rate,
+    }
     for s, e in zip(seeds, sync, strict=True):
-        rows.append({**base, "seed": s, "local_sgd": 0, "block_momentum": math.nan,
-                     "nproc": 1, "final_top1_error_pct": e})  # fmt: skip
+        rows.append(
+            {
+                **base,
+                "seed": s,
+                "local_sgd": 0,
+                "block_momentum": math.nan,
+                "nproc": 1,
+                "final_top1_error_pct": e,
+            }
+        )
     for k in ks:
         for n in periods:
             for mode, errs in (("local", local), ("bmuf", bmuf)):
                 for s, e in zip(seeds, errs[k][n], strict=True):
-                    rows.append({**base, "seed": s, "local_sgd": n, "nproc": k,
-                                 "block_momentum": 1 - 1 / k if mode == "bmuf" else 0.0,
-                                 "block_lr": 1.0, "final_top1_error_pct": e})  # fmt: skip
+                    rows.append(
+                        {
+                            **base,
+                            "seed": s,
+                            "local_sgd": n,
+                            "nproc": k,
+                            "block_momentum": 1 - 1 / k if mode == "bmuf" else 0.0,
+                            "block_lr": 1.0,
+                            "final_top1_error_pct": e,
+                        }
+                    )
     return ls.measure(pd.DataFrame(rows), ks, LINK, BYTES)
 
 
@@ -215,8 +237,9 @@ def test_staleness_runs_are_valid_and_tau_0_linear_is_notebook_3s_run(profile):
     same = batch_scaling.runs(profile, seeds, [profile.large_k])
     assert [name(r) for r in base] == [name(r) for r in same]
     # the two rules differ in the peak lr by k
-    lin, none = (valid(next(r for r in runs if r["lr_scaling"] == x), 1).lr
-                 for x in ("linear", "none"))  # fmt: skip
+    lin, none = (
+        valid(next(r for r in runs if r["lr_scaling"] == x), 1).lr for x in ("linear", "none")
+    )
     assert lin == pytest.approx(none * profile.large_k)
 
 
@@ -243,21 +266,41 @@ def sim(errors, seeds=(0, 1, 2), diverged=()):
     for rule, by_tau in errors.items():
         for tau, errs in by_tau.items():
             for s, e in zip(seeds, errs, strict=True):
-                rows.append({"lr_scaling": rule, "staleness": tau, "seed": s, "k": 16.0,
-                             "lr": 0.2 if rule == "linear" else 0.0125, "dataset": "synthetic",
-                             "final_top1_error_pct": e,
-                             "status": "diverged" if (rule, tau, s) in diverged else "completed"})  # fmt: skip
+                rows.append(
+                    {
+                        "lr_scaling": rule,
+                        "staleness": tau,
+                        "seed": s,
+                        "k": 16.0,
+                        "lr": 0.2 if rule == "linear" else 0.0125,
+                        "dataset": "synthetic",
+                        "final_top1_error_pct": e,
+                        "status": "diverged" if (rule, tau, s) in diverged else "completed",
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def ps(errors, means, seeds=(0, 1, 2)):
-    return pd.DataFrame({"seed": list(seeds), "final_top1_error_pct": errors,
-                         st.STALENESS_MEAN: means, "async_ps_workers": 2, "lr_scaling": "linear",
-                         "k": 16.0, "lr": 0.2, "status": "completed", "dataset": "synthetic"})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "seed": list(seeds),
+            "final_top1_error_pct": errors,
+            st.STALENESS_MEAN: means,
+            "async_ps_workers": 2,
+            "lr_scaling": "linear",
+            "k": 16.0,
+            "lr": 0.2,
+            "status": "completed",
+            "dataset": "synthetic",
+        }
+    )
 
 
-GROWS = {"linear": {0: [5, 5.2, 4.8], 1: [5.5, 5.6, 5.4], 8: [9, 9.3, 8.7]},
-         "none": {0: [8, 8.2, 7.8], 1: [8, 8.2, 7.8], 8: [8.5, 8.6, 8.4]}}  # fmt: skip
+GROWS = {
+    "linear": {0: [5, 5.2, 4.8], 1: [5.5, 5.6, 5.4], 8: [9, 9.3, 8.7]},
+    "none": {0: [8, 8.2, 7.8], 1: [8, 8.2, 7.8], 8: [8.5, 8.6, 8.4]},
+}
 
 
 def test_staleness_findings_replayed_on_a_clear_table():
@@ -269,8 +312,10 @@ def test_staleness_findings_replayed_on_a_clear_table():
 
 
 def test_staleness_findings_not_replayed_when_tau_does_not_hurt():
-    flat = {"linear": {0: [5, 5.2, 4.8], 8: [4, 4.1, 3.9]},
-            "none": {0: [8, 8.2, 7.8], 8: [10, 10.2, 9.8]}}  # fmt: skip
+    flat = {
+        "linear": {0: [5, 5.2, 4.8], 8: [4, 4.1, 3.9]},
+        "none": {0: [8, 8.2, 7.8], 8: [10, 10.2, 9.8]},
+    }
     f = st.findings(sim(flat), ps([8, 8.2, 7.8], [0.2, 0.1, 0.3]))
     assert [x.replayed for x in f] == [False, False, False], [x.evidence for x in f]
     assert "not replayed at this scale" in f[0].evidence
@@ -282,8 +327,9 @@ def test_staleness_findings_undecided_inside_the_spread_one_seed_or_without_ps()
     f = st.findings(sim(noisy))
     assert [x.replayed for x in f] == [None, None, None]
     assert "inside the seed spread" in f[0].evidence and "no parameter-server run" in f[2].evidence
-    one = st.findings(sim({r: {t: v[:1] for t, v in d.items()} for r, d in GROWS.items()},
-                          seeds=(0,)))  # fmt: skip
+    one = st.findings(
+        sim({r: {t: v[:1] for t, v in d.items()} for r, d in GROWS.items()}, seeds=(0,))
+    )
     assert one[0].replayed is None and "one seed" in one[0].evidence
     # no simulated run at the PS runs' staleness
     far = st.findings(sim(GROWS), ps([5, 5, 5], [3.9, 4.1, 4.0]))[2]

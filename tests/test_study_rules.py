@@ -105,11 +105,16 @@ def test_a_session_writes_under_its_profile(tmp_path):
     assert s.seeds == list(s.profile.seeds)
 
 
-@pytest.mark.parametrize(("key", "kw"), [("study", {"study": "../warmup"}),
-                                         ("profile", {"profile": "huge"}),
-                                         ("seeds", {"seeds": []}),
-                                         ("wandb", {"wandb": "yes"}),
-                                         ("parallel", {"parallel": 0})])  # fmt: skip
+@pytest.mark.parametrize(
+    ("key", "kw"),
+    [
+        ("study", {"study": "../warmup"}),
+        ("profile", {"profile": "huge"}),
+        ("seeds", {"seeds": []}),
+        ("wandb", {"wandb": "yes"}),
+        ("parallel", {"parallel": 0}),
+    ],
+)
 def test_a_session_refuses_bad_parameters_naming_them_before_writing(tmp_path, key, kw):
     args = {"study": "warmup", "title": "t", "out_dir": tmp_path, **kw}
     with pytest.raises(ConfigError, match=key):

@@ -82,8 +82,9 @@ def _completed_twin(out: Path, study: str, keys: dict) -> Path:
     run_dir.mkdir(parents=True)
     d = config.derive(cfg, 1, cfg.synthetic_train)
     (run_dir / "config.yaml").write_text(config.dump(cfg, d))
-    (run_dir / "summary.json").write_text(json.dumps(
-        {"status": "completed", "experiment_id": cfg.experiment_id(), "steps": 16}))  # fmt: skip
+    (run_dir / "summary.json").write_text(
+        json.dumps({"status": "completed", "experiment_id": cfg.experiment_id(), "steps": 16})
+    )
     (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 3, "loss": 2.0}\n')
     (run_dir / checkpoint.NAME).write_bytes(b"weights")
     (run_dir / "wandb_id").write_text("twin0001\n")
@@ -94,7 +95,9 @@ def test_a_twin_is_copied_within_its_profile_only_and_named_as_this_studys_run(
     tmp_path, monkeypatch
 ):
     logged = []
-    monkeypatch.setattr(ex.tracking, "log_copied_run", lambda run_dir, **kw: logged.append((run_dir, kw)))  # fmt: skip
+    monkeypatch.setattr(
+        ex.tracking, "log_copied_run", lambda run_dir, **kw: logged.append((run_dir, kw))
+    )
     keys = {**TINY, "seed": 0}
     other_profile = _completed_twin(tmp_path / "cpu", "warmup", keys)
     twin = _completed_twin(tmp_path / "smoke", "warmup", keys)
@@ -139,14 +142,21 @@ def _sweep_process(out: Path) -> subprocess.Popen:
     """A sweep in a process (as in a kernel) in a process group of its own, as Jupyter starts one."""
     code = textwrap.dedent(SWEEP_SCRIPT.format(keys=LONG))
     return subprocess.Popen(
-        [sys.executable, "-c", code, str(out)], cwd=REPO, env=subprocess_env(PYTHONUNBUFFERED="1"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-c", code, str(out)],
+        cwd=REPO,
+        env=subprocess_env(PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _names(out: Path) -> list[str]:
-    return [config.from_dict({**LONG, "seed": s, "study": "study", "out_dir": str(out)}).run_name()
-            for s in (0, 1)]  # fmt: skip
+    return [
+        config.from_dict({**LONG, "seed": s, "study": "study", "out_dir": str(out)}).run_name()
+        for s in (0, 1)
+    ]
 
 
 @pytest.mark.slow
@@ -180,10 +190,15 @@ def test_an_interrupted_sweep_stops_its_runs_with_a_checkpoint_names_them_and_re
     runs = [{**LONG, "seed": 0}, {**LONG, "seed": 1}]
     df = ex.sweep("study", runs, out_dir=out, profile="smoke", parallel=1, quiet=True)
     assert list(df["status"]) == ["completed", "completed"]
-    assert f"resuming from {run_dir / checkpoint.NAME} at step {stopped}" in (
-        out / "study" / f"{first}.log").read_text()  # fmt: skip
-    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if json.loads(x)["kind"] == "train"]  # fmt: skip
+    assert (
+        f"resuming from {run_dir / checkpoint.NAME} at step {stopped}"
+        in (out / "study" / f"{first}.log").read_text()
+    )
+    steps = [
+        json.loads(x)["step"]
+        for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if json.loads(x)["kind"] == "train"
+    ]
     assert steps == sorted(set(steps)) and steps[-1] == s["total_steps"]  # no step twice
     for name in (first, second):  # what the W&B run of each shows
         got = run_config(out / "study" / name)
@@ -211,10 +226,13 @@ def test_a_run_whose_sweep_is_killed_stops_with_a_checkpoint_instead_of_training
 def test_lbsgd_train_under_ctrl_c_stops_at_a_flush_with_a_checkpoint(tmp_path):
     args = [f"{k}={v}" for k, v in LONG.items()] + [f"out_dir={tmp_path}", "name=run"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lbsgd", "train", *args], cwd=REPO,
-        env=subprocess_env(PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "lbsgd", "train", *args],
+        cwd=REPO,
+        env=subprocess_env(PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     run_dir = tmp_path / "runs" / "run"
     wait_for_training(run_dir, proc)
     proc.send_signal(signal.SIGINT)
@@ -291,26 +309,60 @@ def test_sweep_refuses_a_path_outside_out_dir_before_writing(tmp_path, where):
 def _study(profile_dir: Path, study: str, title: str, findings: list[dict], seeds=(0, 1)) -> None:
     d = profile_dir / study
     d.mkdir(parents=True)
-    (d / "findings.json").write_text(json.dumps(
-        {"study": study, "title": title, "profile": profile_dir.name, "seeds": list(seeds),
-         "findings": findings}))  # fmt: skip
+    (d / "findings.json").write_text(
+        json.dumps(
+            {
+                "study": study,
+                "title": title,
+                "profile": profile_dir.name,
+                "seeds": list(seeds),
+                "findings": findings,
+            }
+        )
+    )
     (d / "table.csv").write_text("k,top1_error_pct_mean,paper_top1_error_pct\n1,30.1,23.7\n")
     (d / "curve.png").write_bytes(b"png")
 
 
 def _results(root: Path) -> None:
-    _study(root / "cpu", "warmup", "2. Warmup", [
-        {"claim": "gradual warmup beats none at k=8", "replayed": True, "evidence": "2.1 vs 5.3"},
-        {"claim": "constant warmup is the worst", "replayed": None,
-         "evidence": "constant 30.0 vs gradual 29.8; undecided: margin 0.2 inside the seed spread 0.9"},
-    ])  # fmt: skip
-    _study(root / "cpu", "quickstart", "1. Quickstart", [
-        {"claim": "a run trains", "replayed": False, "evidence": "error 89% | chance 90%"},
-    ])  # fmt: skip
-    _study(root / "smoke", "warmup", "2. Warmup", [
-        {"claim": "gradual warmup beats none at k=8", "replayed": None,
-         "evidence": "undecided: every run at chance (89-91%, chance 90%)"},
-    ], seeds=(0,))  # fmt: skip
+    _study(
+        root / "cpu",
+        "warmup",
+        "2. Warmup",
+        [
+            {
+                "claim": "gradual warmup beats none at k=8",
+                "replayed": True,
+                "evidence": "2.1 vs 5.3",
+            },
+            {
+                "claim": "constant warmup is the worst",
+                "replayed": None,
+                "evidence": "constant 30.0 vs gradual 29.8; undecided: margin 0.2 inside the seed spread 0.9",
+            },
+        ],
+    )
+    _study(
+        root / "cpu",
+        "quickstart",
+        "1. Quickstart",
+        [
+            {"claim": "a run trains", "replayed": False, "evidence": "error 89% | chance 90%"},
+        ],
+    )
+    _study(
+        root / "smoke",
+        "warmup",
+        "2. Warmup",
+        [
+            {
+                "claim": "gradual warmup beats none at k=8",
+                "replayed": None,
+                "evidence": "undecided: every run at chance (89-91%, chance 90%)",
+            },
+        ],
+        seeds=(0,),
+    )
     (root / "benchmarks").mkdir()  # not a profile: no report
     (root / "benchmarks" / "train_cpu.json").write_text("{}")
 
@@ -320,7 +372,10 @@ def test_report_per_profile_from_a_results_root_and_from_one_profile(tmp_path, c
     assert cli.main(["report", "--results", str(tmp_path)]) == 0
     wrote = capsys.readouterr().out.splitlines()
     assert wrote == [f"wrote {tmp_path / p / 'REPORT.md'}" for p in ("cpu", "smoke")]
-    assert not (tmp_path / "REPORT.md").exists() and not (tmp_path / "benchmarks" / "REPORT.md").exists()  # fmt: skip
+    assert (
+        not (tmp_path / "REPORT.md").exists()
+        and not (tmp_path / "benchmarks" / "REPORT.md").exists()
+    )
 
     cpu = (tmp_path / "cpu" / "REPORT.md").read_text()
     smoke = (tmp_path / "smoke" / "REPORT.md").read_text()

@@ -19,8 +19,15 @@ def test_offline_wandb_run_holds_identity_config_and_metrics(tiny):
     assert summary["status"] == "completed"
     runs = list((cfg.run_dir() / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1
-    needles = (b"warmup_study", b"wb_run", b"batch_size", b"warmup_steps", b"train/loss",
-               b"train/lr", b"eval/top1_error_pct")  # fmt: skip
+    needles = (
+        b"warmup_study",
+        b"wb_run",
+        b"batch_size",
+        b"warmup_steps",
+        b"train/loss",
+        b"train/lr",
+        b"eval/top1_error_pct",
+    )
     # W&B's service process writes the offline log (protobuf records holding the raw strings) on
     # its own schedule: on a loaded machine it can land after finish() returns. Wait, bounded.
     deadline = time.monotonic() + 60

@@ -22,8 +22,16 @@ def read_metrics(run_dir):
 def test_short_run_on_synthetic_learns_well_below_chance(tiny):
     # 4,000 easy images, 3 epochs at batch 32: chance is 90% top-1 error; measured ~53%.
     # (gamma=1: at this scale gamma=0 lengthens the initial plateau beyond 3 epochs.)
-    cfg = tiny(synthetic_train=4000, synthetic_test=1000, batch_size=32, reference_batch=32,
-               base_lr=0.1, epochs=3, warmup_epochs=0.3, zero_init_residual=False)  # fmt: skip
+    cfg = tiny(
+        synthetic_train=4000,
+        synthetic_test=1000,
+        batch_size=32,
+        reference_batch=32,
+        base_lr=0.1,
+        epochs=3,
+        warmup_epochs=0.3,
+        zero_init_residual=False,
+    )
     summary = train(cfg)
     assert summary["status"] == "completed"
     assert summary["final"]["top1_error_pct"] < 70.0, summary["final"]
@@ -106,13 +114,23 @@ def test_user_registered_model_trains_with_every_recipe_without_editing_lbsgd(ti
         @register_model(name)
         def mlp(cfg, num_classes, image_size):
             return torch.nn.Sequential(
-                torch.nn.Flatten(), torch.nn.Linear(3 * image_size**2, 64), torch.nn.ReLU(),
+                torch.nn.Flatten(),
+                torch.nn.Linear(3 * image_size**2, 64),
+                torch.nn.ReLU(),
                 torch.nn.Linear(64, num_classes),
-            )  # fmt: skip
+            )
 
     # no BN: any micro-batch works; constant warmup and step decay from the vocabulary
-    cfg = tiny(model=name, micro_batch=32, warmup="constant", warmup_lr=0.01, base_lr=0.1,
-               schedule="step", milestones=[3], epochs=4)  # fmt: skip
+    cfg = tiny(
+        model=name,
+        micro_batch=32,
+        warmup="constant",
+        warmup_lr=0.01,
+        base_lr=0.1,
+        schedule="step",
+        milestones=[3],
+        epochs=4,
+    )
     summary = train(cfg)
     assert summary["status"] == "completed"
     assert summary["run"].startswith(f"{name}-synthetic-b64-constant")
@@ -128,8 +146,17 @@ def test_file_dataset_trains_through_dataloader_workers(tiny, tmp_path):
     from test_folders import _write_cifar
 
     _write_cifar(tmp_path / "cifar", per_batch=8, n_test=10)  # 40 train, 10 test images
-    cfg = tiny(dataset="cifar10", data_dir=str(tmp_path / "cifar"), depth=8, width=4,
-               batch_size=20, bn_batch=10, reference_batch=20, epochs=2, workers=1)  # fmt: skip
+    cfg = tiny(
+        dataset="cifar10",
+        data_dir=str(tmp_path / "cifar"),
+        depth=8,
+        width=4,
+        batch_size=20,
+        bn_batch=10,
+        reference_batch=20,
+        epochs=2,
+        workers=1,
+    )
     summary = train(cfg)
     assert summary["status"] == "completed" and summary["steps"] == 4  # 40 / 20 x 2 epochs
     evals = [r for r in read_metrics(cfg.run_dir()) if r["kind"] == "eval"]
@@ -141,9 +168,17 @@ def test_file_dataset_trains_through_dataloader_workers(tiny, tmp_path):
 @pytest.mark.parametrize("model", ["alexnet_bn", "resnet"])
 def test_lars_run_with_poly_decay_trains_and_reports_its_parameter_groups(tiny, model, capsys):
     # You et al.: LARS with poly(2) decay; Jia: no decay/adaptation on bias and BN
-    cfg = tiny(model=model, optimizer="lars", schedule="poly", base_lr=2.0, nesterov=False,
-               weight_decay=5e-4, pool5_bn=model == "alexnet_bn", epochs=4,
-               name=f"lars_{model}")  # fmt: skip
+    cfg = tiny(
+        model=model,
+        optimizer="lars",
+        schedule="poly",
+        base_lr=2.0,
+        nesterov=False,
+        weight_decay=5e-4,
+        pool5_bn=model == "alexnet_bn",
+        epochs=4,
+        name=f"lars_{model}",
+    )
     summary = train(cfg)
     assert summary["status"] == "completed"
     out = capsys.readouterr().out
@@ -156,8 +191,14 @@ def test_bench_commands_compare_against_a_baseline_in_the_same_process(tmp_path,
     from lbsgd import bench
 
     monkeypatch.setattr(bench, "RECIPES", {"precision": bench.RECIPES["precision"][:2]})
-    tiny_keys = ["synthetic_train=512", "synthetic_test=128", "synthetic_difficulty=easy",
-                 "depth=8", "width=4", "device=cpu"]  # fmt: skip
+    tiny_keys = [
+        "synthetic_train=512",
+        "synthetic_test=128",
+        "synthetic_difficulty=easy",
+        "depth=8",
+        "width=4",
+        "device=cpu",
+    ]
     t = bench.bench_train(tiny_keys, steps=3, repeats=2, out=str(tmp_path / "t.json"))
     assert t["ratio"] == pytest.approx(t["trainer_img_per_s"] / t["bare_img_per_s"])
     assert len(t["all_bare"]) == len(t["all_trainer"]) == 2

@@ -19,8 +19,12 @@ def committed(tmp_path_factory):
     root = tmp_path_factory.mktemp("committed") / "results"
     keys = {**TINY, "out_dir": str(root), "study": "tiny", "cpu_isa": CAP}
     env = {k: v for k, v in subprocess_env().items() if k not in isa.VARIABLES}
-    subprocess.run([sys.executable, "-m", "lbsgd", "train", *(f"{k}={v}" for k, v in keys.items())],
-                   env=env, check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "lbsgd", "train", *(f"{k}={v}" for k, v in keys.items())],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     return root
 
 
@@ -64,12 +68,25 @@ def _run(root, study, name, *, seed=0, batch=64, wall=10.0, top1=50.0, eid=None,
     run = root / study / name
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(f"seed: {seed}\nbatch_size: {batch}\nstudy: {study}\n")
-    summary = {"status": "completed", "experiment_id": eid or f"{batch}-{seed}",
-               "wall_time_s": wall, "final": {"top1_error_pct": top1},
-               "environment": {"device": "cpu"}}  # fmt: skip
+    summary = {
+        "status": "completed",
+        "experiment_id": eid or f"{batch}-{seed}",
+        "wall_time_s": wall,
+        "final": {"top1_error_pct": top1},
+        "environment": {"device": "cpu"},
+    }
     (run / "summary.json").write_text(json.dumps(summary))
-    records = [{"kind": "train", "step": s, "lr": 0.1, "loss": loss, "loss_scale": 1.0,
-                "img_per_s": 100.0 + s} for s, loss in steps]  # fmt: skip
+    records = [
+        {
+            "kind": "train",
+            "step": s,
+            "lr": 0.1,
+            "loss": loss,
+            "loss_scale": 1.0,
+            "img_per_s": 100.0 + s,
+        }
+        for s, loss in steps
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in records))
     return run
 
@@ -89,8 +106,10 @@ def test_only_one_process_runs_are_replayed(tmp_path):
     """The replay runs one process: runs of several processes (local SGD, BMUF depend on their
     number) and parameter-server runs (timing-dependent) are not candidates."""
     _run(tmp_path, "a", "one", wall=30)
-    for name, extra in (("two", {"environment": {"device": "cpu", "world_size": 2}}),
-                        ("ps", {"async_ps": {"workers": 2}})):  # fmt: skip
+    for name, extra in (
+        ("two", {"environment": {"device": "cpu", "world_size": 2}}),
+        ("ps", {"async_ps": {"workers": 2}}),
+    ):
         run = _run(tmp_path, "a", name, wall=1, seed=len(name))
         summary = json.loads((run / "summary.json").read_text())
         (run / "summary.json").write_text(json.dumps({**summary, **extra}))

@@ -141,8 +141,14 @@ def offline(monkeypatch, tmp_path):
 
 
 def test_run_carries_profile_k_tags_display_name_window_mean_loss_and_epoch_axis(tiny, offline):
-    cfg = tiny(wandb="offline", epochs=1.5, batch_size=128, study="warmup", profile="smoke",
-               varied=("seed", "warmup", "k"))  # fmt: skip
+    cfg = tiny(
+        wandb="offline",
+        epochs=1.5,
+        batch_size=128,
+        study="warmup",
+        profile="smoke",
+        varied=("seed", "warmup", "k"),
+    )
     assert train(cfg)["status"] == "completed"
     (run,) = offline_runs(cfg.run_dir())
     assert run.id == (cfg.run_dir() / "wandb_id").read_text().strip()
@@ -273,8 +279,13 @@ def test_log_study_writes_the_table_figures_and_findings(offline, tmp_path):
     plt = pytest.importorskip("matplotlib.pyplot")
     study_dir = tmp_path / "results" / "smoke" / "warmup"
     study_dir.mkdir(parents=True)
-    table = pd.DataFrame({"warmup": ["none", "gradual"], "ours_top1_error_pct": [31.5, 28.25],
-                          "paper_top1_error_pct": [float("nan"), 23.74]})  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "warmup": ["none", "gradual"],
+            "ours_top1_error_pct": [31.5, 28.25],
+            "paper_top1_error_pct": [float("nan"), 23.74],
+        }
+    )
     table.to_csv(study_dir / "table.csv", index=False)
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
@@ -284,9 +295,15 @@ def test_log_study_writes_the_table_figures_and_findings(offline, tmp_path):
         {"claim": "gradual warmup helps", "replayed": True, "evidence": "28.2 < 31.5"},
         {"claim": "constant warmup hurts", "replayed": None, "evidence": "one seed"},
     ]
-    got = tracking.log_study(study_dir, study="warmup", profile="smoke", mode="offline",
-                             table=study_dir / "table.csv", figures=[study_dir / "curves.png"],
-                             findings=findings)  # fmt: skip
+    got = tracking.log_study(
+        study_dir,
+        study="warmup",
+        profile="smoke",
+        mode="offline",
+        table=study_dir / "table.csv",
+        figures=[study_dir / "curves.png"],
+        findings=findings,
+    )
     (run,) = offline_runs(study_dir)
     assert got == run.id
     assert (run.job_type, run.group, run.name) == ("study", "warmup", "warmup (smoke)")
@@ -302,14 +319,17 @@ def test_log_study_writes_the_table_figures_and_findings(offline, tmp_path):
     assert verdicts["columns"] == ["claim", "verdict", "evidence"]
     assert [r[1] for r in verdicts["data"]] == ["replayed", "undecided"]
     # a DataFrame is logged as well as a CSV path
-    assert tracking.log_study(study_dir, study="warmup", profile="smoke", mode="offline",
-                              table=table) is not None  # fmt: skip
+    assert (
+        tracking.log_study(study_dir, study="warmup", profile="smoke", mode="offline", table=table)
+        is not None
+    )
 
 
 def test_log_study_and_log_copied_run_never_raise_and_warn_once(offline, tmp_path, monkeypatch):
     with pytest.warns(RuntimeWarning, match="copied run .* not logged") as caught:
-        got = tracking.log_copied_run(tmp_path / "s" / "missing", copied_from=tmp_path / "t",
-                                      mode="offline")  # fmt: skip
+        got = tracking.log_copied_run(
+            tmp_path / "s" / "missing", copied_from=tmp_path / "t", mode="offline"
+        )
     assert got is None and len(caught) == 1
     fake = types.ModuleType("wandb")
     fake.Settings = lambda **k: k
@@ -320,8 +340,13 @@ def test_log_study_and_log_copied_run_never_raise_and_warn_once(offline, tmp_pat
     fake.init = init
     monkeypatch.setitem(sys.modules, "wandb", fake)
     with pytest.warns(RuntimeWarning, match="study warmup not logged") as caught:
-        got = tracking.log_study(tmp_path, study="warmup", profile="smoke", mode="offline",
-                                 figures=[tmp_path / "nothing.png"])  # fmt: skip
+        got = tracking.log_study(
+            tmp_path,
+            study="warmup",
+            profile="smoke",
+            mode="offline",
+            figures=[tmp_path / "nothing.png"],
+        )
     assert got is None and len(caught) == 1
     assert tracking.log_study(tmp_path, study="warmup", profile="smoke", mode="disabled") is None
 
@@ -341,8 +366,9 @@ def test_a_study_session_logs_its_table_figures_and_findings_to_its_group(offlin
     plt = pytest.importorskip("matplotlib.pyplot")
     from lbsgd import studies
 
-    s = studies.start("warmup", title="2. Warmup", profile="smoke", out_dir=tmp_path,
-                      wandb="offline")  # fmt: skip
+    s = studies.start(
+        "warmup", title="2. Warmup", profile="smoke", out_dir=tmp_path, wandb="offline"
+    )
     s.save_table(pd.DataFrame({"warmup": ["none", "gradual"], "err": [31.5, 28.25]}))
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])

@@ -92,8 +92,9 @@ def resident(splits: Splits, device: torch.device) -> Splits:
     and a host device, unchanged."""
     if device.type == "cpu":
         return splits
-    tensors = [t for ds in (splits.train, splits.test) if isinstance(ds, TensorDataset)
-               for t in ds.tensors]  # fmt: skip
+    tensors = [
+        t for ds in (splits.train, splits.test) if isinstance(ds, TensorDataset) for t in ds.tensors
+    ]
     size = sum(t.numel() * t.element_size() for t in tensors)
     size += sum(ds.nbytes for ds in (splits.train, splits.test) if isinstance(ds, DeviceImages))
     if device.type == "cuda" and size > RESIDENT_SHARE * torch.cuda.mem_get_info(device)[0]:
@@ -127,8 +128,9 @@ def _fake(cfg) -> Splits:
     x_tr, y_tr, x_te, y_te = fake.splits(
         cfg.fake_train, cfg.fake_test, cfg.fake_image_size, cfg.fake_classes, cfg.seed
     )
-    return Splits(TensorDataset(x_tr, y_tr), TensorDataset(x_te, y_te), cfg.fake_classes,
-                  cfg.fake_image_size)  # fmt: skip
+    return Splits(
+        TensorDataset(x_tr, y_tr), TensorDataset(x_te, y_te), cfg.fake_classes, cfg.fake_image_size
+    )
 
 
 @register_dataset("cifar10")

@@ -100,8 +100,14 @@ class DeviceImages(Dataset):
 
     def to(self, device: torch.device) -> DeviceImages:
         """This split with its tensors on ``device`` (copied once)."""
-        return DeviceImages(self.images.to(device), self.labels.to(device), self.mean, self.std,
-                            self.augment, self.classes)  # fmt: skip
+        return DeviceImages(
+            self.images.to(device),
+            self.labels.to(device),
+            self.mean,
+            self.std,
+            self.augment,
+            self.classes,
+        )
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         """One sample as the map-style dataset contract has it (float CHW, int label), augmented

@@ -28,8 +28,18 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
-CIFAR10_NAMES = ("airplane", "automobile", "bird", "cat", "deer",
-                 "dog", "frog", "horse", "ship", "truck")  # fmt: skip
+CIFAR10_NAMES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
 CIFAR10_TRAIN_BATCHES = 5  # data_batch_1..5, as torchvision's CIFAR10 reads them
 # ImageNet's typical JPEG: 500 x 375 (w x h) is the most common ILSVRC-2012 size; quality 90 is
 # about what its files were saved at (Flickr re-encodes).
@@ -104,8 +114,9 @@ def natural_image(rng: np.random.Generator, width: int, height: int) -> np.ndarr
     for (gh, gw), amplitude in (((3, 4), 45.0), ((12, 16), 20.0), ((lh, lw), 24.0)):
         grid = rng.normal(0, amplitude, (3, min(gh, lh), min(gw, lw))).astype(np.float32)
         low = low + _upsample(grid, lh, lw)
-    img = Image.fromarray(np.clip(_upsample(low, height, width), 0, 255).astype(np.uint8)
-                          .transpose(1, 2, 0))  # fmt: skip
+    img = Image.fromarray(
+        np.clip(_upsample(low, height, width), 0, 255).astype(np.uint8).transpose(1, 2, 0)
+    )
     draw = ImageDraw.Draw(img)  # sharp edges, as objects have
     for _ in range(int(rng.integers(3, 8))):
         x0, y0 = rng.uniform(-0.2, 1.0, 2) * (width, height)
@@ -133,8 +144,9 @@ def _cifar10_pixels(rng: np.random.Generator, n: int) -> np.ndarray:
     return x.clamp(0, 255).to(torch.uint8).reshape(n, 3072).numpy()
 
 
-def write_cifar10(out_dir: str | os.PathLike, train: int = 50_000, test: int = 10_000,
-                  seed: int = 0) -> Path:  # fmt: skip
+def write_cifar10(
+    out_dir: str | os.PathLike, train: int = 50_000, test: int = 10_000, seed: int = 0
+) -> Path:
     """``out_dir/cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}`` with ``train``
     images split over the 5 batches and ``test`` in test_batch; each split's labels cycle through
     the 10 classes, in a seeded order. Returns the batches folder."""
@@ -152,16 +164,25 @@ def write_cifar10(out_dir: str | os.PathLike, train: int = 50_000, test: int = 1
     starts = np.cumsum([0, *sizes])
     for split, (name, n) in enumerate(zip(names, [*sizes, test], strict=True)):
         rng = np.random.default_rng((seed, split))
-        labels = order[starts[split] : starts[split] + n] if name != "test_batch" else (
-            rng.permutation(np.arange(n) % 10))  # fmt: skip
+        labels = (
+            order[starts[split] : starts[split] + n]
+            if name != "test_batch"
+            else (rng.permutation(np.arange(n) % 10))
+        )
         write_cifar10_batch(folder / name, name, _cifar10_pixels(rng, n), [int(c) for c in labels])
     write_cifar10_meta(folder)
     return folder
 
 
-def write_imagenet(out_dir: str | os.PathLike, train: int = 1_000, val: int = 200,
-                   classes: int = 10, size: tuple[int, int] = IMAGENET_SIZE,
-                   quality: int = JPEG_QUALITY, seed: int = 0) -> Path:  # fmt: skip
+def write_imagenet(
+    out_dir: str | os.PathLike,
+    train: int = 1_000,
+    val: int = 200,
+    classes: int = 10,
+    size: tuple[int, int] = IMAGENET_SIZE,
+    quality: int = JPEG_QUALITY,
+    seed: int = 0,
+) -> Path:
     """``out_dir/{train,val}/<class>/*.JPEG`` (ImageFolder, as ILSVRC-2012 after val is sorted
     into class folders): ``train`` and ``val`` images dealt round-robin over ``classes`` folders
     named like WordNet ids (n00000000, …), each a ``size`` = (width, height) JPEG. Returns out_dir."""

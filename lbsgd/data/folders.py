@@ -84,8 +84,10 @@ def _read_split(folder: Path, names: list[str]) -> tuple[torch.Tensor, torch.Ten
             entry = pickle.load(f, encoding="latin1")
         pixels = np.asarray(entry["data"], dtype=np.uint8)
         if pixels.ndim != 2 or pixels.shape[1] != 3072 or len(pixels) != len(entry["labels"]):
-            raise ValueError(f"{folder / name}: expected one 3072-byte row per label, got data of "
-                             f"shape {pixels.shape} and {len(entry['labels'])} labels")  # fmt: skip
+            raise ValueError(
+                f"{folder / name}: expected one 3072-byte row per label, got data of "
+                f"shape {pixels.shape} and {len(entry['labels'])} labels"
+            )
         images.append(pixels.reshape(-1, 3, 32, 32))
         labels.extend(entry["labels"])
     return torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.int64)

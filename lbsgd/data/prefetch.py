@@ -26,8 +26,10 @@ class Normalise:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[1] != len(self.mean):
-            raise ValueError(f"Normalise needs uint8 (N, {len(self.mean)}, H, W) batches, got "
-                             f"{x.dtype} {tuple(x.shape)}")  # fmt: skip
+            raise ValueError(
+                f"Normalise needs uint8 (N, {len(self.mean)}, H, W) batches, got "
+                f"{x.dtype} {tuple(x.shape)}"
+            )
         out = x.to(torch.float32)
         # Python scalars, not device tensors: no host-to-device copy of constants per batch
         for c, (m, s) in enumerate(zip(self.mean, self.std, strict=True)):

@@ -36,8 +36,17 @@ class StepSampler:
     a row; usable directly, or as a DataLoader ``batch_sampler``.
     """
 
-    def __init__(self, num_samples: int, batch_size: int, micro_batch: int, rank: int,
-                 world_size: int, seed: int, total_steps: int, start_step: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        micro_batch: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        total_steps: int,
+        start_step: int = 0,
+    ) -> None:
         if batch_size % (world_size * micro_batch):
             raise ValueError(
                 f"batch_size={batch_size} is not a multiple of world_size * micro_batch = "

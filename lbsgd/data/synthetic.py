@@ -45,9 +45,17 @@ import numpy as np
 import torch
 
 CLASSES: tuple[str, ...] = (
-    "disk", "ring", "filled square", "square outline", "triangle",
-    "plus", "X", "two bars", "half disk", "T",
-)  # fmt: skip
+    "disk",
+    "ring",
+    "filled square",
+    "square outline",
+    "triangle",
+    "plus",
+    "X",
+    "two bars",
+    "half disk",
+    "T",
+)
 DIFFICULTIES = ("easy", "standard")
 TRAIN_SEED = 20_170_608  # the train and test seeds differ, so the splits are independent draws
 TEST_SEED = 20_170_609

@@ -43,8 +43,14 @@ from torch.nn.modules.batchnorm import _BatchNorm
 class GhostBatchNorm(_BatchNorm):
     """Drop-in for ``nn.BatchNorm{1,2,3}d`` (same parameters, buffers and state_dict keys)."""
 
-    def __init__(self, num_features: int, group_size: int, eps: float = 1e-5,
-                 momentum: float = 0.1, affine: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_features: int,
+        group_size: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        affine: bool = True,
+    ) -> None:
         super().__init__(num_features, eps=eps, momentum=momentum, affine=affine)
         if group_size < 1:
             raise ValueError(f"bn_batch={group_size} must be >= 1")
@@ -146,9 +152,12 @@ class _GroupedBatchNorm(torch.autograd.Function):
         grad_y = grad_y.contiguous(memory_format=_memory_format(x))
         mask = [True, weight is not None, weight is not None]
         parts = zip(grad_y.split(n), x.split(n), save[0].unbind(), save[1].unbind(), strict=True)
-        grads = [torch.ops.aten.native_batch_norm_backward(gy, xi, weight, None, None, mean,
-                                                           invstd, True, ctx.eps, mask)
-                 for gy, xi, mean, invstd in parts]  # fmt: skip
+        grads = [
+            torch.ops.aten.native_batch_norm_backward(
+                gy, xi, weight, None, None, mean, invstd, True, ctx.eps, mask
+            )
+            for gy, xi, mean, invstd in parts
+        ]
         # (the out= variant of the backward computes, then copies: one cat is one copy)
         grad_x = torch.cat([gi[0] for gi in grads]).contiguous(memory_format=_memory_format(x))
         if weight is None:
@@ -165,9 +174,13 @@ def convert(model: nn.Module, group_size: int) -> nn.Module:
         if type(child) in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
             if not child.track_running_stats:
                 raise ValueError(f"{name}: BN without running statistics is not supported")
-            ghost = GhostBatchNorm(child.num_features, group_size, child.eps,
-                                   child.momentum if child.momentum is not None else 0.1,
-                                   child.affine)  # fmt: skip
+            ghost = GhostBatchNorm(
+                child.num_features,
+                group_size,
+                child.eps,
+                child.momentum if child.momentum is not None else 0.1,
+                child.affine,
+            )
             ghost.load_state_dict(child.state_dict())
             ghost.to(device=child.running_mean.device)
             ghost.train(child.training)
@@ -188,8 +201,12 @@ class RunningStats:
     the config). ``all_reduce_sum`` adds a tensor over the processes; None for one process.
     """
 
-    def __init__(self, modules: list[GhostBatchNorm], groups: int,
-                 all_reduce_sum: Callable[[Tensor], Tensor] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        modules: list[GhostBatchNorm],
+        groups: int,
+        all_reduce_sum: Callable[[Tensor], Tensor] | None = None,
+    ) -> None:
         if groups < 1:
             raise ValueError(f"groups={groups} must be >= 1")
         self.groups = groups

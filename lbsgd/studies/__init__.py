@@ -33,9 +33,21 @@ from lbsgd import profiles
 from lbsgd.experiments import Finding
 
 # The notebooks in reading order (notebooks/NN_<study>.ipynb); titles start with the number.
-STUDIES: tuple[str, ...] = ("quickstart", "warmup", "batch_scaling", "lr_scaling_rule",
-                            "bn_gamma_init", "lars", "bn_decay", "pool5_bn", "mixed_precision",
-                            "scaling", "critical_batch", "local_sgd", "staleness")  # fmt: skip
+STUDIES: tuple[str, ...] = (
+    "quickstart",
+    "warmup",
+    "batch_scaling",
+    "lr_scaling_rule",
+    "bn_gamma_init",
+    "lars",
+    "bn_decay",
+    "pool5_bn",
+    "mixed_precision",
+    "scaling",
+    "critical_batch",
+    "local_sgd",
+    "staleness",
+)
 
 # A run is "at chance" when its top-1 error is within this many points of 100·(1 − 1/classes):
 # at the smoke profile every run ends at 86-91% on 10 classes (chance 90%).
@@ -90,8 +102,10 @@ def chance_of(df) -> float | None:
     if "dataset" not in df.columns:
         return None
     fake = df["fake_classes"] if "fake_classes" in df.columns else [None] * len(df)
-    n = {int(c) if d == "fake" else DATASET_CLASSES.get(d)
-         for d, c in zip(df["dataset"], fake, strict=True)}  # fmt: skip
+    n = {
+        int(c) if d == "fake" else DATASET_CLASSES.get(d)
+        for d, c in zip(df["dataset"], fake, strict=True)
+    }
     return chance_error_pct(n.pop()) if len(n) == 1 and None not in n else None
 
 
@@ -153,8 +167,11 @@ def decide(
     margin = abs(diff - threshold)
     if margin <= s:
         over = "of the per-seed differences" if paired and seed_spread is None else "over seeds"
-        return Verdict(None, f"the margin ({margin:.2f} points) is inside the seed spread "
-                             f"({s:.2f} points, standard deviation {over})")  # fmt: skip
+        return Verdict(
+            None,
+            f"the margin ({margin:.2f} points) is inside the seed spread "
+            f"({s:.2f} points, standard deviation {over})",
+        )
     return Verdict(diff > threshold if more_than is not None else diff <= threshold)
 
 
@@ -269,8 +286,9 @@ class Session:
 
     def sweep(self, runs: Sequence[Mapping[str, Any]]):
         """Train the runs (see :func:`lbsgd.experiments.sweep`) into this study's folder."""
-        return ex.sweep(self.study, runs, out_dir=self.out, profile=self.profile.name,
-                        **self.launch)  # fmt: skip
+        return ex.sweep(
+            self.study, runs, out_dir=self.out, profile=self.profile.name, **self.launch
+        )
 
     def save_table(self, table, name: str = "table.csv"):
         """Write ``table`` (ours beside the paper) to the study's folder; returns it for display."""
@@ -290,16 +308,20 @@ class Session:
         findings) to W&B as one run of the study's group."""
         findings = list(findings)
         used = list(self.seeds if seeds is None else seeds)
-        ex.write_findings(self.out, self.study, self.profile.name, used, findings,
-                          title=self.title)  # fmt: skip
+        ex.write_findings(self.out, self.study, self.profile.name, used, findings, title=self.title)
         from lbsgd import tracking
 
         log_study = getattr(tracking, "log_study", None)
         if log_study is not None and self.launch.get("wandb", "auto") != "disabled":
-            log_study(self.dir, study=self.study, profile=self.profile.name,
-                      mode=self.launch.get("wandb", "auto"), table=self.table_path,
-                      figures=tuple(self.figure_paths),
-                      findings=[f.to_dict() for f in findings])  # fmt: skip
+            log_study(
+                self.dir,
+                study=self.study,
+                profile=self.profile.name,
+                mode=self.launch.get("wandb", "auto"),
+                table=self.table_path,
+                figures=tuple(self.figure_paths),
+                findings=[f.to_dict() for f in findings],
+            )
 
 
 def start(
@@ -323,12 +345,18 @@ def start(
         raise ex.config.ConfigError(
             f"wandb={wandb!r} must be one of auto, online, offline, disabled"
         )
-    ex.check_launch(nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                    parallel=parallel)  # fmt: skip
+    ex.check_launch(
+        nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, parallel=parallel
+    )
     p = profiles.get(profile, epochs=epochs)
     chosen = list(seeds) if seeds is not None else list(p.seeds)
     if not chosen or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in chosen):
         raise ex.config.ConfigError(f"seeds={seeds!r} must be a non-empty list of integers >= 0")
-    launch = {"nproc_per_node": nproc_per_node, "nnodes": nnodes,
-              "rdzv_endpoint": rdzv_endpoint, "parallel": parallel, "wandb": wandb}  # fmt: skip
+    launch = {
+        "nproc_per_node": nproc_per_node,
+        "nnodes": nnodes,
+        "rdzv_endpoint": rdzv_endpoint,
+        "parallel": parallel,
+        "wandb": wandb,
+    }
     return Session(study, title, p, chosen, results_root(out_dir), launch)

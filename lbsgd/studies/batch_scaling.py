@@ -24,8 +24,11 @@ def runs(
 ) -> list[dict[str, Any]]:
     """Each k of ``ks`` (default the profile's list): every seed up to ``large_k``, the first
     seed beyond."""
-    return [profile.keys(k=k, seed=s) for k in (ks or profile.ks[STUDY])
-            for s in (seeds if k <= profile.large_k else seeds[:1])]  # fmt: skip
+    return [
+        profile.keys(k=k, seed=s)
+        for k in (ks or profile.ks[STUDY])
+        for s in (seeds if k <= profile.large_k else seeds[:1])
+    ]
 
 
 def table(df):
@@ -52,18 +55,28 @@ def findings(df, large_k: float) -> list[Finding]:
     # flat: the worst of the small k within 2 points of the best, judged by the spread of them all
     best, worst = min(small, key=err.get), max(small, key=err.get)
     flat = err[worst] - err[best]
-    v_flat = studies.within(e[worst], e[best], FLAT_PCT, chance=chance,
-                            seed_spread=studies.spread(*(e[k] for k in small)))  # fmt: skip
+    v_flat = studies.within(
+        e[worst],
+        e[best],
+        FLAT_PCT,
+        chance=chance,
+        seed_spread=studies.spread(*(e[k] for k in small)),
+    )
 
     def width(top: float) -> float:  # the spread of the mean errors from the smallest k to top
         return max(err[j] for j in small if j <= top) - min(err[j] for j in small if j <= top)
 
     upto, last = max(k for k in small if width(k) < FLAT_PCT), max(small)
     against = not flat < FLAT_PCT and not at_chance([*e[worst], *e[best]], chance)
-    why_flat = note(v_flat, against, (
-        f"flat within {FLAT_PCT:g} points up to k={upto:g} ({steps[upto]} steps); k={last:g} "
-        f"({steps[last]} steps; Goyal's 8k run: 14,076) is {err[last] - err[best]:.1f} points above "
-        f"the best, k={best:g}: the step budget of a CPU run moves the knee to smaller k"))  # fmt: skip
+    why_flat = note(
+        v_flat,
+        against,
+        (
+            f"flat within {FLAT_PCT:g} points up to k={upto:g} ({steps[upto]} steps); k={last:g} "
+            f"({steps[last]} steps; Goyal's 8k run: 14,076) is {err[last] - err[best]:.1f} points above "
+            f"the best, k={best:g}: the step budget of a CPU run moves the knee to smaller k"
+        ),
+    )
 
     base, top = (1.0 if 1.0 in e else ks[0]), ks[-1]
     p = ex.reference(STUDY)
@@ -71,11 +84,14 @@ def findings(df, large_k: float) -> list[Finding]:
     return [
         studies.finding(
             f"the error is flat (within {FLAT_PCT:g} points) from k={min(small):g} to "
-            f"k={max(small):g}", v_flat,
-            f"spread {flat:.1f} points (paper: flat from 128 to 8k, spread 0.3)" + why_flat),
+            f"k={max(small):g}",
+            v_flat,
+            f"spread {flat:.1f} points (paper: flat from 128 to 8k, spread 0.3)" + why_flat,
+        ),
         studies.finding(
             "the error rises at the largest minibatches",
             studies.worse_by(e[top], e[base], RISE_PCT, chance=chance),
             f"k={top:g}: {err[top]:.1f}% vs k={base:g}: {err[base]:.1f}% (paper 64k: "
-            f"{p[65536]:.2f} vs {p[256]:.2f})"),
-    ]  # fmt: skip
+            f"{p[65536]:.2f} vs {p[256]:.2f})",
+        ),
+    ]

@@ -33,8 +33,11 @@ def runs(
     decay (and LARS adaptation) on BN γ/β and biases, every seed."""
     kmax = max(ks or profile.ks["lars"])
     keys = lars.lars_keys(profile, lars_base_lr=lars_base_lr, epochs=epochs)
-    return [profile.keys(k=kmax, **{**keys, "decay_bn_bias": d, "seed": s})
-            for d in (True, False) for s in seeds]  # fmt: skip
+    return [
+        profile.keys(k=kmax, **{**keys, "decay_bn_bias": d, "seed": s})
+        for d in (True, False)
+        for s in seeds
+    ]
 
 
 def prepare(df):
@@ -83,12 +86,15 @@ def findings(df) -> list[Finding]:
             strict=True,
         )
     )
-    return [studies.finding(
-        "with LARS at the largest minibatch, no weight decay on BN and biases beats decaying them "
-        "(ResNet)",
-        studies.lower(no, yes, chance=studies.chance_of(df), paired=True),
-        f"k={k:g}: no decay {sum(no) / len(no):.1f}% vs decay {sum(yes) / len(yes):.1f}% error "
-        f"(mean of {n}; no decay better in {w} of {n} seeds); Jia et al. accuracy: ResNet-50 "
-        f"{p['resnet', True]:.1f} to {p['resnet', False]:.1f} (error {100 - p['resnet', True]:.1f} "
-        f"to {100 - p['resnet', False]:.1f}), AlexNet {p['alexnet', True]:.1f} to "
-        f"{p['alexnet', False]:.1f}")]  # fmt: skip
+    return [
+        studies.finding(
+            "with LARS at the largest minibatch, no weight decay on BN and biases beats decaying them "
+            "(ResNet)",
+            studies.lower(no, yes, chance=studies.chance_of(df), paired=True),
+            f"k={k:g}: no decay {sum(no) / len(no):.1f}% vs decay {sum(yes) / len(yes):.1f}% error "
+            f"(mean of {n}; no decay better in {w} of {n} seeds); Jia et al. accuracy: ResNet-50 "
+            f"{p['resnet', True]:.1f} to {p['resnet', False]:.1f} (error {100 - p['resnet', True]:.1f} "
+            f"to {100 - p['resnet', False]:.1f}), AlexNet {p['alexnet', True]:.1f} to "
+            f"{p['alexnet', False]:.1f}",
+        )
+    ]

@@ -40,13 +40,19 @@ def runs(
     profiles' ResNet, the pair at depth ``probe_depth`` at the large k, first seed (0: none)."""
     k = list(ks or [1, profile.large_k])
     base_k, large_k = k[0], k[-1]
-    out = [profile.keys(k=base_k, warmup="none", zero_init_residual=z, seed=s)
-           for z in (False, True) for s in seeds]  # fmt: skip
-    out += [profile.keys(k=large_k, zero_init_residual=z, seed=s)
-            for z in (False, True) for s in seeds]  # fmt: skip
+    out = [
+        profile.keys(k=base_k, warmup="none", zero_init_residual=z, seed=s)
+        for z in (False, True)
+        for s in seeds
+    ]
+    out += [
+        profile.keys(k=large_k, zero_init_residual=z, seed=s) for z in (False, True) for s in seeds
+    ]
     if probe_depth and profile.name in PROBE_PROFILES and profile.base.get("model") == "resnet":
-        out += [profile.keys(k=large_k, depth=probe_depth, zero_init_residual=z, seed=seeds[0])
-                for z in (False, True)]  # fmt: skip
+        out += [
+            profile.keys(k=large_k, depth=probe_depth, zero_init_residual=z, seed=seeds[0])
+            for z in (False, True)
+        ]
     return out
 
 
@@ -99,10 +105,12 @@ def table(df, metrics: Metrics = None):
     ours = ex.summarize(df, by)
     ours = ours.merge(ex.summarize(df, by, "plateau_epochs")[[*by, "plateau_epochs_mean"]], on=by)
     ours = ours.merge(df.groupby(by)["diverged"].sum().astype(int).reset_index(), on=by)
-    t = ours.merge(paper(df["k"].min(), df["k"].max(), main), on=["arch", "k", "gamma_init"],
-                   how="left")  # fmt: skip
-    t = t.sort_values(["arch", "k", "gamma_init"],
-                      key=lambda c: c != main if c.name == "arch" else c)  # fmt: skip
+    t = ours.merge(
+        paper(df["k"].min(), df["k"].max(), main), on=["arch", "k", "gamma_init"], how="left"
+    )
+    t = t.sort_values(
+        ["arch", "k", "gamma_init"], key=lambda c: c != main if c.name == "arch" else c
+    )
     return t.reset_index(drop=True).astype({c: "Int64" for c in t if c in INT_COLUMNS})
 
 
@@ -114,8 +122,9 @@ def _diff_spread(e0: list[float], e1: list[float]) -> float | None:
 def _paired(df, arch: str, k: float):
     """Per seed (rows) the error with γ = 0 and γ = 1 (columns), of the seeds both ran."""
     sel = df[(df["arch"] == arch) & (df["k"] == k)]
-    return sel.pivot_table(index="seed", columns="gamma_init",
-                           values="final_top1_error_pct").dropna()  # fmt: skip
+    return sel.pivot_table(
+        index="seed", columns="gamma_init", values="final_top1_error_pct"
+    ).dropna()
 
 
 def _plateau(df, arch: str, k: float, g: int) -> float:
@@ -132,25 +141,36 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
     main = main_arch(df)
     base_k, large_k = float(df["k"].min()), float(df["k"].max())
     ref = paper(base_k, large_k, main)
-    p = {(k, g): float(v) for k, g, v in zip(ref["k"], ref["gamma_init"],
-                                             ref["paper_top1_error_pct"], strict=True)}  # fmt: skip
+    p = {
+        (k, g): float(v)
+        for k, g, v in zip(ref["k"], ref["gamma_init"], ref["paper_top1_error_pct"], strict=True)
+    }
 
     out = []
-    for k, where in ((base_k, f"at k={base_k:g} (no warmup)"),
-                     (large_k, f"at the large minibatch k={large_k:g}")):  # fmt: skip
+    for k, where in (
+        (base_k, f"at k={base_k:g} (no warmup)"),
+        (large_k, f"at the large minibatch k={large_k:g}"),
+    ):
         piv = _paired(df, main, k)
         e0, e1 = list(piv[0]), list(piv[1])
         w, n = int((piv[0] < piv[1]).sum()), len(piv)
         verdict = studies.lower(e0, e1, chance=chance, paired=True)
-        out.append(studies.finding(
-            f"γ=0 in the last BN of each residual block beats γ=1 {where}", verdict,
-            f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% (mean of {n}; γ=0 better in {w} of {n} "
-            f"seeds; paper {p[(k, 0)]:.2f} vs {p[(k, 1)]:.2f})" + note(
-                verdict, not mean(e0) < mean(e1) and not at_chance([*e0, *e1], chance),
-                f"an earlier ResNet-8 probe found the order reversed, γ=0 (every block of a "
-                f"shallow net starting as the identity) lengthening the initial plateau; here the "
-                f"training loss made half of its decrease after {_plateau(df, main, k, 0):.2f} "
-                f"epochs with γ=0 vs {_plateau(df, main, k, 1):.2f} with γ=1")))  # fmt: skip
+        out.append(
+            studies.finding(
+                f"γ=0 in the last BN of each residual block beats γ=1 {where}",
+                verdict,
+                f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% (mean of {n}; γ=0 better in {w} of {n} "
+                f"seeds; paper {p[(k, 0)]:.2f} vs {p[(k, 1)]:.2f})"
+                + note(
+                    verdict,
+                    not mean(e0) < mean(e1) and not at_chance([*e0, *e1], chance),
+                    f"an earlier ResNet-8 probe found the order reversed, γ=0 (every block of a "
+                    f"shallow net starting as the identity) lengthening the initial plateau; here the "
+                    f"training loss made half of its decrease after {_plateau(df, main, k, 0):.2f} "
+                    f"epochs with γ=0 vs {_plateau(df, main, k, 1):.2f} with γ=1",
+                ),
+            )
+        )
 
     big = _paired(df, main, large_k)
     for arch in sorted(set(df["arch"]) - {main}):  # the deeper probe
@@ -165,11 +185,19 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
             )
         else:
             seeds = f"seed {piv.index[0]} only"
-        out.append(studies.finding(
-            f"with a deeper ResNet ({arch}, the probe) γ=0 beats γ=1 at the large minibatch",
-            studies.lower(e0, e1, chance=chance, paired=True,
-                          seed_spread=own if own is not None else main_spread),
-            f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% ({seeds}; half the loss decrease after "
-            f"{_plateau(df, arch, large_k, 0):.2f} vs {_plateau(df, arch, large_k, 1):.2f} epochs); "
-            f"paper, ResNet-50: {p[(large_k, 0)]:.2f} vs {p[(large_k, 1)]:.2f}"))  # fmt: skip
+        out.append(
+            studies.finding(
+                f"with a deeper ResNet ({arch}, the probe) γ=0 beats γ=1 at the large minibatch",
+                studies.lower(
+                    e0,
+                    e1,
+                    chance=chance,
+                    paired=True,
+                    seed_spread=own if own is not None else main_spread,
+                ),
+                f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% ({seeds}; half the loss decrease after "
+                f"{_plateau(df, arch, large_k, 0):.2f} vs {_plateau(df, arch, large_k, 1):.2f} epochs); "
+                f"paper, ResNet-50: {p[(large_k, 0)]:.2f} vs {p[(large_k, 1)]:.2f}",
+            )
+        )
     return out

@@ -148,8 +148,10 @@ def default_target(df, large_k: float, window_samples: int, metrics: Metrics = N
     load = curves(metrics)
     k = max(float(x) for x in df["k"] if float(x) <= large_k)
     sel = df[df["k"].astype(float) == k]
-    finals = [float(smoothed_loss(load(d), window_samples, b).iloc[-1])
-              for d, b in zip(sel["run_dir"], sel["batch_size"], strict=True)]  # fmt: skip
+    finals = [
+        float(smoothed_loss(load(d), window_samples, b).iloc[-1])
+        for d, b in zip(sel["run_dir"], sel["batch_size"], strict=True)
+    ]
     return max(finals)
 
 
@@ -175,13 +177,18 @@ def measure(
         early = early_step(int(r["total_steps"]), int(r["warmup_steps"]))
         loss = smoothed_loss(rec, window, b)
         upto = loss[loss.index <= early]
-        rows.append({
-            "target_loss": target, "window_samples": window, "steps_to_target": steps,
-            "b_noise_target": b_noise_at(rec, steps) if steps is not None else math.nan,
-            "b_noise_early": b_noise_at(rec, early), "b_noise_end": b_noise_at(rec),
-            "loss_early": float(upto.iloc[-1]) if len(upto) else math.nan,
-            "loss_end": float(loss.iloc[-1]) if len(loss) else math.nan,
-        })  # fmt: skip
+        rows.append(
+            {
+                "target_loss": target,
+                "window_samples": window,
+                "steps_to_target": steps,
+                "b_noise_target": b_noise_at(rec, steps) if steps is not None else math.nan,
+                "b_noise_early": b_noise_at(rec, early),
+                "b_noise_end": b_noise_at(rec),
+                "loss_early": float(upto.iloc[-1]) if len(upto) else math.nan,
+                "loss_end": float(loss.iloc[-1]) if len(loss) else math.nan,
+            }
+        )
     import pandas as pd
 
     out = pd.concat([df.reset_index(drop=True), pd.DataFrame(rows, index=range(len(df)))], axis=1)
@@ -242,8 +249,10 @@ def fit(batches: Sequence[float], steps: Sequence[float]) -> Fit | None:
 
     x = np.linalg.lstsq(a, one, rcond=None)[0]
     if (x < 0).any():  # the optimum lies on an edge of S_min, E_min ≥ 0: the better edge
-        edges = [np.array([one @ a[:, 0] / (a[:, 0] @ a[:, 0]), 0.0]),
-                 np.array([0.0, one @ a[:, 1] / (a[:, 1] @ a[:, 1])])]  # fmt: skip
+        edges = [
+            np.array([one @ a[:, 0] / (a[:, 0] @ a[:, 0]), 0.0]),
+            np.array([0.0, one @ a[:, 1] / (a[:, 1] @ a[:, 1])]),
+        ]
         x = min(edges, key=residual)
     s_min, e_min = float(x[0]), float(x[1])
     b_crit = e_min / s_min if s_min > 0 else math.inf
@@ -310,16 +319,24 @@ def fit_table(m, f: Fit | None):
     base = baseline_k(m)
     sel = m[m["k"].astype(float) == base] if base is not None else m.iloc[:0]
     lo, hi = knee(m)
-    return pd.DataFrame([{
-        "target_loss": float(m["target_loss"].iloc[0]),
-        "window_samples": int(m["window_samples"].iloc[0]),
-        "s_min": f.s_min if f else math.nan, "e_min": f.e_min if f else math.nan,
-        "b_crit": f.b_crit if f else math.nan, "fit_rms_rel": f.rms if f else math.nan,
-        "fit_points": f.points if f else 0,
-        "baseline_k": base, "baseline_batch": int(sel["batch_size"].iloc[0]) if len(sel) else None,
-        "b_noise_at_target": mean(list(sel["b_noise_target"])) if len(sel) else math.nan,
-        "knee_lo": lo, "knee_hi": hi,
-    }])  # fmt: skip
+    return pd.DataFrame(
+        [
+            {
+                "target_loss": float(m["target_loss"].iloc[0]),
+                "window_samples": int(m["window_samples"].iloc[0]),
+                "s_min": f.s_min if f else math.nan,
+                "e_min": f.e_min if f else math.nan,
+                "b_crit": f.b_crit if f else math.nan,
+                "fit_rms_rel": f.rms if f else math.nan,
+                "fit_points": f.points if f else 0,
+                "baseline_k": base,
+                "baseline_batch": int(sel["batch_size"].iloc[0]) if len(sel) else None,
+                "b_noise_at_target": mean(list(sel["b_noise_target"])) if len(sel) else math.nan,
+                "knee_lo": lo,
+                "knee_hi": hi,
+            }
+        ]
+    )
 
 
 # -- the findings ------------------------------------------------------------------------------
@@ -366,19 +383,23 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
     base = baseline_k(m)
     sel = (m[m["k"].astype(float) == base] if base is not None else m.iloc[:0]).sort_values("seed")
     bn = [float(v) for v in sel["b_noise_target"]]
-    head = (f"baseline k={base:g} (batch {int(sel['batch_size'].iloc[0])}), B_noise at the "
-            f"target loss {m['target_loss'].iloc[0]:.3g}: {_fmt(bn)} (seeds "
-            f"{', '.join(str(int(s)) for s in sel['seed'])})" if base is not None
-            else "no k measured the noise scale with every seed")  # fmt: skip
+    head = (
+        f"baseline k={base:g} (batch {int(sel['batch_size'].iloc[0])}), B_noise at the "
+        f"target loss {m['target_loss'].iloc[0]:.3g}: {_fmt(bn)} (seeds "
+        f"{', '.join(str(int(s)) for s in sel['seed'])})"
+        if base is not None
+        else "no k measured the noise scale with every seed"
+    )
     gate = _gate(m, base, bn)
 
     # 1. B_noise vs the knee of the error
     lo, hi = knee(m)
     band = f"[{lo / FACTOR:g}, {hi * FACTOR:g}]" if hi is not None else f"[{lo / FACTOR:g}, ∞)"
-    knee_txt = (f"the error leaves its flat region (within {FLAT_PCT:g} points) between batch {lo} "
-                f"and {hi}" if hi is not None
-                else f"the error is flat (within {FLAT_PCT:g} points) up to the largest batch, "
-                     f"{lo}")  # fmt: skip
+    knee_txt = (
+        f"the error leaves its flat region (within {FLAT_PCT:g} points) between batch {lo} and {hi}"
+        if hi is not None
+        else f"the error is flat (within {FLAT_PCT:g} points) up to the largest batch, {lo}"
+    )
     v1 = gate or _band(bn, lo, hi)
     why1 = ""
     if v1.replayed is False:
@@ -389,12 +410,17 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
             if hi is not None and min(bn) > hi * FACTOR
             else "outside"
         )
-        why1 = (f"; not replayed at this scale: every seed's B_noise lies {side} the band; the "
-                "knee is in the final test error of a fixed epoch budget, B_noise predicts the "
-                "steps to a training loss (claim 3 compares those)")  # fmt: skip
+        why1 = (
+            f"; not replayed at this scale: every seed's B_noise lies {side} the band; the "
+            "knee is in the final test error of a fixed epoch budget, B_noise predicts the "
+            "steps to a training loss (claim 3 compares those)"
+        )
     f1 = studies.finding(
         "the measured noise scale lands within a factor of 2 of the batch where the error leaves "
-        "its flat region", v1, f"{head}; {knee_txt}; ×2 band {band}{why1}")  # fmt: skip
+        "its flat region",
+        v1,
+        f"{head}; {knee_txt}; ×2 band {band}{why1}",
+    )
 
     # 2. B_simple grows during training
     early = [float(v) for v in sel["b_noise_early"]]
@@ -405,8 +431,12 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         if len(pairs) < 2:
             v2 = Verdict(None, "fewer than 2 seeds measured B_simple early and at the end")
         else:
-            d = studies.decide([math.log2(b) for _, b in pairs], [math.log2(a) for a, _ in pairs],
-                               more_than=0.0, paired=True)  # fmt: skip
+            d = studies.decide(
+                [math.log2(b) for _, b in pairs],
+                [math.log2(a) for a, _ in pairs],
+                more_than=0.0,
+                paired=True,
+            )
             v2 = Verdict(d.replayed, d.why.replace(" points", " in log2 B"))
     grow = ""
     if pairs:
@@ -414,16 +444,22 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         le, ln = mean(list(sel["loss_early"])), mean(list(sel["loss_end"]))
         first = sel.iloc[0]
         at = early_step(int(first["total_steps"]), int(first["warmup_steps"]))
-        grow = (f"; B_simple early (step {at}) "
-                f"{_fmt(early)}, at the end {_fmt(end)}: ×{_fmt(ratio)} while the smoothed "
-                f"training loss went from {le:.3g} to {ln:.3g}")  # fmt: skip
+        grow = (
+            f"; B_simple early (step {at}) "
+            f"{_fmt(early)}, at the end {_fmt(end)}: ×{_fmt(ratio)} while the smoothed "
+            f"training loss went from {le:.3g} to {ln:.3g}"
+        )
         if v2.replayed is False:
-            grow += ("; not replayed at this scale: B_simple does not grow on average over the "
-                     "seeds (geometric mean ×"
-                     f"{math.exp(statistics.fmean(math.log(r) for r in ratio)):.2f})")  # fmt: skip
+            grow += (
+                "; not replayed at this scale: B_simple does not grow on average over the "
+                "seeds (geometric mean ×"
+                f"{math.exp(statistics.fmean(math.log(r) for r in ratio)):.2f})"
+            )
     f2 = studies.finding(
         "B_simple grows during training (McCandlish et al. report it grows as the loss falls)",
-        v2, (f"baseline k={base:g}" if base is not None else "no baseline") + grow)  # fmt: skip
+        v2,
+        (f"baseline k={base:g}" if base is not None else "no baseline") + grow,
+    )
 
     # 3. B_crit ≈ B_noise
     v3 = gate
@@ -431,19 +467,29 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         fit_txt = f"{f.points if f else 0} batch sizes reached the target: no fit to judge"
         v3 = v3 or Verdict(None, "fewer than 3 batch sizes reached the target")
     else:
-        fit_txt = (f"fit over {f.points} batch sizes: S_min {f.s_min:.3g} steps, E_min "
-                   f"{f.e_min:.3g} samples, B_crit = E_min/S_min = {f.b_crit:.3g} (rms relative "
-                   f"residual {100 * f.rms:.1f}%)")  # fmt: skip
+        fit_txt = (
+            f"fit over {f.points} batch sizes: S_min {f.s_min:.3g} steps, E_min "
+            f"{f.e_min:.3g} samples, B_crit = E_min/S_min = {f.b_crit:.3g} (rms relative "
+            f"residual {100 * f.rms:.1f}%)"
+        )
         if not (0 < f.b_crit < math.inf):
-            v3 = v3 or Verdict(None, f"the fit has no finite B_crit ({f.b_crit:g}): the steps "
-                                     "do not both fall and level off over the sweep")  # fmt: skip
+            v3 = v3 or Verdict(
+                None,
+                f"the fit has no finite B_crit ({f.b_crit:g}): the steps "
+                "do not both fall and level off over the sweep",
+            )
         v3 = v3 or _band(bn, f.b_crit, f.b_crit)
     why3 = ""
     if v3.replayed is False:
         side = "below" if max(bn) < f.b_crit else "above"
-        why3 = (f"; not replayed at this scale: every seed's B_noise lies more than ×{FACTOR:g} "
-                f"{side} B_crit (ratio {mean(bn) / f.b_crit:.2f})")  # fmt: skip
+        why3 = (
+            f"; not replayed at this scale: every seed's B_noise lies more than ×{FACTOR:g} "
+            f"{side} B_crit (ratio {mean(bn) / f.b_crit:.2f})"
+        )
     f3 = studies.finding(
         "the fitted critical batch B_crit = E_min/S_min agrees with the measured noise scale "
-        "within a factor of 2", v3, f"{fit_txt}; {head}{why3}")  # fmt: skip
+        "within a factor of 2",
+        v3,
+        f"{fit_txt}; {head}{why3}",
+    )
     return [f1, f2, f3]

@@ -19,8 +19,12 @@ from lbsgd.profiles import Profile
 STUDY = "lars"
 TITLE = "6. LARS (You et al. 2017, Jia et al. 2018)"
 INT_COLUMNS = ("batch_size", "paper_batch", "runs", "diverged")  # no 1.6e+04 in the tables
-COLORS = {("resnet", "sgd"): "tab:red", ("resnet", "lars"): "tab:green",
-          ("alexnet_bn", "sgd"): "tab:orange", ("alexnet_bn", "lars"): "tab:blue"}  # fmt: skip
+COLORS = {
+    ("resnet", "sgd"): "tab:red",
+    ("resnet", "lars"): "tab:green",
+    ("alexnet_bn", "sgd"): "tab:orange",
+    ("alexnet_bn", "lars"): "tab:blue",
+}
 
 
 # -- the runs ----------------------------------------------------------------------------------
@@ -62,12 +66,19 @@ def runs(
     kmax = ks_[-1]
     kalex = max(ks) if ks else profile.alexnet_k()
     opts = ({}, lars_keys(profile, lars_base_lr=lars_base_lr, epochs=epochs))
-    out = [profile.keys(k=k, **{**o, "seed": s})
-           for k in ks_ for o in opts for s in (seeds if k == kmax else seeds[:1])]  # fmt: skip
+    out = [
+        profile.keys(k=k, **{**o, "seed": s})
+        for k in ks_
+        for o in opts
+        for s in (seeds if k == kmax else seeds[:1])
+    ]
     alex = own(profile.alexnet, epochs)
     alex_opts = ({}, lars_keys(profile, alexnet=True, lars_base_lr=lars_base_lr, epochs=epochs))
-    out += [profile.keys(k=kalex, **{**alex, "model": "alexnet_bn", **o, "seed": s})
-            for o in alex_opts for s in seeds]  # fmt: skip
+    out += [
+        profile.keys(k=kalex, **{**alex, "model": "alexnet_bn", **o, "seed": s})
+        for o in alex_opts
+        for s in seeds
+    ]
     return out
 
 
@@ -109,11 +120,26 @@ def paper(archs: Sequence[str] | None = None):
         p = p[p["arch"].isin(set(archs))]  # the networks trained here (not plain AlexNet)
     p["k"] = p["batch"] / 256
     p["paper_top1_error_pct"] = 100 - p["value"]  # the papers give accuracy
-    cols = ["arch", "optimizer", "k", "batch", "lr", "value", "paper_top1_error_pct", "source",
-            "variant"]  # fmt: skip
-    return p[cols].rename(columns={"batch": "paper_batch", "lr": "paper_lr",
-                                   "value": "paper_top1_acc_pct", "source": "paper_source",
-                                   "variant": "paper_variant"})  # fmt: skip
+    cols = [
+        "arch",
+        "optimizer",
+        "k",
+        "batch",
+        "lr",
+        "value",
+        "paper_top1_error_pct",
+        "source",
+        "variant",
+    ]
+    return p[cols].rename(
+        columns={
+            "batch": "paper_batch",
+            "lr": "paper_lr",
+            "value": "paper_top1_acc_pct",
+            "source": "paper_source",
+            "variant": "paper_variant",
+        }
+    )
 
 
 def table(df):
@@ -158,10 +184,10 @@ def findings(df) -> list[Finding]:
     you_lars, _ = _paper_error(p, "alexnet_bn", "lars", b_sgd)
     quotes = {
         "resnet": f"Jia et al. ResNet-50 at {b64}: SGD {jia_sgd:.1f} vs LARS {jia_lars:.1f} "
-                  f"(accuracy {100 - jia_sgd:.1f} vs {100 - jia_lars:.1f})",
+        f"(accuracy {100 - jia_sgd:.1f} vs {100 - jia_lars:.1f})",
         "alexnet_bn": f"You et al. AlexNet-BN at {b_sgd}: SGD {you_sgd:.1f} vs LARS {you_lars:.1f} "
-                      f"(accuracy {100 - you_sgd:.1f} vs {100 - you_lars:.1f})",
-    }  # fmt: skip
+        f"(accuracy {100 - you_sgd:.1f} vs {100 - you_lars:.1f})",
+    }
 
     out = []
     for a in ("resnet", "alexnet_bn"):
@@ -171,11 +197,14 @@ def findings(df) -> list[Finding]:
         lars = studies.errors(df, arch=a, optimizer="lars", k=k)
         sgd = studies.errors(df, arch=a, optimizer="sgd", k=k)
         w, n = _wins(df, a, k)
-        out.append(studies.finding(
-            f"at the largest minibatch LARS beats SGD ({a})",
-            studies.lower(lars, sgd, chance=chance, paired=True),
-            f"k={k:g}: LARS {_mean(lars):.1f}% vs SGD {_mean(sgd):.1f}% error (mean of {len(lars)}; "
-            f"LARS better in {w} of {n} seeds); paper error: {quotes[a]}"))  # fmt: skip
+        out.append(
+            studies.finding(
+                f"at the largest minibatch LARS beats SGD ({a})",
+                studies.lower(lars, sgd, chance=chance, paired=True),
+                f"k={k:g}: LARS {_mean(lars):.1f}% vs SGD {_mean(sgd):.1f}% error (mean of {len(lars)}; "
+                f"LARS better in {w} of {n} seeds); paper error: {quotes[a]}",
+            )
+        )
 
     res = df[df["arch"] == "resnet"]
     if res.empty or res["k"].nunique() < 2:
@@ -183,21 +212,30 @@ def findings(df) -> list[Finding]:
     kmin, kbig = float(res["k"].min()), kmax["resnet"]
     first = int(res[res["k"] == kmin]["seed"].min())
     # each seed's error at the largest k less the first seed's at the smallest (the only one there)
-    change = {o: [e - studies.errors(res, optimizer=o, k=kmin, seed=first)[0]
-                  for e in studies.errors(res, optimizer=o, k=kbig)]
-              for o in ("lars", "sgd")}  # fmt: skip
+    change = {
+        o: [
+            e - studies.errors(res, optimizer=o, k=kmin, seed=first)[0]
+            for e in studies.errors(res, optimizer=o, k=kbig)
+        ]
+        for o in ("lars", "sgd")
+    }
     big = {o: studies.errors(res, optimizer=o, k=kbig) for o in ("lars", "sgd")}
     small = [studies.errors(res, optimizer=o, k=kmin, seed=first)[0] for o in ("lars", "sgd")]
-    if chance is not None and all(e >= chance - studies.CHANCE_MARGIN_PCT
-                                  for e in [*big["lars"], *big["sgd"], *small]):  # fmt: skip
+    if chance is not None and all(
+        e >= chance - studies.CHANCE_MARGIN_PCT for e in [*big["lars"], *big["sgd"], *small]
+    ):
         verdict = studies.Verdict(None, f"every run is at chance ({chance:.0f}% error)")
     else:  # judged by the seed spread at the largest k (one run at the smallest)
-        verdict = studies.lower(change["lars"], change["sgd"], paired=True)  # fmt: skip
+        verdict = studies.lower(change["lars"], change["sgd"], paired=True)
     pds = you_sgd - _paper_error(p, "alexnet_bn", "sgd", 512)[0]
     pdl = you_lars - _paper_error(p, "alexnet_bn", "lars", 512)[0]
-    out.append(studies.finding(
-        f"from k={kmin:g} to k={kbig:g} LARS loses less accuracy than SGD (resnet)", verdict,
-        f"error change: LARS {_mean(change['lars']):+.1f} points, SGD {_mean(change['sgd']):+.1f} "
-        f"points (k={kmin:g}: seed {first} only); paper, AlexNet-BN from 512 to {b_sgd}: "
-        f"LARS {pdl:+.1f} points, SGD {pds:+.1f} points"))  # fmt: skip
+    out.append(
+        studies.finding(
+            f"from k={kmin:g} to k={kbig:g} LARS loses less accuracy than SGD (resnet)",
+            verdict,
+            f"error change: LARS {_mean(change['lars']):+.1f} points, SGD {_mean(change['sgd']):+.1f} "
+            f"points (k={kmin:g}: seed {first} only); paper, AlexNet-BN from 512 to {b_sgd}: "
+            f"LARS {pdl:+.1f} points, SGD {pds:+.1f} points",
+        )
+    )
     return out

@@ -111,8 +111,12 @@ def runs(
     for n in periods:
         for s in seeds:
             local = {**profile.keys(k=batch_k(profile, k), seed=s), "local_sgd": n}
-            bmuf = {**local, "block_momentum": eta, "block_lr": block_lr,
-                    "block_nesterov": block_nesterov}  # fmt: skip
+            bmuf = {
+                **local,
+                "block_momentum": eta,
+                "block_lr": block_lr,
+                "block_nesterov": block_nesterov,
+            }
             out += [named(local, nproc), named(bmuf, nproc)]
     return out
 
@@ -120,8 +124,13 @@ def runs(
 def sweep(S, runs: Sequence[Mapping[str, Any]], nproc: int):
     """:meth:`lbsgd.studies.Session.sweep` on ``nproc`` processes per run; the runs with a column
     ``nproc``."""
-    df = ex.sweep(S.study, runs, out_dir=S.out, profile=S.profile.name,
-                  **{**S.launch, "nproc_per_node": nproc})  # fmt: skip
+    df = ex.sweep(
+        S.study,
+        runs,
+        out_dir=S.out,
+        profile=S.profile.name,
+        **{**S.launch, "nproc_per_node": nproc},
+    )
     return df.assign(nproc=nproc) if len(df) else df
 
 
@@ -132,23 +141,30 @@ def allreduce_fit(root: str | Path, fallback: str | Path | None = None):
     """The all-reduce measurements of notebook 10 (``<root>/benchmarks/allreduce_cpu.json``, else
     the repository's committed ones): (the record, its path)."""
     paths = [Path(root) / "benchmarks" / "allreduce_cpu.json"]
-    paths.append(Path(fallback) if fallback else studies.repo_root() / "results" / "benchmarks"
-                 / "allreduce_cpu.json")  # fmt: skip
+    paths.append(
+        Path(fallback)
+        if fallback
+        else studies.repo_root() / "results" / "benchmarks" / "allreduce_cpu.json"
+    )
     for p in paths:
         if p.is_file():
             return json.loads(p.read_text()), p
-    raise FileNotFoundError(f"no all-reduce measurements in {', '.join(map(str, paths))}: run "
-                            "notebook 10 (or make bench) first")  # fmt: skip
+    raise FileNotFoundError(
+        f"no all-reduce measurements in {', '.join(map(str, paths))}: run "
+        "notebook 10 (or make bench) first"
+    )
 
 
 def link_text(ar: Mapping[str, Any], link: cost.Link) -> str:
     """Where the fit comes from, in words."""
     env = ar.get("environment", {})
-    return (f"{ar.get('backend', '?')} all-reduce measured by notebook 10 on {ar.get('world_size')} "
-            f"processes ({ar.get('nodes')} × {ar.get('processes_per_node')}, "
-            f"{env.get('threads_per_process', '?')} thread each, machine {env.get('machine', '?')}): "
-            f"α = {link.alpha_s * 1e6:.0f} µs, "
-            f"β = {link.bandwidth_Bps / 1e9:.2f} GB/s")  # fmt: skip
+    return (
+        f"{ar.get('backend', '?')} all-reduce measured by notebook 10 on {ar.get('world_size')} "
+        f"processes ({ar.get('nodes')} × {ar.get('processes_per_node')}, "
+        f"{env.get('threads_per_process', '?')} thread each, machine {env.get('machine', '?')}): "
+        f"α = {link.alpha_s * 1e6:.0f} µs, "
+        f"β = {link.bandwidth_Bps / 1e9:.2f} GB/s"
+    )
 
 
 def param_bytes(keys: Mapping[str, Any]) -> int:
@@ -207,9 +223,17 @@ def measure(df, nprocs: Sequence[int], link: cost.Link, model_bytes: int):
             a = all_reduces(int(r["total_steps"]), int(r["warmup_steps"]), period)
             t_c = int(r["batch_size"]) / k / rate if rate > 0 else math.nan
             t_ar = cost.ring_time(model_bytes, k, link)
-            rows.append({**r.to_dict(), "nproc": k, "period": period, "all_reduces": a,
-                         "compute_s": t_c, "allreduce_s": t_ar,
-                         "wall_s": int(r["total_steps"]) * t_c + a * t_ar})  # fmt: skip
+            rows.append(
+                {
+                    **r.to_dict(),
+                    "nproc": k,
+                    "period": period,
+                    "all_reduces": a,
+                    "compute_s": t_c,
+                    "allreduce_s": t_ar,
+                    "wall_s": int(r["total_steps"]) * t_c + a * t_ar,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -225,8 +249,9 @@ def table(m):
     t["paper_max_gap_pts"] = [PAPER.get(x, (math.nan, ""))[0] for x in t["mode"]]
     t["paper_source"] = [PAPER.get(x, (math.nan, ""))[1] for x in t["mode"]]
     order = {"sync": 0, "local": 1, "bmuf": 2}
-    t = t.sort_values(["nproc", "period", "mode"], key=lambda c: c.map(order) if c.name == "mode"
-                      else c)  # fmt: skip
+    t = t.sort_values(
+        ["nproc", "period", "mode"], key=lambda c: c.map(order) if c.name == "mode" else c
+    )
     return t.reset_index(drop=True)
 
 
@@ -264,10 +289,13 @@ def _compare(m, a_mode: str, b_mode: str, points: float, chance) -> tuple[Verdic
         against |= mean(a) - mean(b) > points and not studies.at_chance([*a, *b], chance)
         v = studies.within(a, b, points, chance=chance, paired=paired)
         verdicts.append(Verdict(v.replayed, f"K={k} n={n}: {v.why}" if v.why else ""))
-        ar = int(m[(m["mode"] == a_mode) & (m["nproc"] == k) & (m["period"] == n)]
-                 ["all_reduces"].iloc[0])  # fmt: skip
-        parts.append(f"K={k} n={n} ({ar} all-reduces): {a_mode} {_f(a)} vs {b_mode} {_f(b)} "
-                     f"(Δ {mean(a) - mean(b):+.2f} points over {len(a)} seeds)")  # fmt: skip
+        ar = int(
+            m[(m["mode"] == a_mode) & (m["nproc"] == k) & (m["period"] == n)]["all_reduces"].iloc[0]
+        )
+        parts.append(
+            f"K={k} n={n} ({ar} all-reduces): {a_mode} {_f(a)} vs {b_mode} {_f(b)} "
+            f"(Δ {mean(a) - mean(b):+.2f} points over {len(a)} seeds)"
+        )
     if not verdicts:
         return Verdict(None, "no local-SGD runs"), parts, False
     return studies.every(*verdicts), parts, against
@@ -285,21 +313,34 @@ def findings(m) -> list[Finding]:
     """
     chance = studies.chance_of(m)
     v1, p1, against1 = _compare(m, "bmuf", "local", 0.0, chance)
-    note1 = studies.note(v1, against1, "block momentum on top of a momentum-SGD local learner "
-                         "amplifies the block step (≈ 1/(1 − η_B)) in a budget of a few epochs; Chen & "
-                         "Huo's gains are on long speech-model runs with many more blocks")  # fmt: skip
+    note1 = studies.note(
+        v1,
+        against1,
+        "block momentum on top of a momentum-SGD local learner "
+        "amplifies the block step (≈ 1/(1 − η_B)) in a budget of a few epochs; Chen & "
+        "Huo's gains are on long speech-model runs with many more blocks",
+    )
     f1 = studies.finding(
         "BMUF (Chen & Huo: η_B = 1 − 1/K, ε_B = 1, Nesterov) reaches post-local SGD's error at the "
-        "same number of all-reduces or better", v1, "; ".join(p1) + note1)  # fmt: skip
+        "same number of all-reduces or better",
+        v1,
+        "; ".join(p1) + note1,
+    )
 
     v2, p2, against2 = _compare(m, "local", "sync", LOSS_PTS, chance)
-    note2 = studies.note(v2, against2, "each process's local steps use B/K samples at the large-batch "
-                         "learning rate, and in a budget of a few epochs the local phase has few periods to "
-                         "recover from the drift between processes")  # fmt: skip
+    note2 = studies.note(
+        v2,
+        against2,
+        "each process's local steps use B/K samples at the large-batch "
+        "learning rate, and in a budget of a few epochs the local phase has few periods to "
+        "recover from the drift between processes",
+    )
     f2 = studies.finding(
         f"post-local SGD loses at most {LOSS_PTS:g} point against synchronous SGD at the same "
-        "global batch (Lin et al. 2020 report it matching or beating mini-batch SGD)", v2,
-        "; ".join(p2) + note2)  # fmt: skip
+        "global batch (Lin et al. 2020 report it matching or beating mini-batch SGD)",
+        v2,
+        "; ".join(p2) + note2,
+    )
 
     ks = sorted({k for k, _ in _pairs(m)})
     parts, saves = [], []
@@ -311,28 +352,41 @@ def findings(m) -> list[Finding]:
                 w, ws = float(sel["wall_s"].mean()), float(sync.mean())
                 save = 100 * (1 - w / ws) if ws > 0 else math.nan
                 if mode == "local":
-                    parts.append(f"K={k} n={n}: {int(sel['all_reduces'].iloc[0])} vs "
-                                 f"{int(m[(m['mode'] == 'sync') & (m['nproc'] == k)]['all_reduces'].iloc[0])} "
-                                 f"all-reduces, {w:.2f} s vs {ws:.2f} s modelled "
-                                 f"({save:.1f}% saved)")  # fmt: skip
+                    parts.append(
+                        f"K={k} n={n}: {int(sel['all_reduces'].iloc[0])} vs "
+                        f"{int(m[(m['mode'] == 'sync') & (m['nproc'] == k)]['all_reduces'].iloc[0])} "
+                        f"all-reduces, {w:.2f} s vs {ws:.2f} s modelled "
+                        f"({save:.1f}% saved)"
+                    )
                 if k == max(ks):
                     saves.append(save)
     if not saves or any(not math.isfinite(s) for s in saves):
-        v3 = Verdict(None, "no modelled wall time (no throughput of the synchronous runs or no "
-                           "all-reduce fit)")  # fmt: skip
+        v3 = Verdict(
+            None,
+            "no modelled wall time (no throughput of the synchronous runs or no all-reduce fit)",
+        )
     else:
         v3 = Verdict(all(s >= SAVE_PCT for s in saves))
     first = m.iloc[0] if len(m) else None
-    cost_txt = (f"; per step: compute {first['compute_s'] * 1e3:.1f} ms at K={int(first['nproc'])}"
-                if first is not None and math.isfinite(first["compute_s"]) else "")  # fmt: skip
+    cost_txt = (
+        f"; per step: compute {first['compute_s'] * 1e3:.1f} ms at K={int(first['nproc'])}"
+        if first is not None and math.isfinite(first["compute_s"])
+        else ""
+    )
     tar = {int(k): float(m[m["nproc"] == k]["allreduce_s"].iloc[0]) for k in ks}
     cost_txt += "; one all-reduce " + ", ".join(
         f"{v * 1e3:.2f} ms at K={k}" for k, v in tar.items()
     )
-    note3 = studies.note(v3, True, "compute dominates the step of this small model; the all-reduce "
-                         "of its parameters costs little next to it")  # fmt: skip
+    note3 = studies.note(
+        v3,
+        True,
+        "compute dominates the step of this small model; the all-reduce "
+        "of its parameters costs little next to it",
+    )
     f3 = studies.finding(
         f"fewer all-reduces buy modelled wall time: at K={max(ks) if ks else '?'} post-local SGD and "
-        f"BMUF take at least {SAVE_PCT:g}% less modelled time than synchronous SGD", v3,
-        "; ".join(parts) + cost_txt + note3)  # fmt: skip
+        f"BMUF take at least {SAVE_PCT:g}% less modelled time than synchronous SGD",
+        v3,
+        "; ".join(parts) + cost_txt + note3,
+    )
     return [f1, f2, f3]

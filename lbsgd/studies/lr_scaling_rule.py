@@ -54,9 +54,15 @@ def paper():
     p = p[p["batch"] > 256].copy()
     p["lr_scaling"] = [rule(b, lr) for b, lr in zip(p["batch"], p["lr"], strict=True)]
     p = p.dropna(subset=["lr_scaling"])[["lr_scaling", "batch", "lr", "value", "std", "variant"]]
-    return p.rename(columns={"batch": "paper_batch", "lr": "paper_lr",
-                             "value": "paper_top1_error_pct", "std": "paper_std",
-                             "variant": "paper_variant"}).reset_index(drop=True)  # fmt: skip
+    return p.rename(
+        columns={
+            "batch": "paper_batch",
+            "lr": "paper_lr",
+            "value": "paper_top1_error_pct",
+            "std": "paper_std",
+            "variant": "paper_variant",
+        }
+    ).reset_index(drop=True)
 
 
 def table(df):
@@ -81,24 +87,29 @@ def findings(df) -> list[Finding]:
     large_k = float(df["k"].max())
     e = {r: studies.errors(df, lr_scaling=r) for r in RULES}
     m = {r: mean(v) for r, v in e.items()}
-    per_seed = df.pivot_table(index="seed", columns="lr_scaling",
-                              values="final_top1_error_pct").dropna()  # fmt: skip
+    per_seed = df.pivot_table(
+        index="seed", columns="lr_scaling", values="final_top1_error_pct"
+    ).dropna()
     wins = int((per_seed["linear"] < per_seed[["sqrt", "none"]].min(axis=1)).sum())
     n = len(e["linear"])
     p = dict(zip(paper()["lr_scaling"], paper()["paper_top1_error_pct"], strict=True))
     return [
         studies.finding(
             "the linear rule gives the lowest error of the three rules at the large minibatch",
-            every(studies.lower(e["linear"], e["sqrt"], chance=chance, paired=True),
-                  studies.lower(e["linear"], e["none"], chance=chance, paired=True)),
+            every(
+                studies.lower(e["linear"], e["sqrt"], chance=chance, paired=True),
+                studies.lower(e["linear"], e["none"], chance=chance, paired=True),
+            ),
             f"linear {m['linear']:.1f}%, sqrt {m['sqrt']:.1f}%, none {m['none']:.1f}% at "
             f"k={large_k:g} (mean of {n}; linear best in {wins} of {len(per_seed)} seeds); paper "
-            f"{p['linear']:.2f}, {p['sqrt']:.2f}, {p['none']:.2f}"),
+            f"{p['linear']:.2f}, {p['sqrt']:.2f}, {p['none']:.2f}",
+        ),
         studies.finding(
             f"without scaling the large minibatch collapses: over {COLLAPSE_PCT:g} points worse "
             f"than the linear rule",
             studies.worse_by(e["none"], e["linear"], COLLAPSE_PCT, chance=chance, paired=True),
             f"none {m['none']:.1f}% vs linear {m['linear']:.1f}% "
             f"({m['none'] - m['linear']:+.1f} points, mean of {n}); paper {p['none']:.2f} vs "
-            f"{p['linear']:.2f} ({p['none'] - p['linear']:+.1f})"),
-    ]  # fmt: skip
+            f"{p['linear']:.2f} ({p['none'] - p['linear']:+.1f})",
+        ),
+    ]

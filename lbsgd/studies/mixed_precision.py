@@ -52,8 +52,10 @@ def prepare(df):
     ``summary.json`` unless given; the config's ``device`` may say "auto")."""
     df = studies.diverged_as_failed(df)
     if "ran_on" not in df.columns:
-        df["ran_on"] = [json.loads(Path(d, "summary.json").read_text())["environment"]["device"]
-                        for d in df["run_dir"]]  # fmt: skip
+        df["ran_on"] = [
+            json.loads(Path(d, "summary.json").read_text())["environment"]["device"]
+            for d in df["run_dir"]
+        ]
     return df
 
 
@@ -78,10 +80,21 @@ def jia():
     """Jia et al.'s mixed-precision rows (all studies), with the top-1 accuracy of each."""
     ref = ex.reference()
     j = ref[ref["variant"].fillna("").str.contains("mixed precision")].copy()
-    j["top1_acc_pct"] = [v if m == "top1_acc_pct" else float(nt.split()[-1]) for v, m, nt in
-                         zip(j["value"], j["metric"], j["note"].fillna(""), strict=True)]  # fmt: skip
-    cols = ["study", "source", "model", "batch", "optimizer", "variant", "metric", "value",
-            "top1_acc_pct"]  # fmt: skip
+    j["top1_acc_pct"] = [
+        v if m == "top1_acc_pct" else float(nt.split()[-1])
+        for v, m, nt in zip(j["value"], j["metric"], j["note"].fillna(""), strict=True)
+    ]
+    cols = [
+        "study",
+        "source",
+        "model",
+        "batch",
+        "optimizer",
+        "variant",
+        "metric",
+        "value",
+        "top1_acc_pct",
+    ]
     return j[cols].astype({"batch": "Int64"}).reset_index(drop=True)
 
 
@@ -132,17 +145,24 @@ def findings(df) -> list[Finding]:
         e32 = [studies.errors(df, precision="fp32", seed=s)[0] for s in seeds]
         ok = sum(a <= b + TOLERANCE_PCT for a, b in zip(e, e32, strict=True))
         n = len(seeds)
-        verdict = studies.within(e, e32, TOLERANCE_PCT, chance=chance,
-                                 seed_spread=studies.spread(e, fp32_all))  # fmt: skip
-        spread_note = (f"; judged by fp32's seed spread over {len(fp32_all)} seeds"
-                       if n == 1 and len(fp32_all) > 1 else "")  # fmt: skip
-        out.append(studies.finding(
-            f"{p} reaches the accuracy of fp32 (error no more than {TOLERANCE_PCT:g} points above)",
-            verdict,
-            f"{p} {sum(e) / n:.1f}% vs fp32 {sum(e32) / n:.1f}% error at k={k:g} (mean of the same "
-            f"{n} seeds; within {TOLERANCE_PCT:g} points in {ok} of {n}; {skipped[p]:.0f} skipped "
-            f"steps{spread_note}); Jia et al. publish no fp32 run: mixed precision ResNet-50 at 64k "
-            f"reaches {lars_mp:.1f}% accuracy with LARS"))  # fmt: skip
+        verdict = studies.within(
+            e, e32, TOLERANCE_PCT, chance=chance, seed_spread=studies.spread(e, fp32_all)
+        )
+        spread_note = (
+            f"; judged by fp32's seed spread over {len(fp32_all)} seeds"
+            if n == 1 and len(fp32_all) > 1
+            else ""
+        )
+        out.append(
+            studies.finding(
+                f"{p} reaches the accuracy of fp32 (error no more than {TOLERANCE_PCT:g} points above)",
+                verdict,
+                f"{p} {sum(e) / n:.1f}% vs fp32 {sum(e32) / n:.1f}% error at k={k:g} (mean of the same "
+                f"{n} seeds; within {TOLERANCE_PCT:g} points in {ok} of {n}; {skipped[p]:.0f} skipped "
+                f"steps{spread_note}); Jia et al. publish no fp32 run: mixed precision ResNet-50 at 64k "
+                f"reaches {lars_mp:.1f}% accuracy with LARS",
+            )
+        )
 
     devices = sorted(set(df["ran_on"]))
     fast = j[(j["metric"] == "train_minutes") & (j["model"] == "resnet50")]
@@ -152,8 +172,10 @@ def findings(df) -> list[Finding]:
             bool(max(ips.get("fp16", 0.0), ips.get("bf16", 0.0)) > ips["fp32"])
         )
     else:
-        verdict = studies.Verdict(None, f"the runs were on {', '.join(devices)}, not a GPU "
-                                        "(a CPU has no fast fp16 kernels)")  # fmt: skip
+        verdict = studies.Verdict(
+            None,
+            f"the runs were on {', '.join(devices)}, not a GPU (a CPU has no fast fp16 kernels)",
+        )
     rates = ", ".join(f"{p} {ips[p]:.0f}" for p in PRECISIONS if p in ips)
     out.append(
         studies.finding(

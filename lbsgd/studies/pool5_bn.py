@@ -40,9 +40,14 @@ def runs(
     k = max(ks) if ks else profile.alexnet_k()
     keys = lars.lars_keys(profile, alexnet=True, lars_base_lr=lars_base_lr, epochs=epochs)
     alex = lars.own(profile.alexnet, epochs)
-    return [profile.keys(k=k, **{**alex, "model": "alexnet", **keys, "decay_bn_bias": d,
-                                 "pool5_bn": b, "seed": s})
-            for d, b in SETTINGS for s in seeds]  # fmt: skip
+    return [
+        profile.keys(
+            k=k,
+            **{**alex, "model": "alexnet", **keys, "decay_bn_bias": d, "pool5_bn": b, "seed": s},
+        )
+        for d, b in SETTINGS
+        for s in seeds
+    ]
 
 
 def prepare(df):
@@ -76,22 +81,32 @@ def table(df):
     ours = ex.summarize(df, by).merge(
         df.groupby(by)["diverged"].sum().astype(int).reset_index(), on=by
     )
-    ours["note"] = ["the BN after pool5 is the only BN" if b else
-                    "plain AlexNet has no BN: only the biases are switched"
-                    for b in ours["pool5_bn"]]  # fmt: skip
+    ours["note"] = [
+        "the BN after pool5 is the only BN"
+        if b
+        else "plain AlexNet has no BN: only the biases are switched"
+        for b in ours["pool5_bn"]
+    ]
     t = ours.merge(paper(), on=KEYS, how="outer")
 
     def same_network(r) -> int:
         # the replayed row that trains the same plain AlexNet (no BN to decay without pool5-BN)
-        hit = t[t["runs"].notna() & (t["decay_bias"] == r["decay_bias"])
-                & (t["pool5_bn"] == r["pool5_bn"])]  # fmt: skip
+        hit = t[
+            t["runs"].notna()
+            & (t["decay_bias"] == r["decay_bias"])
+            & (t["pool5_bn"] == r["pool5_bn"])
+        ]
         return int(hit["paper_row"].iloc[0])
 
     t["replayed_here"] = [
-        "yes" if pd.notna(r["runs"]) else
-        ("no: decay_bn_bias switches bias and BN decay together (without pool5-BN plain AlexNet "
-         f"has no BN, so the network and keys would be those of row {same_network(r)})")
-        for _, r in t.iterrows()]  # fmt: skip
+        "yes"
+        if pd.notna(r["runs"])
+        else (
+            "no: decay_bn_bias switches bias and BN decay together (without pool5-BN plain AlexNet "
+            f"has no BN, so the network and keys would be those of row {same_network(r)})"
+        )
+        for _, r in t.iterrows()
+    ]
     t = t.sort_values("paper_row").reset_index(drop=True)
     return t.astype({c: "Int64" for c in t if c in lars.INT_COLUMNS})
 
@@ -109,8 +124,9 @@ def _paper_acc(d: bool, b: bool) -> float:
 def _wins(df, better: tuple[bool, bool], worse: tuple[bool, bool]) -> tuple[int, int]:
     """Seeds where setting ``better`` (decay_bn_bias, pool5_bn) has the lower error, of those
     both ran."""
-    piv = df.pivot_table(index="seed", columns=["decay_bn_bias", "pool5_bn"],
-                         values="final_top1_error_pct")  # fmt: skip
+    piv = df.pivot_table(
+        index="seed", columns=["decay_bn_bias", "pool5_bn"], values="final_top1_error_pct"
+    )
     if better not in piv or worse not in piv:
         return 0, 0
     pair = piv[[better, worse]].dropna()
@@ -127,8 +143,10 @@ def _why_decay_fails(df) -> str:
         f"raw global lr {lr:g}, while with decay LARS adapts them like the weights; "
     )
     if loss > 0.95 * math.log(10):
-        return text + (f"the no-decay runs ended at a training loss of {loss:.2f} (chance: ln 10 = "
-                       "2.30): they did not train")  # fmt: skip
+        return text + (
+            f"the no-decay runs ended at a training loss of {loss:.2f} (chance: ln 10 = "
+            "2.30): they did not train"
+        )
     return text + (
         f"training loss {loss:.2f} without decay vs "
         f"{float(decayed['final_train_loss'].mean()):.2f} with it"
@@ -158,12 +176,14 @@ def findings(df) -> list[Finding]:
             f"k={k:g}: pool5-BN {_mean(bn):.1f}% vs none {_mean(none):.1f}% error (mean of {n_bn}; "
             f"pool5-BN better in {w_bn} of {n_bn} seeds); Jia et al. accuracy "
             f"{_paper_acc(False, False):.1f} to {_paper_acc(False, True):.1f} (error "
-            f"{100 - _paper_acc(False, False):.1f} to {100 - _paper_acc(False, True):.1f})"),
+            f"{100 - _paper_acc(False, False):.1f} to {100 - _paper_acc(False, True):.1f})",
+        ),
         studies.finding(
             "no weight decay on biases (and BN) beats decaying them (AlexNet, no pool5-BN)",
             v_decay,
             f"k={k:g}: no decay {_mean(none):.1f}% vs decay {_mean(decay):.1f}% error (mean of "
             f"{n_decay}; no decay better in {w_decay} of {n_decay} seeds; plain AlexNet: biases "
             f"only); Jia et al. accuracy {_paper_acc(True, False):.1f} to "
-            f"{_paper_acc(False, False):.1f}" + why),
-    ]  # fmt: skip
+            f"{_paper_acc(False, False):.1f}" + why,
+        ),
+    ]

@@ -12,8 +12,15 @@ from lbsgd.profiles import Profile
 
 STUDY = "quickstart"
 TITLE = "1. Quickstart"
-COLUMNS = ["run", "k", "batch_size", "lr", "final_top1_error_pct", "final_top5_error_pct",
-           "img_per_s"]  # fmt: skip
+COLUMNS = [
+    "run",
+    "k",
+    "batch_size",
+    "lr",
+    "final_top1_error_pct",
+    "final_top5_error_pct",
+    "img_per_s",
+]
 # "learns": top-1 error this many points below chance. One run, no seed spread: a run beyond this
 # allowance has learned whatever its seed (a cpu run's seed spread is ~2 points); one inside it is
 # undecided, as is one at chance (smoke: too few steps to say); one that diverged has not learned.
@@ -36,14 +43,22 @@ def findings(df) -> list[Finding]:
     chance = studies.chance_of(df)
     claim = "a large-minibatch run with the linear rule and gradual warmup learns"
     if (df["status"] == "diverged").any():
-        return [studies.finding(claim, studies.Verdict(False), f"the run diverged (top-1 error "
-                                f"{err:.1f}% at its last evaluation)")]  # fmt: skip
+        return [
+            studies.finding(
+                claim,
+                studies.Verdict(False),
+                f"the run diverged (top-1 error {err:.1f}% at its last evaluation)",
+            )
+        ]
     if chance is None:
         verdict = studies.Verdict(None, "the dataset's chance error is unknown")
         return [studies.finding(claim, verdict, f"top-1 error {err:.1f}%")]
     # chance is no measurement: its arm has no spread; the allowance plays that part
     verdict = studies.worse_by([chance], [err], LEARNS_PCT, chance=chance, seed_spread=0.0)
     if verdict.replayed is False:
-        verdict = studies.Verdict(None, f"one run, {chance - err:.1f} points below chance (the "
-                                        f"claim: over {LEARNS_PCT:g}): no seed spread to judge it by")  # fmt: skip
+        verdict = studies.Verdict(
+            None,
+            f"one run, {chance - err:.1f} points below chance (the "
+            f"claim: over {LEARNS_PCT:g}): no seed spread to judge it by",
+        )
     return [studies.finding(claim, verdict, f"top-1 error {err:.1f}% vs chance {chance:.0f}%")]

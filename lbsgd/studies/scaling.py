@@ -35,14 +35,25 @@ BATCH_PER_WORKER = 32  # weak scaling, as in Goyal et al.
 # Goyal et al., 8 P100 per server on NVLink and 50 Gbit Ethernet, fp32 gradients; Jia et al.,
 # 8 P40 per server on PCIe with 100 Gbit Ethernet, fp16 gradients (half the bytes), hierarchical.
 CASES = (
-    ("Goyal et al., 256 P100", "Goyal et al. 256x P100 Caffe2", "8 to 256 P100 50Gbit Ethernet",
-     256, cost.Cluster(cost.LINKS["nvlink"], cost.LINKS["ethernet_50g"], 8),
-     cost.GRADIENTS["resnet50"], "hierarchical"),
-    ("Jia et al., 2048 P40", "Jia et al. 2048x P40 TensorFlow mixed precision",
-     "Jia et al. 2048 P40 100Gbit Ethernet", 2048,
-     cost.Cluster(cost.LINKS["pcie3"], cost.LINKS["ethernet_100g"], 8),
-     cost.GRADIENTS["resnet50"] // 2, "hierarchical"),
-)  # fmt: skip
+    (
+        "Goyal et al., 256 P100",
+        "Goyal et al. 256x P100 Caffe2",
+        "8 to 256 P100 50Gbit Ethernet",
+        256,
+        cost.Cluster(cost.LINKS["nvlink"], cost.LINKS["ethernet_50g"], 8),
+        cost.GRADIENTS["resnet50"],
+        "hierarchical",
+    ),
+    (
+        "Jia et al., 2048 P40",
+        "Jia et al. 2048x P40 TensorFlow mixed precision",
+        "Jia et al. 2048 P40 100Gbit Ethernet",
+        2048,
+        cost.Cluster(cost.LINKS["pcie3"], cost.LINKS["ethernet_100g"], 8),
+        cost.GRADIENTS["resnet50"] // 2,
+        "hierarchical",
+    ),
+)
 
 
 # -- the measurements --------------------------------------------------------------------------
@@ -64,13 +75,19 @@ def measure(
     bench_dir.mkdir(parents=True, exist_ok=True)
     ar_file, steps_file = bench_dir / "allreduce_cpu.json", bench_dir / "steps_cpu.json"
     if remeasure or not ar_file.exists():
-        bench_comm.bench_allreduce(nproc=4, nodes=2, min_bytes=1024,
-                                   max_bytes=2**20 if small else 2**28, iters=3 if small else 10,
-                                   out=str(ar_file))  # fmt: skip
+        bench_comm.bench_allreduce(
+            nproc=4,
+            nodes=2,
+            min_bytes=1024,
+            max_bytes=2**20 if small else 2**28,
+            iters=3 if small else 10,
+            out=str(ar_file),
+        )
     if remeasure or not steps_file.exists():
         keys = ["synthetic_train=512", "synthetic_test=64", "width=4"] if small else []
-        bench_comm.bench_breakdown(keys, list(nproc), ["none"], [25.0], steps=3 if small else 40,
-                                   out=str(steps_file))  # fmt: skip
+        bench_comm.bench_breakdown(
+            keys, list(nproc), ["none"], [25.0], steps=3 if small else 40, out=str(steps_file)
+        )
     return json.loads(ar_file.read_text()), json.loads(steps_file.read_text())
 
 
@@ -131,14 +148,27 @@ def model_vs_measured(steps: Mapping[str, Any], fitted: cost.Link):
         n = int(r["nproc"])
         t_c = one["step"] * max(1.0, n / n_cores)
         comm = cost.ring_time(r["grad_bytes"], n, fitted) if n > 1 else 0.0
-        rows.append({"nproc": n, "grad_bytes": r["grad_bytes"], "measured_step_s": r["step"],
-                     "predicted_step_s": cost.step_time(t_c, comm, overlap=True,
-                                                        backward_fraction=f),
-                     "predicted_no_overlap_s": cost.step_time(t_c, comm, overlap=False),
-                     "measured_img_per_s": r["img_per_s"]})  # fmt: skip
-    check = pd.DataFrame(rows, columns=["nproc", "grad_bytes", "measured_step_s",
-                                        "predicted_step_s", "predicted_no_overlap_s",
-                                        "measured_img_per_s"])  # fmt: skip
+        rows.append(
+            {
+                "nproc": n,
+                "grad_bytes": r["grad_bytes"],
+                "measured_step_s": r["step"],
+                "predicted_step_s": cost.step_time(t_c, comm, overlap=True, backward_fraction=f),
+                "predicted_no_overlap_s": cost.step_time(t_c, comm, overlap=False),
+                "measured_img_per_s": r["img_per_s"],
+            }
+        )
+    check = pd.DataFrame(
+        rows,
+        columns=[
+            "nproc",
+            "grad_bytes",
+            "measured_step_s",
+            "predicted_step_s",
+            "predicted_no_overlap_s",
+            "measured_img_per_s",
+        ],
+    )
     check["predicted_over_measured"] = check["predicted_step_s"] / check["measured_step_s"]
     return check
 
@@ -163,10 +193,19 @@ def published(ref=None):
         comm = cost.comm_time(algo, g, gpus, cluster)
         for overlap in (True, False):
             t_c = cost.compute_from_step(step, comm, overlap=overlap)
-            out.append({"run": label, "algorithm": algo, "overlap": overlap, "gpus": gpus,
-                        "iteration_s": step, "comm_s": comm, "compute_s": t_c,
-                        "predicted_efficiency_pct": max(0.0, 100 * t_c / step),
-                        "paper_efficiency_pct": float(eff[eff["variant"] == ev]["value"].iloc[0])})  # fmt: skip
+            out.append(
+                {
+                    "run": label,
+                    "algorithm": algo,
+                    "overlap": overlap,
+                    "gpus": gpus,
+                    "iteration_s": step,
+                    "comm_s": comm,
+                    "compute_s": t_c,
+                    "predicted_efficiency_pct": max(0.0, 100 * t_c / step),
+                    "paper_efficiency_pct": float(eff[eff["variant"] == ev]["value"].iloc[0]),
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -174,8 +213,10 @@ def compute_per_step(pub) -> dict[str, float]:
     """Compute seconds per step: ResNet-50's from Goyal et al.'s run (overlap), AlexNet's from it
     by the ratio of forward multiply-adds per image."""
     goyal = pub[(pub["gpus"] == 256) & pub["overlap"]].iloc[0]
-    return {"resnet50": float(goyal["compute_s"]),
-            "alexnet": float(goyal["compute_s"]) * ALEXNET_COMPUTE}  # fmt: skip
+    return {
+        "resnet50": float(goyal["compute_s"]),
+        "alexnet": float(goyal["compute_s"]) * ALEXNET_COMPUTE,
+    }
 
 
 def predicted(pub, workers: Sequence[int] = WORKERS, gpus_per_node: int = 8):
@@ -187,12 +228,27 @@ def predicted(pub, workers: Sequence[int] = WORKERS, gpus_per_node: int = 8):
     rows = []
     for model, t_c in compute_per_step(pub).items():
         for overlap in (True, False):
-            for pr in cost.sweep(cost.ALGORITHMS, cost.GRADIENTS[model], list(workers), t_c,
-                                 cluster, overlap=overlap, batch_per_worker=BATCH_PER_WORKER):  # fmt: skip
-                rows.append({"model": model, "overlap": overlap, "algorithm": pr.algorithm,
-                             "workers": pr.workers, "comm_s": pr.comm_s, "step_s": pr.step_s,
-                             "efficiency_pct": 100 * pr.efficiency,
-                             "images_per_s": pr.throughput})  # fmt: skip
+            for pr in cost.sweep(
+                cost.ALGORITHMS,
+                cost.GRADIENTS[model],
+                list(workers),
+                t_c,
+                cluster,
+                overlap=overlap,
+                batch_per_worker=BATCH_PER_WORKER,
+            ):
+                rows.append(
+                    {
+                        "model": model,
+                        "overlap": overlap,
+                        "algorithm": pr.algorithm,
+                        "workers": pr.workers,
+                        "comm_s": pr.comm_s,
+                        "step_s": pr.step_s,
+                        "efficiency_pct": 100 * pr.efficiency,
+                        "images_per_s": pr.throughput,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -214,33 +270,49 @@ def findings(
     fitted = link(ar)
     check = model_vs_measured(steps, fitted)
     multi = check[check["nproc"] > 1]
-    fit_text = (f"gloo on {cores(steps)} cores; fit α={fitted.alpha_s * 1e6:.0f} µs, "
-                f"β={fitted.bandwidth_Bps / 1e9:.2f} GB/s")  # fmt: skip
-    claim = (f"the α–β model with a measured fit predicts the measured multi-process CPU step "
-             f"within {MODEL_TOLERANCE:.0%}")  # fmt: skip
+    fit_text = (
+        f"gloo on {cores(steps)} cores; fit α={fitted.alpha_s * 1e6:.0f} µs, "
+        f"β={fitted.bandwidth_Bps / 1e9:.2f} GB/s"
+    )
+    claim = (
+        f"the α–β model with a measured fit predicts the measured multi-process CPU step "
+        f"within {MODEL_TOLERANCE:.0%}"
+    )
     if multi.empty:
-        out = [studies.finding(claim, studies.Verdict(None, "no multi-process step was measured"),
-                               f"({fit_text})")]  # fmt: skip
+        out = [
+            studies.finding(
+                claim, studies.Verdict(None, "no multi-process step was measured"), f"({fit_text})"
+            )
+        ]
     else:
         worst = float((multi["predicted_over_measured"] - 1).abs().max())
-        out = [studies.finding(
-            claim, studies.Verdict(worst <= MODEL_TOLERANCE),
-            "predicted / measured step: " + ", ".join(
-                f"{int(n)} processes {v:.2f}"
-                for n, v in zip(multi["nproc"], multi["predicted_over_measured"], strict=True))
-            + f" ({fit_text})")]  # fmt: skip
+        out = [
+            studies.finding(
+                claim,
+                studies.Verdict(worst <= MODEL_TOLERANCE),
+                "predicted / measured step: "
+                + ", ".join(
+                    f"{int(n)} processes {v:.2f}"
+                    for n, v in zip(multi["nproc"], multi["predicted_over_measured"], strict=True)
+                )
+                + f" ({fit_text})",
+            )
+        ]
 
     pub = published(ref)
     for run, g in pub.groupby("run", sort=False):
         on, off = (g[g["overlap"] == v].iloc[0] for v in (True, False))
         paper = on["paper_efficiency_pct"]
         lo, hi = off["predicted_efficiency_pct"], on["predicted_efficiency_pct"]
-        out.append(studies.finding(
-            f"the published efficiency of {run} lies between the model without and with overlap",
-            studies.Verdict(bool(lo <= paper <= hi)),
-            f"model {lo:.1f}% (no overlap) to {hi:.1f}% (full overlap) vs published {paper:.1f}% "
-            f"({on['algorithm']} all-reduce {on['comm_s'] * 1e3:.0f} ms of a "
-            f"{on['iteration_s'] * 1e3:.0f} ms iteration; nominal links)"))  # fmt: skip
+        out.append(
+            studies.finding(
+                f"the published efficiency of {run} lies between the model without and with overlap",
+                studies.Verdict(bool(lo <= paper <= hi)),
+                f"model {lo:.1f}% (no overlap) to {hi:.1f}% (full overlap) vs published {paper:.1f}% "
+                f"({on['algorithm']} all-reduce {on['comm_s'] * 1e3:.0f} ms of a "
+                f"{on['iteration_s'] * 1e3:.0f} ms iteration; nominal links)",
+            )
+        )
 
     pred = predicted(pub, workers, gpus_per_node)
     most = max(workers)

@@ -39,7 +39,7 @@ from lbsgd.profiles import Profile
 from lbsgd.studies import Verdict, mean
 
 STUDY = "staleness"
-TITLE = "13. Stale gradients: simulated staleness and an asynchronous parameter server (Lian et al. 2015, Zhang et al. 2016)"  # fmt: skip
+TITLE = "13. Stale gradients: simulated staleness and an asynchronous parameter server (Lian et al. 2015, Zhang et al. 2016)"
 TAUS = (0, 1, 2, 4, 8)
 RULES = ("linear", "none")
 PS_WORKERS = 2  # K workers of the parameter server (K + 1 processes)
@@ -113,15 +113,24 @@ def ps_sweep(S, runs: Sequence[Mapping[str, Any]], workers: int):
         cfg = config.from_dict({**r, "study": S.study, "out_dir": str(S.out)})
         status = _status(cfg.run_dir())
         if status in ex.DONE:
-            print(f"[{len(done) + 1}/{len(runs)}] {cfg.run_name()}: already {status}, skipped",
-                  flush=True)  # fmt: skip
+            print(
+                f"[{len(done) + 1}/{len(runs)}] {cfg.run_name()}: already {status}, skipped",
+                flush=True,
+            )
             done.append(cfg.run_name())
         else:
             todo.append(r)
     frames = [ex.load_runs(S.dir, names=done)] if done else []
     if todo:
-        frames.append(ex.sweep(S.study, todo, out_dir=S.out, profile=S.profile.name,
-                               **{**S.launch, "nproc_per_node": workers + 1, "parallel": 1}))  # fmt: skip
+        frames.append(
+            ex.sweep(
+                S.study,
+                todo,
+                out_dir=S.out,
+                profile=S.profile.name,
+                **{**S.launch, "nproc_per_node": workers + 1, "parallel": 1},
+            )
+        )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -155,8 +164,9 @@ def table(sim, ps=None):
     t["lr_factor"] = g["k"].first().to_numpy()
     t.loc[t["lr_scaling"] == "none", "lr_factor"] = 1.0
     t["paper_lr_factor"] = [1.0 / max(float(x), 1.0) for x in t["staleness"]]
-    return t.sort_values(["mode", "lr_scaling", "staleness"], ascending=[False, True, True],
-                         ignore_index=True)  # fmt: skip
+    return t.sort_values(
+        ["mode", "lr_scaling", "staleness"], ascending=[False, True, True], ignore_index=True
+    )
 
 
 # -- the findings ------------------------------------------------------------------------------
@@ -171,8 +181,10 @@ def _by_seed(df, **where: Any) -> dict[int, float]:
 
 def _curve(sim, rule: str) -> str:
     taus = sorted({int(t) for t in sim[sim["lr_scaling"] == rule]["staleness"]})
-    return ", ".join(f"τ={t}: {mean(list(_by_seed(sim, lr_scaling=rule, staleness=t).values())):.2f}%"
-                     for t in taus)  # fmt: skip
+    return ", ".join(
+        f"τ={t}: {mean(list(_by_seed(sim, lr_scaling=rule, staleness=t).values())):.2f}%"
+        for t in taus
+    )
 
 
 def _growth(sim, rule: str, top: int) -> dict[int, float]:
@@ -212,11 +224,17 @@ def findings(sim, ps=None) -> list[Finding]:
         v1 = Verdict(None, "no run at τ = 0 and at a τ > 0")
     else:
         v1 = studies.lower(e0, et, chance=chance, paired=len(e0) == len(et))
-    note1 = studies.note(v1, bool(e0 and et) and mean(et) <= mean(e0),
-                         f"τ = {top} steps is a small share of the run's steps at this lr; the "
-                         "stale gradient points almost where the fresh one does")  # fmt: skip
-    f1 = studies.finding(f"the error grows with the staleness τ (lr_scaling={lin}, τ = 0 vs {top})",
-                         v1, curves + div_txt + note1)  # fmt: skip
+    note1 = studies.note(
+        v1,
+        bool(e0 and et) and mean(et) <= mean(e0),
+        f"τ = {top} steps is a small share of the run's steps at this lr; the "
+        "stale gradient points almost where the fresh one does",
+    )
+    f1 = studies.finding(
+        f"the error grows with the staleness τ (lr_scaling={lin}, τ = 0 vs {top})",
+        v1,
+        curves + div_txt + note1,
+    )
 
     # 2. the linear rule amplifies staleness
     g_lin, g_none = _growth(sim, "linear", top), _growth(sim, "none", top)
@@ -226,30 +244,46 @@ def findings(sim, ps=None) -> list[Finding]:
         ev2 = "no paired runs"
     else:
         x, y = [g_lin[s] for s in seeds], [g_none[s] for s in seeds]
-        base = {r: mean(list(_by_seed(sim, lr_scaling=r, staleness=0).values()))
-                for r in ("linear", "none")}  # fmt: skip
+        base = {
+            r: mean(list(_by_seed(sim, lr_scaling=r, staleness=0).values()))
+            for r in ("linear", "none")
+        }
         if studies.at_chance(list(sim["final_top1_error_pct"]), chance):
             v2 = Verdict(None, f"every run is at chance ({chance:.0f}% error)")
         elif abs(base["linear"] - base["none"]) > BASE_GAP_PTS:
-            v2 = Verdict(None, (
-                f"at τ = 0 the arms already differ by {abs(base['linear'] - base['none']):.1f} "
-                f"points (linear {base['linear']:.1f}%, none {base['none']:.1f}%): one of them "
-                "hardly trains in this budget, so their growths do not compare"))  # fmt: skip
+            v2 = Verdict(
+                None,
+                (
+                    f"at τ = 0 the arms already differ by {abs(base['linear'] - base['none']):.1f} "
+                    f"points (linear {base['linear']:.1f}%, none {base['none']:.1f}%): one of them "
+                    "hardly trains in this budget, so their growths do not compare"
+                ),
+            )
         else:
             v2 = studies.decide(x, y, more_than=0.0, paired=True)
-        ev2 = (f"error growth from τ = 0 to τ = {top}, per seed: linear "
-               f"{', '.join(f'{v:+.2f}' for v in x)}, none {', '.join(f'{v:+.2f}' for v in y)} "
-               f"points (means {mean(x):+.2f} vs {mean(y):+.2f})")  # fmt: skip
-        ev2 += studies.note(v2, mean(x) <= mean(y), "the larger lr of the linear rule does not "
-                            "turn these few steps of delay into a larger loss")  # fmt: skip
+        ev2 = (
+            f"error growth from τ = 0 to τ = {top}, per seed: linear "
+            f"{', '.join(f'{v:+.2f}' for v in x)}, none {', '.join(f'{v:+.2f}' for v in y)} "
+            f"points (means {mean(x):+.2f} vs {mean(y):+.2f})"
+        )
+        ev2 += studies.note(
+            v2,
+            mean(x) <= mean(y),
+            "the larger lr of the linear rule does not "
+            "turn these few steps of delay into a larger loss",
+        )
     f2 = studies.finding(
         "the linear scaling rule makes stale gradients worse (a larger lr amplifies staleness; Lian "
-        "et al. 2015 bound the step size by the staleness, Zhang et al. 2016 scale it by 1/τ)", v2,
-        ev2)  # fmt: skip
+        "et al. 2015 bound the step size by the staleness, Zhang et al. 2016 scale it by 1/τ)",
+        v2,
+        ev2,
+    )
 
     # 3. the PS mode beside the simulation at its mean staleness
-    claim3 = (f"the asynchronous parameter server's error lies within {NEAR_PTS:g} point of the "
-              "simulated run at its mean measured staleness")  # fmt: skip
+    claim3 = (
+        f"the asynchronous parameter server's error lies within {NEAR_PTS:g} point of the "
+        "simulated run at its mean measured staleness"
+    )
     if ps is None or not len(ps):
         return [f1, f2, studies.finding(claim3, Verdict(None, "no parameter-server run"), "none")]
     ps = studies.diverged_as_failed(ps)
@@ -259,8 +293,10 @@ def findings(sim, ps=None) -> list[Finding]:
     b = _by_seed(sim, lr_scaling=lin, staleness=tau)
     common = sorted(set(a) & set(b))
     workers = int(ps["async_ps_workers"].iloc[0]) if "async_ps_workers" in ps else None
-    head = (f"{workers} workers; measured mean staleness per run {', '.join(f'{v:.2f}' for v in means)} "
-            f"→ τ = {tau}")  # fmt: skip
+    head = (
+        f"{workers} workers; measured mean staleness per run {', '.join(f'{v:.2f}' for v in means)} "
+        f"→ τ = {tau}"
+    )
     if not common:
         return [
             f1,
@@ -272,11 +308,19 @@ def findings(sim, ps=None) -> list[Finding]:
             ),
         ]
     x, y = [a[s] for s in common], [b[s] for s in common]
-    v3 = studies.every(studies.within(x, y, NEAR_PTS, chance=chance, paired=True),
-                       studies.within(y, x, NEAR_PTS, chance=chance, paired=True))  # fmt: skip
-    ev3 = (f"{head}: PS {mean(x):.2f}% vs simulated {mean(y):.2f}% (seeds "
-           f"{', '.join(map(str, common))}; Δ {mean(x) - mean(y):+.2f} points)")  # fmt: skip
-    ev3 += studies.note(v3, abs(mean(x) - mean(y)) > NEAR_PTS, "the server's staleness is a "
-                        "distribution (its histogram in summary.json), the simulation's a single τ; "
-                        "and the server applies the gradients in arrival order")  # fmt: skip
+    v3 = studies.every(
+        studies.within(x, y, NEAR_PTS, chance=chance, paired=True),
+        studies.within(y, x, NEAR_PTS, chance=chance, paired=True),
+    )
+    ev3 = (
+        f"{head}: PS {mean(x):.2f}% vs simulated {mean(y):.2f}% (seeds "
+        f"{', '.join(map(str, common))}; Δ {mean(x) - mean(y):+.2f} points)"
+    )
+    ev3 += studies.note(
+        v3,
+        abs(mean(x) - mean(y)) > NEAR_PTS,
+        "the server's staleness is a "
+        "distribution (its histogram in summary.json), the simulation's a single τ; "
+        "and the server applies the gradients in arrival order",
+    )
     return [f1, f2, studies.finding(claim3, v3, ev3)]

@@ -43,8 +43,14 @@ def table(df):
     base_k, large_k = float(df["k"].min()), float(df["k"].max())
     ours = ex.summarize(df, ["k", "batch_size", "warmup"])
     paper = ex.reference(STUDY)[["batch", "warmup", "value", "std", "variant"]]
-    paper = paper.rename(columns={"batch": "paper_batch", "value": "paper_top1_error_pct",
-                                  "std": "paper_std", "variant": "paper_variant"})  # fmt: skip
+    paper = paper.rename(
+        columns={
+            "batch": "paper_batch",
+            "value": "paper_top1_error_pct",
+            "std": "paper_std",
+            "variant": "paper_variant",
+        }
+    )
     paper["k"] = [base_k if b == 256 else large_k for b in paper["paper_batch"]]
     cols = ["k", "warmup", "paper_top1_error_pct", "paper_std", "paper_variant", "paper_batch"]
     t = ours.merge(paper[cols], on=["k", "warmup"], how="left")
@@ -83,45 +89,62 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
     p = dict(zip(ref["warmup"][ref["batch"] > 256], ref["value"][ref["batch"] > 256], strict=True))
     p_base = float(ref["value"][ref["batch"] == 256].iloc[0])
 
-    v_constant = every(studies.worse_by(e["constant"], e["none"], 0.0, chance=chance, paired=True),
-                       studies.worse_by(e["constant"], e["gradual"], 0.0, chance=chance, paired=True))  # fmt: skip
+    v_constant = every(
+        studies.worse_by(e["constant"], e["none"], 0.0, chance=chance, paired=True),
+        studies.worse_by(e["constant"], e["gradual"], 0.0, chance=chance, paired=True),
+    )
     why_constant = ""
     if v_constant.replayed is not True and not m["constant"] > max(m["none"], m["gradual"]):
         const = df[(df["k"] == large_k) & (df["warmup"] == "constant")]
         load = curves(metrics)
         spike = mean([jump_ratio(load(d)) for d in const["run_dir"]])
         shown = not at_chance([x for v in e.values() for x in v], chance)
-        why_constant = note(v_constant, shown, (
-            f"the jump at the end of the constant warmup barely disturbs training here (the loss "
-            f"after the jump peaks at {spike:.2f}x its mean just before, mean of {len(const)}), so "
-            f"the low-lr phase only costs steps"
-            if spike < SPIKE else
-            f"the jump at the end of the constant warmup raises the loss (its peak after the jump "
-            f"is {spike:.2f}x the mean just before, mean of {len(const)}) but the remaining steps "
-            f"recover from it"
-        ) + ("; constant is still worse than gradual" if m["constant"] > m["gradual"] else ""))  # fmt: skip
+        why_constant = note(
+            v_constant,
+            shown,
+            (
+                f"the jump at the end of the constant warmup barely disturbs training here (the loss "
+                f"after the jump peaks at {spike:.2f}x its mean just before, mean of {len(const)}), so "
+                f"the low-lr phase only costs steps"
+                if spike < SPIKE
+                else f"the jump at the end of the constant warmup raises the loss (its peak after the jump "
+                f"is {spike:.2f}x the mean just before, mean of {len(const)}) but the remaining steps "
+                f"recover from it"
+            )
+            + ("; constant is still worse than gradual" if m["constant"] > m["gradual"] else ""),
+        )
 
     v_close = studies.within(e["gradual"], base, CLOSE_PCT, chance=chance, paired=True)
     steps = {k: int(df[df["k"] == k]["total_steps"].iloc[0]) for k in (base_k, large_k)}
     against = not m["gradual"] - b < CLOSE_PCT and not at_chance([*e["gradual"], *base], chance)
-    why_close = note(v_close, against, (
-        f"the large minibatch gets {steps[large_k]} optimizer steps here (the baseline "
-        f"{steps[base_k]}; Goyal's 8k run 14,076), and at this budget the error starts to rise by "
-        f"k={large_k:g} (notebook 03), where Goyal's curve is still flat"))  # fmt: skip
+    why_close = note(
+        v_close,
+        against,
+        (
+            f"the large minibatch gets {steps[large_k]} optimizer steps here (the baseline "
+            f"{steps[base_k]}; Goyal's 8k run 14,076), and at this budget the error starts to rise by "
+            f"k={large_k:g} (notebook 03), where Goyal's curve is still flat"
+        ),
+    )
 
     return [
         studies.finding(
             "gradual warmup beats no warmup at the large minibatch",
             studies.lower(e["gradual"], e["none"], chance=chance, paired=True),
             f"{m['gradual']:.1f}% vs {m['none']:.1f}% (mean of {n}; paper {p['gradual']:.2f} vs "
-            f"{p['none']:.2f})"),
+            f"{p['none']:.2f})",
+        ),
         studies.finding(
-            "constant warmup is the worst of the three", v_constant,
+            "constant warmup is the worst of the three",
+            v_constant,
             f"constant {m['constant']:.1f}%, none {m['none']:.1f}%, gradual {m['gradual']:.1f}% "
-            f"(paper {p['constant']:.2f} worst)" + why_constant),
+            f"(paper {p['constant']:.2f} worst)" + why_constant,
+        ),
         studies.finding(
             f"with gradual warmup the large minibatch comes close to the baseline (within "
-            f"{CLOSE_PCT:g} points)", v_close,
+            f"{CLOSE_PCT:g} points)",
+            v_close,
             f"{m['gradual']:.1f}% vs baseline {b:.1f}% (paper {p['gradual']:.2f} vs {p_base:.2f})"
-            + why_close),
-    ]  # fmt: skip
+            + why_close,
+        ),
+    ]
