@@ -319,15 +319,24 @@ HASHED_ONLY_OFF_DEFAULT += ("async_ps",)  # lbsgd.parameter_server
 HASHED_ONLY_OFF_DEFAULT += ("block_momentum", "block_lr", "block_nesterov")  # lbsgd.comm.BMUF
 
 
+# Linux and macOS file systems hold names of at most 255 bytes; a sweep writes <run name>.log beside
+# the run's folder, so a folder name keeps room for that suffix.
+MAX_FOLDER_NAME_BYTES = 255 - len(".log")
 FOLDER_NAME_RULE = (
     "must be a plain folder name: no '/' or '\\', not '', '.' or '..', no leading "
-    "'-', printable characters only"
+    "'-', no leading or trailing space, printable characters only, at most "
+    f"{MAX_FOLDER_NAME_BYTES} bytes"
 )
+# W&B's own rule for a project name (wandb.Settings.validate_project): the project is a component
+# of every run's URL, entity/project/runs/id, and W&B refuses anything else once the run has started.
+WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
+WANDB_PROJECT_MAX = 128
 
 
 def _plain_folder_name(value: Any) -> bool:
     """One path component that stays where it is put: no separator, no '.'/'..', no option-like
-    leading '-', no NUL or other unprintable character."""
+    leading '-', no NUL or other unprintable character, no space a listing hides, short enough for
+    the file system."""
     return (
         isinstance(value, str)
         and value not in ("", ".", "..")
@@ -335,7 +344,16 @@ def _plain_folder_name(value: Any) -> bool:
         and "/" not in value
         and "\\" not in value
         and not value.startswith("-")
+        and value == value.strip()
+        and len(value.encode("utf-8", "surrogatepass")) <= MAX_FOLDER_NAME_BYTES
     )
+
+
+def check_folder_name(key: str, value: Any) -> None:
+    """ConfigError (one line naming ``key``) unless ``value`` is one plain path component: what a
+    study or run name must be to stay inside ``out_dir``."""
+    if not _plain_folder_name(value):
+        raise ConfigError(f"{key}={value!r} {FOLDER_NAME_RULE}")
 
 
 # The largest float32: lrs, decays, loss scales and noise levels become float32 tensor values
@@ -380,181 +398,225 @@ def _check_numbers(c: Config) -> None:
         )
 
 
+def _need(ok: bool, msg: str) -> None:
+    # ValueError: pydantic turns it into the validation error that from_dict makes one line of
+    if not ok:
+        raise ValueError(msg)
+
+
+# integer keys that count something: at least one
+POSITIVE_KEYS = (
+    "batch_size",
+    "bn_batch",
+    "reference_batch",
+    "depth",
+    "width",
+    "synthetic_train",
+    "synthetic_test",
+    "fake_train",
+    "fake_test",
+    "fake_image_size",
+    "fake_classes",
+    "log_every",
+)
+# keys where 0 means "none" or "off" (or is a length, a seed)
+NON_NEGATIVE_KEYS = (
+    "warmup_epochs",
+    "weight_decay",
+    "workers",
+    "threads",
+    "eval_every",
+    "bucket_cap_mb",
+    "local_sgd",
+    "checkpoint_every",
+    "seed",
+)
+
+
 def _check(c: Config) -> None:
     """Cross-key rules, each failing with one line that names the key and what would be valid."""
-
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            raise ValueError(msg)
-
     _check_numbers(c)
+    _check_ranges(c)
+    _check_gradient_rules(c)
+    if c.async_ps:
+        _check_async_ps(c)
+    _check_shapes(c)
+    _check_paths(c)
+    for key in c.varied:
+        _need(
+            key in FIELDS or key == "k",
+            f"varied: {key!r} is not a config key (nor k); `lbsgd keys` lists the vocabulary",
+        )
 
-    for key in (
-        "batch_size",
-        "bn_batch",
-        "reference_batch",
-        "depth",
-        "width",
-        "synthetic_train",
-        "synthetic_test",
-        "fake_train",
-        "fake_test",
-        "fake_image_size",
-        "fake_classes",
-        "log_every",
-    ):
-        need(getattr(c, key) > 0, f"{key}={getattr(c, key)} must be a positive integer")
-    need(c.epochs > 0, f"epochs={c.epochs} must be > 0")
+
+def _check_ranges(c: Config) -> None:
+    """Each key alone: the range where its mathematics is defined."""
+    for key in POSITIVE_KEYS:
+        _need(getattr(c, key) > 0, f"{key}={getattr(c, key)} must be a positive integer")
+    _need(c.epochs > 0, f"epochs={c.epochs} must be > 0")
     # 0: a fixed point (the noise scale of a model as it is, lbsgd.noise_scale)
-    need(c.base_lr >= 0, f"base_lr={c.base_lr} must be >= 0")
-    for key in (
-        "warmup_epochs",
-        "weight_decay",
-        "workers",
-        "threads",
-        "eval_every",
-        "bucket_cap_mb",
-        "local_sgd",
-        "checkpoint_every",
-        "seed",
-    ):
-        need(getattr(c, key) >= 0, f"{key}={getattr(c, key)} must be >= 0")
-    need(c.warmup_lr is None or c.warmup_lr > 0, f"warmup_lr={c.warmup_lr} must be > 0 (or null)")
-    need(0 <= c.momentum < 1, f"momentum={c.momentum} must be in [0, 1)")
-    need(not c.nesterov or c.momentum > 0, "nesterov=true needs momentum > 0")
-    need(0 < c.decay_factor <= 1, f"decay_factor={c.decay_factor} must be in (0, 1]")
-    need(c.poly_power > 0, f"poly_power={c.poly_power} must be > 0")
-    need(c.lars_eta > 0, f"lars_eta={c.lars_eta} must be > 0")
-    need(c.loss_scale > 0, f"loss_scale={c.loss_scale} must be > 0")
-    need(c.powersgd_rank >= 1, f"powersgd_rank={c.powersgd_rank} must be a positive integer")
-    need(0 <= c.noise_scale_ema < 1, f"noise_scale_ema={c.noise_scale_ema} must be in [0, 1)")
-    need(
+    _need(c.base_lr >= 0, f"base_lr={c.base_lr} must be >= 0")
+    for key in NON_NEGATIVE_KEYS:
+        _need(getattr(c, key) >= 0, f"{key}={getattr(c, key)} must be >= 0")
+    _need(c.warmup_lr is None or c.warmup_lr > 0, f"warmup_lr={c.warmup_lr} must be > 0 (or null)")
+    _need(0 <= c.momentum < 1, f"momentum={c.momentum} must be in [0, 1)")
+    _need(not c.nesterov or c.momentum > 0, "nesterov=true needs momentum > 0")
+    _need(0 < c.decay_factor <= 1, f"decay_factor={c.decay_factor} must be in (0, 1]")
+    _need(c.poly_power > 0, f"poly_power={c.poly_power} must be > 0")
+    _need(c.lars_eta > 0, f"lars_eta={c.lars_eta} must be > 0")
+    _need(c.loss_scale > 0, f"loss_scale={c.loss_scale} must be > 0")
+    _need(c.powersgd_rank >= 1, f"powersgd_rank={c.powersgd_rank} must be a positive integer")
+    _need(0 <= c.noise_scale_ema < 1, f"noise_scale_ema={c.noise_scale_ema} must be in [0, 1)")
+    _need(
         c.noise_scale_batch is None or c.noise_scale_batch > 0,
         f"noise_scale_batch={c.noise_scale_batch} must be a positive integer (or null)",
     )
-    need(
+
+
+def _check_gradient_rules(c: Config) -> None:
+    """Which gradient exchanges combine: the noise scale, local SGD, BMUF and staleness."""
+    _need(
         not c.noise_scale or c.local_sgd == 0,
         f"noise_scale=true needs the all-reduced gradient of every step: not with "
         f"local_sgd={c.local_sgd} (valid: local_sgd=0)",
     )
-    need(
+    _need(
         not c.noise_scale or c.comm_hook != "powersgd",
         "noise_scale=true measures the exact all-reduced gradient: comm_hook=powersgd only "
         "approximates it (valid: none, fp16, bf16, hierarchical, parameter_server)",
     )
-    need(
+    _need(
         c.local_sgd == 0 or c.comm_hook == "none",
         f"local_sgd={c.local_sgd} averages parameters itself: it needs comm_hook=none, "
         f"not comm_hook={c.comm_hook}",
     )
     # -- BMUF (lbsgd.comm.BMUF) --
-    need(0 <= c.block_momentum < 1, f"block_momentum={c.block_momentum} must be in [0, 1)")
-    need(
+    _need(0 <= c.block_momentum < 1, f"block_momentum={c.block_momentum} must be in [0, 1)")
+    _need(
         math.isfinite(c.block_lr) and c.block_lr > 0,
         f"block_lr={c.block_lr} must be a finite number > 0",
     )
     for key, default in (("block_momentum", 0.0), ("block_lr", 1.0), ("block_nesterov", True)):
-        need(
+        _need(
             c.local_sgd > 0 or getattr(c, key) == default,
             f"{key}={getattr(c, key)} filters the blocks of local SGD: it needs local_sgd > 0 "
             f"(the block length n), not local_sgd=0",
         )
     # -- simulated asynchronous SGD (lbsgd.staleness) --
-    need(c.staleness >= 0, f"staleness={c.staleness} must be >= 0 (0 = synchronous)")
-    need(
+    _need(c.staleness >= 0, f"staleness={c.staleness} must be >= 0 (0 = synchronous)")
+    _need(
         c.staleness == 0 or c.local_sgd == 0,
         f"staleness={c.staleness} delays the gradients of synchronous steps: not with "
         f"local_sgd={c.local_sgd} (valid: local_sgd=0)",
     )
-    # -- asynchronous parameter server (lbsgd.parameter_server) --
-    if c.async_ps:
-        need(
-            c.local_sgd == 0,
-            f"async_ps=true applies each worker's gradient on the server as it "
-            f"arrives: not with local_sgd={c.local_sgd} (valid: local_sgd=0)",
-        )
-        need(
-            c.comm_hook == "none",
-            f"async_ps=true sends each gradient to the server point to "
-            f"point: not with comm_hook={c.comm_hook} (valid: comm_hook=none)",
-        )
-        need(
-            not c.noise_scale,
-            "noise_scale=true needs the all-reduced gradient of every step: "
-            "not with async_ps=true (valid: noise_scale=false)",
-        )
-        need(
-            c.staleness == 0,
-            f"async_ps=true measures real staleness: not with the simulated "
-            f"staleness={c.staleness} (valid: staleness=0)",
-        )
-        need(
-            c.precision != "fp16",
-            "async_ps=true has no dynamic loss scaling (one scale for "
-            "asynchronous workers): precision=fp16 is refused (valid: fp32, bf16)",
-        )
-        need(
-            not c.resume,
-            "async_ps=true cannot resume: the order in which asynchronous "
-            "gradients arrive is not reproducible (valid: resume=false, a new name=)",
-        )
-        need(
-            c.checkpoint_every == 0,
-            f"async_ps=true writes one checkpoint, at the end (resume "
-            f"is refused): checkpoint_every={c.checkpoint_every} must be 0",
-        )
-    need(
+
+
+def _check_async_ps(c: Config) -> None:
+    """What an asynchronous parameter server (lbsgd.parameter_server) cannot combine with."""
+    _need(
+        c.local_sgd == 0,
+        f"async_ps=true applies each worker's gradient on the server as it "
+        f"arrives: not with local_sgd={c.local_sgd} (valid: local_sgd=0)",
+    )
+    _need(
+        c.comm_hook == "none",
+        f"async_ps=true sends each gradient to the server point to "
+        f"point: not with comm_hook={c.comm_hook} (valid: comm_hook=none)",
+    )
+    _need(
+        not c.noise_scale,
+        "noise_scale=true needs the all-reduced gradient of every step: "
+        "not with async_ps=true (valid: noise_scale=false)",
+    )
+    _need(
+        c.staleness == 0,
+        f"async_ps=true measures real staleness: not with the simulated "
+        f"staleness={c.staleness} (valid: staleness=0)",
+    )
+    _need(
+        c.precision != "fp16",
+        "async_ps=true has no dynamic loss scaling (one scale for "
+        "asynchronous workers): precision=fp16 is refused (valid: fp32, bf16)",
+    )
+    _need(
+        not c.resume,
+        "async_ps=true cannot resume: the order in which asynchronous "
+        "gradients arrive is not reproducible (valid: resume=false, a new name=)",
+    )
+    _need(
+        c.checkpoint_every == 0,
+        f"async_ps=true writes one checkpoint, at the end (resume "
+        f"is refused): checkpoint_every={c.checkpoint_every} must be 0",
+    )
+
+
+def _check_shapes(c: Config) -> None:
+    """The model, the schedule, the data and how the batch divides into BN groups and
+    micro-batches."""
+    _need(
         not c.pool5_bn or c.model in ("alexnet", "alexnet_bn"),
         f"pool5_bn=true applies to model=alexnet or alexnet_bn, not model={c.model}",
     )
-    need(
+    _need(
         all(m >= 0 for m in c.milestones) and list(c.milestones) == sorted(c.milestones),
         f"milestones={list(c.milestones)} must be non-negative epochs in increasing order",
     )
-    need(
+    _need(
         c.synthetic_noise is None or c.synthetic_noise >= 0,
         f"synthetic_noise={c.synthetic_noise} must be >= 0 (or null)",
     )
-    need(
+    _need(
         c.batch_size % c.bn_batch == 0,
         f"batch_size={c.batch_size} is not a multiple of bn_batch={c.bn_batch}",
     )
     if c.micro_batch != "auto":
         mb = c.micro_batch if c.micro_batch is not None else c.bn_batch
-        need(mb > 0, f"micro_batch={c.micro_batch} must be a positive integer, auto or null")
-        need(mb % c.bn_batch == 0, f"micro_batch={mb} is not a multiple of bn_batch={c.bn_batch}")
-        need(
+        _need(mb > 0, f"micro_batch={c.micro_batch} must be a positive integer, auto or null")
+        _need(mb % c.bn_batch == 0, f"micro_batch={mb} is not a multiple of bn_batch={c.bn_batch}")
+        _need(
             c.batch_size % mb == 0,
             f"batch_size={c.batch_size} is not a multiple of micro_batch={mb}",
         )
     if c.dataset in ("cifar10", "imagenet"):
-        need(c.data_dir is not None, f"data_dir is required for dataset={c.dataset}")
-        need(
+        _need(c.data_dir is not None, f"data_dir is required for dataset={c.dataset}")
+        _need(
             Path(c.data_dir).is_dir(),
             f"data_dir={c.data_dir!r} does not exist (dataset={c.dataset} reads from it)",
         )
-    need(
+    _need(
         c.model != "resnet" or (c.depth - 2) % 6 == 0,
         f"depth={c.depth} is not 6n+2 for model=resnet (valid: 8, 14, 20, 32, 44, 56, 110, …)",
     )
-    # every key that becomes a path component under out_dir: nothing is written outside it
+
+
+def _check_paths(c: Config) -> None:
+    """Nothing is written outside out_dir: every key that becomes a path component under it is one
+    plain folder name. out_dir and data_dir are places the user chooses (absolute or relative),
+    but no path holds a NUL."""
+    for key in ("out_dir", "data_dir"):
+        value = getattr(c, key)
+        _need(
+            value is None or "\0" not in value,
+            f"{key}={value!r} holds a NUL character: not a path (valid: a folder path)",
+        )
     for key in ("study", "name", "profile"):
         value = getattr(c, key)
-        need(value is None or _plain_folder_name(value), f"{key}={value!r} {FOLDER_NAME_RULE}")
+        _need(value is None or _plain_folder_name(value), f"{key}={value!r} {FOLDER_NAME_RULE}")
     if c.name is None:  # model and dataset (a plugin's registered names) make the run name
-        need(
+        _need(
             _plain_folder_name(c.run_name()),
             f"run name {c.run_name()!r} (from model and dataset) {FOLDER_NAME_RULE}",
         )
-    need(
+    _need(
         c.profile is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", c.profile) is not None,
         f"profile={c.profile!r} must be null or a plain name (letters, digits, '_', '-', '.')",
     )
-    for key in c.varied:
-        need(
-            key in FIELDS or key == "k",
-            f"varied: {key!r} is not a config key (nor k); `lbsgd keys` lists the vocabulary",
-        )
+    _need(
+        0 < len(c.wandb_project) <= WANDB_PROJECT_MAX
+        and not any(ch in c.wandb_project for ch in WANDB_PROJECT_FORBIDDEN),
+        f"wandb_project={c.wandb_project!r} must be a W&B project name: 1 to "
+        f"{WANDB_PROJECT_MAX} characters, none of {' '.join(WANDB_PROJECT_FORBIDDEN)}",
+    )
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -669,36 +731,49 @@ def import_plugins(plugins: Iterable[str] | str) -> None:
     if isinstance(plugins, str):
         plugins = [p for p in plugins.split(",") if p]
     for spec in plugins:
-        if spec in sys.modules:
-            continue
-        try:
-            if spec.endswith(".py"):
-                path = Path(spec)
-                if not path.is_file():
-                    raise ConfigError(f"plugins: file {spec!r} does not exist")
-                mod_name = f"lbsgd_plugin_{path.stem}"
-                if mod_name in sys.modules:
-                    continue
-                mspec = importlib.util.spec_from_file_location(mod_name, path)
-                module = importlib.util.module_from_spec(mspec)  # type: ignore[arg-type]
-                sys.modules[mod_name] = module
-                mspec.loader.exec_module(module)  # type: ignore[union-attr]
-            else:
-                if os.getcwd() not in sys.path and "" not in sys.path:
-                    sys.path.insert(0, os.getcwd())
-                importlib.import_module(spec)
-        except ConfigError:
-            raise
-        except ImportError as e:
+        if spec not in sys.modules:
+            _import_plugin(spec)
+
+
+def _plugin_module_name(spec: str) -> str:
+    return f"lbsgd_plugin_{Path(spec).stem}"
+
+
+def _import_plugin(spec: str) -> None:
+    """Import one plugin; whatever it raises becomes one line naming it (and a file plugin is not
+    left half-imported: a retry imports it again and fails the same way)."""
+    try:
+        if spec.endswith(".py"):
+            _import_file(spec)
+        else:
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            importlib.import_module(spec)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the plugin's own code failed while importing
+        if spec.endswith(".py"):
+            sys.modules.pop(_plugin_module_name(spec), None)
+        if isinstance(e, ImportError):
             raise ConfigError(f"plugins: cannot import {spec!r}: {e}") from None
-        except Exception as e:  # noqa: BLE001 - the plugin's own code failed while importing
-            if spec.endswith(".py"):  # not left half-imported: a retry imports it again
-                sys.modules.pop(f"lbsgd_plugin_{Path(spec).stem}", None)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise ConfigError(
-                f"plugins: importing {spec!r} raised {type(e).__name__}"
-                + (f": {first}" if first else "")
-            ) from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(
+            f"plugins: importing {spec!r} raised {type(e).__name__}"
+            + (f": {first}" if first else "")
+        ) from None
+
+
+def _import_file(spec: str) -> None:
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(f"plugins: file {spec!r} does not exist")
+    mod_name = _plugin_module_name(spec)
+    if mod_name in sys.modules:
+        return
+    mspec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(mspec)  # type: ignore[arg-type]
+    sys.modules[mod_name] = module
+    mspec.loader.exec_module(module)  # type: ignore[union-attr]
 
 
 # -- derived values ---------------------------------------------------------------------------

@@ -66,9 +66,9 @@ def check_layout(device: str, backend: str, local_world_size: int) -> None:
     gpus = torch.cuda.device_count() if kind == "cuda" else 0
     if kind == "cuda" and backend == "nccl" and local_world_size > gpus:
         raise ConfigError(
-            f"{local_world_size} processes per node but {gpus} visible GPU(s): NCCL needs one GPU "
-            f"per process (valid: --nproc-per-node <= {gpus}, or backend=gloo to share GPUs, "
-            "or device=cpu)"
+            f"device={device}: {local_world_size} processes per node but {gpus} visible GPU(s): "
+            f"NCCL needs one GPU per process (valid: --nproc-per-node <= {gpus}, or backend=gloo "
+            "to share GPUs, or device=cpu)"
         )
 
 

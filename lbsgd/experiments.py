@@ -233,6 +233,7 @@ def sweep(
     """Train every run of ``runs`` (dicts of config keys) into ``out_dir/study``; see the module.
 
     ``profile`` (the study's scale) is written into every run's config, as is ``varied``."""
+    config.check_folder_name("study", study)  # its folder is made even for no runs
     check_launch(
         nproc_per_node=nproc_per_node,
         nnodes=nnodes,
@@ -507,6 +508,7 @@ def summarize(df, by: Sequence[str], metric: str = "final_top1_error_pct"):
 
 
 def study_dir(out_dir: str | os.PathLike, study: str) -> Path:
+    config.check_folder_name("study", study)
     path = Path(out_dir) / study
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -1,11 +1,12 @@
 """Bad input, everywhere a user types: one line naming the key, before any work, nothing touched.
 
-One table of inputs through the three doors of lbsgd: the command line (``lbsgd train key=value``),
-YAML files (``lbsgd train -c file``) and a notebook's parameters (``profiles.get`` and
-``experiments.sweep``, the first calls of every study notebook). Each must be refused with exit code
-2 (command line) or a ConfigError (notebook), with a one-line message naming the key or file and
-saying what would be valid, and every file already under the results directory must be left
-byte-for-byte and mtime-for-mtime as it was.
+One table of inputs through the four doors of lbsgd: the command line (``lbsgd train key=value``),
+YAML files (``lbsgd train -c file``), a notebook's parameters (``profiles.get`` and
+``experiments.sweep``, the first calls of every study notebook) and ``experiments.sweep`` called
+with its own study name, runs and launch options. Each must be refused with exit code 2 (command
+line) or a ConfigError (notebook, sweep), with a one-line message naming the key or file and saying
+what would be valid; every file already under the fixture's directory must be left
+byte-for-byte and mtime-for-mtime as it was, and no file or folder added.
 """
 
 import json
@@ -49,23 +50,32 @@ def results(tmp_path_factory):
         "type.yaml": "epochs: ten\n",
         "nan.yaml": "momentum: .nan\n",
         "raising.py": "raise RuntimeError('no GPU driver here')\n",
+        "plugin.yaml": f"plugins: [{root}/raising.py]\n",
+        "escape.yaml": "study: ../escaped\n",
+        "nul_name.yaml": 'name: "run\\0"\n',
+        "nul_data.yaml": f'data_dir: "{root}/da\\0ta"\n',
+        "project.yaml": "wandb_project: team/lbsgd\n",
+        "mps.yaml": "device: mps\n",
+        "cuda.yaml": "device: cuda\n",
     }
     for name, text in files.items():
         (root / name).write_text(text)
     return root
 
 
-def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+def _snapshot(root: Path) -> dict[str, tuple[bytes, int] | None]:
+    """Every file's bytes and mtime, and every folder (a folder made is a write too)."""
     return {
-        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else None
         for p in sorted(root.rglob("*"))
-        if p.is_file()
     }
 
 
 TINY_ARGS = [f"{k}={v}" for k, v in TINY.items()]
 
-# (door, input, words the one line must hold); {root} is the fixture's directory
+# (door, input, words the one line must hold); {root} is the fixture's directory. A door's settings
+# after ':' are environment variables (torchrun's) and gpus=N: the CUDA devices torch sees, so that a
+# missing device is missing on any machine.
 CASES = [
     ("cli", ["batchsize=64"], ["batchsize", "did you mean 'batch_size'"]),
     ("cli", ["warmup=linear"], ["warmup", "'none', 'constant' or 'gradual'"]),
@@ -132,7 +142,62 @@ CASES = [
     ("notebook", {"epochs": float("inf")}, ["epochs=inf", "finite number"]),
     ("notebook", {"ks": [0.3]}, ["k=0.3", "fractional batch"]),
     ("notebook", {"name": "existing", "k": 2}, ["experiment keys differ", "batch_size: 64 -> 32"]),
+    # -- a path outside out_dir: every value that names a folder under it is one plain name --------
+    ("cli", ["study=../escaped"], ["study='../escaped'", "plain folder name"]),
+    ("cli", ["name={root}/elsewhere"], ["/elsewhere'", "plain folder name"]),
+    ("cli", ["name=" + "n" * 300], ["name='nnnn", "at most 251 bytes"]),
+    ("cli", ["name=run "], ["name='run '", "no leading or trailing space"]),
+    ("cli", ["profile=.."], ["profile='..'", "plain folder name"]),
+    ("cli", ["wandb_project=team/lbsgd"], ["wandb_project='team/lbsgd'", "W&B project name"]),
+    ("yaml", "escape.yaml", ["study='../escaped'", "plain folder name"]),
+    ("yaml", "nul_name.yaml", ["name='run\\x00'", "plain folder name"]),
+    ("yaml", "nul_data.yaml", ["data_dir=", "NUL character"]),
+    ("yaml", "project.yaml", ["wandb_project='team/lbsgd'", "W&B project name"]),
+    ("notebook", {"out_dir": "{root}/results\0"}, ["out_dir=", "NUL character"]),
+    ("notebook", {"profile": "../smoke"}, ["profile='../smoke'", "smoke"]),
+    ("sweep", {"study": "../escaped", "runs": []}, ["study='../escaped'", "plain folder name"]),
+    ("sweep", {"study": ""}, ["study=''", "plain folder name"]),
+    ("sweep", {"runs": [{"name": "a/b"}]}, ["name='a/b'", "plain folder name"]),
+    ("sweep", {"profile": "{root}/elsewhere"}, ["/elsewhere'", "plain folder name"]),
+    ("sweep", {"runs": [{"wandb_project": "a:b"}]}, ["wandb_project='a:b'", "W&B project name"]),
+    # -- a missing device: one line naming device, before any process group or tensor ------------
+    ("cli", ["device=cuda:1"], ["device='cuda:1'", "'auto', 'cpu' or 'cuda'"]),
+    ("cli", ["device=mps"], ["device='mps'", "'auto', 'cpu' or 'cuda'"]),
+    ("cli:gpus=0", ["device=cuda"], ["device=cuda", "no CUDA device", "valid here: auto, cpu"]),
+    (
+        "cli:gpus=1,WORLD_SIZE=2,LOCAL_WORLD_SIZE=2",
+        ["device=cuda"],
+        ["device=cuda", "2 processes per node but 1 visible GPU", "device=cpu"],
+    ),
+    ("yaml", "mps.yaml", ["device='mps'", "'auto', 'cpu' or 'cuda'"]),
+    ("yaml:gpus=0", "cuda.yaml", ["device=cuda", "no CUDA device"]),
+    (
+        "notebook:gpus=1",
+        {"nproc_per_node": 2, "ks": [4], "device": "auto"},
+        ["device=auto", "2 processes per node but 1 visible GPU", "--nproc-per-node <= 1"],
+    ),
+    ("sweep:gpus=0", {"runs": [{"device": "cuda"}]}, ["device=cuda", "no CUDA device"]),
+    (
+        "sweep:gpus=2",
+        {"runs": [{"device": "cuda"}], "nproc_per_node": 4},
+        ["device=cuda", "4 processes per node but 2 visible GPU"],
+    ),
+    # -- the earlier classes through the sweep door too ------------------------------------------
+    ("sweep", {"runs": [{"momentum": float("nan")}]}, ["momentum=nan", "finite number"]),
+    ("sweep", {"runs": [{"plugins": ["{root}/raising.py"]}]}, ["raising.py", "RuntimeError"]),
+    ("yaml", "plugin.yaml", ["raising.py", "RuntimeError: no GPU driver here"]),
 ]
+
+
+def _filled(value, root: Path):
+    """``value`` with ``{root}`` in its strings replaced by the fixture's directory."""
+    if isinstance(value, str):
+        return value.replace("{root}", str(root))
+    if isinstance(value, list):
+        return [_filled(v, root) for v in value]
+    if isinstance(value, dict):
+        return {k: _filled(v, root) for k, v in value.items()}
+    return value
 
 
 def _notebook(root: Path, params: dict) -> None:
@@ -141,11 +206,61 @@ def _notebook(root: Path, params: dict) -> None:
     p = profiles.get(params.pop("profile", "smoke"), epochs=params.pop("epochs", None))
     seeds, ks = params.pop("seeds", [0]), params.pop("ks", [1])
     name, k = params.pop("name", None), params.pop("k", None)
-    runs = [p.keys(k=kk, seed=s, device="cpu") for kk in ks for s in seeds]
+    device = params.pop("device", "cpu")  # auto: the profile's own (no notebook parameter)
+    runs = [p.keys(k=kk, seed=s, device=device) for kk in ks for s in seeds]
     if name:  # a run of the study that lands on an existing run directory of another experiment
         runs = [{**TINY, "batch_size": 32 * k // 2, "name": name}]
     launch = {"out_dir": str(root / "results"), "wandb": "disabled", **params}
     experiments.sweep("runs", runs, quiet=True, **launch)
+
+
+def _sweep(root: Path, given: dict) -> None:
+    """``experiments.sweep`` called from a script: a study name, its runs (TINY with the given
+    keys) and launch options."""
+    given = dict(given)
+    study, runs = given.pop("study", "runs"), given.pop("runs", [{}])
+    runs = [{**TINY, **run} for run in runs]
+    experiments.sweep(study, runs, out_dir=str(root / "results"), quiet=True, **given)
+
+
+def _open_door(monkeypatch, door: str) -> str:
+    """The door's name, after setting its environment: torchrun's variables, and gpus=N, the CUDA
+    devices torch sees (the device checks ask torch.cuda, whatever the machine has)."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    name, _, settings = door.partition(":")
+    for pair in filter(None, settings.split(",")):
+        key, value = pair.split("=")
+        if key == "gpus":
+            monkeypatch.setattr(torch.cuda, "is_available", lambda n=int(value): n > 0)
+            monkeypatch.setattr(torch.cuda, "device_count", lambda n=int(value): n)
+        else:
+            monkeypatch.setenv(key, value)
+    return name
+
+
+def _exit_2(capsys, argv: list[str]) -> str:
+    """``lbsgd <argv>`` in this process: exit code 2 and one line on stderr, returned."""
+    code = cli.main(argv)
+    message = capsys.readouterr().err.strip()
+    assert code == 2, message
+    assert message.startswith("lbsgd: error: ") and "\n" not in message, message
+    return message
+
+
+def _refusal(results: Path, capsys, door: str, given) -> str:
+    """Put ``given`` through ``door``; assert it is refused (exit 2, or a ConfigError) with one
+    line, and return that line."""
+    out = f"out_dir={results}/results"
+    if door == "cli":
+        return _exit_2(capsys, ["train", *TINY_ARGS, out, *given])
+    if door == "yaml":
+        return _exit_2(capsys, ["train", "-c", str(results / given), out])
+    with pytest.raises(ConfigError) as err:
+        (_notebook if door == "notebook" else _sweep)(results, given)
+    message = str(err.value)
+    assert "\n" not in message, message
+    return message
 
 
 @pytest.mark.parametrize(
@@ -155,34 +270,33 @@ def test_bad_input_is_one_line_before_any_work_and_touches_nothing(
     results, monkeypatch, capsys, door, given, words
 ):
     before = _snapshot(results)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    if door.startswith("cli"):
-        for pair in door.partition(":")[2].split(","):
-            if pair:
-                monkeypatch.setenv(*pair.split("="))
-        args = [a.format(root=results) for a in given]
-        code = cli.main(["train", *TINY_ARGS, f"out_dir={results}/results", *args])
-        message = capsys.readouterr().err.strip()
-        assert code == 2
-        assert message.startswith("lbsgd: error: ") and "\n" not in message, message
-    elif door == "yaml":
-        code = cli.main(["train", "-c", str(results / given), f"out_dir={results}/results"])
-        message = capsys.readouterr().err.strip()
-        assert code == 2 and "\n" not in message, message
-    else:
-        with pytest.raises(ConfigError) as err:
-            _notebook(results, given)
-        message = str(err.value)
-        assert "\n" not in message
+    door = _open_door(monkeypatch, door)
+    message = _refusal(results, capsys, door, _filled(given, results))
     for w in words:
         assert w in message, message
-    assert _snapshot(results) == before  # no file written, changed or removed (logs included)
+    assert _snapshot(results) == before  # no file or folder written, changed or removed
+
+
+# The classes of bad input the table holds, each known by words its rows expect, and the doors
+# each goes through (a notebook's parameters name no plugin).
+CLASSES = {
+    "a non-finite or overflowing float": (("finite number", "overflows float32"), "all"),
+    "a path outside out_dir": (("plain folder name", "NUL character", "W&B project name"), "all"),
+    "a missing device": (("device=", "device'"), "all"),
+    "a plugin raising on import": (("raising.py",), ("cli", "yaml", "sweep")),
+}
+DOORS = ("cli", "yaml", "notebook", "sweep")
+
+
+@pytest.mark.parametrize("bad", CLASSES)
+def test_the_table_puts_each_class_of_bad_input_through_every_door(bad):
+    markers, doors = CLASSES[bad]
+    rows = [c for c in CASES if any(m in w for w in c[2] for m in markers)]
+    assert {c[0].partition(":")[0] for c in rows} == set(DOORS if doors == "all" else doors)
 
 
 def test_the_table_covers_every_door_and_at_least_twenty_inputs():
-    doors = {c[0].partition(":")[0] for c in CASES}
-    assert doors == {"cli", "yaml", "notebook"} and len(CASES) >= 20
+    assert {c[0].partition(":")[0] for c in CASES} == set(DOORS) and len(CASES) >= 20
 
 
 # -- process layouts this machine cannot run --------------------------------------------------

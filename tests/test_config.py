@@ -149,3 +149,70 @@ def test_keys_added_later_leave_earlier_run_ids_unchanged_until_set():
         keys = off_default[key] if key in off_default else {key: getattr(Config(), key) + 1}
         base = Config(**{k: v for k, v in keys.items() if k != key})
         assert Config(**keys).experiment_id() != base.experiment_id(), key
+
+
+@pytest.mark.parametrize(
+    ("value", "plain"),
+    [
+        ("n" * config.MAX_FOLDER_NAME_BYTES, True),  # with ".log" appended: 255 bytes, the limit
+        ("n" * (config.MAX_FOLDER_NAME_BYTES + 1), False),
+        ("é" * (config.MAX_FOLDER_NAME_BYTES // 2 + 1), False),  # 2 bytes each in UTF-8
+        ("run 1", True),
+        (" run", False),
+        ("run\t", False),
+        ("run\n", False),
+    ],
+)
+def test_a_folder_name_fits_the_file_system_with_its_log_and_hides_no_space(value, plain):
+    if plain:
+        config.check_folder_name("name", value)
+        assert config.from_dict({"name": value}).run_dir().name == value
+        return
+    for check in (
+        lambda: config.check_folder_name("name", value),
+        lambda: config.from_dict({"name": value}),
+    ):
+        with pytest.raises(ConfigError) as err:
+            check()
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith(f"name={value!r}") and "plain folder name" in msg
+
+
+@pytest.mark.parametrize(
+    ("project", "valid"),
+    [("lbsgd", True), ("my project-2", True), ("p" * 128, True), ("p" * 129, False)]
+    + [("", False)]
+    + [(f"team{ch}lbsgd", False) for ch in "/\\#?%:"],
+)
+def test_wandb_project_is_refused_before_the_run_where_wandb_would_refuse_it(project, valid):
+    if valid:
+        assert Config(wandb_project=project).wandb_project == project
+        return
+    with pytest.raises(ConfigError) as err:
+        config.from_dict({"wandb_project": project})
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"wandb_project={project!r}"), msg
+    assert "W&B project name" in msg
+
+
+@pytest.mark.parametrize("key", ["out_dir", "data_dir"])
+def test_a_chosen_folder_may_be_absolute_but_holds_no_nul(key, tmp_path):
+    assert getattr(Config(**{key: str(tmp_path)}), key) == str(tmp_path)
+    with pytest.raises(ConfigError, match=rf"^{key}='.*\\x00.*' holds a NUL character"):
+        config.from_dict({key: f"{tmp_path}/a\0b"})
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [("import no_such_module_here\n", "cannot import"), ("1 / 0\n", "raised ZeroDivisionError")],
+)
+def test_a_plugin_file_that_fails_fails_the_same_way_when_tried_again(tmp_path, text, error):
+    """Not left half-imported: the second import runs the file again instead of finding a module
+    that never finished."""
+    plugin = tmp_path / "failing_plugin.py"
+    plugin.write_text(text)
+    for _ in range(2):
+        with pytest.raises(ConfigError) as err:
+            config.import_plugins([str(plugin)])
+        msg = str(err.value)
+        assert msg.startswith("plugins: ") and str(plugin) in msg and error in msg, msg
