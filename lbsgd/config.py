@@ -356,6 +356,45 @@ def check_folder_name(key: str, value: Any) -> None:
         raise ConfigError(f"{key}={value!r} {FOLDER_NAME_RULE}")
 
 
+# What would be valid instead, for the key whose folder on the way to a run is not a folder
+PLACE_VALID = {
+    "out_dir": "a folder, or a path not made yet",
+    "study": "another study= or out_dir=",
+    "name": "another name= or out_dir=",
+}
+
+
+def check_place(out_dir: str | os.PathLike, study: str, name: str | None = None) -> None:
+    """ConfigError (one line naming the key) unless the folder ``out_dir/study[/name]`` can be
+    made: every path on the way that exists is a folder (``mkdir`` ends in a traceback on a file),
+    and where folders are still to be made, the deepest existing one can be written in. Reads only;
+    a run folder that exists is not asked for write access (a completed run is read, not written)."""
+    check_folder_path("out_dir", str(out_dir))
+    out = Path(out_dir)
+    steps = [("out_dir", p) for p in (*reversed(out.parents), out)] + [("study", out / study)]
+    if name is not None:
+        steps.append(("name", out / study / name))
+    values = {"out_dir": str(out_dir), "study": study, "name": name}
+    made = None  # the deepest folder on the way that exists
+    for key, path in steps:
+        if not os.path.lexists(path):
+            _need(
+                made is None or os.access(made, os.W_OK | os.X_OK),
+                f"out_dir={str(out_dir)!r}: {str(made)!r} cannot be written in (permission "
+                f"denied), where {str(steps[-1][1])!r} would be made (valid: a folder you can "
+                "write in)",
+                ConfigError,
+            )
+            return
+        _need(
+            path.is_dir(),
+            f"{key}={values[key]!r}: {str(path)!r} exists and is not a folder, so no folder can "
+            f"be made there (valid: {PLACE_VALID[key]})",
+            ConfigError,
+        )
+        made = path
+
+
 # The largest float32: lrs, decays, loss scales and noise levels become float32 tensor values
 FLOAT32_MAX = 3.4028234663852886e38
 # float keys whose value enters float32 arithmetic as it is (the peak lr is checked as derived)
@@ -398,10 +437,11 @@ def _check_numbers(c: Config) -> None:
         )
 
 
-def _need(ok: bool, msg: str) -> None:
-    # ValueError: pydantic turns it into the validation error that from_dict makes one line of
+def _need(ok: bool, msg: str, error: type[ValueError] = ValueError) -> None:
+    # ValueError: pydantic turns it into the validation error that from_dict makes one line of;
+    # ConfigError outside a Config's own checks
     if not ok:
-        raise ValueError(msg)
+        raise error(msg)
 
 
 # integer keys that count something: at least one
@@ -419,6 +459,8 @@ POSITIVE_KEYS = (
     "fake_classes",
     "log_every",
 )
+# The data order's seed of epoch e is seed * SEED_STRIDE + e (lbsgd.data.sampler.permutation)
+SEED_STRIDE = 1_000_003
 # keys where 0 means "none" or "off" (or is a length, a seed)
 NON_NEGATIVE_KEYS = (
     "warmup_epochs",
@@ -458,6 +500,14 @@ def _check_ranges(c: Config) -> None:
     _need(c.base_lr >= 0, f"base_lr={c.base_lr} must be >= 0")
     for key in NON_NEGATIVE_KEYS:
         _need(getattr(c, key) >= 0, f"{key}={getattr(c, key)} must be >= 0")
+    # torch's generators take seeds below 2^64, and the data order of epoch e is seeded with
+    # seed * SEED_STRIDE + e (lbsgd.data.sampler.permutation), for every epoch the run reaches
+    last_epoch = math.ceil(c.epochs) + 1
+    _need(
+        c.seed * SEED_STRIDE + last_epoch < 2**64,
+        f"seed={c.seed} is too large: epoch e's data order is seeded with seed * {SEED_STRIDE} + e, "
+        f"below 2^64 (valid: seed <= {(2**64 - 1 - last_epoch) // SEED_STRIDE})",
+    )
     _need(c.warmup_lr is None or c.warmup_lr > 0, f"warmup_lr={c.warmup_lr} must be > 0 (or null)")
     _need(0 <= c.momentum < 1, f"momentum={c.momentum} must be in [0, 1)")
     _need(not c.nesterov or c.momentum > 0, "nesterov=true needs momentum > 0")
@@ -589,16 +639,26 @@ def _check_shapes(c: Config) -> None:
     )
 
 
+def check_folder_path(key: str, value: str | None, error: type[ValueError] = ConfigError) -> None:
+    """A place the user chooses, absolute or relative, but a path: no NUL, and not empty ('' is
+    the working directory to Path: an unset variable in out_dir=$RESULTS, not a choice)."""
+    if value is None:
+        return
+    _need(
+        "\0" not in value,
+        f"{key}={value!r} holds a NUL character: not a path (valid: a folder path)",
+        error,
+    )
+    null = ", or null" if key == "data_dir" else ""
+    _need(value.strip() != "", f"{key}={value!r} is empty (valid: a folder path{null})", error)
+
+
 def _check_paths(c: Config) -> None:
     """Nothing is written outside out_dir: every key that becomes a path component under it is one
     plain folder name. out_dir and data_dir are places the user chooses (absolute or relative),
     but no path holds a NUL."""
     for key in ("out_dir", "data_dir"):
-        value = getattr(c, key)
-        _need(
-            value is None or "\0" not in value,
-            f"{key}={value!r} holds a NUL character: not a path (valid: a folder path)",
-        )
+        check_folder_path(key, getattr(c, key), ValueError)
     for key in ("study", "name", "profile"):
         value = getattr(c, key)
         _need(value is None or _plain_folder_name(value), f"{key}={value!r} {FOLDER_NAME_RULE}")
@@ -642,7 +702,11 @@ def parse_value(key: str, text: str) -> Any:
     if _is_tuple(tp):
         text = text.strip()
         if text.startswith("["):
-            return yaml.safe_load(text)
+            try:
+                return yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                first = str(e).splitlines()[0]
+                raise ConfigError(f"{key}={text}: not a list like [30, 60, 80] ({first})") from None
         return [t.strip() for t in text.split(",") if t.strip()]
     return text
 
@@ -686,6 +750,19 @@ def _one_line(e: pydantic.ValidationError, values: Mapping[str, Any]) -> str:
     return "; ".join(dict.fromkeys(parts))
 
 
+def run_list(runs: Any) -> list[dict[str, Any]]:
+    """A sweep's runs as dicts of keys (not yet validated), or one line saying what a run list is:
+    a dict alone would iterate as its key names, a string as its characters."""
+    example = "(valid: a list of dicts of keys, e.g. [{'batch_size': 256}, {'batch_size': 512}])"
+    if isinstance(runs, Mapping | str | bytes) or not isinstance(runs, Iterable):
+        raise ConfigError(f"runs: a {type(runs).__name__}, not a list of runs {example}")
+    runs = list(runs)
+    for i, run in enumerate(runs):
+        if not isinstance(run, Mapping):
+            raise ConfigError(f"runs[{i}]: a {type(run).__name__}, not a dict of keys {example}")
+    return [dict(run) for run in runs]
+
+
 def parse_overrides(args: Iterable[str]) -> dict[str, Any]:
     """``["batch_size=8192", "warmup=gradual"]`` → a dict of field values (not yet validated)."""
     out: dict[str, Any] = {}
@@ -707,6 +784,10 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
         data = yaml.safe_load(p.read_text()) or {}
     except OSError as e:
         raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(p)!r} is not UTF-8 text (byte {e.start}: {e.reason})"
+        ) from None
     except yaml.YAMLError as e:
         raise ConfigError(
             f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}"
@@ -751,7 +832,8 @@ def _import_plugin(spec: str) -> None:
             importlib.import_module(spec)
     except ConfigError:
         raise
-    except Exception as e:  # noqa: BLE001 - the plugin's own code failed while importing
+    # SystemExit too: a script's sys.exit("usage: ...") at import time
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the plugin's own code failed importing
         if spec.endswith(".py"):
             sys.modules.pop(_plugin_module_name(spec), None)
         if isinstance(e, ImportError):
@@ -766,7 +848,8 @@ def _import_plugin(spec: str) -> None:
 def _import_file(spec: str) -> None:
     path = Path(spec)
     if not path.is_file():
-        raise ConfigError(f"plugins: file {spec!r} does not exist")
+        problem = "is not a file" if path.exists() else "does not exist"
+        raise ConfigError(f"plugins: file {spec!r} {problem}")
     mod_name = _plugin_module_name(spec)
     if mod_name in sys.modules:
         return
@@ -941,6 +1024,9 @@ __all__ = [
     "HASHED_ONLY_OFF_DEFAULT",
     "derive",
     "check_world",
+    "check_place",
+    "check_folder_path",
+    "run_list",
     "dump",
     "from_dict",
     "load",

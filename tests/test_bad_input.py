@@ -1,7 +1,7 @@
 """Bad input, everywhere a user types: one line naming the key, before any work, nothing touched.
 
 One table of inputs through the four doors of lbsgd: the command line (``lbsgd train key=value``),
-YAML files (``lbsgd train -c file``), a notebook's parameters (``profiles.get`` and
+YAML files (``lbsgd train -c file``), a notebook's parameters (``scales.get`` and
 ``experiments.sweep``, the first calls of every study notebook) and ``experiments.sweep`` called
 with its own study name, runs and launch options. Each must be refused with exit code 2 (command
 line) or a ConfigError (notebook, sweep), with a one-line message naming the key or file and saying
@@ -10,19 +10,18 @@ byte-for-byte and mtime-for-mtime as it was, and no file or folder added.
 """
 
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY
-from test_distributed import lbsgd
+from conftest import TINY, lbsgd
 
-from lbsgd import checkpoint, cli, distributed, experiments, profiles
+from lbsgd import checkpoint, cli, distributed, experiments, studies
 from lbsgd.config import Config, ConfigError
+from lbsgd.studies import scales
 from lbsgd.trainer import train
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +40,9 @@ def results(tmp_path_factory):
     (broken / "summary.json").write_text(json.dumps({**summary, "status": "failed"}))
     (out / "runs" / "notes").mkdir()
     (out / "runs" / "notes" / "todo.txt").write_text("mine\n")
+    (out / "runs" / "stray.txt").write_text("a file where a run's folder would be made\n")
     (root / "empty").mkdir()
+    (root / "afile").write_text("a file where a folder would be made\n")
     (root / "cifar_without_batches").mkdir()
     files = {
         "unknown.yaml": "batch_size: 64\nwarmpu: none\n",
@@ -50,6 +51,7 @@ def results(tmp_path_factory):
         "type.yaml": "epochs: ten\n",
         "nan.yaml": "momentum: .nan\n",
         "raising.py": "raise RuntimeError('no GPU driver here')\n",
+        "exiting.py": "import sys\n\nsys.exit('usage: python exiting.py DIR')\n",
         "plugin.yaml": f"plugins: [{root}/raising.py]\n",
         "escape.yaml": "study: ../escaped\n",
         "nul_name.yaml": 'name: "run\\0"\n',
@@ -57,9 +59,14 @@ def results(tmp_path_factory):
         "project.yaml": "wandb_project: team/lbsgd\n",
         "mps.yaml": "device: mps\n",
         "cuda.yaml": "device: cuda\n",
+        "empty_data.yaml": 'data_dir: ""\n',
+        "file_name.yaml": "name: stray.txt\n",
+        "fresh.yaml": "name: fresh\n",
+        "big_seed.yaml": f"seed: {2**64}\n",
     }
     for name, text in files.items():
         (root / name).write_text(text)
+    (root / "latin1.yaml").write_bytes("name: caf\u00e9\n".encode("latin-1"))
     return root
 
 
@@ -74,8 +81,9 @@ def _snapshot(root: Path) -> dict[str, tuple[bytes, int] | None]:
 TINY_ARGS = [f"{k}={v}" for k, v in TINY.items()]
 
 # (door, input, words the one line must hold); {root} is the fixture's directory. A door's settings
-# after ':' are environment variables (torchrun's) and gpus=N: the CUDA devices torch sees, so that a
-# missing device is missing on any machine.
+# after ':' are environment variables (torchrun's), gpus=N: the CUDA devices torch sees, so that a
+# missing device is missing on any machine, and readonly=F: the fixture's folder F cannot be written
+# in (even by root, who may write anywhere).
 CASES = [
     ("cli", ["batchsize=64"], ["batchsize", "did you mean 'batch_size'"]),
     ("cli", ["warmup=linear"], ["warmup", "'none', 'constant' or 'gradual'"]),
@@ -125,6 +133,7 @@ CASES = [
         ["base_lr=1e+38", "linear(batch_size / reference_batch = 4)", "overflows float32"],
     ),
     ("cli", ["plugins={root}/raising.py"], ["raising.py", "RuntimeError: no GPU driver here"]),
+    ("cli", ["plugins={root}/exiting.py"], ["exiting.py", "SystemExit: usage: python exiting"]),
     ("yaml", "nan.yaml", ["momentum=nan", "finite number"]),
     ("yaml", "unknown.yaml", ["warmpu", "did you mean 'warmup'"]),
     ("yaml", "list.yaml", ["list.yaml", "flat mapping"]),
@@ -160,6 +169,22 @@ CASES = [
     ("sweep", {"runs": [{"name": "a/b"}]}, ["name='a/b'", "plain folder name"]),
     ("sweep", {"profile": "{root}/elsewhere"}, ["/elsewhere'", "plain folder name"]),
     ("sweep", {"runs": [{"wandb_project": "a:b"}]}, ["wandb_project='a:b'", "W&B project name"]),
+    # -- a place that cannot hold the run: empty, a file on the way, a folder not writable ---------
+    ("cli", ["out_dir="], ["out_dir=''", "is empty"]),
+    ("cli", ["out_dir={root}/afile/results"], ["out_dir=", "afile' exists and is not a folder"]),
+    ("cli", ["out_dir={root}", "study=afile"], ["study='afile'", "exists and is not a folder"]),
+    ("cli", ["name=stray.txt"], ["name='stray.txt'", "exists and is not a folder"]),
+    ("cli:readonly=results", ["study=new"], ["out_dir=", "results' cannot be written in"]),
+    ("yaml", "empty_data.yaml", ["data_dir=''", "is empty", "or null"]),
+    ("yaml", "file_name.yaml", ["name='stray.txt'", "exists and is not a folder"]),
+    ("yaml:readonly=results/runs", "fresh.yaml", ["out_dir=", "runs' cannot be written in"]),
+    ("notebook", {"out_dir": ""}, ["out_dir=''", "is empty"]),
+    ("notebook", {"out_dir": "{root}/afile"}, ["out_dir=", "afile' exists and is not a folder"]),
+    ("notebook:readonly=results/runs", {}, ["out_dir=", "runs' cannot be written in"]),
+    ("sweep", {"out_dir": "{root}/afile", "runs": []}, ["afile' exists and is not a folder"]),
+    ("sweep", {"out_dir": "{root}/results\0", "runs": []}, ["out_dir=", "NUL character"]),
+    ("sweep", {"runs": [{"data_dir": " "}]}, ["data_dir=' '", "is empty"]),
+    ("sweep:readonly=results", {"study": "new"}, ["out_dir=", "results' cannot be written in"]),
     # -- a missing device: one line naming device, before any process group or tensor ------------
     ("cli", ["device=cuda:1"], ["device='cuda:1'", "'auto', 'cpu' or 'cuda'"]),
     ("cli", ["device=mps"], ["device='mps'", "'auto', 'cpu' or 'cuda'"]),
@@ -182,9 +207,19 @@ CASES = [
         {"runs": [{"device": "cuda"}], "nproc_per_node": 4},
         ["device=cuda", "4 processes per node but 2 visible GPU"],
     ),
+    # -- an integer beyond what it feeds, text that is not what its key holds ---------------------
+    ("cli", ["seed=99999999999999999999"], ["seed=99999999999999999999", "too large", "seed <="]),
+    ("yaml", "big_seed.yaml", [f"seed={2**64}", "too large"]),
+    ("notebook", {"seeds": [2**63]}, [f"seed={2**63}", "too large"]),
+    ("sweep", {"runs": [{"seed": 2**64}]}, [f"seed={2**64}", "too large"]),
+    ("cli", ["milestones=[30,60"], ["milestones=[30,60", "not a list like [30, 60, 80]"]),
+    ("yaml", "latin1.yaml", ["latin1.yaml", "not UTF-8 text"]),
+    ("sweep", {"runs": {"batch_size": 64}}, ["runs: a dict, not a list of runs"]),
+    ("sweep", {"runs": ["batch_size=64"]}, ["runs[0]: a str, not a dict of keys"]),
     # -- the earlier classes through the sweep door too ------------------------------------------
     ("sweep", {"runs": [{"momentum": float("nan")}]}, ["momentum=nan", "finite number"]),
     ("sweep", {"runs": [{"plugins": ["{root}/raising.py"]}]}, ["raising.py", "RuntimeError"]),
+    ("sweep", {"runs": [{"plugins": ["{root}/exiting.py"]}]}, ["exiting.py", "SystemExit"]),
     ("yaml", "plugin.yaml", ["raising.py", "RuntimeError: no GPU driver here"]),
 ]
 
@@ -203,7 +238,7 @@ def _filled(value, root: Path):
 def _notebook(root: Path, params: dict) -> None:
     """What a study notebook's first cells do with its parameters."""
     params = dict(params)
-    p = profiles.get(params.pop("profile", "smoke"), epochs=params.pop("epochs", None))
+    p = scales.get(params.pop("profile", "smoke"), epochs=params.pop("epochs", None))
     seeds, ks = params.pop("seeds", [0]), params.pop("ks", [1])
     name, k = params.pop("name", None), params.pop("k", None)
     device = params.pop("device", "cpu")  # auto: the profile's own (no notebook parameter)
@@ -216,16 +251,19 @@ def _notebook(root: Path, params: dict) -> None:
 
 def _sweep(root: Path, given: dict) -> None:
     """``experiments.sweep`` called from a script: a study name, its runs (TINY with the given
-    keys) and launch options."""
+    keys, or as given when they are not a list of dicts) and launch options."""
     given = dict(given)
     study, runs = given.pop("study", "runs"), given.pop("runs", [{}])
-    runs = [{**TINY, **run} for run in runs]
-    experiments.sweep(study, runs, out_dir=str(root / "results"), quiet=True, **given)
+    if isinstance(runs, list) and all(isinstance(run, dict) for run in runs):
+        runs = [{**TINY, **run} for run in runs]
+    out_dir = given.pop("out_dir", str(root / "results"))
+    experiments.sweep(study, runs, out_dir=out_dir, quiet=True, **given)
 
 
-def _open_door(monkeypatch, door: str) -> str:
-    """The door's name, after setting its environment: torchrun's variables, and gpus=N, the CUDA
-    devices torch sees (the device checks ask torch.cuda, whatever the machine has)."""
+def _open_door(monkeypatch, door: str, root: Path) -> str:
+    """The door's name, after setting its environment: torchrun's variables, gpus=N, the CUDA
+    devices torch sees (the device checks ask torch.cuda, whatever the machine has), and
+    readonly=F, the folder root/F that os.access says cannot be written in."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     name, _, settings = door.partition(":")
@@ -234,9 +272,18 @@ def _open_door(monkeypatch, door: str) -> str:
         if key == "gpus":
             monkeypatch.setattr(torch.cuda, "is_available", lambda n=int(value): n > 0)
             monkeypatch.setattr(torch.cuda, "device_count", lambda n=int(value): n)
+        elif key == "readonly":
+            monkeypatch.setattr(os, "access", _denying_writes(root / value, os.access))
         else:
             monkeypatch.setenv(key, value)
     return name
+
+
+def _denying_writes(locked: Path, access):
+    """os.access, except that ``locked`` cannot be written in."""
+    return lambda path, mode, **kw: (
+        not (Path(path) == locked and mode & os.W_OK) and access(path, mode, **kw)
+    )
 
 
 def _exit_2(capsys, argv: list[str]) -> str:
@@ -270,7 +317,7 @@ def test_bad_input_is_one_line_before_any_work_and_touches_nothing(
     results, monkeypatch, capsys, door, given, words
 ):
     before = _snapshot(results)
-    door = _open_door(monkeypatch, door)
+    door = _open_door(monkeypatch, door, results)
     message = _refusal(results, capsys, door, _filled(given, results))
     for w in words:
         assert w in message, message
@@ -282,7 +329,12 @@ def test_bad_input_is_one_line_before_any_work_and_touches_nothing(
 CLASSES = {
     "a non-finite or overflowing float": (("finite number", "overflows float32"), "all"),
     "a path outside out_dir": (("plain folder name", "NUL character", "W&B project name"), "all"),
+    "a place that cannot hold the run": (
+        ("is empty", "is not a folder", "cannot be written in"),
+        "all",
+    ),
     "a missing device": (("device=", "device'"), "all"),
+    "an integer beyond what it feeds": (("too large",), "all"),
     "a plugin raising on import": (("raising.py",), ("cli", "yaml", "sweep")),
 }
 DOORS = ("cli", "yaml", "notebook", "sweep")
@@ -295,6 +347,16 @@ def test_the_table_puts_each_class_of_bad_input_through_every_door(bad):
     assert {c[0].partition(":")[0] for c in rows} == set(DOORS if doors == "all" else doors)
 
 
+@pytest.mark.parametrize("out_dir", ["", " ", "results\0"])
+def test_a_study_notebook_refuses_an_out_dir_that_is_no_folder_path(out_dir):
+    """studies.start, a notebook's first call, takes a relative out_dir from the repository root:
+    '' would put the study's folders in the repository itself."""
+    with pytest.raises(ConfigError) as err:
+        studies.start("warmup", title="Warmup", profile="smoke", out_dir=out_dir)
+    message = str(err.value)
+    assert message.startswith(f"out_dir={out_dir!r}") and "\n" not in message, message
+
+
 def test_the_table_covers_every_door_and_at_least_twenty_inputs():
     assert {c[0].partition(":")[0] for c in CASES} == set(DOORS) and len(CASES) >= 20
 
@@ -305,6 +367,7 @@ def test_the_table_covers_every_door_and_at_least_twenty_inputs():
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 
 
+@pytest.mark.slow
 def test_device_cuda_without_cuda_exits_2_with_one_line_naming_device(results):
     before = _snapshot(results)
     r = lbsgd(
@@ -318,13 +381,14 @@ def test_device_cuda_without_cuda_exits_2_with_one_line_naming_device(results):
     assert not (results / "results" / "runs" / "cuda").exists()
 
 
+@pytest.mark.slow
 def test_nccl_under_torchrun_without_gpus_stops_every_worker_before_any_work(results):
     """device=auto resolves to the CPU here, where NCCL cannot run: each worker refuses in one line
     and exits 2 before joining a process group. torchrun stops the other workers once one has
     failed; a monitor interval longer than a worker's start lets every worker reach its own exit."""
     before = _snapshot(results)
     args = [*TINY_ARGS, f"out_dir={results}/results", "device=auto", "backend=nccl", "name=nccl"]
-    r = lbsgd(args, nproc=2, env={**NO_GPU, "PET_MONITOR_INTERVAL": "20"})
+    r = lbsgd(["train", *args], nproc=2, env={**NO_GPU, "PET_MONITOR_INTERVAL": "20"})
     assert r.returncode != 0
     refusal = "lbsgd: error: backend=nccl needs CUDA devices and torch sees none (valid here: "
     worker_lines = [line for line in r.stderr.splitlines() if line.startswith("lbsgd: error:")]

@@ -1,12 +1,15 @@
 """The config vocabulary: defaults from Goyal et al., validation with one-line errors, round trips."""
 
 import dataclasses
+import math
+import os
 
 import pytest
 import yaml
 
 from lbsgd import config
 from lbsgd.config import Config, ConfigError, derive
+from lbsgd.data import sampler
 
 
 def test_defaults_are_goyal_2017():
@@ -216,3 +219,59 @@ def test_a_plugin_file_that_fails_fails_the_same_way_when_tried_again(tmp_path, 
             config.import_plugins([str(plugin)])
         msg = str(err.value)
         assert msg.startswith("plugins: ") and str(plugin) in msg and error in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("out_dir", "study", "name", "key"),
+    [
+        ("afile", "runs", "r", "out_dir"),
+        ("afile/deeper", "runs", "r", "out_dir"),
+        (".", "afile", "r", "study"),
+        (".", "runs", "afile", "name"),
+    ],
+)
+def test_check_place_names_the_key_whose_folder_on_the_way_is_a_file(
+    tmp_path, monkeypatch, out_dir, study, name, key
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "afile").write_text("x")
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(ConfigError) as err:
+        config.check_place(out_dir, study, name)
+    message = str(err.value)
+    assert message.startswith(f"{key}=") and "exists and is not a folder" in message, message
+    assert "\n" not in message and sorted(tmp_path.rglob("*")) == before  # nothing made
+
+
+def test_check_place_asks_write_access_only_where_a_folder_is_to_be_made(tmp_path, monkeypatch):
+    (tmp_path / "runs" / "done").mkdir(parents=True)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)  # nothing can be written
+    config.check_place(tmp_path, "runs", "done")  # an existing run folder is read, not written
+    with pytest.raises(ConfigError, match=r"^out_dir=.*runs' cannot be written in"):
+        config.check_place(tmp_path, "runs", "new")
+    with pytest.raises(ConfigError, match=r"^out_dir=.* cannot be written in"):
+        config.check_place(tmp_path / "new", "runs")
+
+
+@pytest.mark.parametrize("key", ["out_dir", "data_dir"])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_folder_path_is_refused_not_taken_for_the_working_directory(key, value):
+    with pytest.raises(ConfigError, match=rf"^{key}={value!r} is empty \(valid: a folder path"):
+        config.from_dict({key: value})
+    if key == "out_dir":
+        with pytest.raises(ConfigError, match=rf"^out_dir={value!r} is empty"):
+            config.check_place(value, "runs")
+
+
+@pytest.mark.parametrize("epochs", [0.5, 90.0, 1e6])
+def test_the_largest_seed_accepted_seeds_every_epoch_of_the_data_order_and_one_more_is_refused(
+    epochs,
+):
+    last_epoch = math.ceil(epochs) + 1  # the sampler may draw the order of the epoch after the end
+    largest = (2**64 - 1 - last_epoch) // 1_000_003
+    Config(seed=largest, epochs=epochs)
+    sampler.permutation(4, largest, last_epoch)  # torch takes the data order's seed
+    with pytest.raises(ConfigError, match=rf"^seed={largest + 1} is too large"):
+        config.from_dict({"seed": largest + 1, "epochs": epochs})
