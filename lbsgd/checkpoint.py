@@ -18,6 +18,11 @@ kept until the new one is complete. ``load`` reads with ``weights_only=True`` (n
 verifies the digest, and falls back to ``checkpoint.prev.pt`` with one warning naming the file that
 could not be used and why; with no usable checkpoint left it raises :class:`CheckpointError` naming
 the files.
+
+A run resumes from the checkpoint rank 0 picks (:func:`load_agreed`), refused by
+:func:`check_compatible` when it was made for other experiment keys or another train split; each
+rank takes its own part (:func:`rank_state`): RNG states (:func:`rng_state`), local momentum,
+PowerSGD memories.
 """
 
 from __future__ import annotations
@@ -26,11 +31,15 @@ import hashlib
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lbsgd.config import ConfigError
+from lbsgd import distributed, rundir
+from lbsgd.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from lbsgd.data import StepSampler
 
 NAME = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
@@ -147,3 +156,79 @@ def load(run_dir: Path) -> dict[str, Any] | None:
     if errors:
         raise CheckpointError(" and ".join(errors) + "; no usable checkpoint is left")
     return None
+
+
+# -- a run's checkpoint: which one, whether it fits the run, each rank's part -------------------
+
+
+def check_compatible(cfg: Config, state: dict[str, Any], sampler: StepSampler) -> None:
+    """Refuse a checkpoint made for other mathematics (other experiment keys), or for another
+    train split (a file dataset whose folder gained or lost images: another stream of samples),
+    with one line naming the file."""
+    rundir.same_experiment(cfg, state.get("config", {}), state["file"])
+    saved = state.get("sampler")
+    if saved is not None and (
+        state.get("num_train") != sampler.num_samples
+        or saved != sampler.position(int(state["step"]))
+    ):
+        raise ConfigError(
+            f"checkpoint {state['file']!r} was made on a train split of {state.get('num_train')} "
+            f"samples, this run's has {sampler.num_samples}: the data changed, resume is refused"
+        )
+
+
+def load_agreed(
+    ctx: distributed.Context, cfg: Config, sampler: StepSampler
+) -> dict[str, Any] | None:
+    """The checkpoint every rank resumes from: rank 0 picks the newest usable one of the run
+    directory (falling back to the previous one with a warning) and checks it fits the run; every
+    rank reads that same file. None when the run has none."""
+    picked: dict[str, Any] = {}
+
+    def pick() -> str | None:
+        state = load(cfg.run_dir())
+        if state is not None:
+            check_compatible(cfg, state, sampler)
+            picked["state"] = state
+        return None if state is None else state["file"]
+
+    path = distributed.on_main(ctx, pick)
+    if path is None:
+        return None
+    return picked["state"] if ctx.is_main else read(Path(path))
+
+
+def rank_state(state: dict[str, Any], ctx: distributed.Context) -> dict[str, Any] | None:
+    """This process's part of the checkpoint (RNG states, local momentum, PowerSGD memories), if
+    it was saved by as many processes; None otherwise (another layout: those start afresh)."""
+    ranks = state.get("ranks")
+    if ranks and len(ranks) == ctx.world_size:
+        return ranks[ctx.rank]
+    return None
+
+
+# -- random number generators: what a step draws from, saved per rank ---------------------------
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
+    """The CPU's generator state, and the training GPU's."""
+    return {
+        "cpu": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Restore what :func:`rng_state` saved (the GPU's only on a GPU)."""
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def seed_generators(seed: int, device: torch.device) -> None:
+    """Seed the generators a step draws from: the CPU's, and the training GPU's. (torch.manual_seed
+    also queues seeds for every other device type, capturing a traceback for each, on every
+    call: a measurable share of a small CPU step.)"""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)  # the current device: distributed.init set it to ours

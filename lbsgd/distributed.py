@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,6 +171,29 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def on_main(ctx: Context, fn: Callable[[], Any], then_all: bool = False) -> Any:
+    """Run ``fn`` on rank 0 and give every rank its result, or raise its error on every rank (the
+    other ranks: a ConfigError carrying its message, so that no rank waits for a dead one).
+
+    With ``then_all`` the other ranks run ``fn`` themselves once rank 0 has succeeded (rank 0 fills
+    a cache first, the others read it).
+    """
+    result, error = None, None
+    if ctx.is_main:
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - re-raised below, after telling the other ranks
+            error = e
+    message = broadcast_object(None if error is None else str(error))
+    if error is not None:
+        raise error
+    if message is not None:
+        raise ConfigError(message)
+    if then_all:
+        return result if ctx.is_main else fn()
+    return broadcast_object(result)
 
 
 def all_gather_object(obj: Any) -> list[Any]:

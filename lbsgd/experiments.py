@@ -39,7 +39,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,7 +48,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lbsgd import config, tracking
+from lbsgd import config, launch, rundir, tracking
 from lbsgd.config import Config
 from lbsgd.tracking import flatten
 
@@ -87,19 +86,6 @@ class _Job:
     handle: Any = field(default=None, repr=False)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _status(run_dir: Path) -> str | None:
-    try:
-        return json.loads((run_dir / "summary.json").read_text()).get("status")
-    except (OSError, ValueError):
-        return None
-
-
 # Run keys that change what a run records, not what it trains: a twin must have recorded the same
 MEASUREMENT_KEYS = ("noise_scale", "noise_scale_batch", "noise_scale_ema")
 
@@ -112,7 +98,7 @@ def _find_identical(cfg: Config, root: Path) -> Path | None:
     want = {k: getattr(cfg, k) for k in MEASUREMENT_KEYS}
     default = {k: config.FIELDS[k].default for k in MEASUREMENT_KEYS}
     for other in sorted(root.glob(f"*/{name}")):
-        if other.parent.name != cfg.study and _status(other) in DONE:
+        if other.parent.name != cfg.study and rundir.read_status(other) in DONE:
             try:
                 theirs = json.loads((other / "summary.json").read_text()).get("experiment_id")
                 keys = config.read_yaml(other / "config.yaml")
@@ -157,21 +143,10 @@ def _command(
     overrides = [f"{k}={_text(v)}" for k, v in cfg.to_dict().items() if v is not None]
     if nproc_per_node == 1 and nnodes == 1:  # one process: the same trainer, no agent to start
         return [sys.executable, "-m", "lbsgd", "train", *overrides]
-    endpoint = rdzv_endpoint or f"127.0.0.1:{_free_port()}"
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={nnodes}",
-        f"--nproc-per-node={nproc_per_node}",
-        f"--max-restarts={max_restarts}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={endpoint}",
-        "-m",
-        "lbsgd",
-        "train",
-        *overrides,
-    ]
+    launcher = launch.torchrun(
+        nproc_per_node, nnodes=nnodes, endpoint=rdzv_endpoint, max_restarts=max_restarts
+    )
+    return [*launcher, "-m", "lbsgd", "train", *overrides]
 
 
 def varied_keys(cfgs: Sequence[Config]) -> tuple[str, ...]:
@@ -234,6 +209,7 @@ def sweep(
 
     ``profile`` (the study's scale) is written into every run's config, as is ``varied``."""
     config.check_folder_name("study", study)  # its folder is made even for no runs
+    config.check_place(out_dir, study)
     check_launch(
         nproc_per_node=nproc_per_node,
         nnodes=nnodes,
@@ -248,7 +224,7 @@ def sweep(
         "resume": True,
         "profile": profile,
     }
-    cfgs = [config.from_dict({**base, **dict(r)}) for r in runs]  # all validated before any work
+    cfgs = [config.from_dict({**base, **r}) for r in config.run_list(runs)]  # before any work
     if cfgs:
         varied = varied_keys(cfgs)
         cfgs = [c.replace(varied=varied) for c in cfgs]
@@ -261,7 +237,7 @@ def sweep(
     for c in cfgs:  # data directories, process layout, run directories: read only
         config.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
         trainer.check(c, nproc_per_node * nnodes, nproc_per_node)
-        trainer.check_run_dir(c)  # a finished run of other experiment keys is not "done"
+        rundir.check_run_dir(c)  # a finished run of other experiment keys is not "done"
     study_dir = Path(out_dir) / study
     study_dir.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
@@ -269,8 +245,8 @@ def sweep(
     todo: list[_Job] = []
     for i, c in enumerate(cfgs, 1):
         run_dir = c.run_dir()
-        if _status(run_dir) in DONE:
-            say(f"[{i}/{len(cfgs)}] {c.run_name()}: already {_status(run_dir)}, skipped")
+        if rundir.read_status(run_dir) in DONE:
+            say(f"[{i}/{len(cfgs)}] {c.run_name()}: already {rundir.read_status(run_dir)}, skipped")
             continue
         twin = _find_identical(c, Path(out_dir))
         if twin is not None and not run_dir.exists():
@@ -341,7 +317,7 @@ def _launch(
             job.handle.close()
             done += 1
             rc, secs = job.proc.returncode, time.perf_counter() - job.started
-            status = _status(job.cfg.run_dir())
+            status = rundir.read_status(job.cfg.run_dir())
             # torchrun reports any failed worker as exit code 1, so the run's own record decides:
             # a diverged run (trainer exit code 3) is a result, not a failure
             if status in DONE:
@@ -365,28 +341,7 @@ def _interrupted(
     interrupted), wait for them, say where each stands; the exception to raise."""
     running += [j for j in todo if j.proc is not None]  # started as the interrupt came
     todo = [j for j in todo if j.proc is None]
-    for job in running:
-        if job.proc.poll() is None:
-            job.proc.send_signal(signal.SIGTERM)  # torchrun's agent passes it on to its workers
-    if running:
-        say(
-            f"[interrupt] asked {len(running)} run(s) to stop (SIGTERM): each stops at its next "
-            "metric flush with a checkpoint; interrupt again to kill them now"
-        )
-    killed = False
-    try:
-        for job in running:
-            job.proc.wait()
-    except KeyboardInterrupt:  # asked twice: no waiting for the next flush
-        killed = True
-        for job in running:
-            if job.proc.poll() is None:
-                try:
-                    os.killpg(job.proc.pid, signal.SIGKILL)  # its own session: torchrun's workers
-                except OSError:
-                    job.proc.kill()
-        for job in running:
-            job.proc.wait()
+    killed = _stop(running, say)
     parts = []
     for job in running:
         job.handle.close()
@@ -403,6 +358,33 @@ def _interrupted(
         + "; ".join(parts)
         + f"; the same sweep again resumes them{earlier}"
     )
+
+
+def _stop(running: list[_Job], say) -> bool:
+    """SIGTERM to every run in flight (torchrun's agent passes it on to its workers), then wait for
+    them; a second interrupt kills them (SIGKILL) instead. Whether they were killed."""
+    for job in running:
+        if job.proc.poll() is None:
+            job.proc.send_signal(signal.SIGTERM)
+    if running:
+        say(
+            f"[interrupt] asked {len(running)} run(s) to stop (SIGTERM): each stops at its next "
+            "metric flush with a checkpoint; interrupt again to kill them now"
+        )
+    try:
+        for job in running:
+            job.proc.wait()
+        return False
+    except KeyboardInterrupt:  # asked twice: no waiting for the next flush
+        for job in running:
+            if job.proc.poll() is None:
+                try:
+                    os.killpg(job.proc.pid, signal.SIGKILL)  # its own session: torchrun's workers
+                except OSError:
+                    job.proc.kill()
+        for job in running:
+            job.proc.wait()
+        return True
 
 
 def _stop_text(run_dir: Path) -> str:

@@ -44,16 +44,25 @@ worker. The arrival order depends on timing, so a run is not reproducible: resum
 from __future__ import annotations
 
 import math
-import signal
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from lbsgd import checkpoint, data, distributed, models, optim, trainer
-from lbsgd.config import Config, derive, dump
-from lbsgd.environment import environment
+from lbsgd import checkpoint, data, distributed, optim, rundir
+from lbsgd.config import Config, Derived
+from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
+from lbsgd.loop import (
+    Cadence,
+    StopSignals,
+    WindowClock,
+    build_net,
+    decide,
+    new_summary,
+    open_run_dir,
+)
 from lbsgd.models import ghost_bn
 from lbsgd.precision import Precision
 from lbsgd.schedules import learning_rate
@@ -85,33 +94,56 @@ def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 class Run:
+    """An ``async_ps`` run on this process: rank 0 serves (:meth:`serve`), the others work
+    (:meth:`work`). Built as a synchronous run is (:func:`lbsgd.loop.build_net`), with a
+    one-process sampler whose step j is task j."""
+
+    cfg: Config
+    ctx: distributed.Context
+    run_dir: Path  # cfg.run_dir(): the server writes there
+    t_start: float  # perf_counter() when run() began (summary's wall_time_s)
+    stop: StopSignals  # a stop signal this process caught, or (server) one a worker reported
+    splits: data.Splits
+    net: torch.nn.Module  # the raw module: the server's weights W, a worker's copy of W_v
+    params: list[torch.Tensor]  # net's parameters, in the order of the messages
+    ghost: list[torch.nn.Module]  # net's ghost-BN modules (their group sums travel)
+    precision: Precision
+    d: Derived
+    sampler: data.StepSampler  # one process: task j is the batch of step j
+    group: Any  # the process group of the point-to-point messages
+    n_sums: int  # float32 payload: loss, then n_sums BN group sums, then n_params gradients
+    n_params: int
+    # the server's
+    opt: torch.optim.Optimizer
+    bn_stats: ghost_bn.RunningStats
+    cadence: Cadence  # when to flush and evaluate (lbsgd.loop.decide; one checkpoint, at the end)
+    tracker: Tracker
+    summary: dict[str, Any]
+    status: str  # one of STATUSES
+    step: int  # updates applied: the server step s
+    next_task: int  # the next task to hand out
+    discarded: int  # gradients that arrived after a divergence or a stop
+    pending: list[dict[str, Any]]  # train records awaiting a flush
+    staleness: list[int]  # the measured staleness of every applied update
+    senders: list[int]  # the worker that sent each applied update
+
     def __init__(self, cfg: Config, ctx: distributed.Context) -> None:
         self.cfg, self.ctx = cfg, ctx
-        self.stop_signal: str | None = None  # a stop signal this process caught (STOP_SIGNALS)
-        # server only: the measured staleness of every applied update, and who sent it
-        self.staleness: list[int] = []
-        self.senders: list[int] = []
+        self.run_dir = cfg.run_dir()
+        self.stop = StopSignals()
+        self.staleness, self.senders = [], []
 
     def run(self) -> dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
         self.t_start = time.perf_counter()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        trainer._on_main(ctx, lambda: trainer.check_run_dir(cfg))  # resume=true: refused (config)
-        self.run_dir = cfg.run_dir()
-        self.splits = trainer._on_main(ctx, lambda: data.build(cfg), then_all=True)
-        torch.manual_seed(cfg.seed)  # the same initialisation as a synchronous run
-        net = models.build(cfg, self.splits.num_classes, self.splits.image_size)
-        self.ghost = ghost_bn.ghost_modules(ghost_bn.convert(net, cfg.bn_batch))
-        net.to(ctx.device)
-        if cfg.channels_last:
-            net.to(memory_format=torch.channels_last)
-        self.net, self.params = net, list(net.parameters())
-        self.precision = Precision(cfg.precision, ctx.device, cfg.loss_scale)
-        micro = None
-        if cfg.micro_batch == "auto":  # candidates of one worker's batch (config.check_world)
-            micro = trainer.pick_micro_batch(cfg, ctx, net, self.splits, self.precision)
-        self.d = derive(cfg, ctx.world_size, len(self.splits.train), micro)
+        distributed.on_main(ctx, lambda: rundir.check_run_dir(cfg))  # resume=true: refused (config)
+        self.splits = distributed.on_main(ctx, lambda: data.build(cfg), then_all=True)
+        # the same initialisation as a synchronous run; micro_batch=auto: candidates of one
+        # worker's batch (config.check_world)
+        self.net, self.ghost, self.precision, self.d = build_net(cfg, ctx, self.splits)
+        self.params = list(self.net.parameters())
         self.sampler = data.StepSampler(
             len(self.splits.train),
             cfg.batch_size,
@@ -125,31 +157,13 @@ class Run:
         # the messages' float32 payload: loss, BN group sums, gradients
         self.n_sums = sum(m.group_sums.numel() for m in self.ghost)
         self.n_params = sum(p.numel() for p in self.params)
-        handlers = self._catch_stop_signals()
-        try:
-            return self._serve() if ctx.is_main else self._work()
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-
-    def _catch_stop_signals(self) -> dict:
-        """Record STOP_SIGNALS instead of dying of them (a worker passes the request on in its
-        next report; the server stops handing out tasks); returns the handlers they replace."""
-
-        def record(signum, frame):
-            self.stop_signal = signal.Signals(signum).name
-
-        handlers = {}
-        try:
-            for sig in trainer.STOP_SIGNALS:
-                handlers[sig] = signal.signal(sig, record)
-        except ValueError:  # not the main thread: leave signals to whoever owns it
-            pass
-        return handlers
+        # a worker passes a stop request on in its next report; the server stops handing out tasks
+        with self.stop:
+            return self.serve() if ctx.is_main else self.work()
 
     # -- a worker ---------------------------------------------------------------------------------
 
-    def _work(self) -> dict[str, Any]:
+    def work(self) -> dict[str, Any]:
         """Until the server says STOP: take the weights and a task, send the task's gradient."""
         order = torch.zeros(3, dtype=torch.int64)
         weights = torch.empty(self.n_params, dtype=torch.float32)
@@ -165,8 +179,8 @@ class Run:
             distributed.recv(weights, SERVER, TAG_WEIGHTS, self.group)
             with torch.no_grad():
                 torch._foreach_copy_(self.params, _views(weights.to(self.ctx.device), self.params))
-            payload = self._gradient(model, task)
-            report.copy_(torch.tensor([version, task, int(self.stop_signal is not None)]))
+            payload = self.gradient(model, task)
+            report.copy_(torch.tensor([version, task, int(self.stop.caught is not None)]))
             distributed.send(report, SERVER, TAG_REPORT, self.group)
             distributed.send(payload, SERVER, TAG_GRADIENT, self.group)
             done += 1
@@ -178,7 +192,7 @@ class Run:
             "gradients": done,
         }
 
-    def _gradient(self, model: torch.nn.Module, task: int) -> torch.Tensor:
+    def gradient(self, model: torch.nn.Module, task: int) -> torch.Tensor:
         """[mean loss, BN group sums, gradient] of task ``task`` (step ``task``'s batch of a
         one-process run, accumulated over its micro-batches), as one float32 CPU tensor."""
         cfg, d, device = self.cfg, self.d, self.ctx.device
@@ -195,7 +209,7 @@ class Run:
         seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
         loss_sum = torch.zeros((), device=device)
         for i in range(d.accum_steps):
-            trainer._seed(int(seeds[i]), device)
+            checkpoint.seed_generators(int(seeds[i]), device)
             x, y = next(stream)
             x = x.to(device, non_blocking=True, memory_format=fmt)
             y = y.to(device, non_blocking=True)
@@ -231,47 +245,29 @@ class Run:
 
     # -- the server -------------------------------------------------------------------------------
 
-    def _serve(self) -> dict[str, Any]:
+    def serve(self) -> dict[str, Any]:
+        """The server's run: optimizer, run directory and tracker, the loop, the summary."""
         cfg, ctx, d = self.cfg, self.ctx, self.d
         self.opt = optim.build(cfg, self.net)
         for p in self.params:  # the arriving gradients are copied here
             p.grad = torch.zeros_like(p)
         self.bn_stats = ghost_bn.RunningStats(self.ghost, groups=cfg.batch_size // cfg.bn_batch)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump(cfg, d))
-        self.tracker = Tracker(
-            self.run_dir,
-            {**cfg.to_dict(), **d.to_dict()},
-            mode=cfg.wandb,
-            project=cfg.wandb_project,
-            group=cfg.study,
-            name=cfg.run_name(),
+        # flushes and evaluations as a synchronous run's; the one checkpoint: at the end
+        self.cadence = Cadence(
+            d.total_steps, cfg.log_every, cfg.eval_every, False, 0, self.sampler.epoch_of
         )
+        self.tracker = open_run_dir(cfg, d)
         self._announce()
-        self.summary: dict[str, Any] = {
-            "status": "running",
-            "run": cfg.run_name(),
-            "study": cfg.study,
-            "experiment_id": cfg.experiment_id(),
-            "steps": 0,
-            "total_steps": d.total_steps,
-            "environment": {
-                **environment(
-                    ctx.device, ctx.world_size, cpu_isa=cfg.cpu_isa, train_split=self.splits.train
-                ),
-                "backend": distributed.backend_name(ctx.device, cfg.backend),
-                "deterministic": torch.are_deterministic_algorithms_enabled(),
-            },
-        }
+        self.summary = new_summary(cfg, ctx, d, self.splits, 0)
         self._write_summary()
         status = "failed"
         try:
-            status = self._loop()
+            status = self.loop()
         finally:
             self.summary["status"] = status
             self._write_summary()
             self.tracker.summary(self.summary)
-            self.tracker.close(exit_code=trainer.STATUS_EXIT_CODE.get(status, 1))
+            self.tracker.close(exit_code=rundir.STATUS_EXIT_CODE.get(status, 1))
         return self.summary
 
     def _announce(self) -> None:
@@ -288,111 +284,122 @@ class Run:
             flush=True,
         )
 
-    def _loop(self) -> str:
+    def loop(self) -> str:
         """Hand out tasks, apply gradients as they arrive, until total_steps updates."""
-        cfg, d = self.cfg, self.d
-        b, n, total = cfg.batch_size, d.num_train, d.total_steps
+        self.status, self.step, self.next_task, self.discarded = "running", 0, 0, 0
+        self.pending = []
         report = torch.zeros(3, dtype=torch.int64)
         payload = torch.empty(1 + self.n_sums + self.n_params, dtype=torch.float32)
-        status, step, next_task, discarded = "running", 0, 0, 0
-        active = set(range(1, d.world_size))
+        active = set(range(1, self.d.world_size))
         for w in sorted(active):  # the first orders: the initial weights, tasks 0, 1, …
-            if next_task < total:
-                self._order(w, step, next_task)
-                next_task += 1
-            else:  # more workers than tasks
-                self._order(w, step, STOP, "completed")
-                active.discard(w)
-        pending: list[dict[str, Any]] = []  # train records awaiting a flush
-        t_other = 0.0  # seconds spent evaluating and checkpointing
-        t_loop = t_window = time.perf_counter()
+            self._answer(w, active)  # (more workers than tasks: STOP, "completed")
+        clock = WindowClock()
         while active:
             w = distributed.recv(report, None, TAG_REPORT, self.group)
             distributed.recv(payload, w, TAG_GRADIENT, self.group)
-            version, task, asked = report.tolist()
-            loss = float(payload[0])
-            if asked and self.stop_signal is None:
-                self.stop_signal = f"a stop signal at worker {w}"
-            applied = status == "running" and math.isfinite(loss)
-            if status == "running" and not applied:
-                status = "diverged"
+            applied = self._receive(w, report, payload)
+            self._answer(w, active)
             if applied:
-                tau = step - version  # updates applied since the worker took its weights
-                lr = self._apply(step, payload)
-                self.staleness.append(tau)
-                self.senders.append(w)
-                step += 1
-                pending.append(
-                    {
-                        "kind": "train",
-                        "step": step,
-                        "epoch": step * b / n,
-                        "lr": lr,
-                        "loss": loss,
-                        "staleness": tau,
-                        "worker": w,
-                        "task": task,
-                    }
-                )
-            else:
-                discarded += 1
-            if status == "running" and self.stop_signal is not None and step < total:
-                status = "interrupted"
-            if status == "running" and next_task < total:
-                self._order(w, step, next_task)
-                next_task += 1
-            else:
-                self._order(w, step, STOP, "completed" if status == "running" else status)
-                active.discard(w)
-            if not applied:
-                continue
-            epoch_end = step * b // n > (step - 1) * b // n
-            last = step == total
-            if len(pending) >= cfg.log_every or epoch_end or last:
-                now = time.perf_counter()
-                self._flush(pending, b * len(pending) / max(now - t_window, 1e-9))
-                pending, t_window = [], now
-            epoch = step * b // n
-            if last or (epoch_end and cfg.eval_every and epoch % cfg.eval_every == 0):
-                t0 = time.perf_counter()
-                self._evaluate(step)
-                t_other += time.perf_counter() - t0
-                t_window += time.perf_counter() - t0
-            self.summary["steps"] = step
-        if pending:
-            now = time.perf_counter()
-            self._flush(pending, b * len(pending) / max(now - t_window, 1e-9))
-        train_time = time.perf_counter() - t_loop - t_other
+                self._after_update(clock)
+        if self.pending:
+            self._close_window(clock)
+        return self._conclude(clock.elapsed())
+
+    def _receive(self, w: int, report: torch.Tensor, payload: torch.Tensor) -> bool:
+        """Worker ``w``'s gradient: applied while the run goes on and its loss is finite (a
+        non-finite one: the run diverged), else discarded. Whether it was applied."""
+        version, task, asked = report.tolist()
+        loss = float(payload[0])
+        if asked and self.stop.caught is None:
+            self.stop.caught = f"a stop signal at worker {w}"
+        applied = self.status == "running" and math.isfinite(loss)
+        if self.status == "running" and not applied:
+            self.status = "diverged"
+        if applied:
+            self._update(w, version, task, loss, payload)
+        else:
+            self.discarded += 1
+        stopping = self.stop.caught is not None and self.step < self.d.total_steps
+        if self.status == "running" and stopping:
+            self.status = "interrupted"
+        return applied
+
+    def _update(self, w: int, version: int, task: int, loss: float, payload) -> None:
+        """Apply the gradient as update ``step``; its staleness and its train record."""
+        tau = self.step - version  # updates applied since the worker took its weights
+        lr = self.apply(self.step, payload)
+        self.staleness.append(tau)
+        self.senders.append(w)
+        self.step += 1
+        self.pending.append(
+            {
+                "kind": "train",
+                "step": self.step,
+                "epoch": self.sampler.epoch_of(self.step),
+                "lr": lr,
+                "loss": loss,
+                "staleness": tau,
+                "worker": w,
+                "task": task,
+            }
+        )
+
+    def _answer(self, w: int, active: set[int]) -> None:
+        """The current weights and the next task to worker ``w``; STOP (with the run's status)
+        when the run no longer goes on or every task is handed out."""
+        if self.status == "running" and self.next_task < self.d.total_steps:
+            self._order(w, self.step, self.next_task)
+            self.next_task += 1
+            return
+        self._order(w, self.step, STOP, "completed" if self.status == "running" else self.status)
+        active.discard(w)
+
+    def _after_update(self, clock: WindowClock) -> None:
+        """The decisions after an applied update (lbsgd.loop.decide): flush, evaluate."""
+        plan = decide(self.cadence, self.step, len(self.pending))
+        if plan.flush:
+            self._close_window(clock)
+        if plan.evaluate:
+            with clock.set_aside():  # evaluation is not training time
+                self.evaluate(self.step)
+        self.summary["steps"] = self.step
+
+    def _close_window(self, clock: WindowClock) -> None:
+        self.flush(self.pending, clock.close_window(self.cfg.batch_size * len(self.pending)))
+        self.pending = []
+
+    def _conclude(self, train_time: float) -> str:
+        """After the last worker stopped: the summary, the checkpoint, the run's status."""
+        cfg, d, step = self.cfg, self.d, self.step
         distributed.barrier()  # every worker has stopped: they may leave
-        if status == "running":
-            status = "completed"
+        status = "completed" if self.status == "running" else self.status
         self.summary["steps"] = step
         self.summary["async_ps"] = {
             "workers": d.world_size - 1,
             "staleness": staleness_summary(self.staleness),
             "updates_per_worker": {str(w): c for w, c in sorted(Counter(self.senders).items())},
-            "discarded_gradients": discarded,
+            "discarded_gradients": self.discarded,
         }
         self.summary.update(
-            epochs=step * b / n,
+            epochs=self.sampler.epoch_of(step),
             wall_time_s=time.perf_counter() - self.t_start,
             train_time_s=train_time,
-            img_per_s=step * b / train_time if train_time > 0 else None,
+            img_per_s=step * cfg.batch_size / train_time if train_time > 0 else None,
         )
         if cfg.checkpoint and status != "diverged":
-            self._save(step)
+            self.save(step)
         if status == "diverged":
             print(f"lbsgd: run diverged (non-finite loss) after update {step}", flush=True)
         elif status == "interrupted":
             where = "checkpoint written" if cfg.checkpoint else "no checkpoint (checkpoint=false)"
             print(
-                f"lbsgd: asked to stop ({self.stop_signal}): stopped after update {step}, "
+                f"lbsgd: asked to stop ({self.stop.caught}): stopped after update {step}, "
                 f"{where}; async_ps runs do not resume",
                 flush=True,
             )
         return status
 
-    def _apply(self, step: int, payload: torch.Tensor) -> float:
+    def apply(self, step: int, payload: torch.Tensor) -> float:
         """Update ``step`` (0-based) with the gradient and BN group sums in ``payload``; returns
         its learning rate."""
         lr = learning_rate(step, self.cfg, self.d)
@@ -407,7 +414,7 @@ class Run:
         self.bn_stats.commit()  # the running statistics of this update's batch
         return lr
 
-    def _flush(self, pending: list[dict[str, Any]], img_per_s: float) -> None:
+    def flush(self, pending: list[dict[str, Any]], img_per_s: float) -> None:
         """Every update's record in metrics.jsonl; W&B: one point, the window's mean loss."""
         for rec in pending:
             rec["img_per_s"] = img_per_s
@@ -416,10 +423,10 @@ class Run:
         self.tracker.log_wandb({**pending[-1], "loss": sum(losses) / len(losses)})
         self.summary.setdefault("final", {})["train_loss"] = losses[-1]
 
-    def _evaluate(self, step: int) -> None:
+    def evaluate(self, step: int) -> None:
         """Top-1/top-5 error (%) and loss on the whole test split, on the server alone."""
         idx = torch.arange(len(self.splits.test))
-        sums = trainer.evaluation_sums(
+        sums = evaluation_sums(
             self.net,
             self.splits,
             idx,
@@ -428,11 +435,11 @@ class Run:
             self.ctx.device,
             self.precision,
         )
-        rec = trainer.evaluation_record(step, sums, self.cfg.batch_size, self.d.num_train)
+        rec = evaluation_record(step, self.sampler.epoch_of(step), sums)
         self.tracker.log(rec)
-        trainer.note_evaluation(self.summary, rec)
+        note_evaluation(self.summary, rec)
 
-    def _save(self, step: int) -> None:
+    def save(self, step: int) -> None:
         """The server's state after update ``step``: a record of the run's end (no resume)."""
         checkpoint.save(
             self.run_dir,
@@ -450,4 +457,4 @@ class Run:
         )
 
     def _write_summary(self) -> None:
-        trainer.write_summary(self.run_dir, self.summary)
+        rundir.write_summary(self.run_dir, self.summary)

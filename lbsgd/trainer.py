@@ -8,10 +8,8 @@ processes on the last micro-batch (``no_sync`` on the others, so one all-reduce 
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -20,18 +18,29 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from lbsgd import checkpoint, comm, data, distributed, isa, models, noise_scale, optim
-from lbsgd.config import (
-    Config,
-    ConfigError,
-    check_world,
-    derive,
-    dump,
-    import_plugins,
-    micro_batch_candidates,
-    read_yaml,
+from lbsgd import (
+    checkpoint,
+    comm,
+    data,
+    distributed,
+    isa,
+    models,
+    noise_scale,
+    optim,
+    parameter_server,
+    rundir,
 )
-from lbsgd.environment import environment
+from lbsgd.config import Config, ConfigError, Derived, check_world, import_plugins
+from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
+from lbsgd.loop import (
+    Cadence,
+    StopSignals,
+    WindowClock,
+    build_net,
+    decide,
+    new_summary,
+    open_run_dir,
+)
 from lbsgd.models import ghost_bn
 from lbsgd.precision import Precision
 from lbsgd.schedules import learning_rate
@@ -40,13 +49,6 @@ from lbsgd.tracking import Tracker
 
 # Optimizer steps timed apart as warm-up (compilation, autotuning) at the start of each process run
 TIMED_WARMUP_STEPS = 3
-STATUS_EXIT_CODE = {"completed": 0, "diverged": 3, "interrupted": 143}
-# Asked to stop (a scheduler's pre-emption or time limit: SLURM sends SIGTERM, or the signal of
-# --signal=USR1@90; torchrun's agent passes its own SIGTERM on to the workers): the processes agree
-# on a step at the next metric flush, write a checkpoint there and exit with "interrupted".
-# SIGINT (Ctrl-C on `lbsgd train`, at the terminal on torchrun and its workers) stops the same way:
-# status "interrupted", exit code 143, whichever signal asked.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 def check(cfg: Config, world_size: int | None = None, local_world_size: int | None = None) -> None:
@@ -72,11 +74,8 @@ def check(cfg: Config, world_size: int | None = None, local_world_size: int | No
 def train(cfg: Config) -> dict[str, Any]:
     """Train one run to the end (or until it diverges); returns its summary.json content (a
     parameter server's worker: its own)."""
-    run = _Run
-    if cfg.async_ps:  # rank 0 a parameter server, the others asynchronous workers
-        from lbsgd import parameter_server  # built on this module: imported when used
-
-        run = parameter_server.Run
+    # async_ps: rank 0 a parameter server, the others asynchronous workers
+    run = parameter_server.Run if cfg.async_ps else Run
     check(cfg)
     isa.require(cfg.cpu_isa)  # before the run's first CPU operation: refused if it cannot hold
     before = (
@@ -106,235 +105,88 @@ def deterministic() -> None:
     torch.backends.cudnn.deterministic = True
 
 
-# micro_batch=auto on a CPU: no memory probe (running out of host memory kills the process rather
-# than raising), the largest candidate up to this many samples
-CPU_AUTO_MICRO_BATCH = 256
-# micro_batch=auto on a GPU: a candidate fits when its probe's peak memory stays under this share
-# of the device's memory (the rest: optimizer state, DDP buckets, prefetched batches, fragmentation)
-GPU_MEMORY_SHARE = 0.85
+class Run:
+    """One synchronous training run, in phases: :meth:`build` (data, network, optimizer, sampler),
+    :meth:`restore` (a checkpoint, on resume), :meth:`attach` (what the step carries besides the
+    network: noise probe, stale weights, DDP and its hook, local SGD), :meth:`start` (the run
+    directory, the tracker, the summary), :meth:`loop` (train steps, each followed by the
+    decisions of :func:`lbsgd.loop.decide`), :meth:`finish` (status and summary written).
 
-
-def pick_micro_batch(
-    cfg: Config, ctx: distributed.Context, net: torch.nn.Module, splits, precision: Precision
-) -> int:
-    """``micro_batch=auto``: the largest multiple of bn_batch dividing the per-process share that
-    fits the device. On CUDA each candidate, largest first, is probed with one training forward and
-    backward on random inputs of the dataset's shape, leaving no trace (buffers, RNG, gradients
-    restored); every process takes the smallest choice of all (the layout needs one micro-batch)."""
-    candidates = micro_batch_candidates(cfg, ctx.world_size)
-    if ctx.device.type != "cuda":
-        choice = next((m for m in candidates if m <= CPU_AUTO_MICRO_BATCH), candidates[-1])
-    else:
-        total = torch.cuda.get_device_properties(ctx.device).total_memory
-        choice = 0
-        for m in candidates:
-            if _probe(net, m, splits, cfg, ctx.device, precision) <= GPU_MEMORY_SHARE * total:
-                choice = m
-                break
-        if not choice:
-            raise ConfigError(
-                f"micro_batch=auto: not even micro_batch={candidates[-1]} (one BN group of "
-                f"bn_batch={cfg.bn_batch}) fits in the memory of {ctx.device}"
-            )
-    choice = -int(distributed.all_reduce_max(torch.tensor([-choice], device=ctx.device)).item())
-    if ctx.is_main:
-        print(f"lbsgd: micro_batch=auto -> {choice} (candidates {candidates})", flush=True)
-    return choice
-
-
-def _probe(net, m: int, splits, cfg: Config, device: torch.device, precision: Precision) -> float:
-    """Peak device memory (bytes) of one training forward/backward of ``m`` samples; inf when it
-    does not fit."""
-    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    size = splits.image_size
-    buffers = [b.detach().clone() for b in net.buffers()]
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    try:
-        with torch.random.fork_rng(devices=[device]):
-            x = torch.randn(m, 3, size, size, device=device).contiguous(memory_format=fmt)
-            y = torch.randint(0, splits.num_classes, (m,), device=device)
-            with precision.autocast():
-                loss = torch.nn.functional.cross_entropy(net(x), y)
-            loss.backward()
-            del x, y, loss
-        peak = float(torch.cuda.max_memory_allocated(device))
-    except torch.cuda.OutOfMemoryError:
-        peak = math.inf
-    finally:
-        net.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            torch._foreach_copy_(list(net.buffers()), buffers)
-        torch.cuda.empty_cache()
-    return peak
-
-
-def _on_main(ctx: distributed.Context, fn, then_all: bool = False):
-    """Run ``fn`` on rank 0 and give every rank its result, or raise its error on every rank.
-
-    With ``then_all`` the other ranks run ``fn`` themselves once rank 0 has succeeded (rank 0 fills
-    a cache first, the others read it).
+    Everything a run holds is declared here; a phase sets what its comment names.
     """
-    result, error = None, None
-    if ctx.is_main:
-        try:
-            result = fn()
-        except Exception as e:  # noqa: BLE001 - re-raised below, after telling the other ranks
-            error = e
-    message = distributed.broadcast_object(None if error is None else str(error))
-    if error is not None:
-        raise error
-    if message is not None:
-        raise ConfigError(message)
-    if then_all:
-        return result if ctx.is_main else fn()
-    return distributed.broadcast_object(result)
 
+    cfg: Config
+    ctx: distributed.Context
+    run_dir: Path  # cfg.run_dir(): rank 0 writes there
+    t_start: float  # perf_counter() when run() began (summary's wall_time_s)
+    stop: StopSignals  # a stop signal this process caught (acted on at the next flush)
+    stop_agreed: bool  # set by each flush: some process was asked to stop
+    # build
+    splits: data.Splits
+    net: torch.nn.Module  # the raw module: its parameters, buffers and state_dict are the run's
+    eval_model: torch.nn.Module  # net, compiled when cfg.compile: what evaluation calls (attach)
+    model: torch.nn.Module  # eval_model, DDP-wrapped on > 1 process: what the step calls (attach)
+    ghost: list[torch.nn.Module]  # net's ghost-BN modules (their running statistics: bn_stats)
+    precision: Precision  # autocast, loss scaling, skipped steps
+    d: Derived  # derived values: micro_batch, accum_steps, total_steps, lr, warmup, num_train
+    opt: torch.optim.Optimizer
+    sampler: data.StepSampler  # which samples each step and rank reads; epoch_of: the epoch
+    cadence: Cadence  # when to flush, evaluate, checkpoint (lbsgd.loop.decide)
+    # restore
+    start_step: int  # the step the loop starts at: 0, or the checkpoint's
+    # attach
+    noise: noise_scale.Probe | None  # noise_scale=true: the gradient noise scale's probe
+    stale: StaleWeights | None  # staleness > 0: the ring of past weights (lbsgd.staleness)
+    comm_state: Any  # comm_hook's state (PowerSGD's memories), None without one
+    local_sgd: comm.LocalSGD | comm.BMUF | None  # local_sgd > 0: when processes average
+    # open
+    tracker: Tracker | None  # metrics.jsonl and W&B: rank 0 only
+    summary: dict[str, Any]  # summary.json's content, rewritten at the start and at the end
 
-def check_run_dir(cfg: Config) -> str:
-    """'new', 'resume' or 'completed'; a directory holding another run is never overwritten.
-
-    Reads only: a refusal is a one-line ConfigError and leaves every file as it was."""
-    run_dir = cfg.run_dir()
-    if (run_dir / "config.yaml").exists():
-        status = _read_status(run_dir)
-        if not cfg.resume:
-            raise ConfigError(
-                f"run directory {str(run_dir)!r} already holds a run (status={status}); pass "
-                "resume=true to continue it, or choose another name= or out_dir="
-            )
-        _same_experiment(cfg, read_yaml(run_dir / "config.yaml"), str(run_dir))
-        return "completed" if status == "completed" else "resume"
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(
-            f"run directory {str(run_dir)!r} exists and is not empty; choose another name="
-        )
-    return "new"
-
-
-def _same_experiment(cfg: Config, old: dict[str, Any], where: str) -> None:
-    """Refuse to continue ``old`` (a saved config) with other experiment keys, naming each."""
-    new = cfg.keys_of("experiment")
-    differ = [k for k in new if k in old and _plain(old[k]) != _plain(new[k])]
-    if differ:
-        shown = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in differ)
-        raise ConfigError(f"resume=true but experiment keys differ from {where}: {shown}")
-
-
-def _finite(v: Any) -> Any:
-    """Strict JSON: non-finite floats (a diverged loss) become the strings "nan" / "inf"."""
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
-
-
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    """``run_dir/summary.json``, replaced atomically (strict JSON: non-finite floats as strings)."""
-    path = run_dir / "summary.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_finite(summary), indent=2, default=str) + "\n")
-    tmp.replace(path)
-
-
-@torch.no_grad()
-def evaluation_sums(
-    net: torch.nn.Module,
-    splits: data.Splits,
-    idx: torch.Tensor,
-    batch: int,
-    cfg: Config,
-    device: torch.device,
-    precision: Precision,
-) -> torch.Tensor:
-    """[summed loss, top-1 hits, top-5 hits, count] (float64, on ``device``) of ``net`` in eval
-    mode over the test samples ``idx``, in batches of ``batch``; the net is left in train mode."""
-    net.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)
-    k = min(5, splits.num_classes)
-    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    for x, y in data.batches(splits.test, idx.split(batch), cfg.workers, device=device):
-        x, y = x.to(device, memory_format=fmt), y.to(device)
-        with precision.autocast():
-            out = net(x).float()
-        topk = out.topk(k, dim=1).indices
-        sums[0] += torch.nn.functional.cross_entropy(out, y, reduction="sum")
-        sums[1] += (topk[:, 0] == y).sum()
-        sums[2] += (topk == y[:, None]).any(dim=1).sum()
-        sums[3] += len(y)
-    net.train()
-    return sums
-
-
-def evaluation_record(step: int, sums: torch.Tensor, batch_size: int, num_train: int) -> dict:
-    """The metrics.jsonl record of an evaluation from :func:`evaluation_sums` (summed over the
-    processes that shared the test split)."""
-    loss, top1, top5, count = sums.cpu().tolist()
-    return {
-        "kind": "eval",
-        "step": step,
-        "epoch": step * batch_size / num_train,
-        "top1_error_pct": 100.0 * (1 - top1 / count),
-        "top5_error_pct": 100.0 * (1 - top5 / count),
-        "test_loss": loss / count,
-    }
-
-
-def note_evaluation(summary: dict[str, Any], rec: dict[str, Any]) -> None:
-    """An evaluation into summary.json's ``final``, and ``best`` when its top-1 error is lower."""
-    summary.setdefault("final", {}).update(
-        {k: rec[k] for k in ("top1_error_pct", "top5_error_pct", "test_loss")}
-    )
-    if rec["top1_error_pct"] < summary.get("best", {}).get("top1_error_pct", math.inf):
-        summary["best"] = {"top1_error_pct": rec["top1_error_pct"], "step": rec["step"]}
-
-
-def _plain(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v
-
-
-def _read_status(run_dir: Path) -> str:
-    try:
-        return json.loads((run_dir / "summary.json").read_text()).get("status", "unknown")
-    except (OSError, ValueError, AttributeError):
-        return "unknown"
-
-
-class _Run:
     def __init__(self, cfg: Config, ctx: distributed.Context) -> None:
         self.cfg, self.ctx = cfg, ctx
-        self.summary_resumed: dict[str, Any] = {}  # best/final evaluations before the checkpoint
-
-    # -- setup ------------------------------------------------------------------------------------
+        self.run_dir = cfg.run_dir()
+        self.stop = StopSignals()
+        self.stop_agreed = False
+        self.start_step = 0
+        self.tracker = None
+        self.summary = {}
 
     def run(self) -> dict[str, Any]:
+        """Train to the end (or until it diverges or is asked to stop); returns the summary."""
         cfg, ctx = self.cfg, self.ctx
-        t_start = time.perf_counter()
+        self.t_start = time.perf_counter()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        mode = _on_main(ctx, lambda: check_run_dir(cfg))
-        self.run_dir = cfg.run_dir()
+        mode = distributed.on_main(ctx, lambda: rundir.check_run_dir(cfg))
         if mode == "completed":
             print(f"lbsgd: {self.run_dir} is already complete; nothing to do", flush=True)
-            return json.loads((self.run_dir / "summary.json").read_text())
-        splits = _on_main(ctx, lambda: data.build(cfg), then_all=True)  # rank 0 fills caches
-        torch.manual_seed(
-            cfg.seed
-        )  # the same initialisation on every rank and for every batch size
-        net = models.build(cfg, splits.num_classes, splits.image_size)
-        self.ghost = ghost_bn.ghost_modules(ghost_bn.convert(net, cfg.bn_batch))
-        net.to(ctx.device)
-        if cfg.channels_last:
-            net.to(memory_format=torch.channels_last)
-        self.precision = Precision(cfg.precision, ctx.device, cfg.loss_scale)
-        micro = None
-        if cfg.micro_batch == "auto":
-            micro = pick_micro_batch(cfg, ctx, net, splits, self.precision)
-        d = derive(cfg, ctx.world_size, len(splits.train), micro)
-        opt = optim.build(cfg, net)
+            return rundir.read_summary(self.run_dir)
+        self.build()
+        state = checkpoint.load_agreed(ctx, cfg, self.sampler) if mode == "resume" else None
+        resumed = self.restore(state)
+        self.attach(state)
+        self.start(resumed, truncate=mode == "resume")
+        status = "failed"
+        try:
+            with self.stop:
+                status = self.loop()
+        finally:
+            self.finish(status)
+        return self.summary
+
+    # -- build, restore, attach, open -------------------------------------------------------------
+
+    def build(self) -> None:
+        """Data (rank 0 fills the caches, then the others read them), the network initialised
+        from the seed alone, the optimizer, the sampler and the cadences."""
+        cfg, ctx = self.cfg, self.ctx
+        self.splits = distributed.on_main(ctx, lambda: data.build(cfg), then_all=True)
+        self.net, self.ghost, self.precision, self.d = build_net(cfg, ctx, self.splits)
+        self.opt = optim.build(cfg, self.net)
+        d = self.d
         self.sampler = data.StepSampler(
-            len(splits.train),
+            len(self.splits.train),
             cfg.batch_size,
             d.micro_batch,
             ctx.rank,
@@ -342,14 +194,49 @@ class _Run:
             cfg.seed,
             d.total_steps,
         )
-        start_step = 0
-        state = self._load_checkpoint() if mode == "resume" else None
-        if state is not None:
-            start_step = self._restore(state, net, opt)
-        self.noise = None  # noise_scale=true: the gradient noise scale's probe
+        self.cadence = Cadence.of(cfg, d.total_steps, self.sampler.epoch_of)
+
+    def restore(self, state: dict[str, Any] | None) -> dict[str, Any]:
+        """Network, optimizer, loss scaler, this rank's RNG states and momentum from ``state``
+        (None: a new run); returns the summary's best/final evaluations before the checkpoint."""
+        if state is None:
+            return {}
+        ctx = self.ctx
+        self.net.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.precision.load_state_dict(state.get("precision", {}))
+        ranks = state.get("ranks")
+        mine = checkpoint.rank_state(state, ctx)
+        if mine is not None:
+            checkpoint.set_rng_state(mine, ctx.device)
+            if "optimizer" in mine:  # local SGD: each process's own momentum
+                self.opt.load_state_dict(mine["optimizer"])
+        elif "rng" in state:  # format 1
+            torch.set_rng_state(state["rng"])
+        self.start_step = int(state["step"])
+        if ctx.is_main:
+            note = ""
+            if ranks and len(ranks) != ctx.world_size:
+                note = f" (saved by {len(ranks)} processes, resumed on {ctx.world_size})"
+            print(
+                f"lbsgd: resuming from {state.get('file')} at step {self.start_step}{note}",
+                flush=True,
+            )
+        return state.get("summary", {})
+
+    def attach(self, state: dict[str, Any] | None) -> None:
+        """What the step carries besides the network, each restored from ``state`` if given."""
+        self._attach_probes(state)
+        self._wrap(state)
+        self._attach_local_sgd(state)
+
+    def _attach_probes(self, state: dict[str, Any] | None) -> None:
+        """The gradient noise scale's probe, and staleness's ring of past weights."""
+        cfg, d, params = self.cfg, self.d, list(self.net.parameters())
+        self.noise = None
         if d.noise_batch:
             self.noise = noise_scale.Probe(
-                list(net.parameters()),
+                params,
                 d.noise_batch // d.micro_batch,
                 d.accum_steps,
                 d.noise_batch,
@@ -358,20 +245,19 @@ class _Run:
             )
             if state is not None and "noise_scale" in state:
                 self.noise.smoother.load_state_dict(state["noise_scale"])
-        # -- staleness > 0: simulated asynchronous SGD, the ring of past weights (lbsgd.staleness)
         self.stale = None
         if cfg.staleness:
-            self.stale = StaleWeights(
-                list(net.parameters()), cfg.staleness, cfg.staleness_dist, cfg.seed
-            )
+            self.stale = StaleWeights(params, cfg.staleness, cfg.staleness_dist, cfg.seed)
             if state is not None:
                 self.stale.load_state_dict(state.get("staleness"), state.get("file", "checkpoint"))
-        # --
-        if cfg.compile:
-            net = torch.compile(net)
-        self.net, self.opt, self.splits, self.d = net, opt, splits, d
+
+    def _wrap(self, state: dict[str, Any] | None) -> None:
+        """torch.compile, then DDP with the run's comm hook; PowerSGD's memories restored when
+        this process saved them, else fresh error feedback."""
+        cfg, ctx, d = self.cfg, self.ctx, self.d
+        self.eval_model = torch.compile(self.net) if cfg.compile else self.net
         self.model = distributed.wrap(
-            net,
+            self.eval_model,
             ctx,
             cfg.bucket_cap_mb,
             cfg.comm_hook,
@@ -380,120 +266,76 @@ class _Run:
             self.noise,
         )
         self.comm_state = getattr(self.model, "comm_state", None)
-        if self.comm_state is not None and state is not None:
-            mine = self._rank_state(state)
-            if mine is not None and "powersgd" in mine:  # this process's memories, exactly
-                comm.rebuild_buckets(self.model, self.comm_state, self._throwaway_backward)
-                self.comm_state.load_memories(mine["powersgd"])
-            else:  # another number of processes, or no PowerSGD then: fresh error feedback
-                self.comm_state.iter = start_step  # (compression stays on past the warmup)
-                if ctx.is_main:
-                    print(
-                        "lbsgd: comm_hook=powersgd resumes with fresh error feedback (the "
-                        "checkpoint holds no PowerSGD state for this process)",
-                        flush=True,
-                    )
-        self.local_sgd = None
-        if cfg.local_sgd and ctx.world_size > 1:  # post-local SGD starts after the warmup
-            self.local_sgd = comm.LocalSGD(cfg.local_sgd, start=d.warmup_steps, step=start_step)
-        # -- BMUF: block momentum / block lr off their defaults filter local SGD's blocks (at
-        # them BMUF is the plain averaging above); on one process too (K = 1) (lbsgd.comm.BMUF)
-        if cfg.local_sgd and comm.BMUF.filters(cfg.block_momentum, cfg.block_lr):
-            self.local_sgd = comm.BMUF(
-                cfg.local_sgd,
-                d.warmup_steps,
-                start_step,
-                self.net.parameters(),
-                cfg.block_momentum,
-                cfg.block_lr,
-                cfg.block_nesterov,
-            )
-            if state is not None and state.get("bmuf") is not None:
-                self.local_sgd.load_state_dict(state["bmuf"])
-            elif start_step > d.warmup_steps and ctx.is_main:
-                print(
-                    "lbsgd: BMUF resumes with Delta = 0 from the checkpoint's model (the "
-                    "checkpoint holds no BMUF state)",
-                    flush=True,
-                )
-            if ctx.is_main:
-                start = "W + eta_B Delta (Nesterov)" if cfg.block_nesterov else "W (classical)"
-                print(
-                    f"lbsgd: BMUF eta_B={cfg.block_momentum:g} eps_B={cfg.block_lr:g}: blocks of "
-                    f"{cfg.local_sgd} local steps on {ctx.world_size} processes after step "
-                    f"{d.warmup_steps}, each from {start}",
-                    flush=True,
-                )
-        # --
-
-        full_config = {**cfg.to_dict(), **d.to_dict()}
-        self.tracker = None
+        if self.comm_state is None or state is None:
+            return
+        mine = checkpoint.rank_state(state, ctx)
+        if mine is not None and "powersgd" in mine:  # this process's memories, exactly
+            comm.rebuild_buckets(self.model, self.comm_state, self._throwaway_backward)
+            self.comm_state.load_memories(mine["powersgd"])
+            return
+        # another number of processes, or no PowerSGD then: fresh error feedback
+        self.comm_state.iter = self.start_step  # (compression stays on past the warmup)
         if ctx.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(dump(cfg, d))
-            self.tracker = Tracker(
-                self.run_dir,
-                full_config,
-                mode=cfg.wandb,
-                project=cfg.wandb_project,
-                group=cfg.study,
-                name=cfg.run_name(),
-                truncate_after_step=start_step if mode == "resume" else None,
+            print(
+                "lbsgd: comm_hook=powersgd resumes with fresh error feedback (the "
+                "checkpoint holds no PowerSGD state for this process)",
+                flush=True,
             )
-            self._announce(d, start_step)
-            print(f"lbsgd: {optim.describe_groups(opt)}", flush=True)
-        self.summary: dict[str, Any] = {
-            "status": "running",
-            "run": cfg.run_name(),
-            "study": cfg.study,
-            "experiment_id": cfg.experiment_id(),
-            "steps": start_step,
-            "total_steps": d.total_steps,
-            "environment": {
-                **environment(
-                    ctx.device,
-                    ctx.world_size,
-                    cpu_isa=cfg.cpu_isa,
-                    train_split=splits.train if ctx.is_main else None,  # its digest: rank 0's
-                ),
-                "backend": distributed.backend_name(ctx.device, cfg.backend),
-                "deterministic": torch.are_deterministic_algorithms_enabled(),
-            },
-            **self.summary_resumed,
-        }
+
+    def _attach_local_sgd(self, state: dict[str, Any] | None) -> None:
+        """Post-local SGD (after the warmup), or BMUF when its block momentum / block lr are off
+        their defaults (at them BMUF is the plain averaging; on one process too: K = 1)."""
+        cfg, ctx = self.cfg, self.ctx
+        self.local_sgd = None
+        if cfg.local_sgd and ctx.world_size > 1:
+            self.local_sgd = comm.LocalSGD(
+                cfg.local_sgd, start=self.d.warmup_steps, step=self.start_step
+            )
+        if cfg.local_sgd and comm.BMUF.filters(cfg.block_momentum, cfg.block_lr):
+            self._attach_bmuf(state)
+
+    def _attach_bmuf(self, state: dict[str, Any] | None) -> None:
+        """BMUF (lbsgd.comm.BMUF): W and Delta from the checkpoint when it holds them."""
+        cfg, ctx, d = self.cfg, self.ctx, self.d
+        self.local_sgd = comm.BMUF(
+            cfg.local_sgd,
+            d.warmup_steps,
+            self.start_step,
+            self.net.parameters(),
+            cfg.block_momentum,
+            cfg.block_lr,
+            cfg.block_nesterov,
+        )
+        if state is not None and state.get("bmuf") is not None:
+            self.local_sgd.load_state_dict(state["bmuf"])
+        elif self.start_step > d.warmup_steps and ctx.is_main:
+            print(
+                "lbsgd: BMUF resumes with Delta = 0 from the checkpoint's model (the "
+                "checkpoint holds no BMUF state)",
+                flush=True,
+            )
+        if ctx.is_main:
+            start = "W + eta_B Delta (Nesterov)" if cfg.block_nesterov else "W (classical)"
+            print(
+                f"lbsgd: BMUF eta_B={cfg.block_momentum:g} eps_B={cfg.block_lr:g}: blocks of "
+                f"{cfg.local_sgd} local steps on {ctx.world_size} processes after step "
+                f"{d.warmup_steps}, each from {start}",
+                flush=True,
+            )
+
+    def start(self, resumed: dict[str, Any], truncate: bool) -> None:
+        """Rank 0: the run directory, its config.yaml, the tracker (on resume: metrics after the
+        checkpoint's step dropped). Every rank: the summary, with ``resumed``'s evaluations."""
+        cfg, ctx, d = self.cfg, self.ctx, self.d
+        if ctx.is_main:
+            self.tracker = open_run_dir(cfg, d, self.start_step if truncate else None)
+            self._announce()
+            print(f"lbsgd: {optim.describe_groups(self.opt)}", flush=True)
+        self.summary = {**new_summary(cfg, ctx, d, self.splits, self.start_step), **resumed}
         self._write_summary()
-        status = "failed"
-        handlers = self._catch_stop_signals()
-        try:
-            status = self._loop(start_step, t_start)
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-            self.summary["status"] = status
-            self._write_summary()
-            if self.tracker is not None:
-                self.tracker.summary(self.summary)
-                self.tracker.close(exit_code=STATUS_EXIT_CODE.get(status, 1))
-        return self.summary
 
-    def _catch_stop_signals(self) -> dict:
-        """Record STOP_SIGNALS instead of dying of them; returns the handlers they replace."""
-        self.stop_signal: str | None = None  # set by the handler, acted on at the next flush
-        self.stop_agreed = False
-
-        def record(signum, frame):
-            self.stop_signal = signal.Signals(signum).name
-
-        handlers = {}
-        try:
-            for sig in STOP_SIGNALS:
-                handlers[sig] = signal.signal(sig, record)
-        except ValueError:  # not the main thread: leave signals to whoever owns it
-            pass
-        return handlers
-
-    def _announce(self, d, start_step: int) -> None:
-        cfg = self.cfg
+    def _announce(self) -> None:
+        cfg, d = self.cfg, self.d
         print(
             f"lbsgd: run {self.run_dir} | {cfg.model} on {cfg.dataset}, "
             f"world_size={d.world_size} x micro_batch={d.micro_batch} x accum_steps={d.accum_steps}"
@@ -502,22 +344,71 @@ class _Run:
             f"{d.lr:.6g}; warmup={cfg.warmup} from {d.warmup_start_lr:.6g} over {d.warmup_steps} steps;"
             f" schedule={cfg.schedule}; {d.total_steps} steps = {cfg.epochs:g} epochs x "
             f"{d.steps_per_epoch:.4g} steps/epoch (N={d.num_train})"
-            + (f"; resuming at step {start_step}" if start_step else ""),
+            + (f"; resuming at step {self.start_step}" if self.start_step else ""),
             flush=True,
         )
 
+    def finish(self, status: str) -> None:
+        """The run's status into summary.json and the tracker, which closes with its exit code."""
+        self.summary["status"] = status
+        self._write_summary()
+        if self.tracker is not None:
+            self.tracker.summary(self.summary)
+            self.tracker.close(exit_code=rundir.STATUS_EXIT_CODE.get(status, 1))
+
     def _write_summary(self) -> None:
         if self.ctx.is_main:
-            write_summary(self.run_dir, self.summary)
+            rundir.write_summary(self.run_dir, self.summary)
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def _loop(self, start_step: int, t_start: float) -> str:
-        cfg, ctx, d = self.cfg, self.ctx, self.d
-        b, n = cfg.batch_size, d.num_train
-        sampler = self.sampler
-        steps = range(start_step, d.total_steps)
-        stream = data.batches(
+    def loop(self) -> str:
+        """Optimizer steps from ``start_step``, each followed by its decisions; the status."""
+        d = self.d
+        stream = self._train_stream()
+        bn_stats = ghost_bn.RunningStats(
+            self.ghost,
+            groups=self.cfg.batch_size // self.cfg.bn_batch,
+            all_reduce_sum=distributed.all_reduce_sum if self.ctx.world_size > 1 else None,
+        )
+        bar = tqdm(
+            total=d.total_steps,
+            initial=self.start_step,
+            unit="step",
+            dynamic_ncols=True,
+            disable=not (self.ctx.is_main and sys.stderr.isatty()),
+        )
+        # (step, lr, loss tensor, loss scale, noise-scale norms or None) awaiting a flush
+        pending: list[tuple] = []
+        # the first TIMED_WARMUP_STEPS steps (compilation, cuDNN autotuning, allocator growth) are
+        # timed apart from the steady state: warmup_s vs img_per_s in summary.json
+        warm_until = self.start_step + min(TIMED_WARMUP_STEPS, d.total_steps - self.start_step - 1)
+        clock = WindowClock()
+        status = "completed"
+        self.model.train()
+        for step in range(self.start_step, d.total_steps):
+            pending.append(self.train_step(step, stream, bn_stats))
+            bar.update(1)
+            if step + 1 == warm_until:  # one device wait, once: where the warm-up ends
+                distributed.synchronize(self.ctx.device)
+                clock.mark_warm()
+            outcome = self.after_step(step + 1, pending, clock, bar)
+            if outcome is not None:
+                status = outcome
+                break
+        bar.close()
+        self._note_time(clock, warm_until)
+        if status == "diverged" and self.ctx.is_main:
+            print(
+                f"lbsgd: run diverged (non-finite loss) at step {self.summary['steps']}", flush=True
+            )
+        return status
+
+    def _train_stream(self):
+        """Every micro-batch this rank trains on from ``start_step``, in order."""
+        cfg, ctx, sampler = self.cfg, self.ctx, self.sampler
+        steps = range(self.start_step, self.d.total_steps)
+        return data.batches(
             self.splits.train,
             (mb for t in steps for mb in sampler.rank_batches(t)),
             cfg.workers,
@@ -527,142 +418,105 @@ class _Run:
             ),
             device=ctx.device,
         )
-        criterion = torch.nn.CrossEntropyLoss()
+
+    def train_step(self, step: int, stream, bn_stats: ghost_bn.RunningStats) -> tuple:
+        """Optimizer step ``step`` (0-based) over this rank's micro-batches from ``stream``; its
+        pending record: (steps done, lr, mean loss tensor, loss scale, noise-scale norms)."""
         prec = self.precision
-        bn_stats = ghost_bn.RunningStats(
-            self.ghost,
-            groups=b // cfg.bn_batch,
-            all_reduce_sum=distributed.all_reduce_sum if ctx.world_size > 1 else None,
-        )
+        lr = learning_rate(step, self.cfg, self.d)
+        optim.set_lr(self.opt, lr)
+        if self.stale is not None:  # staleness: W_t enters the ring of past weights
+            self.stale.begin(step)
+        if self.noise is not None:
+            self.noise.start()
+        loss_sum = self._accumulate(step, stream)
+        norms = None if self.noise is None else self.noise.finish(prec.loss_scale_tensor())
+        if self.stale is not None:  # staleness: the optimizer steps W_t (stale gradient)
+            self.stale.restore()
+        prec.step(self.opt)  # unscaled gradients; skipped if fp16 gradients overflowed
+        if self.local_sgd is not None:  # before zero_grad: torch's averager skips grad-less ones
+            self.local_sgd.after_step(list(self.net.parameters()))
+        self.opt.zero_grad(set_to_none=True)
+        bn_stats.commit()  # BN running statistics of the whole global batch
+        return (step + 1, lr, loss_sum / self.d.accum_steps, prec.loss_scale_tensor(), norms)
+
+    def _accumulate(self, step: int, stream) -> torch.Tensor:
+        """Forward/backward of step ``step``'s micro-batches, gradients accumulated (DDP's
+        all-reduce on the last one, none in a local SGD block); the summed loss."""
+        cfg, ctx, d, prec = self.cfg, self.ctx, self.d, self.precision
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-        bar = tqdm(
-            total=d.total_steps,
-            initial=start_step,
-            unit="step",
-            dynamic_ncols=True,
-            disable=not (ctx.is_main and sys.stderr.isatty()),
-        )
-        # (step, lr, loss tensor, loss scale, noise-scale norms or None) awaiting a flush
-        pending: list[tuple] = []
-        noise = self.noise
-        t_other = 0.0  # seconds spent in evaluation and checkpoints (not training throughput)
-        # the first TIMED_WARMUP_STEPS steps (compilation, cuDNN autotuning, allocator growth) are
-        # timed apart from the steady state: warmup_s vs img_per_s in summary.json
-        warm_until = start_step + min(TIMED_WARMUP_STEPS, d.total_steps - start_step - 1)
-        t_warm = train_time = 0.0
-        t_loop = t_window = time.perf_counter()
-        status = "completed"
-        self.model.train()
-        for step in range(start_step, d.total_steps):
-            lr = learning_rate(step, cfg, d)
-            optim.set_lr(self.opt, lr)
-            loss_sum = torch.zeros((), device=ctx.device)
-            local = self.local_sgd is not None and self.local_sgd.local(step)
-            # randomness inside the step (dropout) drawn from a generator seeded by the global
-            # micro-batch: the same on any layout, and after a resume
-            first = (step * ctx.world_size + ctx.rank) * d.accum_steps
-            seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
-            if self.stale is not None:  # staleness: W_t enters the ring of past weights
-                self.stale.begin(step)
-            if noise is not None:
-                noise.start()
-            for i in range(d.accum_steps):
-                _seed(int(seeds[i]), ctx.device)
-                if self.stale is not None:  # staleness: this forward/backward runs on W_{t-tau}
-                    self.stale.use(ctx.rank * d.accum_steps + i)  # the global micro-batch index
-                x, y = next(stream)
-                x = x.to(ctx.device, non_blocking=True, memory_format=fmt)
-                y = y.to(ctx.device, non_blocking=True)
-                with distributed.no_sync(self.model, skip=local or i < d.accum_steps - 1):
-                    with prec.autocast():
-                        loss = criterion(self.model(x), y)
-                    prec.backward(loss / d.accum_steps)
-                if noise is not None:  # DDP all-reduces the last backward of a step
-                    noise.after_backward(i, synced=ctx.world_size > 1 and i == d.accum_steps - 1)
-                loss_sum += loss.detach().float()
-            norms = None if noise is None else noise.finish(prec.loss_scale_tensor())
-            if self.stale is not None:  # staleness: the optimizer steps W_t (stale gradient)
-                self.stale.restore()
-            prec.step(self.opt)  # unscaled gradients; skipped if fp16 gradients overflowed
-            if (
-                self.local_sgd is not None
-            ):  # before zero_grad: torch's averager skips grad-less ones
-                self.local_sgd.after_step(list(self.net.parameters()))
-            self.opt.zero_grad(set_to_none=True)
-            bn_stats.commit()  # BN running statistics of the whole global batch
-            pending.append(
-                (step + 1, lr, loss_sum / d.accum_steps, prec.loss_scale_tensor(), norms)
+        local = self.local_sgd is not None and self.local_sgd.local(step)
+        # randomness inside the step (dropout) drawn from a generator seeded by the global
+        # micro-batch: the same on any layout, and after a resume
+        first = (step * ctx.world_size + ctx.rank) * d.accum_steps
+        seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
+        loss_sum = torch.zeros((), device=ctx.device)
+        for i in range(d.accum_steps):
+            checkpoint.seed_generators(int(seeds[i]), ctx.device)
+            if self.stale is not None:  # staleness: this forward/backward runs on W_{t-tau}
+                self.stale.use(ctx.rank * d.accum_steps + i)  # the global micro-batch index
+            x, y = next(stream)
+            x = x.to(ctx.device, non_blocking=True, memory_format=fmt)
+            y = y.to(ctx.device, non_blocking=True)
+            with distributed.no_sync(self.model, skip=local or i < d.accum_steps - 1):
+                with prec.autocast():
+                    loss = torch.nn.functional.cross_entropy(self.model(x), y)
+                prec.backward(loss / d.accum_steps)
+            if self.noise is not None:  # DDP all-reduces the last backward of a step
+                self.noise.after_backward(i, synced=ctx.world_size > 1 and i == d.accum_steps - 1)
+            loss_sum += loss.detach().float()
+        return loss_sum
+
+    def after_step(self, done: int, pending: list[tuple], clock: WindowClock, bar) -> str | None:
+        """The decisions after ``done`` steps, carried out; the status if the run ends here."""
+        in_sync = self.local_sgd is None or self.local_sgd.in_sync(done - 1)
+        plan = decide(self.cadence, done, len(pending), in_sync)
+        if plan.flush:
+            if not self._close_window(pending, clock, bar):
+                self.summary["steps"] = done
+                return "diverged"
+            if self.stop_agreed:  # agreed at this flush: the step's decisions with it
+                plan = decide(self.cadence, done, 0, in_sync, stop_agreed=True)
+        with clock.set_aside():  # evaluation and checkpoints are not training time
+            if plan.boundary and self.local_sgd is not None:
+                self.local_sgd.sync(list(self.net.parameters()))
+            if plan.evaluate:
+                self.evaluate(done)
+            if plan.checkpoint:
+                self.save(done)
+        self.summary["steps"] = done
+        if not plan.stop:
+            return None
+        if self.ctx.is_main:
+            where = "checkpoint written" if plan.checkpoint else "no checkpoint written here"
+            print(
+                f"lbsgd: asked to stop ({self.stop.caught or 'another process'}): "
+                f"stopped after step {done}, {where}; resume=true continues",
+                flush=True,
             )
-            done = step + 1
-            bar.update(1)
-            if step + 1 == warm_until:  # one device wait, once: where the warm-up ends
-                distributed.synchronize(ctx.device)
-                t_warm = time.perf_counter() - t_loop - t_other
-            epoch_end = done * b // n > step * b // n
-            last = done == d.total_steps
-            save_due = (
-                not (epoch_end or last)
-                and cfg.checkpoint
-                and cfg.checkpoint_every
-                and done % cfg.checkpoint_every == 0
-                and (self.local_sgd is None or self.local_sgd.in_sync(step))
-            )
-            # every step up to a checkpoint is logged before it is written: a resumed run's
-            # metrics.jsonl then misses none (and the noise scale's averages are in the checkpoint)
-            if len(pending) >= cfg.log_every or epoch_end or last or save_due:
-                # the device's queued work belongs to this window: wait for it before the clock
-                distributed.synchronize(ctx.device)
-                now = time.perf_counter()
-                train_time = now - t_loop - t_other  # every step so far: the last flush has all
-                finite = self._flush(pending, b * len(pending) / max(now - t_window, 1e-9), bar)
-                pending, t_window = [], now  # windows tile the training time: the flush's own
-                # host time is counted in the next window
-                if not finite:
-                    status = "diverged"
-                    self.summary["steps"] = done
-                    break
-            saved = False
-            if epoch_end or last:
-                t0 = time.perf_counter()
-                if self.local_sgd is not None:
-                    self.local_sgd.sync(list(self.net.parameters()))
-                epoch = done * b // n
-                if last or (cfg.eval_every and epoch % cfg.eval_every == 0):
-                    self._evaluate(done)
-                if cfg.checkpoint:
-                    self._save(done)
-                    saved = True
-                t_other += time.perf_counter() - t0
-                t_window += time.perf_counter() - t0
-            elif save_due:
-                t0 = time.perf_counter()
-                self._save(done)
-                saved = True
-                t_other += time.perf_counter() - t0
-                t_window += time.perf_counter() - t0
-            self.summary["steps"] = done
-            if self.stop_agreed and not last:
-                status = "interrupted"
-                exact = self.local_sgd is None or self.local_sgd.in_sync(step)
-                if cfg.checkpoint and not saved and exact:
-                    self._save(done)
-                    saved = True
-                if ctx.is_main:
-                    where = "checkpoint written" if saved else "no checkpoint written here"
-                    print(
-                        f"lbsgd: asked to stop ({self.stop_signal or 'another process'}): "
-                        f"stopped after step {done}, {where}; resume=true continues",
-                        flush=True,
-                    )
-                break
-        bar.close()
-        steps_run = self.summary["steps"] - start_step
-        warm_steps = warm_until - start_step if self.summary["steps"] >= warm_until else 0
-        steady_s = train_time - (t_warm if warm_steps else 0.0)
+        return "interrupted"
+
+    def _close_window(self, pending: list[tuple], clock: WindowClock, bar) -> bool:
+        """Flush the pending steps as one clock window; False if a loss was not finite."""
+        # the device's queued work belongs to this window: wait for it before the clock
+        distributed.synchronize(self.ctx.device)
+        img_per_s = clock.close_window(self.cfg.batch_size * len(pending))
+        finite = self._flush(pending, img_per_s, bar)
+        pending.clear()
+        return finite
+
+    def _note_time(self, clock: WindowClock, warm_until: int) -> None:
+        """Epochs, wall and training time, steady throughput (the timed warm-up left out) into
+        the summary."""
+        b, steps = self.cfg.batch_size, self.summary["steps"]
+        train_time = clock.train_s  # every step so far: the last flush has all
+        steps_run = steps - self.start_step
+        warm_steps = warm_until - self.start_step if steps >= warm_until else 0
+        steady_s = train_time - (clock.warm_s if warm_steps else 0.0)
         steady_steps = steps_run - warm_steps
         self.summary.update(
-            epochs=self.summary["steps"] * b / n,
-            wall_time_s=time.perf_counter() - t_start,
+            epochs=self.sampler.epoch_of(steps),
+            wall_time_s=time.perf_counter() - self.t_start,
             train_time_s=train_time,
             # steady training throughput: the timed warm-up steps left out (all steps when the
             # run is too short to have a steady part)
@@ -674,19 +528,14 @@ class _Run:
                 else None
             ),
             warmup_steps_timed=warm_steps,
-            warmup_s=t_warm if warm_steps else None,
+            warmup_s=clock.warm_s if warm_steps else None,
         )
-        if status == "diverged" and ctx.is_main:
-            print(
-                f"lbsgd: run diverged (non-finite loss) at step {self.summary['steps']}", flush=True
-            )
-        return status
 
     def _flush(self, pending, img_per_s: float, bar) -> bool:
         """Average the pending losses over ranks and log them; False if any is not finite. The
         same collective tells every rank whether any was asked to stop (``stop_agreed``)."""
         device = pending[0][2].device
-        asked = torch.tensor(float(self.stop_signal is not None), device=device)
+        asked = torch.tensor(float(self.stop.caught is not None), device=device)
         scales = [torch.as_tensor(p[3], dtype=torch.float32, device=device) for p in pending]
         values = torch.stack([*(p[2] for p in pending), *scales, asked])
         k = len(pending)
@@ -695,35 +544,9 @@ class _Run:
         reduced = distributed.all_reduce_mean(values).cpu().tolist()  # the flush's one device read
         losses, scales = reduced[:k], reduced[k : 2 * k]
         self.stop_agreed = reduced[2 * k] > 0
-        gns = [{}] * k
-        if self.noise is not None:
-            gns = [
-                self.noise.record(*reduced[2 * k + 1 + 2 * j : 2 * k + 3 + 2 * j]) for j in range(k)
-            ]
-            g_sq, trace, b_simple = self.noise.smoother.value()
-            self.summary["noise_scale"] = {
-                "b_simple": b_simple,
-                "g_sq": g_sq,
-                "trace": trace,
-                "b_small": self.noise.b_small,
-                "b_big": self.noise.b_big,
-            }
-        b, n = self.cfg.batch_size, self.d.num_train
+        gns = self._noise_records(reduced[2 * k + 1 :], k)
         if self.tracker is not None:
-            for (step, lr, *_), loss, scale, g in zip(pending, losses, scales, gns, strict=True):
-                rec = {
-                    "kind": "train",
-                    "step": step,
-                    "epoch": step * b / n,
-                    "lr": lr,
-                    "loss": loss,
-                    "img_per_s": img_per_s,
-                    "loss_scale": scale,
-                    **g,
-                }
-                self.tracker.log(rec, wandb=False)  # every step in metrics.jsonl
-            # W&B: one point per flush, the window's mean loss (its other values: the last step's)
-            self.tracker.log_wandb({**rec, "loss": sum(losses) / len(losses)})
+            self._log_train(pending, losses, scales, gns, img_per_s)
         self.summary.setdefault("final", {})["train_loss"] = losses[-1]
         self.summary["skipped_steps"] = self.precision.skipped_steps
         bar.set_postfix(
@@ -731,29 +554,67 @@ class _Run:
         )
         return all(math.isfinite(v) for v in losses)
 
-    def _evaluate(self, step: int) -> None:
+    def _noise_records(self, norms: list[float], k: int) -> list[dict[str, Any]]:
+        """The noise scale's part of each of the ``k`` flushed steps' records (from the averaged
+        ``norms``, two per step); the smoothed estimate into the summary."""
+        if self.noise is None:
+            return [{}] * k
+        gns = [self.noise.record(*norms[2 * j : 2 * j + 2]) for j in range(k)]
+        g_sq, trace, b_simple = self.noise.smoother.value()
+        self.summary["noise_scale"] = {
+            "b_simple": b_simple,
+            "g_sq": g_sq,
+            "trace": trace,
+            "b_small": self.noise.b_small,
+            "b_big": self.noise.b_big,
+        }
+        return gns
+
+    def _log_train(self, pending, losses, scales, gns, img_per_s: float) -> None:
+        """Every step's train record in metrics.jsonl; W&B: one point per flush, the window's mean
+        loss (its other values: the last step's)."""
+        for (step, lr, *_), loss, scale, g in zip(pending, losses, scales, gns, strict=True):
+            rec = {
+                "kind": "train",
+                "step": step,
+                "epoch": self.sampler.epoch_of(step),
+                "lr": lr,
+                "loss": loss,
+                "img_per_s": img_per_s,
+                "loss_scale": scale,
+                **g,
+            }
+            self.tracker.log(rec, wandb=False)
+        self.tracker.log_wandb({**rec, "loss": sum(losses) / len(losses)})
+
+    def evaluate(self, step: int) -> None:
         """Top-1/top-5 error (%) and loss on the test split, each rank a disjoint shard."""
         ctx, test = self.ctx, self.splits.test
         # Ghost BN keeps BN buffers equal on every rank; this also covers a user model's own
         # normalisation layers, which lbsgd does not convert.
-        distributed.sync_buffers(distributed.unwrap(self.net))
+        distributed.sync_buffers(self.net)
         idx = torch.tensor(data.shard(len(test), ctx.rank, ctx.world_size), dtype=torch.long)
         sums = evaluation_sums(
-            self.net, self.splits, idx, 4 * self.d.micro_batch, self.cfg, ctx.device, self.precision
+            self.eval_model,
+            self.splits,
+            idx,
+            4 * self.d.micro_batch,
+            self.cfg,
+            ctx.device,
+            self.precision,
         )
-        rec = evaluation_record(
-            step, distributed.all_reduce_sum(sums), self.cfg.batch_size, self.d.num_train
-        )
+        epoch = self.sampler.epoch_of(step)
+        rec = evaluation_record(step, epoch, distributed.all_reduce_sum(sums))
         if self.tracker is not None:
             self.tracker.log(rec)
         note_evaluation(self.summary, rec)
 
     # -- checkpoints ------------------------------------------------------------------------------
 
-    def _save(self, step: int) -> None:
+    def save(self, step: int) -> None:
         """Everything step ``step`` depends on (lbsgd.checkpoint). Every rank sends its RNG states
         and what only it holds: its momentum under local SGD, its PowerSGD memories."""
-        mine: dict[str, Any] = _rng_state(self.ctx.device)
+        mine: dict[str, Any] = checkpoint.rng_state(self.ctx.device)
         if self.local_sgd is not None:
             mine["optimizer"] = self.opt.state_dict()
         if self.comm_state is not None:
@@ -769,7 +630,7 @@ class _Run:
         checkpoint.save(
             self.run_dir,
             {
-                "model": distributed.unwrap(self.net).state_dict(),
+                "model": self.net.state_dict(),
                 "optimizer": self.opt.state_dict(),
                 "precision": self.precision.state_dict(),
                 "step": step,
@@ -782,44 +643,6 @@ class _Run:
                 **extra,
             },
         )
-
-    def _load_checkpoint(self) -> dict[str, Any] | None:
-        """Rank 0 picks the newest usable checkpoint (falling back to the previous one with a
-        warning); every rank reads that same file."""
-        picked: dict[str, Any] = {}
-
-        def pick() -> str | None:
-            state = checkpoint.load(self.run_dir)
-            if state is not None:
-                _check_checkpoint(self.cfg, state, self.sampler)
-                picked["state"] = state
-            return None if state is None else state["file"]
-
-        path = _on_main(self.ctx, pick)
-        if path is None:
-            return None
-        return picked["state"] if self.ctx.is_main else checkpoint.read(Path(path))
-
-    def _restore(self, state: dict[str, Any], net: torch.nn.Module, opt) -> int:
-        net.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        self.precision.load_state_dict(state.get("precision", {}))
-        ranks = state.get("ranks")
-        mine = self._rank_state(state)
-        if mine is not None:
-            _set_rng_state(mine, self.ctx.device)
-            if "optimizer" in mine:  # local SGD: each process's own momentum
-                opt.load_state_dict(mine["optimizer"])
-        elif "rng" in state:  # format 1
-            torch.set_rng_state(state["rng"])
-        self.summary_resumed = state.get("summary", {})
-        step = int(state["step"])
-        if self.ctx.is_main:
-            note = ""
-            if ranks and len(ranks) != self.ctx.world_size:
-                note = f" (saved by {len(ranks)} processes, resumed on {self.ctx.world_size})"
-            print(f"lbsgd: resuming from {state.get('file')} at step {step}{note}", flush=True)
-        return step
 
     def _throwaway_backward(self) -> None:
         """One training forward/backward on the first micro-batch that leaves no trace: buffers
@@ -841,47 +664,3 @@ class _Run:
         self.opt.zero_grad(set_to_none=True)
         with torch.no_grad():
             torch._foreach_copy_(list(self.net.buffers()), buffers)
-
-    def _rank_state(self, state: dict[str, Any]) -> dict[str, Any] | None:
-        """This process's part of the checkpoint, if it was saved by as many processes."""
-        ranks = state.get("ranks")
-        if ranks and len(ranks) == self.ctx.world_size:
-            return ranks[self.ctx.rank]
-        return None
-
-
-def _check_checkpoint(cfg: Config, state: dict[str, Any], sampler: data.StepSampler) -> None:
-    """Refuse a checkpoint made for other mathematics, or for another train split (a file
-    dataset whose folder gained or lost images: another stream of samples)."""
-    _same_experiment(cfg, state.get("config", {}), state["file"])
-    saved = state.get("sampler")
-    if saved is not None and (
-        state.get("num_train") != sampler.num_samples
-        or saved != sampler.position(int(state["step"]))
-    ):
-        raise ConfigError(
-            f"checkpoint {state['file']!r} was made on a train split of {state.get('num_train')} "
-            f"samples, this run's has {sampler.num_samples}: the data changed, resume is refused"
-        )
-
-
-def _seed(seed: int, device: torch.device) -> None:
-    """Seed the generators a step draws from: the CPU's, and the training GPU's. (torch.manual_seed
-    also queues seeds for every other device type, capturing a traceback for each, on every
-    call: a measurable share of a small CPU step.)"""
-    torch.default_generator.manual_seed(seed)
-    if device.type == "cuda":
-        torch.cuda.manual_seed(seed)  # the current device: distributed.init set it to ours
-
-
-def _rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
-    return {
-        "cpu": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-    }
-
-
-def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["cpu"])
-    if device.type == "cuda" and state.get("cuda") is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)

@@ -1,10 +1,16 @@
+"""What the tests share: the tiny run (:data:`TINY`), the environment of the processes they start,
+and the one way they start lbsgd (:func:`lbsgd`, :func:`start`: alone or under torchrun)."""
+
 import os
 import site
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-import lbsgd
+from lbsgd import config, launch
 from lbsgd.config import Config
 
 # A few seconds per run on one CPU thread: ResNet-8 (width 8) on 512 easy synthetic images.
@@ -31,13 +37,29 @@ TINY = {
 }
 
 
-def subprocess_env(**extra: str) -> dict[str, str]:
+def tiny_keys(**overrides) -> dict:
+    """:data:`TINY` with ``overrides`` (a test that needs other values says which)."""
+    return {**TINY, **overrides}
+
+
+def tiny_subset(names: Sequence[str], **overrides) -> dict:
+    """Only the keys ``names`` of :data:`TINY`, then ``overrides``: for a benchmark command, whose
+    own defaults (``lbsgd.bench.train.DEFAULTS``) supply the other keys."""
+    return {**{k: TINY[k] for k in names}, **overrides}
+
+
+def as_args(keys: Mapping) -> list[str]:
+    """``key=value`` arguments of ``lbsgd train``, in the order of ``keys``."""
+    return [f"{k}={v}" for k, v in keys.items()]
+
+
+def subprocess_env(**extra: str | None) -> dict[str, str]:
     """The environment of the processes a test starts (``python -m lbsgd``, torchrun and its
     workers, a worker script): one intra-op thread each, and the lbsgd this session imported first
     on the import path, so that they run the code under test whether it is installed into the
     interpreter or only in this checkout, from any working directory. The caller's PYTHONPATH is
-    kept (a cluster image may hold torch there)."""
-    root = str(Path(lbsgd.__file__).resolve().parent.parent)
+    kept (a cluster image may hold torch there). ``extra``: variables set, or (None) removed."""
+    root = str(Path(config.__file__).resolve().parent.parent)
     kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     site_dirs = {
         str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]
@@ -46,7 +68,60 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
     if path:
         env["PYTHONPATH"] = os.pathsep.join(path)
-    return env
+    return {k: v for k, v in env.items() if v is not None}
+
+
+LBSGD = ("-m", "lbsgd")
+
+
+def command(
+    args: Sequence[str],
+    nproc: int | None = None,
+    *,
+    program: Sequence[str] = LBSGD,
+    max_restarts: int | None = None,
+) -> list[str]:
+    """``python -m lbsgd *args`` (``program``: a worker script instead), or the same under torchrun
+    with ``nproc`` processes (one agent, c10d rendezvous on a free port)."""
+    if not nproc:
+        return [sys.executable, *program, *args]
+    return [*launch.torchrun(nproc, max_restarts=max_restarts), *program, *args]
+
+
+def lbsgd(
+    args: Sequence[str],
+    nproc: int | None = None,
+    *,
+    program: Sequence[str] = LBSGD,
+    max_restarts: int | None = None,
+    env: Mapping[str, str | None] | None = None,
+    cwd: Path | str | None = None,
+    timeout: float = 240,
+) -> subprocess.CompletedProcess:
+    """Run :func:`command` to its end with :func:`subprocess_env` (``env``: variables added, or
+    removed when None); its output captured as text."""
+    return subprocess.run(
+        command(args, nproc, program=program, max_restarts=max_restarts),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=subprocess_env(**(env or {})),
+        cwd=cwd,
+    )
+
+
+def start(
+    args: Sequence[str],
+    nproc: int | None = None,
+    *,
+    program: Sequence[str] = LBSGD,
+    env: Mapping[str, str | None] | None = None,
+    **popen,
+) -> subprocess.Popen:
+    """:func:`lbsgd` without waiting: for a test that signals the run or reads it as it goes."""
+    return subprocess.Popen(
+        command(args, nproc, program=program), env=subprocess_env(**(env or {})), **popen
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -21,8 +21,8 @@ SLOW_RANK = int(os.environ.get("LBSGD_TEST_PS_SLOW_RANK", "-1"))
 SLOW_S = float(os.environ.get("LBSGD_TEST_PS_SLOW_S", "0"))
 LAST_UPDATE = os.environ.get("LBSGD_TEST_PS_LAST_UPDATE")
 
-_gradient = parameter_server.Run._gradient
-_apply = parameter_server.Run._apply
+_gradient = parameter_server.Run.gradient
+_apply = parameter_server.Run.apply
 
 
 def _slow_gradient(self, model, task):
@@ -51,8 +51,8 @@ def _apply_and_record_last(self, step, payload):
     return lr
 
 
-parameter_server.Run._gradient = _slow_gradient
-parameter_server.Run._apply = _apply_and_record_last
+parameter_server.Run.gradient = _slow_gradient
+parameter_server.Run.apply = _apply_and_record_last
 
 if __name__ == "__main__":
     sys.exit(cli.main(sys.argv[1:]))

@@ -5,24 +5,28 @@ import math
 
 import pytest
 import torch
+from conftest import as_args, tiny_subset
 from torch.utils.data import TensorDataset
 
-from lbsgd import bench, cli, data
+from lbsgd import cli, data
+from lbsgd.bench import noise
+from lbsgd.bench import train as bench
 from lbsgd.config import Config, ConfigError, derive
 from lbsgd.data import fake
 
-# A tiny fake set: ResNet-8 of width 8 on 16x16 images of 10 classes (a few ms per step).
-TINY_FAKE = [
-    "model=resnet",
-    "depth=8",
-    "width=8",
-    "dataset=fake",
-    "fake_image_size=16",
-    "fake_classes=10",
-    "fake_train=256",
-    "fake_test=64",
-    "device=cpu",
-]
+# TINY's network (ResNet-8 of width 8) on a tiny fake set: 16x16 images of 10 classes (a few ms
+# per step).
+TINY_FAKE = as_args(
+    tiny_subset(
+        ["model", "depth", "width"],
+        dataset="fake",
+        fake_image_size=16,
+        fake_classes=10,
+        fake_train=256,
+        fake_test=64,
+        device="cpu",
+    )
+)
 
 
 def test_fake_dataset_has_the_asked_shape_and_classes_and_comes_from_the_seed():
@@ -78,9 +82,9 @@ def test_device_slug_names_the_gpu_model(monkeypatch, name, slug):
 
 def test_default_output_is_named_after_the_device():
     assert bench.default_out(["device=cpu"]) == "results/benchmarks/train_cpu.json"
-    noise = {**bench.DEFAULTS, **bench.NOISE_DEFAULTS}  # micro_batch=64 divides its batch of 128
+    keys = {**bench.DEFAULTS, **noise.NOISE_DEFAULTS}  # micro_batch=64 divides its batch of 128
     assert (
-        bench.default_out(["device=cpu", "micro_batch=64"], "noise_scale", noise)
+        bench.default_out(["device=cpu", "micro_batch=64"], "noise_scale", keys)
         == "results/benchmarks/noise_scale_cpu.json"
     )
 
@@ -98,7 +102,6 @@ def test_matrix_variants_cover_every_precision_compile_and_layout():
         bench.matrix_variants(cfg.replace(bn_batch=64), ["fp32"], [False], ["ghost_bn"], 4)
 
 
-@pytest.mark.slow
 def test_matrix_gives_one_row_per_variant_with_ratio_trainer_over_bare(tmp_path):
     out = tmp_path / "train_cpu.json"
     result = bench.bench_matrix(
@@ -185,8 +188,8 @@ def test_on_cuda_the_data_live_on_the_gpu_and_both_sides_measure_there(tmp_path)
 
 # ``lbsgd bench noise``: the cost of noise_scale=true, step time with / without, per layout
 def test_noise_layouts_take_micro_batch_half_batch_and_the_per_process_share_as_b_small():
-    cfg = Config(**{**bench.DEFAULTS, **bench.NOISE_DEFAULTS})  # batch 128 of micro-batches of 32
-    layouts = bench.noise_layouts(cfg, nproc=2)
+    cfg = Config(**{**bench.DEFAULTS, **noise.NOISE_DEFAULTS})  # batch 128 of micro-batches of 32
+    layouts = noise.noise_layouts(cfg, nproc=2)
     assert [(name, n) for name, _, n, _ in layouts] == [("accum", 1), ("half", 1), ("ddp", 2)]
     derived = {}
     for name, _, n, keys in layouts:
@@ -197,7 +200,7 @@ def test_noise_layouts_take_micro_batch_half_batch_and_the_per_process_share_as_
     assert (h.noise_batch, h.accum_steps) == (64, 4)  # two small batches of two micro-batches
     # two processes of 2 micro-batches: B_small is each process's share, read by the DDP hook only
     assert (p.noise_batch, p.accum_steps) == (64, 2) and p.noise_batch == p.accum_steps * 32
-    assert [name for name, *_ in bench.noise_layouts(cfg, nproc=0)] == ["accum", "half"]
+    assert [name for name, *_ in noise.noise_layouts(cfg, nproc=0)] == ["accum", "half"]
 
 
 @pytest.mark.parametrize(
@@ -210,9 +213,9 @@ def test_noise_layouts_take_micro_batch_half_batch_and_the_per_process_share_as_
     ],
 )
 def test_noise_layouts_the_batch_cannot_make_are_refused_in_one_line(keys, nproc, named):
-    cfg = Config(**{**bench.DEFAULTS, **bench.NOISE_DEFAULTS, **keys})
+    cfg = Config(**{**bench.DEFAULTS, **noise.NOISE_DEFAULTS, **keys})
     with pytest.raises(ConfigError, match=named) as e:
-        bench.noise_layouts(cfg, nproc)
+        noise.noise_layouts(cfg, nproc)
     assert len(str(e.value).splitlines()) == 1
 
 
@@ -241,7 +244,7 @@ def test_bad_noise_bench_input_is_a_one_line_error_and_writes_nothing(
 def test_noise_bench_gives_a_step_time_ratio_for_every_layout(tmp_path):
     out = tmp_path / "noise_scale_cpu.json"
     keys = [*TINY_FAKE, "batch_size=32", "micro_batch=8", "bn_batch=8"]
-    result = bench.bench_noise(keys, steps=5, repeats=2, nproc=2, out=str(out))
+    result = noise.bench_noise(keys, steps=5, repeats=2, nproc=2, out=str(out))
     rows = result["rows"]
     assert [(r["layout"], r["nproc"], r["noise_scale_batch"]) for r in rows] == [
         ("accum", 1, 8),

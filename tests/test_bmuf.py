@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import pytest
 import test_resume
 import torch
-from conftest import TINY
-from test_distributed import COMMON, lbsgd
+from conftest import TINY, lbsgd
+from test_distributed import COMMON
 from test_resume import _run, killed_and_resumed
 
 from lbsgd import checkpoint, comm
@@ -228,7 +228,7 @@ def test_zero_block_momentum_unit_block_lr_and_n_1_with_plain_sgd_is_synchronous
     keys = [*COMMON, "micro_batch=16", "momentum=0", "nesterov=false", f"out_dir={tmp_path}"]
     runs = {"sync": [], "averager": ["local_sgd=1"], "bmuf": ["local_sgd=1", "block_momentum=0.5"]}
     for name, extra in runs.items():
-        r = lbsgd([*keys, *extra, f"name={name}"], nproc=2)
+        r = lbsgd(["train", *keys, *extra, f"name={name}"], nproc=2)
         assert r.returncode == 0, r.stderr[-3000:]
     monkeypatch.setattr(test_resume, "WORKER", __file__)  # test_resume's launcher, this worker
     r = _run([*keys, "local_sgd=1", "name=filter"], nproc=2)
@@ -257,7 +257,7 @@ def test_first_block_of_a_two_process_run_is_the_filtered_average(tmp_path):
     ]  # fmt: skip  (8 steps per epoch: 2 warmup steps, 3 in all)
     bmuf_keys = [f"block_momentum={eta}", f"block_lr={eps}", "block_nesterov=true"]
     for name, extra in {"local": [], "bmuf": bmuf_keys}.items():
-        r = lbsgd([*keys, *extra, f"name={name}"], nproc=2)
+        r = lbsgd(["train", *keys, *extra, f"name={name}"], nproc=2)
         assert r.returncode == 0, r.stderr[-3000:]
     prev = {
         n: checkpoint.read(tmp_path / "runs" / n / checkpoint.PREVIOUS) for n in ("local", "bmuf")
@@ -294,7 +294,6 @@ def test_bmuf_run_killed_mid_training_resumes_to_bitwise_equal_weights(tmp_path)
     assert not torch.equal(a, b)  # each process's own momentum
 
 
-@pytest.mark.slow
 def test_one_process_applies_the_filter(tmp_path):
     """K = 1: post-local SGD on one process is plain SGD (nothing to average), BMUF is not."""
     from lbsgd.trainer import train

@@ -7,19 +7,16 @@ all-reduce is built for.
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import subprocess_env
+from conftest import as_args, lbsgd, subprocess_env, tiny_subset
 from test_distributed import COMMON as DISTRIBUTED_COMMON
-from test_distributed import free_port
 
-from lbsgd import checkpoint, config
+from lbsgd import checkpoint, config, launch
 from lbsgd.config import ConfigError
 
-pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 
 # test_distributed's tiny run (6 optimizer steps, the first 2 of them warmup, device=cpu), BN
@@ -30,20 +27,10 @@ COMMON = [k if not k.startswith("bn_batch=") else "bn_batch=8" for k in DISTRIBU
 def torchrun(target: list[str], nodes: int, per_node: int, cwd: Path, timeout: int = 240):
     """Run ``target`` on ``nodes`` torchrun agents of ``per_node`` processes; every agent's result."""
     env = subprocess_env()
-    port = free_port()
+    endpoint = f"{launch.HOST}:{launch.free_port()}"
     agents = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                f"--nnodes={nodes}",
-                f"--node-rank={i}",
-                f"--nproc-per-node={per_node}",
-                "--master-addr=127.0.0.1",
-                f"--master-port={port}",
-                *target,
-            ],
+            [*launch.torchrun(per_node, nnodes=nodes, endpoint=endpoint, node_rank=i), *target],
             cwd=cwd,
             env=env,
             stdout=subprocess.PIPE,
@@ -58,6 +45,7 @@ def torchrun(target: list[str], nodes: int, per_node: int, cwd: Path, timeout: i
     return outs
 
 
+@pytest.mark.slow
 def test_every_hook_averages_gradients_like_the_flat_all_reduce(tmp_path):
     torchrun([str(HERE / "comm_worker.py"), str(tmp_path)], nodes=2, per_node=2, cwd=tmp_path)
     got = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
@@ -87,6 +75,7 @@ def max_diff(a: dict, b: dict) -> float:
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
+@pytest.mark.slow
 def test_hierarchical_training_ends_with_the_weights_of_the_flat_all_reduce(tmp_path):
     flat = train(tmp_path, "flat", 1, 4, "micro_batch=8")
     hier = train(tmp_path, "hier", 2, 2, "micro_batch=8", "comm_hook=hierarchical")
@@ -98,6 +87,7 @@ def test_hierarchical_training_ends_with_the_weights_of_the_flat_all_reduce(tmp_
     assert "comm_hook: hierarchical" in cfg
 
 
+@pytest.mark.slow
 def test_local_sgd_averaging_every_step_is_the_all_reduce_and_longer_periods_are_not(tmp_path):
     # SGD with momentum and weight decay is linear in the gradient, so averaging the parameters
     # after every step gives what averaging the gradients gives; every 3 steps it does not.
@@ -122,29 +112,20 @@ def test_comm_keys_refuse_impossible_settings_in_one_line():
         config.from_dict({"powersgd_rank": 0})
 
 
-def lbsgd_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = subprocess_env()
-    return subprocess.run(
-        [sys.executable, "-m", "lbsgd", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-
-
+@pytest.mark.slow
 def test_bench_allreduce_measures_every_size_and_path_and_fits_alpha_beta(tmp_path):
     out = tmp_path / "ar.json"
-    r = lbsgd_cli(
-        "bench",
-        "allreduce",
-        "--nproc=2",
-        "--nodes=2",
-        "--min-bytes=1024",
-        "--max-bytes=1048576",
-        "--iters=3",
-        f"--out={out}",
+    r = lbsgd(
+        [
+            "bench",
+            "allreduce",
+            "--nproc=2",
+            "--nodes=2",
+            "--min-bytes=1024",
+            "--max-bytes=1048576",
+            "--iters=3",
+            f"--out={out}",
+        ],
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -166,20 +147,21 @@ def test_bench_allreduce_measures_every_size_and_path_and_fits_alpha_beta(tmp_pa
         )
 
 
+@pytest.mark.slow
 def test_bench_train_breakdown_times_each_phase_per_layout(tmp_path):
     out = tmp_path / "steps.json"
-    r = lbsgd_cli(
-        "bench",
-        "train",
-        "--nproc=1,2",
-        "--comm-hooks=none,fp16",
-        "--bucket-caps=1",
-        "--steps=3",
-        f"--out={out}",
-        "synthetic_train=256",
-        "synthetic_test=64",
-        "synthetic_difficulty=easy",
-        "width=4",
+    keys = tiny_subset(["synthetic_difficulty"], synthetic_train=256, synthetic_test=64, width=4)
+    r = lbsgd(
+        [
+            "bench",
+            "train",
+            "--nproc=1,2",
+            "--comm-hooks=none,fp16",
+            "--bucket-caps=1",
+            "--steps=3",
+            f"--out={out}",
+            *as_args(keys),
+        ],
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -199,12 +181,13 @@ def test_bench_train_breakdown_times_each_phase_per_layout(tmp_path):
     assert rows[0]["grad_bytes"] == rows[1]["grad_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_bench_commands_refuse_bad_layouts_in_one_line(tmp_path):
-    r = lbsgd_cli("bench", "allreduce", "--nproc=3", "--nodes=2", cwd=tmp_path)
+    r = lbsgd(["bench", "allreduce", "--nproc=3", "--nodes=2"], cwd=tmp_path)
     assert r.returncode == 2 and "--nproc=3" in r.stderr and r.stderr.count("\n") == 1
-    r = lbsgd_cli("bench", "train", "--nproc=1,0", cwd=tmp_path)
+    r = lbsgd(["bench", "train", "--nproc=1,0"], cwd=tmp_path)
     assert r.returncode == 2 and "--nproc=0" in r.stderr and r.stderr.count("\n") == 1
-    r = lbsgd_cli("bench", "train", "--nproc=2", "--comm-hooks=ring", cwd=tmp_path)
+    r = lbsgd(["bench", "train", "--nproc=2", "--comm-hooks=ring"], cwd=tmp_path)
     assert r.returncode == 2 and "'ring'" in r.stderr and r.stderr.count("\n") == 1
     assert not list(tmp_path.iterdir())
 
@@ -212,7 +195,7 @@ def test_bench_commands_refuse_bad_layouts_in_one_line(tmp_path):
 # A worker that never exits beside one that has exited 0 (a deadlock at teardown, as gloo's under
 # torch 2.11 was): rank 0 records its pid, as run_worker does, then sleeps.
 _HANGING_WORKER = (
-    "import os, sys, time; from pathlib import Path; from lbsgd.bench_comm import run_worker\n"
+    "import os, sys, time; from pathlib import Path; from lbsgd.bench.torchrun import run_worker\n"
     "if os.environ['RANK'] == '0':\n"
     "    Path(os.environ['LBSGD_WORKER_STATUS_DIR'], 'rank0.pid').write_text(str(os.getpid()))\n"
     "    time.sleep(600)\n"
@@ -221,12 +204,13 @@ _HANGING_WORKER = (
 )
 
 
+@pytest.mark.slow
 def test_a_worker_that_hangs_after_another_exited_is_stopped_and_named_in_one_line(monkeypatch):
-    from lbsgd import bench_comm
+    from lbsgd.bench import torchrun as supervised
 
-    monkeypatch.setattr(bench_comm, "_WORKER", _HANGING_WORKER)
+    monkeypatch.setattr(supervised, "WORKER", _HANGING_WORKER)
     with pytest.raises(SystemExit) as e:
-        bench_comm.torchrun(1, 2, [], what="hang", grace_s=3)
+        supervised.torchrun(1, 2, [], what="hang", grace_s=3)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("hang")
     assert "rank 0 still running 3 s after a worker exited (killed)" in msg

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY
-from test_distributed import COMMON, _initial_weights, lbsgd
+from conftest import TINY, lbsgd
+from test_distributed import COMMON, _initial_weights
 from test_resume import KILL_AT, _assert_bitwise, _run, _train_steps, _weights
 from test_resume import _args as resume_args
 
@@ -128,7 +128,9 @@ def test_torchrun_world_of_one_trains_over_nccl(tmp_path):
     # NCCL_DEBUG=INFO: NCCL itself reports its communicator (torch creates it at init when given
     # the device), which shows that the process group really is NCCL's
     r = lbsgd(
-        _args(tmp_path, "nccl", backend="nccl", epochs=1), nproc=1, env={"NCCL_DEBUG": "INFO"}
+        ["train", *_args(tmp_path, "nccl", backend="nccl", epochs=1)],
+        nproc=1,
+        env={"NCCL_DEBUG": "INFO"},
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "NCCL INFO" in r.stdout + r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
@@ -160,7 +162,9 @@ def test_two_processes_on_cuda_end_with_the_weights_of_one_accumulating(tmp_path
     keys = [k for k in COMMON if not k.startswith(("bn_batch=", "device="))]
     keys += ["bn_batch=8", "micro_batch=16", "device=cuda", "deterministic=true"]
     two = lbsgd(
-        [*keys, f"backend={backend}", f"out_dir={tmp_path}", "name=two"], nproc=2, env=FP32_ONLY
+        ["train", *keys, f"backend={backend}", f"out_dir={tmp_path}", "name=two"],
+        nproc=2,
+        env=FP32_ONLY,
     )
     assert two.returncode == 0, two.stderr[-3000:]
     assert "world_size=2 x micro_batch=16 x accum_steps=1 = batch_size=32" in two.stdout

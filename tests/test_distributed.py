@@ -18,69 +18,31 @@ same weights and the same BN running statistics. Why:
 """
 
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import subprocess_env
+from conftest import as_args, lbsgd, start, tiny_keys
 
 from lbsgd import checkpoint
 
-pytestmark = pytest.mark.slow
-
-COMMON = [
-    "model=resnet",
-    "depth=8",
-    "width=8",
-    "synthetic_train=256",
-    "synthetic_test=128",
-    "synthetic_difficulty=easy",
-    "batch_size=32",
-    "bn_batch=16",
-    "reference_batch=32",
-    "base_lr=0.2",
-    "warmup_epochs=0.25",
-    "schedule=cosine",
-    "epochs=0.75",
-    "threads=1",
-    "device=cpu",
-    "wandb=disabled",
-    "log_every=2",
-]  # fmt: skip  (6 optimizer steps: 256 / 32 = 8 per epoch; gloo on CPU on any machine)
+# TINY, 6 optimizer steps (256 / 32 = 8 per epoch, 0.75 epochs, the first 2 of them warmup)
+COMMON = as_args(
+    tiny_keys(
+        synthetic_train=256,
+        synthetic_test=128,
+        batch_size=32,
+        reference_batch=32,
+        base_lr=0.2,
+        warmup_epochs=0.25,
+        epochs=0.75,
+        log_every=2,
+    )
+)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def lbsgd(args, nproc=None, cwd=None, timeout=240, env=None):
-    """``python -m lbsgd *args``, or ``lbsgd train *args`` under torchrun with ``nproc`` processes;
-    ``env``: variables added to :func:`conftest.subprocess_env`'s."""
-    env = subprocess_env(**(env or {}))
-    if nproc:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=1",
-            f"--nproc-per-node={nproc}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            "-m",
-            "lbsgd",
-            "train",
-            *args,
-        ]
-    else:
-        cmd = [sys.executable, "-m", "lbsgd", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
-
-
+@pytest.mark.slow
 def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_path):
     layouts = {  # name: (processes, extra keys)
         "a_two_processes": (2, ["micro_batch=16"]),
@@ -95,7 +57,7 @@ def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_
     keys = [k if not k.startswith("bn_batch") else "bn_batch=8" for k in COMMON]
     for name, (nproc, extra) in layouts.items():
         args = [*keys, *extra, f"out_dir={tmp_path}", f"name={name}"]
-        r = lbsgd(args, nproc=nproc) if nproc else lbsgd(["train", *args])
+        r = lbsgd(["train", *args], nproc)
         assert r.returncode == 0, r.stderr[-3000:]
         assert expect[name] in r.stdout
     states = {name: checkpoint.load(tmp_path / "runs" / name) for name in layouts}
@@ -113,6 +75,7 @@ def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_
     assert moved > 1e-2  # the weights did train: the equality is not that of untouched models
 
 
+@pytest.mark.slow
 def test_dropout_masks_do_not_depend_on_the_layout(tmp_path):
     """AlexNet-BN's dropout draws from a generator seeded by the global micro-batch: 2 processes ×
     micro-batch 16 and 1 process accumulating 2 × 16 drop the same units and end with the same
@@ -121,7 +84,7 @@ def test_dropout_masks_do_not_depend_on_the_layout(tmp_path):
     keys += ["model=alexnet_bn", "bn_batch=8", "micro_batch=16", "base_lr=0.02"]
     for name, nproc in (("two", 2), ("one", None)):
         args = [*keys, f"out_dir={tmp_path}", f"name={name}"]
-        r = lbsgd(args, nproc=nproc) if nproc else lbsgd(["train", *args])
+        r = lbsgd(["train", *args], nproc)
         assert r.returncode == 0, r.stderr[-3000:]
     two = checkpoint.load(tmp_path / "runs" / "two")["model"]
     one = checkpoint.load(tmp_path / "runs" / "one")["model"]
@@ -149,6 +112,7 @@ def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_cli_trains_a_user_plugin_model_by_name(tmp_path):
     plugin = tmp_path / "my_models.py"
     plugin.write_text(
@@ -175,6 +139,7 @@ def test_cli_trains_a_user_plugin_model_by_name(tmp_path):
     assert set(state) == {"1.weight", "1.bias"}  # the user's network, not a built-in one
 
 
+@pytest.mark.slow
 def test_cli_unknown_model_names_the_registered_ones(tmp_path):
     r = lbsgd(["train", "model=resnt", f"out_dir={tmp_path}"])
     assert r.returncode == 2
@@ -182,6 +147,7 @@ def test_cli_unknown_model_names_the_registered_ones(tmp_path):
     assert Path(tmp_path).exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_progress_bar_shows_on_a_terminal_and_stays_quiet_otherwise(tmp_path):
     import fcntl
     import pty
@@ -195,13 +161,7 @@ def test_progress_bar_shows_on_a_terminal_and_stays_quiet_otherwise(tmp_path):
     fcntl.ioctl(
         follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0)
     )  # a 100-col terminal
-    env = subprocess_env()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lbsgd", "train", *args, "name=tty"],
-        stdout=subprocess.DEVNULL,
-        stderr=follower,
-        env=env,
-    )
+    proc = start(["train", *args, "name=tty"], stdout=subprocess.DEVNULL, stderr=follower)
     os.close(follower)
     chunks = []
     while True:
@@ -218,6 +178,7 @@ def test_progress_bar_shows_on_a_terminal_and_stays_quiet_otherwise(tmp_path):
     assert "6/6" in shown and "step" in shown, shown[-500:]
 
 
+@pytest.mark.slow
 def test_cli_diverged_run_exits_3_with_status_recorded(tmp_path):
     r = lbsgd(["train", *COMMON, "base_lr=1e8", "warmup=none", f"out_dir={tmp_path}", "name=boom"])
     assert r.returncode == 3, r.stderr[-2000:]
@@ -226,6 +187,7 @@ def test_cli_diverged_run_exits_3_with_status_recorded(tmp_path):
     assert '"status": "diverged"' in summary
 
 
+@pytest.mark.slow
 def test_cifar10_augmentation_does_not_depend_on_the_layout(tmp_path):
     """On CIFAR-10 files (5 x 64 training images of 32x32), each sample's pad-crop-flip is drawn
     from its position in the run's stream, on the training device: 2 processes x micro-batch 16,
@@ -240,7 +202,7 @@ def test_cifar10_augmentation_does_not_depend_on_the_layout(tmp_path):
     layouts = {"two": (2, 16), "accumulate": (None, 16), "whole": (None, 32)}
     for name, (nproc, micro) in layouts.items():
         args = [*keys, f"micro_batch={micro}", f"out_dir={tmp_path}", f"name={name}"]
-        r = lbsgd(args, nproc=nproc) if nproc else lbsgd(["train", *args])
+        r = lbsgd(["train", *args], nproc)
         assert r.returncode == 0, r.stderr[-3000:]
     ref = checkpoint.load(tmp_path / "runs" / "accumulate")
     assert ref["step"] == 6

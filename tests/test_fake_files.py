@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import subprocess_env
+from conftest import lbsgd
 from PIL import Image
 from torchvision import datasets
 
@@ -92,11 +90,9 @@ def test_fake_jpegs_are_photo_like_not_noise_in_entropy():
     assert per_pixel(fake) > 2 * per_pixel(smooth)  # but not a flat gradient either
 
 
+@pytest.mark.slow
 def test_cli_writes_then_refuses_the_same_dir_in_one_line(tmp_path):
     cmd = [
-        sys.executable,
-        "-m",
-        "lbsgd",
         "data",
         "fake",
         "imagenet",
@@ -112,9 +108,9 @@ def test_cli_writes_then_refuses_the_same_dir_in_one_line(tmp_path):
         "--height",
         "30",
     ]
-    first = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env())
+    first = lbsgd(cmd)
     assert first.returncode == 0, first.stderr
     assert len(list((tmp_path / "d" / "val").glob("*/*.JPEG"))) == 3
-    again = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env())
+    again = lbsgd(cmd)
     assert again.returncode == 2
     assert again.stderr.count("\n") == 1 and "not empty" in again.stderr

@@ -2,12 +2,10 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import TINY, subprocess_env
+from conftest import TINY, as_args, lbsgd
 
 from lbsgd import data, isa
 from lbsgd.config import Config, ConfigError
@@ -28,13 +26,8 @@ def _keys(tmp_path, **kw) -> dict:
 def _cli_run(tmp_path, **kw) -> dict:
     """A TINY run by ``python -m lbsgd train`` in a fresh process: its summary and weights."""
     keys = _keys(tmp_path, **kw)
-    env = {k: v for k, v in subprocess_env().items() if k not in isa.VARIABLES}
-    subprocess.run(
-        [sys.executable, "-m", "lbsgd", "train", *(f"{k}={v}" for k, v in keys.items())],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
+    r = lbsgd(["train", *as_args(keys)], env=dict.fromkeys(isa.VARIABLES))  # no cap inherited
+    assert r.returncode == 0, r.stderr[-3000:]
     return _read(tmp_path)
 
 
@@ -55,16 +48,12 @@ def _bitwise_equal(a: dict, b: dict) -> bool:
 def test_importing_lbsgd_and_its_cli_leaves_torch_unimported():
     """What lets `python -m lbsgd train` set the caps before torch's libraries read them."""
     code = "import sys, lbsgd, lbsgd.cli, lbsgd.isa; print('torch' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=subprocess_env(),
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    assert out.strip() == "False"
+    r = lbsgd([], program=("-c", code))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 @needs_avx2
 def test_capped_run_pins_its_caps_and_repeats_bitwise_from_the_cli_and_a_fresh_python(tmp_path):
     cli = _cli_run(tmp_path / "cli", cpu_isa="avx2")
@@ -82,8 +71,8 @@ def test_capped_run_pins_its_caps_and_repeats_bitwise_from_the_cli_and_a_fresh_p
     # trainer pins the caps itself (and asks MKL, since torch was imported first)
     keys = _keys(tmp_path / "inproc", cpu_isa="avx2")
     code = f"from lbsgd import Config, train; train(Config(**{keys!r}))"
-    env = {k: v for k, v in subprocess_env().items() if k not in isa.VARIABLES}
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    r = lbsgd([], program=("-c", code), env=dict.fromkeys(isa.VARIABLES))  # no cap inherited
+    assert r.returncode == 0, r.stderr[-3000:]
     inproc = _read(tmp_path / "inproc")
     assert inproc["summary"]["environment"]["cpu_isa"]["aten"] == "AVX2"
     assert inproc["summary"]["environment"]["cpu_isa"]["mkl_cbwr"] == "AVX2"
@@ -94,6 +83,7 @@ def test_capped_run_pins_its_caps_and_repeats_bitwise_from_the_cli_and_a_fresh_p
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("avx512f" not in FLAGS, reason="needs an AVX-512 CPU (natively above AVX2)")
 def test_cap_changes_the_digits_of_a_run_on_an_avx512_cpu(tmp_path):
     native = _cli_run(tmp_path / "native", cpu_isa="native")

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,12 @@ import psutil
 import pytest
 import websocket
 
+from lbsgd import launch
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*_*.ipynb"))
 START_DEADLINE_S = 60
 EXECUTE_DEADLINE_S = 45
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Lab:
@@ -135,7 +130,7 @@ def listening_addresses(procs: list[psutil.Process]) -> set[tuple[str, int]]:
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_jupyterlab_serves_the_notebooks_and_runs_one_through_a_kernel(tmp_path):
-    port, token = free_port(), secrets.token_hex(16)
+    port, token = launch.free_port(), secrets.token_hex(16)
     env = {**os.environ}
     for var, sub in [
         ("JUPYTER_RUNTIME_DIR", "runtime"),
@@ -186,7 +181,7 @@ def test_jupyterlab_serves_the_notebooks_and_runs_one_through_a_kernel(tmp_path)
         kernel = lab.call("POST", "/api/kernels", {"name": "python3"}, timeout=30)
         kernel_id = kernel["id"]
         out, reply = lab.execute(
-            kernel_id, "from lbsgd import profiles; print(sorted(profiles.PROFILES))"
+            kernel_id, "from lbsgd.studies import scales; print(sorted(scales.PROFILES))"
         )
         assert reply["status"] == "ok" and "'smoke'" in out, (reply, out)
 

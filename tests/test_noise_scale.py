@@ -15,8 +15,8 @@ import math
 
 import pytest
 import torch
-from conftest import TINY
-from test_distributed import COMMON, lbsgd
+from conftest import TINY, lbsgd
+from test_distributed import COMMON
 
 from lbsgd import checkpoint, data, noise_scale
 from lbsgd.config import Config, ConfigError, check_world, from_dict
@@ -170,7 +170,7 @@ def test_one_process_and_two_processes_measure_the_same_noise_scale(tmp_path):
         runs |= {f"one{b_small}": (None, noise), f"two{b_small}": (2, noise)}
     for name, (nproc, extra) in runs.items():
         args = [*keys, *extra, f"out_dir={tmp_path}", f"name={name}"]
-        r = lbsgd(args, nproc=nproc) if nproc else lbsgd(["train", *args])
+        r = lbsgd(["train", *args], nproc)
         assert r.returncode == 0, r.stderr[-3000:]
     for b_small in (16, 8):
         one, two = (_train_records(tmp_path / "runs" / f"{n}{b_small}") for n in ("one", "two"))

@@ -19,11 +19,12 @@ import nbformat
 import pandas as pd
 import papermill
 import pytest
-from conftest import subprocess_env
+from conftest import lbsgd
 
-from lbsgd import config, profiles, report
+from lbsgd import config, report
 from lbsgd import experiments as ex
 from lbsgd.config import ConfigError
+from lbsgd.studies import scales
 
 REPO = Path(__file__).resolve().parents[1]
 ALL_NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -204,14 +205,7 @@ def test_report_gathers_every_study(execute, smoke_out, tmp_path):
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    cli = subprocess.run(
-        [sys.executable, "-m", "lbsgd", "report", "--results", str(empty)],
-        cwd=REPO,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    cli = lbsgd(["report", "--results", str(empty)], cwd=REPO, timeout=120)
     assert cli.returncode == 2, (cli.returncode, cli.stdout, cli.stderr)
     lines = cli.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lbsgd: error:") and str(empty) in lines[0], (
@@ -297,7 +291,7 @@ def test_help_notebook_documents_every_parameter_with_type_and_help(nb):
 
 
 def tiny_keys(k=1, **overrides):
-    return profiles.get("smoke").keys(k=k, synthetic_train=500, epochs=1, device="cpu", **overrides)
+    return scales.get("smoke").keys(k=k, synthetic_train=500, epochs=1, device="cpu", **overrides)
 
 
 def _unreadable_cifar10(data_dir: Path) -> None:
@@ -333,7 +327,7 @@ def test_a_failing_run_fails_its_notebook_with_the_run_and_its_log(tmp_path, mon
     params = {"profile": "cifar10", "out_dir": str(out), "parallel": 1, "wandb": "disabled"}
     monkeypatch.chdir(tmp_path)  # the run name hashes data_dir as given: relative
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the notebook's runs take no device key
-    P = profiles.get("cifar10")
+    P = scales.get("cifar10")
     name = config.from_dict({**P.keys(k=16, seed=P.seeds[0]), "study": "quickstart"}).run_name()
     log = out / "cifar10" / "quickstart" / f"{name}.log"  # results/<profile>/<study>/
     with pytest.raises(papermill.PapermillExecutionError) as err:

@@ -10,16 +10,14 @@ updates make stale, so that staleness > 0 is certain rather than left to the sch
 
 import json
 import math
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import test_resume
 import torch
-from conftest import subprocess_env
-from test_distributed import _initial_weights, free_port, lbsgd
+from conftest import lbsgd
+from test_distributed import _initial_weights
 
 from lbsgd import checkpoint, parameter_server, trainer
 from lbsgd.config import ConfigError, derive, from_dict, micro_batch_candidates
@@ -52,7 +50,7 @@ def test_one_worker_is_synchronous_sgd_on_one_process(tmp_path):
     0) from the batch of the same step, so the run is synchronous SGD: the weights and BN running
     statistics of a one-process run with the default Nesterov momentum and weight decay, bitwise
     (the gradient travels as float32, exactly)."""
-    ps = lbsgd(_args(tmp_path, "ps", epochs=0.75, async_ps="true"), nproc=2)
+    ps = lbsgd(["train", *_args(tmp_path, "ps", epochs=0.75, async_ps="true")], nproc=2)
     assert ps.returncode == 0, ps.stderr[-3000:]
     one = lbsgd(["train", *_args(tmp_path, "one", epochs=0.75)])
     assert one.returncode == 0, one.stderr[-3000:]
@@ -73,21 +71,7 @@ def test_one_worker_is_synchronous_sgd_on_one_process(tmp_path):
 
 
 def _torchrun(args: list[str], nproc: int, env: dict[str, str], timeout: int = 300):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=1",
-        f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        WORKER,
-        "train",
-        *args,
-    ]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=subprocess_env(**env)
-    )
+    return lbsgd(["train", *args], nproc, program=[WORKER], env=env, timeout=timeout)
 
 
 PLUGIN = """import torch
@@ -192,7 +176,8 @@ def test_diverged_run_stops_every_worker_and_records_the_status(tmp_path):
     """A non-finite loss: the server applies nothing more, answers each worker's next gradient
     with STOP (discarding it), and the run ends, recorded as diverged, without a checkpoint."""
     r = lbsgd(
-        _args(tmp_path, "boom", epochs=2, async_ps="true", base_lr=1e8, warmup="none"), nproc=3
+        ["train", *_args(tmp_path, "boom", epochs=2, async_ps="true", base_lr=1e8, warmup="none")],
+        nproc=3,
     )
     assert r.returncode != 0
     assert "run diverged (non-finite loss)" in r.stdout

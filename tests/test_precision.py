@@ -153,6 +153,7 @@ def test_optimizer_sees_unscaled_gradients_under_fp16():
     torch.testing.assert_close(seen[0], ref.grad, rtol=2e-3, atol=1e-4)  # fp16 forward rounding
 
 
+@pytest.mark.slow
 def test_fp16_run_logs_loss_scale_and_skipped_steps(tiny):
     # 2^30 overflows fp16 activation gradients (max 65504): steps are skipped, the scale halves
     cfg = tiny(precision="fp16", loss_scale=2.0**30, epochs=3, zero_init_residual=False)

@@ -13,48 +13,34 @@ import pickle
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import subprocess_env
-from test_distributed import free_port
+from conftest import lbsgd, start, tiny_keys
 
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError
 from lbsgd.data import StepSampler
-from lbsgd.trainer import _check_checkpoint, train
-
-pytestmark = pytest.mark.slow
+from lbsgd.trainer import train
 
 HERE = Path(__file__).parent
 WORKER = str(HERE / "fault_worker.py")
 
-KEYS = {
-    "model": "resnet",
-    "depth": 8,
-    "width": 8,
-    "synthetic_train": 256,
-    "synthetic_test": 128,
-    "synthetic_difficulty": "easy",
-    "batch_size": 32,
-    "bn_batch": 8,
-    "micro_batch": 16,
-    "reference_batch": 32,
-    "base_lr": 0.2,
-    "warmup_epochs": 0.5,
-    "schedule": "cosine",
-    "epochs": 2,
-    "eval_every": 1,
-    "threads": 1,
-    "device": "cpu",  # gloo and bitwise-repeatable kernels on any machine (tests/test_cuda.py: GPU)
-    "wandb": "disabled",
-    "log_every": 2,
-    "checkpoint_every": 3,
-    "resume": True,  # what a restartable job passes: a new run starts, a stopped one continues
-}
+KEYS = tiny_keys(
+    synthetic_train=256,
+    synthetic_test=128,
+    batch_size=32,
+    bn_batch=8,
+    micro_batch=16,
+    reference_batch=32,
+    base_lr=0.2,
+    eval_every=1,
+    log_every=2,
+    checkpoint_every=3,
+    resume=True,  # what a restartable job passes: a new run starts, a stopped one continues
+)
 KILL_AT = 11  # killed before step 11: the newest checkpoint is step 9, mid-epoch 2
 
 
@@ -64,27 +50,13 @@ def _args(out: Path, name: str, **extra) -> list[str]:
 
 
 def _run(args, nproc=None, kill_at=None, kill_rank=0, restarts=0, timeout=300):
-    env = subprocess_env(PYTHONUNBUFFERED="1")
-    env.pop("TORCHELASTIC_RESTART_COUNT", None)
+    env = {"PYTHONUNBUFFERED": "1", "TORCHELASTIC_RESTART_COUNT": None}
     if kill_at is not None:
         env.update(LBSGD_TEST_KILL_AT_STEP=str(kill_at), LBSGD_TEST_KILL_RANK=str(kill_rank))
-    if nproc:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=1",
-            f"--nproc-per-node={nproc}",
-            f"--max-restarts={restarts}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            WORKER,
-            "train",
-            *args,
-        ]
-    else:
-        cmd = [sys.executable, WORKER, "train", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    restarts = restarts if nproc else None
+    return lbsgd(
+        ["train", *args], nproc, program=[WORKER], max_restarts=restarts, env=env, timeout=timeout
+    )
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -141,6 +113,7 @@ def reference(tmp_path_factory):
     return {"one": _weights(out / "runs" / "one"), "two": _weights(out / "runs" / "two")}
 
 
+@pytest.mark.slow
 def test_one_process_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path, reference):
     args = _args(tmp_path, "one", precision="fp16", loss_scale=2.0**24)
     run_dir = tmp_path / "runs" / "one"
@@ -160,6 +133,7 @@ def test_one_process_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path,
     assert _train_steps(run_dir) == list(range(1, 17))  # steps 10-11 logged once, not twice
 
 
+@pytest.mark.slow
 def test_two_processes_killed_mid_epoch_resume_bitwise_and_on_one_process(tmp_path, reference):
     run_dir = tmp_path / "runs" / "two"
     r = _run(_args(tmp_path, "two"), nproc=2, kill_at=KILL_AT, kill_rank=1)
@@ -184,6 +158,7 @@ def test_two_processes_killed_mid_epoch_resume_bitwise_and_on_one_process(tmp_pa
     assert _train_steps(run_dir) == list(range(1, 17))
 
 
+@pytest.mark.slow
 def test_torchrun_restarts_a_group_after_sigkill_and_finishes_with_the_same_weights(
     tmp_path, reference
 ):
@@ -197,6 +172,7 @@ def test_torchrun_restarts_a_group_after_sigkill_and_finishes_with_the_same_weig
     assert _train_steps(run_dir) == list(range(1, 17))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("keys", "own"),
     [({"local_sgd": 2}, "optimizer"), ({"comm_hook": "powersgd"}, "powersgd")],
@@ -216,6 +192,7 @@ def test_state_each_process_holds_alone_survives_a_kill(tmp_path, keys, own):
     assert not torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_cifar10_run_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path):
     """On CIFAR-10 files the pad-crop-flip of each sample is drawn from its stream position on the
     training device, nothing else: a run killed mid-epoch resumes to the uninterrupted weights."""
@@ -236,28 +213,17 @@ def test_cifar10_run_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path)
 
 
 def _popen(args, nproc=None):
-    env = subprocess_env(PYTHONUNBUFFERED="1")
-    if nproc:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=1",
-            f"--nproc-per-node={nproc}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            "-m",
-            "lbsgd",
-            "train",
-            *args,
-        ]
-    else:
-        cmd = [sys.executable, "-m", "lbsgd", "train", *args]
-    return subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    return start(
+        ["train", *args],
+        nproc,
+        env={"PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [None, 2], ids=["one_process", "torchrun_two_processes"])
 def test_sigterm_stops_at_an_agreed_step_with_a_checkpoint_and_resume_is_bitwise(tmp_path, nproc):
     """A scheduler's pre-emption: SIGTERM to the process (to torchrun's agent, which passes it on
@@ -399,6 +365,6 @@ def test_resume_is_refused_when_the_train_split_changed(tiny):
     state = checkpoint.load(cfg.run_dir())
     grown = StepSampler(state["num_train"] + 8, cfg.batch_size, 16, 0, 1, cfg.seed, 100)
     with pytest.raises(ConfigError, match="train split of 512 samples, this run's has 520"):
-        _check_checkpoint(cfg, state, grown)
+        checkpoint.check_compatible(cfg, state, grown)
     same = StepSampler(state["num_train"], cfg.batch_size, 16, 0, 1, cfg.seed, 100)
-    _check_checkpoint(cfg, state, same)  # the unchanged split is accepted
+    checkpoint.check_compatible(cfg, state, same)  # the unchanged split is accepted

@@ -8,8 +8,8 @@ the checkpoint, so a killed run resumes bitwise.
 
 import pytest
 import torch
-from conftest import TINY
-from test_distributed import COMMON, lbsgd
+from conftest import TINY, lbsgd
+from test_distributed import COMMON
 from test_resume import _assert_bitwise, killed_and_resumed
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -96,7 +96,6 @@ def _recording_linear(cfg, num_classes, image_size):
     return BUILT[-1]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dist", ["fixed", "uniform"])
 def test_trainer_computes_each_gradient_on_the_weights_tau_steps_old(tiny, dist):
     """8 steps of 4 micro-batches (4 simulated workers with ``uniform``), τ_max = 2: the forward of
@@ -129,7 +128,6 @@ def test_trainer_computes_each_gradient_on_the_weights_tau_steps_old(tiny, dist)
         assert set(taus) == {0, 1, 2}
 
 
-@pytest.mark.slow
 def test_staleness_zero_trains_bitwise_like_a_run_without_the_key(tiny):
     plain, zero = tiny(name="plain", epochs=1), tiny(name="zero", epochs=1, staleness=0)
     assert Config(**TINY).run_name() == Config(**TINY, staleness=0).run_name()  # same run names
@@ -180,7 +178,7 @@ def test_fixed_staleness_two_processes_equal_one_process_accumulating(tmp_path):
     with the same weights and BN statistics, up to float reordering (tests/test_distributed.py)."""
     keys = [k if not k.startswith("bn_batch") else "bn_batch=8" for k in COMMON]
     keys += ["micro_batch=16", "staleness=2", f"out_dir={tmp_path}"]
-    r = lbsgd([*keys, "name=two"], nproc=2)
+    r = lbsgd(["train", *keys, "name=two"], nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
     r = lbsgd(["train", *keys, "name=one"])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -204,7 +202,6 @@ def test_two_processes_killed_mid_run_resume_to_bitwise_equal_weights(tmp_path):
     assert all("staleness" not in rank for rank in saved["ranks"])  # once, not per process
 
 
-@pytest.mark.slow
 def test_cli_refuses_staleness_with_local_sgd_in_one_line_and_writes_nothing(tmp_path):
     r = lbsgd(["train", "staleness=1", "local_sgd=2", f"out_dir={tmp_path}"])
     assert r.returncode == 2

@@ -7,10 +7,10 @@ import math
 import pandas as pd
 import pytest
 
-from lbsgd import config, profiles
-from lbsgd.studies import batch_scaling, bn_gamma_init, lr_scaling_rule, quickstart, warmup
+from lbsgd import config
+from lbsgd.studies import batch_scaling, bn_gamma_init, lr_scaling_rule, quickstart, scales, warmup
 
-CPU, SMOKE = profiles.get("cpu"), profiles.get("smoke")
+CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
 REF = 16  # the cpu and smoke profiles' reference batch
 
 
@@ -383,7 +383,7 @@ def test_bn_gamma_init_runs_pair_the_seeds_and_probe_deeper_on_cpu_and_smoke_onl
     assert arms_[(256, "gradual", 14, True)] == arms_[(256, "gradual", 14, False)] == [0]
     assert len(bn_gamma_init.runs(SMOKE, [0])) == 6
     assert len(bn_gamma_init.runs(CPU, [0, 1, 2], probe_depth=0)) == 12
-    assert len(bn_gamma_init.runs(profiles.get("imagenet"), [0])) == 4  # no probe on ResNet-50
+    assert len(bn_gamma_init.runs(scales.get("imagenet"), [0])) == 4  # no probe on ResNet-50
     # its γ = 1 runs are study 2's baseline and gradual-warmup runs
     gamma1 = [experiment(r, "bn_gamma_init") for r in runs[:3] + runs[6:9]]
     wruns = warmup.runs(CPU, [0, 1, 2])

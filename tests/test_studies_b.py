@@ -8,11 +8,11 @@ import math
 import pandas as pd
 import pytest
 
-from lbsgd import config, profiles
+from lbsgd import config
 from lbsgd import experiments as ex
-from lbsgd.studies import bn_decay, lars, mixed_precision, pool5_bn, scaling
+from lbsgd.studies import bn_decay, lars, mixed_precision, pool5_bn, scales, scaling
 
-CPU, SMOKE = profiles.get("cpu"), profiles.get("smoke")
+CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
 
 
 def frame(rows: list[dict], **common) -> pd.DataFrame:
@@ -151,9 +151,9 @@ def test_lars_runs_take_the_given_lr_ks_and_length():
     assert sorted({r["batch_size"] for r in runs}) == [32, 128]
     assert {r["base_lr"] for r in runs if r.get("optimizer") == "lars"} == {0.5}
     # imagenet's LARS keys carry their own length (100 epochs): an epochs override wins
-    imagenet = profiles.get("imagenet", epochs=3)
+    imagenet = scales.get("imagenet", epochs=3)
     assert {r["epochs"] for r in lars.runs(imagenet, [0], epochs=3)} == {3}
-    assert 100 in {r["epochs"] for r in lars.runs(profiles.get("imagenet"), [0])}
+    assert 100 in {r["epochs"] for r in lars.runs(scales.get("imagenet"), [0])}
 
 
 def test_lars_table_puts_the_papers_numbers_on_their_rows():

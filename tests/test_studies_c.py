@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lbsgd import config, profiles
-from lbsgd.studies import batch_scaling
+from lbsgd import config
+from lbsgd.studies import batch_scaling, scales
 from lbsgd.studies import critical_batch as cb
 
-CPU, SMOKE = profiles.get("cpu"), profiles.get("smoke")
+CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
 REF = 16  # the cpu and smoke profiles' reference batch, and their B_small
 S_MIN, B_CRIT = 50, 64  # the hand-made study: S(B) = 50 (1 + 64/B) steps to the target
 
@@ -48,9 +48,9 @@ def test_runs_measure_the_noise_scale_exactly_where_the_batch_exceeds_b_small(pr
 
 
 def test_small_batch_is_an_integer_micro_batch_else_the_bn_batch():
-    gpu = profiles.get("cifar10")  # micro_batch=auto
+    gpu = scales.get("cifar10")  # micro_batch=auto
     assert cb.small_batch(gpu) == gpu.base["bn_batch"] == 32
-    fixed = profiles.Profile("x", {**gpu.base, "micro_batch": 64}, (0,), {}, 1)
+    fixed = scales.Profile("x", {**gpu.base, "micro_batch": 64}, (0,), {}, 1)
     assert cb.small_batch(fixed) == 64
 
 

@@ -7,13 +7,13 @@ import math
 import pandas as pd
 import pytest
 
-from lbsgd import config, profiles
-from lbsgd import scaling as cost
-from lbsgd.studies import batch_scaling
+from lbsgd import config
+from lbsgd import costmodel as cost
+from lbsgd.studies import batch_scaling, scales
 from lbsgd.studies import local_sgd as ls
 from lbsgd.studies import staleness as st
 
-CPU, SMOKE = profiles.get("cpu"), profiles.get("smoke")
+CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
 T, W = 313, 39  # the cpu profile at k = 16: ceil(4 · 20,000 / 256) steps, round(0.5 · 20,000 / 256)
 
 

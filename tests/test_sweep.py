@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY, subprocess_env
+from conftest import TINY, as_args, start
 
 from lbsgd import checkpoint, cli, config
 from lbsgd import experiments as ex
@@ -141,10 +141,11 @@ ex.sweep("study", runs, out_dir=sys.argv[1], profile="smoke", parallel=1)
 def _sweep_process(out: Path) -> subprocess.Popen:
     """A sweep in a process (as in a kernel) in a process group of its own, as Jupyter starts one."""
     code = textwrap.dedent(SWEEP_SCRIPT.format(keys=LONG))
-    return subprocess.Popen(
-        [sys.executable, "-c", code, str(out)],
+    return start(
+        [str(out)],
+        program=("-c", code),
         cwd=REPO,
-        env=subprocess_env(PYTHONUNBUFFERED="1"),
+        env={"PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -224,11 +225,11 @@ def test_a_run_whose_sweep_is_killed_stops_with_a_checkpoint_instead_of_training
 
 @pytest.mark.slow
 def test_lbsgd_train_under_ctrl_c_stops_at_a_flush_with_a_checkpoint(tmp_path):
-    args = [f"{k}={v}" for k, v in LONG.items()] + [f"out_dir={tmp_path}", "name=run"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lbsgd", "train", *args],
+    args = [*as_args(LONG), f"out_dir={tmp_path}", "name=run"]
+    proc = start(
+        ["train", *args],
         cwd=REPO,
-        env=subprocess_env(PYTHONUNBUFFERED="1"),
+        env={"PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

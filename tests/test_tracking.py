@@ -2,13 +2,13 @@
 
 import contextlib
 import json
-import socket
 import sys
 import time
 import types
 
 import pytest
 
+from lbsgd import launch
 from lbsgd.tracking import resolve_wandb_mode
 from lbsgd.trainer import train
 
@@ -128,12 +128,10 @@ class _RejectingServer:
 @contextlib.contextmanager
 def _closed_port():
     """A W&B server address nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again when the block ends
-    yield f"http://127.0.0.1:{port}"
+    yield f"http://{launch.HOST}:{launch.free_port()}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("server", ["unreachable", "rejects_the_key"])
 def test_wandb_server_failing_falls_back_to_offline_quickly_and_keeps_the_key_out(
     tiny, monkeypatch, server

@@ -6,12 +6,14 @@ import math
 import pytest
 import torch
 import yaml
+from conftest import as_args, tiny_subset
 
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError, derive
+from lbsgd.loop import Cadence, Decision, decide
 from lbsgd.models import MODELS, register_model
 from lbsgd.schedules import learning_rate
-from lbsgd.trainer import _Run, train
+from lbsgd.trainer import Run, train
 
 
 def read_metrics(run_dir):
@@ -81,19 +83,19 @@ def test_resume_continues_from_the_last_checkpoint_to_the_same_weights(tiny, mon
 
     # the same run, stopped by a crash at the end of epoch 2 (after epoch 1's checkpoint) ...
     cfg = tiny(name="crashed", epochs=3)
-    real_evaluate = _Run._evaluate
+    real_evaluate = Run.evaluate
 
     def crash_at_epoch_2(self, step):
         if step * cfg.batch_size // cfg.synthetic_train == 2:
             raise RuntimeError("simulated crash")
         real_evaluate(self, step)
 
-    monkeypatch.setattr(_Run, "_evaluate", crash_at_epoch_2)
+    monkeypatch.setattr(Run, "evaluate", crash_at_epoch_2)
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(cfg)
     assert json.loads((cfg.run_dir() / "summary.json").read_text())["status"] == "failed"
     assert checkpoint.load(cfg.run_dir())["step"] == 8  # 512 / 64 = 8 steps per epoch
-    monkeypatch.setattr(_Run, "_evaluate", real_evaluate)
+    monkeypatch.setattr(Run, "evaluate", real_evaluate)
 
     # ... and resumed: it finishes with bitwise the weights of the uninterrupted run
     summary = train(cfg.replace(resume=True))
@@ -188,17 +190,17 @@ def test_lars_run_with_poly_decay_trains_and_reports_its_parameter_groups(tiny, 
 
 
 def test_bench_commands_compare_against_a_baseline_in_the_same_process(tmp_path, monkeypatch):
-    from lbsgd import bench
+    from lbsgd.bench import train as bench
 
     monkeypatch.setattr(bench, "RECIPES", {"precision": bench.RECIPES["precision"][:2]})
-    tiny_keys = [
-        "synthetic_train=512",
-        "synthetic_test=128",
-        "synthetic_difficulty=easy",
-        "depth=8",
-        "width=4",
-        "device=cpu",
-    ]
+    tiny_keys = as_args(
+        tiny_subset(
+            ["synthetic_train", "synthetic_test", "synthetic_difficulty", "depth"],
+            synthetic_test=128,
+            width=4,
+            device="cpu",
+        )
+    )
     t = bench.bench_train(tiny_keys, steps=3, repeats=2, out=str(tmp_path / "t.json"))
     assert t["ratio"] == pytest.approx(t["trainer_img_per_s"] / t["bare_img_per_s"])
     assert len(t["all_bare"]) == len(t["all_trainer"]) == 2
@@ -216,15 +218,102 @@ def test_bench_commands_compare_against_a_baseline_in_the_same_process(tmp_path,
 
 def test_deterministic_mode_holds_during_the_run_and_is_undone_after_it(tiny, monkeypatch):
     seen = []
-    run = _Run.run
+    run = Run.run
 
     def spy(self):
         seen.append(torch.are_deterministic_algorithms_enabled())
         return run(self)
 
-    monkeypatch.setattr(_Run, "run", spy)
+    monkeypatch.setattr(Run, "run", spy)
     assert not torch.are_deterministic_algorithms_enabled()
     summary = train(tiny(deterministic=True, epochs=0.25))
     assert seen == [True] and summary["environment"]["deterministic"] is True
     assert summary["environment"]["backend"] == "gloo"  # what a group on this device would use
     assert not torch.are_deterministic_algorithms_enabled()  # a notebook's process as it was
+
+
+# -- the per-step decisions (lbsgd.loop.decide): hand-computed on a 10-step run -------------------
+# 100 samples, batch 32: epochs after s steps = 0.32 s, so epochs end after steps 4 (1.28),
+# 7 (2.24) and 10 (3.2, the last step).
+
+
+def cadence(log_every=5, eval_every=2, checkpoint=True, checkpoint_every=3):
+    return Cadence(10, log_every, eval_every, checkpoint, checkpoint_every, lambda s: s * 32 / 100)
+
+
+def plan(flush=False, boundary=False, evaluate=False, checkpoint=False, stop=False):
+    return Decision(flush, boundary, evaluate, checkpoint, stop)
+
+
+def simulate(c):
+    """The steps at which a loop following decide() flushes, evaluates and checkpoints."""
+    flushes, evals, saves, pending = [], [], [], 0
+    for done in range(1, c.total_steps + 1):
+        pending += 1
+        p = decide(c, done, pending)
+        if p.flush:
+            flushes.append(done)
+            pending = 0
+        evals += [done] * p.evaluate
+        saves += [done] * p.checkpoint
+    return flushes, evals, saves
+
+
+def test_decide_does_nothing_after_the_first_step_of_an_epoch():
+    assert decide(cadence(), 1, 1) == plan()
+    assert decide(cadence(), 5, 1) == plan()
+
+
+def test_decide_at_an_epoch_end_flushes_checkpoints_and_evaluates_every_eval_every_epochs():
+    assert decide(cadence(), 4, 1) == plan(flush=True, boundary=True, checkpoint=True)  # epoch 1
+    assert decide(cadence(), 7, 3) == plan(True, True, evaluate=True, checkpoint=True)  # epoch 2
+    assert decide(cadence(eval_every=0), 7, 3) == plan(True, True, checkpoint=True)
+    assert decide(cadence(checkpoint=False), 4, 1) == plan(flush=True, boundary=True)
+
+
+def test_decide_at_the_last_step_evaluates_even_off_the_eval_cadence():
+    want = plan(flush=True, boundary=True, evaluate=True, checkpoint=True)
+    assert decide(cadence(), 10, 1) == want  # epoch 3: not a multiple of eval_every=2
+    assert decide(cadence(eval_every=0), 10, 1) == want
+
+
+def test_decide_flushes_every_log_every_steps():
+    assert decide(cadence(), 5, 4) == plan()
+    assert decide(cadence(), 5, 5) == plan(flush=True)
+
+
+def test_a_checkpoint_between_flushes_forces_a_flush_where_the_models_agree():
+    assert decide(cadence(), 6, 2) == plan(flush=True, checkpoint=True)
+    assert decide(cadence(), 6, 2, in_sync=False) == plan()  # inside a local SGD block
+    assert decide(cadence(checkpoint=False), 6, 2) == plan()
+    assert decide(cadence(checkpoint_every=0), 6, 2) == plan()
+
+
+def test_coinciding_cadences_give_one_flush_and_one_checkpoint():
+    # step 4: an epoch end, a multiple of checkpoint_every=4 and of log_every=4 at once
+    c = cadence(log_every=4, checkpoint_every=4)
+    assert decide(c, 4, 4) == plan(flush=True, boundary=True, checkpoint=True)
+    assert simulate(c) == ([4, 7, 8, 10], [7, 10], [4, 7, 8, 10])
+
+
+def test_a_whole_run_flushes_before_every_checkpoint_and_evaluates_at_epoch_ends():
+    assert simulate(cadence()) == ([3, 4, 6, 7, 9, 10], [7, 10], [3, 4, 6, 7, 9, 10])
+    assert simulate(cadence(log_every=2, checkpoint_every=0)) == (
+        [2, 4, 6, 7, 9, 10],
+        [7, 10],
+        [4, 7, 10],
+    )
+
+
+def test_a_stop_agreed_at_a_flush_stops_there_with_a_checkpoint_where_the_models_agree():
+    assert decide(cadence(), 5, 5, stop_agreed=True) == plan(True, checkpoint=True, stop=True)
+    assert decide(cadence(), 5, 5, in_sync=False, stop_agreed=True) == plan(True, stop=True)
+    assert decide(cadence(checkpoint=False), 5, 5, stop_agreed=True) == plan(True, stop=True)
+    # at an epoch end: its checkpoint is the stop's
+    want = plan(True, True, evaluate=True, checkpoint=True, stop=True)
+    assert decide(cadence(), 7, 3, stop_agreed=True) == want
+
+
+def test_a_stop_agreed_at_the_last_step_completes_the_run():
+    want = plan(flush=True, boundary=True, evaluate=True, checkpoint=True)
+    assert decide(cadence(), 10, 1, stop_agreed=True) == want

@@ -2,11 +2,9 @@
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
-from conftest import TINY, subprocess_env
+from conftest import TINY, as_args, lbsgd, subprocess_env
 
 from lbsgd import isa, verify
 
@@ -18,13 +16,8 @@ def committed(tmp_path_factory):
     """A results folder holding one TINY run, trained by the CLI as a study's runs are."""
     root = tmp_path_factory.mktemp("committed") / "results"
     keys = {**TINY, "out_dir": str(root), "study": "tiny", "cpu_isa": CAP}
-    env = {k: v for k, v in subprocess_env().items() if k not in isa.VARIABLES}
-    subprocess.run(
-        [sys.executable, "-m", "lbsgd", "train", *(f"{k}={v}" for k, v in keys.items())],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
+    r = lbsgd(["train", *as_args(keys)], env=dict.fromkeys(isa.VARIABLES))  # no cap inherited
+    assert r.returncode == 0, r.stderr[-3000:]
     return root
 
 
@@ -37,6 +30,7 @@ def replay_env(monkeypatch):
         monkeypatch.delenv(k, raising=False)
 
 
+@pytest.mark.slow
 def test_verify_reports_bitwise_equal_for_a_run_it_replays(committed, replay_env, capsys):
     assert verify.main(str(committed), 1) == 0
     out = capsys.readouterr().out
@@ -45,6 +39,7 @@ def test_verify_reports_bitwise_equal_for_a_run_it_replays(committed, replay_env
     assert not list(committed.glob("tiny/*/*.log"))  # nothing written into the committed results
 
 
+@pytest.mark.slow
 def test_verify_reports_a_difference_when_a_committed_value_was_altered(
     committed, replay_env, tmp_path, capsys
 ):

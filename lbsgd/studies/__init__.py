@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from lbsgd import experiments as ex
-from lbsgd import profiles
 from lbsgd.experiments import Finding
+from lbsgd.studies import scales
 
 # The notebooks in reading order (notebooks/NN_<study>.ipynb); titles start with the number.
 STUDIES: tuple[str, ...] = (
@@ -68,6 +68,7 @@ def results_root(out_dir: str | os.PathLike | None = None) -> Path:
     the repository root (not the kernel's working directory); an absolute path is itself."""
     if out_dir is None:
         return repo_root() / "results"
+    ex.config.check_folder_path("out_dir", str(out_dir))  # '' would be the repository itself
     path = Path(out_dir).expanduser()
     return path if path.is_absolute() else repo_root() / path
 
@@ -267,7 +268,7 @@ class Session:
 
     study: str
     title: str
-    profile: profiles.Profile
+    profile: scales.Profile
     seeds: list[int]
     root: Path  # results root
     launch: Mapping[str, Any]  # sweep's launch parameters (processes, parallel runs, W&B mode)
@@ -348,7 +349,7 @@ def start(
     ex.check_launch(
         nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, parallel=parallel
     )
-    p = profiles.get(profile, epochs=epochs)
+    p = scales.get(profile, epochs=epochs)
     chosen = list(seeds) if seeds is not None else list(p.seeds)
     if not chosen or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in chosen):
         raise ex.config.ConfigError(f"seeds={seeds!r} must be a non-empty list of integers >= 0")

@@ -10,8 +10,8 @@ from typing import Any
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
 from lbsgd.studies import at_chance, mean, note
+from lbsgd.studies.scales import Profile
 
 STUDY = "batch_scaling"
 TITLE = "3. Minibatch size (Goyal Fig. 1)"

@@ -13,8 +13,8 @@ from typing import Any
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
 from lbsgd.studies import lars
+from lbsgd.studies.scales import Profile
 
 STUDY = "bn_decay"
 TITLE = "7. No weight decay on BN and biases (Jia et al. 2018)"

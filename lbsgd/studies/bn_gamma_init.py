@@ -19,8 +19,8 @@ from typing import Any
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
 from lbsgd.studies import Metrics, at_chance, curves, mean, note
+from lbsgd.studies.scales import Profile
 
 STUDY = "bn_gamma_init"
 TITLE = "5. BN γ initialisation (Goyal Table 2b)"

@@ -31,9 +31,9 @@ import numpy as np
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
 from lbsgd.studies import Metrics, Verdict, at_chance, curves, mean
 from lbsgd.studies.batch_scaling import FLAT_PCT
+from lbsgd.studies.scales import Profile
 
 STUDY = "critical_batch"
 TITLE = "11. Critical batch size (McCandlish et al. 2018)"

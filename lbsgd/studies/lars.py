@@ -14,7 +14,7 @@ from typing import Any
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
+from lbsgd.studies.scales import Profile
 
 STUDY = "lars"
 TITLE = "6. LARS (You et al. 2017, Jia et al. 2018)"

@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from lbsgd import config, studies
+from lbsgd import costmodel as cost
 from lbsgd import experiments as ex
-from lbsgd import scaling as cost
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
 from lbsgd.studies import Verdict, mean
+from lbsgd.studies.scales import Profile
 
 STUDY = "local_sgd"
 TITLE = "12. Communication vs accuracy: post-local SGD and BMUF (Lin et al. 2020, Chen & Huo 2016)"

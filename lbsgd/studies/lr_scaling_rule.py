@@ -14,8 +14,8 @@ from typing import Any
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
 from lbsgd.studies import every, mean
+from lbsgd.studies.scales import Profile
 
 STUDY = "lr_scaling_rule"
 TITLE = "4. Learning-rate scaling rules (Goyal Table 2a)"

@@ -18,8 +18,8 @@ from typing import Any
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
 from lbsgd.studies import lars
+from lbsgd.studies.scales import Profile
 
 STUDY = "mixed_precision"
 TITLE = "9. Mixed precision (Jia et al. 2018)"

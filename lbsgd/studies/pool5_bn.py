@@ -17,8 +17,8 @@ from typing import Any
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
 from lbsgd.studies import lars
+from lbsgd.studies.scales import Profile
 
 STUDY = "pool5_bn"
 TITLE = "8. BN after pool5 in AlexNet (Jia et al. 2018)"

@@ -8,7 +8,7 @@ from typing import Any
 
 from lbsgd import studies
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
+from lbsgd.studies.scales import Profile
 
 STUDY = "quickstart"
 TITLE = "1. Quickstart"

@@ -1,7 +1,7 @@
 """10. Scaling: communication cost, measured and predicted. Trains nothing: it reads (or makes) the
 all-reduce and step-breakdown measurements of ``<results>/benchmarks/`` (``make bench`` writes
 them), fits the α–β model to the all-reduce timings, and sets the cost model
-(:mod:`lbsgd.scaling`) beside the measured steps and the published efficiencies.
+(:mod:`lbsgd.costmodel`) beside the measured steps and the published efficiencies.
 
 Its findings are deterministic comparisons of a measurement (or a published figure) with the
 model; there are no seeds. The inputs are the JSON records of ``lbsgd bench allreduce``
@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lbsgd import costmodel as cost
 from lbsgd import experiments as ex
-from lbsgd import scaling as cost
 from lbsgd import studies
 from lbsgd.experiments import Finding
 
@@ -69,7 +69,7 @@ def measure(
     """The all-reduce and step-breakdown records of ``bench_dir`` (``allreduce_cpu.json``,
     ``steps_cpu.json``), measured first (torchrun subprocesses) when absent or ``remeasure``;
     ``small``: tiny sizes and models (seconds, for the smoke profile)."""
-    from lbsgd import bench_comm
+    from lbsgd.bench import comm as bench_comm
 
     bench_dir = Path(bench_dir)
     bench_dir.mkdir(parents=True, exist_ok=True)

@@ -35,8 +35,8 @@ from typing import Any
 from lbsgd import config, studies
 from lbsgd import experiments as ex
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
 from lbsgd.studies import Verdict, mean
+from lbsgd.studies.scales import Profile
 
 STUDY = "staleness"
 TITLE = "13. Stale gradients: simulated staleness and an asynchronous parameter server (Lian et al. 2015, Zhang et al. 2016)"

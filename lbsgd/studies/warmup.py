@@ -13,8 +13,8 @@ from typing import Any
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
-from lbsgd.profiles import Profile
 from lbsgd.studies import Metrics, at_chance, curves, every, mean, note
+from lbsgd.studies.scales import Profile
 
 STUDY = "warmup"
 TITLE = "2. Warmup (Goyal Table 1)"

@@ -1,11 +1,11 @@
-"""The α–β communication model of lbsgd.scaling against hand-computed values."""
+"""The α–β communication model of lbsgd.costmodel against hand-computed values."""
 
 from __future__ import annotations
 
 import pytest
 
-from lbsgd import scaling
-from lbsgd.scaling import (
+from lbsgd import costmodel
+from lbsgd.costmodel import (
     GRADIENTS,
     LINKS,
     Cluster,
@@ -55,7 +55,7 @@ def test_hierarchical_hand_value():
 
 
 def test_no_communication_for_one_worker():
-    for algorithm in scaling.ALGORITHMS:
+    for algorithm in costmodel.ALGORITHMS:
         assert steps(algorithm, 1) == 0
         assert comm_time(algorithm, G, 1, CLUSTER) == 0.0
         pred = predict(algorithm, G, 1, 0.3, CLUSTER, overlap=False, batch_per_worker=32)
@@ -263,12 +263,12 @@ def test_bad_input_raises_value_error_naming_the_argument(call, argument):
 
 def test_compute_from_step_inverts_step_time():
     # no overlap: 0.25 s step, 0.05 s all-reduce -> 0.20 s of compute
-    assert scaling.compute_from_step(0.25, 0.05, overlap=False) == pytest.approx(0.20)
+    assert costmodel.compute_from_step(0.25, 0.05, overlap=False) == pytest.approx(0.20)
     # overlap, f = 2/3: 0.1 s <= 2/3 x 0.25 s hides entirely -> t_c = t
-    assert scaling.compute_from_step(0.25, 0.1, overlap=True) == pytest.approx(0.25)
+    assert costmodel.compute_from_step(0.25, 0.1, overlap=True) == pytest.approx(0.25)
     # overlap, 0.2 s > 2/3 x 0.25: t_c = (0.25 - 0.2) / (1/3) = 0.15, and back: 0.15 + (0.2 - 0.1)
-    t_c = scaling.compute_from_step(0.25, 0.2, overlap=True)
+    t_c = costmodel.compute_from_step(0.25, 0.2, overlap=True)
     assert t_c == pytest.approx(0.15)
-    assert scaling.step_time(t_c, 0.2, overlap=True) == pytest.approx(0.25)
+    assert costmodel.step_time(t_c, 0.2, overlap=True) == pytest.approx(0.25)
     with pytest.raises(ValueError, match="backward_fraction"):
-        scaling.compute_from_step(0.25, 0.2, backward_fraction=1.0)
+        costmodel.compute_from_step(0.25, 0.2, backward_fraction=1.0)

@@ -20,10 +20,6 @@ compared (ratio = trainer / bare), and the ratio of the medians is printed besid
 layouts from the config's micro_batch m and bn_batch n: ``plain`` (batch = BN group = m),
 ``ghost_bn`` (batch = m, BN groups of n < m), ``accum`` (batch = k·m, k accumulated micro-batches,
 BN over m).
-
-``lbsgd bench noise``: what ``noise_scale=true`` (lbsgd.noise_scale) costs, as the ratio of the
-trainer's steady step time with it to the same run's without it, alternating in one invocation, in
-three layouts (:func:`noise_layouts`); the target is at most :data:`NOISE_TARGET_PCT` % of the step.
 """
 
 from __future__ import annotations
@@ -190,7 +186,7 @@ def _config(overrides: list[str], defaults: dict | None = None) -> tuple[dict, C
     return values, cfg
 
 
-def _setup(overrides: list[str], defaults: dict | None = None) -> tuple[dict, Config]:
+def setup(overrides: list[str], defaults: dict | None = None) -> tuple[dict, Config]:
     """:func:`_config`, and the process-wide settings both sides share."""
     values, cfg = _config(overrides, defaults)
     if cfg.threads:
@@ -250,7 +246,7 @@ def _compare(
     }
 
 
-def _header(cfg: Config, steps: int, repeats: int, device: torch.device, env: dict) -> dict:
+def header(cfg: Config, steps: int, repeats: int, device: torch.device, env: dict) -> dict:
     return {
         "model": f"{cfg.model}{cfg.depth}w{cfg.width}" if cfg.model == "resnet" else cfg.model,
         "dataset": cfg.dataset,
@@ -265,7 +261,7 @@ def _header(cfg: Config, steps: int, repeats: int, device: torch.device, env: di
     }
 
 
-def _write(result: dict, out: str) -> None:
+def write(result: dict, out: str) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
 
@@ -274,7 +270,7 @@ def bench_train(
     overrides: list[str], steps: int = 150, repeats: int = 3, out: str | None = None
 ) -> dict:
     """One configuration (the keys given over :data:`DEFAULTS`); written to ``out`` if given."""
-    _, cfg = _setup(overrides)
+    _, cfg = setup(overrides)
     device = bench_device(cfg)
     splits = data.build(cfg, device)
     if not isinstance(splits.train, torch.utils.data.TensorDataset):
@@ -284,7 +280,7 @@ def bench_train(
         row = _compare(cfg, splits, steps, repeats, device, tmp)
     result = {
         "benchmark": "trainer vs bare loop",
-        **_header(cfg, steps, repeats, device, env),
+        **header(cfg, steps, repeats, device, env),
         **row,
     }
     print(
@@ -294,7 +290,7 @@ def bench_train(
         flush=True,
     )
     if out:
-        _write(result, out)
+        write(result, out)
     return result
 
 
@@ -355,7 +351,7 @@ def bench_matrix(
     out: str | None = None,
 ) -> dict:
     """Trainer vs bare loop for every variant of :func:`matrix_variants`, one line each."""
-    values, base = _setup(overrides)
+    values, base = setup(overrides)
     device = bench_device(base)
     variants = matrix_variants(base, precisions, compiles, layouts, accum)
     cfgs = [config.from_dict({**values, **keys}) for _, keys in variants]  # all refused up front
@@ -383,11 +379,11 @@ def bench_matrix(
             )
     result = {
         "benchmark": "trainer vs bare loop, matrix",
-        **_header(base, steps, repeats, device, env),
+        **header(base, steps, repeats, device, env),
         "rows": rows,
     }
     if out:
-        _write(result, out)
+        write(result, out)
     return result
 
 
@@ -466,221 +462,4 @@ def bench_recipes(
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=2) + "\n")
-    return result
-
-
-# ``lbsgd bench noise``: what ``noise_scale=true`` costs, as the ratio of the trainer's steady step
-# time with it to the same run's without it, both measured in one invocation.
-NOISE_LAYOUTS = ("accum", "half", "ddp")
-NOISE_TARGET_PCT = 5.0  # the cost the measurement should stay under, in % of step time
-# the global batch of 4 micro-batches: one process accumulates 4, two processes 2 each
-NOISE_DEFAULTS = {"batch_size": 128, "micro_batch": 32, "bn_batch": 32, "reference_batch": 128}
-
-
-def noise_layouts(cfg: Config, nproc: int) -> list[tuple[str, str, int, dict]]:
-    """(name, description, processes, keys) of each layout measured, from the config's global batch
-    B and micro-batch m (``noise_scale_batch`` = B_small):
-
-    - ``accum``: one process accumulating B/m micro-batches, B_small = m: the worst case, a
-      gradient difference, squared norm and copy after every micro-batch;
-    - ``half``: one process, B_small = B/2: two small batches per step;
-    - ``ddp``: ``nproc`` gloo processes (0: left out), B_small = the per-process share B/nproc: the
-      DDP communication hook alone reads each bucket before its all-reduce.
-
-    A layout the batch cannot make is a one-line ConfigError, before anything runs.
-    """
-    b, m = cfg.batch_size, micro_batch(cfg)
-    if b % m or b // m < 2 or (b // m) % 2:
-        raise ConfigError(
-            f"lbsgd bench noise: batch_size={b} must be an even number (>= 2) of "
-            f"micro_batch={m}: the layouts accumulate micro-batches (e.g. batch_size={4 * m})"
-        )
-    out = [
-        (
-            "accum",
-            f"1 process, {b // m} micro-batches of {m}, B_small = micro_batch = {m}",
-            1,
-            {"noise_scale_batch": m},
-        ),
-        (
-            "half",
-            f"1 process, {b // m} micro-batches of {m}, B_small = batch/2 = {b // 2}",
-            1,
-            {"noise_scale_batch": b // 2},
-        ),
-    ]
-    if nproc:
-        if nproc < 2 or b % (nproc * m):
-            raise ConfigError(
-                f"--nproc={nproc}: the ddp layout needs >= 2 processes each with whole "
-                f"micro-batches: batch_size={b} must be a multiple of {nproc} x micro_batch={m} "
-                "(--layouts accum,half leaves the layout out)"
-            )
-        share = b // nproc
-        out.append(
-            (
-                "ddp",
-                f"{nproc} gloo processes, {share // m} micro-batches of {m} each, "
-                f"B_small = per-process share = {share} (the DDP hook alone)",
-                nproc,
-                {"noise_scale_batch": share},
-            )
-        )
-    return out
-
-
-def trainer_torchrun(cfg: Config, steps: int, num_train: int, nproc: int, out_dir: str) -> Timing:
-    """:func:`trainer_run` in ``nproc`` processes on this machine (torchrun, lbsgd.bench_comm): the
-    trainer's own steady throughput of the global batch (rank 0's summary.json)."""
-    from lbsgd import bench_comm
-
-    run = cfg.replace(epochs=steps * cfg.batch_size / num_train, out_dir=out_dir, name="bench")
-    keys = Path(out_dir) / "keys.yaml"
-    keys.parent.mkdir(parents=True, exist_ok=True)
-    keys.write_text(config.dump(run))
-    bench_comm.torchrun(
-        1, nproc, ["train", "-c", str(keys)], what=f"lbsgd bench noise: {nproc} processes"
-    )
-    summary = json.loads((run.run_dir() / "summary.json").read_text())
-    if summary["steps"] != steps:
-        raise RuntimeError(
-            f"lbsgd bench noise: the trainer stopped {summary['status']} after "
-            f"{summary['steps']} of {steps} steps"
-        )
-    return Timing(summary["img_per_s"], summary.get("warmup_s"))
-
-
-def _noise_row(
-    name: str,
-    what: str,
-    nproc: int,
-    off: Config,
-    on: Config,
-    num_train: int,
-    steps: int,
-    repeats: int,
-    tmp: str,
-) -> dict:
-    """One layout: the run without and with the measurement, alternating (off then on, on then
-    off, …); step time = global batch / the trainer's steady img/s. ``ratio``: the median over
-    the repeats of each repeat's step time with / without (neighbours in time, so drifts in the
-    machine's load cancel); the ratio of the median step times and of the best beside it."""
-    runs: dict[bool, list[Timing]] = {False: [], True: []}
-    for r in range(repeats):
-        for measure in (False, True) if r % 2 == 0 else (True, False):
-            cfg, where = (on if measure else off), f"{tmp}/{name}/{r}{'on' if measure else 'off'}"
-            if cfg.compile:
-                torch._dynamo.reset()
-            if nproc == 1:
-                runs[measure].append(trainer_run(cfg, steps, num_train, where))
-            else:
-                runs[measure].append(trainer_torchrun(cfg, steps, num_train, nproc, where))
-        print(
-            f"{name}: repeat {r}: off {runs[False][-1].img_per_s:8.1f} img/s   on "
-            f"{runs[True][-1].img_per_s:8.1f} img/s",
-            flush=True,
-        )
-    ips = {k: [t.img_per_s for t in v] for k, v in runs.items()}
-    ms = {k: [1e3 * on.batch_size / x for x in v] for k, v in ips.items()}  # step times
-    # each repeat's two runs are neighbours in time: their ratio cancels drifts in machine load
-    paired = [a / b for a, b in zip(ms[True], ms[False], strict=True)]
-    ratio = statistics.median(paired)
-    d = derive(on, nproc, num_train)
-    return {
-        "layout": name,
-        "description": what,
-        "nproc": nproc,
-        "batch_size": on.batch_size,
-        "micro_batch": d.micro_batch,
-        "accum_steps": d.accum_steps,  # micro-batches per process per step
-        "noise_scale_batch": d.noise_batch,
-        "small_batches_per_process": d.accum_steps * d.micro_batch // d.noise_batch,
-        "off_step_ms_median": statistics.median(ms[False]),
-        "on_step_ms_median": statistics.median(ms[True]),
-        "ratio": ratio,  # step time with / without, median over the repeats' pairs; 1 = free
-        "paired_ratios": paired,
-        "ratio_of_medians": statistics.median(ms[True]) / statistics.median(ms[False]),
-        "ratio_best": min(ms[True]) / min(ms[False]),
-        "overhead_pct": 100 * (ratio - 1),
-        "target_pct": NOISE_TARGET_PCT,
-        "within_target": 100 * (ratio - 1) <= NOISE_TARGET_PCT,
-        "all_off_img_per_s": ips[False],
-        "all_on_img_per_s": ips[True],
-        "off_warmup_s": [t.warmup_s for t in runs[False]],
-        "on_warmup_s": [t.warmup_s for t in runs[True]],
-    }
-
-
-def bench_noise(
-    overrides: list[str],
-    steps: int = 150,
-    repeats: int = 5,
-    nproc: int = 2,
-    layouts: Sequence[str] = NOISE_LAYOUTS,
-    out: str | None = None,
-) -> dict:
-    """The cost of ``noise_scale=true`` in each layout of :func:`noise_layouts`: the trainer's
-    steady step time with the measurement over the same run's without it (same keys otherwise,
-    same invocation, alternating; median of ``repeats``; the first steps timed apart as warm-up,
-    the device waited for: the trainer's summary img_per_s). Keys over :data:`DEFAULTS` and
-    :data:`NOISE_DEFAULTS`; ``layouts``: which of :data:`NOISE_LAYOUTS`."""
-    given = config.parse_overrides(overrides)
-    if "noise_scale" in given or "noise_scale_batch" in given:
-        raise ConfigError(
-            "lbsgd bench noise sets noise_scale and noise_scale_batch itself (each layout's "
-            "B_small): leave both out"
-        )
-    values, base = _setup(overrides, {**DEFAULTS, **NOISE_DEFAULTS})
-    measured = [
-        lay for lay in noise_layouts(base, nproc if "ddp" in layouts else 0) if lay[0] in layouts
-    ]
-    device = bench_device(base)
-    left_out = {}
-    if "ddp" in layouts and device.type == "cuda" and torch.cuda.device_count() < nproc:
-        left_out["ddp"] = (
-            f"{nproc} processes need {nproc} GPUs, {torch.cuda.device_count()} visible"
-        )
-        print(f"ddp layout left out: {left_out['ddp']}", flush=True)
-        measured = [lay for lay in measured if lay[0] != "ddp"]
-    if not measured:
-        raise ConfigError(f"lbsgd bench noise: no layout to measure here ({left_out['ddp']})")
-    pairs = [
-        (
-            config.from_dict({**values, **keys}),
-            config.from_dict({**values, **keys, "noise_scale": True}),
-        )
-        for _, _, _, keys in measured
-    ]
-    splits = data.build(base, device)
-    if not isinstance(splits.train, torch.utils.data.TensorDataset):
-        raise ConfigError(f"dataset={base.dataset}: the benchmark needs an in-memory dataset")
-    num_train = len(splits.train)
-    for (_, _, n, _), (_, on) in zip(measured, pairs, strict=True):
-        derive(on, n, num_train)  # every layout refused up front, before anything runs
-    env = {**environment(device, 1), "node": platform.node()}
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        # untimed: the process's first run pays for the allocator, the kernels' first calls and
-        # the data, which would otherwise count against the first layout's first side
-        trainer_run(pairs[0][0], min(steps, TIMED_WARMUP_STEPS + 2), num_train, f"{tmp}/warm")
-        for (name, what, n, _), (off, on) in zip(measured, pairs, strict=True):
-            row = _noise_row(name, what, n, off, on, num_train, steps, repeats, tmp)
-            rows.append(row)
-            print(
-                f"{name:<6} {what}\n       step {row['off_step_ms_median']:7.2f} ms without, "
-                f"{row['on_step_ms_median']:7.2f} ms with noise_scale | step time ratio "
-                f"{row['ratio']:.3f} (of medians {row['ratio_of_medians']:.3f}, best "
-                f"{row['ratio_best']:.3f}) = "
-                f"{row['overhead_pct']:+.1f}% (target <= {NOISE_TARGET_PCT:g}%)",
-                flush=True,
-            )
-    result = {
-        "benchmark": "noise_scale=true: trainer step time with / without",
-        **_header(base, steps, repeats, device, env),
-        "target_pct": NOISE_TARGET_PCT,
-        "rows": rows,
-        "left_out": left_out,
-    }
-    if out:
-        _write(result, out)
     return result

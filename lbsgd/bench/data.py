@@ -7,7 +7,7 @@ Two numbers from one invocation, on the run's device (the ``device`` key: auto =
   with the trainer's seeded augmentation, up to normalised batches on the device (the device is
   waited for before the clock stops). The first batch (worker start-up, first file reads) is timed
   apart as ``loader_startup_s``.
-* **compute**: the model's own steady images per second (:func:`lbsgd.bench.bare_loop`) on
+* **compute**: the model's own steady images per second (:func:`lbsgd.bench.train.bare_loop`) on
   in-memory data of the same shape (``dataset=fake`` with the dataset's image size and classes),
   resident on the device: what training would reach with a loader that costs nothing.
 
@@ -24,7 +24,8 @@ import time
 
 import torch
 
-from lbsgd import bench, data, distributed
+from lbsgd import data, distributed
+from lbsgd.bench import train as bench
 from lbsgd.config import ConfigError, micro_batch
 from lbsgd.data import folders
 from lbsgd.environment import environment
@@ -86,7 +87,7 @@ def bench_data(
     if workers < 0:
         raise ConfigError(f"--workers={workers} must be 0 (main process) or more")
     train, size, classes = _real_train(dataset, data_dir)
-    _, cfg = bench._setup(
+    _, cfg = bench.setup(
         [*overrides, "dataset=fake", f"fake_image_size={size}", f"fake_classes={classes}"]
     )
     device = bench.bench_device(cfg)
@@ -101,7 +102,7 @@ def bench_data(
     splits = data.build(cfg, device)
     compute = bench.bare_loop(cfg, splits, steps, device)
     print(
-        f"compute {bench._header(cfg, steps, 1, device, env)['model']} {cfg.precision} on "
+        f"compute {bench.header(cfg, steps, 1, device, env)['model']} {cfg.precision} on "
         f"{size}x{size}, {classes} classes: {compute.img_per_s:9.1f} img/s",
         flush=True,
     )
@@ -133,8 +134,8 @@ def bench_data(
         "compute_warmup_s": compute.warmup_s,
         "loader_over_compute": ratio,
         "bound": bound,
-        **{k: v for k, v in bench._header(cfg, steps, 1, device, env).items() if k != "dataset"},
+        **{k: v for k, v in bench.header(cfg, steps, 1, device, env).items() if k != "dataset"},
     }
     if out:
-        bench._write(result, out)
+        bench.write(result, out)
     return result

@@ -1,0 +1,290 @@
+"""Run ``lbsgd <args>`` in every process of torchrun agents on this machine, and never hang.
+
+torchrun stops its group when a worker fails, but not when one exits 0 while another still waits
+(a deadlock, or a peer gone). :func:`torchrun` therefore watches every worker (each records its pid
+and exit status, :func:`run_worker`), gives the rest a grace period once any has exited, then dumps
+the stacks of those still running and kills them; on any failure it says in one line which rank
+failed first and how (:func:`_report`). The benchmarks that need several processes
+(``lbsgd bench allreduce``, ``bench train --nproc``, ``bench noise``'s ddp layout) start them here.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import runpy
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from lbsgd import launch
+
+# How long the other workers may take to exit once one has exited or an agent has stopped: then
+# the ones still running are taken to hang, and are stopped and reported.
+EXIT_GRACE_S = 60.0
+_STATUS_DIR = "LBSGD_WORKER_STATUS_DIR"
+# What each worker runs (torchrun --no-python): run_worker, with Python's stacks on a crash and on
+# SIGUSR1 (the launcher's question to a worker that hangs), written to its stderr.
+WORKER = (
+    "import faulthandler, signal, sys; faulthandler.enable(); "
+    "faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    "from lbsgd.bench.torchrun import run_worker; run_worker(sys.argv[1:])"
+)
+# torchrun's summary of failed workers (torch.distributed.elastic's ChildFailedError): each one's
+# rank and exit code, and the first failure it saw
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+_ROOT_CAUSE = re.compile(r"Root Cause[^\n]*\n(?:[^\n]*\n){0,4}?\s*rank\s*:\s*(\d+)")
+_SIGNALS = {s.value for s in signal.Signals}
+_STOPS = {signal.SIGTERM, signal.SIGKILL, signal.SIGINT}  # how torchrun (or a person) stops one
+
+
+def run_worker(argv: list[str]) -> None:
+    """One worker of :func:`torchrun`: ``lbsgd <argv>``, with its pid and then its exit status in
+    ``$LBSGD_WORKER_STATUS_DIR/rank<RANK>.pid|.exit``, for the launcher to tell a worker that has
+    exited (and with what) from one that is still running."""
+    where = Path(os.environ[_STATUS_DIR]) / f"rank{os.environ['RANK']}"
+    where.with_suffix(".pid").write_text(str(os.getpid()))
+    code: int = 1
+    sys.argv = ["lbsgd", *argv]
+    try:  # python -m lbsgd: its exit status arrives as SystemExit
+        runpy.run_module("lbsgd", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        raise
+    finally:
+        where.with_suffix(".exit").write_text(str(code))
+
+
+def torchrun(
+    nodes: int, per_node: int, args: list[str], what: str = "lbsgd", grace_s: float = EXIT_GRACE_S
+) -> None:
+    """Run ``lbsgd <args>`` (:func:`run_worker`) on ``nodes`` torchrun agents of ``per_node``
+    processes on this machine (static rendezvous on 127.0.0.1: node ranks 0 …).
+
+    Never hangs on a worker that died: torchrun stops the group when a worker fails, but not when
+    one exits 0 while another still waits (a deadlock, or a peer gone). So once any worker or agent
+    has exited, the rest get ``grace_s`` seconds; then the ones still running dump their Python
+    stacks and are killed. On any failure each failed rank's exit code (or "still running") and
+    last stderr lines go to stderr, and SystemExit carries one line, prefixed ``what``.
+    """
+    endpoint = f"{launch.HOST}:{launch.free_port()}"
+    with tempfile.TemporaryDirectory(prefix="lbsgd-torchrun-") as tmp:
+        status, logs = Path(tmp) / "status", Path(tmp) / "logs"
+        status.mkdir()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", _STATUS_DIR: str(status)}
+        worker = ["--no-python", sys.executable, "-u", "-c", WORKER, *args]
+        agents, tails = [], []
+        try:
+            for i in range(nodes):
+                options = ["--tee=2", f"--log-dir={logs / str(i)}"]
+                launcher = launch.torchrun(
+                    per_node, nnodes=nodes, endpoint=endpoint, node_rank=i, options=options
+                )
+                agents.append(
+                    subprocess.Popen(
+                        [*launcher, *worker],
+                        env=env,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                        errors="replace",
+                    )
+                )
+                tails.append(_forward(agents[-1].stderr))
+            hung = _wait(agents, status, grace_s)
+        finally:
+            for a in agents:  # nothing is left behind, on any exit (Ctrl-C included)
+                if a.poll() is None:
+                    _kill_workers(status)
+                    a.kill()
+                a.wait()
+            for t in tails:
+                t.join(timeout=5)
+        codes = [a.returncode for a in agents]
+        if hung is None and not any(codes):
+            return
+        report = _report(
+            status,
+            logs,
+            per_node,
+            nodes * per_node,
+            hung or {},
+            codes,
+            "".join(line for t in tails for line in t.lines),
+            grace_s,
+        )
+    raise SystemExit(f"{what}: {report}")
+
+
+class _Forward(threading.Thread):
+    """Copies an agent's stderr to ours line by line (a notebook shows it too), keeping the last
+    lines: torchrun's summary of a failed worker."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.lines = stream, collections.deque(maxlen=400)
+
+    def run(self) -> None:
+        for line in self.stream:
+            self.lines.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+
+def _forward(stream) -> _Forward:
+    t = _Forward(stream)
+    t.start()
+    return t
+
+
+def _wait(agents: list, status: Path, grace_s: float) -> dict[int, int] | None:
+    """Wait for every agent. None when they all exited in time; else, ``grace_s`` after the first
+    worker or agent exited, the ranks still running (rank: pid), their stacks dumped to their
+    stderr, and every worker killed."""
+    first_exit = None
+    while any(a.poll() is None for a in agents):
+        if first_exit is None and (
+            any(status.glob("*.exit")) or any(a.poll() is not None for a in agents)
+        ):
+            first_exit = time.monotonic()
+        if first_exit is not None and time.monotonic() - first_exit > grace_s:
+            running = {r: pid for r, pid in _pids(status).items() if _alive(pid)}
+            for pid in running.values():
+                _signal(pid, signal.SIGUSR1)  # faulthandler: its stacks to its stderr log
+            time.sleep(2)
+            _kill_workers(status)
+            return running
+        time.sleep(0.2)
+    return None
+
+
+def _pids(status: Path) -> dict[int, int]:
+    out = {}
+    for f in status.glob("rank*.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            out[int(f.stem[4:])] = int(f.read_text())
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped by its agent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, sig)
+
+
+def _kill_workers(status: Path) -> None:
+    for pid in _pids(status).values():
+        if _alive(pid):
+            _signal(pid, signal.SIGKILL)
+
+
+def _stderr_tail(logs: Path, rank: int, per_node: int, n: int = 15) -> list[str]:
+    """The last ``n`` non-empty lines the worker of ``rank`` wrote to stderr (torchrun's log)."""
+    node, local = divmod(rank, per_node)
+    files = sorted(logs.glob(f"{node}/*/attempt_*/{local}/stderr.log"))
+    if not files:
+        return []
+    lines = files[-1].read_text(errors="replace").splitlines()
+    noise = ("Extension modules:", "(total: ")  # faulthandler's list of loaded modules
+    return [line for line in lines if line.strip() and not line.startswith(noise)][-n:]
+
+
+def _exits(status: Path, agent_err: str) -> tuple[dict[int, int], dict[int, float]]:
+    """Each rank's exit code and when it exited (its ``.exit`` file), and the codes torchrun's
+    summary gives for the ranks a signal killed (no ``.exit`` file of their own)."""
+    exits, exited_at = {}, {}
+    for f in status.glob("rank*.exit"):
+        with contextlib.suppress(ValueError, OSError):
+            exits[int(f.stem[4:])] = int(f.read_text())
+            exited_at[int(f.stem[4:])] = f.stat().st_mtime
+    for rank, code in _FAILURE.findall(agent_err):
+        exits.setdefault(int(rank), int(code))
+    return exits, exited_at
+
+
+def _state(
+    rank: int, hung: dict[int, int], exits: dict[int, int], started: dict[int, int], grace_s: float
+) -> str:
+    """One rank's state, in words: hung (and killed), exited (with the signal's name), or not."""
+    if rank in hung:
+        return f"still running {grace_s:g} s after a worker exited (killed)"
+    if rank in exits:
+        code = exits[rank]
+        sig = f" ({signal.Signals(-code).name})" if -code in _SIGNALS else ""
+        return f"exited with {code}{sig}"
+    return "ended without an exit status" if rank in started else "never started"
+
+
+def _report(
+    status: Path,
+    logs: Path,
+    per_node: int,
+    world: int,
+    hung: dict[int, int],
+    codes: list[int],
+    agent_err: str,
+    grace_s: float,
+) -> str:
+    """Each failed rank's state (exit code, or still running) and last stderr lines, to stderr;
+    back, one line: the first failure (a crash, else the first rank to exit non-zero, else
+    torchrun's root cause, else a rank that hung) with its telling stderr line, then every other
+    rank's state."""
+    exits, exited_at = _exits(status, agent_err)
+    started = _pids(status)
+    states = {r: _state(r, hung, exits, started, grace_s) for r in range(world)}
+    if not started and not exits:
+        return f"torchrun exited with {codes} before any worker started (its output is above)"
+    failed = [r for r in range(world) if states[r] != "exited with 0"]
+    tails = {r: _stderr_tail(logs, r, per_node, 25 if r in hung else 15) for r in failed}
+    for rank in failed:
+        print(f"--- rank {rank}: {states[rank]}; last stderr lines:", file=sys.stderr)
+        for line in tails[rank] or ["(none)"]:
+            print(f"  {line}", file=sys.stderr)
+    sys.stderr.flush()
+    if not failed:  # every worker exited 0, but an agent failed or did not exit
+        parts = ", ".join(f"rank {r} {states[r]}" for r in range(world))
+        return f"{parts}; torchrun agents exited with {codes}"
+    roots = {int(r) for r in _ROOT_CAUSE.findall(agent_err)}
+
+    def cause(r: int) -> tuple:  # a crash, an error exit (the first), torchrun's root cause, a hang
+        crash = exits.get(r, 0) < 0 and -exits[r] not in _STOPS
+        error = r in exited_at and exits[r] != 0
+        rank = 0 if crash else 1 if error else 2 if r in roots else 3 if r in hung else 4
+        return rank, exited_at.get(r, 0.0), r
+
+    first = min(failed, key=cause)
+    line = _telling(tails[first], first in hung)
+    others = [f"rank {r} {states[r]}" for r in range(world) if r != first]
+    return f"rank {first} {states[first]}{': ' + line if line else ''}" + (
+        f"; {', '.join(others)}" if others else ""
+    )
+
+
+def _telling(tail: list[str], hung: bool) -> str:
+    """The line of a failed worker's stderr that says most: faulthandler's fatal error and the
+    innermost frame, a hung worker's innermost frame, else the last line."""
+    starts = [i for i, t in enumerate(tail) if t.startswith("Current thread")]
+    frame = tail[starts[-1] + 1].strip() if starts and starts[-1] + 1 < len(tail) else ""
+    fatal = [t for t in tail if t.startswith("Fatal Python error")]
+    if fatal:
+        return fatal[-1].strip() + (f", at {frame}" if frame else "")
+    if hung and frame:
+        return f"at {frame}"
+    return tail[-1].strip() if tail else ""

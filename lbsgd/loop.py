@@ -1,0 +1,314 @@
+"""Pieces of a training loop shared by the synchronous trainer and the parameter server.
+
+- :func:`decide`: per optimizer step, whether to flush the metrics, evaluate, checkpoint, stop; a
+  pure function of the step, the run's length and the config's cadences.
+- :class:`WindowClock`: training time in windows that tile it (one per metric flush), with the
+  time spent evaluating and checkpointing set aside.
+- :class:`StopSignals`: a scheduler's stop request recorded instead of killing the process.
+- :func:`build_net` and :func:`pick_micro_batch`: the network, its precision and derived values.
+- :func:`open_run_dir` and :func:`new_summary`: a run's config.yaml, tracker and summary.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from lbsgd import data, distributed, models
+from lbsgd.config import Config, ConfigError, Derived, derive, dump, micro_batch_candidates
+from lbsgd.environment import environment
+from lbsgd.models import ghost_bn
+from lbsgd.precision import Precision
+from lbsgd.tracking import Tracker
+
+# Asked to stop (a scheduler's pre-emption or time limit: SLURM sends SIGTERM, or the signal of
+# --signal=USR1@90; torchrun's agent passes its own SIGTERM on to the workers): the processes agree
+# on a step at the next metric flush, write a checkpoint there and exit with "interrupted".
+# SIGINT (Ctrl-C on `lbsgd train`, at the terminal on torchrun and its workers) stops the same way:
+# status "interrupted", exit code 143, whichever signal asked.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+# -- the per-step decisions -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """When a run flushes, evaluates and checkpoints: the config's keys and the run's length."""
+
+    total_steps: int
+    log_every: int  # optimizer steps between metric flushes (at the latest)
+    eval_every: int  # epochs between evaluations (0: only at the end)
+    checkpoint: bool  # whether checkpoints are written at all
+    checkpoint_every: int  # optimizer steps between checkpoints besides epoch ends (0: none)
+    epoch_of: Callable[[int], float]  # epochs completed after a number of steps (StepSampler's)
+
+    @classmethod
+    def of(cls, cfg: Config, total_steps: int, epoch_of: Callable[[int], float]) -> Cadence:
+        return cls(
+            total_steps,
+            cfg.log_every,
+            cfg.eval_every,
+            cfg.checkpoint,
+            cfg.checkpoint_every,
+            epoch_of,
+        )
+
+
+class Decision(NamedTuple):
+    """What the loop does after an optimizer step, in this order."""
+
+    flush: bool  # average and log the pending losses (the collective that agrees on a stop)
+    boundary: bool  # an epoch's end or the last step: local SGD's models are averaged here
+    evaluate: bool  # evaluate on the test split
+    checkpoint: bool  # write a checkpoint
+    stop: bool  # leave the loop, asked to stop (status "interrupted")
+
+
+def decide(
+    cadence: Cadence,
+    done: int,
+    pending: int,
+    in_sync: bool = True,
+    stop_agreed: bool = False,
+) -> Decision:
+    """The decisions after step ``done`` (1-based: ``done`` steps are complete), with ``pending``
+    steps not flushed yet (this one included).
+
+    At an epoch's end and at the last step: flush, evaluate (at the last step, and every
+    ``eval_every`` epochs), checkpoint. Between them, every ``checkpoint_every`` steps, a
+    checkpoint where the processes' models agree (``in_sync``: not inside a local SGD block); every
+    step before a checkpoint is flushed first, so a resumed run's metrics miss none. A stop agreed
+    at a flush (``stop_agreed``) ends the run there, with a checkpoint where the models agree; at
+    the last step the run completes instead.
+    """
+    last = done == cadence.total_steps
+    # epochs completed: epoch_of is steps·batch/N, exact at whole epochs (integers far below 2^53)
+    epoch = math.floor(cadence.epoch_of(done))
+    boundary = last or epoch > math.floor(cadence.epoch_of(done - 1))
+    save_due = bool(cadence.checkpoint_every) and done % cadence.checkpoint_every == 0
+    save_due = save_due and cadence.checkpoint and in_sync and not boundary
+    stop = stop_agreed and not last
+    evaluate = boundary and (last or (bool(cadence.eval_every) and epoch % cadence.eval_every == 0))
+    return Decision(
+        flush=pending >= cadence.log_every or boundary or save_due,
+        boundary=boundary,
+        evaluate=evaluate,
+        checkpoint=cadence.checkpoint and (boundary or save_due or (stop and in_sync)),
+        stop=stop,
+    )
+
+
+# -- time -----------------------------------------------------------------------------------------
+
+
+class WindowClock:
+    """Training time since the loop started, less the time set aside (evaluation, checkpoints);
+    cut into windows, one per metric flush, that tile it (a flush's own host time is counted in
+    the next window)."""
+
+    def __init__(self) -> None:
+        self.start = self.window = time.perf_counter()
+        self.aside = 0.0  # seconds set aside: evaluation and checkpoints, not training
+        self.train_s = 0.0  # training seconds up to the last closed window
+        self.warm_s = 0.0  # training seconds up to the end of the timed warm-up
+
+    def elapsed(self) -> float:
+        """Training seconds so far."""
+        return time.perf_counter() - self.start - self.aside
+
+    def close_window(self, samples: int) -> float:
+        """End the current window, which trained ``samples`` samples; returns its samples/s."""
+        now = time.perf_counter()
+        self.train_s = now - self.start - self.aside
+        rate = samples / max(now - self.window, 1e-9)
+        self.window = now
+        return rate
+
+    def mark_warm(self) -> None:
+        """The timed warm-up ends here."""
+        self.warm_s = self.elapsed()
+
+    @contextlib.contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Time spent in the block is not training time (nor the current window's)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - t0
+            self.aside += spent
+            self.window += spent
+
+
+# -- stop signals ---------------------------------------------------------------------------------
+
+
+class StopSignals:
+    """Within ``with``: STOP_SIGNALS are recorded (``caught``: the signal's name) instead of
+    killing the process; the loop acts on them at its next agreement point. The handlers they
+    replace are put back on exit."""
+
+    def __init__(self) -> None:
+        self.caught: str | None = None
+        self._handlers: dict[Any, Any] = {}
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.caught = signal.Signals(signum).name
+
+    def __enter__(self) -> StopSignals:
+        try:
+            for sig in STOP_SIGNALS:
+                self._handlers[sig] = signal.signal(sig, self._record)
+        except ValueError:  # not the main thread: leave signals to whoever owns it
+            pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._handlers.items():
+            signal.signal(sig, handler)
+        self._handlers = {}
+
+
+# -- the run directory ----------------------------------------------------------------------------
+
+
+def open_run_dir(cfg: Config, d: Derived, truncate_after_step: int | None = None) -> Tracker:
+    """Rank 0's: the run directory, its config.yaml (keys and derived values), and the tracker
+    (metrics.jsonl, W&B); on resume (``truncate_after_step``: the checkpoint's step) the records
+    after that step are dropped."""
+    run_dir = cfg.run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump(cfg, d))
+    return Tracker(
+        run_dir,
+        {**cfg.to_dict(), **d.to_dict()},
+        mode=cfg.wandb,
+        project=cfg.wandb_project,
+        group=cfg.study,
+        name=cfg.run_name(),
+        truncate_after_step=truncate_after_step,
+    )
+
+
+def new_summary(
+    cfg: Config, ctx: distributed.Context, d: Derived, splits: data.Splits, steps: int
+) -> dict[str, Any]:
+    """summary.json's content as a run starts (``steps`` done already): status "running", the
+    run's identity and its environment (the training split's digest: rank 0's)."""
+    return {
+        "status": "running",
+        "run": cfg.run_name(),
+        "study": cfg.study,
+        "experiment_id": cfg.experiment_id(),
+        "steps": steps,
+        "total_steps": d.total_steps,
+        "environment": {
+            **environment(
+                ctx.device,
+                ctx.world_size,
+                cpu_isa=cfg.cpu_isa,
+                train_split=splits.train if ctx.is_main else None,
+            ),
+            "backend": distributed.backend_name(ctx.device, cfg.backend),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+        },
+    }
+
+
+# -- the network ----------------------------------------------------------------------------------
+
+
+class Net(NamedTuple):
+    """A run's network on its device, as built before any checkpoint is loaded."""
+
+    net: torch.nn.Module  # the raw module: its parameters, buffers and state_dict are the run's
+    ghost: list[torch.nn.Module]  # its ghost-BN modules (lbsgd.models.ghost_bn)
+    precision: Precision
+    d: Derived  # the derived values, with the micro-batch picked by micro_batch=auto
+
+
+def build_net(cfg: Config, ctx: distributed.Context, splits: data.Splits) -> Net:
+    """The network, initialised from ``cfg.seed`` alone (the same on every rank and for every
+    batch size), BN converted to ghost BN, on the device; then the derived values."""
+    torch.manual_seed(cfg.seed)
+    net = models.build(cfg, splits.num_classes, splits.image_size)
+    ghost = ghost_bn.ghost_modules(ghost_bn.convert(net, cfg.bn_batch))
+    net.to(ctx.device)
+    if cfg.channels_last:
+        net.to(memory_format=torch.channels_last)
+    precision = Precision(cfg.precision, ctx.device, cfg.loss_scale)
+    micro = None
+    if cfg.micro_batch == "auto":
+        micro = pick_micro_batch(cfg, ctx, net, splits, precision)
+    return Net(net, ghost, precision, derive(cfg, ctx.world_size, len(splits.train), micro))
+
+
+# micro_batch=auto on a CPU: no memory probe (running out of host memory kills the process rather
+# than raising), the largest candidate up to this many samples
+CPU_AUTO_MICRO_BATCH = 256
+# micro_batch=auto on a GPU: a candidate fits when its probe's peak memory stays under this share
+# of the device's memory (the rest: optimizer state, DDP buckets, prefetched batches, fragmentation)
+GPU_MEMORY_SHARE = 0.85
+
+
+def pick_micro_batch(
+    cfg: Config, ctx: distributed.Context, net: torch.nn.Module, splits, precision: Precision
+) -> int:
+    """``micro_batch=auto``: the largest multiple of bn_batch dividing the per-process share that
+    fits the device. On CUDA each candidate, largest first, is probed with one training forward and
+    backward on random inputs of the dataset's shape, leaving no trace (buffers, RNG, gradients
+    restored); every process takes the smallest choice of all (the layout needs one micro-batch)."""
+    candidates = micro_batch_candidates(cfg, ctx.world_size)
+    if ctx.device.type != "cuda":
+        choice = next((m for m in candidates if m <= CPU_AUTO_MICRO_BATCH), candidates[-1])
+    else:
+        total = torch.cuda.get_device_properties(ctx.device).total_memory
+        fits = (
+            m
+            for m in candidates
+            if _probe(net, m, splits, cfg, ctx.device, precision) <= GPU_MEMORY_SHARE * total
+        )
+        choice = next(fits, 0)
+        if not choice:
+            raise ConfigError(
+                f"micro_batch=auto: not even micro_batch={candidates[-1]} (one BN group of "
+                f"bn_batch={cfg.bn_batch}) fits in the memory of {ctx.device}"
+            )
+    choice = -int(distributed.all_reduce_max(torch.tensor([-choice], device=ctx.device)).item())
+    if ctx.is_main:
+        print(f"lbsgd: micro_batch=auto -> {choice} (candidates {candidates})", flush=True)
+    return choice
+
+
+def _probe(net, m: int, splits, cfg: Config, device: torch.device, precision: Precision) -> float:
+    """Peak device memory (bytes) of one training forward/backward of ``m`` samples; inf when it
+    does not fit."""
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    size = splits.image_size
+    buffers = [b.detach().clone() for b in net.buffers()]
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    try:
+        with torch.random.fork_rng(devices=[device]):
+            x = torch.randn(m, 3, size, size, device=device).contiguous(memory_format=fmt)
+            y = torch.randint(0, splits.num_classes, (m,), device=device)
+            with precision.autocast():
+                loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            del x, y, loss
+        peak = float(torch.cuda.max_memory_allocated(device))
+    except torch.cuda.OutOfMemoryError:
+        peak = math.inf
+    finally:
+        net.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            torch._foreach_copy_(list(net.buffers()), buffers)
+        torch.cuda.empty_cache()
+    return peak

@@ -1,0 +1,84 @@
+"""The run directory's policy: whether a run may start there, its status, its summary.json.
+
+A directory holding a run is never overwritten: with ``resume=true`` the run continues when its
+experiment keys are the same, otherwise a one-line ConfigError names the difference. summary.json
+is strict JSON (a diverged loss is written as the string "nan"), replaced atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from lbsgd.config import Config, ConfigError, check_place, read_yaml
+
+# A run's status and the exit code of ``lbsgd train`` (and of W&B's run) that reports it
+STATUS_EXIT_CODE = {"completed": 0, "diverged": 3, "interrupted": 143}
+
+
+def check_run_dir(cfg: Config) -> str:
+    """'new', 'resume' or 'completed'; a directory holding another run is never overwritten.
+
+    Reads only: a refusal is a one-line ConfigError and leaves every file as it was."""
+    check_place(cfg.out_dir, cfg.study, cfg.run_name())  # a file on the way: no traceback
+    run_dir = cfg.run_dir()
+    if (run_dir / "config.yaml").exists():
+        status = read_status(run_dir)
+        if not cfg.resume:
+            raise ConfigError(
+                f"run directory {str(run_dir)!r} already holds a run (status={status}); pass "
+                "resume=true to continue it, or choose another name= or out_dir="
+            )
+        same_experiment(cfg, read_yaml(run_dir / "config.yaml"), str(run_dir))
+        return "completed" if status == "completed" else "resume"
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"run directory {str(run_dir)!r} exists and is not empty; choose another name="
+        )
+    return "new"
+
+
+def same_experiment(cfg: Config, old: dict[str, Any], where: str) -> None:
+    """Refuse to continue ``old`` (a saved config) with other experiment keys, naming each."""
+    new = cfg.keys_of("experiment")
+    differ = [k for k in new if k in old and plain(old[k]) != plain(new[k])]
+    if differ:
+        shown = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in differ)
+        raise ConfigError(f"resume=true but experiment keys differ from {where}: {shown}")
+
+
+def read_status(run_dir: Path) -> str:
+    """The status in ``run_dir/summary.json``; "unknown" when it is missing or unreadable."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status", "unknown")
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """``run_dir/summary.json`` as written (a completed run's result)."""
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """``run_dir/summary.json``, replaced atomically (strict JSON: non-finite floats as strings)."""
+    path = run_dir / "summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(finite(summary), indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def finite(v: Any) -> Any:
+    """Strict JSON: non-finite floats (a diverged loss) become the strings "nan" / "inf"."""
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def plain(v: Any) -> Any:
+    """A value as YAML and JSON read it back: a tuple is a list."""
+    return list(v) if isinstance(v, tuple) else v

@@ -1,0 +1,121 @@
+"""The package's layers (docs/ARCHITECTURE.md): imports point down only, with no cycle.
+
+Read from the source with ``ast`` (every ``import lbsgd.x`` and ``from lbsgd… import …``, at module
+level or inside a function), so a lazy import is held to the same rule as an eager one."""
+
+import ast
+from pathlib import Path
+
+import lbsgd
+
+PACKAGE = Path(lbsgd.__file__).resolve().parent
+
+# Bottom to top, as in docs/ARCHITECTURE.md. A unit is a top-level module or subpackage of lbsgd;
+# imports inside one unit are its own business. A unit may import units of its own band (the
+# graph stays acyclic) and of the bands below, never above.
+BANDS = [
+    ("vocabulary", {"config", "registry"}),
+    (
+        "mechanisms",
+        {
+            "isa",
+            "comm",
+            "distributed",
+            "precision",
+            "schedules",
+            "noise_scale",
+            "staleness",
+            "costmodel",
+            "launch",
+        },
+    ),
+    ("components", {"data", "models", "optim"}),
+    ("run state", {"checkpoint", "tracking", "environment", "rundir", "evaluation"}),
+    ("loops", {"loop", "parameter_server", "trainer"}),
+    ("harness", {"experiments", "bench", "__init__"}),
+    ("studies", {"studies"}),
+    ("reports", {"verify", "report"}),
+    ("command line", {"cli", "__main__"}),
+]
+BAND = {unit: i for i, (_, units) in enumerate(BANDS) for unit in units}
+
+
+def unit_of(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py")
+
+
+def imported_units(path: Path) -> set[str]:
+    """The lbsgd units a module imports (``from lbsgd import x`` counts x when it is a unit)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+            if node.module == "lbsgd":
+                names = [f"lbsgd.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "lbsgd":
+                found.add(parts[1] if len(parts) > 1 and parts[1] in BAND else "__init__")
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        unit = unit_of(path)
+        edges.setdefault(unit, set()).update(imported_units(path) - {unit})
+    return edges
+
+
+def test_every_unit_of_the_package_has_a_band():
+    assert set(graph()) - set(BAND) == set(), "add the new module to BANDS and ARCHITECTURE.md"
+    assert set(BAND) - set(graph()) == set(), "a module in BANDS no longer exists"
+
+
+def test_imports_point_down_only():
+    upward = [
+        f"{unit} ({BANDS[BAND[unit]][0]}) imports {dep} ({BANDS[BAND[dep]][0]})"
+        for unit, deps in graph().items()
+        for dep in sorted(deps)
+        if BAND[dep] > BAND[unit]
+    ]
+    assert upward == []
+
+
+def test_the_import_graph_has_no_cycle():
+    edges, state, cycles = graph(), {}, []
+
+    def visit(unit: str, stack: list[str]) -> None:
+        state[unit] = "open"
+        for dep in sorted(edges.get(unit, ())):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join([*stack[stack.index(dep) :], dep]))
+            elif dep not in state:
+                visit(dep, [*stack, dep])
+        state[unit] = "done"
+
+    for unit in sorted(edges):
+        if unit not in state:
+            visit(unit, [unit])
+    assert cycles == []
+
+
+def test_only_distributed_and_comm_import_torch_distributed():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if unit_of(path) in {"distributed", "comm"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            if any(n == "torch.distributed" or n.startswith("torch.distributed.") for n in names):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert offenders == []
