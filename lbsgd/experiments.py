@@ -90,7 +90,7 @@ class _Job:
 MEASUREMENT_KEYS = ("noise_scale", "noise_scale_batch", "noise_scale_ema")
 
 
-def _find_identical(cfg: Config, root: Path) -> Path | None:
+def find_identical(cfg: Config, root: Path) -> Path | None:
     """A finished run with the same experiment keys in another study of ``root`` (the runs'
     ``out_dir``: one profile's folder, so a run of another profile is never taken) that recorded
     the same measurements (:data:`MEASUREMENT_KEYS`, as its config.yaml has them)."""
@@ -248,7 +248,7 @@ def sweep(
         if rundir.read_status(run_dir) in DONE:
             say(f"[{i}/{len(cfgs)}] {c.run_name()}: already {rundir.read_status(run_dir)}, skipped")
             continue
-        twin = _find_identical(c, Path(out_dir))
+        twin = find_identical(c, Path(out_dir))
         if twin is not None and not run_dir.exists():
             _copy_run(twin, c)
             say(f"[{i}/{len(cfgs)}] {c.run_name()}: identical run in {twin.parent.name}/, copied")

@@ -128,7 +128,7 @@ def test_grouped_kernels_equal_the_folded_formulation_used_under_compile(fmt):
     x = torch.randn(g * n, c, 3, 3).contiguous(memory_format=fmt)
     upstream = torch.randn(g * n, c, 3, 3)
     results = []
-    for fn in (ghost_bn._GroupedBatchNorm.apply, ghost_bn._folded):
+    for fn in (ghost_bn.GroupedBatchNorm.apply, ghost_bn.folded):
         bn = make(c, n)
         xi = x.clone().requires_grad_()
         stats = torch.zeros(2, g, c)

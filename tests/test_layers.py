@@ -119,3 +119,33 @@ def test_only_distributed_and_comm_import_torch_distributed():
             if any(n == "torch.distributed" or n.startswith("torch.distributed.") for n in names):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert offenders == []
+
+
+def test_no_test_uses_a_private_name_of_the_package():
+    """Tests hold the public API: no ``from lbsgd… import _x`` and no ``module._x`` on a name bound
+    to an lbsgd module (dunder names aside)."""
+    private = []
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        modules = set()  # local names bound to lbsgd modules
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules |= {a.asname or a.name for a in node.names if a.name.startswith("lbsgd")}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lbsgd"):
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        private.append(f"{path.name}:{node.lineno} imports {a.name}")
+                    if (PACKAGE.parent / node.module.replace(".", "/") / a.name).exists() or (
+                        PACKAGE.parent / node.module.replace(".", "/") / f"{a.name}.py"
+                    ).exists():
+                        modules.add(a.asname or a.name)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                private.append(f"{path.name}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert private == []

@@ -102,16 +102,16 @@ def test_a_twin_is_copied_within_its_profile_only_and_named_as_this_studys_run(
     other_profile = _completed_twin(tmp_path / "cpu", "warmup", keys)
     twin = _completed_twin(tmp_path / "smoke", "warmup", keys)
     cfg = config.from_dict({**keys, "study": "lr", "out_dir": str(tmp_path / "smoke")})
-    assert ex._find_identical(cfg, tmp_path / "smoke") == twin
-    assert ex._find_identical(cfg, tmp_path / "cpu") == other_profile
-    assert ex._find_identical(cfg, tmp_path / "imagenet") is None  # another profile's is not seen
+    assert ex.find_identical(cfg, tmp_path / "smoke") == twin
+    assert ex.find_identical(cfg, tmp_path / "cpu") == other_profile
+    assert ex.find_identical(cfg, tmp_path / "imagenet") is None  # another profile's is not seen
     # the same experiment measured otherwise (noise_scale: a run key) is no twin: its records lack
     # the measurement this run asks for
     measured = cfg.replace(noise_scale=True)
     assert measured.experiment_id() == cfg.experiment_id()
-    assert ex._find_identical(measured, tmp_path / "smoke") is None
+    assert ex.find_identical(measured, tmp_path / "smoke") is None
     both = _completed_twin(tmp_path / "smoke", "critical_batch", {**keys, "noise_scale": True})
-    assert ex._find_identical(measured, tmp_path / "smoke") == both
+    assert ex.find_identical(measured, tmp_path / "smoke") == both
 
     df = ex.sweep("lr", [keys], out_dir=tmp_path / "smoke", profile="smoke", quiet=True)
     copy = tmp_path / "smoke" / "lr" / cfg.run_name()

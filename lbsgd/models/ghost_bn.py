@@ -81,9 +81,9 @@ class GhostBatchNorm(_BatchNorm):
                 x, stats[0, 0], stats[1, 0], self.weight, self.bias, True, 1.0, self.eps
             )
         elif torch.compiler.is_compiling():
-            y = _folded(x, self.weight, self.bias, stats, n, self.eps)
+            y = folded(x, self.weight, self.bias, stats, n, self.eps)
         else:
-            y = _GroupedBatchNorm.apply(x, self.weight, self.bias, stats, n, self.eps)
+            y = GroupedBatchNorm.apply(x, self.weight, self.bias, stats, n, self.eps)
         with torch.no_grad():  # in place on the buffer: no Module.__setattr__ per forward
             self.group_sums.add_(stats[:, 0] if g == 1 else stats.sum(1))
         return y
@@ -105,7 +105,7 @@ class GhostBatchNorm(_BatchNorm):
         return self.group_sums[1]
 
 
-def _folded(x: Tensor, weight, bias, stats: Tensor, n: int, eps: float) -> Tensor:
+def folded(x: Tensor, weight, bias, stats: Tensor, n: int, eps: float) -> Tensor:
     """Ghost BN as one batch_norm over g·C channels (copies through transposes; for compilers)."""
     batch, c, rest = x.shape[0], x.shape[1], x.shape[2:]
     g = batch // n
@@ -126,7 +126,7 @@ def _memory_format(x: Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
-class _GroupedBatchNorm(torch.autograd.Function):
+class GroupedBatchNorm(torch.autograd.Function):
     """One native batch-norm kernel per group of n samples, forward and backward, each reading
     and writing its own slice of shared tensors (no gather, no concatenation)."""
 
