@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY, lbsgd
+from conftest import LEARNING, TINY, lbsgd
 from test_distributed import COMMON, _initial_weights
 from test_resume import KILL_AT, _assert_bitwise, _run, _train_steps, _weights
 from test_resume import _args as resume_args
@@ -97,14 +97,7 @@ def test_bf16_channels_last_on_cuda_trains_to_a_finite_falling_loss(tmp_path):
                 "bf16",
                 precision="bf16",
                 channels_last=True,
-                synthetic_train=4000,
-                synthetic_test=1000,
-                batch_size=32,
-                reference_batch=32,
-                base_lr=0.1,
-                epochs=3,
-                warmup_epochs=0.3,
-                zero_init_residual=False,
+                **LEARNING,
             ),
         ]
     )

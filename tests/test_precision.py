@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from conftest import LEARNING
 
 from lbsgd.precision import Precision
 from lbsgd.trainer import train
@@ -24,18 +25,7 @@ def test_fp16_and_bf16_runs_track_the_fp32_loss(tiny):
     # points. The numerics themselves are held much tighter below (same weights, same batch).
     curves, errors = {}, {}
     for precision in ("fp32", "bf16", "fp16"):
-        cfg = tiny(
-            precision=precision,
-            name=precision,
-            epochs=3,
-            zero_init_residual=False,
-            synthetic_train=4000,
-            synthetic_test=1000,
-            batch_size=32,
-            reference_batch=32,
-            base_lr=0.1,
-            warmup_epochs=0.3,
-        )
+        cfg = tiny(**LEARNING, precision=precision, name=precision)
         summary = train(cfg)
         assert summary["status"] == "completed"
         curves[precision] = [r["loss"] for r in read_train(cfg.run_dir())]

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 import yaml
-from conftest import as_args, tiny_subset
+from conftest import LEARNING, as_args, tiny_subset
 
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError, derive
@@ -24,16 +24,7 @@ def read_metrics(run_dir):
 def test_short_run_on_synthetic_learns_well_below_chance(tiny):
     # 4,000 easy images, 3 epochs at batch 32: chance is 90% top-1 error; measured ~53%.
     # (gamma=1: at this scale gamma=0 lengthens the initial plateau beyond 3 epochs.)
-    cfg = tiny(
-        synthetic_train=4000,
-        synthetic_test=1000,
-        batch_size=32,
-        reference_batch=32,
-        base_lr=0.1,
-        epochs=3,
-        warmup_epochs=0.3,
-        zero_init_residual=False,
-    )
+    cfg = tiny(**LEARNING)
     summary = train(cfg)
     assert summary["status"] == "completed"
     assert summary["final"]["top1_error_pct"] < 70.0, summary["final"]
