@@ -101,10 +101,17 @@ def _fake_files(args: argparse.Namespace) -> int:
                 args.seed,
             )
     except (FileExistsError, ValueError) as e:  # nothing written
-        print(f"lbsgd: error: {e}", file=sys.stderr)
+        error(e)
         return EXIT_BAD_INPUT
     print(f"wrote {where}")
     return 0
+
+
+def error(message: object) -> None:
+    """``lbsgd: error: <message>`` on stderr in one write: the lines of torchrun's workers, which
+    share the stream, never interleave."""
+    sys.stderr.write(f"lbsgd: error: {message}\n")
+    sys.stderr.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             for path in report.write_all(args.results):
                 print(f"wrote {path}")
         except FileNotFoundError as e:
-            print(f"lbsgd: error: {e}", file=sys.stderr)
+            error(e)
             return EXIT_BAD_INPUT
         return 0
     try:
@@ -140,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.run(args)
         return 0
     except config.ConfigError as e:  # includes a checkpoint that cannot be used
-        print(f"lbsgd: error: {e}", file=sys.stderr)
+        error(e)
         return EXIT_BAD_INPUT
 
 

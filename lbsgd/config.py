@@ -777,8 +777,9 @@ def parse_overrides(args: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    """A flat YAML mapping of keys. Derived values in a run's config.yaml are accepted and ignored."""
+def read_yaml(path: str | os.PathLike, derived: bool = False) -> dict[str, Any]:
+    """A flat YAML mapping of keys. Derived values in a run's config.yaml are accepted and left
+    out, or kept with ``derived=True`` (what the run was: its world_size, micro_batch, ...)."""
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text()) or {}
@@ -794,7 +795,7 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a flat mapping of key: value")
-    return {k: v for k, v in data.items() if k not in DERIVED_KEYS}
+    return data if derived else {k: v for k, v in data.items() if k not in DERIVED_KEYS}
 
 
 def load(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> Config:
@@ -887,6 +888,20 @@ DERIVED_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Derived
 
 def _nearest(x: float) -> int:
     return int(math.floor(x + 0.5))  # round half up: no banker's rounding of iteration counts
+
+
+def world_size_key(c: Config) -> str | None:
+    """The experiment key that makes the number of processes K part of the run's mathematics, or
+    None. A synchronous run is the same on any layout (k processes x m = 1 process accumulating k
+    micro-batches of m); under ``local_sgd`` (and BMUF on its blocks) K models are averaged, and
+    under ``async_ps`` the K - 1 workers set the staleness: a run of K processes is another
+    experiment than one of K' (:func:`lbsgd.rundir.check_run_dir` and the sweep's identical-run
+    search hold it)."""
+    if c.async_ps:
+        return "async_ps"
+    if c.local_sgd:
+        return "local_sgd"
+    return None
 
 
 def micro_batch(c: Config, world_size: int = 1) -> int:
@@ -1024,6 +1039,7 @@ __all__ = [
     "HASHED_ONLY_OFF_DEFAULT",
     "derive",
     "check_world",
+    "world_size_key",
     "check_place",
     "check_folder_path",
     "run_list",

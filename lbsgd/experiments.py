@@ -90,22 +90,26 @@ class _Job:
 MEASUREMENT_KEYS = ("noise_scale", "noise_scale_batch", "noise_scale_ema")
 
 
-def find_identical(cfg: Config, root: Path) -> Path | None:
+def find_identical(cfg: Config, root: Path, world_size: int = 1) -> Path | None:
     """A finished run with the same experiment keys in another study of ``root`` (the runs'
     ``out_dir``: one profile's folder, so a run of another profile is never taken) that recorded
-    the same measurements (:data:`MEASUREMENT_KEYS`, as its config.yaml has them)."""
+    the same measurements (:data:`MEASUREMENT_KEYS`, as its config.yaml has them) and, when the
+    number of processes is part of the mathematics (:func:`lbsgd.config.world_size_key`), ran on
+    ``world_size`` processes."""
     name = cfg.run_name()
+    key = config.world_size_key(cfg)
     want = {k: getattr(cfg, k) for k in MEASUREMENT_KEYS}
     default = {k: config.FIELDS[k].default for k in MEASUREMENT_KEYS}
     for other in sorted(root.glob(f"*/{name}")):
         if other.parent.name != cfg.study and rundir.read_status(other) in DONE:
             try:
                 theirs = json.loads((other / "summary.json").read_text()).get("experiment_id")
-                keys = config.read_yaml(other / "config.yaml")
+                keys = config.read_yaml(other / "config.yaml", derived=True)
             except (OSError, ValueError, config.ConfigError):
                 continue
             recorded = {k: keys.get(k, default[k]) for k in MEASUREMENT_KEYS}
-            if theirs == cfg.experiment_id() and recorded == want:
+            same_k = key is None or keys.get("world_size") == world_size
+            if theirs == cfg.experiment_id() and recorded == want and same_k:
                 return other
     return None
 
@@ -237,7 +241,8 @@ def sweep(
     for c in cfgs:  # data directories, process layout, run directories: read only
         config.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
         trainer.check(c, nproc_per_node * nnodes, nproc_per_node)
-        rundir.check_run_dir(c)  # a finished run of other experiment keys is not "done"
+        # a finished run of other experiment keys (or of another K, under local SGD) is not "done"
+        rundir.check_run_dir(c, nproc_per_node * nnodes)
     study_dir = Path(out_dir) / study
     study_dir.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
@@ -248,7 +253,7 @@ def sweep(
         if rundir.read_status(run_dir) in DONE:
             say(f"[{i}/{len(cfgs)}] {c.run_name()}: already {rundir.read_status(run_dir)}, skipped")
             continue
-        twin = find_identical(c, Path(out_dir))
+        twin = find_identical(c, Path(out_dir), nproc_per_node * nnodes)
         if twin is not None and not run_dir.exists():
             _copy_run(twin, c)
             say(f"[{i}/{len(cfgs)}] {c.run_name()}: identical run in {twin.parent.name}/, copied")

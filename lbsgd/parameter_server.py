@@ -138,7 +138,7 @@ class Run:
         self.t_start = time.perf_counter()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        distributed.on_main(ctx, lambda: rundir.check_run_dir(cfg))  # resume=true: refused (config)
+        distributed.on_main(ctx, lambda: rundir.check_run_dir(cfg, ctx.world_size))  # no resume
         self.splits = distributed.on_main(ctx, lambda: data.build(cfg), then_all=True)
         # the same initialisation as a synchronous run; micro_batch=auto: candidates of one
         # worker's batch (config.check_world)

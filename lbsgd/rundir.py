@@ -12,14 +12,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lbsgd.config import Config, ConfigError, check_place, read_yaml
+from lbsgd.config import Config, ConfigError, check_place, read_yaml, world_size_key
 
 # A run's status and the exit code of ``lbsgd train`` (and of W&B's run) that reports it
 STATUS_EXIT_CODE = {"completed": 0, "diverged": 3, "interrupted": 143}
 
 
-def check_run_dir(cfg: Config) -> str:
-    """'new', 'resume' or 'completed'; a directory holding another run is never overwritten.
+def check_run_dir(cfg: Config, world_size: int = 1) -> str:
+    """'new', 'resume' or 'completed' for a launch of ``world_size`` processes; a directory
+    holding another run is never overwritten.
 
     Reads only: a refusal is a one-line ConfigError and leaves every file as it was."""
     check_place(cfg.out_dir, cfg.study, cfg.run_name())  # a file on the way: no traceback
@@ -31,7 +32,9 @@ def check_run_dir(cfg: Config) -> str:
                 f"run directory {str(run_dir)!r} already holds a run (status={status}); pass "
                 "resume=true to continue it, or choose another name= or out_dir="
             )
-        same_experiment(cfg, read_yaml(run_dir / "config.yaml"), str(run_dir))
+        old = read_yaml(run_dir / "config.yaml", derived=True)
+        same_experiment(cfg, old, str(run_dir))
+        same_world_size(cfg, old, world_size, str(run_dir))
         return "completed" if status == "completed" else "resume"
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(
@@ -47,6 +50,20 @@ def same_experiment(cfg: Config, old: dict[str, Any], where: str) -> None:
     if differ:
         shown = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in differ)
         raise ConfigError(f"resume=true but experiment keys differ from {where}: {shown}")
+
+
+def same_world_size(cfg: Config, old: dict[str, Any], world_size: int, where: str) -> None:
+    """Refuse to continue (or to count as done) a run whose mathematics depends on the number of
+    processes (:func:`lbsgd.config.world_size_key`) on another number than it was trained on."""
+    key = world_size_key(cfg)
+    trained_on = old.get("world_size")  # the derived value config.yaml records
+    if key is None or trained_on is None or trained_on == world_size:
+        return
+    raise ConfigError(
+        f"{key}={getattr(cfg, key)}: {where} was trained by {trained_on} processes and this "
+        f"launch has {world_size}; the number of processes is part of {key}'s mathematics: "
+        f"launch {trained_on}, or choose another name= or out_dir="
+    )
 
 
 def read_status(run_dir: Path) -> str:

@@ -158,7 +158,7 @@ class Run:
         self.t_start = time.perf_counter()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        mode = distributed.on_main(ctx, lambda: rundir.check_run_dir(cfg))
+        mode = distributed.on_main(ctx, lambda: rundir.check_run_dir(cfg, ctx.world_size))
         if mode == "completed":
             print(f"lbsgd: {self.run_dir} is already complete; nothing to do", flush=True)
             return rundir.read_summary(self.run_dir)

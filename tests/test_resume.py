@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import lbsgd, start, tiny_keys
+from conftest import as_args, lbsgd, start, tiny_keys
 
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError
@@ -368,3 +368,28 @@ def test_resume_is_refused_when_the_train_split_changed(tiny):
         checkpoint.check_compatible(cfg, state, grown)
     same = StepSampler(state["num_train"], cfg.batch_size, 16, 0, 1, cfg.seed, 100)
     checkpoint.check_compatible(cfg, state, same)  # the unchanged split is accepted
+
+
+@pytest.mark.slow
+def test_a_local_sgd_run_continues_only_on_the_number_of_processes_it_was_trained_by(tmp_path):
+    """Local SGD averages K models: K = 2 is another experiment than the K = 1 the run was trained
+    by, so resume=true on 2 processes is refused in one line before any work (every file as it
+    was), where a synchronous run, the same on any layout, is found complete."""
+    local = {**KEYS, "local_sgd": 2, "out_dir": str(tmp_path), "name": "k1", "epochs": 1}
+    assert lbsgd(["train", *as_args(local)]).returncode == 0
+    run_dir = tmp_path / "runs" / "k1"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    r = lbsgd(["train", *as_args(local)], nproc=2)
+    refusal = (
+        f"lbsgd: error: local_sgd=2: {run_dir} was trained by 1 processes and this launch has 2; "
+        "the number of processes is part of local_sgd's mathematics: launch 1, or choose another "
+        "name= or out_dir="
+    )
+    errors = [line for line in r.stderr.splitlines() if line.startswith("lbsgd: error:")]
+    assert r.returncode != 0 and errors and set(errors) == {refusal}, r.stderr[-3000:]
+    assert "lbsgd: run" not in r.stdout  # no run announced, no step taken
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    sync = {**local, "local_sgd": 0, "name": "sync"}
+    assert lbsgd(["train", *as_args(sync)]).returncode == 0
+    r = lbsgd(["train", *as_args(sync)], nproc=2)
+    assert r.returncode == 0 and "already complete; nothing to do" in r.stdout, r.stderr[-3000:]

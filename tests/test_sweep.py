@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import TINY, as_args, start
 
-from lbsgd import checkpoint, cli, config
+from lbsgd import checkpoint, cli, config, rundir
 from lbsgd import experiments as ex
 from lbsgd.config import ConfigError
 
@@ -75,12 +75,13 @@ def test_varied_names_the_keys_that_differ_with_k_for_batch_size():
     assert ex.varied_keys(cfgs({})) == ()
 
 
-def _completed_twin(out: Path, study: str, keys: dict) -> Path:
-    """A finished run of ``study`` (its files, no training): what a sweep may copy."""
+def _completed_twin(out: Path, study: str, keys: dict, world_size: int = 1) -> Path:
+    """A finished run of ``study`` on ``world_size`` processes (its files, no training): what a
+    sweep may copy."""
     cfg = config.from_dict({**keys, "study": study, "out_dir": str(out), "varied": ["seed"]})
     run_dir = cfg.run_dir()
     run_dir.mkdir(parents=True)
-    d = config.derive(cfg, 1, cfg.synthetic_train)
+    d = config.derive(cfg, world_size, cfg.synthetic_train)
     (run_dir / "config.yaml").write_text(config.dump(cfg, d))
     (run_dir / "summary.json").write_text(
         json.dumps({"status": "completed", "experiment_id": cfg.experiment_id(), "steps": 16})
@@ -89,6 +90,44 @@ def _completed_twin(out: Path, study: str, keys: dict) -> Path:
     (run_dir / checkpoint.NAME).write_bytes(b"weights")
     (run_dir / "wandb_id").write_text("twin0001\n")
     return run_dir
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_local_sgd_run_of_another_process_count_is_neither_done_nor_a_twin(tmp_path):
+    """Under local SGD the K processes' models are averaged: K is part of the mathematics (unlike
+    a synchronous run's layout), so a finished run of K = 2 is not this launch's run on K = 4."""
+    out = tmp_path / "smoke"
+    local = {**TINY, "local_sgd": 2}
+    done = _completed_twin(out, "local_sgd", local, world_size=2)
+    cfg = config.from_dict({**local, "study": "local_sgd", "out_dir": str(out), "resume": True})
+    assert rundir.check_run_dir(cfg, 2) == "completed"
+    refusal = (
+        r"^local_sgd=2: \S+ was trained by 2 processes and this launch has 4; the number of "
+        r"processes is part of local_sgd's mathematics: launch 2, or choose another name= or "
+        r"out_dir=$"
+    )
+    with pytest.raises(ConfigError, match=refusal):
+        rundir.check_run_dir(cfg, 4)
+    # a synchronous run is the same on any layout: done, whatever the launch
+    sync = _completed_twin(out, "sync", TINY, world_size=2)
+    sync_cfg = config.from_dict({**TINY, "study": "sync", "out_dir": str(out), "resume": True})
+    assert rundir.check_run_dir(sync_cfg, 4) == "completed"
+    # twins in another study: the same K only (a synchronous twin on any)
+    elsewhere = cfg.replace(study="lr")
+    assert ex.find_identical(elsewhere, out, 2) == done
+    assert ex.find_identical(elsewhere, out, 4) is None
+    assert ex.find_identical(sync_cfg.replace(study="lr"), out, 4) == sync
+    # the sweep's door: refused before any work, every file as it was
+    before = _files(out)
+    with pytest.raises(ConfigError, match=refusal):
+        ex.sweep("local_sgd", [local], out_dir=out, nproc_per_node=4, profile="smoke", quiet=True)
+    assert _files(out) == before
+    # on 2 processes the same sweep finds its run done (and starts nothing)
+    df = ex.sweep("local_sgd", [local], out_dir=out, nproc_per_node=2, profile="smoke", quiet=True)
+    assert list(df["run_dir"]) == [str(done)] and _files(out) == before
 
 
 def test_a_twin_is_copied_within_its_profile_only_and_named_as_this_studys_run(
