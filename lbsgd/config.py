@@ -206,7 +206,7 @@ class Config:
         "deterministic algorithms (torch.use_deterministic_algorithms, cuBLAS workspace): bitwise "
         "repeatable GPU runs, slower; CPU runs are deterministic either way",
     )
-    threads: int = _hw(0, "torch intra-op threads per process; 0 = torch's default")
+    threads: int = _hw(0, "torch intra-op threads per process (at most 1024); 0 = torch's default")
     cpu_isa: Literal["native", "avx2", "avx512_core", "avx512_core_amx"] = _hw(
         "native",
         "cap of the CPU kernels' instruction set (ATen, oneDNN, MKL), set before torch loads: "
@@ -459,6 +459,8 @@ POSITIVE_KEYS = (
     "fake_classes",
     "log_every",
 )
+# Intra-op threads per process: beyond any CPU node's cores (libgomp aborts at 100,000)
+MAX_THREADS = 1024
 # The data order's seed of epoch e is seed * SEED_STRIDE + e (lbsgd.data.sampler.permutation)
 SEED_STRIDE = 1_000_003
 # keys where 0 means "none" or "off" (or is a length, a seed)
@@ -507,6 +509,11 @@ def _check_ranges(c: Config) -> None:
         c.seed * SEED_STRIDE + last_epoch < 2**64,
         f"seed={c.seed} is too large: epoch e's data order is seeded with seed * {SEED_STRIDE} + e, "
         f"below 2^64 (valid: seed <= {(2**64 - 1 - last_epoch) // SEED_STRIDE})",
+    )
+    _need(
+        c.threads <= MAX_THREADS,
+        f"threads={c.threads} is too large: more than any CPU node has cores, and the OpenMP "
+        f"runtime fails to start that many (valid: 0 = torch's default, or 1 … {MAX_THREADS})",
     )
     _need(c.warmup_lr is None or c.warmup_lr > 0, f"warmup_lr={c.warmup_lr} must be > 0 (or null)")
     _need(0 <= c.momentum < 1, f"momentum={c.momentum} must be in [0, 1)")

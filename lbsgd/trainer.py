@@ -69,6 +69,41 @@ def check(cfg: Config, world_size: int | None = None, local_world_size: int | No
         )
     check_world(cfg, world_size, local_world_size)
     distributed.check_layout(cfg.device, cfg.backend, local_world_size or world_size)
+    check_memory(cfg, local_world_size or world_size)
+
+
+# The keys that size a model, named when its parameters do not fit (else the model's name)
+MODEL_SIZE_KEYS = {"resnet": ("depth", "width")}
+
+
+def check_memory(cfg: Config, processes: int) -> None:
+    """Refuse, before any work, a run whose parameters (with their gradients and momentum, fp32)
+    and generated in-memory data cannot fit in this machine's memory, once per process of the
+    node: building it would take hours or end in an allocation failure's traceback. A lower
+    bound (activations and the data loader's copies come on top); a plugin dataset, or a model
+    that cannot be built on the meta device, is not sized."""
+    shape = data.shape_of(cfg)
+    if shape is None:
+        return
+    try:
+        params = models.parameter_count(cfg, *shape)
+    except Exception:  # noqa: BLE001 - a model that is only sized when it is really built
+        return
+    model_bytes = 12 * params
+    data_bytes, data_keys = data.memory_need(cfg)
+    need = processes * (model_bytes + data_bytes)
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need <= have:
+        return
+    keys = MODEL_SIZE_KEYS.get(cfg.model, ("model",)) if model_bytes >= data_bytes else data_keys
+    gib = 2.0**30
+    raise ConfigError(
+        f"{', '.join(f'{k}={getattr(cfg, k)}' for k in keys)}: the run needs at least "
+        f"{need / gib:,.1f} GiB of memory ({params:,} parameters with their gradients and "
+        f"momentum: {model_bytes / gib:,.1f} GiB, in-memory data: {data_bytes / gib:,.1f} GiB, "
+        f"on each of {processes} process(es)) and this machine has {have / gib:,.1f} GiB "
+        "(valid: a smaller model or dataset)"
+    )
 
 
 def train(cfg: Config) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import TINY, lbsgd
 
-from lbsgd import checkpoint, cli, distributed, experiments, studies
+from lbsgd import checkpoint, cli, distributed, experiments, studies, trainer
 from lbsgd.config import Config, ConfigError
 from lbsgd.studies import scales
 from lbsgd.trainer import train
@@ -63,6 +63,8 @@ def results(tmp_path_factory):
         "file_name.yaml": "name: stray.txt\n",
         "fresh.yaml": "name: fresh\n",
         "big_seed.yaml": f"seed: {2**64}\n",
+        "huge_data.yaml": "synthetic_train: 100000000000\n",
+        "threads.yaml": "threads: 5000\n",
     }
     for name, text in files.items():
         (root / name).write_text(text)
@@ -221,6 +223,14 @@ CASES = [
     ("sweep", {"runs": [{"plugins": ["{root}/raising.py"]}]}, ["raising.py", "RuntimeError"]),
     ("sweep", {"runs": [{"plugins": ["{root}/exiting.py"]}]}, ["exiting.py", "SystemExit"]),
     ("yaml", "plugin.yaml", ["raising.py", "RuntimeError: no GPU driver here"]),
+    # -- a run no machine can hold: refused, not built for hours or ended by a traceback ----------
+    ("cli", ["threads=100000"], ["threads=100000", "too large", "1 … 1024"]),
+    ("cli", ["depth=60000002"], ["depth=60000002, width=8", "GiB of memory", "smaller model"]),
+    ("cli", ["width=100000000"], ["width=100000000", "GiB of memory", "parameters"]),
+    ("yaml", "huge_data.yaml", ["synthetic_train=100000000000", "GiB of memory", "in-memory data"]),
+    ("yaml", "threads.yaml", ["threads=5000", "1 … 1024"]),
+    ("sweep", {"runs": [{"dataset": "fake", "fake_train": 10**9}]}, ["fake_train=1000000000"]),
+    ("sweep", {"runs": [{"depth": 60000002}]}, ["depth=60000002", "GiB of memory"]),
 ]
 
 
@@ -336,6 +346,8 @@ CLASSES = {
     "a missing device": (("device=", "device'"), "all"),
     "an integer beyond what it feeds": (("too large",), "all"),
     "a plugin raising on import": (("raising.py",), ("cli", "yaml", "sweep")),
+    # (no notebook parameter sizes a model or a dataset)
+    "a run no machine can hold": (("GiB of memory", "1 … 1024"), ("cli", "yaml", "sweep")),
 }
 DOORS = ("cli", "yaml", "notebook", "sweep")
 
@@ -425,3 +437,22 @@ def test_check_layout_refuses_nccl_beyond_one_process_per_gpu_and_lets_gloo_shar
     with pytest.raises(ConfigError, match=r"^backend=nccl needs CUDA devices"):
         distributed.check_layout("auto", "nccl", 1)
     assert distributed.resolve("auto", "auto") == ("cpu", "gloo")
+
+
+def test_check_memory_refuses_a_run_beyond_the_machines_memory_to_the_byte(monkeypatch):
+    """The need is 12 bytes per parameter (fp32 weights, gradients, momentum) plus the generated
+    data's float32 bytes, once per process of the node, against the physical memory."""
+    cfg = Config(**TINY)  # ResNet-8 of width 8 on 512 + 256 synthetic 16x16 images
+    params = (
+        19_954  # tests/test_models.py's formula of He et al.'s CIFAR ResNet at depth 8, width 8
+    )
+    need = 2 * (12 * params + (512 + 256) * 3 * 16 * 16 * 4)  # two processes
+    pages = {"SC_PAGE_SIZE": 1, "SC_PHYS_PAGES": need}
+    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
+    trainer.check_memory(cfg, 2)  # exactly enough
+    pages["SC_PHYS_PAGES"] = need - 1
+    with pytest.raises(ConfigError) as err:
+        trainer.check_memory(cfg, 2)
+    message = str(err.value)
+    assert message.startswith("synthetic_train=512, synthetic_test=256: the run needs at least")
+    assert f"{params:,} parameters" in message and "on each of 2 process(es)" in message

@@ -12,7 +12,8 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock as TvBasicBlock
 from torchvision.models.resnet import Bottleneck as TvBottleneck
 
-from lbsgd.models import MODELS, build, register_model
+from lbsgd import config
+from lbsgd.models import MODELS, build, parameter_count, register_model
 from lbsgd.models.alexnet import IMAGENET_LAYOUT, AlexNet
 from lbsgd.models.resnet import BasicBlock, resnet_cifar
 
@@ -355,3 +356,15 @@ def test_alexnet_skips_its_adaptive_pool_where_it_is_the_identity(image_size, po
     model.avgpool.register_forward_hook(lambda *a: calls.append(1))
     out = model(torch.randn(2, 3, image_size, image_size))
     assert out.shape == (2, 10) and bool(calls) == pooled
+
+
+@pytest.mark.parametrize(("depth", "width"), [(8, 8), (20, 16), (110, 16), (1202, 4), (6002, 2)])
+def test_parameter_count_without_building_matches_the_formula_at_any_depth(depth, width):
+    """models.parameter_count sizes a model before any run (lbsgd.trainer.check_memory): on the meta
+    device, and for the CIFAR ResNet from two shallow builds, linear in the blocks per stage."""
+    c = config.from_dict({"model": "resnet", "depth": depth, "width": width})
+    assert parameter_count(c, 10, 32) == cifar_resnet_params(depth, width, 10)
+
+
+def test_parameter_count_of_imagenet_models_is_torchvision_s():
+    assert parameter_count(config.from_dict({"model": "resnet50"}), 1000, 224) == 25_557_032

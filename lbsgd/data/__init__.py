@@ -65,6 +65,32 @@ def check(cfg) -> None:
         raise ConfigError(str(e)) from None
 
 
+# (classes, image size) of the built-in in-memory datasets, known before anything is generated
+SYNTHETIC_SHAPE = (10, 16)
+
+
+def memory_need(cfg) -> tuple[int, tuple[str, ...]]:
+    """Bytes the train and test splits of a generated in-memory dataset take (float32 CHW, as
+    built), and the keys that set them; (0, ()) for file datasets and plugins."""
+    if cfg.dataset == "synthetic":
+        n, size = cfg.synthetic_train + cfg.synthetic_test, SYNTHETIC_SHAPE[1]
+        return n * 3 * size * size * 4, ("synthetic_train", "synthetic_test")
+    if cfg.dataset == "fake":
+        n, size = cfg.fake_train + cfg.fake_test, cfg.fake_image_size
+        return n * 3 * size * size * 4, ("fake_train", "fake_test", "fake_image_size")
+    return 0, ()
+
+
+def shape_of(cfg) -> tuple[int, int] | None:
+    """(classes, image size) of a built-in dataset before it is read; None for a plugin's."""
+    return {
+        "synthetic": SYNTHETIC_SHAPE,
+        "fake": (cfg.fake_classes, cfg.fake_image_size),
+        "cifar10": (10, 32),
+        "imagenet": (1000, 224),
+    }.get(cfg.dataset)
+
+
 # In-memory splits move to a GPU only when together they take at most this share of its free
 # memory: the rest is for the model, its activations and the optimizer state (ResNet-50 at
 # micro-batch 256 in bf16 needs ~25 GB), and for other processes sharing the GPU (each holds its
@@ -120,7 +146,9 @@ def _synthetic(cfg) -> Splits:
         noise=cfg.synthetic_noise,
         cache_dir=cache,
     )
-    return Splits(TensorDataset(x_tr, y_tr), TensorDataset(x_te, y_te), 10, x_tr.shape[-1])
+    return Splits(
+        TensorDataset(x_tr, y_tr), TensorDataset(x_te, y_te), SYNTHETIC_SHAPE[0], x_tr.shape[-1]
+    )
 
 
 @register_dataset("fake")

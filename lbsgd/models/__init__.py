@@ -35,7 +35,22 @@ def build(cfg: Any, num_classes: int, image_size: int) -> torch.nn.Module:
     return MODELS.get(cfg.model)(cfg, num_classes, image_size)
 
 
+def parameter_count(cfg: Any, num_classes: int, image_size: int) -> int:
+    """Parameters of ``cfg.model`` without allocating them (built on the meta device). A CIFAR
+    ResNet's count is linear in its blocks per stage n (depth 6n + 2): two shallow builds give
+    it at any depth, without making thousands of modules."""
+
+    def count(c: Any) -> int:
+        with torch.device("meta"):
+            return sum(p.numel() for p in build(c, num_classes, image_size).parameters())
+
+    if cfg.model != "resnet" or cfg.depth <= 14:
+        return count(cfg)
+    one, two = count(cfg.replace(depth=8)), count(cfg.replace(depth=14))
+    return one + ((cfg.depth - 2) // 6 - 1) * (two - one)
+
+
 # Imported last so that their @register_model decorators find MODELS defined above.
 from lbsgd.models import alexnet, resnet  # noqa: E402, F401
 
-__all__ = ["MODELS", "ModelBuilder", "build", "register_model"]
+__all__ = ["MODELS", "ModelBuilder", "build", "parameter_count", "register_model"]
