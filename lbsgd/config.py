@@ -369,6 +369,12 @@ def check_place(out_dir: str | os.PathLike, study: str, name: str | None = None)
     made: every path on the way that exists is a folder (``mkdir`` ends in a traceback on a file),
     and where folders are still to be made, the deepest existing one can be written in. Reads only;
     a run folder that exists is not asked for write access (a completed run is read, not written)."""
+    _need(
+        isinstance(out_dir, (str, os.PathLike)),
+        f"out_dir={out_dir!r} must be a folder path (valid: a str or os.PathLike; got "
+        f"{type(out_dir).__name__})",
+        ConfigError,
+    )
     check_folder_path("out_dir", str(out_dir))
     out = Path(out_dir)
     steps = [("out_dir", p) for p in (*reversed(out.parents), out)] + [("study", out / study)]

@@ -217,6 +217,8 @@ CASES = [
     ("cli", ["milestones=[30,60"], ["milestones=[30,60", "not a list like [30, 60, 80]"]),
     ("yaml", "latin1.yaml", ["latin1.yaml", "not UTF-8 text"]),
     ("sweep", {"runs": {"batch_size": 64}}, ["runs: a dict, not a list of runs"]),
+    ("sweep", {"out_dir": 5, "runs": []}, ["out_dir=5 must be a folder path", "got int"]),
+    ("notebook", {"out_dir": None}, ["out_dir=None must be a folder path", "got NoneType"]),
     ("sweep", {"runs": ["batch_size=64"]}, ["runs[0]: a str, not a dict of keys"]),
     # -- the earlier classes through the sweep door too ------------------------------------------
     ("sweep", {"runs": [{"momentum": float("nan")}]}, ["momentum=nan", "finite number"]),
