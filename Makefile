@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test lint format reproduce verify lab train-quickstart bench bench-gpu bench-comm bench-noise clean
+.PHONY: setup test lint format reproduce verify lab train-quickstart bench bench-gpu bench-comm bench-noise wheels clean
 
 setup: $(STAMP)
 
@@ -96,6 +96,17 @@ bench-gpu: setup
 bench-comm: setup
 	$(VENV)/bin/lbsgd bench allreduce --nproc 4 --nodes 2 --max-bytes 268435456 --iters 10 --out results/benchmarks/allreduce_cpu.json
 	$(VENV)/bin/lbsgd bench train --nproc 1,2,4 --comm-hooks none,fp16,bf16,powersgd,hierarchical,parameter_server --bucket-caps 1,25 --steps 40 channels_last=true --out results/benchmarks/steps_cpu.json
+
+# What a GPU node that keeps its own torch lacks, as wheels in .whl/ for a node without network
+# (tools/gpu-check.sh setup installs them): pydantic and its parts, and setuptools to build lbsgd.
+# WHEEL_PYTHON: the node's Python version (3.12 for a recent CUDA image).
+WHEEL_PYTHON ?= 3.12
+wheels: setup
+	$(PY) -m pip download --quiet --dest .whl --only-binary=:all: --python-version $(WHEEL_PYTHON) \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -c constraints.txt pydantic pydantic_core annotated-types typing-inspection typing_extensions \
+	  'setuptools>=77'
+	@ls .whl
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -14,7 +14,7 @@ from lbsgd import bench, config
 EXIT_BAD_INPUT = 2
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lbsgd", description="Large-minibatch distributed SGD.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train one run (works the same under torchrun)")
@@ -115,7 +115,7 @@ def error(message: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if args.command == "keys":
         print(config.describe_keys())
         return 0

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The GPU measurements and tests of lbsgd on a node that keeps its own torch and may have no
+# network (README, "Checking a GPU node"). Each step is one command, a few minutes long:
+#
+#   tools/gpu-check.sh setup        install lbsgd (no dependencies) and pydantic into this Python,
+#                                   from .whl/ when it exists (`make wheels` fills it elsewhere)
+#   tools/gpu-check.sh tests OUT    the CUDA tests (pytest -m cuda): OUT/cuda_tests.txt
+#   tools/gpu-check.sh train OUT    trainer vs bare loop, ResNet-50 on fake ImageNet held on the GPU,
+#                                   fp32/bf16/fp16 eager and bf16 compiled, plain BN, ghost BN
+#                                   (groups of 32) and 4 accumulated micro-batches:
+#                                   OUT/train_<gpu>.json, OUT/train_compiled_<gpu>.json
+#   tools/gpu-check.sh data OUT     loaders against compute: CIFAR-10 (on the device) and ImageNet
+#                                   JPEGs at 8 and 15 workers (lbsgd data fake): OUT/data_*.json
+#   tools/gpu-check.sh noise OUT    what noise_scale=true costs on the GPU: OUT/noise_scale_<gpu>.json
+#
+# PYTHON (default python3) is the node's interpreter, the one holding its torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+step=${1:-}
+out=${2:-}
+
+need_out() {
+  if [ -z "$out" ]; then
+    echo "tools/gpu-check.sh $step: give the folder the results go to (OUT)" >&2
+    exit 2
+  fi
+  mkdir -p "$out"
+}
+
+gpu_slug() {
+  "$PY" -c 'import torch; from lbsgd.bench.train import device_slug; print(device_slug(torch.device("cuda")))'
+}
+
+case "$step" in
+  setup)
+    if [ -d .whl ]; then
+      "$PY" -m pip install --quiet --no-index --find-links .whl pydantic
+      "$PY" -m pip install --quiet --no-index --find-links .whl --no-deps -e .
+    else
+      "$PY" -m pip install --quiet 'pydantic>=2.5'
+      "$PY" -m pip install --quiet --no-deps -e .
+    fi
+    "$PY" -c 'import torch, lbsgd.trainer; print(f"lbsgd on torch {torch.__version__}, CUDA: {torch.cuda.is_available()}")'
+    ;;
+  tests)
+    need_out
+    # the CUDA tests start lbsgd in subprocesses: they use the Python that setup installed into
+    set +e
+    "$PY" -m pytest -m cuda -q -p no:cacheprovider --durations=0 tests/test_cuda.py tests/test_bench.py \
+      2>&1 | tee "$out/cuda_tests.txt"
+    rc=${PIPESTATUS[0]}
+    set -e
+    exit "$rc"
+    ;;
+  train)
+    need_out
+    gpu=$(gpu_slug)
+    common=(--layouts plain,ghost_bn,accum --accum 4 --steps 50 --repeats 2 device=cuda
+      model=resnet50 dataset=fake channels_last=true micro_batch=256 bn_batch=32 batch_size=256
+      threads=0)
+    "$PY" -m lbsgd bench train --matrix --precisions fp32,bf16,fp16 --compile false \
+      "${common[@]}" --out "$out/train_$gpu.json"
+    "$PY" -m lbsgd bench train --matrix --precisions bf16 --compile true \
+      "${common[@]}" --out "$out/train_compiled_$gpu.json"
+    ;;
+  data)
+    need_out
+    data=${DATA:-/tmp/lbsgd-fake}
+    [ -d "$data/imagenet" ] || "$PY" -m lbsgd data fake imagenet "$data/imagenet" --train 10000 --val 500
+    [ -d "$data/cifar10" ] || "$PY" -m lbsgd data fake cifar10 "$data/cifar10"
+    "$PY" -m lbsgd bench data --dataset cifar10 --data-dir "$data/cifar10" --workers 0 \
+      model=resnet depth=20 batch_size=128 bn_batch=128 device=cuda --out "$out/data_cifar10.json"
+    for w in 8 15; do
+      "$PY" -m lbsgd bench data --dataset imagenet --data-dir "$data/imagenet" --workers "$w" \
+        model=resnet50 precision=bf16 channels_last=true batch_size=256 bn_batch=32 \
+        micro_batch=256 device=cuda --out "$out/data_imagenet_w$w.json"
+    done
+    ;;
+  noise)
+    need_out
+    gpu=$(gpu_slug)
+    "$PY" -m lbsgd bench noise --steps 100 --repeats 9 channels_last=true device=cuda \
+      --out "$out/noise_scale_$gpu.json"
+    ;;
+  *)
+    sed -n '2,17p' "$0" >&2
+    exit 2
+    ;;
+esac
