@@ -67,7 +67,7 @@ case "$step" in
   data)
     need_out
     data=${DATA:-/tmp/lbsgd-fake}
-    [ -d "$data/imagenet" ] || "$PY" -m lbsgd data fake imagenet "$data/imagenet" --train 10000 --val 500
+    [ -d "$data/imagenet" ] || "$PY" -m lbsgd data fake imagenet "$data/imagenet" --train 2560 --val 50
     [ -d "$data/cifar10" ] || "$PY" -m lbsgd data fake cifar10 "$data/cifar10"
     "$PY" -m lbsgd bench data --dataset cifar10 --data-dir "$data/cifar10" --workers 0 \
       model=resnet depth=20 batch_size=128 bn_batch=128 device=cuda --out "$out/data_cifar10.json"
