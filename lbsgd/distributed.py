@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -212,6 +213,18 @@ def sync_buffers(module: torch.nn.Module, src: int = 0) -> None:
             dist.broadcast(buf, src=src)
 
 
+# BN buffers are kept equal on every rank by lbsgd.models.ghost_bn (one all-reduce per step), so
+# DDP's per-forward broadcast of rank 0's buffers is not needed. torch >= 2.13 names it
+# forward_sync_buffers (and deprecates broadcast_buffers with a FutureWarning); it still
+# broadcasts the buffers once at wrap time, when every rank's are equal anyway (the same seed, or
+# the same checkpoint).
+NO_FORWARD_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else {"broadcast_buffers": False}
+)
+
+
 def wrap(
     model: torch.nn.Module,
     ctx: Context,
@@ -235,9 +248,7 @@ def wrap(
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         bucket_cap_mb=bucket_cap_mb,
         gradient_as_bucket_view=True,
-        # BN buffers are kept equal on every rank by lbsgd.models.ghost_bn (one all-reduce per
-        # step), so DDP's per-forward broadcast of rank 0's buffers is not needed.
-        broadcast_buffers=False,
+        **NO_FORWARD_BUFFER_SYNC,
     )
     ddp.comm_state = comm.register(
         ddp, comm_hook, ctx.local_world_size, powersgd_rank, warmup_steps, noise
