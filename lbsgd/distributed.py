@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import inspect
 import os
 from collections.abc import Callable, Iterator
@@ -130,7 +131,12 @@ def synchronize(device: torch.device) -> None:
 
 
 def shutdown() -> None:
+    """Destroy the process group, after the DDP models that use it: a DDP reducer released after
+    the group holds the group's last reference, and on torch 2.11 freeing it then deadlocks gloo
+    (one rank hangs at exit). The caller drops its models first; the collection here frees those
+    kept alive only by reference cycles."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
