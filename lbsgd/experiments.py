@@ -502,12 +502,14 @@ def study_dir(out_dir: str | os.PathLike, study: str) -> Path:
 
 
 def save_table(table, out_dir: str | os.PathLike, study: str, name: str = "table.csv") -> Path:
+    config.check_folder_name("name", name)  # a file of the study's folder, nowhere else
     path = study_dir(out_dir, study) / name
     table.to_csv(path, index=False, float_format="%.6g")
     return path
 
 
 def save_figure(fig, out_dir: str | os.PathLike, study: str, name: str) -> Path:
+    config.check_folder_name("name", name)  # a file of the study's folder, nowhere else
     path = study_dir(out_dir, study) / name
     fig.savefig(path, dpi=120, bbox_inches="tight")
     return path

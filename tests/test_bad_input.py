@@ -458,3 +458,19 @@ def test_check_memory_refuses_a_run_beyond_the_machines_memory_to_the_byte(monke
     message = str(err.value)
     assert message.startswith("synthetic_train=512, synthetic_test=256: the run needs at least")
     assert f"{params:,} parameters" in message and "on each of 2 process(es)" in message
+
+
+@pytest.mark.parametrize("name", ["../table.csv", "sub/fig.png", "", ".."])
+def test_a_studys_table_or_figure_is_a_file_of_its_folder_only(tmp_path, name):
+    """Session.save_table/save_figure (a notebook's cells, which users edit) name one file of the
+    study's folder: a path elsewhere is one line naming the key, and nothing is written."""
+    import pandas as pd
+
+    table = pd.DataFrame({"batch_size": [256], "top1_error_pct": [23.6]})
+    with pytest.raises(ConfigError) as err:
+        experiments.save_table(table, tmp_path, "warmup", name)
+    with pytest.raises(ConfigError):
+        experiments.save_figure(None, tmp_path, "warmup", name)
+    assert str(err.value).startswith(f"name={name!r}") and "\n" not in str(err.value)
+    assert list(tmp_path.rglob("*")) == []
+    assert experiments.save_table(table, tmp_path, "warmup") == tmp_path / "warmup" / "table.csv"
