@@ -53,6 +53,7 @@ def test_each_step_runs_valid_lbsgd_command_lines_into_its_out_folder(tmp_path):
     r, lines = _step(tmp_path, "tests", str(out))
     assert r.returncode == 0, r.stderr
     assert len(lines) == 1 and lines[0][:4] == ["-m", "pytest", "-m", "cuda"]
+    assert lines[0][-1] == "tests"  # every file's CUDA tests (test_cuda, test_bench, the pipeline)
     assert (out / "cuda_tests.txt").exists()
 
 
