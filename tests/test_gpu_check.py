@@ -32,11 +32,15 @@ def test_each_step_runs_valid_lbsgd_command_lines_into_its_out_folder(tmp_path):
     r, lines = _step(tmp_path, "train", str(out))
     assert r.returncode == 0, r.stderr
     benches = [a for a in lines if a[:4] == ["-m", "lbsgd", "bench", "train"]]
+    r, lines = _step(tmp_path, "compiled", str(out))
+    assert r.returncode == 0, r.stderr
+    benches += [a for a in lines if a[:4] == ["-m", "lbsgd", "bench", "train"]]
     assert [a[a.index("--out") + 1] for a in benches] == [
         f"{out}/train_cuda_h100.json",
         f"{out}/train_compiled_cuda_h100.json",
     ]
     assert all("device=cuda" in a and "model=resnet50" in a for a in benches)
+    assert [a[a.index("--compile") + 1] for a in benches] == ["false", "true"]
 
     r, lines = _step(tmp_path, "data", str(out))
     assert r.returncode == 0, r.stderr

@@ -6,9 +6,10 @@
 #                                   from .whl/ when it exists (`make wheels` fills it elsewhere)
 #   tools/gpu-check.sh tests OUT    the CUDA tests (pytest -m cuda): OUT/cuda_tests.txt
 #   tools/gpu-check.sh train OUT    trainer vs bare loop, ResNet-50 on fake ImageNet held on the GPU,
-#                                   fp32/bf16/fp16 eager and bf16 compiled, plain BN, ghost BN
-#                                   (groups of 32) and 4 accumulated micro-batches:
-#                                   OUT/train_<gpu>.json, OUT/train_compiled_<gpu>.json
+#                                   fp32/bf16/fp16 eager, plain BN, ghost BN (groups of 32) and 4
+#                                   accumulated micro-batches: OUT/train_<gpu>.json
+#   tools/gpu-check.sh compiled OUT the same in bf16 under torch.compile, one repeat (each side
+#                                   compiles anew): OUT/train_compiled_<gpu>.json
 #   tools/gpu-check.sh data OUT     loaders against compute: CIFAR-10 (on the device) and ImageNet
 #                                   JPEGs at 8 and 15 workers (lbsgd data fake): OUT/data_*.json
 #   tools/gpu-check.sh noise OUT    what noise_scale=true costs on the GPU: OUT/noise_scale_<gpu>.json
@@ -27,6 +28,10 @@ need_out() {
   fi
   mkdir -p "$out"
 }
+
+# the matrix's layouts, model and data (README "Benchmark"): ResNet-50, micro-batch 256
+common=(--layouts plain,ghost_bn,accum --accum 4 --steps 50 device=cuda model=resnet50 dataset=fake
+  channels_last=true micro_batch=256 bn_batch=32 batch_size=256 threads=0)
 
 gpu_slug() {
   "$PY" -c 'import torch; from lbsgd.bench.train import device_slug; print(device_slug(torch.device("cuda")))'
@@ -55,12 +60,13 @@ case "$step" in
   train)
     need_out
     gpu=$(gpu_slug)
-    common=(--layouts plain,ghost_bn,accum --accum 4 --steps 50 --repeats 2 device=cuda
-      model=resnet50 dataset=fake channels_last=true micro_batch=256 bn_batch=32 batch_size=256
-      threads=0)
     "$PY" -m lbsgd bench train --matrix --precisions fp32,bf16,fp16 --compile false \
-      "${common[@]}" --out "$out/train_$gpu.json"
-    "$PY" -m lbsgd bench train --matrix --precisions bf16 --compile true \
+      --repeats 2 "${common[@]}" --out "$out/train_$gpu.json"
+    ;;
+  compiled)
+    need_out
+    gpu=$(gpu_slug)
+    "$PY" -m lbsgd bench train --matrix --precisions bf16 --compile true --repeats 1 \
       "${common[@]}" --out "$out/train_compiled_$gpu.json"
     ;;
   data)
