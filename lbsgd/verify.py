@@ -3,7 +3,8 @@ digits here.
 
 A replay is the committed run's config.yaml with its run keys pointed elsewhere (a temporary
 folder, never the committed results; no W&B, no checkpoints) and, for a run made on a CPU, the
-CPU as its device. It is bitwise equal when every train loss, learning rate and loss scale of its
+CPU as its device, on as many processes as the run recorded (torchrun and gloo for more than one:
+post-local SGD and BMUF depend on their number). It is bitwise equal when every train loss, learning rate and loss scale of its
 metrics.jsonl, every evaluation (top-1, top-5, test loss) and the final metrics of its summary
 are equal to the committed ones; otherwise the report gives the first step that differs and the
 difference in final top-1 error beside the seed spread of the run's group (the standard deviation
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lbsgd import config, isa
+from lbsgd import config, isa, launch
 
 EXIT_BAD_INPUT = 2
 # metrics.jsonl values that a replay must reproduce (img_per_s and the like are the machine's)
@@ -57,6 +58,11 @@ class Run:
         return float(self.summary.get("wall_time_s") or math.inf)
 
     @property
+    def processes(self) -> int:
+        """The processes the run was trained by (its replay's too)."""
+        return int(self.summary.get("environment", {}).get("world_size", 1))
+
+    @property
     def top1(self) -> float | None:
         v = self.summary.get("final", {}).get("top1_error_pct")
         return v if isinstance(v, float | int) else None
@@ -82,11 +88,8 @@ def find_runs(root: Path) -> list[Run]:
         env = summary.get("environment", {})
         if env.get("device", "cpu") != "cpu":
             continue  # GPU runs are bitwise only under deterministic kernels, on the same GPU
-        if env.get("world_size", 1) != 1 or "async_ps" in summary:
-            # the replay is one process: a multi-process run (post-local SGD, BMUF: their
-            # mathematics depend on the processes) is not that run, and a parameter server's
-            # arrival order does not repeat
-            continue
+        if "async_ps" in summary:
+            continue  # a parameter server's arrival order does not repeat
         try:
             keys = config.read_yaml(run_dir / "config.yaml")
         except config.ConfigError:
@@ -192,9 +195,11 @@ def _caps(record: dict[str, Any]) -> str:
     )
 
 
-def _command(run: Run, out: Path) -> list[str]:
+def replay_command(run: Run, out: Path) -> list[str]:
+    """The command line of ``run``'s replay into ``out``."""
+    python = [sys.executable] if run.processes == 1 else launch.torchrun(run.processes)
     return [
-        sys.executable,
+        *python,
         "-m",
         "lbsgd",
         "train",
@@ -303,7 +308,7 @@ def _replay_all(chosen: list[Run], runs: list[Run], where: Path, parallel: int) 
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "w") as f:
                 proc = subprocess.Popen(
-                    _command(run, where),
+                    replay_command(run, where),
                     stdout=f,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,

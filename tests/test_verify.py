@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import sys
 
 import pytest
 from conftest import TINY, as_args, lbsgd, subprocess_env
@@ -97,9 +98,9 @@ def test_sample_takes_the_cheapest_run_of_each_study_once_cheapest_first(tmp_pat
     assert [r.name for r in verify.sample(runs, 1)] == ["c1"]
 
 
-def test_only_one_process_runs_are_replayed(tmp_path):
-    """The replay runs one process: runs of several processes (local SGD, BMUF depend on their
-    number) and parameter-server runs (timing-dependent) are not candidates."""
+def test_runs_are_replayed_on_their_processes_and_parameter_server_runs_not_at_all(tmp_path):
+    """A run of several processes (local SGD, BMUF depend on their number) is replayed under
+    torchrun on as many; a parameter-server run (timing-dependent) is no candidate."""
     _run(tmp_path, "a", "one", wall=30)
     for name, extra in (
         ("two", {"environment": {"device": "cpu", "world_size": 2}}),
@@ -108,7 +109,25 @@ def test_only_one_process_runs_are_replayed(tmp_path):
         run = _run(tmp_path, "a", name, wall=1, seed=len(name))
         summary = json.loads((run / "summary.json").read_text())
         (run / "summary.json").write_text(json.dumps({**summary, **extra}))
-    assert [r.name for r in verify.find_runs(tmp_path)] == ["one"]
+    runs = {r.name: r for r in verify.find_runs(tmp_path)}
+    assert sorted(runs) == ["one", "two"] and runs["two"].processes == 2
+    one, two = (verify.replay_command(runs[n], tmp_path / "replays") for n in ("one", "two"))
+    assert one[:4] == [sys.executable, "-m", "lbsgd", "train"]
+    assert two[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--nproc-per-node=2" in two and two[two.index("-m", 3) :][:3] == ["-m", "lbsgd", "train"]
+
+
+@pytest.mark.slow
+def test_verify_replays_a_two_process_local_sgd_run_bitwise(tmp_path, replay_env, capsys):
+    """Post-local SGD on 2 gloo processes (2 local steps after the warmup), trained by torchrun as
+    a study's runs are, replays bitwise equal on 2 processes."""
+    root = tmp_path / "results"
+    keys = {**TINY, "out_dir": str(root), "study": "local", "cpu_isa": CAP, "local_sgd": 2}
+    r = lbsgd(["train", *as_args(keys)], nproc=2, env=dict.fromkeys(isa.VARIABLES))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert verify.main(str(root), 1) == 0
+    out = capsys.readouterr().out
+    assert "local/" in out and "bitwise equal" in out, out
 
 
 def test_seed_spread_is_the_std_over_the_seeds_of_the_same_experiment(tmp_path):
