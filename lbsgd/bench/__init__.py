@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
         "--repeats", type=int, default=3, help="alternating measurements of each variant"
     )
     br.add_argument("--out", default=None, help="also write the result as JSON here")
-    br.add_argument("overrides", nargs="*", metavar="key=value")
+    _overrides(br)
     _noise_parser(bsub)
     _data_parser(bsub)
     _allreduce_parser(bsub)
@@ -101,7 +101,7 @@ def _train_parser(bsub) -> None:
     bt.add_argument("--comm-hooks", default="none", metavar="LIST", help="with --nproc: hooks")
     bt.add_argument("--bucket-caps", default="25", metavar="LIST", help="with --nproc: MB list")
     bt.add_argument("--step-worker", action="store_true", help=argparse.SUPPRESS)
-    bt.add_argument("overrides", nargs="*", metavar="key=value")
+    _overrides(bt)
 
 
 def _noise_parser(bsub) -> None:
@@ -135,12 +135,12 @@ def _noise_parser(bsub) -> None:
         default=None,
         help="write the result as JSON here (default results/benchmarks/noise_scale_<device>.json)",
     )
-    bn.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="keys over bench train's, and batch_size=128 micro_batch=32",
-    )
+    _overrides(bn, "keys over bench train's, and batch_size=128 micro_batch=32")
+
+
+def _overrides(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """The trailing ``key=value`` config keys every benchmark command takes."""
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help=help)
 
 
 def _data_parser(bsub) -> None:
@@ -163,12 +163,7 @@ def _data_parser(bsub) -> None:
         help="optimizer steps of the compute measurement (first 3: warm-up)",
     )
     bd.add_argument("--out", default=None, help="also write the result as JSON here")
-    bd.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="model, precision, micro-batch, device: as for bench train",
-    )
+    _overrides(bd, "model, precision, micro-batch, device: as for bench train")
 
 
 def _allreduce_parser(bsub) -> None:
