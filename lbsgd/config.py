@@ -207,11 +207,11 @@ class Config:
         "repeatable GPU runs, slower; CPU runs are deterministic either way",
     )
     threads: int = _hw(0, "torch intra-op threads per process (at most 1024); 0 = torch's default")
-    cpu_isa: Literal["native", "avx2", "avx512_core", "avx512_core_amx"] = _hw(
+    cpu_isa: Literal["native", "portable", "avx2", "avx512_core", "avx512_core_amx"] = _hw(
         "native",
-        "cap of the CPU kernels' instruction set (ATen, oneDNN, MKL), set before torch loads: "
-        "native (none) or avx2, avx512_core, avx512_core_amx; the same digits on any CPU that has "
-        "it (lbsgd.isa)",
+        "cap of the CPU kernels (ATen, oneDNN, MKL), set before torch loads: native (none); "
+        "portable (AVX2, oneDNN off, MKL COMPATIBLE: the same digits on Intel and AMD CPUs with "
+        "AVX2); avx2, avx512_core, avx512_core_amx (same digits on CPUs of one vendor) (lbsgd.isa)",
     )
     # --- run keys -------------------------------------------------------------------------------
     out_dir: str = _run("results", "results root; the run lives in out_dir/study/name")

@@ -16,11 +16,23 @@ as they were (the only GEMM here is the 10-class head, K = 32 or 64), and
 ``MKL_ENABLE_INSTRUCTIONS=AVX2`` adds nothing to ``MKL_CBWR``. All three are set, so that MKL
 follows the same branch on other CPUs too (on AMD, MKL's automatic choice differs from Intel's).
 
+An instruction-set cap does not pin everything, and not on every vendor. Measured on an AMD EPYC
+(AVX2 + FMA, no AVX-512) with ``../shared/portable/probe.py`` and lbsgd runs, against the committed
+runs of an AVX-512 Xeon made under ``avx2``: the replays differ from step 2 on (the forward pass
+agrees, the gradients do not), and MKL does not honour ``MKL_CBWR=AVX2`` on a non-Intel CPU (its
+verbose mode reports ``CNR:AUTO``; ``COMPATIBLE`` it honours). What the ISA caps cannot pin is
+oneDNN's choice of blocking, hence of summation order, which follows the CPU's caches and vendor.
+Hence the cap ``portable``: ATen at AVX2, oneDNN's convolutions off (ATen's own convolutions, an
+im2col and an MKL GEMM each) and MKL's COMPATIBLE branch, the one MKL documents as reproducible
+across Intel and compatible CPUs. Its digits were measured equal on the AMD EPYC and on an Intel
+CPU emulated by QEMU (README, "The same digits on any machine"; ``tests/test_portable.py``).
+
 The cap is a hardware key (``cpu_isa``): it changes the rounding, not the mathematics. Values
-(:data:`CAPS`): ``native`` (no cap, each library picks the best path of this CPU), ``avx2`` (any
-x86-64 CPU since 2013 or so; what the cpu and smoke profiles use), ``avx512_core`` (AVX-512 F, BW,
-VL, DQ; no VNNI, BF16, FP16 or AMX), ``avx512_core_amx`` (up to AMX; bf16 runs on Sapphire
-Rapids and later).
+(:data:`CAPS`): ``native`` (no cap, each library picks the best path of this CPU), ``portable``
+(what the cpu and smoke profiles use: the same digits on Intel and AMD CPUs with AVX2),
+``avx2`` (any x86-64 CPU since 2013 or so; the same digits only on CPUs of one vendor and cache
+layout), ``avx512_core`` (AVX-512 F, BW, VL, DQ; no VNNI, BF16, FP16 or AMX), ``avx512_core_amx``
+(up to AMX; bf16 runs on Sapphire Rapids and later).
 """
 
 from __future__ import annotations
@@ -37,6 +49,11 @@ from typing import Any
 # the variables each cap sets, before torch is imported (lbsgd.cli) or before its first operation
 CAPS: dict[str, dict[str, str]] = {
     "native": {},
+    "portable": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_CBWR": "COMPATIBLE",
+    },
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2"},
     "avx512_core": {
         "ATEN_CPU_CAPABILITY": "avx512",
@@ -49,6 +66,9 @@ CAPS: dict[str, dict[str, str]] = {
         "MKL_CBWR": "AVX512",
     },
 }
+# caps under which oneDNN's convolutions are off (torch.backends.mkldnn.enabled = False): its
+# blocking follows the CPU's caches and vendor, which no ISA cap pins
+NO_ONEDNN = frozenset({"portable"})
 # every variable that caps a CPU library's instruction set (the ones a user may set by hand too)
 VARIABLES = (
     "ATEN_CPU_CAPABILITY",
@@ -59,12 +79,13 @@ VARIABLES = (
 )
 # /proc/cpuinfo flags a cap needs
 NEEDS: dict[str, tuple[str, ...]] = {
+    "portable": ("avx2", "fma"),
     "avx2": ("avx2", "fma"),
     "avx512_core": ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"),
     "avx512_core_amx": ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile"),
 }
 # ATen's capability under each cap (torch.backends.cpu.get_cpu_capability())
-ATEN = {"avx2": "AVX2", "avx512_core": "AVX512", "avx512_core_amx": "AVX512"}
+ATEN = {"portable": "AVX2", "avx2": "AVX2", "avx512_core": "AVX512", "avx512_core_amx": "AVX512"}
 # oneDNN implementation suffixes by rank (same rank: oneDNN's aliases); a convolution's
 # implementation must not rank above its cap
 _ONEDNN_RANK = {
@@ -115,6 +136,18 @@ def cpu_model() -> str:
     import platform
 
     return platform.processor() or platform.machine()
+
+
+def cpu_vendor() -> str | None:
+    """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD, ...; None where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def isa_flags() -> list[str] | None:
@@ -212,10 +245,29 @@ def probe(mkl: bool = False) -> dict[str, Any]:
     return dict(out)
 
 
-def problems(cpu_isa: str, probed: Mapping[str, Any], flags: list[str] | None) -> list[str]:
+def mkl_branch(cpu_isa: str, vendor: str | None) -> str | None:
+    """The CNR branch MKL runs under ``cpu_isa`` on a CPU of ``vendor`` (/proc/cpuinfo's vendor_id;
+    None: unknown, not judged): MKL honours ``MKL_CBWR=COMPATIBLE`` on every x86 CPU, and a branch
+    named by instruction set (AVX2, AVX512) only on Intel's; elsewhere it stays on its automatic
+    choice (measured on an AMD EPYC: ``CNR:AUTO`` for ``MKL_CBWR=AVX2``)."""
+    want = CAPS[cpu_isa].get("MKL_CBWR")
+    if want is None or want == "COMPATIBLE":
+        return want
+    if vendor is None:
+        return None
+    return want if vendor == "GenuineIntel" else "AUTO"
+
+
+def problems(
+    cpu_isa: str,
+    probed: Mapping[str, Any],
+    flags: list[str] | None,
+    vendor: str | None = None,
+) -> list[str]:
     """Why the kernels of this process do not run at ``cpu_isa`` (empty: they do, as far as each
-    library says). ``probed``: :func:`probe`'s answer (a library left out or None: not judged);
-    ``flags``: :func:`cpu_flags`' (None: not judged)."""
+    library says and as far as ``vendor``'s CPUs let it, :func:`mkl_branch`). ``probed``:
+    :func:`probe`'s answer (a library left out or None: not judged); ``flags``: :func:`cpu_flags`'
+    (None: not judged)."""
     if cpu_isa == "native":
         return []
     out = []
@@ -225,12 +277,15 @@ def problems(cpu_isa: str, probed: Mapping[str, Any], flags: list[str] | None) -
             return [f"this CPU lacks {', '.join(lacking)}"]
     if probed.get("aten") not in (None, ATEN[cpu_isa]):
         out.append(f"ATen's kernels use {probed.get('aten')}, not {ATEN[cpu_isa]}")
-    rank = _ONEDNN_RANK.get(str(probed.get("onednn")))
-    if rank is not None and rank > _ONEDNN_RANK[cpu_isa]:
-        out.append(f"oneDNN's convolutions use {probed['onednn']}")
-    mkl = probed.get("mkl_cbwr")
-    if mkl is not None and mkl != CAPS[cpu_isa]["MKL_CBWR"]:
-        out.append(f"MKL's branch is CNR:{mkl}, not {CAPS[cpu_isa]['MKL_CBWR']}")
+    onednn = probed.get("onednn")
+    if cpu_isa in NO_ONEDNN and onednn is not None:
+        out.append(f"oneDNN's convolutions run ({onednn}), not ATen's")
+    rank = _ONEDNN_RANK.get(str(onednn))
+    if cpu_isa not in NO_ONEDNN and rank is not None and rank > _ONEDNN_RANK[cpu_isa]:
+        out.append(f"oneDNN's convolutions use {onednn}")
+    mkl, want = probed.get("mkl_cbwr"), mkl_branch(cpu_isa, vendor)
+    if mkl is not None and want is not None and mkl != want:
+        out.append(f"MKL's branch is CNR:{mkl}, not {want}")
     return out
 
 
@@ -249,23 +304,31 @@ def require(cpu_isa: str) -> None:
     """
     if cpu_isa == "native":
         return
-    flags = cpu_flags()
+    flags, vendor = cpu_flags(), cpu_vendor()
     wrong = problems(cpu_isa, {}, flags)  # a CPU without the ISA: nothing set, nothing asked
     if not wrong:
         pinned_before = dict(_PINNED)
         before = pin(cpu_isa)
         import torch
 
-        # one library at a time: a refusal leaves the libraries not asked yet uncapped
-        asks = [lambda: {"aten": torch.backends.cpu.get_cpu_capability()}, probe]
-        if not _PINNED.get("before_torch"):  # MKL read MKL_CBWR when torch first called it
-            asks.append(lambda: probe(mkl=True))
+        onednn_before = torch.backends.mkldnn.enabled
+        if cpu_isa in NO_ONEDNN:  # a runtime switch: ATen's own convolutions from here on
+            torch.backends.mkldnn.enabled = False
+        # one library at a time: a refusal leaves the libraries not asked yet uncapped. MKL is
+        # asked in every process, pinned before torch or not: on a non-Intel CPU it does not
+        # follow every branch it is given (mkl_branch), and both paths must say so alike
+        asks = [
+            lambda: {"aten": torch.backends.cpu.get_cpu_capability()},
+            probe,
+            lambda: probe(mkl=True),
+        ]
         for ask in asks:
-            wrong = problems(cpu_isa, ask(), flags)
+            wrong = problems(cpu_isa, ask(), flags, vendor)
             if wrong:  # this process as it was
                 _restore(before)
                 _PINNED.clear()
                 _PINNED.update(pinned_before)
+                torch.backends.mkldnn.enabled = onednn_before
                 break
     if wrong:
         from lbsgd.config import ConfigError
@@ -283,14 +346,20 @@ def require(cpu_isa: str) -> None:
 def in_force(cpu_isa: str | None = None) -> dict[str, Any]:
     """The environment record of the caps: the one asked for, the variables set, whether lbsgd
     set them before torch was imported (None: it set none), what each library uses
-    (:func:`probe`) and whether that is the cap (absent when none was asked for)."""
-    probed = probe()
+    (:func:`probe`, MKL's branch included), whether oneDNN's convolutions are on, the CPU's
+    vendor, and whether that is the cap on this vendor (absent when none was asked for)."""
+    import torch
+
+    probed = probe(mkl=True)
+    vendor = cpu_vendor()
     record: dict[str, Any] = {
         "requested": cpu_isa,
         "variables": {k: os.environ[k] for k in VARIABLES if k in os.environ},
         "pinned_before_torch": _PINNED.get("before_torch"),
+        "onednn_convolutions": bool(torch.backends.mkldnn.enabled),
+        "cpu_vendor": vendor,
         **probed,
     }
     if cpu_isa is not None:
-        record["in_effect"] = not problems(cpu_isa, probed, cpu_flags())
+        record["in_effect"] = not problems(cpu_isa, probed, cpu_flags(), vendor)
     return record

@@ -55,31 +55,74 @@ def test_importing_lbsgd_and_its_cli_leaves_torch_unimported():
 
 @pytest.mark.slow
 @needs_avx2
-def test_capped_run_pins_its_caps_and_repeats_bitwise_from_the_cli_and_a_fresh_python(tmp_path):
-    cli = _cli_run(tmp_path / "cli", cpu_isa="avx2")
+@pytest.mark.parametrize("cap", ["avx2", "portable"])
+def test_capped_run_pins_its_caps_and_repeats_bitwise_from_the_cli_and_a_fresh_python(
+    tmp_path, cap
+):
+    cli = _cli_run(tmp_path / "cli", cpu_isa=cap)
     record = cli["summary"]["environment"]["cpu_isa"]
-    assert record["variables"] == {
-        "ATEN_CPU_CAPABILITY": "avx2",
-        "ONEDNN_MAX_CPU_ISA": "AVX2",
-        "MKL_CBWR": "AVX2",
-    }
-    assert record["requested"] == "avx2" and record["pinned_before_torch"] is True
+    assert record["variables"] == isa.CAPS[cap]
+    assert record["requested"] == cap and record["pinned_before_torch"] is True
     assert record["aten"] == "AVX2"  # torch.backends.cpu.get_cpu_capability() in the run
-    assert record["onednn"] in ("sse41", "avx", "avx2", None)
+    if cap == "portable":  # ATen's own convolutions: oneDNN runs none
+        assert record["onednn"] is None and record["onednn_convolutions"] is False
+    else:
+        assert record["onednn"] in ("sse41", "avx", "avx2", None)
+    # MKL's branch, asked on both paths: the cap's own on Intel, AUTO for an ISA branch elsewhere
+    assert record["mkl_cbwr"] == isa.mkl_branch(cap, isa.cpu_vendor())
     assert record["in_effect"] is True
     # the same run trained in-process by a Python that has run no torch operation yet: the
-    # trainer pins the caps itself (and asks MKL, since torch was imported first)
-    keys = _keys(tmp_path / "inproc", cpu_isa="avx2")
+    # trainer pins the caps itself
+    keys = _keys(tmp_path / "inproc", cpu_isa=cap)
     code = f"from lbsgd import Config, train; train(Config(**{keys!r}))"
     r = lbsgd([], program=("-c", code), env=dict.fromkeys(isa.VARIABLES))  # no cap inherited
     assert r.returncode == 0, r.stderr[-3000:]
     inproc = _read(tmp_path / "inproc")
-    assert inproc["summary"]["environment"]["cpu_isa"]["aten"] == "AVX2"
-    assert inproc["summary"]["environment"]["cpu_isa"]["mkl_cbwr"] == "AVX2"
+    inproc_record = inproc["summary"]["environment"]["cpu_isa"]
+    same = ("aten", "onednn", "mkl_cbwr", "onednn_convolutions", "in_effect", "cpu_vendor")
+    assert {k: inproc_record[k] for k in same} == {k: record[k] for k in same}
+    assert inproc_record["pinned_before_torch"] is False  # the other path, the same facts
     assert _bitwise_equal(cli["weights"], inproc["weights"])
     losses = [json.loads(line)["loss"] for line in cli["metrics"].splitlines() if '"train"' in line]
     assert losses == [
         json.loads(line)["loss"] for line in inproc["metrics"].splitlines() if '"train"' in line
+    ]
+
+
+@pytest.mark.slow
+@needs_avx2
+def test_portable_cap_gives_other_digits_than_oneDNN_would_on_this_cpu(tmp_path):
+    """The cap changes what runs (ATen's convolutions, MKL's COMPATIBLE branch), hence the
+    digits: were oneDNN or MKL's automatic branch still at work, the runs would agree."""
+    avx2 = _cli_run(tmp_path / "avx2", cpu_isa="avx2")
+    portable = _cli_run(tmp_path / "portable", cpu_isa="portable")
+    assert not _bitwise_equal(avx2["weights"], portable["weights"])
+
+
+def test_mkl_is_held_to_the_branch_it_honours_on_each_vendor():
+    # measured: MKL_CBWR=COMPATIBLE is CNR:COMPATIBLE on an AMD EPYC; MKL_CBWR=AVX2 is CNR:AUTO
+    # there (MKL follows an instruction-set branch only on Intel's CPUs)
+    assert isa.mkl_branch("portable", "AuthenticAMD") == "COMPATIBLE"
+    assert isa.mkl_branch("portable", "GenuineIntel") == "COMPATIBLE"
+    assert isa.mkl_branch("portable", None) == "COMPATIBLE"
+    assert isa.mkl_branch("avx2", "GenuineIntel") == "AVX2"
+    assert isa.mkl_branch("avx2", "AuthenticAMD") == "AUTO"
+    assert isa.mkl_branch("avx512_core", "GenuineIntel") == "AVX512"
+    assert isa.mkl_branch("avx2", None) is None  # vendor unknown: not judged
+    assert isa.mkl_branch("native", "GenuineIntel") is None
+    flags = ["avx2", "fma"]
+    amd = {"aten": "AVX2", "onednn": "avx2", "mkl_cbwr": "AUTO"}
+    assert isa.problems("avx2", amd, flags, "AuthenticAMD") == []
+    assert isa.problems("avx2", amd, flags, "GenuineIntel") == [
+        "MKL's branch is CNR:AUTO, not AVX2"
+    ]
+    ok = {"aten": "AVX2", "onednn": None, "mkl_cbwr": "COMPATIBLE"}
+    assert isa.problems("portable", ok, flags, "AuthenticAMD") == []
+    assert isa.problems("portable", {**ok, "onednn": "avx2"}, flags, "AuthenticAMD") == [
+        "oneDNN's convolutions run (avx2), not ATen's"
+    ]
+    assert isa.problems("portable", {**ok, "mkl_cbwr": "AUTO"}, flags, "GenuineIntel") == [
+        "MKL's branch is CNR:AUTO, not COMPATIBLE"
     ]
 
 
@@ -117,7 +160,7 @@ def test_problems_name_each_library_that_does_not_follow_the_cap():
         "this CPU lacks avx512f, avx512bw, avx512vl, avx512dq"
     ]
     native = {"aten": "AVX512", "onednn": "avx512_core", "mkl_cbwr": "OFF"}
-    wrong = isa.problems("avx2", native, ["avx2", "fma", "avx512f"])
+    wrong = isa.problems("avx2", native, ["avx2", "fma", "avx512f"], "GenuineIntel")
     assert wrong == [
         "ATen's kernels use AVX512, not AVX2",
         "oneDNN's convolutions use avx512_core",
@@ -126,7 +169,7 @@ def test_problems_name_each_library_that_does_not_follow_the_cap():
     # AMX's cap allows oneDNN's AVX-512 convolutions (AMX has no float32 path)
     flags = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile"]
     amx = {"aten": "AVX512", "onednn": "avx512_core", "mkl_cbwr": "AVX512"}
-    assert isa.problems("avx512_core_amx", amx, flags) == []
+    assert isa.problems("avx512_core_amx", amx, flags, "GenuineIntel") == []
 
 
 def test_environment_records_cpu_caps_build_and_dataset_digest(tiny):
