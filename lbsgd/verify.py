@@ -11,6 +11,19 @@ difference in final top-1 error beside the seed spread of the run's group (the s
 of final top-1 over the seeds of the same experiment in the same study). Each line also says
 whether this machine's CPU and caps (lbsgd.isa) are those the committed run recorded.
 
+Each replay gets one of three levels (DESIGN §11, :func:`level`):
+
+- *bitwise equal*: every compared value equal;
+- *consistent*: it differs, its final top-1 error lies within :data:`SPREADS` seed spreads of the
+  committed run's (two runs that differ only in rounding are two draws of the same chaotic run:
+  their difference has √2 times a run's spread), and no finding of its study changes verdict when
+  the replay stands in for the committed run (the study's notebook executed again over a copy of
+  the profile's folder with the replay in place; every run there is complete, so nothing trains);
+- *inconsistent*: anything else, with the reason (a larger difference, a group of one seed with no
+  spread to judge by, a finding that changes verdict, findings that could not be recomputed).
+
+``lbsgd verify`` exits 0 when every replay is bitwise equal or consistent.
+
 The sample (``--sample N``): the cheapest run of each study (by its recorded wall time; one run of
 an experiment that several studies share), cheapest first; the same on every machine.
 """
@@ -33,6 +46,15 @@ from typing import Any
 from lbsgd import config, isa, launch
 
 EXIT_BAD_INPUT = 2
+# a replay is consistent when its final top-1 error is within this many seed spreads (standard
+# deviations over the seeds of its group) of the committed run's: the difference of two draws has
+# √2 spreads, so 2 spreads hold it about 84% of the time
+SPREADS = 2.0
+LEVELS = ("bitwise equal", "consistent", "inconsistent")
+# what the findings' recomputation copies of a profile's folder: records only
+RECORDS_ONLY = shutil.ignore_patterns(
+    "checkpoint*.pt", ".checkpoint.pt.tmp", "wandb", "wandb_id", "*.ipynb", "*.png", "*.log"
+)
 # metrics.jsonl values that a replay must reproduce (img_per_s and the like are the machine's)
 COMPARED = {
     "train": ("lr", "loss", "loss_scale"),
@@ -220,20 +242,100 @@ def _pct(value: float | None) -> str:
     return f"{value:.2f}%" if value is not None else "n/a"
 
 
-def _report(run: Run, runs: list[Run], replay: Path, code: int, log: Path) -> bool:
-    """Print the lines of one replay; True when bitwise equal."""
+def level(
+    differs: bool, delta: float | None, spread: float | None, changed: list[str] | None
+) -> tuple[str, str]:
+    """A replay's level (:data:`LEVELS`) and why. ``delta``: its final top-1 error minus the
+    committed one's (points); ``spread``: the seed spread of the committed run's group (None: one
+    seed); ``changed``: the claims of its study whose verdict changes with the replay standing in
+    (None: not recomputed)."""
+    if not differs:
+        return "bitwise equal", ""
+    if delta is None:
+        return "inconsistent", "no final top-1 error to compare"
+    if spread is None:
+        return "inconsistent", "its group has one seed: no seed spread to judge the difference by"
+    if abs(delta) > SPREADS * spread:
+        return "inconsistent", (
+            f"final top-1 error moved {delta:+.2f} points, more than {SPREADS:g} seed spreads "
+            f"({SPREADS * spread:.2f} points)"
+        )
+    if changed is None:
+        return "inconsistent", "its study's findings could not be recomputed"
+    if changed:
+        return "inconsistent", f"with the replay standing in, findings change verdict: {changed}"
+    return "consistent", (
+        f"final top-1 error {delta:+.2f} points, within {SPREADS:g} seed spreads "
+        f"({SPREADS * spread:.2f}), and no finding of its study changes verdict"
+    )
+
+
+def _verdicts(findings: Any) -> dict[str, Any]:
+    """claim → replayed (True, False or None) of a findings.json."""
+    if not isinstance(findings, dict):
+        return {}
+    return {f.get("claim"): f.get("replayed") for f in findings.get("findings", [])}
+
+
+def changed_verdicts(committed: dict[str, Any], recomputed: dict[str, Any]) -> list[str]:
+    """The claims whose verdict differs between two findings.json (a claim in one only: changed)."""
+    a, b = _verdicts(committed), _verdicts(recomputed)
+    return sorted(str(c) for c in set(a) | set(b) if a.get(c, "absent") != b.get(c, "absent"))
+
+
+def notebook_of(study: str) -> Path | None:
+    """The study's notebook (notebooks/NN_<study>.ipynb of the repository), None if none."""
+    from lbsgd.studies import repo_root
+
+    found = sorted((repo_root() / "notebooks").glob(f"[0-9][0-9]_{study}.ipynb"))
+    return found[0] if found else None
+
+
+def recompute_findings(root: Path, run: Run, replay: Path, scratch: Path) -> list[str] | None:
+    """The claims of ``run``'s study whose verdict changes when ``replay`` stands in for ``run``:
+    its notebook executed (papermill, W&B off) over a copy of the profile folder ``root`` (records
+    only) in ``scratch``. None when it cannot be recomputed (no notebook, no findings, a failure)."""
+    notebook = notebook_of(run.study)
+    committed = _read_json(run.dir.parent / "findings.json")
+    if notebook is None or committed is None:
+        return None
+    copy = scratch / root.name
+    shutil.copytree(root, copy, ignore=RECORDS_ONLY)
+    if (root.parent / "benchmarks").is_dir():  # what notebooks 10 and 12 read beside the runs
+        shutil.copytree(root.parent / "benchmarks", scratch / "benchmarks")
+    target = copy / run.study / run.name
+    shutil.rmtree(target)
+    shutil.copytree(replay, target, ignore=RECORDS_ONLY)
+    (copy / run.study / "findings.json").unlink()
+    cmd = [
+        *(sys.executable, "-m", "papermill", "--no-progress-bar", str(notebook)),
+        str(copy / run.study / notebook.name),
+        *("-p", "profile", root.name, "-p", "out_dir", str(scratch)),
+        *("-p", "wandb", "disabled", "-p", "parallel", "1"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    recomputed = _read_json(copy / run.study / "findings.json")
+    if proc.returncode != 0 or recomputed is None:
+        return None
+    return changed_verdicts(committed, recomputed)
+
+
+def _report(run: Run, runs: list[Run], replay: Path, code: int, log: Path, root: Path) -> str:
+    """Print the lines of one replay; its level (:data:`LEVELS`)."""
     if code != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
         print(f"  replay failed (exit code {code}): {tail[0] if tail else 'no output'}")
-        return False
+        print("  level: inconsistent (the replay did not complete)")
+        return "inconsistent"
     difference = compare(run.dir, replay)
     new = _read_json(replay / "summary.json") or {}
     top1 = new.get("final", {}).get("top1_error_pct")
+    spread, seeds = seed_spread(run, runs)
+    delta = top1 - run.top1 if top1 is not None and run.top1 is not None else None
+    changed = None
     if difference is None:
         print(f"  bitwise equal (final top-1 error {_pct(top1)})")
     else:
-        spread, seeds = seed_spread(run, runs)
-        delta = top1 - run.top1 if top1 is not None and run.top1 is not None else None
         beside = (
             f"seed spread of its group {spread:.2f} points ({seeds} seeds)"
             if spread is not None
@@ -245,10 +347,15 @@ def _report(run: Run, runs: list[Run], replay: Path, code: int, log: Path) -> bo
             f"  final top-1 error {_pct(run.top1)} committed vs {_pct(top1)} here: {shown}; "
             f"{beside}"
         )
+        if delta is not None and spread is not None and abs(delta) <= SPREADS * spread:
+            with tempfile.TemporaryDirectory(prefix="lbsgd-verify-findings-") as scratch:
+                changed = recompute_findings(root, run, replay, Path(scratch))
     print(
         f"  machine: {machine_match(run.summary.get('environment', {}), new.get('environment', {}))}"
     )
-    return difference is None
+    name, why = level(difference is not None, delta, spread, changed)
+    print(f"  level: {name}{f' ({why})' if why else ''}")
+    return name
 
 
 def main(
@@ -258,7 +365,8 @@ def main(
     out: str | None = None,
     parallel: int = 1,
 ) -> int:
-    """Replay and report; 0 when every replay is bitwise equal, 1 otherwise, 2 on bad input."""
+    """Replay and report; 0 when every replay is bitwise equal or consistent, 1 otherwise, 2 on
+    bad input."""
     from lbsgd.studies import results_root
 
     root = results_root(results)
@@ -289,18 +397,21 @@ def main(
         flush=True,
     )
     try:
-        equal = _replay_all(chosen, runs, where, parallel)
-        print(f"lbsgd verify: {sum(equal)} of {len(equal)} replays bitwise equal")
-        return 0 if all(equal) else 1
+        levels = _replay_all(chosen, runs, where, parallel, root)
+        counts = ", ".join(f"{levels.count(x)} {x}" for x in LEVELS)
+        print(f"lbsgd verify: {len(levels)} replays: {counts}")
+        return 0 if "inconsistent" not in levels else 1
     finally:
         if not out:
             shutil.rmtree(where, ignore_errors=True)
 
 
-def _replay_all(chosen: list[Run], runs: list[Run], where: Path, parallel: int) -> list[bool]:
-    """Replay ``chosen``, ``parallel`` at a time, reporting each as it ends; bitwise equal each?"""
+def _replay_all(
+    chosen: list[Run], runs: list[Run], where: Path, parallel: int, root: Path
+) -> list[str]:
+    """Replay ``chosen``, ``parallel`` at a time, reporting each as it ends; the level of each."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    pending, running, equal = list(enumerate(chosen, 1)), [], []
+    pending, running, levels = list(enumerate(chosen, 1)), [], []
     while pending or running:
         while pending and len(running) < parallel:
             i, run = pending.pop(0)
@@ -324,12 +435,35 @@ def _replay_all(chosen: list[Run], runs: list[Run], where: Path, parallel: int) 
                 f"[{i}/{len(chosen)}] {run.study}/{run.name} "
                 f"({time.perf_counter() - started:.0f} s)"
             )
-            equal.append(_report(run, runs, where / run.study / run.name, proc.returncode, log))
+            levels.append(
+                _report(run, runs, where / run.study / run.name, proc.returncode, log, root)
+            )
             sys.stdout.flush()
         time.sleep(0.2)
-    return equal
+    return levels
 
 
 def _bad(message: str) -> int:
     print(f"lbsgd: error: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def fingerprint(run_dir: Path) -> dict[str, Any]:
+    """The digits of a finished run, to compare across machines: every logged train loss (repr,
+    so no digit is lost) and a sha256 over its final weights (checkpoint.pt's model, in key
+    order)."""
+    import hashlib
+
+    import torch
+
+    losses = [
+        repr(rec["loss"])
+        for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if rec.get("kind") == "train"
+    ]
+    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].detach().contiguous().cpu().numpy().tobytes())
+    return {"losses": losses, "weights_sha256": h.hexdigest()}

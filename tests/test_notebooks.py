@@ -21,7 +21,7 @@ import papermill
 import pytest
 from conftest import lbsgd
 
-from lbsgd import config, report
+from lbsgd import config, report, verify
 from lbsgd import experiments as ex
 from lbsgd.config import ConfigError
 from lbsgd.studies import scales
@@ -179,6 +179,30 @@ def test_every_notebook_runs_at_smoke_scale_and_writes_what_it_promises(nb, exec
         assert status in ("completed", "diverged"), f"{study}/{name}: status {status}"
     for log in sdir.glob("*.log"):  # every run started here has its folder
         assert log.stem in run_dirs, f"{log.name} has no run folder"
+
+
+@pytest.mark.slow
+def test_verify_recomputes_a_studys_findings_with_a_replay_standing_in(
+    execute, smoke_out, tmp_path
+):
+    """lbsgd verify's consistency check: the study's notebook executed again over a copy of the
+    profile folder, the replay in place of its run. A replay equal to its run changes no verdict;
+    a committed verdict that the runs do not give is named as changed."""
+    nb = next(n for n in NOTEBOOKS if study_of(n) == "warmup")
+    execute(nb)
+    root = smoke_out / "smoke"
+    run = next(r for r in verify.find_runs(root) if r.study == "warmup")
+    assert verify.recompute_findings(root, run, run.dir, tmp_path / "a") == []
+    assert (root / "warmup" / "findings.json").is_file()  # the profile folder left as it was
+    altered = tmp_path / "altered"
+    shutil.copytree(root, altered / "smoke")
+    findings = json.loads((altered / "smoke" / "warmup" / "findings.json").read_text())
+    first = findings["findings"][0]
+    first["replayed"] = {True: False, False: True, None: True}[first["replayed"]]
+    (altered / "smoke" / "warmup" / "findings.json").write_text(json.dumps(findings))
+    moved = next(r for r in verify.find_runs(altered / "smoke") if r.name == run.name)
+    changed = verify.recompute_findings(altered / "smoke", moved, run.dir, tmp_path / "b")
+    assert changed == [first["claim"]]
 
 
 @pytest.mark.slow

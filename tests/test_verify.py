@@ -35,7 +35,7 @@ def replay_env(monkeypatch):
 def test_verify_reports_bitwise_equal_for_a_run_it_replays(committed, replay_env, capsys):
     assert verify.main(str(committed), 1) == 0
     out = capsys.readouterr().out
-    assert "bitwise equal" in out
+    assert "level: bitwise equal" in out and "1 replays: 1 bitwise equal" in out
     assert f"same CPU model, same caps (cpu_isa={CAP}" in out
     assert not list(committed.glob("tiny/*/*.log"))  # nothing written into the committed results
 
@@ -55,6 +55,8 @@ def test_verify_reports_a_difference_when_a_committed_value_was_altered(
     out = capsys.readouterr().out
     assert f"differs, first at step {first_eval['step']}: eval top1_error_pct" in out
     assert "no seed spread (one seed in its group)" in out
+    assert "level: inconsistent (its group has one seed" in out
+    assert "1 replays: 0 bitwise equal, 0 consistent, 1 inconsistent" in out
 
 
 # -- the choice, the comparison and the spread, on hand-made runs (no training) -------------
@@ -162,3 +164,32 @@ def test_verify_refuses_to_replay_into_the_committed_results(tmp_path, capsys):
     assert "inside the committed results" in capsys.readouterr().err
     assert verify.main(str(tmp_path), 1, names=["nope"]) == 2
     assert verify.main(str(tmp_path / "empty"), 1) == 2
+
+
+# -- the three levels (DESIGN §11) ---------------------------------------------------------------
+
+
+def test_a_replay_is_bitwise_equal_consistent_or_inconsistent_by_its_difference_and_findings():
+    assert verify.level(False, None, None, None) == ("bitwise equal", "")
+    assert verify.level(True, -0.5, 1.0, [])[0] == "consistent"  # 0.5 <= 2 x 1.0
+    assert verify.level(True, 2.0, 1.0, [])[0] == "consistent"  # at the bound
+    level, why = verify.level(True, -2.01, 1.0, [])
+    assert level == "inconsistent" and "-2.01 points, more than 2 seed spreads (2.00" in why
+    level, why = verify.level(True, 0.1, None, [])
+    assert level == "inconsistent" and "one seed" in why
+    level, why = verify.level(True, 0.1, 1.0, ["gradual warmup beats no warmup"])
+    assert level == "inconsistent" and "gradual warmup beats no warmup" in why
+    level, why = verify.level(True, 0.1, 1.0, None)
+    assert level == "inconsistent" and "could not be recomputed" in why
+    assert verify.level(True, None, 1.0, [])[0] == "inconsistent"
+
+
+def test_changed_verdicts_names_each_claim_whose_verdict_differs_or_is_missing():
+    def doc(**verdicts):
+        return {"findings": [{"claim": c, "replayed": v} for c, v in verdicts.items()]}
+
+    committed = doc(a=True, b=None, c=False)
+    assert verify.changed_verdicts(committed, doc(a=True, b=None, c=False)) == []
+    assert verify.changed_verdicts(committed, doc(a=True, b=False, c=False)) == ["b"]
+    assert verify.changed_verdicts(committed, doc(a=None, b=None)) == ["a", "c"]
+    assert verify.changed_verdicts(committed, doc(a=True, b=None, c=False, d=True)) == ["d"]
