@@ -155,7 +155,7 @@ def _command(
 
 def varied_keys(cfgs: Sequence[Config]) -> tuple[str, ...]:
     """The keys whose values differ across ``cfgs``, sorted, ``k`` standing for ``batch_size``
-    (``name`` left out: the run name is what a display name falls back to)."""
+    (``name`` left out: a run's folder name, not a key it was trained with)."""
     dicts = [c.to_dict() for c in cfgs]
     keys = {
         k
