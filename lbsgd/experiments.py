@@ -36,7 +36,9 @@ field. Everything here reads the local results only: no W&B server is needed to 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -155,7 +157,7 @@ def _command(
 
 def varied_keys(cfgs: Sequence[Config]) -> tuple[str, ...]:
     """The keys whose values differ across ``cfgs``, sorted, ``k`` standing for ``batch_size``
-    (``name`` left out: the run name is what a display name falls back to)."""
+    (``name`` left out: a run's folder name, not a key it was trained with)."""
     dicts = [c.to_dict() for c in cfgs]
     keys = {
         k
@@ -502,10 +504,44 @@ def study_dir(out_dir: str | os.PathLike, study: str) -> Path:
 
 
 def save_table(table, out_dir: str | os.PathLike, study: str, name: str = "table.csv") -> Path:
+    """``table`` as ``<study>/<name>``, every number to 6 significant digits (what the report and
+    later readers read: :func:`readable` rounds only what is shown)."""
     config.check_folder_name("name", name)  # a file of the study's folder, nowhere else
     path = study_dir(out_dir, study) / name
     table.to_csv(path, index=False, float_format="%.6g")
     return path
+
+
+# Columns in percentage points (errors, accuracies, efficiencies, their spreads and gaps): shown to
+# 2 decimals; every other number to 4 significant digits.
+POINTS_COLUMN = re.compile(r"_pct(_mean|_std)?$|_pts$|^paper_std$")
+
+
+def readable_cell(column: str, value: Any) -> str:
+    """One cell of a table as it is shown (a notebook's table, REPORT.md): a number of a
+    :data:`POINTS_COLUMN` to 2 decimals, any other fraction to 4 significant digits (no exponent
+    from 1 up), a whole number as it is, a missing one empty, text as it is. ``value``: a number
+    or a CSV cell's text."""
+    text = "" if value is None else str(value).strip()
+    if text in ("True", "False", "<NA>"):  # numpy's booleans are numbers to float()
+        return "" if text == "<NA>" else text
+    try:
+        x = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(x):
+        return "" if math.isnan(x) else text
+    if POINTS_COLUMN.search(column):
+        return f"{x:.2f}"
+    if text.lstrip("+-").isdigit() or (x.is_integer() and abs(x) < 1e15):
+        return str(int(x))
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def readable(table):
+    """A copy of ``table`` (a DataFrame) for reading: every cell as :func:`readable_cell` shows
+    it. The table itself, and the CSV that :func:`save_table` writes, keep full precision."""
+    return table.apply(lambda col: col.map(lambda v: readable_cell(str(col.name), v)))
 
 
 def save_figure(fig, out_dir: str | os.PathLike, study: str, name: str) -> Path:

@@ -2,7 +2,9 @@
 
 Each study writes ``findings.json`` (the papers' qualitative claims and whether this replay shows
 them, with the evidence: for an undecided claim, why its evidence cannot decide it) and
-``table.csv`` (our numbers beside the published ones) into ``results/<profile>/<study>/``. The
+``table.csv`` (our numbers beside the published ones, 6 significant digits) into
+``results/<profile>/<study>/``; the report shows them rounded for reading (percentage points to 2
+decimals, other numbers to 4 significant digits: :func:`lbsgd.experiments.readable_cell`). The
 report of a profile is generated from those files only: its numbers are the runs' own, and it never
 mixes profiles (DESIGN §9). ``lbsgd report --results results/cpu`` writes
 ``results/cpu/REPORT.md``; ``--results results`` writes one per profile folder found.
@@ -15,17 +17,24 @@ import json
 import os
 from pathlib import Path
 
+from lbsgd.experiments import readable_cell
+
 MARK = {True: "yes", False: "**no**", None: "undecided"}
 
 
 def _table_markdown(path: Path, max_rows: int = 40) -> str:
+    """The CSV as a markdown table, its numbers rounded for reading
+    (:func:`lbsgd.experiments.readable_cell`; the CSV keeps every digit)."""
     with path.open() as f:
         rows = list(csv.reader(f))
     if not rows:
         return ""
     head, body = rows[0], rows[1 : max_rows + 1]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in body]
+    lines += [
+        "| " + " | ".join(readable_cell(c, v) for c, v in zip(head, r, strict=False)) + " |"
+        for r in body
+    ]
     if len(rows) - 1 > max_rows:
         lines.append(f"\n({len(rows) - 1 - max_rows} more rows in {path.name})")
     return "\n".join(lines)

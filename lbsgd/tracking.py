@@ -5,10 +5,15 @@ per evaluation, flushed as it is written. W&B mirrors it and must never block or
 import, init and every log call are guarded, and a failure leaves one warning and a run that goes on
 without it. What W&B gets, so that runs compare there:
 
-- project ``wandb_project``, group = the study, job_type = train, run name = the run's folder;
-  display name = the values of the study's ``varied`` keys (``k=16 warmup=gradual seed=0``), the run
-  name when nothing varies; tags = profile, study, ``k=<k>`` and ``key=value`` of each varied key;
-  config = every key, the derived values and ``k`` (= batch_size / reference_batch).
+- project ``wandb_project``, group = the study, job_type = train; config = every key, the derived
+  values, ``k`` (= batch_size / reference_batch) and ``run_name`` (the run's folder).
+- display name, one rule for every run of every group: ``k=<k>``, then ``key=value`` of each other
+  key the study varies (``varied``, as the sweep wrote it), then ``seed=<seed>``; ``k`` and
+  ``seed`` always, even at their defaults, so that a seed-0 run and a seed-1 run of one group, or
+  runs of two sweeps of one study (another list of seeds or ks), are named alike:
+  ``k=16 warmup=gradual seed=0`` beside ``k=16 warmup=gradual seed=1``. The name is W&B's only:
+  the run's folder keeps the name the config gives it (:meth:`lbsgd.config.Config.run_name`).
+  Tags = profile, study and each ``key=value`` of the display name.
 - one train point per metric flush: the mean loss over the flush's window of steps (the JSONL keeps
   every step), the lr, img/s and loss scale of its last step; ``epoch`` with every point, declared
   as the step metric of ``train/*`` and ``eval/*`` so that runs of different batch sizes share an
@@ -35,7 +40,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-ID_FILE = "wandb_id"  # in the run directory: the W&B run id, written once, kept across resumes
+# in a run's directory: its W&B run id, written once, kept across resumes; in a study's folder: the
+# id of the study's W&B run (log_study), kept across the notebook's re-runs
+ID_FILE = "wandb_id"
 
 
 def resolve_wandb_mode(mode: str) -> str:
@@ -96,24 +103,24 @@ def _text(v: Any) -> str:
     return str(v)
 
 
-def _varied_values(config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(key, value text) of the varied keys: k first, seed last, the others in the given order."""
-    varied = list(config.get("varied") or ())
-    order = [k for k in varied if k == "k"] + [k for k in varied if k not in ("k", "seed")]
-    order += [k for k in varied if k == "seed"]
+def name_values(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, value text) of a run's W&B display name: ``k`` first and ``seed`` last, always (even
+    at their defaults: a sweep run again with more seeds or another k names its new runs as the
+    first sweep named its own), the other ``varied`` keys between, in the order given."""
+    varied = [k for k in config.get("varied") or () if k not in ("k", "seed")]
     values = {**config, "k": batch_ratio(config)}
-    return [(k, _text(values.get(k))) for k in dict.fromkeys(order)]
+    return [(k, _text(values.get(k))) for k in dict.fromkeys(["k", *varied, "seed"])]
 
 
-def display_name(config: Mapping[str, Any], fallback: str) -> str:
-    """``k=16 warmup=gradual seed=0``: what the run's study varies; ``fallback`` when nothing."""
-    return " ".join(f"{k}={v}" for k, v in _varied_values(config)) or fallback
+def display_name(config: Mapping[str, Any]) -> str:
+    """``k=16 warmup=gradual seed=0``: the rule of :func:`name_values`, for every run."""
+    return " ".join(f"{k}={v}" for k, v in name_values(config))
 
 
 def run_tags(config: Mapping[str, Any]) -> list[str]:
-    """profile, study, ``k=<k>`` and ``key=value`` of each varied key (W&B: at most 64 chars)."""
-    tags = [config.get("profile"), config.get("study"), f"k={_text(batch_ratio(config))}"]
-    tags += [f"{k}={v}" for k, v in _varied_values(config)]
+    """profile, study and ``key=value`` of each key of the display name (W&B: at most 64 chars)."""
+    tags = [config.get("profile"), config.get("study")]
+    tags += [f"{k}={v}" for k, v in name_values(config)]
     return list(dict.fromkeys(str(t)[:64] for t in tags if t))
 
 
@@ -214,7 +221,7 @@ class Tracker:
             run_id = earlier or new_run_id()
             if earlier is None:
                 id_file.write_text(run_id + "\n")
-            cfg = wandb_config(config)
+            cfg = {**wandb_config(config), "run_name": name}
             if resumed_from is not None:
                 cfg["resumed_from_step"] = resumed_from
 
@@ -233,7 +240,7 @@ class Tracker:
                     project=project,
                     group=group,
                     job_type="train",
-                    name=display_name(config, name),
+                    name=display_name(config),
                     config=c,
                     tags=run_tags(config),
                     notes=notes,
@@ -390,6 +397,7 @@ def log_copied_run(
             config["profile"] = profile
         cfg = {
             **wandb_config(config),
+            "run_name": run_dir.name,
             "copied_from": f"{twin.parent.name}/{twin.name}",
             "copied_from_wandb_id": _read_id(twin / ID_FILE),
         }
@@ -400,7 +408,7 @@ def log_copied_run(
             group=config["study"],
             job_type="train",
             id=new_run_id(),
-            name=display_name(config, run_dir.name),
+            name=display_name(config),
             config=cfg,
             tags=run_tags(config),
             notes=f"copied from {cfg['copied_from']} (identical experiment keys)",
@@ -459,32 +467,37 @@ def log_study(
     """One W&B run for the study (job_type=study, group=study, name ``<study> (<profile>)``)
     holding ``table`` (a CSV path or a DataFrame: ours beside the paper) as ``table``, each PNG of
     ``figures`` as an image named by its file stem, and ``findings`` (dicts or Findings: claim,
-    replayed, evidence) as the table ``findings`` (claim, verdict, evidence). Online, the study's
-    W&B run is kept (its id in ``<study_dir>/wandb/study_id``) and updated by each call. Returns
-    the W&B id, or None (disabled, or a failure: one RuntimeWarning; never raises)."""
+    replayed, evidence) as the table ``findings`` (claim, verdict, evidence).
+
+    The study has one W&B run, whatever the mode: its id is kept in ``<study_dir>/wandb_id``
+    (written by the first call, out of git like a run's), and every later call (a notebook run
+    again) logs to that id. Online it resumes the run (``resume="allow"``): the table, figures and
+    findings of the re-run are its next step. Offline each call writes a folder
+    ``wandb/offline-run-<time>-<id>`` of the same id; ``wandb sync`` syncs the folders of one id
+    into that one W&B run, in the order of their start times. Returns the W&B id, or None
+    (disabled, or a failure: one RuntimeWarning; never raises)."""
     try:
         import wandb
 
         study_dir = Path(study_dir)
-        id_file = study_dir / "wandb" / "study_id"  # W&B's own folder: out of git
-        online = resolve_wandb_mode(mode) == "online"
-        run_id = (_read_id(id_file) if online else None) or new_run_id()
+        id_file = study_dir / ID_FILE
+        # where the id was kept before (online only), so that such a study keeps its W&B run
+        earlier = _read_id(id_file) or _read_id(study_dir / "wandb" / "study_id")
         run = _init_after(
             mode,
             study_dir,
             project=project,
             group=study,
             job_type="study",
-            id=run_id,
+            id=earlier or new_run_id(),
             name=f"{study} ({profile})",
             tags=[t for t in (profile, study) if t],
             config={"study": study, "profile": profile},
         )
         if run is None:
             return None
-        if online and run.settings.mode == "online":
-            id_file.parent.mkdir(parents=True, exist_ok=True)
-            id_file.write_text(run.id + "\n")
+        if _read_id(id_file) is None:  # the first call (an online failure's fallback keeps it)
+            id_file.write_text((earlier or run.id) + "\n")
         try:
             data: dict[str, Any] = {}
             if table is not None:

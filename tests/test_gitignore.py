@@ -29,6 +29,7 @@ def ignored(path: str) -> bool:
         "results/cpu/warmup/run-s0-1234abcd/wandb/offline-run-1/run-1.wandb",
         "results/cpu/warmup/run-s0-1234abcd/wandb_id",
         "results/cpu/warmup/wandb/study_id",
+        "results/cpu/warmup/wandb_id",
         "results/smoke/warmup/02_warmup.ipynb",
         "notebooks/.ipynb_checkpoints/02_warmup-checkpoint.ipynb",
     ],

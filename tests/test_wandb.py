@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import tiny_keys
 
 from lbsgd import experiments, tracking
 from lbsgd.config import ConfigError, from_dict
@@ -157,6 +158,7 @@ def test_run_carries_profile_k_tags_display_name_window_mean_loss_and_epoch_axis
     assert run.group == "warmup" and run.job_type == "train"
     assert run.name == "k=2 warmup=gradual seed=0"  # k first, seed last
     assert run.config["profile"] == "smoke" and run.config["k"] == 2
+    assert run.config["run_name"] == cfg.run_dir().name  # the folder, named as before
     assert run.config["batch_size"] == 128 and run.config["warmup_steps"] == 2  # keys, derived
     assert set(run.tags) == {"smoke", "warmup", "k=2", "warmup=gradual", "seed=0"}
     _assert_window_means(run, _jsonl(cfg.run_dir()))
@@ -176,10 +178,33 @@ def test_runs_of_a_sweep_varying_warmup_have_distinct_display_names(tiny, offlin
         (run,) = offline_runs(cfg.run_dir())
         assert f"warmup={warmup}" in run.tags
         names.append(run.name)
-    assert names == ["warmup=none", "warmup=constant", "warmup=gradual"]
-    cfg = tiny(wandb="offline", epochs=0.25, name="alone")  # nothing varies: the run's name
+    assert names == [
+        "k=1 warmup=none seed=0",
+        "k=1 warmup=constant seed=0",
+        "k=1 warmup=gradual seed=0",
+    ]
+    cfg = tiny(wandb="offline", epochs=0.25, name="alone")  # nothing varies: k and seed still
     train(cfg)
-    assert offline_runs(cfg.run_dir())[0].name == "alone"
+    assert offline_runs(cfg.run_dir())[0].name == "k=1 seed=0"
+
+
+def test_seed_0_and_seed_1_runs_of_one_group_are_named_by_one_rule(tiny, offline, tmp_path):
+    # the sweep run once with seed 0 (nothing varies), then again with seeds 0 and 1 (seed 0 is
+    # done and skipped, seed 1 varies): both runs carry k and seed, named alike
+    out = tmp_path / "results"
+    run = tiny_keys(epochs=0.25, checkpoint=False, wandb="offline")
+    for seeds in ([0], [0, 1]):
+        experiments.sweep(
+            "names", [{**run, "seed": s} for s in seeds], out_dir=out, wandb="offline", quiet=True
+        )
+    names = {}
+    for folder in sorted((out / "names").glob("*/summary.json")):
+        (logged,) = offline_runs(folder.parent)
+        names[logged.config["seed"]] = (logged.name, folder.parent.name)
+    assert [n for n, _ in names.values()] == ["k=1 seed=0", "k=1 seed=1"]
+    # the folders keep the names the config gives them (committed runs are not renamed)
+    for seed, (_, folder) in names.items():
+        assert folder == from_dict({**run, "seed": seed}).run_name()
 
 
 def _stop_after(monkeypatch, step: int) -> None:
@@ -208,7 +233,8 @@ def test_offline_resume_is_a_new_run_of_the_same_group_and_name_saying_what_it_c
     assert (cfg.run_dir() / "wandb_id").read_text() == first_id  # kept across the resume
     first, second = offline_runs(cfg.run_dir())
     assert first.id == first_id.strip() and second.id != first.id
-    assert (second.group, second.name) == (first.group, first.name) == ("warmup", "warmup=gradual")
+    assert (second.group, second.name) == (first.group, first.name)
+    assert (first.group, first.name) == ("warmup", "k=1 warmup=gradual seed=0")
     assert second.config["continues"] == first.id and "continues" not in first.config
     assert second.config["resumed_from_step"] == steps_done
     assert first.id in second.notes
@@ -265,7 +291,7 @@ def test_copied_run_is_logged_to_the_second_studys_group_with_its_own_id(tiny, o
     (run,) = offline_runs(copy)
     assert got == run.id == (copy / "wandb_id").read_text().strip()
     assert run.id != (twin / "wandb_id").read_text().strip()  # a new W&B run for this study
-    assert run.group == "batch_scaling" and run.name == "k=1"
+    assert run.group == "batch_scaling" and run.name == "k=1 seed=0"
     assert run.config["study"] == "batch_scaling" and run.config["profile"] == "smoke"
     assert run.config["copied_from"] == f"warmup/{twin.name}"
     assert run.config["copied_from_wandb_id"] == offline_runs(twin)[0].id
@@ -399,3 +425,50 @@ def test_a_study_session_logs_its_table_figures_and_findings_to_its_group(offlin
     assert (run.job_type, run.group, run.name) == ("study", "warmup", "warmup (smoke)")
     (row,) = [r for r in run.history if "table" in r]
     assert "figures/curves" in row and "findings" in row
+
+
+def test_a_notebook_run_again_logs_to_the_same_study_run_offline(offline, tmp_path):
+    pd = pytest.importorskip("pandas")
+    from lbsgd import studies
+
+    errors = []
+    for err in (31.5, 30.25):  # the notebook, run twice: two sessions of one study
+        s = studies.start(
+            "warmup", title="2. Warmup", profile="smoke", out_dir=tmp_path, wandb="offline"
+        )
+        s.save_table(pd.DataFrame({"warmup": ["gradual"], "err": [err]}))
+        s.findings([studies.Finding("gradual warmup helps", None, "one seed")])
+        errors.append(err)
+    first, second = offline_runs(s.dir)  # two offline folders of W&B's, oldest first
+    kept = (s.dir / "wandb_id").read_text().strip()
+    assert first.id == second.id == kept  # `wandb sync` puts both into that one W&B run
+    assert (first.group, first.name) == (second.group, second.name) == ("warmup", "warmup (smoke)")
+    for run, err in zip((first, second), errors, strict=True):
+        (row,) = [r for r in run.history if "table" in r]
+        logged = json.loads((run.dir / "files" / row["table"]["path"]).read_text())
+        assert logged["data"] == [["gradual", err]]  # each re-run logs its own table
+
+
+def test_a_notebook_run_again_resumes_its_study_run_online(tmp_path, monkeypatch):
+    calls = []
+    fake = types.ModuleType("wandb")
+    fake.Settings = lambda **k: k
+
+    def init(**k):
+        calls.append(k)
+        run = _FakeRun()
+        run.id = k["id"]
+        return run
+
+    fake.init = init
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for _ in range(2):
+        got = tracking.log_study(tmp_path, study="warmup", profile="smoke", mode="online")
+    assert calls[0]["id"] == calls[1]["id"] == got == (tmp_path / "wandb_id").read_text().strip()
+    assert calls[0]["resume"] == calls[1]["resume"] == "allow"
+    # a study whose id was kept where earlier versions kept it (online) keeps its W&B run
+    legacy = tmp_path / "older"
+    (legacy / "wandb").mkdir(parents=True)
+    (legacy / "wandb" / "study_id").write_text("older123\n")
+    assert tracking.log_study(legacy, study="warmup", profile="smoke", mode="online") == "older123"
+    assert (legacy / "wandb_id").read_text().strip() == "older123"

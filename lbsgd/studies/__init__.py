@@ -30,6 +30,7 @@ from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd.experiments import Finding
+from lbsgd.experiments import readable as readable  # notebooks show their tables with it
 from lbsgd.studies import scales
 
 # The notebooks in reading order (notebooks/NN_<study>.ipynb); titles start with the number.
@@ -292,7 +293,8 @@ class Session:
         )
 
     def save_table(self, table, name: str = "table.csv"):
-        """Write ``table`` (ours beside the paper) to the study's folder; returns it for display."""
+        """Write ``table`` (ours beside the paper) to the study's folder; returns it as it is
+        (:func:`readable` shows it rounded)."""
         path = ex.save_table(table, self.out, self.study, name)
         if name == "table.csv":
             self.table_path = path

@@ -198,7 +198,7 @@ def published(ref=None):
                     "run": label,
                     "algorithm": algo,
                     "overlap": overlap,
-                    "gpus": gpus,
+                    "paper_gpus": gpus,
                     "iteration_s": step,
                     "comm_s": comm,
                     "compute_s": t_c,
@@ -212,7 +212,7 @@ def published(ref=None):
 def compute_per_step(pub) -> dict[str, float]:
     """Compute seconds per step: ResNet-50's from Goyal et al.'s run (overlap), AlexNet's from it
     by the ratio of forward multiply-adds per image."""
-    goyal = pub[(pub["gpus"] == 256) & pub["overlap"]].iloc[0]
+    goyal = pub[(pub["paper_gpus"] == 256) & pub["overlap"]].iloc[0]
     return {
         "resnet50": float(goyal["compute_s"]),
         "alexnet": float(goyal["compute_s"]) * ALEXNET_COMPUTE,

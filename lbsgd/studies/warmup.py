@@ -21,6 +21,9 @@ TITLE = "2. Warmup (Goyal Table 1)"
 WARMUPS = ("none", "constant", "gradual")
 CLOSE_PCT = 1.5  # "comes close to the baseline": Goyal's 8k run is 0.14 points above it
 SPIKE = 1.1  # a jump ratio below this barely disturbs training
+# Goyal et al. train on k GPUs of n = 32 images each (minibatch kn): Table 1's k = 8 (256) and
+# k = 256 (8k) are GPUs, shown as paper_gpus; lbsgd's k is the minibatch over the reference batch.
+PAPER_IMAGES_PER_GPU = 32
 
 # -- the runs and the table --------------------------------------------------------------------
 
@@ -39,7 +42,7 @@ def runs(
 
 def table(df):
     """Mean error per k and warmup, beside Table 1 (the paper's 256 row at the baseline's k, its
-    8k rows at the large k)."""
+    8k rows at the large k; ``paper_gpus``: the paper's k, its GPUs)."""
     base_k, large_k = float(df["k"].min()), float(df["k"].max())
     ours = ex.summarize(df, ["k", "batch_size", "warmup"])
     paper = ex.reference(STUDY)[["batch", "warmup", "value", "std", "variant"]]
@@ -52,9 +55,10 @@ def table(df):
         }
     )
     paper["k"] = [base_k if b == 256 else large_k for b in paper["paper_batch"]]
+    paper["paper_gpus"] = paper["paper_batch"] // PAPER_IMAGES_PER_GPU
     cols = ["k", "warmup", "paper_top1_error_pct", "paper_std", "paper_variant", "paper_batch"]
-    t = ours.merge(paper[cols], on=["k", "warmup"], how="left")
-    return t.astype({"paper_batch": "Int64"})  # no 8.2e+03
+    t = ours.merge(paper[[*cols, "paper_gpus"]], on=["k", "warmup"], how="left")
+    return t.astype({"paper_batch": "Int64", "paper_gpus": "Int64"})  # no 8.2e+03
 
 
 # -- the findings ------------------------------------------------------------------------------
