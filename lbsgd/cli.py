@@ -2,6 +2,7 @@
 ``lbsgd data fake {cifar10,imagenet} DIR`` (files to test and benchmark with, no download).
 
 Exit codes: 0 completed, 2 bad input (one line on stderr, nothing written), 3 diverged, 1 other errors.
+A run that started says how it ended in its last line, whatever the exit code (lbsgd.progress).
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ from lbsgd.loop import (
 )
 from lbsgd.models import ghost_bn
 from lbsgd.precision import Precision
+from lbsgd.progress import Flushed, Progress, ending_line
 from lbsgd.schedules import learning_rate
 from lbsgd.tracking import Tracker
 
@@ -265,9 +266,12 @@ class Run:
             status = self.loop()
         finally:
             self.summary["status"] = status
+            # a failed run's loop did not time itself: its wall time still goes in
+            self.summary.setdefault("wall_time_s", time.perf_counter() - self.t_start)
             self._write_summary()
             self.tracker.summary(self.summary)
             self.tracker.close(exit_code=rundir.STATUS_EXIT_CODE.get(status, 1))
+            print(ending_line(self.summary, self.run_dir), flush=True)  # how the run ended
         return self.summary
 
     def _announce(self) -> None:
@@ -294,15 +298,19 @@ class Run:
         for w in sorted(active):  # the first orders: the initial weights, tasks 0, 1, …
             self._answer(w, active)  # (more workers than tasks: STOP, "completed")
         clock = WindowClock()
+        # tqdm's bar on a terminal, else plain lines
+        progress = Progress(self.d.total_steps, 0, self.sampler.epoch_of, True, self.t_start)
         while active:
             w = distributed.recv(report, None, TAG_REPORT, self.group)
             distributed.recv(payload, w, TAG_GRADIENT, self.group)
             applied = self._receive(w, report, payload)
             self._answer(w, active)
             if applied:
-                self._after_update(clock)
+                progress.step()
+                self._after_update(clock, progress)
         if self.pending:
-            self._close_window(clock)
+            self._close_window(clock, progress)
+        progress.close()
         return self._conclude(clock.elapsed())
 
     def _receive(self, w: int, report: torch.Tensor, payload: torch.Tensor) -> bool:
@@ -354,18 +362,24 @@ class Run:
         self._order(w, self.step, STOP, "completed" if self.status == "running" else self.status)
         active.discard(w)
 
-    def _after_update(self, clock: WindowClock) -> None:
-        """The decisions after an applied update (lbsgd.loop.decide): flush, evaluate."""
+    def _after_update(self, clock: WindowClock, progress: Progress) -> None:
+        """The decisions after an applied update (lbsgd.loop.decide): flush, evaluate; then a
+        plain progress line, when one is due."""
         plan = decide(self.cadence, self.step, len(self.pending))
         if plan.flush:
-            self._close_window(clock)
+            self._close_window(clock, progress)
+        top1_error = None
         if plan.evaluate:
             with clock.set_aside():  # evaluation is not training time
-                self.evaluate(self.step)
+                top1_error = self.evaluate(self.step)["top1_error_pct"]
         self.summary["steps"] = self.step
+        progress.report(self.step, plan.boundary, top1_error)
 
-    def _close_window(self, clock: WindowClock) -> None:
-        self.flush(self.pending, clock.close_window(self.cfg.batch_size * len(self.pending)))
+    def _close_window(self, clock: WindowClock, progress: Progress) -> None:
+        img_per_s = clock.close_window(self.cfg.batch_size * len(self.pending))
+        self.flush(self.pending, img_per_s)
+        last = self.pending[-1]
+        progress.flushed(Flushed(last["step"], last["loss"], last["lr"], img_per_s))
         self.pending = []
 
     def _conclude(self, train_time: float) -> str:
@@ -423,8 +437,9 @@ class Run:
         self.tracker.log_wandb({**pending[-1], "loss": sum(losses) / len(losses)})
         self.summary.setdefault("final", {})["train_loss"] = losses[-1]
 
-    def evaluate(self, step: int) -> None:
-        """Top-1/top-5 error (%) and loss on the whole test split, on the server alone."""
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Top-1/top-5 error (%) and loss on the whole test split, on the server alone; the
+        evaluation's record."""
         idx = torch.arange(len(self.splits.test))
         sums = evaluation_sums(
             self.net,
@@ -438,6 +453,7 @@ class Run:
         rec = evaluation_record(step, self.sampler.epoch_of(step), sums)
         self.tracker.log(rec)
         note_evaluation(self.summary, rec)
+        return rec
 
     def save(self, step: int) -> None:
         """The server's state after update ``step``: a record of the run's end (no resume)."""

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from lbsgd import (
     checkpoint,
@@ -43,6 +41,7 @@ from lbsgd.loop import (
 )
 from lbsgd.models import ghost_bn
 from lbsgd.precision import Precision
+from lbsgd.progress import Flushed, Progress, ending_line
 from lbsgd.schedules import learning_rate
 from lbsgd.staleness import StaleWeights
 from lbsgd.tracking import Tracker
@@ -195,8 +194,11 @@ class Run:
             torch.set_num_threads(cfg.threads)
         mode = distributed.on_main(ctx, lambda: rundir.check_run_dir(cfg, ctx.world_size))
         if mode == "completed":
-            print(f"lbsgd: {self.run_dir} is already complete; nothing to do", flush=True)
-            return rundir.read_summary(self.run_dir)
+            summary = rundir.read_summary(self.run_dir)
+            if ctx.is_main:
+                print(f"lbsgd: {self.run_dir} is already complete; nothing to do", flush=True)
+                print(ending_line(summary, self.run_dir), flush=True)
+            return summary
         self.build()
         state = checkpoint.load_agreed(ctx, cfg, self.sampler) if mode == "resume" else None
         resumed = self.restore(state)
@@ -384,12 +386,17 @@ class Run:
         )
 
     def finish(self, status: str) -> None:
-        """The run's status into summary.json and the tracker, which closes with its exit code."""
+        """The run's status into summary.json and the tracker, which closes with its exit code;
+        rank 0's last line says how the run ended (a failed run's: before its error propagates)."""
         self.summary["status"] = status
+        # a failed run's loop did not time itself: its wall time still goes in
+        self.summary.setdefault("wall_time_s", time.perf_counter() - self.t_start)
         self._write_summary()
         if self.tracker is not None:
             self.tracker.summary(self.summary)
             self.tracker.close(exit_code=rundir.STATUS_EXIT_CODE.get(status, 1))
+        if self.ctx.is_main:
+            print(ending_line(self.summary, self.run_dir), flush=True)
 
     def _write_summary(self) -> None:
         if self.ctx.is_main:
@@ -406,12 +413,9 @@ class Run:
             groups=self.cfg.batch_size // self.cfg.bn_batch,
             all_reduce_sum=distributed.all_reduce_sum if self.ctx.world_size > 1 else None,
         )
-        bar = tqdm(
-            total=d.total_steps,
-            initial=self.start_step,
-            unit="step",
-            dynamic_ncols=True,
-            disable=not (self.ctx.is_main and sys.stderr.isatty()),
+        # tqdm's bar on a terminal, else plain lines (rank 0)
+        progress = Progress(
+            d.total_steps, self.start_step, self.sampler.epoch_of, self.ctx.is_main, self.t_start
         )
         # (step, lr, loss tensor, loss scale, noise-scale norms or None) awaiting a flush
         pending: list[tuple] = []
@@ -423,15 +427,15 @@ class Run:
         self.model.train()
         for step in range(self.start_step, d.total_steps):
             pending.append(self.train_step(step, stream, bn_stats))
-            bar.update(1)
+            progress.step()
             if step + 1 == warm_until:  # one device wait, once: where the warm-up ends
                 distributed.synchronize(self.ctx.device)
                 clock.mark_warm()
-            outcome = self.after_step(step + 1, pending, clock, bar)
+            outcome = self.after_step(step + 1, pending, clock, progress)
             if outcome is not None:
                 status = outcome
                 break
-        bar.close()
+        progress.close()
         self._note_time(clock, warm_until)
         if status == "diverged" and self.ctx.is_main:
             print(
@@ -502,24 +506,29 @@ class Run:
             loss_sum += loss.detach().float()
         return loss_sum
 
-    def after_step(self, done: int, pending: list[tuple], clock: WindowClock, bar) -> str | None:
-        """The decisions after ``done`` steps, carried out; the status if the run ends here."""
+    def after_step(
+        self, done: int, pending: list[tuple], clock: WindowClock, progress: Progress
+    ) -> str | None:
+        """The decisions after ``done`` steps, carried out (a plain progress line after a flush,
+        when one is due); the status if the run ends here."""
         in_sync = self.local_sgd is None or self.local_sgd.in_sync(done - 1)
         plan = decide(self.cadence, done, len(pending), in_sync)
         if plan.flush:
-            if not self._close_window(pending, clock, bar):
+            if not self._close_window(pending, clock, progress):
                 self.summary["steps"] = done
                 return "diverged"
             if self.stop_agreed:  # agreed at this flush: the step's decisions with it
                 plan = decide(self.cadence, done, 0, in_sync, stop_agreed=True)
+        top1_error = None  # this step's evaluation's, if it has one
         with clock.set_aside():  # evaluation and checkpoints are not training time
             if plan.boundary and self.local_sgd is not None:
                 self.local_sgd.sync(list(self.net.parameters()))
             if plan.evaluate:
-                self.evaluate(done)
+                top1_error = self.evaluate(done)["top1_error_pct"]
             if plan.checkpoint:
                 self.save(done)
         self.summary["steps"] = done
+        progress.report(done, plan.boundary, top1_error)
         if not plan.stop:
             return None
         if self.ctx.is_main:
@@ -531,12 +540,12 @@ class Run:
             )
         return "interrupted"
 
-    def _close_window(self, pending: list[tuple], clock: WindowClock, bar) -> bool:
+    def _close_window(self, pending: list[tuple], clock: WindowClock, progress: Progress) -> bool:
         """Flush the pending steps as one clock window; False if a loss was not finite."""
         # the device's queued work belongs to this window: wait for it before the clock
         distributed.synchronize(self.ctx.device)
         img_per_s = clock.close_window(self.cfg.batch_size * len(pending))
-        finite = self._flush(pending, img_per_s, bar)
+        finite = self._flush(pending, img_per_s, progress)
         pending.clear()
         return finite
 
@@ -566,7 +575,7 @@ class Run:
             warmup_s=clock.warm_s if warm_steps else None,
         )
 
-    def _flush(self, pending, img_per_s: float, bar) -> bool:
+    def _flush(self, pending, img_per_s: float, progress: Progress) -> bool:
         """Average the pending losses over ranks and log them; False if any is not finite. The
         same collective tells every rank whether any was asked to stop (``stop_agreed``)."""
         device = pending[0][2].device
@@ -584,9 +593,7 @@ class Run:
             self._log_train(pending, losses, scales, gns, img_per_s)
         self.summary.setdefault("final", {})["train_loss"] = losses[-1]
         self.summary["skipped_steps"] = self.precision.skipped_steps
-        bar.set_postfix(
-            loss=f"{losses[-1]:.4f}", lr=f"{pending[-1][1]:.4g}", img_s=f"{img_per_s:.0f}"
-        )
+        progress.flushed(Flushed(pending[-1][0], losses[-1], pending[-1][1], img_per_s))
         return all(math.isfinite(v) for v in losses)
 
     def _noise_records(self, norms: list[float], k: int) -> list[dict[str, Any]]:
@@ -622,8 +629,9 @@ class Run:
             self.tracker.log(rec, wandb=False)
         self.tracker.log_wandb({**rec, "loss": sum(losses) / len(losses)})
 
-    def evaluate(self, step: int) -> None:
-        """Top-1/top-5 error (%) and loss on the test split, each rank a disjoint shard."""
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Top-1/top-5 error (%) and loss on the test split, each rank a disjoint shard; the
+        evaluation's record."""
         ctx, test = self.ctx, self.splits.test
         # Ghost BN keeps BN buffers equal on every rank; this also covers a user model's own
         # normalisation layers, which lbsgd does not convert.
@@ -643,6 +651,7 @@ class Run:
         if self.tracker is not None:
             self.tracker.log(rec)
         note_evaluation(self.summary, rec)
+        return rec
 
     # -- checkpoints ------------------------------------------------------------------------------
 

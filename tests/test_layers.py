@@ -30,7 +30,7 @@ BANDS = [
         },
     ),
     ("components", {"data", "models", "optim"}),
-    ("run state", {"checkpoint", "tracking", "environment", "rundir", "evaluation"}),
+    ("run state", {"checkpoint", "tracking", "environment", "rundir", "evaluation", "progress"}),
     ("loops", {"loop", "parameter_server", "trainer"}),
     ("harness", {"experiments", "bench", "__init__"}),
     ("studies", {"studies"}),

@@ -17,6 +17,7 @@ import pytest
 import test_resume
 import torch
 from conftest import lbsgd
+from test_cli_output import PROGRESS, assert_ends_with_its_summary
 from test_distributed import _initial_weights
 
 from lbsgd import checkpoint, parameter_server, trainer
@@ -129,6 +130,16 @@ def test_three_processes_apply_exactly_total_steps_updates_once_each(slowed_run)
     assert summary["async_ps"]["updates_per_worker"] == {str(w): c for w, c in per_worker.items()}
     assert checkpoint.load(run_dir)["step"] == 48
     assert [r["step"] for r in _records(run_dir, "eval")] == [8, 16, 24, 32, 40, 48]  # epoch ends
+
+
+@pytest.mark.slow
+def test_the_server_alone_prints_progress_at_epoch_ends_and_the_ending_line(slowed_run):
+    """Without a terminal: a plain line at each epoch's end and one ending line with summary.json's
+    numbers, from the server (rank 0), not from its workers."""
+    run_dir, _, stdout = slowed_run
+    assert_ends_with_its_summary(stdout, run_dir, "completed")
+    steps = [int(m[0]) for m in PROGRESS.findall(stdout)]
+    assert {8, 16, 24, 32, 40, 48} <= set(steps) and len(steps) == len(set(steps)), stdout
 
 
 @pytest.mark.slow

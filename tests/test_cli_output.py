@@ -1,0 +1,227 @@
+"""What ``lbsgd train`` prints where no terminal shows tqdm's bar (nohup, SLURM, a sweep's log):
+a plain progress line at every epoch's end and every :data:`lbsgd.progress.PLAIN_EVERY_S` seconds
+of flushes, and one last line saying how the run ended, whatever the ending, with the numbers of
+its summary.json; under torchrun, from rank 0 alone."""
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import as_args, start, tiny_keys
+
+from lbsgd.progress import PLAIN_EVERY_S, Flushed, Progress, ending_line
+
+# TINY at 8 steps per epoch (256 images, batch 32), 2 epochs, a flush every 2 steps
+KEYS = tiny_keys(
+    synthetic_train=256,
+    synthetic_test=128,
+    batch_size=32,
+    reference_batch=32,
+    base_lr=0.2,
+    warmup_epochs=0.25,
+    epochs=2,
+    log_every=2,
+)
+
+PROGRESS = re.compile(
+    r"^lbsgd: step (\d+)/(\d+) epoch (\d+\.\d\d) loss (\S+) lr (\S+) img/s (\d+) "
+    r"elapsed (\d+:\d\d:\d\d) eta (\d+:\d\d:\d\d|\?)(?: top-1 error (\d+\.\d\d)%)?$",
+    re.M,
+)
+ENDING = re.compile(
+    r"^lbsgd: (\w+): final top-1 error (n/a|\d+\.\d\d%), best (n/a|\d+\.\d\d% \(step \d+\)), "
+    r"(\d+)/(\d+) steps, wall time (\d+):(\d\d):(\d\d\.\d), summary (\S+)$",
+    re.M,
+)
+
+
+def _run(out: Path, name: str, nproc: int | None = None, **extra) -> subprocess.Popen:
+    """``lbsgd train`` with stdout and stderr into one pipe (no terminal), in the order written."""
+    keys = {**KEYS, "out_dir": str(out), "name": name, **extra}
+    return start(
+        ["train", *as_args(keys)],
+        nproc,
+        env={"PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    return proc.communicate(timeout=timeout)[0]
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}%"
+
+
+def assert_ends_with_its_summary(out: str, run_dir: Path, status: str) -> dict:
+    """The output holds exactly one ending line, with ``status`` and the numbers of the run's
+    summary.json (its top-1 errors to 2 decimals, its wall time to 0.1 s); the summary."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    endings = ENDING.findall(out)
+    assert len(endings) == 1, out[-3000:]
+    said, final, best, steps, total, h, m, s, where = endings[0]
+    assert said == status == summary["status"]
+    assert final == _percent(summary.get("final", {}).get("top1_error_pct"))
+    b = summary.get("best")
+    assert best == ("n/a" if b is None else f"{_percent(b['top1_error_pct'])} (step {b['step']})")
+    assert (int(steps), int(total)) == (summary["steps"], summary["total_steps"])
+    assert abs(int(h) * 3600 + int(m) * 60 + float(s) - summary["wall_time_s"]) <= 0.051
+    assert Path(where) == run_dir / "summary.json"
+    return summary
+
+
+# -- the pieces, without a run ---------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_plain_lines_come_at_epoch_ends_and_every_30_s_at_a_flush_only(capsys):
+    """Without a terminal: a line at an epoch's end, else at the first flush PLAIN_EVERY_S after
+    the previous line; never for a step that was not flushed (its values would need a device
+    read). ETA from the pace since the loop began: 6 steps in 30 s, 10 to go -> 50 s."""
+    clock = FakeClock(10.0)  # the loop begins 10 s after the run (t_start=0)
+    p = Progress(16, 0, lambda step: step / 8, show=True, t_start=0.0, terminal=False, clock=clock)
+    clock.t = 20.0
+    p.flushed(Flushed(2, 2.5, 0.1, 300.0))
+    assert p.report(2, epoch_end=False) is None  # 10 s after the loop began: not due
+    clock.t = 30.0
+    p.flushed(Flushed(4, 2.25, 0.1, 320.0))
+    assert p.report(4, epoch_end=False) is None  # 20 s
+    clock.t = 10.0 + PLAIN_EVERY_S
+    assert p.report(5, epoch_end=False) is None  # due, but step 5 was not flushed
+    p.flushed(Flushed(6, 2.0, 0.1, 310.0))
+    clock.t = 10.0 + PLAIN_EVERY_S
+    line = p.report(6, epoch_end=False)
+    assert line == (
+        "lbsgd: step 6/16 epoch 0.75 loss 2.0000 lr 0.1 img/s 310 elapsed 0:00:40 eta 0:00:50"
+    )
+    p.flushed(Flushed(8, 1.5, 0.05, 330.0))
+    clock.t = 42.0
+    end = p.report(8, epoch_end=True, top1_error=61.25)  # 2 s later, but an epoch's end
+    assert end is not None and end.startswith("lbsgd: step 8/16 epoch 1.00 loss 1.5000 lr 0.05 ")
+    assert end.endswith(" elapsed 0:00:42 eta 0:00:32 top-1 error 61.25%")
+    assert capsys.readouterr().out.splitlines() == [line, end]
+
+
+@pytest.mark.parametrize("show, terminal", [(True, True), (False, False)])
+def test_no_plain_lines_on_a_terminal_or_off_rank_0(capsys, show, terminal):
+    p = Progress(16, 0, lambda s: s / 8, show=show, t_start=0.0, terminal=terminal)
+    p.flushed(Flushed(8, 1.5, 0.05, 330.0))
+    assert p.report(8, epoch_end=True) is None
+    p.close()
+    assert capsys.readouterr().out == ""
+
+
+def test_ending_line_of_a_run_without_evaluation_says_n_a():
+    summary = {"status": "failed", "steps": 3, "total_steps": 16, "wall_time_s": 3725.26}
+    assert ending_line(summary, Path("out/runs/r")) == (
+        "lbsgd: failed: final top-1 error n/a, best n/a, 3/16 steps, wall time 1:02:05.3, "
+        f"summary {Path('out/runs/r/summary.json')}"
+    )
+
+
+# -- lbsgd train, its output redirected -------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_completed_run_prints_progress_at_each_epoch_and_ends_with_its_summary(tmp_path):
+    proc = _run(tmp_path, "done")
+    out = _finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    run_dir = tmp_path / "runs" / "done"
+    summary = assert_ends_with_its_summary(out, run_dir, "completed")
+    assert out.rstrip().splitlines()[-1].startswith("lbsgd: completed: ")  # the last line
+    lines = {int(m[0]): m for m in PROGRESS.findall(out)}
+    assert len(lines) == len(PROGRESS.findall(out))  # a step's line once
+    assert {8, 16} <= set(lines)  # each epoch's end (others: only 30 s after the previous line)
+    for step, (_, total, epoch, loss, lr, img_s, _, _, _) in lines.items():
+        assert total == "16" and float(epoch) == step / 8
+        assert float(loss) > 0 and float(lr) > 0 and int(img_s) > 0
+    assert lines[8][8] and lines[16][8] == f"{summary['final']['top1_error_pct']:.2f}"
+    metrics = [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r for r in metrics if r["kind"] == "train"}
+    assert lines[16][3] == f"{train[16]['loss']:.4f}"  # the flushed loss, as metrics.jsonl has it
+    assert "it/s" not in out and "step/s" not in out  # no tqdm bar without a terminal
+
+
+@pytest.mark.slow
+def test_a_diverged_run_ends_with_status_diverged_and_exit_code_3(tmp_path):
+    proc = _run(tmp_path, "boom", base_lr=1e8, warmup="none")
+    out = _finish(proc)
+    assert proc.returncode == 3, out[-3000:]
+    summary = assert_ends_with_its_summary(out, tmp_path / "runs" / "boom", "diverged")
+    assert summary["steps"] < summary["total_steps"]
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_ends_with_status_interrupted_and_exit_code_143(tmp_path):
+    """Ctrl-C once the first epoch is evaluated: the run stops at its next flush and says so."""
+    run_dir = tmp_path / "runs" / "stopped"
+    proc = _run(tmp_path, "stopped", epochs=200)  # far longer than the test waits
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists() and '"kind": "eval"' in metrics.read_text():
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out = _finish(proc)
+    assert proc.returncode == 143, out[-3000:]
+    summary = assert_ends_with_its_summary(out, run_dir, "interrupted")
+    assert "top1_error_pct" in summary["final"]  # an evaluated run: its error is on the line
+
+
+FAILING_MODEL = """import torch
+from lbsgd import register_model
+
+class Failing(torch.nn.Module):
+    def __init__(self, image_size, num_classes):
+        super().__init__()
+        self.fc = torch.nn.Linear(3 * image_size**2, num_classes)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > 4:  # the 3rd step (2 micro-batches a step)
+            raise RuntimeError("the model broke at its 5th forward pass")
+        return self.fc(x.flatten(1))
+
+@register_model("failing")
+def failing(cfg, num_classes, image_size):
+    return Failing(image_size, num_classes)
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_run_says_so_before_its_error_and_exits_1(tmp_path):
+    plugin = tmp_path / "failing.py"
+    plugin.write_text(FAILING_MODEL)
+    proc = _run(tmp_path, "broken", plugins=plugin, model="failing")
+    out = _finish(proc)
+    assert proc.returncode == 1, out[-3000:]
+    summary = assert_ends_with_its_summary(out, tmp_path / "runs" / "broken", "failed")
+    assert summary["steps"] == 2
+    assert out.index("lbsgd: failed: ") < out.index("RuntimeError: the model broke")
+
+
+@pytest.mark.slow
+def test_under_torchrun_rank_0_alone_prints_progress_and_the_ending(tmp_path):
+    proc = _run(tmp_path, "two", nproc=2)
+    out = _finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert_ends_with_its_summary(out, tmp_path / "runs" / "two", "completed")  # one ending line
+    steps = [int(m[0]) for m in PROGRESS.findall(out)]
+    assert {8, 16} <= set(steps) and len(steps) == len(set(steps)), out[-3000:]
