@@ -6,7 +6,8 @@
 - ``recipes`` (:mod:`lbsgd.bench.train`): the cost of accumulation, ghost BN and each precision;
 - ``noise`` (:mod:`lbsgd.bench.noise`): the cost of ``noise_scale=true``;
 - ``data`` (:mod:`lbsgd.bench.data`): a file loader against the model's compute-bound speed;
-- ``allreduce`` (:mod:`lbsgd.bench.comm`): all-reduce time and bus bandwidth, fitted α–β.
+- ``allreduce`` (:mod:`lbsgd.bench.comm`): all-reduce time and bus bandwidth, fitted α–β;
+- ``caps`` (:mod:`lbsgd.bench.caps`): the training speed of one run under each CPU-kernel cap.
 
 The benchmarks that start several processes do so through :mod:`lbsgd.bench.torchrun`. This module
 imports no torch (``lbsgd keys`` and the CPU-kernel cap of ``lbsgd train`` come first): each
@@ -35,6 +36,22 @@ def add_parser(sub) -> None:
     _noise_parser(bsub)
     _data_parser(bsub)
     _allreduce_parser(bsub)
+    _caps_parser(bsub)
+
+
+def _caps_parser(bsub) -> None:
+    bc = bsub.add_parser(
+        "caps", help="training speed of one run under each CPU-kernel cap (cpu_isa), alternating"
+    )
+    bc.add_argument(
+        "--caps", default="avx2,portable", help="caps, the baseline first (default avx2,portable)"
+    )
+    bc.add_argument("--repeats", type=int, default=3, help="alternating runs under each cap")
+    bc.add_argument(
+        "-c", "--config", action="append", default=[], metavar="FILE", help="YAML file of keys"
+    )
+    bc.add_argument("--out", default=None, help="also write the result as JSON here")
+    _overrides(bc, "keys of the measured run, over the files'")
 
 
 def _train_parser(bsub) -> None:
@@ -191,6 +208,7 @@ def run(args: argparse.Namespace) -> None:
         "noise": _noise,
         "data": _data,
         "allreduce": _allreduce,
+        "caps": _caps,
     }
     commands[args.bench](args)
 
@@ -307,3 +325,10 @@ def _allreduce(args: argparse.Namespace) -> None:
         )
     except ValueError as e:  # bad sizes or process counts: one line, nothing started
         raise ConfigError(str(e)) from None
+
+
+def _caps(args: argparse.Namespace) -> None:
+    from lbsgd.bench import caps
+
+    _positive(repeats=args.repeats)
+    caps.bench_caps(args.config, args.overrides, caps.parse_caps(args.caps), args.repeats, args.out)
