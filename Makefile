@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test lint format reproduce verify lab train-quickstart bench bench-gpu bench-comm bench-noise wheels clean
+.PHONY: setup test lint format reproduce verify lab train-quickstart bench bench-gpu bench-comm bench-noise bench-caps wheels clean
 
 setup: $(STAMP)
 
@@ -52,9 +52,10 @@ reproduce: setup
 	$(VENV)/bin/lbsgd report --results $(OUT)/$(PROFILE)
 
 # Replays a sample of the committed runs of $(OUT)/$(PROFILE) (the cheapest run of each study, a
-# few minutes on 2 cores) in a temporary folder and says, for each, bitwise equal or how far off
-# beside its seed spread, and whether this CPU and its caps are the committed run's; exit code 0
-# only if every replay is bitwise equal. More: make verify VERIFY_ARGS="--sample 9".
+# few minutes on 2 cores) in a temporary folder and gives each a level: bitwise equal, consistent
+# (differs, final error within 2 seed spreads, no finding of its study changes verdict) or
+# inconsistent; says whether this CPU and its caps are the committed run's; exit code 0 unless a
+# replay is inconsistent. More: make verify VERIFY_ARGS="--sample 9".
 VERIFY_ARGS ?=
 verify: setup
 	$(VENV)/bin/lbsgd verify --results $(OUT)/$(PROFILE) --parallel $(PARALLEL) $(VERIFY_ARGS)
@@ -73,6 +74,14 @@ bench: setup
 	$(VENV)/bin/lbsgd bench recipes --samples 6400 --repeats 4 channels_last=true --out results/benchmarks/recipes_cpu.json
 	$(MAKE) bench-noise
 	$(MAKE) bench-comm
+	$(MAKE) bench-caps
+
+# What cpu_isa=portable costs against avx2: the committed cpu profile's k = 16 run (warmup study,
+# gradual, seed 0) for half an epoch under each cap, each run a fresh process, alternating 3 times;
+# written to results/benchmarks/caps_cpu.json (README: "The same digits on any machine").
+CAPS_RUN := $(firstword $(wildcard results/cpu/warmup/resnet8-synthetic-b256-gradual-s0-*/config.yaml))
+bench-caps: setup
+	$(VENV)/bin/lbsgd bench caps --caps avx2,portable --repeats 3 -c $(CAPS_RUN) epochs=0.5 --out results/benchmarks/caps_cpu.json
 
 # What noise_scale=true costs: the trainer's step time with it over without it, alternating, in 3
 # layouts of batch 128 = 4 micro-batches of 32 (1 process with B_small = 32 and = 64, 2 gloo

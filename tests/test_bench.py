@@ -8,7 +8,7 @@ import torch
 from conftest import as_args, tiny_subset
 from torch.utils.data import TensorDataset
 
-from lbsgd import cli, data
+from lbsgd import cli, data, isa
 from lbsgd.bench import noise
 from lbsgd.bench import train as bench
 from lbsgd.config import Config, ConfigError, derive
@@ -268,3 +268,48 @@ def test_noise_bench_gives_a_step_time_ratio_for_every_layout(tmp_path):
     assert result["target_pct"] == 5.0 and result["device"] == "cpu" and result["left_out"] == {}
     assert result["environment"]["torch"] and result["warmup_steps_excluded"] == 3
     assert json.loads(out.read_text())["rows"] == rows
+
+
+# -- lbsgd bench caps: one run under each CPU-kernel cap ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--caps", "avx2"], "--caps=avx2: give two or more distinct caps"),
+        (["--caps", "avx2,avx2"], "--caps=avx2,avx2: give two or more distinct caps"),
+        (["--caps", "native,avx3"], "(valid: native, portable, avx2"),
+        (["--repeats", "0"], "--repeats=0 must be a positive integer"),
+        (["--caps", "native,portable", "batch_size=-256"], "batch_size"),
+    ],
+)
+def test_bad_caps_bench_input_is_a_one_line_error_and_writes_nothing(tmp_path, capsys, args, named):
+    out = tmp_path / "caps.json"
+    code = cli.main(["bench", "caps", "--out", str(out), *args])
+    err = capsys.readouterr().err.strip()
+    assert code == cli.EXIT_BAD_INPUT and named in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not {"avx2", "fma"} <= set(isa.cpu_flags() or []), reason="needs an x86 CPU with AVX2 and FMA"
+)
+def test_caps_bench_measures_each_cap_in_its_own_process_and_gives_ratios(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    keys = as_args({**tiny_subset(["model", "depth", "width", "synthetic_train"]), "epochs": 1})
+    out = tmp_path / "caps.json"
+    code = cli.main(
+        ["bench", "caps", "--caps", "native,avx2", "--repeats", "1", "--out", str(out)]
+        + keys
+        + ["batch_size=64", "bn_batch=16", "reference_batch=64", "device=cpu"]
+    )
+    assert code == 0
+    result = json.loads(out.read_text())
+    caps = result["caps"]
+    assert result["baseline"] == "native" and list(caps) == ["native", "avx2"]
+    for cap, row in caps.items():  # each run held the cap it was measured under
+        assert row["cpu_isa_record"]["requested"] == cap and row["cpu_isa_record"]["in_effect"]
+        assert row["img_per_s"] == [row["best"]] and row["best"] > 0
+    assert caps["native"]["ratio_best"] == 1.0
+    assert caps["avx2"]["ratio_best"] == caps["avx2"]["best"] / caps["native"]["best"]
