@@ -31,8 +31,9 @@ A study (one notebook) describes its runs as flat dicts of config keys and hands
   passes it on to its workers; each stops at its next metric flush with a checkpoint, status
   ``interrupted``), waits for them, prints one line per run stopped or not started and raises
   :class:`RunInterrupted`, whose one line sums up (IPython, hence Jupyter and papermill, shows that
-  line and no traceback); the same sweep again resumes them. A second interrupt while waiting kills
-  them (each keeps its last checkpoint). A run whose sweep dies without a word (a killed kernel) is
+  line and no traceback); a SIGTERM then goes on to its earlier handler (by default the process
+  ends). The same sweep again resumes the runs. A second interrupt (not a SIGTERM) while waiting
+  kills them (each keeps its last checkpoint). A run whose sweep dies without a word (a killed kernel) is
   sent SIGTERM by the system (Linux), not orphaned,
 
 and returns :func:`load_runs` of the study: one row per run, every key, derived value and summary
@@ -93,6 +94,10 @@ class RunInterrupted(KeyboardInterrupt):
         # IPython's hook (JupyterLab, papermill): the error's one line instead of a traceback
         # through the sweep's loop; the sweep printed where each run stands
         return [f"{type(self).__name__}: {self}"]
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM to the sweep: an interrupt that asks the runs to stop, never to hurry."""
 
 
 # The first line of each attempt in a run's log (the sweep appends: earlier attempts stay)
@@ -299,7 +304,7 @@ def sweep(
     progress = _Progress(len(todo), say)
     running: list[_Job] = []
     failed: list[str] = []
-    with _sigterm_as_interrupt():
+    with _sigterm_as_interrupt() as terminated:
         try:
             _settle(todo, progress, Path(out_dir), nproc_per_node * nnodes, wandb)
             _launch(
@@ -311,7 +316,10 @@ def sweep(
                 lambda c: _command(c, nproc_per_node, nnodes, rdzv_endpoint, max_restarts),
             )
         except KeyboardInterrupt:
-            raise _interrupted(study, running, todo, failed, progress) from None
+            error = _interrupted(study, running, todo, failed, progress)
+            if terminated:  # the process ends before anyone shows the error: its line here
+                say(f"{type(error).__name__}: {error}")
+            raise error from None
     if failed:
         raise RunFailed(" | ".join(failed))
     return load_runs(study_dir, names=names)
@@ -320,20 +328,30 @@ def sweep(
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
     """SIGTERM to the sweep's process (a scheduler, a kernel shut down by papermill or Jupyter) as
-    an interrupt while the sweep runs: the runs stop with a checkpoint and each is named. Python
-    lets only the main thread set a handler; elsewhere SIGTERM keeps its own."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    an interrupt while the sweep runs: the runs stop with a checkpoint and each is named; then the
+    signal goes on to the handler it had before (by default the process ends, exit status 143, as
+    it would have: a kernel being shut down sends no reply on its closed sockets). Yields the
+    signals caught (empty: none). Python lets only the main thread set a handler; elsewhere, or
+    where SIGTERM is ignored, it is left as it is."""
+    caught: list[int] = []
+    before = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or before == signal.SIG_IGN:
+        yield caught
         return
 
     def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+        caught.append(signum)
+        raise _Terminated(f"signal {signal.Signals(signum).name}")
 
-    before = signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
-        yield
+        yield caught
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+        if caught:
+            # a kernel's output leaves through a socket thread: time for the last lines to go
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _settle(todo: list[_Job], progress: _Progress, root: Path, world_size: int, wandb: str) -> None:
@@ -473,7 +491,8 @@ def _runs(n: int) -> str:
 
 def _stop(running: list[_Job], say) -> bool:
     """SIGTERM to every run in flight (torchrun's agent passes it on to its workers), then wait for
-    them; a second interrupt kills them (SIGKILL) instead. Whether they were killed."""
+    them; a second interrupt (not a SIGTERM: a kernel manager sends one a few seconds after its
+    interrupt) kills them (SIGKILL) instead. Whether they were killed."""
     for job in running:
         if job.proc.poll() is None:
             job.proc.send_signal(signal.SIGTERM)
@@ -482,20 +501,27 @@ def _stop(running: list[_Job], say) -> bool:
             f"[interrupt] asked {_runs(len(running))} to stop (SIGTERM): each stops at its next "
             "metric flush with a checkpoint; interrupt again to kill them now"
         )
-    try:
-        for job in running:
-            job.proc.wait()
-        return False
-    except KeyboardInterrupt:  # asked twice: no waiting for the next flush
-        for job in running:
-            if job.proc.poll() is None:
-                try:
-                    os.killpg(job.proc.pid, signal.SIGKILL)  # its own session: torchrun's workers
-                except OSError:
-                    job.proc.kill()
-        for job in running:
-            job.proc.wait()
-        return True
+    while True:
+        try:
+            for job in running:
+                job.proc.wait()
+            return False
+        except _Terminated:  # asked to end, not to hurry: the runs go on to their checkpoint
+            continue
+        except KeyboardInterrupt:  # asked twice: no waiting for the next flush
+            _kill(running)
+            return True
+
+
+def _kill(running: list[_Job]) -> None:
+    for job in running:
+        if job.proc.poll() is None:
+            try:
+                os.killpg(job.proc.pid, signal.SIGKILL)  # its own session: torchrun's workers
+            except OSError:
+                job.proc.kill()
+    for job in running:
+        job.proc.wait()
 
 
 def _stop_text(run_dir: Path) -> str:
