@@ -791,8 +791,9 @@ def parse_overrides(args: Iterable[str]) -> dict[str, Any]:
 
 
 def read_yaml(path: str | os.PathLike, derived: bool = False) -> dict[str, Any]:
-    """A flat YAML mapping of keys. Derived values in a run's config.yaml are accepted and left
-    out, or kept with ``derived=True`` (what the run was: its world_size, micro_batch, ...)."""
+    """A flat YAML mapping of keys. Derived values and :data:`RECORD_KEYS` in a run's config.yaml
+    are accepted and left out, or kept with ``derived=True`` (what the run was: its world_size,
+    micro_batch, the run it was copied from, ...)."""
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text()) or {}
@@ -808,7 +809,8 @@ def read_yaml(path: str | os.PathLike, derived: bool = False) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a flat mapping of key: value")
-    return data if derived else {k: v for k, v in data.items() if k not in DERIVED_KEYS}
+    drop = (*DERIVED_KEYS, *RECORD_KEYS)
+    return data if derived else {k: v for k, v in data.items() if k not in drop}
 
 
 def load(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> Config:
@@ -897,6 +899,9 @@ class Derived:
 
 
 DERIVED_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Derived))
+# What a run's config.yaml may record beside its keys and derived values: a sweep's copy of a run
+# trained by another study names it (``copied_from: <study>/<run>``; lbsgd.experiments.sweep)
+RECORD_KEYS: tuple[str, ...] = ("copied_from",)
 
 
 def _nearest(x: float) -> int:
@@ -1048,6 +1053,7 @@ __all__ = [
     "ConfigError",
     "Derived",
     "DERIVED_KEYS",
+    "RECORD_KEYS",
     "KEYS",
     "HASHED_ONLY_OFF_DEFAULT",
     "derive",

@@ -11,23 +11,30 @@ A study (one notebook) describes its runs as flat dicts of config keys and hands
   ``batch_size``) into every run's config: W&B's tags and display names,
 - skips runs already complete in ``out_dir/study/`` and copies an identical run (same experiment
   keys) completed by another study of ``out_dir`` (the same profile) instead of training it again
-  (the copy's config names this study; W&B gets it in this study's group),
+  (the copy's config.yaml and summary.json name this study, ``study``, and the run copied,
+  ``copied_from: <study>/<run>``; W&B gets it in this study's group),
 - starts each remaining run as ``python -m torch.distributed.run … -m lbsgd train key=value …``
   with ``resume=true`` (a stopped run continues from its checkpoint) and ``--max-restarts``
   ``max_restarts`` (torchrun restarts a group that lost a worker; the group resumes)
   (a one-process run as ``python -m lbsgd train key=value …``: the same trainer, without the
   agent's few seconds of start-up)
   (worker code never lives in a notebook), ``parallel`` at a time, with the output of each in
-  ``out_dir/study/<run>.log``,
-- prints one line when a run starts and one when it ends (status, cost, error),
+  ``out_dir/study/<run>.log`` (appended: each attempt begins with a line saying when it began and
+  whether it resumes from a checkpoint),
+- numbers each run once, ``[i/N]`` by its place in ``runs``, and prints it on every line of that
+  run: ``skipped``, ``copied``, ``resumed`` (a checkpoint exists) or ``started``, then, for a run
+  it trains, one line when it ends (status, cost, error, how many of the N are done),
 - records a diverged run and goes on; a run that fails raises :class:`RunFailed` naming the run
   and its log, once the runs in flight have finished,
-- on an interrupt (Ctrl-C, Jupyter's Kernel > Interrupt: the runs, in sessions of their own, do not
-  see it) asks every running run to stop with SIGTERM (torchrun passes it on to its workers; each
-  stops at its next metric flush with a checkpoint, status ``interrupted``), waits for them, prints
-  one line per run and raises :class:`RunInterrupted` naming them; the same sweep again resumes
-  them. A second interrupt while waiting kills them (each keeps its last checkpoint). A run whose
-  sweep dies without a word (a killed kernel) is sent SIGTERM by the system (Linux), not orphaned,
+- on an interrupt (Ctrl-C, Jupyter's Kernel > Interrupt, SIGTERM to the sweep's process: the runs,
+  in sessions of their own, do not see it) asks every running run to stop with SIGTERM (torchrun
+  passes it on to its workers; each stops at its next metric flush with a checkpoint, status
+  ``interrupted``), waits for them, prints one line per run stopped or not started and raises
+  :class:`RunInterrupted`, whose one line sums up (IPython, hence Jupyter and papermill, shows that
+  line and no traceback); a SIGTERM then goes on to its earlier handler (by default the process
+  ends). The same sweep again resumes the runs. A second interrupt (not a SIGTERM) while waiting
+  kills them (each keeps its last checkpoint). A run whose sweep dies without a word (a killed kernel) is
+  sent SIGTERM by the system (Linux), not orphaned,
 
 and returns :func:`load_runs` of the study: one row per run, every key, derived value and summary
 field. Everything here reads the local results only: no W&B server is needed to compare runs.
@@ -35,6 +42,7 @@ field. Everything here reads the local results only: no W&B server is needed to 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -43,6 +51,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,16 +85,52 @@ class RunFailed(RuntimeError):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """A sweep was interrupted; its runs were stopped (checkpoint, status ``interrupted``)."""
+    """A sweep was interrupted; its runs were stopped (checkpoint, status ``interrupted``).
+    ``runs``: the names of the runs it stopped or did not start."""
+
+    def __init__(self, message: str, runs: Sequence[str] = ()):
+        super().__init__(message)
+        self.runs = tuple(runs)
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython's hook (JupyterLab, papermill): the error's one line instead of a traceback
+        # through the sweep's loop; the sweep printed where each run stands
+        return [f"{type(self).__name__}: {self}"]
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM to the sweep: an interrupt that asks the runs to stop, never to hurry."""
+
+
+# The first line of each attempt in a run's log (the sweep appends: earlier attempts stay)
+ATTEMPT_MARK = "==== attempt "
 
 
 @dataclass
 class _Job:
     cfg: Config
     log: Path
+    number: int  # its place in the sweep's runs: the [number/total] of each of its lines
     proc: subprocess.Popen | None = None
     started: float = 0.0
     handle: Any = field(default=None, repr=False)
+
+
+@dataclass
+class _Progress:
+    """The sweep's lines: each names its run by its one number, ``[i/N]``."""
+
+    total: int
+    say: Any
+    done: int = 0  # runs skipped, copied or ended
+
+    def line(self, job: _Job, text: str) -> None:
+        self.say(f"[{job.number}/{self.total}] {job.cfg.run_name()}: {text}")
+
+    def end(self, job: _Job, text: str, tally: bool = True) -> None:
+        """The line of a run that needs nothing more (``tally``: with how many of N are done)."""
+        self.done += 1
+        self.line(job, f"{text} ({self.done} of {self.total} done)" if tally else text)
 
 
 # Run keys that change what a run records, not what it trains: a twin must have recorded the same
@@ -171,23 +216,31 @@ def varied_keys(cfgs: Sequence[Config]) -> tuple[str, ...]:
 
 def _copy_run(twin: Path, cfg: Config) -> None:
     """``twin`` (a finished run of another study) as ``cfg``'s run: its records, with config.yaml's
-    run keys naming this study (the copy's W&B group, tags and display name). Written under a
-    temporary name first: an interrupted copy leaves no half run behind."""
+    run keys naming this study (the copy's W&B group, tags and display name), and config.yaml and
+    summary.json both saying ``study``: this one, ``copied_from``: ``<study>/<run>`` of the twin
+    (its experiment keys, name and ``experiment_id`` are the twin's). Written under a temporary
+    name first: an interrupted copy leaves no half run behind."""
     import yaml
 
     run_dir = cfg.run_dir()
+    origin = f"{twin.parent.name}/{twin.name}"
     tmp = run_dir.with_name(f".{run_dir.name}.copying")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(twin, tmp, ignore=COPY_IGNORE)
     values = yaml.safe_load((tmp / "config.yaml").read_text()) or {}
     ours = cfg.to_dict()
     values.update({k: ours[k] for k in COPY_RUN_KEYS})
-    keys = {k: v for k, v in values.items() if k not in config.DERIVED_KEYS}
+    aside = (*config.DERIVED_KEYS, *config.RECORD_KEYS)
+    keys = {k: v for k, v in values.items() if k not in aside}
     derived = {k: v for k, v in values.items() if k in config.DERIVED_KEYS}
     text = yaml.safe_dump(keys, sort_keys=False)
     if derived:
         text += "# derived (lbsgd.config.derive)\n" + yaml.safe_dump(derived, sort_keys=False)
+    text += "# copied by a sweep (lbsgd.experiments): the records are this run's of another study\n"
+    text += yaml.safe_dump({"copied_from": origin}, sort_keys=False)
     (tmp / "config.yaml").write_text(text)
+    summary = rundir.read_summary(tmp)  # a copy of a copy: its copied_from replaced
+    rundir.write_summary(tmp, {**summary, "study": cfg.study, "copied_from": origin})
     os.replace(tmp, run_dir)
 
 
@@ -249,149 +302,228 @@ def sweep(
     study_dir.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
 
-    todo: list[_Job] = []
-    for i, c in enumerate(cfgs, 1):
-        run_dir = c.run_dir()
-        if rundir.read_status(run_dir) in DONE:
-            say(f"[{i}/{len(cfgs)}] {c.run_name()}: already {rundir.read_status(run_dir)}, skipped")
-            continue
-        twin = find_identical(c, Path(out_dir), nproc_per_node * nnodes)
-        if twin is not None and not run_dir.exists():
-            _copy_run(twin, c)
-            say(f"[{i}/{len(cfgs)}] {c.run_name()}: identical run in {twin.parent.name}/, copied")
-            # W&B: the copy in this study's group too (never fails the sweep)
-            tracking.log_copied_run(run_dir, copied_from=twin, mode=wandb, project=c.wandb_project)
-            continue
-        todo.append(_Job(c, study_dir / f"{c.run_name()}.log"))
-
+    todo = [_Job(c, study_dir / f"{c.run_name()}.log", i) for i, c in enumerate(cfgs, 1)]
+    progress = _Progress(len(todo), say)
     running: list[_Job] = []
     failed: list[str] = []
-    done = len(cfgs) - len(todo)
-    try:
-        done = _launch(
-            todo,
-            running,
-            failed,
-            done,
-            len(cfgs),
-            parallel,
-            say,
-            lambda c: _command(c, nproc_per_node, nnodes, rdzv_endpoint, max_restarts),
-        )
-    except KeyboardInterrupt:
-        raise _interrupted(study, running, todo, failed, say) from None
+    with _sigterm_as_interrupt() as terminated:
+        try:
+            _settle(todo, progress, Path(out_dir), nproc_per_node * nnodes, wandb)
+            _launch(
+                todo,
+                running,
+                failed,
+                parallel,
+                progress,
+                lambda c: _command(c, nproc_per_node, nnodes, rdzv_endpoint, max_restarts),
+            )
+        except KeyboardInterrupt:
+            error = _interrupted(study, running, todo, failed, progress)
+            if terminated:  # the process ends before anyone shows the error: its line here
+                say(f"{type(error).__name__}: {error}")
+            raise error from None
     if failed:
         raise RunFailed(" | ".join(failed))
     return load_runs(study_dir, names=names)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM to the sweep's process (a scheduler, a kernel shut down by papermill or Jupyter) as
+    an interrupt while the sweep runs: the runs stop with a checkpoint and each is named; then the
+    signal goes on to the handler it had before (by default the process ends, exit status 143, as
+    it would have: a kernel being shut down sends no reply on its closed sockets). Yields the
+    signals caught (empty: none). Python lets only the main thread set a handler; elsewhere, or
+    where SIGTERM is ignored, it is left as it is."""
+    caught: list[int] = []
+    before = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or before == signal.SIG_IGN:
+        yield caught
+        return
+
+    def interrupt(signum, frame):
+        caught.append(signum)
+        raise _Terminated(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+        if caught:
+            # a kernel's output leaves through a socket thread: time for the last lines to go
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _settle(todo: list[_Job], progress: _Progress, root: Path, world_size: int, wandb: str) -> None:
+    """Take out of ``todo`` the runs already done here (skipped) and those another study of
+    ``root`` completed (copied), one line each."""
+    for job in list(todo):
+        c, run_dir = job.cfg, job.cfg.run_dir()
+        status = rundir.read_status(run_dir)
+        if status in DONE:
+            todo.remove(job)
+            progress.end(job, f"skipped (already {status})", tally=False)
+            continue
+        twin = None if run_dir.exists() else find_identical(c, root, world_size)
+        if twin is not None:
+            _copy_run(twin, c)
+            todo.remove(job)
+            progress.end(job, f"copied from {twin.parent.name}/ (identical run)", tally=False)
+            # W&B: the copy in this study's group too (never fails the sweep)
+            tracking.log_copied_run(run_dir, copied_from=twin, mode=wandb, project=c.wandb_project)
 
 
 def _launch(
     todo: list[_Job],
     running: list[_Job],
     failed: list[str],
-    done: int,
-    total: int,
     parallel: int,
-    say,
+    progress: _Progress,
     command,
-) -> int:
+) -> None:
     """Start the runs of ``todo``, ``parallel`` at a time, until every one has ended (or one
     failed and the others in flight have ended); ``running`` holds those in flight."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    guard = [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid())]
     while todo or running:
         while todo and len(running) < parallel and not failed:
-            job = todo[0]
-            job.handle = job.log.open("w")
-            # a session of its own: an interrupt meant for the sweep (a terminal's or Jupyter's,
-            # sent to the whole process group) does not kill the run; the sweep stops it
-            job.proc = subprocess.Popen(
-                [*(guard if sys.platform == "linux" else []), *command(job.cfg)],
-                stdin=subprocess.DEVNULL,
-                stdout=job.handle,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-            job.started = time.perf_counter()
+            _start(todo[0], command, progress)
             running.append(todo.pop(0))
-            say(f"[start] {job.cfg.run_name()} (log: {job.log})")
         if failed and not running:
             break
         time.sleep(0.2)
         for job in [j for j in running if j.proc.poll() is not None]:
             running.remove(job)
-            job.handle.close()
-            done += 1
-            rc, secs = job.proc.returncode, time.perf_counter() - job.started
-            status = rundir.read_status(job.cfg.run_dir())
-            # torchrun reports any failed worker as exit code 1, so the run's own record decides:
-            # a diverged run (trainer exit code 3) is a result, not a failure
-            if status in DONE:
-                say(
-                    f"[{done}/{total}] {job.cfg.run_name()}: {status} in {secs:.0f} s"
-                    f"{_result_text(job.cfg.run_dir())}"
-                )
-            else:
-                failed.append(
-                    f"run {job.cfg.run_name()} failed (exit code {rc}); log: {job.log}; "
-                    f"error: {_error_line(job.log)}"
-                )
-                say(f"[{done}/{total}] {job.cfg.run_name()}: FAILED, see {job.log}")
-    return done
+            _ended(job, failed, progress)
+
+
+def _start(job: _Job, command, progress: _Progress) -> None:
+    """Start one run, its output appended to its log after a line that begins the attempt."""
+    how = _how_it_starts(job.cfg.run_dir())
+    job.handle = job.log.open("a")
+    job.handle.write(f"{_attempt_line(job.log, how)}\n")
+    job.handle.flush()
+    guard = [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid())]
+    # a session of its own: an interrupt meant for the sweep (a terminal's or Jupyter's, sent to
+    # the whole process group) does not kill the run; the sweep stops it
+    job.proc = subprocess.Popen(
+        [*(guard if sys.platform == "linux" else []), *command(job.cfg)],
+        stdin=subprocess.DEVNULL,
+        stdout=job.handle,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    job.started = time.perf_counter()
+    progress.line(job, f"{how} (log: {job.log})")
+
+
+def _how_it_starts(run_dir: Path) -> str:
+    """``resumed …`` when the run has a checkpoint (``resume=true`` continues from it), else
+    ``started`` (saying so when an earlier attempt left no checkpoint)."""
+    from lbsgd import checkpoint  # torch: already imported by the sweep's checks
+
+    try:
+        s = rundir.read_summary(run_dir)
+        before = f"the last attempt reached step {s.get('steps')}, status {s.get('status')}"
+    except (OSError, ValueError):
+        before = ""
+    if checkpoint.candidates(run_dir):
+        return "resumed from its checkpoint" + (f" ({before})" if before else "")
+    return f"started (no checkpoint: {before}; from step 0)" if before else "started"
+
+
+def _attempt_line(log: Path, how: str) -> str:
+    """The line that begins an attempt in a run's log: which attempt, when, from where."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    earlier = sum(ln.startswith(ATTEMPT_MARK) for ln in lines)
+    if lines and not earlier:  # a log written before attempts were marked
+        earlier = 1
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    return f"{ATTEMPT_MARK}{earlier + 1}, {when}: {how} ===="
+
+
+def _ended(job: _Job, failed: list[str], progress: _Progress) -> None:
+    """The line of a run that ended; a failure is added to ``failed``."""
+    job.handle.close()
+    rc, secs = job.proc.returncode, time.perf_counter() - job.started
+    status = rundir.read_status(job.cfg.run_dir())
+    # torchrun reports any failed worker as exit code 1, so the run's own record decides:
+    # a diverged run (trainer exit code 3) is a result, not a failure
+    if status in DONE:
+        progress.end(job, f"{status} in {secs:.0f} s{_result_text(job.cfg.run_dir())}")
+        return
+    failed.append(
+        f"run {job.cfg.run_name()} failed (exit code {rc}); log: {job.log}; "
+        f"error: {_error_line(job.log)}"
+    )
+    progress.end(job, f"FAILED, see {job.log}")
 
 
 def _interrupted(
-    study: str, running: list[_Job], todo: list[_Job], failed: list[str], say
+    study: str, running: list[_Job], todo: list[_Job], failed: list[str], progress: _Progress
 ) -> RunInterrupted:
     """Stop the runs in flight as a scheduler would (SIGTERM: checkpoint at an agreed step, status
-    interrupted), wait for them, say where each stands; the exception to raise."""
+    interrupted), wait for them, say where each stands, one line each; the exception to raise,
+    whose one line sums up."""
     running += [j for j in todo if j.proc is not None]  # started as the interrupt came
     todo = [j for j in todo if j.proc is None]
-    killed = _stop(running, say)
-    parts = []
+    killed = _stop(running, progress.say)
     for job in running:
         job.handle.close()
-        where = _stop_text(job.cfg.run_dir())
-        parts.append(f"{job.cfg.run_name()} ({where})")
-        say(f"[interrupted] {job.cfg.run_name()}: {where} (log: {job.log})")
+        progress.line(job, f"{_stop_text(job.cfg.run_dir())} (log: {job.log})")
     for job in todo:
-        parts.append(f"{job.cfg.run_name()} (not started)")
-        say(f"[interrupted] {job.cfg.run_name()}: not started")
-    how = "killed" if killed else "stopped"
-    earlier = f" | before the interrupt: {' | '.join(failed)}" if failed else ""
+        progress.line(job, "not started")
+    parts = [f"{_runs(len(running))} {'killed' if killed else 'stopped'}"] if running else []
+    parts += [f"{_runs(len(todo))} not started"] if todo else []
+    parts += [f"{_runs(len(failed))} failed before the interrupt"] if failed else []
     return RunInterrupted(
-        f"sweep of study {study!r} interrupted, runs {how}: "
-        + "; ".join(parts)
-        + f"; the same sweep again resumes them{earlier}"
+        f"sweep of study {study!r} interrupted: {', '.join(parts) or 'no run in flight'}; "
+        "run the same sweep again to resume",
+        [j.cfg.run_name() for j in (*running, *todo)],
     )
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
 
 
 def _stop(running: list[_Job], say) -> bool:
     """SIGTERM to every run in flight (torchrun's agent passes it on to its workers), then wait for
-    them; a second interrupt kills them (SIGKILL) instead. Whether they were killed."""
+    them; a second interrupt (not a SIGTERM: a kernel manager sends one a few seconds after its
+    interrupt) kills them (SIGKILL) instead. Whether they were killed."""
     for job in running:
         if job.proc.poll() is None:
             job.proc.send_signal(signal.SIGTERM)
     if running:
         say(
-            f"[interrupt] asked {len(running)} run(s) to stop (SIGTERM): each stops at its next "
+            f"[interrupt] asked {_runs(len(running))} to stop (SIGTERM): each stops at its next "
             "metric flush with a checkpoint; interrupt again to kill them now"
         )
-    try:
-        for job in running:
-            job.proc.wait()
-        return False
-    except KeyboardInterrupt:  # asked twice: no waiting for the next flush
-        for job in running:
-            if job.proc.poll() is None:
-                try:
-                    os.killpg(job.proc.pid, signal.SIGKILL)  # its own session: torchrun's workers
-                except OSError:
-                    job.proc.kill()
-        for job in running:
-            job.proc.wait()
-        return True
+    while True:
+        try:
+            for job in running:
+                job.proc.wait()
+            return False
+        except _Terminated:  # asked to end, not to hurry: the runs go on to their checkpoint
+            continue
+        except KeyboardInterrupt:  # asked twice: no waiting for the next flush
+            _kill(running)
+            return True
+
+
+def _kill(running: list[_Job]) -> None:
+    for job in running:
+        if job.proc.poll() is None:
+            try:
+                os.killpg(job.proc.pid, signal.SIGKILL)  # its own session: torchrun's workers
+            except OSError:
+                job.proc.kill()
+    for job in running:
+        job.proc.wait()
 
 
 def _stop_text(run_dir: Path) -> str:
@@ -414,8 +546,11 @@ def _stop_text(run_dir: Path) -> str:
 
 
 def _error_line(log: Path) -> str:
-    """The most telling line of a failed run's log: the last one naming an error."""
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    """The most telling line of a failed run's log (its last attempt): the last one naming an
+    error."""
+    lines = log.read_text(errors="replace").splitlines()
+    marks = [i for i, ln in enumerate(lines) if ln.startswith(ATTEMPT_MARK)]
+    lines = [ln.strip() for ln in lines[marks[-1] + 1 if marks else 0 :] if ln.strip()]
     for ln in reversed(lines):
         if ("Error" in ln or "error:" in ln) and not ln.startswith("torch.distributed"):
             return ln
@@ -441,7 +576,9 @@ def _result_text(run_dir: Path) -> str:
 def run_record(run_dir: str | os.PathLike) -> dict[str, Any]:
     """One run as a flat dict: config keys, derived values, summary (``final_*``, ``best_*``, …).
     A key the run's config.yaml lacks (added to the vocabulary after the run) has its default:
-    the value the run trained with."""
+    the value the run trained with. ``study`` is the study the run serves (config.yaml's) and
+    ``copied_from`` the ``<study>/<run>`` a sweep copied it from (None for a run trained here; a
+    copy made before copied_from was recorded names the study its summary.json says trained it)."""
     import yaml
 
     run_dir = Path(run_dir)
@@ -450,7 +587,12 @@ def run_record(run_dir: str | os.PathLike) -> dict[str, Any]:
     rec = {k: list(v) if isinstance(v, tuple) else v for k, v in rec.items()}
     summary = json.loads((run_dir / "summary.json").read_text())
     summary.pop("environment", None)
+    trained_by = summary.get("study", rec["study"])
     rec.update(flatten(summary, sep="_"))
+    rec["study"] = written.get("study", rec["study"])
+    if rec.get("copied_from") is None and trained_by != rec["study"]:
+        rec["copied_from"] = f"{trained_by}/{run_dir.name}"
+    rec.setdefault("copied_from", None)
     rec["k"] = rec["batch_size"] / rec["reference_batch"]
     rec["run_dir"] = str(run_dir)
     return rec

@@ -34,8 +34,8 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*_*.ipynb"))
 NO_PUBLISHED_NUMBERS = {"quickstart", "critical_batch"}
 MEASURED = {"scaling"}  # notebooks that train nothing: they measure communication and model it
 SMOKE = {"profile": "smoke", "parallel": 2, "wandb": "disabled"}
-# what ex.sweep prints per run: "[start] NAME (log: …)" and "[i/n] NAME: …"
-SWEEP_LINE = re.compile(r"^\[(?:start|\d+/\d+)\] ([^\s:]+)", re.MULTILINE)
+# what ex.sweep prints per run: "[i/n] NAME: …" (skipped, copied, started or resumed, then the end)
+SWEEP_LINE = re.compile(r"^\[\d+/\d+\] ([^\s:]+)", re.MULTILINE)
 
 
 def study_of(nb: Path) -> str:
@@ -385,9 +385,9 @@ def test_sweep_skips_runs_already_complete_and_survives_divergence(tmp_path, cap
     second, printed = sweep(runs)
     pd.testing.assert_frame_equal(first, second)
     assert {p: p.stat().st_mtime_ns for p in files} == before, "the second sweep rewrote a run"
-    assert "[start]" not in printed, printed
+    assert ": started" not in printed and ": resumed" not in printed, printed
     for n in names:
-        assert re.search(rf"\] {re.escape(n)}: already completed, skipped", printed), printed
+        assert re.search(rf"\] {re.escape(n)}: skipped \(already completed\)", printed), printed
 
     # a diverging run is recorded as such, and the sweep returns every row (the others skipped)
     third, printed = sweep([*runs, tiny_keys(base_lr=1e8, warmup="none")])

@@ -1,14 +1,16 @@
 """The sweep as users run it: what it writes into each run's config, copies between the studies of
-one profile, interrupts (Ctrl-C, Jupyter's Kernel > Interrupt, a killed kernel), the paths it may
-write to, and the per-profile report."""
+one profile, the lines it prints and the logs it keeps, interrupts (Ctrl-C, Jupyter's Kernel >
+Interrupt, SIGTERM, a killed kernel), the paths it may write to, and the per-profile report."""
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -83,8 +85,9 @@ def _completed_twin(out: Path, study: str, keys: dict, world_size: int = 1) -> P
     run_dir.mkdir(parents=True)
     d = config.derive(cfg, world_size, cfg.synthetic_train)
     (run_dir / "config.yaml").write_text(config.dump(cfg, d))
+    summary = {"status": "completed", "run": cfg.run_name(), "study": study, "steps": 16}
     (run_dir / "summary.json").write_text(
-        json.dumps({"status": "completed", "experiment_id": cfg.experiment_id(), "steps": 16})
+        json.dumps({**summary, "experiment_id": cfg.experiment_id()})
     )
     (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 3, "loss": 2.0}\n')
     (run_dir / checkpoint.NAME).write_bytes(b"weights")
@@ -164,16 +167,141 @@ def test_a_twin_is_copied_within_its_profile_only_and_named_as_this_studys_run(
     assert run_config(twin)["study"] == "warmup"  # the twin itself is untouched
 
 
+def test_a_copied_run_says_the_same_in_its_config_and_summary_study_and_copied_from(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(ex.tracking, "log_copied_run", lambda run_dir, **kw: None)
+    out, keys = tmp_path / "smoke", {**TINY, "seed": 0}
+    twin = _completed_twin(out, "warmup", keys)
+    ex.sweep("lr_scaling_rule", [keys], out_dir=out, profile="smoke", quiet=True)
+    copy = out / "lr_scaling_rule" / twin.name
+    got, s = run_config(copy), summary(copy)
+    origin = f"warmup/{twin.name}"
+    assert (got["study"], got["copied_from"]) == ("lr_scaling_rule", origin), got
+    assert (s["study"], s["copied_from"]) == ("lr_scaling_rule", origin), s
+    # the run's identity is the twin's: its keys, name and experiment id
+    cfg = config.from_dict({k: v for k, v in got.items() if k in config.KEYS})
+    assert cfg.run_name() == copy.name == s["run"]
+    assert cfg.experiment_id() == s["experiment_id"] == summary(twin)["experiment_id"]
+    assert "copied_from" not in summary(twin) and "copied_from" not in run_config(twin)
+    # config.yaml still reads as a config (lbsgd train -c, lbsgd verify's replays)
+    assert config.load([copy / "config.yaml"]).experiment_id() == s["experiment_id"]
+    # a copy of the copy names the run it copied
+    ex.sweep("bn_decay", [keys], out_dir=out, profile="smoke", quiet=True)
+    again = out / "bn_decay" / twin.name
+    want = ("bn_decay", f"lr_scaling_rule/{twin.name}")
+    assert (run_config(again)["study"], run_config(again)["copied_from"]) == want
+    assert (summary(again)["study"], summary(again)["copied_from"]) == want
+    # the table says the same, for a copy made before copied_from was recorded too (its
+    # summary.json names the study that trained it)
+    (row,) = ex.load_runs(copy.parent).to_dict("records")
+    assert (row["study"], row["copied_from"]) == ("lr_scaling_rule", origin)
+    old = out / "batch_scaling" / twin.name
+    shutil.copytree(twin, old)
+    (old / "config.yaml").write_text(yaml.safe_dump({**run_config(twin), "study": "batch_scaling"}))
+    (row,) = ex.load_runs(old.parent).to_dict("records")
+    assert (row["study"], row["copied_from"]) == ("batch_scaling", origin)
+    (row,) = ex.load_runs(twin.parent).to_dict("records")
+    assert (row["study"], row["copied_from"]) == ("warmup", None)
+
+
+COMMITTED = REPO / "results" / "cpu" / "lr_scaling_rule"
+
+
+@pytest.mark.skipif(not COMMITTED.is_dir(), reason="no committed results/cpu/ in this checkout")
+def test_committed_copies_read_as_runs_of_the_study_they_serve():
+    """The committed copies predate copied_from: their summary.json names the study that trained
+    them. The table names the study whose folder holds them, and where they came from."""
+    df = ex.load_runs(COMMITTED)
+    assert set(df["study"]) == {"lr_scaling_rule"}
+    copies = df[df["copied_from"].notna()]
+    assert len(copies) > 0
+    for _, row in copies.iterrows():
+        study, name = row["copied_from"].split("/")
+        assert study != "lr_scaling_rule" and name == Path(row["run_dir"]).name
+
+
+# -- the lines of a sweep -----------------------------------------------------------------------
+
+SWEEP_LINE = re.compile(r"^\[(\d+)/(\d+)\] (\S+): (\w+)", re.MULTILINE)
+
+
+def numbered(printed: str) -> dict[str, list[tuple[int, str]]]:
+    """Each run's lines as (number, first word after the name), in the order printed; every line
+    of the form ``[i/N] name: word …``, with one N."""
+    lines = SWEEP_LINE.findall(printed)
+    assert len({n for _, n, _, _ in lines}) == 1, printed
+    runs: dict[str, list[tuple[int, str]]] = {}
+    for i, _, name, word in lines:
+        runs.setdefault(name, []).append((int(i), word))
+    return runs
+
+
+@pytest.mark.slow
+def test_sweep_numbers_each_run_once_and_says_skipped_copied_or_started(
+    tmp_path, capsys, monkeypatch
+):
+    """One number per run, its place in the run list, on each of its lines, and the first line
+    says what the sweep does with it (a fresh run first: its end must not take the number of a
+    run settled later)."""
+    monkeypatch.setattr(ex.tracking, "log_copied_run", lambda run_dir, **kw: None)
+    out, keys = tmp_path / "smoke", {**TINY, "epochs": 1}
+    runs = [{**keys, "seed": s} for s in (2, 0, 1)]
+    fresh, done, copied = (
+        config.from_dict({**r, "study": "study", "out_dir": str(out)}).run_name() for r in runs
+    )
+    _completed_twin(out, "study", runs[1])
+    _completed_twin(out, "warmup", runs[2])
+    df = ex.sweep("study", runs, out_dir=out, profile="smoke")
+    assert list(df["status"]) == ["completed"] * 3
+    printed = capsys.readouterr().out
+    assert numbered(printed) == {
+        fresh: [(1, "started"), (1, "completed")],
+        done: [(2, "skipped")],
+        copied: [(3, "copied")],
+    }, printed
+    assert f"[2/3] {done}: skipped (already completed)" in printed
+    assert f"[3/3] {copied}: copied from warmup/ (identical run)" in printed
+    assert re.search(rf"^\[1/3\] {fresh}: completed in \d+ s.*\(3 of 3 done\)$", printed, re.M)
+
+
+def test_run_interrupted_shows_its_one_line_in_ipython_without_a_traceback(capsys):
+    """What a notebook cell (JupyterLab, papermill) shows when a sweep is interrupted: the error's
+    line, not the frames of the sweep's loop it was raised through."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    message = "sweep of study 'warmup' interrupted: 1 run stopped; run the same sweep again"
+
+    def sweep():
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ex.RunInterrupted(message, ["run-a"]) from None
+
+    shell.user_ns["sweep"] = sweep
+    result = shell.run_cell("sweep()")
+    assert isinstance(result.error_in_exec, ex.RunInterrupted)
+    assert result.error_in_exec.runs == ("run-a",)
+    shown = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert shown == [f"RunInterrupted: {message}"], shown
+
+
 # -- interrupts --------------------------------------------------------------------------------
 
 SWEEP_SCRIPT = """
 import signal, sys
+from IPython.core.interactiveshell import InteractiveShell
 from lbsgd import experiments as ex
 # a Jupyter kernel handles SIGINT itself (Kernel > Interrupt), even when started from a shell that
 # ignores it (a background job inherits SIGINT ignored, and Python then installs no handler)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 runs = [{{**{keys!r}, "seed": 0}}, {{**{keys!r}, "seed": 1}}]
-ex.sweep("study", runs, out_dir=sys.argv[1], profile="smoke", parallel=1)
+# the sweep as a notebook cell runs it: IPython shows what the cell raises
+shell = InteractiveShell.instance()
+shell.user_ns.update(ex=ex, runs=runs, out=sys.argv[1])
+result = shell.run_cell('ex.sweep("study", runs, out_dir=out, profile="smoke", parallel=1)')
+sys.exit(0 if result.success else 1)
 """
 
 
@@ -200,7 +328,9 @@ def _names(out: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_an_interrupted_sweep_stops_its_runs_with_a_checkpoint_names_them_and_resumes(tmp_path):
+def test_an_interrupted_sweep_stops_its_runs_with_a_checkpoint_names_them_and_resumes(
+    tmp_path, capsys
+):
     out = tmp_path / "smoke"
     first, second = _names(out)
     proc = _sweep_process(out)
@@ -218,21 +348,43 @@ def test_an_interrupted_sweep_stops_its_runs_with_a_checkpoint_names_them_and_re
     stopped = s["steps"]
     assert 0 < stopped < s["total_steps"], printed
     assert checkpoint.load(run_dir)["step"] == stopped
-    assert f"[interrupted] {first}: interrupted at step {stopped}, checkpoint kept" in printed
-    assert f"[interrupted] {second}: not started" in printed
-    assert "asked to stop (SIGTERM)" in (out / "study" / f"{first}.log").read_text()  # the sweep
+    # after the notice, one line per run, then the error the cell ends with: no traceback
+    after = printed.split("[interrupt] asked 1 run to stop (SIGTERM)", 1)[1].splitlines()[1:]
+    assert after == [
+        f"[1/2] {first}: interrupted at step {stopped}, checkpoint kept "
+        f"(log: {out / 'study' / f'{first}.log'})",
+        f"[2/2] {second}: not started",
+        "RunInterrupted: sweep of study 'study' interrupted: 1 run stopped, 1 run not started; run "
+        "the same sweep again to resume",
+    ], printed
+    assert "Traceback" not in printed, printed
+    log = out / "study" / f"{first}.log"
+    first_attempt = log.read_text()
+    assert first_attempt.startswith(f"{ex.ATTEMPT_MARK}1, ")
+    assert "asked to stop (SIGTERM)" in first_attempt  # the sweep's
     assert not (out / "study" / second).exists()
-    # the exception the cell ends with: a KeyboardInterrupt naming both runs
-    error = [ln for ln in printed.splitlines() if ln.startswith("lbsgd.experiments.RunInterrupted")]
-    assert error and first in error[0] and second in error[0], printed
     assert issubclass(ex.RunInterrupted, KeyboardInterrupt)
 
     runs = [{**LONG, "seed": 0}, {**LONG, "seed": 1}]
-    df = ex.sweep("study", runs, out_dir=out, profile="smoke", parallel=1, quiet=True)
+    df = ex.sweep("study", runs, out_dir=out, profile="smoke", parallel=1)
     assert list(df["status"]) == ["completed", "completed"]
+    printed = capsys.readouterr().out
+    how = (
+        f"resumed from its checkpoint (the last attempt reached step {stopped}, status interrupted)"
+    )
+    assert f"[1/2] {first}: {how} (log: {log})" in printed, printed
+    assert numbered(printed) == {
+        first: [(1, "resumed"), (1, "completed")],
+        second: [(2, "started"), (2, "completed")],
+    }, printed
+    # the log: the first attempt as it was, then the second, marked: when, from where
+    text = log.read_text()
+    assert text.startswith(first_attempt), "the first attempt's lines were lost"
+    boundary = text[len(first_attempt) :].splitlines()[0]
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+    assert re.fullmatch(rf"{re.escape(ex.ATTEMPT_MARK)}2, {stamp}: {re.escape(how)} ====", boundary)
     assert (
-        f"resuming from {run_dir / checkpoint.NAME} at step {stopped}"
-        in (out / "study" / f"{first}.log").read_text()
+        f"resuming from {run_dir / checkpoint.NAME} at step {stopped}" in text[len(first_attempt) :]
     )
     steps = [
         json.loads(x)["step"]
@@ -243,6 +395,53 @@ def test_an_interrupted_sweep_stops_its_runs_with_a_checkpoint_names_them_and_re
     for name in (first, second):  # what the W&B run of each shows
         got = run_config(out / "study" / name)
         assert (got["profile"], got["varied"]) == ("smoke", ["seed"]), got
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_sweep_stops_its_runs_with_a_checkpoint_then_goes_on_to_its_handler(
+    tmp_path, capsys
+):
+    """A scheduler's (or a kernel manager's) SIGTERM to the sweep's process: the run stops with a
+    checkpoint (a second SIGTERM does not kill it) and is named in its line, the summary line is
+    printed (the process is about to end: nobody shows the error), and then SIGTERM goes on to the
+    handler the process had (by default it ends the process)."""
+    out = tmp_path / "smoke"
+    name = _names(out)[0]
+    run_dir = out / "study" / name
+    delivered = []  # the run's status when the process's own handler got SIGTERM
+
+    def handler(signum, frame):
+        delivered.append(rundir.read_status(run_dir))
+
+    def terminate():
+        deadline = time.monotonic() + 120
+        metrics = run_dir / "metrics.jsonl"
+        while time.monotonic() < deadline:
+            if metrics.exists() and '"kind": "train"' in metrics.read_text():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)  # again, as a kernel manager does: the run still checkpoints
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        thread = threading.Thread(target=terminate, daemon=True)
+        thread.start()
+        with pytest.raises(ex.RunInterrupted) as err:
+            ex.sweep("study", [{**LONG, "seed": 0}], out_dir=out, profile="smoke")
+        thread.join()
+        assert signal.getsignal(signal.SIGTERM) == handler
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert err.value.runs == (name,)
+    assert delivered == ["interrupted"]
+    s = summary(run_dir)
+    assert s["status"] == "interrupted" and 0 < s["steps"] < s["total_steps"], s
+    assert checkpoint.load(run_dir)["step"] == s["steps"]
+    printed = capsys.readouterr().out
+    assert f"[1/1] {name}: interrupted at step {s['steps']}, checkpoint kept" in printed, printed
+    assert "RunInterrupted: sweep of study 'study' interrupted: 1 run stopped;" in printed, printed
 
 
 @pytest.mark.slow
