@@ -214,7 +214,11 @@ class Config:
         "it (lbsgd.isa)",
     )
     # --- run keys -------------------------------------------------------------------------------
-    out_dir: str = _run("results", "results root; the run lives in out_dir/study/name")
+    out_dir: str = _run(
+        "results/cli",
+        "results root; the run lives in out_dir/study/name (a study's runs: results/<profile>; "
+        "git ignores the default, results/cli)",
+    )
     study: str = _run("runs", "group of runs (a notebook's study); W&B group")
     name: str | None = _run(
         None, "run name; null = model-dataset-batch-warmup-seed-<experiment hash>"
