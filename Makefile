@@ -65,9 +65,10 @@ verify: setup
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# One run of configs/quickstart.yaml with the CLI (no notebook).
+# One run of configs/quickstart.yaml with the CLI (no notebook), in $(OUT)/cli/quickstart/: the
+# command line's folder of results, which git ignores.
 train-quickstart: setup
-	$(VENV)/bin/lbsgd train -c configs/quickstart.yaml out_dir=$(OUT) resume=true
+	$(VENV)/bin/lbsgd train -c configs/quickstart.yaml out_dir=$(OUT)/cli resume=true
 
 bench: setup
 	$(VENV)/bin/lbsgd bench train --steps 300 --repeats 6 channels_last=true --out results/benchmarks/train_cpu.json

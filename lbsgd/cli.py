@@ -162,11 +162,7 @@ def _pin_cpu_isa(files: list[str], overrides: list[str]) -> None:
 
     if "torch" in sys.modules:
         return
-    values: dict = {}
-    for f in files:
-        values.update(config.read_yaml(f))
-    values.update(config.parse_overrides(overrides))
-    isa.pin(isa.requested(values))
+    isa.pin(isa.requested(config.read_values(files, overrides)))  # each key checked alone first
 
 
 if __name__ == "__main__":

@@ -214,7 +214,11 @@ class Config:
         "AVX2); avx2, avx512_core, avx512_core_amx (same digits on CPUs of one vendor) (lbsgd.isa)",
     )
     # --- run keys -------------------------------------------------------------------------------
-    out_dir: str = _run("results", "results root; the run lives in out_dir/study/name")
+    out_dir: str = _run(
+        "results/cli",
+        "results root; the run lives in out_dir/study/name (a study's runs: results/<profile>; "
+        "git ignores the default, results/cli)",
+    )
     study: str = _run("runs", "group of runs (a notebook's study); W&B group")
     name: str | None = _run(
         None, "run name; null = model-dataset-batch-warmup-seed-<experiment hash>"
@@ -401,6 +405,8 @@ def check_place(out_dir: str | os.PathLike, study: str, name: str | None = None)
         made = path
 
 
+# -- each key alone: checked before anything is derived from it ----------------------------------
+
 # The largest float32: lrs, decays, loss scales and noise levels become float32 tensor values
 FLOAT32_MAX = 3.4028234663852886e38
 # float keys whose value enters float32 arithmetic as it is (the peak lr is checked as derived)
@@ -412,44 +418,8 @@ FLOAT32_KEYS = (
     "block_lr",
     "synthetic_noise",
 )
-
-
-def _float_keys() -> list[str]:
-    """The keys holding floats (alone, optional or in a tuple)."""
-    return [k for k, tp in _hints().items() if tp is float or float in typing.get_args(tp)]
-
-
-def _check_numbers(c: Config) -> None:
-    """Every float finite, and within float32 where it feeds float32 arithmetic."""
-    for key in _float_keys():
-        value = getattr(c, key)
-        for v in value if isinstance(value, tuple) else (value,):
-            if isinstance(v, float) and not math.isfinite(v):
-                shown = list(value) if isinstance(value, tuple) else value
-                raise ValueError(f"{key}={shown} must be a finite number")
-    for key in FLOAT32_KEYS:
-        value = getattr(c, key)
-        if value is not None and abs(value) > FLOAT32_MAX:
-            raise ValueError(
-                f"{key}={value:g} overflows float32, where it is used (at most {FLOAT32_MAX:.4g})"
-            )
-    ratio = c.batch_size / c.reference_batch if c.reference_batch > 0 else 1.0
-    scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[c.lr_scaling]
-    if c.base_lr * scale > FLOAT32_MAX:
-        raise ValueError(
-            f"base_lr={c.base_lr:g} x {c.lr_scaling}(batch_size / reference_batch = {ratio:g}) = "
-            f"{c.base_lr * scale:.4g} overflows float32, where the lr is used (at most "
-            f"{FLOAT32_MAX:.4g})"
-        )
-
-
-def _need(ok: bool, msg: str, error: type[ValueError] = ValueError) -> None:
-    # ValueError: pydantic turns it into the validation error that from_dict makes one line of;
-    # ConfigError outside a Config's own checks
-    if not ok:
-        raise error(msg)
-
-
+# The largest int64: integer keys become torch's and numpy's int64 values (sizes, counts, seeds)
+INT64_MAX = 2**63 - 1
 # integer keys that count something: at least one
 POSITIVE_KEYS = (
     "batch_size",
@@ -469,6 +439,8 @@ POSITIVE_KEYS = (
 MAX_THREADS = 1024
 # The data order's seed of epoch e is seed * SEED_STRIDE + e (lbsgd.data.sampler.permutation)
 SEED_STRIDE = 1_000_003
+# Epochs stop well before 2^64, the bound of every epoch's data-order seed (with seed 0)
+MAX_EPOCHS = 2.0**63
 # keys where 0 means "none" or "off" (or is a length, a seed)
 NON_NEGATIVE_KEYS = (
     "warmup_epochs",
@@ -483,31 +455,198 @@ NON_NEGATIVE_KEYS = (
 )
 
 
+def _varied_problem(value: tuple[str, ...]) -> str:
+    bad = next(k for k in value if k not in FIELDS and k != "k")
+    return f"varied: {bad!r} is not a config key (nor k); `lbsgd keys` lists the vocabulary"
+
+
+def _wandb_project(value: str) -> bool:
+    return 0 < len(value) <= WANDB_PROJECT_MAX and not any(
+        ch in value for ch in WANDB_PROJECT_FORBIDDEN
+    )
+
+
+# (key, valid(value), what is wrong: the words after "key=value", or the whole line from the
+# value). A key's value of None (where its type allows it) is valid: "off", "the default's".
+KEY_RULES: tuple[tuple[str, Any, Any], ...] = (
+    *((k, lambda v: v > 0, "must be a positive integer") for k in POSITIVE_KEYS),
+    *((k, lambda v: v >= 0, "must be >= 0") for k in NON_NEGATIVE_KEYS),
+    ("epochs", lambda v: v > 0, "must be > 0"),
+    (
+        "epochs",
+        lambda v: v <= MAX_EPOCHS,
+        f"is too large: epoch e's data order is seeded with seed * {SEED_STRIDE} + e, below 2^64 "
+        "(valid: epochs <= 2^63)",
+    ),
+    # 0: a fixed point (the noise scale of a model as it is, lbsgd.noise_scale)
+    ("base_lr", lambda v: v >= 0, "must be >= 0"),
+    (
+        "threads",
+        lambda v: v <= MAX_THREADS,
+        "is too large: more than any CPU node has cores, and the OpenMP runtime fails to start "
+        f"that many (valid: 0 = torch's default, or 1 … {MAX_THREADS})",
+    ),
+    ("warmup_lr", lambda v: v > 0, "must be > 0 (or null)"),
+    ("momentum", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("decay_factor", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    ("poly_power", lambda v: v > 0, "must be > 0"),
+    ("lars_eta", lambda v: v > 0, "must be > 0"),
+    ("loss_scale", lambda v: v > 0, "must be > 0"),
+    ("powersgd_rank", lambda v: v >= 1, "must be a positive integer"),
+    ("noise_scale_ema", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("noise_scale_batch", lambda v: v > 0, "must be a positive integer (or null)"),
+    ("block_momentum", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("block_lr", lambda v: v > 0, "must be a finite number > 0"),
+    ("staleness", lambda v: v >= 0, "must be >= 0 (0 = synchronous)"),
+    ("synthetic_noise", lambda v: v >= 0, "must be >= 0 (or null)"),
+    (
+        "milestones",
+        lambda v: all(m >= 0 for m in v) and list(v) == sorted(v),
+        "must be non-negative epochs in increasing order",
+    ),
+    (
+        "micro_batch",
+        lambda v: v == "auto" or v > 0,
+        "must be a positive integer, auto or null",
+    ),
+    # places the user chooses, absolute or relative, but a path: no NUL, and not empty ('' is
+    # the working directory to Path: an unset variable in out_dir=$RESULTS, not a choice)
+    *(
+        (k, lambda v: "\0" not in v, "holds a NUL character: not a path (valid: a folder path)")
+        for k in ("out_dir", "data_dir")
+    ),
+    ("out_dir", lambda v: v.strip() != "", "is empty (valid: a folder path)"),
+    ("data_dir", lambda v: v.strip() != "", "is empty (valid: a folder path, or null)"),
+    # nothing is written outside out_dir: each key that becomes a path component under it
+    *((k, _plain_folder_name, FOLDER_NAME_RULE) for k in ("study", "name", "profile")),
+    (
+        "profile",
+        lambda v: re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v) is not None,
+        "must be null or a plain name (letters, digits, '_', '-', '.')",
+    ),
+    (
+        "wandb_project",
+        _wandb_project,
+        f"must be a W&B project name: 1 to {WANDB_PROJECT_MAX} characters, none of "
+        f"{' '.join(WANDB_PROJECT_FORBIDDEN)}",
+    ),
+    ("varied", lambda v: all(k in FIELDS or k == "k" for k in v), _varied_problem),
+)
+_RULES_OF: dict[str, list[tuple[Any, Any]]] = {}
+for _k, _ok, _why in KEY_RULES:
+    _RULES_OF.setdefault(_k, []).append((_ok, _why))
+
+
+def _shown(value: Any) -> Any:
+    """A value as a message shows it after ``key=``: a list, a quoted string, a number."""
+    if isinstance(value, tuple):
+        return list(value)
+    return repr(value) if isinstance(value, str) else value
+
+
+def _number_problem(key: str, value: Any) -> str | None:
+    """Every float finite (within float32 where it feeds float32 arithmetic as it is), every
+    integer within int64."""
+    items = value if isinstance(value, tuple) else (value,)
+    if any(isinstance(v, float) and not math.isfinite(v) for v in items):
+        return f"{key}={_shown(value)} must be a finite number"
+    if key in FLOAT32_KEYS and abs(value) > FLOAT32_MAX:
+        return f"{key}={value:g} overflows float32, where it is used (at most {FLOAT32_MAX:.4g})"
+    if any(isinstance(v, int) and v > INT64_MAX for v in items):
+        return (
+            f"{key}={value} is too large: more than a 64-bit integer holds (valid: {key} <= "
+            f"{INT64_MAX})"
+        )
+    return None
+
+
+def key_problem(key: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for ``key`` alone (a value of the key's type), in one line
+    that starts with ``key=value``, or None. No other key is read: these checks come before
+    any value is derived from the keys (:func:`_check`, :func:`check_values`)."""
+    if value is None:
+        return None
+    problem = _number_problem(key, value)
+    if problem:
+        return problem
+    for ok, why in _RULES_OF.get(key, ()):
+        if not ok(value):
+            return why(value) if callable(why) else f"{key}={_shown(value)} {why}"
+    return None
+
+
+_ADAPTERS: dict[str, pydantic.TypeAdapter] = {}
+
+
+def _typed(key: str, value: Any) -> tuple[Any, str | None]:
+    """``value`` as ``key``'s type makes it (the schema's coercion: "8192" -> 8192), or the
+    one-line problem with its type."""
+    if key not in _ADAPTERS:
+        _ADAPTERS[key] = pydantic.TypeAdapter(_hints()[key])
+    try:
+        return _ADAPTERS[key].validate_python(value), None
+    except pydantic.ValidationError as e:
+        msgs = dict.fromkeys(err["msg"] for err in e.errors())
+        return None, "; ".join(f"{key}={value!r}: {m}" for m in msgs)
+
+
+def check_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Each key of a raw mapping alone, before anything is derived from it or imported by it (a
+    plugin, the CPU cap): known, of its type, in its own range. Returns the values typed by the
+    schema; else one ConfigError line naming every bad key and what would be valid."""
+    typed: dict[str, Any] = {}
+    problems = []
+    for key, value in values.items():
+        if key not in FIELDS:
+            raise ConfigError(unknown_key_message(str(key)))
+        typed[key], problem = _typed(key, value)
+        problems.append(problem or key_problem(key, typed[key]))
+    found = [p for p in problems if p]
+    if found:
+        raise ConfigError("; ".join(found))
+    return typed
+
+
+def _need(ok: bool, msg: str, error: type[ValueError] = ValueError) -> None:
+    # ValueError: pydantic turns it into the validation error that from_dict makes one line of;
+    # ConfigError outside a Config's own checks
+    if not ok:
+        raise error(msg)
+
+
 def _check(c: Config) -> None:
-    """Cross-key rules, each failing with one line that names the key and what would be valid."""
-    _check_numbers(c)
-    _check_ranges(c)
+    """Each key alone first (:func:`key_problem`, every bad key named), then the rules across keys
+    and on derived values, each failing with one line that names the key and what would be valid."""
+    problems = [p for p in (key_problem(k, getattr(c, k)) for k in KEYS) if p]
+    _need(not problems, "; ".join(problems))
+    _check_derived(c)
     _check_gradient_rules(c)
     if c.async_ps:
         _check_async_ps(c)
     _check_shapes(c)
-    _check_paths(c)
-    for key in c.varied:
+    if c.name is None:  # model and dataset (a plugin's registered names) make the run name
         _need(
-            key in FIELDS or key == "k",
-            f"varied: {key!r} is not a config key (nor k); `lbsgd keys` lists the vocabulary",
+            _plain_folder_name(c.run_name()),
+            f"run name {c.run_name()!r} (from model and dataset) {FOLDER_NAME_RULE}",
         )
 
 
-def _check_ranges(c: Config) -> None:
-    """Each key alone: the range where its mathematics is defined."""
-    for key in POSITIVE_KEYS:
-        _need(getattr(c, key) > 0, f"{key}={getattr(c, key)} must be a positive integer")
-    _need(c.epochs > 0, f"epochs={c.epochs} must be > 0")
-    # 0: a fixed point (the noise scale of a model as it is, lbsgd.noise_scale)
-    _need(c.base_lr >= 0, f"base_lr={c.base_lr} must be >= 0")
-    for key in NON_NEGATIVE_KEYS:
-        _need(getattr(c, key) >= 0, f"{key}={getattr(c, key)} must be >= 0")
+def lr_scale(lr_scaling: str, ratio: float) -> float:
+    """f(kn / reference_batch) of the learning-rate rule ``lr_scaling`` at ``ratio``."""
+    if lr_scaling == "sqrt":
+        return math.sqrt(ratio)
+    return ratio if lr_scaling == "linear" else 1.0
+
+
+def _check_derived(c: Config) -> None:
+    """Values derived from several keys, each valid alone: the peak lr and the data order's seeds."""
+    ratio = c.batch_size / c.reference_batch
+    lr = c.base_lr * lr_scale(c.lr_scaling, ratio)
+    _need(
+        lr <= FLOAT32_MAX,
+        f"base_lr={c.base_lr:g} x {c.lr_scaling}(batch_size / reference_batch = {ratio:g}) = "
+        f"{lr:.4g} overflows float32, where the lr is used (at most {FLOAT32_MAX:.4g})",
+    )
     # torch's generators take seeds below 2^64, and the data order of epoch e is seeded with
     # seed * SEED_STRIDE + e (lbsgd.data.sampler.permutation), for every epoch the run reaches
     last_epoch = math.ceil(c.epochs) + 1
@@ -516,28 +655,11 @@ def _check_ranges(c: Config) -> None:
         f"seed={c.seed} is too large: epoch e's data order is seeded with seed * {SEED_STRIDE} + e, "
         f"below 2^64 (valid: seed <= {(2**64 - 1 - last_epoch) // SEED_STRIDE})",
     )
-    _need(
-        c.threads <= MAX_THREADS,
-        f"threads={c.threads} is too large: more than any CPU node has cores, and the OpenMP "
-        f"runtime fails to start that many (valid: 0 = torch's default, or 1 … {MAX_THREADS})",
-    )
-    _need(c.warmup_lr is None or c.warmup_lr > 0, f"warmup_lr={c.warmup_lr} must be > 0 (or null)")
-    _need(0 <= c.momentum < 1, f"momentum={c.momentum} must be in [0, 1)")
-    _need(not c.nesterov or c.momentum > 0, "nesterov=true needs momentum > 0")
-    _need(0 < c.decay_factor <= 1, f"decay_factor={c.decay_factor} must be in (0, 1]")
-    _need(c.poly_power > 0, f"poly_power={c.poly_power} must be > 0")
-    _need(c.lars_eta > 0, f"lars_eta={c.lars_eta} must be > 0")
-    _need(c.loss_scale > 0, f"loss_scale={c.loss_scale} must be > 0")
-    _need(c.powersgd_rank >= 1, f"powersgd_rank={c.powersgd_rank} must be a positive integer")
-    _need(0 <= c.noise_scale_ema < 1, f"noise_scale_ema={c.noise_scale_ema} must be in [0, 1)")
-    _need(
-        c.noise_scale_batch is None or c.noise_scale_batch > 0,
-        f"noise_scale_batch={c.noise_scale_batch} must be a positive integer (or null)",
-    )
 
 
 def _check_gradient_rules(c: Config) -> None:
     """Which gradient exchanges combine: the noise scale, local SGD, BMUF and staleness."""
+    _need(not c.nesterov or c.momentum > 0, "nesterov=true needs momentum > 0")
     _need(
         not c.noise_scale or c.local_sgd == 0,
         f"noise_scale=true needs the all-reduced gradient of every step: not with "
@@ -554,11 +676,6 @@ def _check_gradient_rules(c: Config) -> None:
         f"not comm_hook={c.comm_hook}",
     )
     # -- BMUF (lbsgd.comm.BMUF) --
-    _need(0 <= c.block_momentum < 1, f"block_momentum={c.block_momentum} must be in [0, 1)")
-    _need(
-        math.isfinite(c.block_lr) and c.block_lr > 0,
-        f"block_lr={c.block_lr} must be a finite number > 0",
-    )
     for key, default in (("block_momentum", 0.0), ("block_lr", 1.0), ("block_nesterov", True)):
         _need(
             c.local_sgd > 0 or getattr(c, key) == default,
@@ -566,7 +683,6 @@ def _check_gradient_rules(c: Config) -> None:
             f"(the block length n), not local_sgd=0",
         )
     # -- simulated asynchronous SGD (lbsgd.staleness) --
-    _need(c.staleness >= 0, f"staleness={c.staleness} must be >= 0 (0 = synchronous)")
     _need(
         c.staleness == 0 or c.local_sgd == 0,
         f"staleness={c.staleness} delays the gradients of synchronous steps: not with "
@@ -614,19 +730,10 @@ def _check_async_ps(c: Config) -> None:
 
 
 def _check_shapes(c: Config) -> None:
-    """The model, the schedule, the data and how the batch divides into BN groups and
-    micro-batches."""
+    """The model, the data and how the batch divides into BN groups and micro-batches."""
     _need(
         not c.pool5_bn or c.model in ("alexnet", "alexnet_bn"),
         f"pool5_bn=true applies to model=alexnet or alexnet_bn, not model={c.model}",
-    )
-    _need(
-        all(m >= 0 for m in c.milestones) and list(c.milestones) == sorted(c.milestones),
-        f"milestones={list(c.milestones)} must be non-negative epochs in increasing order",
-    )
-    _need(
-        c.synthetic_noise is None or c.synthetic_noise >= 0,
-        f"synthetic_noise={c.synthetic_noise} must be >= 0 (or null)",
     )
     _need(
         c.batch_size % c.bn_batch == 0,
@@ -634,7 +741,6 @@ def _check_shapes(c: Config) -> None:
     )
     if c.micro_batch != "auto":
         mb = c.micro_batch if c.micro_batch is not None else c.bn_batch
-        _need(mb > 0, f"micro_batch={c.micro_batch} must be a positive integer, auto or null")
         _need(mb % c.bn_batch == 0, f"micro_batch={mb} is not a multiple of bn_batch={c.bn_batch}")
         _need(
             c.batch_size % mb == 0,
@@ -653,43 +759,11 @@ def _check_shapes(c: Config) -> None:
 
 
 def check_folder_path(key: str, value: str | None, error: type[ValueError] = ConfigError) -> None:
-    """A place the user chooses, absolute or relative, but a path: no NUL, and not empty ('' is
-    the working directory to Path: an unset variable in out_dir=$RESULTS, not a choice)."""
-    if value is None:
-        return
-    _need(
-        "\0" not in value,
-        f"{key}={value!r} holds a NUL character: not a path (valid: a folder path)",
-        error,
-    )
-    null = ", or null" if key == "data_dir" else ""
-    _need(value.strip() != "", f"{key}={value!r} is empty (valid: a folder path{null})", error)
-
-
-def _check_paths(c: Config) -> None:
-    """Nothing is written outside out_dir: every key that becomes a path component under it is one
-    plain folder name. out_dir and data_dir are places the user chooses (absolute or relative),
-    but no path holds a NUL."""
-    for key in ("out_dir", "data_dir"):
-        check_folder_path(key, getattr(c, key), ValueError)
-    for key in ("study", "name", "profile"):
-        value = getattr(c, key)
-        _need(value is None or _plain_folder_name(value), f"{key}={value!r} {FOLDER_NAME_RULE}")
-    if c.name is None:  # model and dataset (a plugin's registered names) make the run name
-        _need(
-            _plain_folder_name(c.run_name()),
-            f"run name {c.run_name()!r} (from model and dataset) {FOLDER_NAME_RULE}",
-        )
-    _need(
-        c.profile is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", c.profile) is not None,
-        f"profile={c.profile!r} must be null or a plain name (letters, digits, '_', '-', '.')",
-    )
-    _need(
-        0 < len(c.wandb_project) <= WANDB_PROJECT_MAX
-        and not any(ch in c.wandb_project for ch in WANDB_PROJECT_FORBIDDEN),
-        f"wandb_project={c.wandb_project!r} must be a W&B project name: 1 to "
-        f"{WANDB_PROJECT_MAX} characters, none of {' '.join(WANDB_PROJECT_FORBIDDEN)}",
-    )
+    """A place the user chooses (``out_dir``, ``data_dir``), absolute or relative, but a path: no
+    NUL, and not empty; else ``error``, one line naming ``key``."""
+    problem = key_problem(key, value)
+    if problem:
+        raise error(problem)
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -813,12 +887,20 @@ def read_yaml(path: str | os.PathLike, derived: bool = False) -> dict[str, Any]:
     return data if derived else {k: v for k, v in data.items() if k not in drop}
 
 
-def load(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> Config:
-    """Defaults, then each YAML file in order, then ``key=value`` overrides; plugins imported first."""
+def read_values(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> dict:
+    """Each YAML file in order, then ``key=value`` overrides: the keys they set, each checked
+    alone (:func:`check_values`) before anything is derived from it, imported or pinned by it."""
     values: dict[str, Any] = {}
     for f in files:
         values.update(read_yaml(f))
     values.update(parse_overrides(overrides))
+    return check_values(values)
+
+
+def load(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> Config:
+    """Defaults, then each YAML file in order, then ``key=value`` overrides; each key checked
+    alone first, then the plugins imported, then the rules across keys."""
+    values = read_values(files, overrides)
     import_plugins(values.get("plugins", ()))
     return from_dict(values)
 
@@ -924,25 +1006,42 @@ def world_size_key(c: Config) -> str | None:
 
 def micro_batch(c: Config, world_size: int = 1) -> int:
     """The micro-batch of a fixed ``micro_batch`` key; for ``auto``, the largest candidate (the
-    probe in lbsgd.trainer picks among :func:`micro_batch_candidates` on a device)."""
+    probe in lbsgd.trainer picks among :func:`micro_batch_candidates` on a device), or one line
+    saying why there is none."""
     if c.micro_batch == "auto":
-        return micro_batch_candidates(c, world_size)[0]
+        return _largest_auto(c, world_size) or _no_auto(c, world_size)
     return c.micro_batch if c.micro_batch is not None else c.bn_batch
+
+
+def _largest_auto(c: Config, world_size: int) -> int:
+    """The largest multiple of bn_batch dividing the per-process share (and the noise scale's
+    small batch): their gcd when bn_batch divides it; 0 when there is none."""
+    if c.async_ps:  # one update = one worker's whole batch (lbsgd.parameter_server)
+        world_size = 1
+    if c.batch_size % world_size:
+        return 0
+    share = c.batch_size // world_size
+    # noise_scale with a fixed small batch: micro-batches make it up whole
+    group = c.noise_scale_batch if c.noise_scale and c.noise_scale_batch else share
+    largest = math.gcd(share, group)
+    return largest if largest % c.bn_batch == 0 else 0
+
+
+def _no_auto(c: Config, world_size: int) -> int:
+    world_size = 1 if c.async_ps else world_size
+    raise ConfigError(
+        f"micro_batch=auto: batch_size={c.batch_size} is not a multiple of world_size * "
+        f"bn_batch = {world_size} * {c.bn_batch} = {world_size * c.bn_batch}"
+    )
 
 
 def micro_batch_candidates(c: Config, world_size: int) -> list[int]:
     """Multiples of bn_batch that divide the per-process share batch_size / world_size, largest
-    first (empty when the share is not a multiple of bn_batch)."""
-    if c.async_ps:  # one update = one worker's whole batch (lbsgd.parameter_server)
-        world_size = 1
-    if c.batch_size % world_size:
-        return []
-    share = c.batch_size // world_size
-    # noise_scale with a fixed small batch: micro-batches make it up whole
-    group = c.noise_scale_batch if c.noise_scale and c.noise_scale_batch else share
-    return [
-        m for m in range(share, 0, -1) if m % c.bn_batch == 0 and share % m == 0 and group % m == 0
-    ]
+    first (empty when the share is not a multiple of bn_batch): bn_batch times each divisor of
+    the largest over bn_batch."""
+    n = _largest_auto(c, world_size) // c.bn_batch
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return [c.bn_batch * d for d in sorted({*small, *(n // d for d in small)}, reverse=True)]
 
 
 def check_world(
@@ -958,11 +1057,6 @@ def check_world(
             f"world_size={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_world_size}"
         )
     if micro is None and c.micro_batch == "auto":
-        if not micro_batch_candidates(c, world_size):
-            raise ConfigError(
-                f"micro_batch=auto: batch_size={c.batch_size} is not a multiple of world_size * "
-                f"bn_batch = {world_size} * {c.bn_batch} = {world_size * c.bn_batch}"
-            )
         micro = micro_batch(c, world_size)
     m = micro if micro is not None else micro_batch(c)
     per_step = world_size * m
@@ -1008,8 +1102,7 @@ def derive(c: Config, world_size: int, num_train: int, micro: int | None = None)
     if micro is None:
         micro = micro_batch(c, world_size)
     accum = check_world(c, world_size, micro=micro)
-    ratio = c.batch_size / c.reference_batch
-    scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[c.lr_scaling]
+    scale = lr_scale(c.lr_scaling, c.batch_size / c.reference_batch)
     spe = num_train / c.batch_size
     return Derived(
         world_size=world_size,
@@ -1061,12 +1154,17 @@ __all__ = [
     "world_size_key",
     "check_place",
     "check_folder_path",
+    "check_values",
+    "key_problem",
+    "KEY_RULES",
+    "lr_scale",
     "run_list",
     "dump",
     "from_dict",
     "load",
     "parse_overrides",
     "read_yaml",
+    "read_values",
     "describe_keys",
     "import_plugins",
 ]

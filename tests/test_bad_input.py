@@ -10,16 +10,19 @@ byte-for-byte and mtime-for-mtime as it was, and no file or folder added.
 """
 
 import json
+import math
 import os
 import re
+import types
+import typing
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import TINY, lbsgd
 
-from lbsgd import checkpoint, cli, distributed, experiments, studies, trainer
-from lbsgd.config import Config, ConfigError
+from lbsgd import checkpoint, cli, config, distributed, experiments, studies, trainer
+from lbsgd.config import KEYS, Config, ConfigError
 from lbsgd.studies import scales
 from lbsgd.trainer import train
 
@@ -65,6 +68,10 @@ def results(tmp_path_factory):
         "big_seed.yaml": f"seed: {2**64}\n",
         "huge_data.yaml": "synthetic_train: 100000000000\n",
         "threads.yaml": "threads: 5000\n",
+        # read before validation by the CPU cap (lbsgd.cli) and the plugin import (config.load)
+        "isa_list.yaml": "cpu_isa: [avx2]\n",
+        "plugins_int.yaml": "plugins: 5\n",
+        "plugins_nested.yaml": "plugins: [[a.py]]\n",
     }
     for name, text in files.items():
         (root / name).write_text(text)
@@ -233,6 +240,18 @@ CASES = [
     ("yaml", "threads.yaml", ["threads=5000", "1 … 1024"]),
     ("sweep", {"runs": [{"dataset": "fake", "fake_train": 10**9}]}, ["fake_train=1000000000"]),
     ("sweep", {"runs": [{"depth": 60000002}]}, ["depth=60000002", "GiB of memory"]),
+    # -- a value refused by its key's own check before anything is derived from it ---------------
+    ("cli", ["batch_size=-256"], ["batch_size=-256 must be a positive integer"]),
+    ("cli", ["batch_size=-256", "lr_scaling=sqrt"], ["batch_size=-256 must be a positive"]),
+    ("cli", ["batch_size=" + "9" * 400], ["batch_size=999", "64-bit integer"]),
+    ("cli", ["epochs=1e300"], ["epochs=1e+300 is too large", "epochs <= 2^63"]),
+    ("yaml", "isa_list.yaml", ["cpu_isa=['avx2']", "'native', 'avx2'"]),
+    ("yaml", "plugins_int.yaml", ["plugins=5", "valid tuple"]),
+    ("yaml", "plugins_nested.yaml", ["plugins=[['a.py']]", "valid string"]),
+    ("notebook", {"ks": [-16]}, ["k=-16 must be a positive number"]),
+    ("notebook", {"ks": [float("nan")]}, ["k=nan must be a positive number"]),
+    ("sweep", {"runs": [{"reference_batch": -256}]}, ["reference_batch=-256 must be a positive"]),
+    ("sweep", {"runs": [{"synthetic_train": 10**400}]}, ["synthetic_train=1000", "64-bit"]),
 ]
 
 
@@ -474,3 +493,142 @@ def test_a_studys_table_or_figure_is_a_file_of_its_folder_only(tmp_path, name):
     assert str(err.value).startswith(f"name={name!r}") and "\n" not in str(err.value)
     assert list(tmp_path.rglob("*")) == []
     assert experiments.save_table(table, tmp_path, "warmup") == tmp_path / "warmup" / "table.csv"
+
+
+# -- every key's own bad values, before anything is derived from them ---------------------------
+# The probes come from the config's own schema (every key, its type), not from a list of keys: a
+# key added later is probed too. Each probe goes in on top of configurations that switch on every
+# derivation (the lr rules, the noise scale's small batch, local SGD's blocks, micro_batch=auto,
+# the parameter server), through the order lbsgd itself follows: each key alone
+# (config.check_values: the command line's and YAML's first step, before a plugin is imported or
+# the CPU cap pinned), the Config and its rules across keys, then the registries, the data, the
+# layout and the derived values (trainer.check, config.derive).
+HINTS = typing.get_type_hints(Config)
+BASES = {
+    "defaults": {},
+    "tiny": TINY,
+    "sqrt rule": {**TINY, "lr_scaling": "sqrt", "warmup_lr": 0.01},
+    "noise scale": {**TINY, "noise_scale": True, "noise_scale_batch": 32},
+    "bmuf": {**TINY, "local_sgd": 2, "block_momentum": 0.5},
+    "micro_batch=auto": {**TINY, "micro_batch": "auto", "schedule": "step", "milestones": [1]},
+    "parameter server": {**TINY, "async_ps": True},
+}
+
+
+def _members(key: str) -> tuple:
+    """The types a key's value may have: int, float, bool, str, Literal[...], tuple[...], None."""
+    tp = HINTS[key]
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    return typing.get_args(tp) if union else (tp,)
+
+
+def refused_values(key: str) -> list:
+    """Values no config can hold for ``key``, whatever the other keys: a mapping (no key holds
+    one), text that is none of its choices, a negative number (every numeric key counts, sizes
+    or rates something), a fraction or an integer beyond 64 bits where it is an integer, a
+    non-finite float."""
+    members = _members(key)
+    numeric = {int, float} & set(members)
+    values: list = [{"a": 1}]
+    if numeric or bool in members or any(typing.get_origin(m) is typing.Literal for m in members):
+        values += ["bogus"]
+    if bool in members:
+        values += [2]
+    if numeric:
+        values += [-1, -256, "-256", -(10**400)]
+    if int in members:
+        values += [1.5, 2**64, 10**400]
+    if float in members:
+        values += [math.nan, math.inf, -math.inf]
+    for m in members:
+        if typing.get_origin(m) is tuple:  # a list of its element type
+            values += [[-1.0], [math.nan]] if float in typing.get_args(m) else [[5], [["a"]]]
+    return values
+
+
+def edge_values(key: str) -> list:
+    """Values valid for some configs and not others: each is accepted, or refused in one line
+    that names the key, never a traceback of a derivation."""
+    members = _members(key)
+    values: list = [0] if {int, float} & set(members) else []
+    if int in members:
+        values += [1, 2**62, 2**63 - 1]
+    if float in members:
+        values += [1e-300, 1e300, 0.5]
+    if str in members:
+        values += ["", "x", "a/b", "-x"]
+    return values
+
+
+def _one_line_naming(err: ConfigError, key: str) -> str:
+    message = str(err)
+    assert "\n" not in message, message
+    assert re.search(rf"(?<!\w){key}(?!\w)", message), message
+    return message
+
+
+def _through_the_derivations(cfg: Config) -> None:
+    """What a launch does with a valid Config before any work: registries, data, layout,
+    memory, then the derived values; a refusal is a ConfigError of one line."""
+    world = 2 if cfg.async_ps else 1
+    try:
+        trainer.check(cfg, world, world)
+        config.derive(cfg, world, 512)
+    except ConfigError as e:
+        assert "\n" not in str(e), str(e)
+
+
+def test_the_bases_of_the_probes_are_valid_and_every_key_is_probed():
+    for keys in BASES.values():
+        cfg = config.from_dict(keys)
+        trainer.check(cfg, 2 if cfg.async_ps else 1, 2 if cfg.async_ps else 1)
+    assert all(refused_values(k) for k in KEYS)  # a key of a type the probes miss fails here
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_every_bad_value_of_every_key_is_named_by_its_key_before_anything_derives_from_it(key):
+    for value in refused_values(key):
+        with pytest.raises(ConfigError) as err:  # alone: before plugins, the CPU cap, the Config
+            config.check_values({key: value})
+        assert str(err.value).startswith(f"{key}="), (value, str(err.value))
+        for base, keys in BASES.items():
+            with pytest.raises(ConfigError) as err:
+                config.from_dict({**keys, key: value})
+            message = str(err.value)
+            assert message.startswith(f"{key}=") and "\n" not in message, (base, value, message)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_every_edge_value_of_every_key_is_accepted_or_refused_naming_it(key):
+    for value in edge_values(key):
+        for keys in BASES.values():
+            try:
+                cfg = config.from_dict({**keys, key: value})
+            except ConfigError as e:
+                _one_line_naming(e, key)
+                continue
+            _through_the_derivations(cfg)
+
+
+@pytest.mark.parametrize(
+    ("args", "files", "line"),
+    [
+        (["batch_size=-256"], {}, "batch_size=-256 must be a positive integer"),
+        (["batch_size=-256", "lr_scaling=sqrt"], {}, "batch_size=-256 must be a positive integer"),
+        # read by the CPU cap before torch loads, and by the plugin import, before the Config
+        (["-c", "isa.yaml"], {"isa.yaml": "cpu_isa: [avx2]\n"}, "cpu_isa=['avx2']: Input should"),
+        (["-c", "p.yaml"], {"p.yaml": "plugins: [[a.py]]\n"}, "plugins=[['a.py']]: Input should"),
+    ],
+    ids=["negative", "negative under sqrt", "cpu_isa list", "plugins nested list"],
+)
+def test_the_command_line_names_a_bad_value_by_its_key_in_one_line_and_writes_nothing(
+    tmp_path, args, files, line
+):
+    """``lbsgd train`` as a user starts it (a process that has not loaded torch: the CPU cap is
+    pinned from the raw keys), in a folder where it would write results/cli/."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    r = lbsgd(["train", *args], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.startswith(f"lbsgd: error: {line}") and r.stderr.count("\n") == 1, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)  # nothing written

@@ -31,6 +31,8 @@ def ignored(path: str) -> bool:
         "results/cpu/warmup/wandb/study_id",
         "results/cpu/warmup/wandb_id",
         "results/smoke/warmup/02_warmup.ipynb",
+        "results/cli/quickstart/resnet8-synthetic-b256-gradual-s0-1234abcd/summary.json",
+        "results/cli/runs/resnet20-synthetic-b256-gradual-s0-1234abcd/config.yaml",
         "notebooks/.ipynb_checkpoints/02_warmup-checkpoint.ipynb",
     ],
 )

@@ -502,7 +502,7 @@ def test_every_path_component_key_must_be_a_plain_folder_name(key, bad):
 @pytest.mark.parametrize("good", ["warmup", "lr_scaling_rule", "run 1", "v1.2", "é"])
 def test_plain_folder_names_are_accepted(good):
     c = config.from_dict({"study": good, "name": good})
-    assert c.run_dir() == Path("results") / good / good
+    assert c.run_dir() == Path("results/cli") / good / good
 
 
 def test_a_model_name_that_would_leave_the_study_folder_is_refused():

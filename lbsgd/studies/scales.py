@@ -14,11 +14,13 @@ study reads the same at every scale: k = 32 is Goyal's 8k minibatch at ImageNet 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lbsgd.config import ConfigError
+from lbsgd.config import ConfigError, check_values
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,16 @@ class Profile:
         return max(ks or self.ks.get("alexnet") or self.ks["lars"])
 
     def keys(self, k: float | None = None, **overrides: Any) -> dict[str, Any]:
-        """Config keys of one run: the base, batch_size = k · reference_batch, then overrides."""
+        """Config keys of one run: the base, batch_size = k · reference_batch, then overrides.
+        k and each key are checked alone before batch_size is derived from them."""
         keys = {**self.base, **overrides}
+        reference_batch = check_values(keys).get("reference_batch", 256)
         if k is not None:
-            batch = k * keys.get("reference_batch", 256)
+            if isinstance(k, bool) or not isinstance(k, numbers.Real) or not 0 < k < math.inf:
+                raise ConfigError(
+                    f"k={k!r} must be a positive number (the minibatch over the reference batch)"
+                )
+            batch = k * reference_batch
             if batch != int(batch):
                 raise ConfigError(
                     f"k={k} gives a fractional batch ({batch}) in profile={self.name}"
