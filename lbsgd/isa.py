@@ -112,27 +112,30 @@ _PROBED: dict[str, Any] = {}  # probe()'s answers, once per process
 _PINNED: dict[str, bool] = {}
 
 
-def cpu_flags() -> list[str] | None:
-    """The CPU's flags from /proc/cpuinfo (None where there is none: not Linux)."""
+def _cpuinfo(*fields: str) -> str | None:
+    """The value of the first /proc/cpuinfo line that starts with one of ``fields`` (None where
+    there is none: not Linux, or no such line)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].split()
+                if line.startswith(fields):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return None
 
 
+def cpu_flags() -> list[str] | None:
+    """The CPU's flags from /proc/cpuinfo (None where there is none: not Linux)."""
+    flags = _cpuinfo("flags", "Features")
+    return None if flags is None else flags.split()
+
+
 def cpu_model() -> str:
     """/proc/cpuinfo's model name, else what the platform module knows."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    model = _cpuinfo("model name")
+    if model is not None:
+        return model
     import platform
 
     return platform.processor() or platform.machine()
@@ -140,14 +143,7 @@ def cpu_model() -> str:
 
 def cpu_vendor() -> str | None:
     """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD, ...; None where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
+    return _cpuinfo("vendor_id")
 
 
 def isa_flags() -> list[str] | None:
