@@ -147,14 +147,18 @@ def _experiment(keys: dict[str, Any], drop: tuple[str, ...] = ()) -> dict[str, A
 
 
 def seed_spread(run: Run, runs: list[Run]) -> tuple[float | None, int]:
-    """Standard deviation (points) of final top-1 error over the seeds of ``run``'s experiment in
-    its study, and the number of seeds (None when fewer than two)."""
+    """Standard deviation (points) of final top-1 error over the seeds of ``run``'s experiment
+    (its experiment keys but the seed), in any study of the profile: a study that holds one seed
+    of an experiment another study ran with three is judged by the three. Each experiment counts
+    once (a run copied between studies is one draw); the number of seeds (None when fewer than
+    two)."""
     mine = _experiment(run.keys, ("seed",))
-    errors = [
-        r.top1
+    by_id = {
+        r.summary.get("experiment_id", f"{r.study}/{r.name}"): r.top1
         for r in runs
-        if r.study == run.study and _experiment(r.keys, ("seed",)) == mine and r.top1 is not None
-    ]
+        if _experiment(r.keys, ("seed",)) == mine and r.top1 is not None
+    }
+    errors = list(by_id.values())
     return (statistics.stdev(errors) if len(errors) > 1 else None), len(errors)
 
 

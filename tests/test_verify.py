@@ -143,6 +143,16 @@ def test_seed_spread_is_the_std_over_the_seeds_of_the_same_experiment(tmp_path):
     assert verify.seed_spread(other, runs) == (None, 1)
 
 
+def test_seed_spread_takes_the_experiments_seeds_from_every_study_each_once(tmp_path):
+    for seed, top1 in enumerate((10.0, 12.0, 14.0)):
+        _run(tmp_path, "a", f"s{seed}", seed=seed, top1=top1)
+    _run(tmp_path, "b", "s0", seed=0, top1=10.0)  # a copy of a/s0 (the same experiment id)
+    _run(tmp_path, "b", "s3", seed=3, top1=16.0, eid="64-3")
+    runs = verify.find_runs(tmp_path)
+    b0 = next(r for r in runs if r.study == "b" and r.name == "s0")
+    assert verify.seed_spread(b0, runs) == (pytest.approx(2.5819889), 4)  # 10, 12, 14, 16
+
+
 def test_compare_ignores_throughput_and_names_the_first_step_that_differs(tmp_path):
     ref = _run(tmp_path, "a", "ref", steps=[(1, 2.5), (2, 2.25)])
     same = _run(tmp_path, "b", "same", steps=[(1, 2.5), (2, 2.25)])
