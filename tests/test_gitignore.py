@@ -33,6 +33,8 @@ def ignored(path: str) -> bool:
         "results/smoke/warmup/02_warmup.ipynb",
         "results/cli/quickstart/resnet8-synthetic-b256-gradual-s0-1234abcd/summary.json",
         "results/cli/runs/resnet20-synthetic-b256-gradual-s0-1234abcd/config.yaml",
+        # lbsgd train run from a subfolder (a JupyterLab terminal in notebooks/)
+        "notebooks/results/cli/runs/resnet20-synthetic-b256-gradual-s0-1234abcd/summary.json",
         "notebooks/.ipynb_checkpoints/02_warmup-checkpoint.ipynb",
     ],
 )
