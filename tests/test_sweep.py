@@ -632,7 +632,7 @@ def test_report_per_profile_from_a_results_root_and_from_one_profile(tmp_path, c
     for target in re.findall(r"\]\(([^)#]+)\)", cpu):
         assert (tmp_path / "cpu" / target).exists(), target
     assert "(warmup/curve.png)" in cpu and "[`warmup/`](warmup/)" in cpu
-    assert "| 30.1 | 23.7 |" in cpu  # the table beside the paper
+    assert "| 30.10 | 23.70 |" in cpu  # the table beside the paper, rounded for reading
 
     before = (tmp_path / "smoke" / "REPORT.md").stat().st_mtime_ns
     assert cli.main(["report", "--results", str(tmp_path / "cpu")]) == 0  # one profile's folder

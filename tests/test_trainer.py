@@ -79,7 +79,7 @@ def test_resume_continues_from_the_last_checkpoint_to_the_same_weights(tiny, mon
     def crash_at_epoch_2(self, step):
         if step * cfg.batch_size // cfg.synthetic_train == 2:
             raise RuntimeError("simulated crash")
-        real_evaluate(self, step)
+        return real_evaluate(self, step)
 
     monkeypatch.setattr(Run, "evaluate", crash_at_epoch_2)
     with pytest.raises(RuntimeError, match="simulated crash"):
