@@ -342,11 +342,13 @@ def require(cpu_isa: str) -> None:
 def in_force(cpu_isa: str | None = None) -> dict[str, Any]:
     """The environment record of the caps: the one asked for, the variables set, whether lbsgd
     set them before torch was imported (None: it set none), what each library uses
-    (:func:`probe`, MKL's branch included), whether oneDNN's convolutions are on, the CPU's
+    (:func:`probe`; MKL's branch under a cap), whether oneDNN's convolutions are on, the CPU's
     vendor, and whether that is the cap on this vendor (absent when none was asked for)."""
     import torch
 
-    probed = probe(mkl=True)
+    # MKL's branch is asked where a cap is judged (its verbose mode takes ~0.4 s to start: not
+    # paid by every uncapped run); require() has asked it already in a capped process
+    probed = probe(mkl=cpu_isa not in (None, "native"))
     vendor = cpu_vendor()
     record: dict[str, Any] = {
         "requested": cpu_isa,
