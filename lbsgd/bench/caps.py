@@ -100,6 +100,7 @@ def bench_caps(
         "environment": {**environment(torch.device("cpu"), 1), "node": platform.node()},
     }
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+        from lbsgd.bench.train import write
+
+        write(result, out)
     return result
