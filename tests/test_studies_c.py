@@ -334,3 +334,17 @@ def test_b_crit_undecided_without_a_finite_fit():
     assert (
         "undecided: fewer than 3 batch sizes reached the target" in cb.findings(m, few)[2].evidence
     )
+
+
+def test_every_finding_carries_what_mccandlish_et_al_report_qualitatively():
+    fs = cb.findings(
+        study(b_target=(60.0, 70.0, 80.0), b_early=(20.0, 22.0, 25.0), b_end=(100.0, 120.0, 110.0))
+    )
+    assert [f.paper for f in fs] == [
+        "McCandlish et al. 2018: qualitative, below B_crit ≈ B_noise a larger batch buys "
+        "proportionally fewer steps, above it almost none; no number in the reference data",
+        "McCandlish et al. 2018: qualitative, the noise scale grows as the loss falls; no number "
+        "in the reference data",
+        "McCandlish et al. 2018 eq. 2.11 and Fig. 4: qualitative, B_crit = E_min/S_min ≈ B_noise; "
+        "no number in the reference data",
+    ]

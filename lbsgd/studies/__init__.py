@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -192,9 +193,53 @@ def worse_by(a: Sequence[float], b: Sequence[float], points: float, **kw: Any) -
     return decide(a, b, more_than=points, **kw)
 
 
-def finding(claim: str, verdict: Verdict, evidence: str) -> Finding:
-    """A finding whose evidence ends with the reason when the verdict is undecided."""
-    return Finding(claim, verdict.replayed, evidence + verdict.text())
+def finding(claim: str, verdict: Verdict, evidence: str, *, paper: str = "") -> Finding:
+    """A finding whose evidence ends with the reason when the verdict is undecided; ``paper``:
+    what the paper reports for the claim, with its source (:class:`lbsgd.experiments.Finding`)."""
+    return Finding(claim, verdict.replayed, evidence + verdict.text(), paper)
+
+
+# The papers of the reference table's ``source`` column (``<paper>:<part>``), short as the
+# findings' ``paper`` field names them.
+PAPERS = {
+    "goyal2017": "Goyal",
+    "you2017": "You et al.",
+    "jia2018": "Jia et al.",
+    "mikami2018": "Mikami et al.",
+    "horovod-readme": "Horovod README",
+    "firecaffe2016": "FireCaffe",
+}
+_PART = {"table": "Table ", "fig": "Fig. ", "sec": "§"}
+
+
+def cite(*sources: str) -> str:
+    """The reference table's ``source`` keys in words, one paper's parts together:
+    ``cite("goyal2017:table1")`` is "Goyal Table 1", ``cite("you2017:table1b", "you2017:table3")``
+    "You et al. Table 1b, Table 3", ``"jia2018:seed-slides-table5"`` "Jia et al. (talk) Table 5"
+    (Jia et al.'s tables as shown in their talk)."""
+    parts: dict[str, list[str]] = {}
+    for source in sources:
+        paper, _, part = source.partition(":")
+        words = []
+        if part.startswith("seed-slides"):
+            words.append("(talk)")
+            part = part.removeprefix("seed-slides").lstrip("-")
+        m = re.fullmatch(r"(table|fig|sec)([\w.]*)", part)
+        if m:
+            words.append(_PART[m[1]] + m[2] if m[2] else m[1])
+        elif part:
+            words.append(part)
+        parts.setdefault(PAPERS.get(paper, paper), []).append(" ".join(words))
+    return "; ".join(
+        " ".join([paper, ", ".join(w for w in dict.fromkeys(ws) if w)]).strip()
+        for paper, ws in parts.items()
+    )
+
+
+def kilo(batch: float) -> str:
+    """A published minibatch as the papers write it: 8192 is "8k", 256 is "256"."""
+    b = int(batch)
+    return f"{b // 1024}k" if b >= 1024 and b % 1024 == 0 else str(b)
 
 
 def errors(df, metric: str = "final_top1_error_pct", **where: Any) -> list[float]:

@@ -79,19 +79,24 @@ def findings(df, large_k: float) -> list[Finding]:
     )
 
     base, top = (1.0 if 1.0 in e else ks[0]), ks[-1]
-    p = ex.reference(STUDY)
-    p = dict(zip(p["batch"], p["value"], strict=True))
+    ref = ex.reference(STUDY)
+    p = dict(zip(ref["batch"], ref["value"], strict=True))
+    src, flat_p = studies.cite(*ref["source"]), [v for b, v in p.items() if b <= 8192]
     return [
         studies.finding(
             f"the error is flat (within {FLAT_PCT:g} points) from k={min(small):g} to "
             f"k={max(small):g}",
             v_flat,
             f"spread {flat:.1f} points (paper: flat from 128 to 8k, spread 0.3)" + why_flat,
+            paper=f"{src}: {min(flat_p):.2f}% to {max(flat_p):.2f}% error from 128 to 8k (spread "
+            f"{max(flat_p) - min(flat_p):.2f} points)",
         ),
         studies.finding(
             "the error rises at the largest minibatches",
             studies.worse_by(e[top], e[base], RISE_PCT, chance=chance),
             f"k={top:g}: {err[top]:.1f}% vs k={base:g}: {err[base]:.1f}% (paper 64k: "
             f"{p[65536]:.2f} vs {p[256]:.2f})",
+            paper=f"{src}: {p[65536]:.2f}% error at 64k vs {p[256]:.2f}% at 256 ({p[16384]:.2f}% at "
+            f"16k, {p[32768]:.2f}% at 32k)",
         ),
     ]

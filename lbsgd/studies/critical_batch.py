@@ -420,6 +420,8 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         "its flat region",
         v1,
         f"{head}; {knee_txt}; ×2 band {band}{why1}",
+        paper="McCandlish et al. 2018: qualitative, below B_crit ≈ B_noise a larger batch buys "
+        "proportionally fewer steps, above it almost none; no number in the reference data",
     )
 
     # 2. B_simple grows during training
@@ -459,6 +461,8 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         "B_simple grows during training (McCandlish et al. report it grows as the loss falls)",
         v2,
         (f"baseline k={base:g}" if base is not None else "no baseline") + grow,
+        paper="McCandlish et al. 2018: qualitative, the noise scale grows as the loss falls; no "
+        "number in the reference data",
     )
 
     # 3. B_crit ≈ B_noise
@@ -491,5 +495,7 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         "within a factor of 2",
         v3,
         f"{fit_txt}; {head}{why3}",
+        paper="McCandlish et al. 2018 eq. 2.11 and Fig. 4: qualitative, B_crit = E_min/S_min ≈ "
+        "B_noise; no number in the reference data",
     )
     return [f1, f2, f3]

@@ -301,6 +301,12 @@ def _compare(m, a_mode: str, b_mode: str, points: float, chance) -> tuple[Verdic
     return studies.every(*verdicts), parts, against
 
 
+def _qualitative(relation: str) -> str:
+    """A finding's ``paper`` field from a :data:`PAPER` relation ("<who>: <what>")."""
+    who, what = relation.split(": ", 1)
+    return f"{who}: qualitative, {what}; no number in the reference data"
+
+
 def findings(m) -> list[Finding]:
     """From :func:`measure`'s rows:
 
@@ -325,6 +331,7 @@ def findings(m) -> list[Finding]:
         "same number of all-reduces or better",
         v1,
         "; ".join(p1) + note1,
+        paper=_qualitative(PAPER["bmuf"][1]),
     )
 
     v2, p2, against2 = _compare(m, "local", "sync", LOSS_PTS, chance)
@@ -340,6 +347,7 @@ def findings(m) -> list[Finding]:
         "global batch (Lin et al. 2020 report it matching or beating mini-batch SGD)",
         v2,
         "; ".join(p2) + note2,
+        paper=_qualitative(PAPER["local"][1]),
     )
 
     ks = sorted({k for k, _ in _pairs(m)})
@@ -388,5 +396,7 @@ def findings(m) -> list[Finding]:
         f"BMUF take at least {SAVE_PCT:g}% less modelled time than synchronous SGD",
         v3,
         "; ".join(parts) + cost_txt + note3,
+        paper="no published number: lbsgd's cost model (α–β all-reduce fit of notebook 10) with "
+        "this study's measured throughput",
     )
     return [f1, f2, f3]

@@ -100,6 +100,7 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
     ref = ex.reference(STUDY)
     p = dict(zip(ref["warmup"][ref["batch"] > 256], ref["value"][ref["batch"] > 256], strict=True))
     p_base = float(ref["value"][ref["batch"] == 256].iloc[0])
+    src, big = studies.cite(*ref["source"]), studies.kilo(ref["batch"].max())
 
     v_constant = every(
         studies.worse_by(e["constant"], e["none"], 0.0, chance=chance, paired=True),
@@ -145,12 +146,15 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
             studies.lower(e["gradual"], e["none"], chance=chance, paired=True),
             f"{m['gradual']:.1f}% vs {m['none']:.1f}% (mean of {n}; paper {p['gradual']:.2f} vs "
             f"{p['none']:.2f})",
+            paper=f"{src}: gradual {p['gradual']:.2f}% vs none {p['none']:.2f}% error ({big})",
         ),
         studies.finding(
             "constant warmup is the worst of the three",
             v_constant,
             f"constant {m['constant']:.1f}%, none {m['none']:.1f}%, gradual {m['gradual']:.1f}% "
             f"(paper {p['constant']:.2f} worst)" + why_constant,
+            paper=f"{src}: constant {p['constant']:.2f}%, none {p['none']:.2f}%, gradual "
+            f"{p['gradual']:.2f}% error ({big})",
         ),
         studies.finding(
             f"with gradual warmup the large minibatch comes close to the baseline (within "
@@ -158,6 +162,7 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
             v_close,
             f"{m['gradual']:.1f}% vs baseline {b:.1f}% (paper {p['gradual']:.2f} vs {p_base:.2f})"
             + why_close,
+            paper=f"{src}: gradual {p['gradual']:.2f}% error at {big} vs baseline {p_base:.2f}% at 256",
         ),
     ]
 
@@ -234,6 +239,8 @@ def curve_findings(df, metrics: Metrics = None) -> list[Finding]:
             f"gap {text(g['gradual']['late'])} over the second half (mean of {n}; no warmup "
             f"{text(g['none']['late'])}; paper Figs. 2c and 4: the curves match closely after "
             f"the warmup)",
+            paper="Goyal Figs. 2c and 4: qualitative, with gradual warmup the 8k training curve "
+            "matches the 256 one closely after the warmup; no number",
         ),
         studies.finding(
             "without warmup the large minibatch's training loss lags the small minibatch's early "
@@ -242,5 +249,7 @@ def curve_findings(df, metrics: Metrics = None) -> list[Finding]:
             f"gap {text(g['none']['early'])} over the {early} (mean of {n}; "
             f"gradual warmup {text(g['gradual']['early'])}; paper Fig. 2a: higher training "
             f"error early)",
+            paper="Goyal Fig. 2a: qualitative, without warmup the 8k training error is higher than "
+            "the 256 one early; no number",
         ),
     ]
