@@ -59,6 +59,14 @@ def parser() -> argparse.ArgumentParser:
         help="a profile's folder (results/cpu), or a results root: one report per "
         "profile folder in it",
     )
+    r.add_argument(
+        "--side-by-side",
+        nargs="+",
+        metavar="PROFILE_DIR",
+        default=None,
+        help="instead: print the claims of these profiles' folders side by side (results/cpu "
+        "results/fashion), one markdown table with the paper's numbers; writes nothing",
+    )
     bench.add_parser(sub)
     _data_parser(sub)
     return p
@@ -126,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         from lbsgd import report
 
         try:
+            if args.side_by_side is not None:
+                print(report.side_by_side(args.side_by_side), end="")
+                return 0
             for path in report.write_all(args.results):
                 print(f"wrote {path}")
         except FileNotFoundError as e:

@@ -8,6 +8,9 @@ decimals, other numbers to 4 significant digits: :func:`lbsgd.experiments.readab
 report of a profile is generated from those files only: its numbers are the runs' own, and it never
 mixes profiles (DESIGN §9). ``lbsgd report --results results/cpu`` writes
 ``results/cpu/REPORT.md``; ``--results results`` writes one per profile folder found.
+``lbsgd report --side-by-side results/cpu results/fashion`` prints several profiles' findings in
+one table instead (:func:`side_by_side`): per claim the paper's numbers (a finding's ``paper``) and
+each profile's verdict and evidence.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
-from lbsgd.experiments import readable_cell
+from lbsgd.experiments import Finding, readable_cell
 
 MARK = {True: "yes", False: "**no**", None: "undecided"}
 
@@ -67,10 +71,7 @@ def build(profile_dir: str | os.PathLike) -> str:
         raise FileNotFoundError(f"no */findings.json under {str(root)!r}: run the notebooks first")
     profiles = sorted({str(s.get("profile")) for s in studies})
     verdicts = [f["replayed"] for s in studies for f in s["findings"]]
-    counts = ", ".join(
-        f"{verdicts.count(v)} {word}"
-        for v, word in ((True, "replayed"), (False, "not replayed"), (None, "undecided"))
-    )
+    counts = _counts(verdicts)
     out = [
         f"# lbsgd: the large-minibatch studies, replayed (profile `{', '.join(profiles)}`)",
         "",
@@ -119,6 +120,13 @@ def build(profile_dir: str | os.PathLike) -> str:
     return "\n".join(out) + "\n"
 
 
+def _counts(verdicts: list[bool | None]) -> str:
+    return ", ".join(
+        f"{verdicts.count(v)} {word}"
+        for v, word in ((True, "replayed"), (False, "not replayed"), (None, "undecided"))
+    )
+
+
 def _anchor(title: str) -> str:
     """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as '-'."""
     kept = "".join(ch for ch in title.lower() if ch.isalnum() or ch in " -_")
@@ -151,3 +159,68 @@ def write_all(results: str | os.PathLike) -> list[Path]:
             "(*/*/findings.json): run the notebooks first"
         )
     return [write(d) for d in dirs]
+
+
+# -- profiles side by side ---------------------------------------------------------------------
+
+
+def _profile_studies(profile_dir: Path) -> dict[str, dict]:
+    """A profile folder's studies by folder name, each with its findings as :class:`Finding`
+    (a findings.json written before ``paper`` existed reads with an empty one)."""
+    studies = _studies(profile_dir)
+    if not studies:
+        raise FileNotFoundError(
+            f"no */findings.json under {str(profile_dir)!r}: not a profile's folder (results/cpu)"
+        )
+    return {
+        s["dir"].name: {**s, "findings": [Finding.from_dict(f) for f in s["findings"]]}
+        for s in studies
+    }
+
+
+def _agree(findings: list[Finding | None]) -> str:
+    """ "same" or "differ" over the decided verdicts of a claim; "—" with fewer than two."""
+    decided = [f.replayed for f in findings if f is not None and f.replayed is not None]
+    if len(decided) < 2:
+        return "—"
+    return "same" if len(set(decided)) == 1 else "differ"
+
+
+def _row(title: str, findings: list[Finding | None]) -> str:
+    """One claim across the profiles: the first profile's claim that has it, the first paper
+    given, each profile's verdict and evidence ("—" where it lacks the claim), and agreement."""
+    have = [f for f in findings if f is not None]
+    paper = next((f.paper for f in have if f.paper), "")
+    cells = ["—" if f is None else f"{MARK[f.replayed]}: {_cell(f.evidence)}" for f in findings]
+    return (
+        f"| {_cell(title)} | {_cell(have[0].claim)} | {_cell(paper)} | "
+        + " | ".join(cells)
+        + f" | {_agree(findings)} |"
+    )
+
+
+def side_by_side(profile_dirs: Sequence[str | os.PathLike]) -> str:
+    """The markdown of several profiles' findings side by side (``results/cpu results/fashion``):
+    one row per claim, matched by study and position in its ``findings.json`` (a claim's text
+    can carry a profile's numbers; the row shows the first profile's), in reading order; the
+    paper's numbers (``paper``), then per profile its verdict and evidence, and whether the
+    decided verdicts agree. Text from the findings.json files only: no number computed."""
+    dirs = [Path(d) for d in profile_dirs]
+    per = [_profile_studies(d) for d in dirs]  # every folder checked before any output
+    out = []
+    for d, studies in zip(dirs, per, strict=True):
+        verdicts = [f.replayed for s in studies.values() for f in s["findings"]]
+        out.append(f"- `{d.name}`: {len(verdicts)} claims: {_counts(verdicts)}.")
+    out += [
+        "",
+        "| study | claim | paper | " + " | ".join(f"`{d.name}`" for d in dirs) + " | agree |",
+        "|---|---|---|" + "---|" * len(dirs) + "---|",
+    ]
+    names = {name: s for studies in reversed(per) for name, s in studies.items()}
+    for name in sorted(names, key=lambda n: _order(names[n])):
+        found = [studies.get(name) for studies in per]
+        title = next(s["title"] for s in found if s is not None)
+        for i in range(max(len(s["findings"]) for s in found if s is not None)):
+            row = [s["findings"][i] if s and i < len(s["findings"]) else None for s in found]
+            out.append(_row(title, row))
+    return "\n".join(out) + "\n"
