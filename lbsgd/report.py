@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -178,6 +179,26 @@ def _profile_studies(profile_dir: Path) -> dict[str, dict]:
     }
 
 
+def claim_key(claim: str) -> str:
+    """A claim's text with every number masked: the same claim made at another profile (another
+    k, another threshold) has the same key."""
+    return re.sub(r"\d+(?:\.\d+)?", "#", claim)
+
+
+def _matched(found: list[dict | None]) -> list[list[Finding | None]]:
+    """One study's findings across the profiles (None: a profile without the study), as rows of
+    one finding per profile (None where it lacks the claim): matched by :func:`claim_key` and,
+    for claims of one key, by their order; rows in the order of the first profile that has them."""
+    rows: dict[tuple[str, int], list[Finding | None]] = {}
+    for j, study in enumerate(found):
+        seen: dict[str, int] = {}
+        for f in study["findings"] if study else []:
+            key = claim_key(f.claim)
+            seen[key] = seen.get(key, -1) + 1
+            rows.setdefault((key, seen[key]), [None] * len(found))[j] = f
+    return list(rows.values())
+
+
 def _agree(findings: list[Finding | None]) -> str:
     """ "same" or "differ" over the decided verdicts of a claim; "—" with fewer than two."""
     decided = [f.replayed for f in findings if f is not None and f.replayed is not None]
@@ -201,8 +222,9 @@ def _row(title: str, findings: list[Finding | None]) -> str:
 
 def side_by_side(profile_dirs: Sequence[str | os.PathLike]) -> str:
     """The markdown of several profiles' findings side by side (``results/cpu results/fashion``):
-    one row per claim, matched by study and position in its ``findings.json`` (a claim's text
-    can carry a profile's numbers; the row shows the first profile's), in reading order; the
+    one row per claim, matched by study and claim text with its numbers masked (:func:`claim_key`:
+    a claim's text can carry a profile's numbers; the row shows the first profile's), in reading
+    order, a study's claims in the order of the first profile that has them; the
     paper's numbers (``paper``), then per profile its verdict and evidence, and whether the
     decided verdicts agree. Text from the findings.json files only: no number computed."""
     dirs = [Path(d) for d in profile_dirs]
@@ -220,7 +242,6 @@ def side_by_side(profile_dirs: Sequence[str | os.PathLike]) -> str:
     for name in sorted(names, key=lambda n: _order(names[n])):
         found = [studies.get(name) for studies in per]
         title = next(s["title"] for s in found if s is not None)
-        for i in range(max(len(s["findings"]) for s in found if s is not None)):
-            row = [s["findings"][i] if s and i < len(s["findings"]) else None for s in found]
+        for row in _matched(found):
             out.append(_row(title, row))
     return "\n".join(out) + "\n"

@@ -29,7 +29,8 @@ def write_study(profile_dir: Path, study: str, title: str, findings: list[dict])
 
 def two_profiles(root: Path) -> tuple[Path, Path]:
     """cpu: quickstart and scaling in the old format (no ``paper``), warmup with two claims;
-    fashion: no quickstart, warmup with a third claim, scaling with ``paper``."""
+    fashion: no quickstart, warmup with a third claim listed first and another k in a claim's
+    text, scaling with ``paper``."""
     cpu, fashion = root / "cpu", root / "fashion"
     write_study(
         cpu,
@@ -81,6 +82,12 @@ def two_profiles(root: Path) -> tuple[Path, Path]:
         "2. Warmup (Goyal Table 1)",
         [
             {
+                "claim": "the curves match",
+                "replayed": None,
+                "evidence": "gap +3.0%; undecided: one seed per arm",
+                "paper": "Goyal Fig. 2c: qualitative",
+            },
+            {
                 "claim": "gradual beats none at k=32",
                 "replayed": True,
                 "evidence": "10.2% vs 12.9%",
@@ -92,18 +99,12 @@ def two_profiles(root: Path) -> tuple[Path, Path]:
                 "evidence": "constant 14.0%",
                 "paper": CONSTANT,
             },
-            {
-                "claim": "the curves match",
-                "replayed": None,
-                "evidence": "gap +3.0%; undecided: one seed per arm",
-                "paper": "Goyal Fig. 2c: qualitative",
-            },
         ],
     )
     return cpu, fashion
 
 
-def test_side_by_side_matches_claims_by_study_and_position_in_reading_order(tmp_path):
+def test_side_by_side_matches_claims_by_study_and_their_text_with_numbers_masked(tmp_path):
     cpu, fashion = two_profiles(tmp_path)
     assert report.side_by_side([cpu, fashion]) == (
         "- `cpu`: 4 claims: 2 replayed, 1 not replayed, 1 undecided.\n"
@@ -127,8 +128,18 @@ def test_side_by_side_matches_claims_by_study_and_position_in_reading_order(tmp_
         "- `fashion`: 4 claims: 2 replayed, 0 not replayed, 2 undecided.",
         "- `cpu`: 4 claims: 2 replayed, 1 not replayed, 1 undecided.",
     ]
-    assert rows[6].startswith("| 2. Warmup (Goyal Table 1) | gradual beats none at k=32 |")
-    assert rows[6].endswith("| yes: 10.2% vs 12.9% | yes: 3.1% vs 6.1% \\| mean of 3 | same |")
+    # fashion's order within a study: the curves first, then the claims cpu also makes
+    assert rows[5].startswith("| 1. Quickstart | a run learns |  | — | yes: ")
+    assert rows[6].startswith("| 2. Warmup (Goyal Table 1) | the curves match |")
+    assert rows[7].startswith("| 2. Warmup (Goyal Table 1) | gradual beats none at k=32 |")
+    assert rows[7].endswith("| yes: 10.2% vs 12.9% | yes: 3.1% vs 6.1% \\| mean of 3 | same |")
+
+
+def test_claim_key_masks_the_numbers_of_a_claim_and_keeps_its_words():
+    assert report.claim_key("gradual beats none at k=16 (within 1.5 points)") == (
+        "gradual beats none at k=# (within # points)"
+    )
+    assert report.claim_key("fp16 reaches fp32") != report.claim_key("bf16 reaches fp32")
 
 
 def test_the_cli_prints_the_side_by_side_table_and_writes_nothing(tmp_path, capsys):
