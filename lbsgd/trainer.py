@@ -124,8 +124,10 @@ def train(cfg: Config) -> dict[str, Any]:
         return run(cfg, ctx).run()
     finally:
         distributed.shutdown()
-        # a train() called from Python (a notebook) leaves the process as it found it
-        torch.use_deterministic_algorithms(before[0])
+        # a train() called from Python (a notebook) leaves the process as it found it; asked only
+        # when changed: the setter imports torch._inductor (with torch._dynamo, ~2.3 s of CPU)
+        if torch.are_deterministic_algorithms_enabled() != before[0]:
+            torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1:]
 
 
