@@ -76,10 +76,15 @@ class Config:
     pool5_bn: bool = _exp(False, "BN after pool5 of model=alexnet/alexnet_bn (Jia et al. 2018)")
     dataset: str = _exp(
         "synthetic",
-        "synthetic (generated, no download), cifar10, imagenet; fake (random images of "
-        "fake_image_size, nothing to learn: throughput measurements, lbsgd bench train)",
+        "synthetic (generated, no download), cifar10, imagenet, fashion_mnist; fake (random "
+        "images of fake_image_size, nothing to learn: throughput measurements, lbsgd bench train)",
     )
-    data_dir: str | None = _exp(None, "folder holding cifar10/imagenet; cache folder for synthetic")
+    data_dir: str | None = _exp(
+        None,
+        "folder holding cifar10/imagenet/fashion_mnist (fashion_mnist's null: "
+        "/usr/share/datasets/fashion-mnist if it exists, else data/fashion_mnist); "
+        "cache folder for synthetic",
+    )
     synthetic_train: int = _exp(32_000, "images in the synthetic train split")
     synthetic_test: int = _exp(5_000, "images in the synthetic test split")
     synthetic_difficulty: Literal["easy", "standard"] = _exp(
