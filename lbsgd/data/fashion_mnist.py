@@ -159,7 +159,7 @@ def _contents(path: Path) -> bytes:
     try:
         return gzip.decompress(path.read_bytes())
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # cut short, or not gzip at all
-        raise ValueError(f"{path} is not a whole gzip file ({e})") from None
+        raise ValueError(f"is not a whole gzip file ({e})") from None
 
 
 def _problem(raw: bytes, spec: IdxFile) -> str | None:
@@ -178,7 +178,7 @@ def _problem(raw: bytes, spec: IdxFile) -> str | None:
         return f"has dimensions {shape}, Fashion-MNIST's are {spec.shape}"
     if len(raw) != spec.size:
         cut = "is truncated" if len(raw) < spec.size else "has trailing bytes"
-        return f"{cut}: {len(raw):,} bytes decompressed, {spec.size:,} expected"
+        return f"{cut}: {len(raw):,} bytes, {spec.size:,} expected (decompressed)"
     digest = hashlib.sha256(raw).hexdigest()
     if digest != spec.sha256:
         return (
@@ -191,7 +191,10 @@ def _problem(raw: bytes, spec: IdxFile) -> str | None:
 def read(path: Path, spec: IdxFile) -> np.ndarray:
     """The uint8 array of ``spec``'s file at ``path`` (gzipped when its name ends in .gz), its
     magic number, dimensions, length and digest checked; ValueError in one line naming ``path``."""
-    raw = _contents(path)
+    try:
+        raw = _contents(path)
+    except ValueError as e:
+        raise ValueError(f"{path} {e} ({HOWTO})") from None
     problem = _problem(raw, spec)
     if problem:
         raise ValueError(f"{path} {problem} ({HOWTO})")
