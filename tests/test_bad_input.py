@@ -24,7 +24,7 @@ from conftest import TINY, lbsgd
 
 from lbsgd import checkpoint, cli, config, distributed, experiments, studies, trainer
 from lbsgd.config import KEYS, Config, ConfigError
-from lbsgd.data.fashion_mnist import FILES
+from lbsgd.data.fashion_mnist import ALL_FILES
 from lbsgd.studies import scales
 from lbsgd.trainer import train
 
@@ -87,7 +87,7 @@ def _fashion_mnist_dirs(root: Path) -> None:
     """Fashion-MNIST data_dirs that are refused: three of the four files; the training images
     truncated (the right header, 100 of 47,040,000 pixels); a foreign file in their place (an HTML
     page, gzipped). The files after the refused one are empty: it is refused first."""
-    names = [f.name for split in FILES.values() for f in split]
+    names = [f.name for f in ALL_FILES]
     header = (0x803).to_bytes(4, "big") + b"".join(n.to_bytes(4, "big") for n in (60_000, 28, 28))
     firsts = {
         "fm_three": None,

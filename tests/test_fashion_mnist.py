@@ -16,9 +16,9 @@ from conftest import real_fashion_mnist
 from lbsgd import cli, data, models
 from lbsgd.config import Config
 from lbsgd.data import fashion_mnist
-from lbsgd.data.fashion_mnist import FILES, MEAN, STD
+from lbsgd.data.fashion_mnist import ALL_FILES, FILES, MEAN, STD
 
-NAMES = [f.name for split in FILES.values() for f in split]
+NAMES = [f.name for f in ALL_FILES]
 TRAIN_LABELS = FILES["train"][1]
 
 

@@ -116,6 +116,9 @@ FILES = {
 }
 
 
+ALL_FILES = tuple(f for split in FILES.values() for f in split)
+
+
 def default_dir() -> Path:
     """Debian's folder where it exists, else ``data/fashion_mnist`` under the working directory."""
     return DEBIAN_DIR if DEBIAN_DIR.is_dir() else LOCAL_DIR
@@ -137,7 +140,7 @@ def locate(data_dir: str | os.PathLike | None) -> dict[str, Path]:
             f"{_named(data_dir)} does not exist or is not a directory ({HOWTO})"
         )
     found, absent = {}, []
-    for spec in (f for split in FILES.values() for f in split):
+    for spec in ALL_FILES:
         candidates = [
             where / (spec.name + ext)
             for where in (folder, folder / TORCHVISION_RAW)
@@ -172,7 +175,7 @@ def _problem(raw: bytes, spec: IdxFile) -> str | None:
             f"(magic number {got}, expected 0x{spec.magic:08x})"
         )
     if len(raw) < header:
-        return f"is truncated: {len(raw)} bytes, {spec.size:,} expected"
+        return f"is truncated: {len(raw):,} bytes, {spec.size:,} expected"
     shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(len(spec.shape)))
     if shape != spec.shape:
         return f"has dimensions {shape}, Fashion-MNIST's are {spec.shape}"
@@ -205,7 +208,7 @@ def read(path: Path, spec: IdxFile) -> np.ndarray:
 def _read_all(data_dir: str | os.PathLike | None) -> dict[str, np.ndarray]:
     paths = locate(data_dir)
     out = {}
-    for spec in (f for split in FILES.values() for f in split):
+    for spec in ALL_FILES:
         try:
             out[spec.name] = read(paths[spec.name], spec)
         except ValueError as e:
