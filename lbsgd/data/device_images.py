@@ -63,6 +63,8 @@ class DeviceImages(Dataset):
     training batches (the test split has none). ``classes``: the class names, by label.
     ``channels``: the channels of a batch, when it differs from the images' (Fashion-MNIST's one
     grayscale channel leaves as 3 equal channels for the RGB models; None: as held).
+    ``pad``: the augmentation's zero padding in pixels, the crop's offsets ranging over
+    ``2 * pad + 1`` places per axis (:data:`PAD`, CIFAR-10's, by default).
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class DeviceImages(Dataset):
         augment: bool,
         classes: list[str] | None = None,
         channels: int | None = None,
+        pad: int = PAD,
     ) -> None:
         if images.dtype != torch.uint8 or images.dim() != 4 or len(labels) != len(images):
             raise ValueError(
@@ -89,6 +92,7 @@ class DeviceImages(Dataset):
         self.augment = augment
         self.classes = classes or []
         self.channels = channels
+        self.pad = pad
         # x/255 then (x - mean)/std folded into one multiply and one subtract per pixel
         std_t = torch.tensor(std, dtype=torch.float32, device=images.device).view(-1, 1, 1)
         mean_t = torch.tensor(mean, dtype=torch.float32, device=images.device).view(-1, 1, 1)
@@ -116,6 +120,7 @@ class DeviceImages(Dataset):
             self.augment,
             self.classes,
             self.channels,
+            self.pad,
         )
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -145,8 +150,8 @@ class DeviceImages(Dataset):
         if self.augment:
             if seeds is None:
                 seeds = torch.randint(0, 2**63 - 1, (len(idx),), dtype=torch.int64)
-            top, left, flip = placements(seeds.to(device, non_blocking=True))
-            x = pad_crop_flip(x, top, left, flip)
+            top, left, flip = placements(seeds.to(device, non_blocking=True), 2 * self.pad + 1)
+            x = pad_crop_flip(x, top, left, flip, self.pad)
         scale = self._scale.to(device, non_blocking=True)
         shift = self._shift.to(device, non_blocking=True)
         x = x.to(torch.float32).mul_(scale).sub_(shift)
