@@ -311,6 +311,8 @@ CASES = [
     ("notebook", {"ks": [float("nan")]}, ["k=nan must be a positive number"]),
     ("sweep", {"runs": [{"reference_batch": -256}]}, ["reference_batch=-256 must be a positive"]),
     ("sweep", {"runs": [{"synthetic_train": 10**400}]}, ["synthetic_train=1000", "64-bit"]),
+    ("cli", ["fashion_size=3"], ["fashion_size=3 must be an integer from 4 to 28"]),
+    ("sweep", {"runs": [{"fashion_train": 15}]}, ["fashion_train=15 must be a multiple of 10"]),
 ]
 
 
