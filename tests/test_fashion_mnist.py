@@ -13,9 +13,10 @@ import pytest
 import torch
 from conftest import real_fashion_mnist
 
-from lbsgd import cli, data, models
-from lbsgd.config import Config
+from lbsgd import cli, config, data, models
+from lbsgd.config import Config, ConfigError
 from lbsgd.data import fashion_mnist
+from lbsgd.data.device_images import pad_crop_flip, placements
 from lbsgd.data.fashion_mnist import ALL_FILES, FILES, MEAN, STD
 
 NAMES = [f.name for f in ALL_FILES]
@@ -244,3 +245,149 @@ def test_fetch_refuses_a_file_and_says_so_when_the_download_fails(tmp_path, monk
     with pytest.raises(SystemExit) as exit_:
         cli.main(["data", "fetch", "mnist", str(tmp_path)])
     assert exit_.value.code == 2
+
+
+# -- fashion_size and fashion_train: smaller images, fewer of them ------------------------------
+
+
+def _block_means(images: np.ndarray, block: int) -> np.ndarray:
+    """uint8 (N, 28, 28) -> the mean of each block x block square, rounded half to even, by hand:
+    integer sums, then numpy's round of the float64 quotient (exact: a sum over block^2 pixels)."""
+    n, side = len(images), 28 // block
+    sums = images.astype(np.int64).reshape(n, side, block, side, block).sum(axis=(2, 4))
+    return np.round(sums / block**2).astype(np.uint8)
+
+
+def test_downsampling_is_the_block_means_rounded_half_to_even_and_torchs_area_pooling():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(300, 28, 28), dtype=np.uint8)
+    for size in (14, 7, 4):  # the divisors of 28 in range: blocks of 2, 4, 7
+        assert np.array_equal(
+            fashion_mnist.downsample(images, size), _block_means(images, 28 // size)
+        )
+    # ties (a 2x2 sum of 2 mod 4: a mean of m + 1/2) are there, and go to the even neighbour
+    sums = images.astype(np.int64).reshape(300, 14, 2, 14, 2).sum(axis=(2, 4))
+    assert (sums % 4 == 2).mean() > 0.2
+    assert not np.array_equal(np.floor(sums / 4 + 0.5).astype(np.uint8), _block_means(images, 2))
+    for size in (5, 9, 13, 27):  # not divisors: torch's adaptive (area) pooling, in float64
+        pooled = torch.nn.functional.adaptive_avg_pool2d(
+            torch.from_numpy(images).double().unsqueeze(1), size
+        )
+        expected = torch.round(pooled)[:, 0].to(torch.uint8).numpy()
+        assert np.array_equal(fashion_mnist.downsample(images, size), expected), size
+    assert fashion_mnist.downsample(images, 28) is images  # 28: as they are
+
+
+@pytest.fixture(scope="module")
+def small(fashion_mnist_dir):
+    """fashion_size=14, fashion_train=20000 as a run builds it, on the CPU."""
+    cfg = Config(dataset="fashion_mnist", fashion_size=14, fashion_train=20_000, device="cpu")
+    return data.build(cfg, torch.device("cpu"))
+
+
+def _first_of_each_class(labels: np.ndarray, per_class: int) -> list[int]:
+    """The indices of the first ``per_class`` images of each class, reading the labels in order."""
+    seen, keep = [0] * 10, []
+    for i, label in enumerate(labels.tolist()):
+        if seen[label] < per_class:
+            seen[label] += 1
+            keep.append(i)
+    return keep
+
+
+@pytest.mark.slow  # its fixture (~1.1 s) and two IDX files read by hand
+def test_fashion_train_is_the_first_tenth_of_each_class_in_file_order_at_fashion_size(
+    small, fashion_mnist_dir
+):
+    keep = _first_of_each_class(_idx(fashion_mnist_dir, "train-labels-idx1-ubyte"), 2_000)
+    train = _idx(fashion_mnist_dir, "train-images-idx3-ubyte")[keep]
+    assert torch.bincount(small.train.labels, minlength=10).tolist() == [2_000] * 10
+    assert (
+        small.train.labels.tolist()
+        == _idx(fashion_mnist_dir, "train-labels-idx1-ubyte")[keep].tolist()
+    )
+    assert np.array_equal(small.train.images[:, 0].numpy(), _block_means(train, 2))
+    # the test split stays whole, downsampled alike
+    test = _idx(fashion_mnist_dir, "t10k-images-idx3-ubyte")
+    assert np.array_equal(small.test.images[:, 0].numpy(), _block_means(test, 2))
+    assert len(small.test) == 10_000 and small.image_size == 14
+
+
+def test_the_statistics_are_the_used_training_images_and_the_batches_standardise_with_them(small):
+    pixels = small.train.images.numpy().astype(np.float64) / 255
+    mean, std = round(pixels.mean(), 4), round(pixels.std(), 4)
+    assert small.train.mean == small.test.mean == (mean,)
+    assert small.train.std == small.test.std == (std,)
+    assert std < STD[0] - 0.01  # area averaging lowers the std: 28x28's would not standardise
+    x, _ = data.batches(small.test, [torch.tensor([0, 7])]).__next__()
+    hand = (small.test.images[[0, 7]].double() / 255 - mean) / std
+    torch.testing.assert_close(x, hand.expand(-1, 3, -1, -1).float(), rtol=0, atol=1e-5)
+    net = models.build(Config(model="resnet", depth=8, width=8), 10, small.image_size)
+    assert tuple(net(x).shape) == (2, 10)
+
+
+def test_the_padding_scales_with_the_size_two_pixels_at_14(small):
+    assert [fashion_mnist.pad_for(s) for s in (28, 14, 7, 4)] == [4, 2, 1, 1]
+    assert small.train.pad == small.train.to(torch.device("cpu")).pad == 2
+    idx, seeds = torch.arange(400), data.sample_seeds(3, torch.arange(400))
+    x, _ = small.train.batch(idx, seeds)
+    top, left, flip = placements(seeds, span=5)  # offsets 0 .. 4: pad 2 each side
+    assert sorted(set(top.tolist())) == [0, 1, 2, 3, 4]
+    by_hand = pad_crop_flip(small.train.images[idx], top, left, flip, pad=2)
+    plain = data.DeviceImages(
+        by_hand, small.train.labels[idx], small.train.mean, small.train.std, False
+    )
+    assert torch.equal(x, plain.batch(torch.arange(400))[0].expand(-1, 3, -1, -1))
+
+
+def test_the_shape_and_memory_known_before_reading_follow_the_keys():
+    cfg = Config(dataset="fashion_mnist", fashion_size=14, fashion_train=20_000)
+    assert data.shape_of(cfg) == (10, 14)
+    assert data.memory_need(cfg) == (30_000 * 14 * 14, ("fashion_train", "fashion_size"))
+    assert data.shape_of(Config(dataset="fashion_mnist")) == (10, 28)
+
+
+@pytest.mark.parametrize(
+    ("key", "bad", "good", "valid"),
+    [
+        ("fashion_size", [0, 3, 29, -14], [4, 13, 28], "must be an integer from 4 to 28"),
+        (
+            "fashion_train",
+            [0, 5, 15, 59_999, 60_010, -10],
+            [10, 20_000, 60_000],
+            "must be a multiple of 10 from 10 to 60000",
+        ),
+    ],
+)
+def test_a_size_or_training_count_out_of_range_is_refused_in_one_line_naming_it(
+    key, bad, good, valid
+):
+    for value in bad:
+        with pytest.raises(ConfigError) as err:
+            config.from_dict({"dataset": "fashion_mnist", key: value})
+        message = str(err.value)
+        assert message.startswith(f"{key}={value} {valid}") and "\n" not in message, message
+    for value in good:
+        assert getattr(config.from_dict({key: value}), key) == value
+
+
+def test_a_run_with_the_defaults_keeps_its_name_and_others_are_told_apart():
+    # the names before fashion_size and fashion_train existed (experiment ids pinned then)
+    assert (
+        Config(dataset="fashion_mnist").run_name()
+        == "resnet20-fashion_mnist-b256-gradual-s0-1d4daf5a"
+    )
+    assert Config(dataset="fashion_mnist", fashion_size=28, fashion_train=60_000).run_name() == (
+        "resnet20-fashion_mnist-b256-gradual-s0-1d4daf5a"
+    )
+    ids = {
+        Config(dataset="fashion_mnist", **keys).experiment_id()
+        for keys in (
+            {},
+            {"fashion_size": 14},
+            {"fashion_train": 20_000},
+            {"fashion_size": 14, "fashion_train": 20_000},
+        )
+    }
+    assert len(ids) == 4
+    assert Config(fashion_size=14).to_dict()["fashion_size"] == 14  # W&B's config is this dict

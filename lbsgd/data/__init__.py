@@ -78,13 +78,17 @@ SYNTHETIC_SHAPE = (10, 16)
 
 def memory_need(cfg) -> tuple[int, tuple[str, ...]]:
     """Bytes the train and test splits of a generated in-memory dataset take (float32 CHW, as
-    built), and the keys that set them; (0, ()) for file datasets and plugins."""
+    built; Fashion-MNIST's: uint8, one channel), and the keys that set them; (0, ()) for file
+    datasets and plugins."""
     if cfg.dataset == "synthetic":
         n, size = cfg.synthetic_train + cfg.synthetic_test, SYNTHETIC_SHAPE[1]
         return n * 3 * size * size * 4, ("synthetic_train", "synthetic_test")
     if cfg.dataset == "fake":
         n, size = cfg.fake_train + cfg.fake_test, cfg.fake_image_size
         return n * 3 * size * size * 4, ("fake_train", "fake_test", "fake_image_size")
+    if cfg.dataset == "fashion_mnist":
+        n, size = cfg.fashion_train + 10_000, cfg.fashion_size
+        return n * size * size, ("fashion_train", "fashion_size")
     return 0, ()
 
 
@@ -94,7 +98,7 @@ def shape_of(cfg) -> tuple[int, int] | None:
         "synthetic": SYNTHETIC_SHAPE,
         "fake": (cfg.fake_classes, cfg.fake_image_size),
         "cifar10": (10, 32),
-        "fashion_mnist": (len(fashion_mnist.CLASSES), fashion_mnist.IMAGE_SIZE),
+        "fashion_mnist": (len(fashion_mnist.CLASSES), cfg.fashion_size),
         "imagenet": (1000, 224),
     }.get(cfg.dataset)
 
@@ -176,7 +180,9 @@ def _cifar10(cfg) -> Splits:
 
 @register_dataset("fashion_mnist")
 def _fashion_mnist(cfg) -> Splits:
-    return Splits(*fashion_mnist.fashion_mnist(cfg.data_dir))
+    return Splits(
+        *fashion_mnist.fashion_mnist(cfg.data_dir, size=cfg.fashion_size, train=cfg.fashion_train)
+    )
 
 
 @register_dataset("imagenet")
