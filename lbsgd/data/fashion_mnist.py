@@ -237,7 +237,7 @@ def downsample(images: np.ndarray, size: int) -> np.ndarray:
     columns; for a divisor of 28, the mean of a (28/size)^2 block), rounded half to even; ``size``
     28: the images as they are.
 
-    Exact, and the same on every CPU: a window holds k <= 7x7 = 49 pixels (at size 4; fewer
+    Exact, and the same on every CPU: a window holds k <= 7x7 = 49 pixels (sizes 4 and 5; fewer
     elsewhere), so its sum is an integer below 2^24, exact in float32 in any order of addition, and
     the mean is that sum divided by the window's height then width, each division correctly
     rounded. A mean that is exactly m + 1/2 survives both divisions exactly (S / kh = (m + 1/2) kw
