@@ -17,10 +17,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,notebooks]'
 	touch $(STAMP)
 
+# The suite on every core (pytest-xdist), a test file per worker at a time: a file's module
+# fixtures (the smoke notebooks' shared results, a resume study) are built once. TEST_WORKERS=0
+# runs it in this process.
+TEST_WORKERS ?= auto
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -76,13 +76,29 @@ def _defaults(
     }
 
 
+def _undecorated(name: str) -> Callable:
+    """torch.optim.Optimizer's method ``name`` without its ``torch._disable_dynamo`` wrapper (what
+    functools.wraps keeps as ``__wrapped__``), or as it is where torch does not wrap it."""
+    method = getattr(torch.optim.Optimizer, name)
+    return getattr(method, "__wrapped__", method)
+
+
 class _VelocitySGD(torch.optim.Optimizer):
     """The velocity update shared by SGD and LARS (lr inside the velocity, Goyal §3).
 
     A group stores ``last_lr``, the lr of its previous step, so that ``state_dict()`` carries it and
     a resumed run applies the same momentum correction as an uninterrupted one. Velocities are
     ``state[p]["momentum_buffer"]``, in units of the parameter (they include the lr).
+
+    torch marks four of Optimizer's methods not to be traced by torch.compile; the marker's first
+    call imports torch._dynamo, about 2.3 s of CPU at every run's start. lbsgd calls them outside
+    any compiled region (``compile`` compiles the model only), so they are called unmarked here.
     """
+
+    add_param_group = _undecorated("add_param_group")
+    zero_grad = _undecorated("zero_grad")
+    state_dict = _undecorated("state_dict")
+    load_state_dict = _undecorated("load_state_dict")
 
     def _directions(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]):
         """(d, alpha): the step before momentum is alpha·d. Subclasses say what d is."""

@@ -118,9 +118,10 @@ def hms(seconds: float, decimals: int = 0) -> str:
     return f"{h}:{m:02d}:{s / unit:0{width}.{decimals}f}"
 
 
-def ending_line(summary: dict[str, Any], run_dir: Path | str) -> str:
+def ending_line(summary: dict[str, Any], run_dir: Path | str, written: bool = True) -> str:
     """The one line a run ends with, from its summary.json content: status, final and best top-1
-    error (%, "n/a" before any evaluation), steps, wall time, and where summary.json is."""
+    error (%, "n/a" before any evaluation), steps, wall time, and where summary.json is (with
+    ``written`` False, a run that ended before writing one: its run folder)."""
     final = summary.get("final", {}).get("top1_error_pct")
     best = summary.get("best", {})
     best_text = "n/a"
@@ -131,5 +132,6 @@ def ending_line(summary: dict[str, Any], run_dir: Path | str) -> str:
         f"lbsgd: {summary.get('status', 'unknown')}: final top-1 error "
         f"{'n/a' if final is None else f'{final:.2f}%'}, best {best_text}, "
         f"{summary.get('steps', '?')}/{summary.get('total_steps', '?')} steps, wall time "
-        f"{'n/a' if wall is None else hms(wall, 1)}, summary {Path(run_dir) / 'summary.json'}"
+        f"{'n/a' if wall is None else hms(wall, 1)}, "
+        + (f"summary {Path(run_dir) / 'summary.json'}" if written else f"no summary in {run_dir}")
     )

@@ -8,7 +8,8 @@ without it. What W&B gets, so that runs compare there:
 - project ``wandb_project``, group = the study, job_type = train; config = every key, the derived
   values, ``k`` (= batch_size / reference_batch) and ``run_name`` (the run's folder).
 - display name, one rule for every run of every group: ``k=<k>``, then ``key=value`` of each other
-  key the study varies (``varied``, as the sweep wrote it), then ``seed=<seed>``; ``k`` and
+  key the study varies (``varied``, as the sweep wrote it), then ``world_size=<processes>`` when
+  more than one process trained it, then ``seed=<seed>``; ``k`` and
   ``seed`` always, even at their defaults, so that a seed-0 run and a seed-1 run of one group, or
   runs of two sweeps of one study (another list of seeds or ks), are named alike:
   ``k=16 warmup=gradual seed=0`` beside ``k=16 warmup=gradual seed=1``. The name is W&B's only:
@@ -106,8 +107,12 @@ def _text(v: Any) -> str:
 def name_values(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(key, value text) of a run's W&B display name: ``k`` first and ``seed`` last, always (even
     at their defaults: a sweep run again with more seeds or another k names its new runs as the
-    first sweep named its own), the other ``varied`` keys between, in the order given."""
+    first sweep named its own), the other ``varied`` keys between, in the order given, then
+    ``world_size`` when the run trained on more than one process (the process count is no key,
+    yet one study's group holds local SGD on 2 and on 4 processes)."""
     varied = [k for k in config.get("varied") or () if k not in ("k", "seed")]
+    if (config.get("world_size") or 1) > 1:
+        varied.append("world_size")
     values = {**config, "k": batch_ratio(config)}
     return [(k, _text(values.get(k))) for k in dict.fromkeys(["k", *varied, "seed"])]
 

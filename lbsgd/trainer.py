@@ -124,8 +124,10 @@ def train(cfg: Config) -> dict[str, Any]:
         return run(cfg, ctx).run()
     finally:
         distributed.shutdown()
-        # a train() called from Python (a notebook) leaves the process as it found it
-        torch.use_deterministic_algorithms(before[0])
+        # a train() called from Python (a notebook) leaves the process as it found it; asked only
+        # when changed: the setter imports torch._inductor (with torch._dynamo, ~2.3 s of CPU)
+        if torch.are_deterministic_algorithms_enabled() != before[0]:
+            torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1:]
 
 
@@ -199,11 +201,19 @@ class Run:
                 print(f"lbsgd: {self.run_dir} is already complete; nothing to do", flush=True)
                 print(ending_line(summary, self.run_dir), flush=True)
             return summary
-        self.build()
-        state = checkpoint.load_agreed(ctx, cfg, self.sampler) if mode == "resume" else None
-        resumed = self.restore(state)
-        self.attach(state)
-        self.start(resumed, truncate=mode == "resume")
+        try:
+            self.build()
+            state = checkpoint.load_agreed(ctx, cfg, self.sampler) if mode == "resume" else None
+            resumed = self.restore(state)
+            self.attach(state)
+            self.start(resumed, truncate=mode == "resume")
+        except ConfigError:
+            raise  # a refusal, in one line of its own: no run began
+        except BaseException as e:
+            self.ended_before_training(
+                "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            )
+            raise
         status = "failed"
         try:
             with self.stop:
@@ -397,6 +407,21 @@ class Run:
             self.tracker.close(exit_code=rundir.STATUS_EXIT_CODE.get(status, 1))
         if self.ctx.is_main:
             print(ending_line(self.summary, self.run_dir), flush=True)
+
+    def ended_before_training(self, status: str) -> None:
+        """A run that failed (or was interrupted) before its loop: its summary's status when
+        start() had written one, else rank 0's ending line saying that none was written."""
+        if self.summary:
+            self.finish(status)
+        elif self.ctx.is_main:
+            d = getattr(self, "d", None)  # build() derives it: absent when data building failed
+            summary = {
+                "status": status,
+                "steps": self.start_step,
+                "total_steps": d.total_steps if d else "?",
+                "wall_time_s": time.perf_counter() - self.t_start,
+            }
+            print(ending_line(summary, self.run_dir, written=False), flush=True)
 
     def _write_summary(self) -> None:
         if self.ctx.is_main:

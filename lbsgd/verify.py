@@ -204,7 +204,7 @@ def machine_match(committed: dict[str, Any], here: dict[str, Any]) -> str:
         else f"other CPU model (committed {model!r}, here {here.get('cpu_model')!r})"
     ]
     ours, theirs = here.get("cpu_isa") or {}, committed.get("cpu_isa")
-    fields = ("requested", "aten", "onednn")
+    fields = ("requested", "aten", "onednn", "onednn_convolutions", "mkl_cbwr")
     if theirs is None:
         parts.append("caps not recorded")
     elif all(theirs.get(k) == ours.get(k) for k in fields):
@@ -215,9 +215,13 @@ def machine_match(committed: dict[str, Any], here: dict[str, Any]) -> str:
 
 
 def _caps(record: dict[str, Any]) -> str:
+    """What the caps pinned, as each library reported it (``lbsgd.isa``'s record)."""
+    onednn = record.get("onednn") or "unpinned"
+    if record.get("onednn_convolutions") is False:
+        onednn = "off"
     return (
-        f"cpu_isa={record.get('requested')}: ATen {record.get('aten')}, "
-        f"oneDNN {record.get('onednn')}"
+        f"cpu_isa={record.get('requested')}: ATen {record.get('aten')}, oneDNN convolutions "
+        f"{onednn}, MKL {record.get('mkl_cbwr') or 'AUTO'}"
     )
 
 

@@ -155,8 +155,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True, scope="session")
 def _shared_cache(tmp_path_factory):
-    """One synthetic-data cache for the session (the generator is tested on its own)."""
-    os.environ.setdefault("LBSGD_CACHE", str(tmp_path_factory.mktemp("cache")))
+    """One synthetic-data cache for the session (the generator is tested on its own), shared by
+    pytest-xdist's workers: their temporary folders sit in one per-session folder, and a cache
+    file is written to a temporary name and renamed, so a worker reads a whole file or none."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # pytest-of-USER/pytest-N/, above the worker's popen-gwK/
+    os.environ.setdefault("LBSGD_CACHE", str(root / "synthetic-cache"))
     os.environ["WANDB_SILENT"] = "true"
 
 

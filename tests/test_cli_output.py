@@ -133,6 +133,14 @@ def test_ending_line_of_a_run_without_evaluation_says_n_a():
     )
 
 
+def test_ending_line_of_a_run_that_wrote_no_summary_names_its_run_folder():
+    summary = {"status": "interrupted", "steps": 0, "total_steps": "?", "wall_time_s": 1.04}
+    assert ending_line(summary, Path("out/runs/r"), written=False) == (
+        "lbsgd: interrupted: final top-1 error n/a, best n/a, 0/? steps, wall time 0:00:01.0, "
+        f"no summary in {Path('out/runs/r')}"
+    )
+
+
 # -- lbsgd train, its output redirected -------------------------------------------------------------
 
 
@@ -215,6 +223,33 @@ def test_a_failed_run_says_so_before_its_error_and_exits_1(tmp_path):
     summary = assert_ends_with_its_summary(out, tmp_path / "runs" / "broken", "failed")
     assert summary["steps"] == 2
     assert out.index("lbsgd: failed: ") < out.index("RuntimeError: the model broke")
+
+
+FAILING_DATASET = """from lbsgd.data import register_dataset
+
+@register_dataset("unreadable")
+def unreadable(cfg):
+    raise OSError("the data could not be read")
+"""
+
+
+@pytest.mark.slow
+def test_a_run_failing_before_its_first_step_ends_with_a_line_saying_nothing_was_written(tmp_path):
+    plugin = tmp_path / "unreadable.py"
+    plugin.write_text(FAILING_DATASET)
+    proc = _run(tmp_path, "unread", plugins=plugin, dataset="unreadable")
+    out = _finish(proc)
+    assert proc.returncode == 1, out[-3000:]
+    run_dir = tmp_path / "runs" / "unread"
+    endings = re.findall(
+        r"^lbsgd: failed: final top-1 error n/a, best n/a, 0/\? steps, wall time "
+        r"0:00:\d\d\.\d, no summary in (\S+)$",
+        out,
+        re.M,
+    )
+    assert [Path(e) for e in endings] == [run_dir], out[-3000:]
+    assert out.index("lbsgd: failed: ") < out.index("OSError: the data could not be read")
+    assert not run_dir.exists()
 
 
 @pytest.mark.slow

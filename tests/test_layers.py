@@ -4,6 +4,8 @@ Read from the source with ``ast`` (every ``import lbsgd.x`` and ``from lbsgd… 
 level or inside a function), so a lazy import is held to the same rule as an eager one."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import lbsgd
@@ -119,6 +121,19 @@ def test_only_distributed_and_comm_import_torch_distributed():
             if any(n == "torch.distributed" or n.startswith("torch.distributed.") for n in names):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert offenders == []
+
+
+def test_importing_the_package_leaves_torchvision_unimported():
+    # torchvision costs 1-2 s of CPU to import: only a torchvision model's builder and the
+    # ImageNet folder reader import it, when called, so that a notebook's kernel does not pay it
+    code = (
+        "import sys, lbsgd.cli, lbsgd.experiments, lbsgd.trainer, lbsgd.report, lbsgd.verify; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent
+    )
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_no_test_uses_a_private_name_of_the_package():

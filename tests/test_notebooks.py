@@ -10,8 +10,6 @@ import io
 import json
 import re
 import shutil
-import subprocess
-import sys
 import tokenize
 from pathlib import Path
 
@@ -19,7 +17,9 @@ import nbformat
 import pandas as pd
 import papermill
 import pytest
+from click.testing import CliRunner
 from conftest import lbsgd
+from papermill.cli import papermill as papermill_cli
 
 from lbsgd import config, report, verify
 from lbsgd import experiments as ex
@@ -292,19 +292,15 @@ def test_help_notebook_documents_every_parameter_with_type_and_help(nb):
         assert d["type"] and d["help"], (
             f"{nb.name}: parameter {name} lacks a type annotation or a comment"
         )
-    proc = subprocess.run(
-        [sys.executable, "-m", "papermill", "--help-notebook", str(nb)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    listed = parse_help_listing(proc.stdout)
+    # papermill's command line, run in this process by click's test runner (a subprocess per
+    # notebook would spend its time importing papermill)
+    proc = CliRunner().invoke(papermill_cli, ["--help-notebook", str(nb)])
+    assert proc.exit_code == 0, proc.output
+    listed = parse_help_listing(proc.output)
     missing = sorted(set(declared) - set(listed))
     assert not missing, (
         f"{nb.name}: papermill --help-notebook does not list {missing} (papermill skips a parameter "
-        f"line holding more than one '=', e.g. in its comment)\n{proc.stdout}\n{proc.stderr}"
+        f"line holding more than one '=', e.g. in its comment)\n{proc.output}"
     )
     for name, d in declared.items():
         assert listed[name] == d, f"{nb.name}: {name} listed as {listed[name]}, declared as {d}"

@@ -2,11 +2,13 @@
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 import yaml
-from conftest import LEARNING, as_args, tiny_subset
+from conftest import LEARNING, TINY, as_args, subprocess_env, tiny_subset
 
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError, derive
@@ -308,3 +310,21 @@ def test_a_stop_agreed_at_a_flush_stops_there_with_a_checkpoint_where_the_models
 def test_a_stop_agreed_at_the_last_step_completes_the_run():
     want = plan(flush=True, boundary=True, evaluate=True, checkpoint=True)
     assert decide(cadence(), 10, 1, stop_agreed=True) == want
+
+
+@pytest.mark.slow
+def test_a_one_process_run_never_imports_torch_dynamo(tmp_path):
+    # torch._dynamo costs ~2.3 s of CPU to import, which every run would pay at its start: the
+    # model is sized on the meta device without running its initialisers, the optimizer's methods
+    # are called without torch.compile's markers, and determinism is set only when it changes
+    keys = {**TINY, "out_dir": str(tmp_path), "epochs": 1, "checkpoint": True}
+    code = (
+        "import sys; from lbsgd.config import Config; from lbsgd.trainer import train; "
+        f"s = train(Config(**{keys!r})); "
+        "print(s['status'], 'torch._dynamo' in sys.modules, 'torch._inductor' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env()
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-3:] == ["completed", "False", "False"], out.stdout[-3000:]

@@ -132,6 +132,28 @@ def test_verify_replays_a_two_process_local_sgd_run_bitwise(tmp_path, replay_env
     assert "local/" in out and "bitwise equal" in out, out
 
 
+def test_machine_match_says_what_each_library_was_pinned_to_and_tells_portable_from_avx2():
+    portable = {
+        "requested": "portable",
+        "aten": "AVX2",
+        "onednn": None,
+        "onednn_convolutions": False,
+        "mkl_cbwr": "COMPATIBLE",
+    }
+    avx2 = {"requested": "avx2", "aten": "AVX2", "onednn": "AVX2", "mkl_cbwr": "AUTO"}
+    here = {"cpu_model": "AMD EPYC", "cpu_isa": portable}
+    assert verify.machine_match({"cpu_model": "AMD EPYC", "cpu_isa": dict(portable)}, here) == (
+        "same CPU model, same caps (cpu_isa=portable: ATen AVX2, oneDNN convolutions off, "
+        "MKL COMPATIBLE)"
+    )
+    # the same ATen capability, yet other caps: oneDNN and MKL differ
+    assert verify.machine_match({"cpu_model": "Xeon", "cpu_isa": avx2}, here) == (
+        "other CPU model (committed 'Xeon', here 'AMD EPYC'), other caps (committed cpu_isa=avx2: "
+        "ATen AVX2, oneDNN convolutions AVX2, MKL AUTO, here cpu_isa=portable: ATen AVX2, "
+        "oneDNN convolutions off, MKL COMPATIBLE)"
+    )
+
+
 def test_seed_spread_is_the_std_over_the_seeds_of_the_same_experiment(tmp_path):
     for seed, top1 in enumerate((10.0, 12.0, 14.0)):
         _run(tmp_path, "a", f"s{seed}", seed=seed, top1=top1)

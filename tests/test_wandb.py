@@ -188,6 +188,23 @@ def test_runs_of_a_sweep_varying_warmup_have_distinct_display_names(tiny, offlin
     assert offline_runs(cfg.run_dir())[0].name == "k=1 seed=0"
 
 
+def test_runs_on_2_and_4_processes_of_one_group_are_named_apart():
+    # study 12 logs local SGD on K = 2 and K = 4 processes into one group, from two sweeps whose
+    # runs vary only the period: the process count tells them apart; one process goes unsaid
+    keys = {"batch_size": 256, "reference_batch": 16, "seed": 1, "local_sgd": 4}
+    named = {
+        w: tracking.display_name({**keys, "world_size": w, "varied": ["local_sgd"]})
+        for w in (1, 2, 4)
+    }
+    assert named == {
+        1: "k=16 local_sgd=4 seed=1",
+        2: "k=16 local_sgd=4 world_size=2 seed=1",
+        4: "k=16 local_sgd=4 world_size=4 seed=1",
+    }
+    tags = tracking.run_tags({**keys, "world_size": 4, "profile": "cpu", "study": "local_sgd"})
+    assert tags == ["cpu", "local_sgd", "k=16", "world_size=4", "seed=1"]
+
+
 def test_seed_0_and_seed_1_runs_of_one_group_are_named_by_one_rule(tiny, offline, tmp_path):
     # the sweep run once with seed 0 (nothing varies), then again with seeds 0 and 1 (seed 0 is
     # done and skipped, seed 1 varies): both runs carry k and seed, named alike

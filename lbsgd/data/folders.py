@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torchvision import datasets, transforms
 
 from lbsgd.data.device_images import DeviceImages
 from lbsgd.data.prefetch import Normalise
@@ -163,6 +162,12 @@ def imagenet(
     with the ImageNet statistics) turns a collated batch into normalised float32 where it trains,
     which :func:`lbsgd.data.batches` does.
     """
+    # torchvision is imported here, not with the module: importing it costs 1-2 s of CPU, which
+    # a process that reads no ImageNet folder (a notebook's kernel, lbsgd report) need not pay
+    from torchvision import transforms
+
+    from lbsgd.data.image_folder import UInt8ImageFolder
+
     data_dir = Path(data_dir).expanduser()
     train_classes = _imagenet_classes(data_dir)
     to_uint8 = [transforms.PILToTensor()]  # HWC PIL -> uint8 CHW, no scaling
@@ -185,15 +190,7 @@ def imagenet(
             *to_uint8,
         ]
     )
-    train = _UInt8ImageFolder(data_dir / "train", train_tf)
-    val = _UInt8ImageFolder(data_dir / "val", val_tf)
+    on_device = Normalise(IMAGENET_MEAN, IMAGENET_STD)
+    train = UInt8ImageFolder(data_dir / "train", train_tf, on_device)
+    val = UInt8ImageFolder(data_dir / "val", val_tf, on_device)
     return train, val, len(train_classes), image_size
-
-
-class _UInt8ImageFolder(datasets.ImageFolder):
-    """ImageFolder of uint8 CHW items; ``on_device`` normalises a batch of them where it trains
-    (read by :func:`lbsgd.data.batches`, which applies it after the copy to the device)."""
-
-    def __init__(self, root: Path, transform: transforms.Compose) -> None:
-        super().__init__(str(root), transform=transform)
-        self.on_device = Normalise(IMAGENET_MEAN, IMAGENET_STD)

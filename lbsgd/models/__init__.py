@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from lbsgd.registry import Registry
 
@@ -35,13 +36,27 @@ def build(cfg: Any, num_classes: int, image_size: int) -> torch.nn.Module:
     return MODELS.get(cfg.model)(cfg, num_classes, image_size)
 
 
+class _NoFillsOnMeta(TorchFunctionMode):
+    """In-place ops on meta tensors (the initialisers' fills) return their tensor untouched: a
+    meta tensor holds no values, and torch would run the fills through its Python references,
+    whose first call imports torch._dynamo (about 2.3 s of CPU, at the start of every run that
+    sizes its model before building it)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        in_place = name.endswith("_") and not name.endswith("__")
+        if in_place and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
 def parameter_count(cfg: Any, num_classes: int, image_size: int) -> int:
     """Parameters of ``cfg.model`` without allocating them (built on the meta device). A CIFAR
     ResNet's count is linear in its blocks per stage n (depth 6n + 2): two shallow builds give
     it at any depth, without making thousands of modules."""
 
     def count(c: Any) -> int:
-        with torch.device("meta"):
+        with torch.device("meta"), _NoFillsOnMeta():
             return sum(p.numel() for p in build(c, num_classes, image_size).parameters())
 
     if cfg.model != "resnet" or cfg.depth <= 14:

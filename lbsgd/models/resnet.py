@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torchvision
 from torch import Tensor, nn
 
 from lbsgd.models import register_model
@@ -121,19 +120,16 @@ def build_resnet(cfg: Any, num_classes: int, image_size: int) -> nn.Module:
 # torchvision's ImageNet ResNets (He et al. 2016 §3.4); Goyal et al. train ResNet-50. torchvision
 # implements zero_init_residual the same way: γ=0 on bn3 of Bottleneck / bn2 of BasicBlock, the
 # last BN of the residual branch (checked in tests/test_models.py).
-_TORCHVISION_RESNETS = {
-    "resnet18": torchvision.models.resnet18,
-    "resnet34": torchvision.models.resnet34,
-    "resnet50": torchvision.models.resnet50,
-    "resnet101": torchvision.models.resnet101,
-    "resnet152": torchvision.models.resnet152,
-}
+# torchvision is imported when one is built: importing it costs 1-2 s of CPU, which a process
+# that builds none (a notebook's kernel, lbsgd report) need not pay.
+_TORCHVISION_RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
 
 def _torchvision_builder(name: str) -> Any:
-    factory = _TORCHVISION_RESNETS[name]
-
     def build(cfg: Any, num_classes: int, image_size: int) -> nn.Module:
+        import torchvision
+
+        factory = getattr(torchvision.models, name)
         # weights=None: never download; the studies train from scratch.
         return factory(
             weights=None, num_classes=num_classes, zero_init_residual=cfg.zero_init_residual
