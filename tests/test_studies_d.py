@@ -218,6 +218,10 @@ def test_param_bytes_are_four_per_parameter_of_the_profiles_model():
     keys = ls.sync_runs(CPU, [0])[0]
     net = models.build(config.from_dict(keys), 10, 16)
     assert ls.param_bytes(keys) == 4 * sum(p.numel() for p in net.parameters()) > 0
+    # a dataset the study's table did not list: its classes and size from data.shape_of
+    fashion = {**keys, "model": "alexnet", "dataset": "fashion_mnist", "fashion_size": 14}
+    net = models.build(config.from_dict(fashion), 10, 14)
+    assert ls.param_bytes(fashion) == 4 * sum(p.numel() for p in net.parameters())
 
 
 # -- 13: the runs ------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def chance_error_pct(num_classes: int) -> float:
 
 
 # Classes per dataset key (ImageNet as published; a plugin's dataset is unknown here).
-DATASET_CLASSES = {"synthetic": 10, "cifar10": 10, "imagenet": 1000}
+DATASET_CLASSES = {"synthetic": 10, "cifar10": 10, "fashion_mnist": 10, "imagenet": 1000}
 
 
 def chance_of(df) -> float | None:

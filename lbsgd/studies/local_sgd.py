@@ -62,7 +62,6 @@ PAPER = {
     "local": (0.0, "Lin et al. 2020: post-local SGD matches or beats mini-batch SGD (vs sync)"),
     "bmuf": (0.0, "Chen & Huo 2016: BMUF matches or beats model averaging (vs local)"),
 }
-IMAGE_SIZES = {"synthetic": 16, "cifar10": 32, "imagenet": 224}  # the datasets' input sizes
 
 
 # -- the runs ----------------------------------------------------------------------------------
@@ -170,12 +169,16 @@ def link_text(ar: Mapping[str, Any], link: cost.Link) -> str:
 def param_bytes(keys: Mapping[str, Any]) -> int:
     """Bytes of the model's parameters (fp32: what an all-reduce of the gradient or of the
     parameters moves) for the run keys ``keys``."""
-    from lbsgd import models
+    from lbsgd import data, models
 
     cfg = config.from_dict(dict(keys))
-    classes = cfg.fake_classes if cfg.dataset == "fake" else studies.DATASET_CLASSES[cfg.dataset]
-    size = cfg.fake_image_size if cfg.dataset == "fake" else IMAGE_SIZES[cfg.dataset]
-    net = models.build(cfg, classes, size)
+    shape = data.shape_of(cfg)  # (classes, image size), before any data is read
+    if shape is None:
+        raise config.ConfigError(
+            f"dataset={cfg.dataset!r}: a plugin's classes and image size are unknown before it "
+            "is built (valid: a built-in dataset)"
+        )
+    net = models.build(cfg, *shape)
     return sum(p.numel() * p.element_size() for p in net.parameters())
 
 
