@@ -213,13 +213,20 @@ def failing(cfg, num_classes, image_size):
 """
 
 
-@pytest.mark.slow
-def test_a_failed_run_says_so_before_its_error_and_exits_1(tmp_path):
-    plugin = tmp_path / "failing.py"
-    plugin.write_text(FAILING_MODEL)
-    proc = _run(tmp_path, "broken", plugins=plugin, model="failing")
+def _run_failing(tmp_path: Path, name: str, plugin_source: str, **keys) -> str:
+    """``lbsgd train`` with ``plugin_source`` imported as a plugin; its output, once it has
+    exited 1 (a failed run)."""
+    plugin = tmp_path / f"{name}_plugin.py"
+    plugin.write_text(plugin_source)
+    proc = _run(tmp_path, name, plugins=plugin, **keys)
     out = _finish(proc)
     assert proc.returncode == 1, out[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_a_failed_run_says_so_before_its_error_and_exits_1(tmp_path):
+    out = _run_failing(tmp_path, "broken", FAILING_MODEL, model="failing")
     summary = assert_ends_with_its_summary(out, tmp_path / "runs" / "broken", "failed")
     assert summary["steps"] == 2
     assert out.index("lbsgd: failed: ") < out.index("RuntimeError: the model broke")
@@ -235,11 +242,7 @@ def unreadable(cfg):
 
 @pytest.mark.slow
 def test_a_run_failing_before_its_first_step_ends_with_a_line_saying_nothing_was_written(tmp_path):
-    plugin = tmp_path / "unreadable.py"
-    plugin.write_text(FAILING_DATASET)
-    proc = _run(tmp_path, "unread", plugins=plugin, dataset="unreadable")
-    out = _finish(proc)
-    assert proc.returncode == 1, out[-3000:]
+    out = _run_failing(tmp_path, "unread", FAILING_DATASET, dataset="unreadable")
     run_dir = tmp_path / "runs" / "unread"
     endings = re.findall(
         r"^lbsgd: failed: final top-1 error n/a, best n/a, 0/\? steps, wall time "
