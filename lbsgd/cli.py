@@ -68,6 +68,11 @@ def parser() -> argparse.ArgumentParser:
         help="instead: print the claims of these profiles' folders side by side (results/cpu "
         "results/fashion), one markdown table with the paper's numbers; writes nothing",
     )
+    n = sub.add_parser(
+        "notebooks", help="the notebooks a profile replays, in order (make reproduce runs these)"
+    )
+    n.add_argument("profile", help="a profile of lbsgd.studies.scales (cpu, fashion, ...)")
+    n.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="notebooks/NN_<study>.ipynb")
     bench.add_parser(sub)
     _data_parser(sub)
     return p
@@ -146,6 +151,21 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from lbsgd import report
+
+    try:
+        if args.side_by_side is not None:
+            print(report.side_by_side(args.side_by_side), end="")
+            return 0
+        for path in report.write_all(args.results):
+            print(f"wrote {path}")
+    except FileNotFoundError as e:
+        error(e)
+        return EXIT_BAD_INPUT
+    return 0
+
+
 def error(message: object) -> None:
     """``lbsgd: error: <message>`` on stderr in one write: the lines of torchrun's workers, which
     share the stream, never interleave."""
@@ -161,19 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "data":
         return _fake_files(args) if args.data == "fake" else _fetch(args)
     if args.command == "report":
-        from lbsgd import report
-
-        try:
-            if args.side_by_side is not None:
-                print(report.side_by_side(args.side_by_side), end="")
-                return 0
-            for path in report.write_all(args.results):
-                print(f"wrote {path}")
-        except FileNotFoundError as e:
-            error(e)
-            return EXIT_BAD_INPUT
-        return 0
+        return _report(args)
     try:
+        if args.command == "notebooks":
+            from lbsgd.studies import scales
+
+            print(" ".join(scales.notebooks(args.profile, args.notebooks)))
+            return 0
         if args.command == "verify":
             from lbsgd import verify
 
