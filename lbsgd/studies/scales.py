@@ -110,12 +110,13 @@ _CPU_BASE = {
 # - 15,000 images (chosen: 20,000 would not fit 90 minutes), 0.025: k = 1 -> 20.1, 19.5 (seeds 0, 1);
 #   k = 8 -> 21.4, 21.2; k = 16 gradual 22.0, none 23.0. 0.05 (chosen, the better baseline, as Goyal
 #   tunes the lr at the small minibatch): k = 1 -> 18.8, 19.4; k = 8 -> 20.6; k = 16 gradual 23.2,
-#   21.8 and none 21.9, 22.8 (seeds 0, 1: warmup's sign flips with the seed at this lr).
+#   21.8 and none 21.9, 22.8 (seeds 0, 1: warmup's sign flips with the seed at this lr), constant
+#   25.4; k = 32 gradual 27.6; SGD at k = 128 (lr 6.4) 73.1.
 #   The error leaves 2 points of the baseline between k = 8 and 16; large_k = 16, as on the cpu
 #   profile, sets the warmup comparison at lr 0.8, where warmup has something to do.
 # - LARS at k = 128 (SGD 0.025 per 16, lr 3.2: 47.1): 0.125 per 16 -> 43.3, 0.25 -> 58.2.
 # - AlexNet-BN at k = 64, 15,000 images: SGD 0.025 per 16 -> 72.5 (148 s, 2.3× a ResNet run);
-#   LARS 0.25 -> 56.1 at epoch 2 of 4 (SGD there: 80.6).
+#   LARS 0.25 -> 40.0 (56.1 at epoch 2 of 4, SGD 80.6 there).
 # - The replay: 104 runs (79 ResNet, 25 AlexNet) and study 11's 23 re-runs that measure the noise
 #   scale; at 15,000 images for every run it would take about 85 minutes on two cores, hence
 #   AlexNet on 10,000.
