@@ -17,10 +17,11 @@ as they were (the only GEMM here is the 10-class head, K = 32 or 64), and
 follows the same branch on other CPUs too (on AMD, MKL's automatic choice differs from Intel's).
 
 An instruction-set cap does not pin everything, and not on every vendor. Measured on an AMD EPYC
-(AVX2 + FMA, no AVX-512) with ``../shared/portable/probe.py`` and lbsgd runs, against the committed
-runs of an AVX-512 Xeon made under ``avx2``: the replays differ from step 2 on (the forward pass
-agrees, the gradients do not), and MKL does not honour ``MKL_CBWR=AVX2`` on a non-Intel CPU (its
-verbose mode reports ``CNR:AUTO``; ``COMPATIBLE`` it honours). What the ISA caps cannot pin is
+(AVX2 + FMA, no AVX-512) with ``../shared/portable/probe.py`` and lbsgd runs, against the
+runs an AVX-512 Xeon made under ``avx2`` (the cpu replay committed then): the replays differ
+from step 2 on (the forward pass agrees, the gradients do not), and MKL does not honour
+``MKL_CBWR=AVX2`` on a non-Intel CPU (its verbose mode reports ``CNR:AUTO``; ``COMPATIBLE`` it
+honours). What the ISA caps cannot pin is
 oneDNN's choice of blocking, hence of summation order, which follows the CPU's caches and vendor.
 Hence the cap ``portable``: ATen at AVX2, oneDNN's convolutions off (ATen's own convolutions, an
 im2col and an MKL GEMM each) and MKL's COMPATIBLE branch, the one MKL documents as reproducible
