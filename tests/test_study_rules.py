@@ -145,6 +145,18 @@ def test_paired_seeds_judge_the_margin_by_the_spread_of_their_differences():
         studies.lower([1.0, 2.0], [1.0], paired=True)
 
 
+def test_an_undecided_verdict_names_the_seeds_a_test_of_the_mean_would_need():
+    # differences -6, 0.5, 1: margin 1.5, spread sqrt(30.5 / 2) = 3.905; 2·3.905/√n < 1.5 first
+    # at n = 28 (√27 gives 1.503, √28 gives 1.476)
+    v = studies.lower([2.0, 4.0, 6.0], [8.0, 3.5, 5.0], paired=True)
+    assert v.replayed is None and "a two-standard-error test of the mean: 28 seeds" in v.why
+    assert studies.seeds_to_decide(1.5, 3.905) == 28 and studies.seeds_to_decide(1.5, 3.91) == 28
+    assert studies.seeds_to_decide(1.0, 1.0) == 5  # n > 4: five seeds decide a margin of one spread
+    # equal means: no number of seeds separates them
+    v = studies.lower([2.0, 4.0, 6.0], [3.0, 3.0, 6.0], paired=True)
+    assert v.replayed is None and "test of the mean: no number of seeds" in v.why
+
+
 # -- which notebooks a profile replays (make reproduce) ------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[1]

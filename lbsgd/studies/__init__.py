@@ -143,7 +143,9 @@ def decide(
       baseline's), so the margin cannot be judged, or
     - the margin, the distance of ``mean(x) − mean(y)`` from the threshold, is no larger than the
       seed spread (sample standard deviation over seeds: of the differences when ``paired``, else
-      the larger of the arms'; ``seed_spread`` when given).
+      the larger of the arms'; ``seed_spread`` when given). The evidence then says what would
+      decide it: :func:`seeds_to_decide` for a test of the mean, since this rule's threshold does
+      not shrink with seeds.
     """
     if (more_than is None) == (at_most is None):
         raise ValueError("decide: give exactly one of more_than= or at_most=")
@@ -173,9 +175,31 @@ def decide(
         return Verdict(
             None,
             f"the margin ({margin:.2f} points) is inside the seed spread "
-            f"({s:.2f} points, standard deviation {over})",
+            f"({s:.2f} points, standard deviation {over}); {_what_would_decide(margin, s)}",
         )
     return Verdict(diff > threshold if more_than is not None else diff <= threshold)
+
+
+def seeds_to_decide(margin: float, s: float) -> int | None:
+    """Seeds a test of two standard errors would need to decide a margin ``margin`` at the seed
+    spread ``s``: the smallest n with ``margin > 2·s/√n``, i.e. ``n > 4·(s/margin)²``. None when
+    the margin is 0 (no number of seeds separates equal means)."""
+    if margin <= 0:
+        return None
+    return math.floor(4 * (s / margin) ** 2) + 1
+
+
+def _what_would_decide(margin: float, s: float) -> str:
+    """The undecided verdict's last clause: the rule (margin > spread) asks for an effect larger
+    than one seed's spread, which more seeds do not make; what would decide the claim is a scale
+    where the effect grows (a larger k, more epochs), or, under a test of the mean (two standard
+    errors), this many seeds."""
+    n = seeds_to_decide(margin, s)
+    test = "no number of seeds" if n is None else f"{n} seeds"
+    return (
+        "the rule asks for an effect larger than the seed spread, which more seeds do not give: "
+        f"a scale where the effect grows would decide it (a two-standard-error test of the mean: {test})"
+    )
 
 
 def lower(a: Sequence[float], b: Sequence[float], **kw: Any) -> Verdict:
