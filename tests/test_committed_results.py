@@ -1,6 +1,6 @@
-"""The committed replay (results/cpu/) is what its runs produced: every run finished under the
-profile's instruction-set cap, its folder is the name its config gives, and the report is the one
-`lbsgd report` builds from the study files (no number edited by hand)."""
+"""The committed replays (results/cpu/, results/fashion/) are what their runs produced: every run
+finished under the profile's instruction-set cap, its folder is the name its config gives, and the
+report is the one `lbsgd report` builds from the study files (no number edited by hand)."""
 
 import json
 from pathlib import Path
@@ -10,19 +10,27 @@ import yaml
 
 from lbsgd import config, report
 
-CPU = Path(__file__).resolve().parents[1] / "results" / "cpu"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+CPU = RESULTS / "cpu"
 RUNS = sorted(p.parent for p in CPU.glob("*/*/summary.json"))
+PROFILES = ("cpu", "fashion")  # the committed replays, both made under cpu_isa=portable
 
-pytestmark = pytest.mark.skipif(not RUNS, reason="no committed results/cpu/ in this checkout")
+
+def _runs(profile: str) -> list[Path]:
+    runs = sorted(p.parent for p in (RESULTS / profile).glob("*/*/summary.json"))
+    if not runs:
+        pytest.skip(f"no committed results/{profile}/ in this checkout")
+    return runs
 
 
-def test_every_committed_cpu_run_finished_under_the_portable_cap_in_its_own_folder():
-    for run in RUNS:
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_committed_run_finished_under_the_portable_cap_in_its_own_folder(profile):
+    for run in _runs(profile):
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] in ("completed", "diverged"), run
         keys = yaml.safe_load((run / "config.yaml").read_text())
         cfg = config.from_dict({k: v for k, v in keys.items() if k in config.KEYS})
-        assert (cfg.profile, cfg.study, cfg.cpu_isa) == ("cpu", run.parent.name, "portable"), run
+        assert (cfg.profile, cfg.study, cfg.cpu_isa) == (profile, run.parent.name, "portable"), run
         assert cfg.run_name() == run.name and summary["experiment_id"] == cfg.experiment_id()
         caps = summary["environment"]["cpu_isa"]
         assert caps["in_effect"] and caps["pinned_before_torch"] and caps["aten"] == "AVX2", run
@@ -31,13 +39,16 @@ def test_every_committed_cpu_run_finished_under_the_portable_cap_in_its_own_fold
         assert caps["mkl_cbwr"] == "COMPATIBLE" and caps["onednn_convolutions"] is False, run
 
 
-def test_the_committed_report_is_the_one_built_from_the_study_files():
-    assert (CPU / "REPORT.md").read_text() == report.build(CPU)
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_committed_report_is_the_one_built_from_the_study_files(profile):
+    _runs(profile)
+    assert (RESULTS / profile / "REPORT.md").read_text() == report.build(RESULTS / profile)
 
 
 def test_measuring_the_noise_scale_changed_no_committed_result():
     """Study 11 re-ran notebook 3's sweep with noise_scale=true (a run key): every run of the same
     name ended with the same losses and errors, to the last digit, and measured where it could."""
+    _runs("cpu")
     pairs = [
         (run, CPU / "batch_scaling" / run.name)
         for run in RUNS
