@@ -60,3 +60,17 @@ def test_measuring_the_noise_scale_changed_no_committed_result():
         assert ours["final"] == theirs["final"] and ours["steps"] == theirs["steps"], run.name
         measured = "noise_scale" in ours
         assert measured == (ours["total_steps"] < 5000), run.name  # all but batch 16 = B_small
+
+
+def test_the_fashion_replay_measured_the_noise_scale_in_notebook_3s_own_runs():
+    """fashion (noise_in_batch_scaling): study 11's runs are copies of notebook 3's, which measured
+    the noise scale above B_small (16) while they trained."""
+    runs = [r for r in _runs("fashion") if r.parent.name == "critical_batch"]
+    assert len(runs) == 28  # k = 1 to 16, five seeds each; 32, 64, 128 one seed
+    for run in runs:
+        ours = json.loads((run / "summary.json").read_text())
+        twin = RESULTS / "fashion" / "batch_scaling" / run.name
+        assert ours["copied_from"] == f"batch_scaling/{run.name}", run.name
+        assert ours["final"] == json.loads((twin / "summary.json").read_text())["final"]
+        keys = yaml.safe_load((twin / "config.yaml").read_text())
+        assert keys["noise_scale"] == (keys["batch_size"] > 16) == ("noise_scale" in ours), run.name
