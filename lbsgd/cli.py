@@ -68,6 +68,12 @@ def parser() -> argparse.ArgumentParser:
         help="instead: print the claims of these profiles' folders side by side (results/cpu "
         "results/fashion), one markdown table with the paper's numbers; writes nothing",
     )
+    r.add_argument(
+        "--verdicts",
+        action="store_true",
+        help="with --side-by-side: the verdicts alone, no evidence and no paper column "
+        "(README's table)",
+    )
     n = sub.add_parser(
         "notebooks", help="the notebooks a profile replays, in order (make reproduce runs these)"
     )
@@ -156,7 +162,7 @@ def _report(args: argparse.Namespace) -> int:
 
     try:
         if args.side_by_side is not None:
-            print(report.side_by_side(args.side_by_side), end="")
+            print(report.side_by_side(args.side_by_side, args.verdicts), end="")
             return 0
         for path in report.write_all(args.results):
             print(f"wrote {path}")

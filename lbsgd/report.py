@@ -207,41 +207,49 @@ def _agree(findings: list[Finding | None]) -> str:
     return "same" if len(set(decided)) == 1 else "differ"
 
 
-def _row(title: str, findings: list[Finding | None]) -> str:
+def _row(title: str, findings: list[Finding | None], verdicts_only: bool = False) -> str:
     """One claim across the profiles: the first profile's claim that has it, the first paper
-    given, each profile's verdict and evidence ("—" where it lacks the claim), and agreement."""
+    given, each profile's verdict and evidence ("—" where it lacks the claim), and agreement;
+    ``verdicts_only``: no paper, the verdicts without their evidence."""
     have = [f for f in findings if f is not None]
     paper = next((f.paper for f in have if f.paper), "")
-    cells = ["—" if f is None else f"{MARK[f.replayed]}: {_cell(f.evidence)}" for f in findings]
+    cells = [
+        "—" if f is None else MARK[f.replayed] + ("" if verdicts_only else f": {_cell(f.evidence)}")
+        for f in findings
+    ]
+    lead = f"| {_cell(title)} | {_cell(have[0].claim)} | "
     return (
-        f"| {_cell(title)} | {_cell(have[0].claim)} | {_cell(paper)} | "
+        lead
+        + ("" if verdicts_only else f"{_cell(paper)} | ")
         + " | ".join(cells)
         + f" | {_agree(findings)} |"
     )
 
 
-def side_by_side(profile_dirs: Sequence[str | os.PathLike]) -> str:
+def side_by_side(profile_dirs: Sequence[str | os.PathLike], verdicts_only: bool = False) -> str:
     """The markdown of several profiles' findings side by side (``results/cpu results/fashion``):
     one row per claim, matched by study and claim text with its numbers masked (:func:`claim_key`:
     a claim's text can carry a profile's numbers; the row shows the first profile's), in reading
     order, a study's claims in the order of the first profile that has them; the
     paper's numbers (``paper``), then per profile its verdict and evidence, and whether the
-    decided verdicts agree. Text from the findings.json files only: no number computed."""
+    decided verdicts agree. ``verdicts_only``: no paper column and the verdicts alone (README's
+    table). Text from the findings.json files only: no number computed."""
     dirs = [Path(d) for d in profile_dirs]
     per = [_profile_studies(d) for d in dirs]  # every folder checked before any output
     out = []
     for d, studies in zip(dirs, per, strict=True):
         verdicts = [f.replayed for s in studies.values() for f in s["findings"]]
         out.append(f"- `{d.name}`: {len(verdicts)} claims: {_counts(verdicts)}.")
+    paper = "" if verdicts_only else " paper |"
     out += [
         "",
-        "| study | claim | paper | " + " | ".join(f"`{d.name}`" for d in dirs) + " | agree |",
-        "|---|---|---|" + "---|" * len(dirs) + "---|",
+        f"| study | claim |{paper} " + " | ".join(f"`{d.name}`" for d in dirs) + " | agree |",
+        "|---|---|" + ("" if verdicts_only else "---|") + "---|" * len(dirs) + "---|",
     ]
     names = {name: s for studies in reversed(per) for name, s in studies.items()}
     for name in sorted(names, key=lambda n: _order(names[n])):
         found = [studies.get(name) for studies in per]
         title = next(s["title"] for s in found if s is not None)
         for row in _matched(found):
-            out.append(_row(title, row))
+            out.append(_row(title, row, verdicts_only))
     return "\n".join(out) + "\n"

@@ -74,3 +74,14 @@ def test_the_fashion_replay_measured_the_noise_scale_in_notebook_3s_own_runs():
         assert ours["final"] == json.loads((twin / "summary.json").read_text())["final"]
         keys = yaml.safe_load((twin / "config.yaml").read_text())
         assert keys["noise_scale"] == (keys["batch_size"] > 16) == ("noise_scale" in ours), run.name
+
+
+SIDE_BY_SIDE = "<!-- lbsgd report --side-by-side results/cpu results/fashion --verdicts -->"
+
+
+def test_readmes_table_of_verdicts_is_the_one_the_report_command_prints():
+    _runs("cpu"), _runs("fashion")
+    readme = (RESULTS.parent / "README.md").read_text()
+    assert SIDE_BY_SIDE in readme, "README lacks the side-by-side table's marker line"
+    table = readme.split(SIDE_BY_SIDE + "\n", 1)[1].split("<!-- end -->", 1)[0]
+    assert table == report.side_by_side([RESULTS / "cpu", RESULTS / "fashion"], verdicts_only=True)

@@ -135,6 +135,21 @@ def test_side_by_side_matches_claims_by_study_and_their_text_with_numbers_masked
     assert rows[7].endswith("| yes: 10.2% vs 12.9% | yes: 3.1% vs 6.1% \\| mean of 3 | same |")
 
 
+def test_side_by_side_verdicts_only_drops_the_paper_and_the_evidence(tmp_path, capsys):
+    cpu, fashion = two_profiles(tmp_path)
+    rows = report.side_by_side([cpu, fashion], verdicts_only=True).splitlines()
+    assert rows[3:8] == [
+        "| study | claim | `cpu` | `fashion` | agree |",
+        "|---|---|---|---|---|",
+        "| 1. Quickstart | a run learns | yes | — | — |",
+        "| 2. Warmup (Goyal Table 1) | gradual beats none at k=16 | yes | yes | same |",
+        "| 2. Warmup (Goyal Table 1) | constant is the worst | **no** | yes | differ |",
+    ]
+    assert rows[-1] == "| 10. Scaling | the model predicts the step | undecided | undecided | — |"
+    assert cli.main(["report", "--side-by-side", str(cpu), str(fashion), "--verdicts"]) == 0
+    assert capsys.readouterr().out == "\n".join(rows) + "\n"
+
+
 def test_claim_key_masks_the_numbers_of_a_claim_and_keeps_its_words():
     assert report.claim_key("gradual beats none at k=16 (within 1.5 points)") == (
         "gradual beats none at k=# (within # points)"
