@@ -1,5 +1,6 @@
 """Command line: ``lbsgd train key=value …`` (alone or under torchrun), ``lbsgd keys``, ``lbsgd bench``,
-``lbsgd data fake {cifar10,imagenet} DIR`` (files to test and benchmark with, no download).
+``lbsgd data fake {cifar10,imagenet} DIR`` (files to test and benchmark with, no download),
+``lbsgd data fetch fashion_mnist [DIR]`` (the real files, through torchvision: needs internet).
 
 Exit codes: 0 completed, 2 bad input (one line on stderr, nothing written), 3 diverged, 1 other errors.
 A run that started says how it ended in its last line, whatever the exit code (lbsgd.progress).
@@ -59,6 +60,25 @@ def parser() -> argparse.ArgumentParser:
         help="a profile's folder (results/cpu), or a results root: one report per "
         "profile folder in it",
     )
+    r.add_argument(
+        "--side-by-side",
+        nargs="+",
+        metavar="PROFILE_DIR",
+        default=None,
+        help="instead: print the claims of these profiles' folders side by side (results/cpu "
+        "results/fashion), one markdown table with the paper's numbers; writes nothing",
+    )
+    r.add_argument(
+        "--verdicts",
+        action="store_true",
+        help="with --side-by-side: the verdicts alone, no evidence and no paper column "
+        "(README's table)",
+    )
+    n = sub.add_parser(
+        "notebooks", help="the notebooks a profile replays, in order (make reproduce runs these)"
+    )
+    n.add_argument("profile", help="a profile of lbsgd.studies.scales (cpu, fashion, ...)")
+    n.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="notebooks/NN_<study>.ipynb")
     bench.add_parser(sub)
     _data_parser(sub)
     return p
@@ -66,8 +86,22 @@ def parser() -> argparse.ArgumentParser:
 
 def _data_parser(sub) -> None:
     d = sub.add_parser("data", help="dataset files")
-    fake = d.add_subparsers(dest="data", required=True).add_parser(
+    actions = d.add_subparsers(dest="data", required=True)
+    fake = actions.add_parser(
         "fake", help="write fake files in the layout the loaders read (refuses a non-empty DIR)"
+    )
+    fetch = actions.add_parser(
+        "fetch", help="download a real dataset through torchvision (needs internet)"
+    )
+    fetch.add_argument("name", choices=["fashion_mnist"], help="the dataset")
+    fetch.add_argument(
+        "dir",
+        metavar="DIR",
+        nargs="?",
+        default=None,
+        help="its data_dir (default: data/fashion_mnist, where dataset=fashion_mnist looks when "
+        "Debian's /usr/share/datasets/fashion-mnist is absent); nothing is downloaded when DIR "
+        "holds the files already",
     )
     kinds = fake.add_subparsers(dest="kind", required=True)
     c = kinds.add_parser("cifar10", help="DIR/cifar-10-batches-py/ (torchvision's python version)")
@@ -108,6 +142,36 @@ def _fake_files(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fetch(args: argparse.Namespace) -> int:
+    from lbsgd.data import fashion_mnist
+
+    try:
+        where = fashion_mnist.fetch(args.dir)
+    except FileExistsError as e:  # nothing written
+        error(e)
+        return EXIT_BAD_INPUT
+    except RuntimeError as e:  # no network, or files that are not Fashion-MNIST's
+        error(e)
+        return 1
+    print(f"Fashion-MNIST's four files are in {where}: dataset=fashion_mnist data_dir={where}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from lbsgd import report
+
+    try:
+        if args.side_by_side is not None:
+            print(report.side_by_side(args.side_by_side, args.verdicts), end="")
+            return 0
+        for path in report.write_all(args.results):
+            print(f"wrote {path}")
+    except FileNotFoundError as e:
+        error(e)
+        return EXIT_BAD_INPUT
+    return 0
+
+
 def error(message: object) -> None:
     """``lbsgd: error: <message>`` on stderr in one write: the lines of torchrun's workers, which
     share the stream, never interleave."""
@@ -121,18 +185,15 @@ def main(argv: list[str] | None = None) -> int:
         print(config.describe_keys())
         return 0
     if args.command == "data":
-        return _fake_files(args)
+        return _fake_files(args) if args.data == "fake" else _fetch(args)
     if args.command == "report":
-        from lbsgd import report
-
-        try:
-            for path in report.write_all(args.results):
-                print(f"wrote {path}")
-        except FileNotFoundError as e:
-            error(e)
-            return EXIT_BAD_INPUT
-        return 0
+        return _report(args)
     try:
+        if args.command == "notebooks":
+            from lbsgd.studies import scales
+
+            print(" ".join(scales.notebooks(args.profile, args.notebooks)))
+            return 0
         if args.command == "verify":
             from lbsgd import verify
 

@@ -76,10 +76,15 @@ class Config:
     pool5_bn: bool = _exp(False, "BN after pool5 of model=alexnet/alexnet_bn (Jia et al. 2018)")
     dataset: str = _exp(
         "synthetic",
-        "synthetic (generated, no download), cifar10, imagenet; fake (random images of "
-        "fake_image_size, nothing to learn: throughput measurements, lbsgd bench train)",
+        "synthetic (generated, no download), cifar10, imagenet, fashion_mnist; fake (random "
+        "images of fake_image_size, nothing to learn: throughput measurements, lbsgd bench train)",
     )
-    data_dir: str | None = _exp(None, "folder holding cifar10/imagenet; cache folder for synthetic")
+    data_dir: str | None = _exp(
+        None,
+        "folder holding cifar10/imagenet/fashion_mnist (fashion_mnist's null: "
+        "/usr/share/datasets/fashion-mnist if it exists, else data/fashion_mnist); "
+        "cache folder for synthetic",
+    )
     synthetic_train: int = _exp(32_000, "images in the synthetic train split")
     synthetic_test: int = _exp(5_000, "images in the synthetic test split")
     synthetic_difficulty: Literal["easy", "standard"] = _exp(
@@ -96,6 +101,16 @@ class Config:
     fake_test: int = _exp(256, "images in the fake test split")
     fake_image_size: int = _exp(224, "height = width of the fake images (ImageNet: 224)")
     fake_classes: int = _exp(1_000, "classes of the fake labels (ImageNet: 1000)")
+    fashion_size: int = _exp(
+        28,
+        "height = width of dataset=fashion_mnist's images, 4 to 28: 28 as they are, smaller "
+        "area-averaged once when the dataset is built (14: each pixel the mean of a 2x2 block)",
+    )
+    fashion_train: int = _exp(
+        60_000,
+        "training images of dataset=fashion_mnist, a multiple of 10 up to 60000: the first "
+        "fashion_train/10 of each class in file order (the test split stays 10,000)",
+    )
     seed: int = _exp(
         0, "seeds the initialisation, the data order and fake's images (same across batch sizes)"
     )
@@ -321,6 +336,7 @@ HASHED_ONLY_OFF_DEFAULT: tuple[str, ...] = (
 HASHED_ONLY_OFF_DEFAULT += ("staleness", "staleness_dist")  # lbsgd.staleness
 HASHED_ONLY_OFF_DEFAULT += ("async_ps",)  # lbsgd.parameter_server
 HASHED_ONLY_OFF_DEFAULT += ("block_momentum", "block_lr", "block_nesterov")  # lbsgd.comm.BMUF
+HASHED_ONLY_OFF_DEFAULT += ("fashion_size", "fashion_train")  # lbsgd.data.fashion_mnist
 
 
 # Linux and macOS file systems hold names of at most 255 bytes; a sweep writes <run name>.log beside
@@ -499,6 +515,16 @@ KEY_RULES: tuple[tuple[str, Any, Any], ...] = (
     ("block_lr", lambda v: v > 0, "must be a finite number > 0"),
     ("staleness", lambda v: v >= 0, "must be >= 0 (0 = synchronous)"),
     ("synthetic_noise", lambda v: v >= 0, "must be >= 0 (or null)"),
+    (
+        "fashion_size",
+        lambda v: 4 <= v <= 28,
+        "must be an integer from 4 to 28 (the images' height = width; 28: as they are)",
+    ),
+    (
+        "fashion_train",
+        lambda v: 10 <= v <= 60_000 and v % 10 == 0,
+        "must be a multiple of 10 from 10 to 60000 (fashion_train/10 images of each class)",
+    ),
     (
         "milestones",
         lambda v: all(m >= 0 for m in v) and list(v) == sorted(v),

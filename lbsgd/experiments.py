@@ -717,14 +717,27 @@ def plot_curves(
 
 @dataclass
 class Finding:
-    """A qualitative claim of a paper, and whether this replay shows it (None: not decidable)."""
+    """A qualitative claim of a paper, and whether this replay shows it (None: not decidable).
+    ``paper``: what the paper reports for the claim, with its source (table, figure), e.g.
+    "Goyal Table 1: gradual 23.74% vs none 24.84% (8k)"; "" where not given."""
 
     claim: str
     replayed: bool | None
     evidence: str
+    paper: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"claim": self.claim, "replayed": self.replayed, "evidence": self.evidence}
+        return {
+            "claim": self.claim,
+            "replayed": self.replayed,
+            "evidence": self.evidence,
+            "paper": self.paper,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
+        """A finding of ``findings.json``; one written before ``paper`` existed reads as ""."""
+        return cls(d["claim"], d["replayed"], d["evidence"], d.get("paper", ""))
 
 
 def write_findings(

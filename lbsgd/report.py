@@ -8,6 +8,9 @@ decimals, other numbers to 4 significant digits: :func:`lbsgd.experiments.readab
 report of a profile is generated from those files only: its numbers are the runs' own, and it never
 mixes profiles (DESIGN §9). ``lbsgd report --results results/cpu`` writes
 ``results/cpu/REPORT.md``; ``--results results`` writes one per profile folder found.
+``lbsgd report --side-by-side results/cpu results/fashion`` prints several profiles' findings in
+one table instead (:func:`side_by_side`): per claim the paper's numbers (a finding's ``paper``) and
+each profile's verdict and evidence.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
-from lbsgd.experiments import readable_cell
+from lbsgd.experiments import Finding, readable_cell
 
 MARK = {True: "yes", False: "**no**", None: "undecided"}
 
@@ -67,10 +72,7 @@ def build(profile_dir: str | os.PathLike) -> str:
         raise FileNotFoundError(f"no */findings.json under {str(root)!r}: run the notebooks first")
     profiles = sorted({str(s.get("profile")) for s in studies})
     verdicts = [f["replayed"] for s in studies for f in s["findings"]]
-    counts = ", ".join(
-        f"{verdicts.count(v)} {word}"
-        for v, word in ((True, "replayed"), (False, "not replayed"), (None, "undecided"))
-    )
+    counts = _counts(verdicts)
     out = [
         f"# lbsgd: the large-minibatch studies, replayed (profile `{', '.join(profiles)}`)",
         "",
@@ -119,6 +121,13 @@ def build(profile_dir: str | os.PathLike) -> str:
     return "\n".join(out) + "\n"
 
 
+def _counts(verdicts: list[bool | None]) -> str:
+    return ", ".join(
+        f"{verdicts.count(v)} {word}"
+        for v, word in ((True, "replayed"), (False, "not replayed"), (None, "undecided"))
+    )
+
+
 def _anchor(title: str) -> str:
     """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as '-'."""
     kept = "".join(ch for ch in title.lower() if ch.isalnum() or ch in " -_")
@@ -151,3 +160,96 @@ def write_all(results: str | os.PathLike) -> list[Path]:
             "(*/*/findings.json): run the notebooks first"
         )
     return [write(d) for d in dirs]
+
+
+# -- profiles side by side ---------------------------------------------------------------------
+
+
+def _profile_studies(profile_dir: Path) -> dict[str, dict]:
+    """A profile folder's studies by folder name, each with its findings as :class:`Finding`
+    (a findings.json written before ``paper`` existed reads with an empty one)."""
+    studies = _studies(profile_dir)
+    if not studies:
+        raise FileNotFoundError(
+            f"no */findings.json under {str(profile_dir)!r}: not a profile's folder (results/cpu)"
+        )
+    return {
+        s["dir"].name: {**s, "findings": [Finding.from_dict(f) for f in s["findings"]]}
+        for s in studies
+    }
+
+
+def claim_key(claim: str) -> str:
+    """A claim's text with every number masked: the same claim made at another profile (another
+    k, another threshold) has the same key."""
+    return re.sub(r"\d+(?:\.\d+)?", "#", claim)
+
+
+def _matched(found: list[dict | None]) -> list[list[Finding | None]]:
+    """One study's findings across the profiles (None: a profile without the study), as rows of
+    one finding per profile (None where it lacks the claim): matched by :func:`claim_key` and,
+    for claims of one key, by their order; rows in the order of the first profile that has them."""
+    rows: dict[tuple[str, int], list[Finding | None]] = {}
+    for j, study in enumerate(found):
+        seen: dict[str, int] = {}
+        for f in study["findings"] if study else []:
+            key = claim_key(f.claim)
+            seen[key] = seen.get(key, -1) + 1
+            rows.setdefault((key, seen[key]), [None] * len(found))[j] = f
+    return list(rows.values())
+
+
+def _agree(findings: list[Finding | None]) -> str:
+    """ "same" or "differ" over the decided verdicts of a claim; "—" with fewer than two."""
+    decided = [f.replayed for f in findings if f is not None and f.replayed is not None]
+    if len(decided) < 2:
+        return "—"
+    return "same" if len(set(decided)) == 1 else "differ"
+
+
+def _row(title: str, findings: list[Finding | None], verdicts_only: bool = False) -> str:
+    """One claim across the profiles: the first profile's claim that has it, the first paper
+    given, each profile's verdict and evidence ("—" where it lacks the claim), and agreement;
+    ``verdicts_only``: no paper, the verdicts without their evidence."""
+    have = [f for f in findings if f is not None]
+    paper = next((f.paper for f in have if f.paper), "")
+    cells = [
+        "—" if f is None else MARK[f.replayed] + ("" if verdicts_only else f": {_cell(f.evidence)}")
+        for f in findings
+    ]
+    lead = f"| {_cell(title)} | {_cell(have[0].claim)} | "
+    return (
+        lead
+        + ("" if verdicts_only else f"{_cell(paper)} | ")
+        + " | ".join(cells)
+        + f" | {_agree(findings)} |"
+    )
+
+
+def side_by_side(profile_dirs: Sequence[str | os.PathLike], verdicts_only: bool = False) -> str:
+    """The markdown of several profiles' findings side by side (``results/cpu results/fashion``):
+    one row per claim, matched by study and claim text with its numbers masked (:func:`claim_key`:
+    a claim's text can carry a profile's numbers; the row shows the first profile's), in reading
+    order, a study's claims in the order of the first profile that has them; the
+    paper's numbers (``paper``), then per profile its verdict and evidence, and whether the
+    decided verdicts agree. ``verdicts_only``: no paper column and the verdicts alone (README's
+    table). Text from the findings.json files only: no number computed."""
+    dirs = [Path(d) for d in profile_dirs]
+    per = [_profile_studies(d) for d in dirs]  # every folder checked before any output
+    out = []
+    for d, studies in zip(dirs, per, strict=True):
+        verdicts = [f.replayed for s in studies.values() for f in s["findings"]]
+        out.append(f"- `{d.name}`: {len(verdicts)} claims: {_counts(verdicts)}.")
+    paper = "" if verdicts_only else " paper |"
+    out += [
+        "",
+        f"| study | claim |{paper} " + " | ".join(f"`{d.name}`" for d in dirs) + " | agree |",
+        "|---|---|" + ("" if verdicts_only else "---|") + "---|" * len(dirs) + "---|",
+    ]
+    names = {name: s for studies in reversed(per) for name, s in studies.items()}
+    for name in sorted(names, key=lambda n: _order(names[n])):
+        found = [studies.get(name) for studies in per]
+        title = next(s["title"] for s in found if s is not None)
+        for row in _matched(found):
+            out.append(_row(title, row, verdicts_only))
+    return "\n".join(out) + "\n"

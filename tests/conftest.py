@@ -165,6 +165,28 @@ def _shared_cache(tmp_path_factory):
     os.environ["WANDB_SILENT"] = "true"
 
 
+def real_fashion_mnist(ci: bool) -> Path:
+    """The folder of the real Fashion-MNIST files (dataset=fashion_mnist's default data_dir), checked
+    whole. Where they are missing or damaged: the test is skipped with one line saying how to get
+    them, except under CI (``ci``: CI=true), where it fails: CI installs them (.ci/run), and a
+    real-data test must never be skipped silently there."""
+    from lbsgd.data import fashion_mnist
+
+    try:
+        fashion_mnist.check(None)
+    except (FileNotFoundError, ValueError) as e:
+        if ci:
+            pytest.fail(f"CI=true and the real Fashion-MNIST files cannot be read: {e}")
+        pytest.skip(f"real Fashion-MNIST files needed: {e}")
+    return fashion_mnist.default_dir()
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_dir() -> Path:
+    """:func:`real_fashion_mnist` for this session's environment."""
+    return real_fashion_mnist(os.environ.get("CI") == "true")
+
+
 @pytest.fixture
 def tiny(tmp_path):
     def make(**kw) -> Config:

@@ -9,6 +9,7 @@ what would be valid; every file already under the fixture's directory must be le
 byte-for-byte and mtime-for-mtime as it was, and no file or folder added.
 """
 
+import gzip
 import json
 import math
 import os
@@ -23,6 +24,7 @@ from conftest import TINY, lbsgd
 
 from lbsgd import checkpoint, cli, config, distributed, experiments, studies, trainer
 from lbsgd.config import KEYS, Config, ConfigError
+from lbsgd.data.fashion_mnist import ALL_FILES
 from lbsgd.studies import scales
 from lbsgd.trainer import train
 
@@ -47,6 +49,7 @@ def results(tmp_path_factory):
     (root / "empty").mkdir()
     (root / "afile").write_text("a file where a folder would be made\n")
     (root / "cifar_without_batches").mkdir()
+    _fashion_mnist_dirs(root)
     files = {
         "unknown.yaml": "batch_size: 64\nwarmpu: none\n",
         "list.yaml": "- batch_size: 64\n",
@@ -72,11 +75,31 @@ def results(tmp_path_factory):
         "isa_list.yaml": "cpu_isa: [avx2]\n",
         "plugins_int.yaml": "plugins: 5\n",
         "plugins_nested.yaml": "plugins: [[a.py]]\n",
+        "fm_truncated.yaml": f"dataset: fashion_mnist\ndata_dir: {root}/fm_truncated\n",
     }
     for name, text in files.items():
         (root / name).write_text(text)
     (root / "latin1.yaml").write_bytes("name: caf\u00e9\n".encode("latin-1"))
     return root
+
+
+def _fashion_mnist_dirs(root: Path) -> None:
+    """Fashion-MNIST data_dirs that are refused: three of the four files; the training images
+    truncated (the right header, 100 of 47,040,000 pixels); a foreign file in their place (an HTML
+    page, gzipped). The files after the refused one are empty: it is refused first."""
+    names = [f.name for f in ALL_FILES]
+    header = (0x803).to_bytes(4, "big") + b"".join(n.to_bytes(4, "big") for n in (60_000, 28, 28))
+    firsts = {
+        "fm_three": None,
+        "fm_truncated": (names[0], header + bytes(100)),
+        "fm_foreign": (names[0] + ".gz", gzip.compress(b"<html>Not Found</html>\n")),
+    }
+    for folder, first in firsts.items():
+        (root / folder).mkdir()
+        for name in names[1:] if first else names[:3]:
+            (root / folder / name).write_bytes(b"")
+        if first:
+            (root / folder / first[0]).write_bytes(first[1])
 
 
 def _snapshot(root: Path) -> dict[str, tuple[bytes, int] | None]:
@@ -112,6 +135,42 @@ CASES = [
         "cli",
         ["dataset=cifar10", "data_dir={root}/cifar_without_batches"],
         ["data_dir", "cifar-10-batches-py"],
+    ),
+    # -- a dataset's files missing or damaged: named, with the two ways to get the real ones -----
+    (
+        "cli",
+        ["dataset=fashion_mnist", "data_dir={root}/nowhere"],
+        ["data_dir=", "nowhere' does not exist", "apt-get install dataset-fashion-mnist"],
+    ),
+    (
+        "cli",
+        ["dataset=fashion_mnist", "data_dir={root}/fm_three"],
+        ["data_dir=", "lacks t10k-labels-idx1-ubyte", "dataset-fashion-mnist", "data fetch"],
+    ),
+    (
+        "cli",
+        ["dataset=fashion_mnist", "data_dir={root}/fm_truncated"],
+        ["fm_truncated/train-images-idx3-ubyte is truncated", "dataset-fashion-mnist"],
+    ),
+    (
+        "cli",
+        ["dataset=fashion_mnist", "data_dir={root}/fm_foreign"],
+        ["train-images-idx3-ubyte.gz is not an IDX file", "dataset-fashion-mnist"],
+    ),
+    (
+        "yaml",
+        "fm_truncated.yaml",
+        ["train-images-idx3-ubyte is truncated", "dataset-fashion-mnist"],
+    ),
+    (
+        "sweep",
+        {"runs": [{"dataset": "fashion_mnist", "data_dir": "{root}/fm_foreign"}]},
+        ["fm_foreign/train-images-idx3-ubyte.gz is not an IDX file", "dataset-fashion-mnist"],
+    ),
+    (
+        "sweep",
+        {"runs": [{"dataset": "fashion_mnist", "data_dir": "{root}/fm_three"}]},
+        ["lacks t10k-labels-idx1-ubyte", "dataset-fashion-mnist"],
     ),
     ("cli:WORLD_SIZE=3", [], ["batch_size=64", "world_size * micro_batch"]),
     (
@@ -252,6 +311,8 @@ CASES = [
     ("notebook", {"ks": [float("nan")]}, ["k=nan must be a positive number"]),
     ("sweep", {"runs": [{"reference_batch": -256}]}, ["reference_batch=-256 must be a positive"]),
     ("sweep", {"runs": [{"synthetic_train": 10**400}]}, ["synthetic_train=1000", "64-bit"]),
+    ("cli", ["fashion_size=3"], ["fashion_size=3 must be an integer from 4 to 28"]),
+    ("sweep", {"runs": [{"fashion_train": 15}]}, ["fashion_train=15 must be a multiple of 10"]),
 ]
 
 
@@ -367,6 +428,8 @@ CLASSES = {
     "a missing device": (("device=", "device'"), "all"),
     "an integer beyond what it feeds": (("too large",), "all"),
     "a plugin raising on import": (("raising.py",), ("cli", "yaml", "sweep")),
+    # (no notebook parameter names a dataset)
+    "a dataset's files missing or damaged": (("dataset-fashion-mnist",), ("cli", "yaml", "sweep")),
     # (no notebook parameter sizes a model or a dataset)
     "a run no machine can hold": (("GiB of memory", "1 … 1024"), ("cli", "yaml", "sweep")),
 }

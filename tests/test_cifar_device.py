@@ -129,6 +129,7 @@ def test_splits_move_to_the_device_once_as_uint8(splits):
         assert isinstance(ds, DeviceImages) and ds.images.device.type == "meta"
         assert ds.images.dtype == torch.uint8
     assert moved.train.augment and not moved.test.augment
+    assert train.pad == moved.train.pad == PAD == 4  # He et al.'s 4 pixels, kept by .to()
     assert data.resident(s, torch.device("cpu")) is s  # the host copy is the one read
 
 

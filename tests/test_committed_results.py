@@ -1,6 +1,6 @@
-"""The committed replay (results/cpu/) is what its runs produced: every run finished under the
-profile's instruction-set cap, its folder is the name its config gives, and the report is the one
-`lbsgd report` builds from the study files (no number edited by hand)."""
+"""The committed replays (results/cpu/, results/fashion/) are what their runs produced: every run
+finished under the profile's instruction-set cap, its folder is the name its config gives, and the
+report is the one `lbsgd report` builds from the study files (no number edited by hand)."""
 
 import json
 from pathlib import Path
@@ -10,19 +10,27 @@ import yaml
 
 from lbsgd import config, report
 
-CPU = Path(__file__).resolve().parents[1] / "results" / "cpu"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+CPU = RESULTS / "cpu"
 RUNS = sorted(p.parent for p in CPU.glob("*/*/summary.json"))
+PROFILES = ("cpu", "fashion")  # the committed replays, both made under cpu_isa=portable
 
-pytestmark = pytest.mark.skipif(not RUNS, reason="no committed results/cpu/ in this checkout")
+
+def _runs(profile: str) -> list[Path]:
+    runs = sorted(p.parent for p in (RESULTS / profile).glob("*/*/summary.json"))
+    if not runs:
+        pytest.skip(f"no committed results/{profile}/ in this checkout")
+    return runs
 
 
-def test_every_committed_cpu_run_finished_under_the_portable_cap_in_its_own_folder():
-    for run in RUNS:
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_committed_run_finished_under_the_portable_cap_in_its_own_folder(profile):
+    for run in _runs(profile):
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] in ("completed", "diverged"), run
         keys = yaml.safe_load((run / "config.yaml").read_text())
         cfg = config.from_dict({k: v for k, v in keys.items() if k in config.KEYS})
-        assert (cfg.profile, cfg.study, cfg.cpu_isa) == ("cpu", run.parent.name, "portable"), run
+        assert (cfg.profile, cfg.study, cfg.cpu_isa) == (profile, run.parent.name, "portable"), run
         assert cfg.run_name() == run.name and summary["experiment_id"] == cfg.experiment_id()
         caps = summary["environment"]["cpu_isa"]
         assert caps["in_effect"] and caps["pinned_before_torch"] and caps["aten"] == "AVX2", run
@@ -31,13 +39,16 @@ def test_every_committed_cpu_run_finished_under_the_portable_cap_in_its_own_fold
         assert caps["mkl_cbwr"] == "COMPATIBLE" and caps["onednn_convolutions"] is False, run
 
 
-def test_the_committed_report_is_the_one_built_from_the_study_files():
-    assert (CPU / "REPORT.md").read_text() == report.build(CPU)
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_committed_report_is_the_one_built_from_the_study_files(profile):
+    _runs(profile)
+    assert (RESULTS / profile / "REPORT.md").read_text() == report.build(RESULTS / profile)
 
 
 def test_measuring_the_noise_scale_changed_no_committed_result():
     """Study 11 re-ran notebook 3's sweep with noise_scale=true (a run key): every run of the same
     name ended with the same losses and errors, to the last digit, and measured where it could."""
+    _runs("cpu")
     pairs = [
         (run, CPU / "batch_scaling" / run.name)
         for run in RUNS
@@ -49,3 +60,28 @@ def test_measuring_the_noise_scale_changed_no_committed_result():
         assert ours["final"] == theirs["final"] and ours["steps"] == theirs["steps"], run.name
         measured = "noise_scale" in ours
         assert measured == (ours["total_steps"] < 5000), run.name  # all but batch 16 = B_small
+
+
+def test_the_fashion_replay_measured_the_noise_scale_in_notebook_3s_own_runs():
+    """fashion (noise_in_batch_scaling): study 11's runs are copies of notebook 3's, which measured
+    the noise scale above B_small (16) while they trained."""
+    runs = [r for r in _runs("fashion") if r.parent.name == "critical_batch"]
+    assert len(runs) == 28  # k = 1 to 16, five seeds each; 32, 64, 128 one seed
+    for run in runs:
+        ours = json.loads((run / "summary.json").read_text())
+        twin = RESULTS / "fashion" / "batch_scaling" / run.name
+        assert ours["copied_from"] == f"batch_scaling/{run.name}", run.name
+        assert ours["final"] == json.loads((twin / "summary.json").read_text())["final"]
+        keys = yaml.safe_load((twin / "config.yaml").read_text())
+        assert keys["noise_scale"] == (keys["batch_size"] > 16) == ("noise_scale" in ours), run.name
+
+
+SIDE_BY_SIDE = "<!-- lbsgd report --side-by-side results/cpu results/fashion --verdicts -->"
+
+
+def test_readmes_table_of_verdicts_is_the_one_the_report_command_prints():
+    _runs("cpu"), _runs("fashion")
+    readme = (RESULTS.parent / "README.md").read_text()
+    assert SIDE_BY_SIDE in readme, "README lacks the side-by-side table's marker line"
+    table = readme.split(SIDE_BY_SIDE + "\n", 1)[1].split("<!-- end -->", 1)[0]
+    assert table == report.side_by_side([RESULTS / "cpu", RESULTS / "fashion"], verdicts_only=True)

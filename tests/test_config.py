@@ -147,6 +147,8 @@ def test_keys_added_later_leave_earlier_run_ids_unchanged_until_set():
         "block_momentum": {"local_sgd": 2, "block_momentum": 0.5},
         "block_lr": {"local_sgd": 2, "block_lr": 2.0},
         "block_nesterov": {"local_sgd": 2, "block_nesterov": False},
+        "fashion_size": {"fashion_size": 14},  # 29 is out of range
+        "fashion_train": {"fashion_train": 20_000},
     }
     for key in config.HASHED_ONLY_OFF_DEFAULT:
         keys = off_default[key] if key in off_default else {key: getattr(Config(), key) + 1}

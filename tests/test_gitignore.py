@@ -36,6 +36,8 @@ def ignored(path: str) -> bool:
         # lbsgd train run from a subfolder (a JupyterLab terminal in notebooks/)
         "notebooks/results/cli/runs/resnet20-synthetic-b256-gradual-s0-1234abcd/summary.json",
         "notebooks/.ipynb_checkpoints/02_warmup-checkpoint.ipynb",
+        # dataset=fashion_mnist's data_dir when Debian's is absent (lbsgd data fetch fashion_mnist)
+        "data/fashion_mnist/FashionMNIST/raw/train-images-idx3-ubyte.gz",
     ],
 )
 def test_what_is_not_a_result_is_ignored(path):
@@ -51,6 +53,7 @@ def test_what_is_not_a_result_is_ignored(path):
         "results/cpu/warmup/02_warmup.ipynb",
         "results/cpu/warmup/table.csv",
         "results/cpu/REPORT.md",
+        "lbsgd/data/fashion_mnist.py",  # the package's data/ is code
     ],
 )
 def test_results_are_not_ignored(path):

@@ -160,6 +160,7 @@ def test_every_notebook_runs_at_smoke_scale_and_writes_what_it_promises(nb, exec
         assert isinstance(f["claim"], str) and f["claim"], f
         assert any(f["replayed"] is v for v in (True, False, None)), f
         assert isinstance(f["evidence"], str) and f["evidence"], f
+        assert isinstance(f["paper"], str) and f["paper"], f  # what the paper reports
 
     if study in MEASURED:  # its measurements instead of runs
         for f in ("allreduce_cpu.json", "steps_cpu.json"):

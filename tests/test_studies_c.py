@@ -32,7 +32,7 @@ def records(losses, b_simple=None):
 def test_runs_measure_the_noise_scale_exactly_where_the_batch_exceeds_b_small(profile):
     seeds = list(profile.seeds)
     runs = cb.runs(profile, seeds)
-    assert cb.small_batch(profile) == REF
+    assert batch_scaling.small_batch(profile) == REF
     assert all(r["noise_scale"] == (r["batch_size"] > REF) for r in runs)
     assert {r["noise_scale_batch"] for r in runs if r["noise_scale"]} == {REF}
     assert any(not r["noise_scale"] for r in runs) and any(r["noise_scale"] for r in runs)
@@ -49,9 +49,31 @@ def test_runs_measure_the_noise_scale_exactly_where_the_batch_exceeds_b_small(pr
 
 def test_small_batch_is_an_integer_micro_batch_else_the_bn_batch():
     gpu = scales.get("cifar10")  # micro_batch=auto
-    assert cb.small_batch(gpu) == gpu.base["bn_batch"] == 32
+    assert batch_scaling.small_batch(gpu) == gpu.base["bn_batch"] == 32
     fixed = scales.Profile("x", {**gpu.base, "micro_batch": 64}, (0,), {}, 1)
-    assert cb.small_batch(fixed) == 64
+    assert batch_scaling.small_batch(fixed) == 64
+
+
+def _experiments(runs, study):
+    return [config.from_dict({**r, "study": study}).experiment_id() for r in runs]
+
+
+def test_with_noise_in_batch_scaling_study_11_is_notebook_3s_sweep_and_without_it_another():
+    # fashion: notebook 3 trains study 11's runs (the same experiments, so study 11 copies them)
+    fashion = scales.get("fashion")
+    assert fashion.noise_in_batch_scaling and not CPU.noise_in_batch_scaling
+    seeds = list(fashion.seeds)
+    ours = batch_scaling.runs(fashion, seeds)
+    assert ours == cb.runs(fashion, seeds) and len(ours) == 5 * 5 + 3  # k ≤ 16: 5 seeds; 32-128: 1
+    assert _experiments(ours, "x") == _experiments(cb.runs(fashion, seeds), "x")
+    assert [r["noise_scale"] for r in ours] == [r["batch_size"] > 16 for r in ours]
+    # cpu: notebook 3 trains without the probe: the same experiments (the probe is a measurement,
+    # not the mathematics), but above B_small study 11 records what notebook 3's runs did not, so
+    # it trains them itself (experiments.find_identical asks for the same measurements)
+    plain, probed = batch_scaling.runs(CPU, list(CPU.seeds)), cb.runs(CPU, list(CPU.seeds))
+    assert _experiments(plain, "x") == _experiments(probed, "x")
+    assert all("noise_scale" not in r for r in plain)
+    assert [r["noise_scale"] for r in probed] == [r["batch_size"] > REF for r in plain]
 
 
 # -- one run's curve ---------------------------------------------------------------------------
@@ -334,3 +356,17 @@ def test_b_crit_undecided_without_a_finite_fit():
     assert (
         "undecided: fewer than 3 batch sizes reached the target" in cb.findings(m, few)[2].evidence
     )
+
+
+def test_every_finding_carries_what_mccandlish_et_al_report_qualitatively():
+    fs = cb.findings(
+        study(b_target=(60.0, 70.0, 80.0), b_early=(20.0, 22.0, 25.0), b_end=(100.0, 120.0, 110.0))
+    )
+    assert [f.paper for f in fs] == [
+        "McCandlish et al. 2018: qualitative, below B_crit ≈ B_noise a larger batch buys "
+        "proportionally fewer steps, above it almost none; no number in the reference data",
+        "McCandlish et al. 2018: qualitative, the noise scale grows as the loss falls; no number "
+        "in the reference data",
+        "McCandlish et al. 2018 eq. 2.11 and Fig. 4: qualitative, B_crit = E_min/S_min ≈ B_noise; "
+        "no number in the reference data",
+    ]

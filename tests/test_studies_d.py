@@ -218,6 +218,10 @@ def test_param_bytes_are_four_per_parameter_of_the_profiles_model():
     keys = ls.sync_runs(CPU, [0])[0]
     net = models.build(config.from_dict(keys), 10, 16)
     assert ls.param_bytes(keys) == 4 * sum(p.numel() for p in net.parameters()) > 0
+    # a dataset the study's table did not list: its classes and size from data.shape_of
+    fashion = {**keys, "model": "alexnet", "dataset": "fashion_mnist", "fashion_size": 14}
+    net = models.build(config.from_dict(fashion), 10, 14)
+    assert ls.param_bytes(fashion) == 4 * sum(p.numel() for p in net.parameters())
 
 
 # -- 13: the runs ------------------------------------------------------------------------------
@@ -362,3 +366,28 @@ def test_staleness_table_sets_zhangs_lr_factor_beside_the_rules():
     server = t[t["mode"] == "async_ps"]
     assert server["runs"].tolist() == [3] and server["staleness"].tolist() == [pytest.approx(1.0)]
     assert st.matched_tau(ps([5, 5, 5], [1.4, 1.6, 1.5])) == 2
+
+
+# -- what the paper reports, beside every finding ----------------------------------------------
+
+
+def test_every_finding_of_studies_12_and_13_carries_what_the_papers_report():
+    fs = ls.findings(study([5.0] * 3, grid([5.0] * 3), grid([5.0] * 3)))
+    assert [f.paper for f in fs] == [
+        "Chen & Huo 2016: qualitative, BMUF matches or beats model averaging (vs local); no "
+        "number in the reference data",
+        "Lin et al. 2020: qualitative, post-local SGD matches or beats mini-batch SGD (vs sync); "
+        "no number in the reference data",
+        "no published number: lbsgd's cost model (α–β all-reduce fit of notebook 10) with this "
+        "study's measured throughput",
+    ]
+    stale = [
+        "Lian et al. 2015: qualitative, convergence needs a step size that shrinks as the "
+        "staleness bound grows; no number in the reference data",
+        "Lian et al. 2015, Zhang et al. 2016: qualitative, the step size bounded by the staleness "
+        "(Lian) or divided by it, η/τ (Zhang); no number in the reference data",
+        "no published number: lbsgd's parameter server against its own simulation of staleness",
+    ]
+    assert [f.paper for f in st.findings(sim(GROWS), ps([5.6, 5.5, 5.4], [0.9, 1.1, 1.0]))] == stale
+    assert [f.paper for f in st.findings(sim(GROWS))] == stale  # no PS run
+    assert [f.paper for f in st.findings(sim(GROWS), ps([5, 5, 5], [3.9, 4.1, 4.0]))] == stale

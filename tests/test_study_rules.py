@@ -143,3 +143,51 @@ def test_paired_seeds_judge_the_margin_by_the_spread_of_their_differences():
     assert v.replayed is None and "of the per-seed differences" in v.why
     with pytest.raises(ValueError, match="one value per seed"):
         studies.lower([1.0, 2.0], [1.0], paired=True)
+
+
+def test_an_undecided_verdict_names_the_seeds_a_test_of_the_mean_would_need():
+    # differences -6, 0.5, 1: margin 1.5, spread sqrt(30.5 / 2) = 3.905; 2·3.905/√n < 1.5 first
+    # at n = 28 (√27 gives 1.503, √28 gives 1.476)
+    v = studies.lower([2.0, 4.0, 6.0], [8.0, 3.5, 5.0], paired=True)
+    assert v.replayed is None and "a two-standard-error test of the mean: 28 seeds" in v.why
+    assert studies.seeds_to_decide(1.5, 3.905) == 28 and studies.seeds_to_decide(1.5, 3.91) == 28
+    assert studies.seeds_to_decide(1.0, 1.0) == 5  # n > 4: five seeds decide a margin of one spread
+    # equal means: no number of seeds separates them
+    v = studies.lower([2.0, 4.0, 6.0], [3.0, 3.0, 6.0], paired=True)
+    assert v.replayed is None and "test of the mean: no number of seeds" in v.why
+
+
+# -- which notebooks a profile replays (make reproduce) ------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("[0-9]*_*.ipynb"))
+
+
+def test_a_profile_replays_its_own_studies_in_notebook_order(capsys):
+    from lbsgd import cli
+    from lbsgd.studies import scales
+
+    assert scales.notebooks("cpu", NOTEBOOKS) == NOTEBOOKS  # no list: every study
+    fashion = [Path(p).stem for p in scales.notebooks("fashion", NOTEBOOKS)]
+    assert fashion == [
+        "01_quickstart",
+        "02_warmup",
+        "03_batch_scaling",
+        "04_lr_scaling_rule",
+        "05_bn_gamma_init",
+        "06_lars",
+        "07_bn_decay",
+        "08_pool5_bn",
+        "11_critical_batch",
+    ]
+    # every study a profile names has its notebook (a misspelt study would silently drop one)
+    studies_of = {Path(p).stem.split("_", 1)[1] for p in NOTEBOOKS}
+    for name, profile in scales.PROFILES.items():
+        assert set(profile.studies or ()) <= studies_of, name
+    # the command make reproduce calls: the same list on one line; a bad profile in one line
+    assert cli.main(["notebooks", "fashion", *NOTEBOOKS]) == 0
+    assert capsys.readouterr().out.split() == scales.notebooks("fashion", NOTEBOOKS)
+    assert cli.main(["notebooks", "fashon", *NOTEBOOKS]) == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("lbsgd: error: profile='fashon' is not one of") and "fashion" in err
+    assert len(err.splitlines()) == 1

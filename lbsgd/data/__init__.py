@@ -2,7 +2,9 @@
 
 Built-in datasets: ``synthetic`` (generated, the embedded default: :mod:`lbsgd.data.synthetic`),
 ``fake`` (random ImageNet-shaped images for throughput measurements: :mod:`lbsgd.data.fake`),
-``cifar10`` and ``imagenet`` (read from ``data_dir``: :mod:`lbsgd.data.folders`). Register your own::
+``cifar10`` and ``imagenet`` (read from ``data_dir``: :mod:`lbsgd.data.folders`), ``fashion_mnist``
+(its IDX files, from ``data_dir`` or Debian's folder: :mod:`lbsgd.data.fashion_mnist`). Register
+your own::
 
     from lbsgd.data import Splits, register_dataset
 
@@ -17,8 +19,9 @@ A builder gets the run's config and returns :class:`Splits` of map-style dataset
 Device-resident data: :func:`build` moves in-memory splits to the run's device once (when they fit
 in a share of its memory), so that a batch is an index into device memory, not a host-to-device
 copy per micro-batch. Consumers need not know: :func:`batches` indexes a split where it lives and
-the trainer's ``x.to(device)`` is then a no-op. CIFAR-10 is in memory too, as uint8, and is
-augmented and normalised in batches on the training device (:mod:`lbsgd.data.device_images`).
+the trainer's ``x.to(device)`` is then a no-op. CIFAR-10 and Fashion-MNIST are in memory too, as
+uint8, and are augmented and normalised in batches on the training device
+(:mod:`lbsgd.data.device_images`).
 File datasets stay on the host (decoded and augmented by loader workers) and arrive in pinned
 batches when ``pin`` is asked.
 """
@@ -37,7 +40,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lbsgd import distributed
 from lbsgd.config import ConfigError
-from lbsgd.data import fake, folders, prefetch, synthetic
+from lbsgd.data import fake, fashion_mnist, folders, prefetch, synthetic
 from lbsgd.data.device_images import DeviceImages
 from lbsgd.data.sampler import StepSampler, permutation
 from lbsgd.registry import Registry
@@ -57,12 +60,15 @@ register_dataset = DATASETS.register
 
 def check(cfg) -> None:
     """What can be checked of the dataset before any work starts: the layout of a file dataset's
-    data_dir (one-line ConfigError naming data_dir and what is expected there)."""
+    data_dir (one-line ConfigError naming data_dir and what is expected there); Fashion-MNIST's
+    files are read and digested whole (~0.5 s)."""
     if cfg.dataset not in DATASETS:
         raise ConfigError(DATASETS.unknown_message(cfg.dataset))
     try:
+        if cfg.dataset == "fashion_mnist":
+            fashion_mnist.check(cfg.data_dir)
         folders.check(cfg.dataset, cfg.data_dir)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise ConfigError(str(e)) from None
 
 
@@ -72,13 +78,17 @@ SYNTHETIC_SHAPE = (10, 16)
 
 def memory_need(cfg) -> tuple[int, tuple[str, ...]]:
     """Bytes the train and test splits of a generated in-memory dataset take (float32 CHW, as
-    built), and the keys that set them; (0, ()) for file datasets and plugins."""
+    built; Fashion-MNIST's: uint8, one channel), and the keys that set them; (0, ()) for file
+    datasets and plugins."""
     if cfg.dataset == "synthetic":
         n, size = cfg.synthetic_train + cfg.synthetic_test, SYNTHETIC_SHAPE[1]
         return n * 3 * size * size * 4, ("synthetic_train", "synthetic_test")
     if cfg.dataset == "fake":
         n, size = cfg.fake_train + cfg.fake_test, cfg.fake_image_size
         return n * 3 * size * size * 4, ("fake_train", "fake_test", "fake_image_size")
+    if cfg.dataset == "fashion_mnist":
+        n, size = cfg.fashion_train + 10_000, cfg.fashion_size
+        return n * size * size, ("fashion_train", "fashion_size")
     return 0, ()
 
 
@@ -88,6 +98,7 @@ def shape_of(cfg) -> tuple[int, int] | None:
         "synthetic": SYNTHETIC_SHAPE,
         "fake": (cfg.fake_classes, cfg.fake_image_size),
         "cifar10": (10, 32),
+        "fashion_mnist": (len(fashion_mnist.CLASSES), cfg.fashion_size),
         "imagenet": (1000, 224),
     }.get(cfg.dataset)
 
@@ -167,6 +178,13 @@ def _cifar10(cfg) -> Splits:
     return Splits(*folders.cifar10(cfg.data_dir))
 
 
+@register_dataset("fashion_mnist")
+def _fashion_mnist(cfg) -> Splits:
+    return Splits(
+        *fashion_mnist.fashion_mnist(cfg.data_dir, size=cfg.fashion_size, train=cfg.fashion_train)
+    )
+
+
 @register_dataset("imagenet")
 def _imagenet(cfg) -> Splits:
     return Splits(*folders.imagenet(cfg.data_dir))
@@ -198,7 +216,7 @@ def batches(
     batch ahead on a side stream (:func:`lbsgd.data.prefetch.to_device`); a dataset with an
     ``on_device`` callable (ImageNet: uint8 items) has it applied to each batch there.
 
-    :class:`DeviceImages` (CIFAR-10) are batched by indexing too, then augmented with ``seeds`` and
+    :class:`DeviceImages` (CIFAR-10, Fashion-MNIST) are batched by indexing too, then augmented with ``seeds`` and
     normalised on ``device`` (:meth:`DeviceImages.batch`); ``workers`` and ``pin`` do not apply.
     """
     if isinstance(dataset, DeviceImages):

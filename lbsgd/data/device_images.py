@@ -61,6 +61,10 @@ class DeviceImages(Dataset):
 
     ``mean``/``std``: per-channel statistics of pixels scaled to [0, 1]. ``augment``: pad-crop-flip
     training batches (the test split has none). ``classes``: the class names, by label.
+    ``channels``: the channels of a batch, when it differs from the images' (Fashion-MNIST's one
+    grayscale channel leaves as 3 equal channels for the RGB models; None: as held).
+    ``pad``: the augmentation's zero padding in pixels, the crop's offsets ranging over
+    ``2 * pad + 1`` places per axis (:data:`PAD`, CIFAR-10's, by default).
     """
 
     def __init__(
@@ -71,16 +75,24 @@ class DeviceImages(Dataset):
         std: tuple[float, ...],
         augment: bool,
         classes: list[str] | None = None,
+        channels: int | None = None,
+        pad: int = PAD,
     ) -> None:
         if images.dtype != torch.uint8 or images.dim() != 4 or len(labels) != len(images):
             raise ValueError(
                 f"DeviceImages needs uint8 NCHW images and one label each, got {images.dtype} "
                 f"{tuple(images.shape)} and {len(labels)} labels"
             )
+        if channels is not None and images.shape[1] not in (1, channels):
+            raise ValueError(
+                f"channels={channels} repeats one-channel images; these have {images.shape[1]}"
+            )
         self.images, self.labels = images, labels
         self.mean, self.std = tuple(mean), tuple(std)
         self.augment = augment
         self.classes = classes or []
+        self.channels = channels
+        self.pad = pad
         # x/255 then (x - mean)/std folded into one multiply and one subtract per pixel
         std_t = torch.tensor(std, dtype=torch.float32, device=images.device).view(-1, 1, 1)
         mean_t = torch.tensor(mean, dtype=torch.float32, device=images.device).view(-1, 1, 1)
@@ -107,6 +119,8 @@ class DeviceImages(Dataset):
             self.std,
             self.augment,
             self.classes,
+            self.channels,
+            self.pad,
         )
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -124,7 +138,8 @@ class DeviceImages(Dataset):
         """(float32 NCHW images, int64 labels) of the samples ``idx``, on ``device`` (default: where
         the split lives): augmented (when this split augments) with each sample's placement drawn
         from its seed in ``seeds`` (:func:`placements`; None: seeds drawn from torch's generator),
-        then normalised. No host read: index and seed tensors follow the data asynchronously."""
+        then normalised, then repeated to ``channels``. No host read: index and seed tensors
+        follow the data asynchronously."""
         device = self.device if device is None else torch.device(device)
         idx = torch.as_tensor(idx).to(self.device, non_blocking=True)
         x, y = self.images[idx], self.labels[idx]
@@ -135,8 +150,11 @@ class DeviceImages(Dataset):
         if self.augment:
             if seeds is None:
                 seeds = torch.randint(0, 2**63 - 1, (len(idx),), dtype=torch.int64)
-            top, left, flip = placements(seeds.to(device, non_blocking=True))
-            x = pad_crop_flip(x, top, left, flip)
+            top, left, flip = placements(seeds.to(device, non_blocking=True), 2 * self.pad + 1)
+            x = pad_crop_flip(x, top, left, flip, self.pad)
         scale = self._scale.to(device, non_blocking=True)
         shift = self._shift.to(device, non_blocking=True)
-        return x.to(torch.float32).mul_(scale).sub_(shift), y
+        x = x.to(torch.float32).mul_(scale).sub_(shift)
+        if self.channels is not None and self.channels != x.shape[1]:
+            x = x.expand(-1, self.channels, -1, -1).contiguous()  # the work done on one channel
+        return x, y

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,7 +96,7 @@ def chance_error_pct(num_classes: int) -> float:
 
 
 # Classes per dataset key (ImageNet as published; a plugin's dataset is unknown here).
-DATASET_CLASSES = {"synthetic": 10, "cifar10": 10, "imagenet": 1000}
+DATASET_CLASSES = {"synthetic": 10, "cifar10": 10, "fashion_mnist": 10, "imagenet": 1000}
 
 
 def chance_of(df) -> float | None:
@@ -142,7 +143,9 @@ def decide(
       baseline's), so the margin cannot be judged, or
     - the margin, the distance of ``mean(x) − mean(y)`` from the threshold, is no larger than the
       seed spread (sample standard deviation over seeds: of the differences when ``paired``, else
-      the larger of the arms'; ``seed_spread`` when given).
+      the larger of the arms'; ``seed_spread`` when given). The evidence then says what would
+      decide it: :func:`seeds_to_decide` for a test of the mean, since this rule's threshold does
+      not shrink with seeds.
     """
     if (more_than is None) == (at_most is None):
         raise ValueError("decide: give exactly one of more_than= or at_most=")
@@ -172,9 +175,31 @@ def decide(
         return Verdict(
             None,
             f"the margin ({margin:.2f} points) is inside the seed spread "
-            f"({s:.2f} points, standard deviation {over})",
+            f"({s:.2f} points, standard deviation {over}); {_what_would_decide(margin, s)}",
         )
     return Verdict(diff > threshold if more_than is not None else diff <= threshold)
+
+
+def seeds_to_decide(margin: float, s: float) -> int | None:
+    """Seeds a test of two standard errors would need to decide a margin ``margin`` at the seed
+    spread ``s``: the smallest n with ``margin > 2·s/√n``, i.e. ``n > 4·(s/margin)²``. None when
+    the margin is 0 (no number of seeds separates equal means)."""
+    if margin <= 0:
+        return None
+    return math.floor(4 * (s / margin) ** 2) + 1
+
+
+def _what_would_decide(margin: float, s: float) -> str:
+    """The undecided verdict's last clause: the rule (margin > spread) asks for an effect larger
+    than one seed's spread, which more seeds do not make; what would decide the claim is a scale
+    where the effect grows (a larger k, more epochs), or, under a test of the mean (two standard
+    errors), this many seeds."""
+    n = seeds_to_decide(margin, s)
+    test = "no number of seeds" if n is None else f"{n} seeds"
+    return (
+        "the rule asks for an effect larger than the seed spread, which more seeds do not give: "
+        f"a scale where the effect grows would decide it (a two-standard-error test of the mean: {test})"
+    )
 
 
 def lower(a: Sequence[float], b: Sequence[float], **kw: Any) -> Verdict:
@@ -192,9 +217,53 @@ def worse_by(a: Sequence[float], b: Sequence[float], points: float, **kw: Any) -
     return decide(a, b, more_than=points, **kw)
 
 
-def finding(claim: str, verdict: Verdict, evidence: str) -> Finding:
-    """A finding whose evidence ends with the reason when the verdict is undecided."""
-    return Finding(claim, verdict.replayed, evidence + verdict.text())
+def finding(claim: str, verdict: Verdict, evidence: str, *, paper: str = "") -> Finding:
+    """A finding whose evidence ends with the reason when the verdict is undecided; ``paper``:
+    what the paper reports for the claim, with its source (:class:`lbsgd.experiments.Finding`)."""
+    return Finding(claim, verdict.replayed, evidence + verdict.text(), paper)
+
+
+# The papers of the reference table's ``source`` column (``<paper>:<part>``), short as the
+# findings' ``paper`` field names them.
+PAPERS = {
+    "goyal2017": "Goyal",
+    "you2017": "You et al.",
+    "jia2018": "Jia et al.",
+    "mikami2018": "Mikami et al.",
+    "horovod-readme": "Horovod README",
+    "firecaffe2016": "FireCaffe",
+}
+_PART = {"table": "Table ", "fig": "Fig. ", "sec": "§"}
+
+
+def cite(*sources: str) -> str:
+    """The reference table's ``source`` keys in words, one paper's parts together:
+    ``cite("goyal2017:table1")`` is "Goyal Table 1", ``cite("you2017:table1b", "you2017:table3")``
+    "You et al. Table 1b, Table 3", ``"jia2018:seed-slides-table5"`` "Jia et al. (talk) Table 5"
+    (Jia et al.'s tables as shown in their talk)."""
+    parts: dict[str, list[str]] = {}
+    for source in sources:
+        paper, _, part = source.partition(":")
+        words = []
+        if part.startswith("seed-slides"):
+            words.append("(talk)")
+            part = part.removeprefix("seed-slides").lstrip("-")
+        m = re.fullmatch(r"(table|fig|sec)([\w.]*)", part)
+        if m:
+            words.append(_PART[m[1]] + m[2] if m[2] else m[1])
+        elif part:
+            words.append(part)
+        parts.setdefault(PAPERS.get(paper, paper), []).append(" ".join(words))
+    return "; ".join(
+        " ".join([paper, ", ".join(w for w in dict.fromkeys(ws) if w)]).strip()
+        for paper, ws in parts.items()
+    )
+
+
+def kilo(batch: float) -> str:
+    """A published minibatch as the papers write it: 8192 is "8k", 256 is "256"."""
+    b = int(batch)
+    return f"{b // 1024}k" if b >= 1024 and b % 1024 == 0 else str(b)
 
 
 def errors(df, metric: str = "final_top1_error_pct", **where: Any) -> list[float]:

@@ -19,16 +19,44 @@ FLAT_PCT = 2.0  # "flat": Goyal's errors from 128 to 8k lie within 0.3 points
 RISE_PCT = 2.0  # "rises": the largest k more than this above k = 1
 
 
+def small_batch(profile: Profile) -> int:
+    """B_small of the noise probe (study 11): the profile's ``micro_batch`` if it is an integer,
+    else its ``bn_batch`` (cpu and smoke: 16; cifar10 and imagenet, ``micro_batch=auto``: 32, which
+    then caps the micro-batch at 32, a divisor of B_small)."""
+    micro = profile.base.get("micro_batch")
+    return (
+        micro
+        if isinstance(micro, int) and not isinstance(micro, bool)
+        else profile.base["bn_batch"]
+    )
+
+
 def runs(
-    profile: Profile, seeds: Sequence[int], ks: Sequence[float] | None = None
+    profile: Profile,
+    seeds: Sequence[int],
+    ks: Sequence[float] | None = None,
+    noise_scale: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Each k of ``ks`` (default the profile's list): every seed up to ``large_k``, the first
-    seed beyond."""
-    return [
-        profile.keys(k=k, seed=s)
-        for k in (ks or profile.ks[STUDY])
-        for s in (seeds if k <= profile.large_k else seeds[:1])
-    ]
+    seed beyond.
+
+    ``noise_scale`` (None: the profile's ``noise_in_batch_scaling``): each run also measures the
+    gradient noise scale (``noise_scale=true``, ``noise_scale_batch`` = :func:`small_batch`; off
+    where batch_size ≤ B_small, one batch size only: nothing to compare). These are study 11's
+    runs: with it on, study 11 copies this sweep instead of training it again. The probe changes
+    no digit of the training (tests/test_committed_results.py holds the cpu replay's twins to it)."""
+    if noise_scale is None:
+        noise_scale = profile.noise_in_batch_scaling
+    b_small = small_batch(profile)
+    out = []
+    for k in ks or profile.ks[STUDY]:
+        for s in seeds if k <= profile.large_k else seeds[:1]:
+            keys = profile.keys(k=k, seed=s)
+            if noise_scale:
+                on = keys["batch_size"] > b_small
+                keys = {**keys, "noise_scale": on, "noise_scale_batch": b_small if on else None}
+            out.append(keys)
+    return out
 
 
 def table(df):
@@ -79,19 +107,24 @@ def findings(df, large_k: float) -> list[Finding]:
     )
 
     base, top = (1.0 if 1.0 in e else ks[0]), ks[-1]
-    p = ex.reference(STUDY)
-    p = dict(zip(p["batch"], p["value"], strict=True))
+    ref = ex.reference(STUDY)
+    p = dict(zip(ref["batch"], ref["value"], strict=True))
+    src, flat_p = studies.cite(*ref["source"]), [v for b, v in p.items() if b <= 8192]
     return [
         studies.finding(
             f"the error is flat (within {FLAT_PCT:g} points) from k={min(small):g} to "
             f"k={max(small):g}",
             v_flat,
             f"spread {flat:.1f} points (paper: flat from 128 to 8k, spread 0.3)" + why_flat,
+            paper=f"{src}: {min(flat_p):.2f}% to {max(flat_p):.2f}% error from 128 to 8k (spread "
+            f"{max(flat_p) - min(flat_p):.2f} points)",
         ),
         studies.finding(
             "the error rises at the largest minibatches",
             studies.worse_by(e[top], e[base], RISE_PCT, chance=chance),
             f"k={top:g}: {err[top]:.1f}% vs k={base:g}: {err[base]:.1f}% (paper 64k: "
             f"{p[65536]:.2f} vs {p[256]:.2f})",
+            paper=f"{src}: {p[65536]:.2f}% error at 64k vs {p[256]:.2f}% at 256 ({p[16384]:.2f}% at "
+            f"16k, {p[32768]:.2f}% at 32k)",
         ),
     ]

@@ -86,6 +86,8 @@ def findings(df) -> list[Finding]:
             strict=True,
         )
     )
+    raw = ex.reference(STUDY)
+    src, big = studies.cite(*raw["source"]), studies.kilo(raw["batch"].max())
     return [
         studies.finding(
             "with LARS at the largest minibatch, no weight decay on BN and biases beats decaying them "
@@ -96,5 +98,8 @@ def findings(df) -> list[Finding]:
             f"{p['resnet', True]:.1f} to {p['resnet', False]:.1f} (error {100 - p['resnet', True]:.1f} "
             f"to {100 - p['resnet', False]:.1f}), AlexNet {p['alexnet', True]:.1f} to "
             f"{p['alexnet', False]:.1f}",
+            paper=f"{src}: accuracy with vs without weight decay: ResNet-50 (on BN) "
+            f"{p['resnet', True]:.1f}% vs {p['resnet', False]:.1f}%, AlexNet (on bias and BN) "
+            f"{p['alexnet', True]:.1f}% vs {p['alexnet', False]:.1f}% ({big}, LARS)",
         )
     ]

@@ -145,6 +145,12 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
         (k, g): float(v)
         for k, g, v in zip(ref["k"], ref["gamma_init"], ref["paper_top1_error_pct"], strict=True)
     }
+    raw = ex.reference(STUDY)
+    src = studies.cite(*raw["source"])
+    quote = {
+        k: f"{src}: γ=0 {p[(k, 0)]:.2f}% vs γ=1 {p[(k, 1)]:.2f}% error ({studies.kilo(b)})"
+        for k, b in ((base_k, raw["batch"].min()), (large_k, raw["batch"].max()))
+    }
 
     out = []
     for k, where in (
@@ -169,6 +175,7 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
                     f"training loss made half of its decrease after {_plateau(df, main, k, 0):.2f} "
                     f"epochs with γ=0 vs {_plateau(df, main, k, 1):.2f} with γ=1",
                 ),
+                paper=quote[k],
             )
         )
 
@@ -198,6 +205,7 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
                 f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% ({seeds}; half the loss decrease after "
                 f"{_plateau(df, arch, large_k, 0):.2f} vs {_plateau(df, arch, large_k, 1):.2f} epochs); "
                 f"paper, ResNet-50: {p[(large_k, 0)]:.2f} vs {p[(large_k, 1)]:.2f}",
+                paper=quote[large_k].replace(":", " (ResNet-50):", 1),
             )
         )
     return out

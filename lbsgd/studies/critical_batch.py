@@ -31,7 +31,7 @@ import numpy as np
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
-from lbsgd.studies import Metrics, Verdict, at_chance, curves, mean
+from lbsgd.studies import Metrics, Verdict, at_chance, batch_scaling, curves, mean
 from lbsgd.studies.batch_scaling import FLAT_PCT
 from lbsgd.studies.scales import Profile
 
@@ -46,33 +46,14 @@ B_NOISE = "gns_b_simple_ema"  # the smoothed B_simple of a step (metrics.jsonl)
 # -- the runs ----------------------------------------------------------------------------------
 
 
-def small_batch(profile: Profile) -> int:
-    """B_small of the study: the profile's ``micro_batch`` if it is an integer, else its
-    ``bn_batch`` (cpu and smoke: 16; cifar10 and imagenet, ``micro_batch=auto``: 32, which then
-    caps the micro-batch at 32, a divisor of B_small)."""
-    micro = profile.base.get("micro_batch")
-    return (
-        micro
-        if isinstance(micro, int) and not isinstance(micro, bool)
-        else profile.base["bn_batch"]
-    )
-
-
 def runs(
     profile: Profile, seeds: Sequence[int], ks: Sequence[float] | None = None
 ) -> list[dict[str, Any]]:
     """Notebook 3's sweep (each k of ``ks``, default the profile's batch-scaling list: every seed up
-    to ``large_k``, the first seed beyond) with ``noise_scale=true`` and
-    ``noise_scale_batch`` = :func:`small_batch`; off where batch_size ≤ B_small (one batch size
-    only: nothing to compare; cpu and smoke: k = 1)."""
-    b_small = small_batch(profile)
-    out = []
-    for k in ks or profile.ks["batch_scaling"]:
-        for s in seeds if k <= profile.large_k else seeds[:1]:
-            keys = profile.keys(k=k, seed=s)
-            on = keys["batch_size"] > b_small
-            out.append({**keys, "noise_scale": on, "noise_scale_batch": b_small if on else None})
-    return out
+    to ``large_k``, the first seed beyond) with the noise probe on (``noise_scale=true`` and
+    ``noise_scale_batch`` = :func:`small_batch`; off where batch_size ≤ B_small: cpu and smoke,
+    k = 1). A profile with ``noise_in_batch_scaling`` (fashion) trains them in notebook 3."""
+    return batch_scaling.runs(profile, seeds, ks, noise_scale=True)
 
 
 # -- one run's curve ---------------------------------------------------------------------------
@@ -420,6 +401,8 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         "its flat region",
         v1,
         f"{head}; {knee_txt}; ×2 band {band}{why1}",
+        paper="McCandlish et al. 2018: qualitative, below B_crit ≈ B_noise a larger batch buys "
+        "proportionally fewer steps, above it almost none; no number in the reference data",
     )
 
     # 2. B_simple grows during training
@@ -459,6 +442,8 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         "B_simple grows during training (McCandlish et al. report it grows as the loss falls)",
         v2,
         (f"baseline k={base:g}" if base is not None else "no baseline") + grow,
+        paper="McCandlish et al. 2018: qualitative, the noise scale grows as the loss falls; no "
+        "number in the reference data",
     )
 
     # 3. B_crit ≈ B_noise
@@ -491,5 +476,7 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         "within a factor of 2",
         v3,
         f"{fit_txt}; {head}{why3}",
+        paper="McCandlish et al. 2018 eq. 2.11 and Fig. 4: qualitative, B_crit = E_min/S_min ≈ "
+        "B_noise; no number in the reference data",
     )
     return [f1, f2, f3]

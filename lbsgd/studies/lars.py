@@ -160,6 +160,14 @@ def _paper_error(p, arch_: str, opt: str, batch: int | None = None) -> tuple[flo
     return float(r["paper_top1_error_pct"].iloc[0]), int(r["paper_batch"].iloc[0])
 
 
+def _accuracy(p, arch_: str, batches: Sequence[int]) -> tuple[str, dict[tuple[str, int], float]]:
+    """The papers' sources and accuracies (their unit) by (optimizer, batch) of ``arch_`` at
+    ``batches``."""
+    r = p[(p["arch"] == arch_) & p["paper_batch"].isin(list(batches))]
+    acc = zip(r["optimizer"], r["paper_batch"], r["paper_top1_acc_pct"], strict=True)
+    return studies.cite(*r["paper_source"]), {(o, int(b)): float(a) for o, b, a in acc}
+
+
 def _wins(df, arch_: str, k: float) -> tuple[int, int]:
     """Seeds at k where LARS's error is below SGD's, of the seeds both ran."""
     sel = df[(df["arch"] == arch_) & (df["k"] == k)]
@@ -189,6 +197,14 @@ def findings(df) -> list[Finding]:
         f"(accuracy {100 - you_sgd:.1f} vs {100 - you_lars:.1f})",
     }
 
+    cites = {}
+    for a, name, b in (("resnet", "ResNet-50", b64), ("alexnet_bn", "AlexNet-BN", b_sgd)):
+        src, acc = _accuracy(p, a, [b])
+        cites[a] = (
+            f"{src}: {name} at {studies.kilo(b)} accuracy SGD {acc['sgd', b]:.1f}% vs LARS "
+            f"{acc['lars', b]:.1f}%"
+        )
+
     out = []
     for a in ("resnet", "alexnet_bn"):
         if a not in kmax:
@@ -203,6 +219,7 @@ def findings(df) -> list[Finding]:
                 studies.lower(lars, sgd, chance=chance, paired=True),
                 f"k={k:g}: LARS {_mean(lars):.1f}% vs SGD {_mean(sgd):.1f}% error (mean of {len(lars)}; "
                 f"LARS better in {w} of {n} seeds); paper error: {quotes[a]}",
+                paper=cites[a],
             )
         )
 
@@ -229,6 +246,7 @@ def findings(df) -> list[Finding]:
         verdict = studies.lower(change["lars"], change["sgd"], paired=True)
     pds = you_sgd - _paper_error(p, "alexnet_bn", "sgd", 512)[0]
     pdl = you_lars - _paper_error(p, "alexnet_bn", "lars", 512)[0]
+    src, acc = _accuracy(p, "alexnet_bn", [512, b_sgd])
     out.append(
         studies.finding(
             f"from k={kmin:g} to k={kbig:g} LARS loses less accuracy than SGD (resnet)",
@@ -236,6 +254,9 @@ def findings(df) -> list[Finding]:
             f"error change: LARS {_mean(change['lars']):+.1f} points, SGD {_mean(change['sgd']):+.1f} "
             f"points (k={kmin:g}: seed {first} only); paper, AlexNet-BN from 512 to {b_sgd}: "
             f"LARS {pdl:+.1f} points, SGD {pds:+.1f} points",
+            paper=f"{src}: AlexNet-BN from 512 to {studies.kilo(b_sgd)} accuracy SGD "
+            f"{acc['sgd', 512]:.1f}% to {acc['sgd', b_sgd]:.1f}%, LARS {acc['lars', 512]:.1f}% to "
+            f"{acc['lars', b_sgd]:.1f}%",
         )
     )
     return out

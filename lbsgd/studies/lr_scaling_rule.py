@@ -93,6 +93,8 @@ def findings(df) -> list[Finding]:
     wins = int((per_seed["linear"] < per_seed[["sqrt", "none"]].min(axis=1)).sum())
     n = len(e["linear"])
     p = dict(zip(paper()["lr_scaling"], paper()["paper_top1_error_pct"], strict=True))
+    ref = ex.reference(STUDY)
+    src, big = studies.cite(*ref["source"]), studies.kilo(ref["batch"].max())
     return [
         studies.finding(
             "the linear rule gives the lowest error of the three rules at the large minibatch",
@@ -103,6 +105,8 @@ def findings(df) -> list[Finding]:
             f"linear {m['linear']:.1f}%, sqrt {m['sqrt']:.1f}%, none {m['none']:.1f}% at "
             f"k={large_k:g} (mean of {n}; linear best in {wins} of {len(per_seed)} seeds); paper "
             f"{p['linear']:.2f}, {p['sqrt']:.2f}, {p['none']:.2f}",
+            paper=f"{src}: linear {p['linear']:.2f}%, sqrt {p['sqrt']:.2f}%, none {p['none']:.2f}% "
+            f"error ({big})",
         ),
         studies.finding(
             f"without scaling the large minibatch collapses: over {COLLAPSE_PCT:g} points worse "
@@ -111,5 +115,7 @@ def findings(df) -> list[Finding]:
             f"none {m['none']:.1f}% vs linear {m['linear']:.1f}% "
             f"({m['none'] - m['linear']:+.1f} points, mean of {n}); paper {p['none']:.2f} vs "
             f"{p['linear']:.2f} ({p['none'] - p['linear']:+.1f})",
+            paper=f"{src}: none {p['none']:.2f}% vs linear {p['linear']:.2f}% error "
+            f"({p['none'] - p['linear']:+.2f} points, {big})",
         ),
     ]

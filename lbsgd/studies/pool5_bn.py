@@ -169,6 +169,8 @@ def findings(df) -> list[Finding]:
         why = "; not replayed at this scale: " + _why_decay_fails(df)
     elif v_decay.replayed is None:
         why = "; at this scale: " + _why_decay_fails(df)
+    raw = ex.reference(STUDY)
+    src, big = studies.cite(*raw["source"]), studies.kilo(raw["batch"].max())
     return [
         studies.finding(
             "BN after pool5 improves AlexNet over no pool5-BN (no decay on bias and BN)",
@@ -177,6 +179,9 @@ def findings(df) -> list[Finding]:
             f"pool5-BN better in {w_bn} of {n_bn} seeds); Jia et al. accuracy "
             f"{_paper_acc(False, False):.1f} to {_paper_acc(False, True):.1f} (error "
             f"{100 - _paper_acc(False, False):.1f} to {100 - _paper_acc(False, True):.1f})",
+            paper=f"{src}: AlexNet accuracy {_paper_acc(False, False):.1f}% without vs "
+            f"{_paper_acc(False, True):.1f}% with BN after pool5 (no decay on bias and BN; {big}, "
+            "LARS)",
         ),
         studies.finding(
             "no weight decay on biases (and BN) beats decaying them (AlexNet, no pool5-BN)",
@@ -185,5 +190,8 @@ def findings(df) -> list[Finding]:
             f"{n_decay}; no decay better in {w_decay} of {n_decay} seeds; plain AlexNet: biases "
             f"only); Jia et al. accuracy {_paper_acc(True, False):.1f} to "
             f"{_paper_acc(False, False):.1f}" + why,
+            paper=f"{src}: AlexNet accuracy {_paper_acc(True, False):.1f}% with vs "
+            f"{_paper_acc(False, False):.1f}% without weight decay on bias and BN (no pool5-BN; "
+            f"{big}, LARS)",
         ),
     ]

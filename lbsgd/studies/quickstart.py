@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
 from lbsgd.studies.scales import Profile
@@ -37,6 +38,18 @@ def table(df):
     return df[COLUMNS]
 
 
+def paper() -> str:
+    """Goyal's run of the same recipe (Table 1, gradual warmup at 8k): the claim itself, that the
+    run learns, is a check of lbsgd's, with no published number."""
+    ref = ex.reference("warmup")
+    r = ref[(ref["warmup"] == "gradual") & (ref["batch"] == ref["batch"].max())].iloc[0]
+    return (
+        f"{studies.cite(r['source'])}: the linear rule with gradual warmup at "
+        f"{studies.kilo(r['batch'])} trains to {r['value']:.2f}% error (the claim itself is "
+        "lbsgd's check)"
+    )
+
+
 def findings(df) -> list[Finding]:
     """The run learns: its top-1 error is over 20 points below chance (see :data:`LEARNS_PCT`)."""
     err = studies.errors(df)[0]
@@ -48,11 +61,12 @@ def findings(df) -> list[Finding]:
                 claim,
                 studies.Verdict(False),
                 f"the run diverged (top-1 error {err:.1f}% at its last evaluation)",
+                paper=paper(),
             )
         ]
     if chance is None:
         verdict = studies.Verdict(None, "the dataset's chance error is unknown")
-        return [studies.finding(claim, verdict, f"top-1 error {err:.1f}%")]
+        return [studies.finding(claim, verdict, f"top-1 error {err:.1f}%", paper=paper())]
     # chance is no measurement: its arm has no spread; the allowance plays that part
     verdict = studies.worse_by([chance], [err], LEARNS_PCT, chance=chance, seed_spread=0.0)
     if verdict.replayed is False:
@@ -61,4 +75,8 @@ def findings(df) -> list[Finding]:
             f"one run, {chance - err:.1f} points below chance (the "
             f"claim: over {LEARNS_PCT:g}): no seed spread to judge it by",
         )
-    return [studies.finding(claim, verdict, f"top-1 error {err:.1f}% vs chance {chance:.0f}%")]
+    return [
+        studies.finding(
+            claim, verdict, f"top-1 error {err:.1f}% vs chance {chance:.0f}%", paper=paper()
+        )
+    ]

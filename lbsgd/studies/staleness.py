@@ -50,6 +50,19 @@ NEAR_PTS = 1.0
 # within this many points (else one arm is undertrained and its flat curve says nothing)
 BASE_GAP_PTS = 10.0
 STALENESS_MEAN = "async_ps_staleness_mean"  # summary.json's async_ps.staleness.mean, flattened
+# What the papers say of each finding (its ``paper`` field): they give bounds and rules, no error
+# by staleness.
+LIAN = (
+    "Lian et al. 2015: qualitative, convergence needs a step size that shrinks as the staleness "
+    "bound grows; no number in the reference data"
+)
+LIAN_ZHANG = (
+    "Lian et al. 2015, Zhang et al. 2016: qualitative, the step size bounded by the staleness "
+    "(Lian) or divided by it, η/τ (Zhang); no number in the reference data"
+)
+PS_AGAINST_SIM = (
+    "no published number: lbsgd's parameter server against its own simulation of staleness"
+)
 
 
 # -- the runs ----------------------------------------------------------------------------------
@@ -234,6 +247,7 @@ def findings(sim, ps=None) -> list[Finding]:
         f"the error grows with the staleness τ (lr_scaling={lin}, τ = 0 vs {top})",
         v1,
         curves + div_txt + note1,
+        paper=LIAN,
     )
 
     # 2. the linear rule amplifies staleness
@@ -277,6 +291,7 @@ def findings(sim, ps=None) -> list[Finding]:
         "et al. 2015 bound the step size by the staleness, Zhang et al. 2016 scale it by 1/τ)",
         v2,
         ev2,
+        paper=LIAN_ZHANG,
     )
 
     # 3. the PS mode beside the simulation at its mean staleness
@@ -285,7 +300,13 @@ def findings(sim, ps=None) -> list[Finding]:
         "simulated run at its mean measured staleness"
     )
     if ps is None or not len(ps):
-        return [f1, f2, studies.finding(claim3, Verdict(None, "no parameter-server run"), "none")]
+        return [
+            f1,
+            f2,
+            studies.finding(
+                claim3, Verdict(None, "no parameter-server run"), "none", paper=PS_AGAINST_SIM
+            ),
+        ]
     ps = studies.diverged_as_failed(ps)
     tau = matched_tau(ps)
     means = [float(v) for v in ps[STALENESS_MEAN]]
@@ -305,6 +326,7 @@ def findings(sim, ps=None) -> list[Finding]:
                 claim3,
                 Verdict(None, f"no simulated run at τ = {tau} with the PS runs' seeds"),
                 head,
+                paper=PS_AGAINST_SIM,
             ),
         ]
     x, y = [a[s] for s in common], [b[s] for s in common]
@@ -323,4 +345,4 @@ def findings(sim, ps=None) -> list[Finding]:
         "distribution (its histogram in summary.json), the simulation's a single τ; "
         "and the server applies the gradients in arrival order",
     )
-    return [f1, f2, studies.finding(claim3, v3, ev3)]
+    return [f1, f2, studies.finding(claim3, v3, ev3, paper=PS_AGAINST_SIM)]

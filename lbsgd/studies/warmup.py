@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.experiments import Finding
@@ -24,6 +26,12 @@ SPIKE = 1.1  # a jump ratio below this barely disturbs training
 # Goyal et al. train on k GPUs of n = 32 images each (minibatch kn): Table 1's k = 8 (256) and
 # k = 256 (8k) are GPUs, shown as paper_gpus; lbsgd's k is the minibatch over the reference batch.
 PAPER_IMAGES_PER_GPU = 32
+# Goyal §5.2, Figs. 2 and 4: the large minibatch's training curve against the small one's, both
+# read per epoch. A pair of runs (one seed, the same initialisation) is compared by its loss gap
+# (:func:`loss_gap_pct`) over a window of epochs.
+CURVE_BINS = 32  # bins of equal epochs over the whole training (1/8 epoch each at 4 epochs)
+EARLY_EPOCHS = 1.0  # "early": the first epoch
+MATCH_PCT = 10.0  # "matches": the gap over the second half of training is at most 10%
 
 # -- the runs and the table --------------------------------------------------------------------
 
@@ -92,6 +100,7 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
     ref = ex.reference(STUDY)
     p = dict(zip(ref["warmup"][ref["batch"] > 256], ref["value"][ref["batch"] > 256], strict=True))
     p_base = float(ref["value"][ref["batch"] == 256].iloc[0])
+    src, big = studies.cite(*ref["source"]), studies.kilo(ref["batch"].max())
 
     v_constant = every(
         studies.worse_by(e["constant"], e["none"], 0.0, chance=chance, paired=True),
@@ -137,12 +146,15 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
             studies.lower(e["gradual"], e["none"], chance=chance, paired=True),
             f"{m['gradual']:.1f}% vs {m['none']:.1f}% (mean of {n}; paper {p['gradual']:.2f} vs "
             f"{p['none']:.2f})",
+            paper=f"{src}: gradual {p['gradual']:.2f}% vs none {p['none']:.2f}% error ({big})",
         ),
         studies.finding(
             "constant warmup is the worst of the three",
             v_constant,
             f"constant {m['constant']:.1f}%, none {m['none']:.1f}%, gradual {m['gradual']:.1f}% "
             f"(paper {p['constant']:.2f} worst)" + why_constant,
+            paper=f"{src}: constant {p['constant']:.2f}%, none {p['none']:.2f}%, gradual "
+            f"{p['gradual']:.2f}% error ({big})",
         ),
         studies.finding(
             f"with gradual warmup the large minibatch comes close to the baseline (within "
@@ -150,5 +162,94 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
             v_close,
             f"{m['gradual']:.1f}% vs baseline {b:.1f}% (paper {p['gradual']:.2f} vs {p_base:.2f})"
             + why_close,
+            paper=f"{src}: gradual {p['gradual']:.2f}% error at {big} vs baseline {p_base:.2f}% at 256",
+        ),
+    ]
+
+
+# -- the training curves (Goyal Figs. 2 and 4) -------------------------------------------------
+
+
+def binned_loss(train, edges: np.ndarray) -> np.ndarray:
+    """The mean training loss of the steps whose epoch (at the step's end) falls in each bin
+    ``(edges[i], edges[i + 1]]``; NaN for a bin without a step."""
+    if "kind" in train:
+        train = train[train["kind"] == "train"]
+    epoch = train["epoch"].to_numpy(dtype=float)
+    loss = train["loss"].to_numpy(dtype=float)
+    which = np.digitize(epoch, edges, right=True) - 1  # bin i holds edges[i] < epoch <= edges[i+1]
+    out = np.full(len(edges) - 1, np.nan)
+    for i in range(len(out)):
+        inside = loss[which == i]
+        if len(inside):
+            out[i] = inside.mean()
+    return out
+
+
+def loss_gap_pct(small, large, start: float, end: float, bins: int = CURVE_BINS) -> float:
+    """How far the large minibatch's training loss lies above the small minibatch's (%; negative:
+    below) over the epochs ``[start, end]``: each run's loss averaged in ``bins`` bins of equal
+    epochs over the whole training (both runs' last epoch), the relative gap taken bin by bin, and
+    its mean over the bins inside the window in which both runs logged a step (NaN if none)."""
+    total = max(float(small["epoch"].max()), float(large["epoch"].max()))
+    edges = np.linspace(0.0, total, bins + 1)
+    a, b = binned_loss(small, edges), binned_loss(large, edges)
+    inside = (edges[:-1] >= start - 1e-9) & (edges[1:] <= end + 1e-9)
+    gaps = ((b - a) / a * 100.0)[inside & np.isfinite(a) & np.isfinite(b)]
+    return float(gaps.mean()) if len(gaps) else math.nan
+
+
+def curve_gaps(df, metrics: Metrics = None) -> dict[str, dict[str, list[float]]]:
+    """Per large-minibatch warmup, the per-seed loss gaps to the baseline run of the same seed:
+    ``early`` over the first :data:`EARLY_EPOCHS`, ``late`` over the second half of training."""
+    load = curves(metrics)
+    base_k, large_k = float(df["k"].min()), float(df["k"].max())
+    base = {int(r["seed"]): load(r["run_dir"]) for _, r in df[df["k"] == base_k].iterrows()}
+    out: dict[str, dict[str, list[float]]] = {}
+    for w in WARMUPS:
+        arm = df[(df["k"] == large_k) & (df["warmup"] == w)].sort_values("seed")
+        early, late = [], []
+        for _, r in arm.iterrows():
+            small, large = base[int(r["seed"])], load(r["run_dir"])
+            total = float(large["epoch"].max())
+            early.append(loss_gap_pct(small, large, 0.0, min(EARLY_EPOCHS, total / 2)))
+            late.append(loss_gap_pct(small, large, total / 2, total))
+        out[w] = {"early": early, "late": late}
+    return out
+
+
+def curve_findings(df, metrics: Metrics = None) -> list[Finding]:
+    """Goyal §5.2: with gradual warmup the large minibatch's training curve matches the small
+    one's after the first epochs; without warmup it lags early. Decided from the per-seed loss
+    gaps (:func:`curve_gaps`), each seed's gap a paired difference against its own baseline."""
+    g = curve_gaps(df, metrics)
+    n = len(g["gradual"]["late"])
+    zeros = [0.0] * n
+    early = "first epoch" if EARLY_EPOCHS == 1 else f"first {EARLY_EPOCHS:g} epochs"
+
+    def text(values: list[float]) -> str:
+        return f"{mean(values):+.1f}%" if values else "n/a"
+
+    return [
+        studies.finding(
+            f"with gradual warmup the large minibatch's training loss matches the small "
+            f"minibatch's after the first epochs (within {MATCH_PCT:g}% over the second half of "
+            f"training)",
+            studies.decide(g["gradual"]["late"], zeros, at_most=MATCH_PCT, paired=True),
+            f"gap {text(g['gradual']['late'])} over the second half (mean of {n}; no warmup "
+            f"{text(g['none']['late'])}; paper Figs. 2c and 4: the curves match closely after "
+            f"the warmup)",
+            paper="Goyal Figs. 2c and 4: qualitative, with gradual warmup the 8k training curve "
+            "matches the 256 one closely after the warmup; no number",
+        ),
+        studies.finding(
+            "without warmup the large minibatch's training loss lags the small minibatch's early "
+            f"(above it over the {early})",
+            studies.decide(g["none"]["early"], zeros, more_than=0.0, paired=True),
+            f"gap {text(g['none']['early'])} over the {early} (mean of {n}; "
+            f"gradual warmup {text(g['gradual']['early'])}; paper Fig. 2a: higher training "
+            f"error early)",
+            paper="Goyal Fig. 2a: qualitative, without warmup the 8k training error is higher than "
+            "the 256 one early; no number",
         ),
     ]

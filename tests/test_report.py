@@ -1,0 +1,200 @@
+"""Findings carry the paper's numbers (``paper``), and ``lbsgd report --side-by-side`` sets
+several profiles' findings beside each other, claim by claim, from their findings.json alone."""
+
+import json
+from pathlib import Path
+
+from lbsgd import cli, report
+from lbsgd import experiments as ex
+from lbsgd.experiments import Finding
+
+GRADUAL = "Goyal Table 1: gradual 23.74% vs none 24.84% error (8k)"
+CONSTANT = "Goyal Table 1: constant 25.88%, none 24.84%, gradual 23.74% error (8k)"
+
+
+def write_study(profile_dir: Path, study: str, title: str, findings: list[dict]) -> None:
+    """A findings.json as a notebook writes it (the findings' dicts exactly as given: one without
+    ``paper`` is a file written before the field existed)."""
+    d = profile_dir / study
+    d.mkdir(parents=True)
+    record = {
+        "study": study,
+        "title": title,
+        "profile": profile_dir.name,
+        "seeds": [0, 1, 2],
+        "findings": findings,
+    }
+    (d / "findings.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def two_profiles(root: Path) -> tuple[Path, Path]:
+    """cpu: quickstart and scaling in the old format (no ``paper``), warmup with two claims;
+    fashion: no quickstart, warmup with a third claim listed first and another k in a claim's
+    text, scaling with ``paper``."""
+    cpu, fashion = root / "cpu", root / "fashion"
+    write_study(
+        cpu,
+        "quickstart",
+        "1. Quickstart",
+        [{"claim": "a run learns", "replayed": True, "evidence": "top-1 error 4.6% vs chance 90%"}],
+    )
+    write_study(
+        cpu,
+        "warmup",
+        "2. Warmup (Goyal Table 1)",
+        [
+            {
+                "claim": "gradual beats none at k=16",
+                "replayed": True,
+                "evidence": "3.1% vs 6.1% | mean of 3",
+                "paper": GRADUAL,
+            },
+            {
+                "claim": "constant is the worst",
+                "replayed": False,
+                "evidence": "constant 5.0%",
+                "paper": CONSTANT,
+            },
+        ],
+    )
+    write_study(
+        cpu,
+        "scaling",
+        "10. Scaling",
+        [{"claim": "the model predicts the step", "replayed": None, "evidence": "no measurement"}],
+    )
+    write_study(
+        fashion,
+        "scaling",
+        "10. Scaling",
+        [
+            {
+                "claim": "the model predicts the step",
+                "replayed": None,
+                "evidence": "one process",
+                "paper": "no published number",
+            }
+        ],
+    )
+    write_study(
+        fashion,
+        "warmup",
+        "2. Warmup (Goyal Table 1)",
+        [
+            {
+                "claim": "the curves match",
+                "replayed": None,
+                "evidence": "gap +3.0%; undecided: one seed per arm",
+                "paper": "Goyal Fig. 2c: qualitative",
+            },
+            {
+                "claim": "gradual beats none at k=32",
+                "replayed": True,
+                "evidence": "10.2% vs 12.9%",
+                "paper": GRADUAL,
+            },
+            {
+                "claim": "constant is the worst",
+                "replayed": True,
+                "evidence": "constant 14.0%",
+                "paper": CONSTANT,
+            },
+        ],
+    )
+    return cpu, fashion
+
+
+def test_side_by_side_matches_claims_by_study_and_their_text_with_numbers_masked(tmp_path):
+    cpu, fashion = two_profiles(tmp_path)
+    assert report.side_by_side([cpu, fashion]) == (
+        "- `cpu`: 4 claims: 2 replayed, 1 not replayed, 1 undecided.\n"
+        "- `fashion`: 4 claims: 2 replayed, 0 not replayed, 2 undecided.\n"
+        "\n"
+        "| study | claim | paper | `cpu` | `fashion` | agree |\n"
+        "|---|---|---|---|---|---|\n"
+        "| 1. Quickstart | a run learns |  | yes: top-1 error 4.6% vs chance 90% | — | — |\n"
+        f"| 2. Warmup (Goyal Table 1) | gradual beats none at k=16 | {GRADUAL} | "
+        "yes: 3.1% vs 6.1% \\| mean of 3 | yes: 10.2% vs 12.9% | same |\n"
+        f"| 2. Warmup (Goyal Table 1) | constant is the worst | {CONSTANT} | "
+        "**no**: constant 5.0% | yes: constant 14.0% | differ |\n"
+        "| 2. Warmup (Goyal Table 1) | the curves match | Goyal Fig. 2c: qualitative | — | "
+        "undecided: gap +3.0%; undecided: one seed per arm | — |\n"
+        "| 10. Scaling | the model predicts the step | no published number | "
+        "undecided: no measurement | undecided: one process | — |\n"
+    )
+    # the other order: fashion's claim texts, fashion's columns first
+    rows = report.side_by_side([fashion, cpu]).splitlines()
+    assert rows[:2] == [
+        "- `fashion`: 4 claims: 2 replayed, 0 not replayed, 2 undecided.",
+        "- `cpu`: 4 claims: 2 replayed, 1 not replayed, 1 undecided.",
+    ]
+    # fashion's order within a study: the curves first, then the claims cpu also makes
+    assert rows[5].startswith("| 1. Quickstart | a run learns |  | — | yes: ")
+    assert rows[6].startswith("| 2. Warmup (Goyal Table 1) | the curves match |")
+    assert rows[7].startswith("| 2. Warmup (Goyal Table 1) | gradual beats none at k=32 |")
+    assert rows[7].endswith("| yes: 10.2% vs 12.9% | yes: 3.1% vs 6.1% \\| mean of 3 | same |")
+
+
+def test_side_by_side_verdicts_only_drops_the_paper_and_the_evidence(tmp_path, capsys):
+    cpu, fashion = two_profiles(tmp_path)
+    rows = report.side_by_side([cpu, fashion], verdicts_only=True).splitlines()
+    assert rows[3:8] == [
+        "| study | claim | `cpu` | `fashion` | agree |",
+        "|---|---|---|---|---|",
+        "| 1. Quickstart | a run learns | yes | — | — |",
+        "| 2. Warmup (Goyal Table 1) | gradual beats none at k=16 | yes | yes | same |",
+        "| 2. Warmup (Goyal Table 1) | constant is the worst | **no** | yes | differ |",
+    ]
+    assert rows[-1] == "| 10. Scaling | the model predicts the step | undecided | undecided | — |"
+    assert cli.main(["report", "--side-by-side", str(cpu), str(fashion), "--verdicts"]) == 0
+    assert capsys.readouterr().out == "\n".join(rows) + "\n"
+
+
+def test_claim_key_masks_the_numbers_of_a_claim_and_keeps_its_words():
+    assert report.claim_key("gradual beats none at k=16 (within 1.5 points)") == (
+        "gradual beats none at k=# (within # points)"
+    )
+    assert report.claim_key("fp16 reaches fp32") != report.claim_key("bf16 reaches fp32")
+
+
+def test_the_cli_prints_the_side_by_side_table_and_writes_nothing(tmp_path, capsys):
+    cpu, fashion = two_profiles(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    assert cli.main(["report", "--side-by-side", str(cpu), str(fashion)]) == 0
+    assert capsys.readouterr().out == report.side_by_side([cpu, fashion])
+    assert sorted(tmp_path.rglob("*")) == before  # no REPORT.md
+
+
+def test_side_by_side_of_a_folder_without_findings_is_one_line_naming_it(tmp_path, capsys):
+    cpu, _ = two_profiles(tmp_path)
+    empty = tmp_path / "fashion-not-run"
+    empty.mkdir()
+    assert cli.main(["report", "--side-by-side", str(cpu), str(empty)]) == cli.EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1
+    assert lines[0].startswith("lbsgd: error: no */findings.json under") and str(empty) in lines[0]
+
+
+def test_findings_json_round_trips_paper_and_reads_an_old_file_as_empty(tmp_path):
+    findings = [
+        Finding("gradual beats none", True, "3.1% vs 6.1%", paper=GRADUAL),
+        Finding("constant is the worst", None, "one seed"),
+    ]
+    path = ex.write_findings(tmp_path, "warmup", "cpu", [0], findings, title="2. Warmup")
+    written = json.loads(path.read_text())["findings"]
+    assert written[0]["paper"] == GRADUAL and written[1]["paper"] == ""
+    assert [Finding.from_dict(f) for f in written] == findings
+    old = {"claim": "a run learns", "replayed": False, "evidence": "diverged"}
+    assert Finding.from_dict(old) == Finding("a run learns", False, "diverged", paper="")
+
+
+def test_report_build_shows_no_paper_field_so_old_and_new_files_build_alike(tmp_path):
+    cpu, _ = two_profiles(tmp_path)
+    with_paper = report.build(cpu)
+    path = cpu / "warmup" / "findings.json"
+    record = json.loads(path.read_text())
+    for f in record["findings"]:
+        del f["paper"]
+    path.write_text(json.dumps(record))
+    assert report.build(cpu) == with_paper and GRADUAL not in with_paper
