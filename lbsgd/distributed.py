@@ -237,7 +237,7 @@ def wrap(
     bucket_cap_mb: float,
     comm_hook: str = "none",
     powersgd_rank: int = 1,
-    warmup_steps: int = 0,
+    switch_step: int = 0,
     noise=None,
 ) -> torch.nn.Module:
     """DDP over the process group when there is more than one process, else the model itself.
@@ -257,7 +257,7 @@ def wrap(
         **NO_FORWARD_BUFFER_SYNC,
     )
     ddp.comm_state = comm.register(
-        ddp, comm_hook, ctx.local_world_size, powersgd_rank, warmup_steps, noise
+        ddp, comm_hook, ctx.local_world_size, powersgd_rank, switch_step, noise
     )
     return ddp
 

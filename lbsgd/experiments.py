@@ -59,7 +59,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lbsgd import config, launch, rundir, tracking
+from lbsgd import config, launch, registry, rundir, tracking
 from lbsgd.config import Config
 from lbsgd.tracking import flatten
 
@@ -294,7 +294,7 @@ def sweep(
     from lbsgd import trainer  # torch: imported once the cheap checks have passed
 
     for c in cfgs:  # data directories, process layout, run directories: read only
-        config.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
+        registry.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
         trainer.check(c, nproc_per_node * nnodes, nproc_per_node)
         # a finished run of other experiment keys (or of another K, under local SGD) is not "done"
         rundir.check_run_dir(c, nproc_per_node * nnodes)

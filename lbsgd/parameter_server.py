@@ -252,7 +252,7 @@ class Run:
         self.opt = optim.build(cfg, self.net)
         for p in self.params:  # the arriving gradients are copied here
             p.grad = torch.zeros_like(p)
-        self.bn_stats = ghost_bn.RunningStats(self.ghost, groups=cfg.batch_size // cfg.bn_batch)
+        self.bn_stats = ghost_bn.RunningStats(self.ghost, groups=d.bn_groups)
         # flushes and evaluations as a synchronous run's; the one checkpoint: at the end
         self.cadence = Cadence(
             d.total_steps, cfg.log_every, cfg.eval_every, False, 0, self.sampler.epoch_of

@@ -28,7 +28,7 @@ from lbsgd import (
     parameter_server,
     rundir,
 )
-from lbsgd.config import Config, ConfigError, Derived, check_world, import_plugins
+from lbsgd.config import Config, ConfigError, Derived, check_world
 from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
 from lbsgd.loop import (
     Cadence,
@@ -42,6 +42,7 @@ from lbsgd.loop import (
 from lbsgd.models import ghost_bn
 from lbsgd.precision import Precision
 from lbsgd.progress import Flushed, Progress, ending_line
+from lbsgd.registry import import_plugins
 from lbsgd.schedules import learning_rate
 from lbsgd.staleness import StaleWeights
 from lbsgd.tracking import Tracker
@@ -284,7 +285,7 @@ class Run:
         if d.noise_batch:
             self.noise = noise_scale.Probe(
                 params,
-                d.noise_batch // d.micro_batch,
+                d.noise_micro_batches,
                 d.accum_steps,
                 d.noise_batch,
                 cfg.batch_size,
@@ -309,7 +310,7 @@ class Run:
             cfg.bucket_cap_mb,
             cfg.comm_hook,
             cfg.powersgd_rank,
-            d.warmup_steps,
+            d.switch_step,
             self.noise,
         )
         self.comm_state = getattr(self.model, "comm_state", None)
@@ -330,13 +331,13 @@ class Run:
             )
 
     def _attach_local_sgd(self, state: dict[str, Any] | None) -> None:
-        """Post-local SGD (after the warmup), or BMUF when its block momentum / block lr are off
+        """Post-local SGD (from switch_step), or BMUF when its block momentum / block lr are off
         their defaults (at them BMUF is the plain averaging; on one process too: K = 1)."""
         cfg, ctx = self.cfg, self.ctx
         self.local_sgd = None
         if cfg.local_sgd and ctx.world_size > 1:
             self.local_sgd = comm.LocalSGD(
-                cfg.local_sgd, start=self.d.warmup_steps, step=self.start_step
+                cfg.local_sgd, start=self.d.switch_step, step=self.start_step
             )
         if cfg.local_sgd and comm.BMUF.filters(cfg.block_momentum, cfg.block_lr):
             self._attach_bmuf(state)
@@ -346,7 +347,7 @@ class Run:
         cfg, ctx, d = self.cfg, self.ctx, self.d
         self.local_sgd = comm.BMUF(
             cfg.local_sgd,
-            d.warmup_steps,
+            d.switch_step,
             self.start_step,
             self.net.parameters(),
             cfg.block_momentum,
@@ -355,7 +356,7 @@ class Run:
         )
         if state is not None and state.get("bmuf") is not None:
             self.local_sgd.load_state_dict(state["bmuf"])
-        elif self.start_step > d.warmup_steps and ctx.is_main:
+        elif self.start_step > d.switch_step and ctx.is_main:
             print(
                 "lbsgd: BMUF resumes with Delta = 0 from the checkpoint's model (the "
                 "checkpoint holds no BMUF state)",
@@ -366,7 +367,7 @@ class Run:
             print(
                 f"lbsgd: BMUF eta_B={cfg.block_momentum:g} eps_B={cfg.block_lr:g}: blocks of "
                 f"{cfg.local_sgd} local steps on {ctx.world_size} processes after step "
-                f"{d.warmup_steps}, each from {start}",
+                f"{d.switch_step}, each from {start}",
                 flush=True,
             )
 
@@ -435,7 +436,7 @@ class Run:
         stream = self._train_stream()
         bn_stats = ghost_bn.RunningStats(
             self.ghost,
-            groups=self.cfg.batch_size // self.cfg.bn_batch,
+            groups=d.bn_groups,
             all_reduce_sum=distributed.all_reduce_sum if self.ctx.world_size > 1 else None,
         )
         # tqdm's bar on a terminal, else plain lines (rank 0)

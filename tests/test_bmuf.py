@@ -308,6 +308,30 @@ def test_one_process_applies_the_filter(tmp_path):
     assert max((a[k].double() - b["model"][k].double()).abs().max().item() for k in a) > 1e-3
 
 
+def test_switch_step_is_where_the_blocks_start_and_null_is_the_end_of_the_warmup(tmp_path, capsys):
+    """K = 1, 8 steps, a warmup of 4: BMUF's blocks from switch_step. Null is the warmup's 4
+    (today's start, bitwise); at 8 the blocks never start, and the run is plain local_sgd's
+    (plain SGD on one process)."""
+    from lbsgd.trainer import train
+
+    base = {**TINY, "epochs": 1, "out_dir": str(tmp_path), "local_sgd": 2}
+    bmuf = {**base, "block_momentum": 0.5}
+    runs = {
+        "plain": base,
+        "null": bmuf,
+        "at_4": {**bmuf, "switch_step": 4},
+        "at_8": {**bmuf, "switch_step": 8},
+    }
+    for name, keys in runs.items():
+        assert train(Config(**{**keys, "name": name}))["status"] == "completed"
+    out = capsys.readouterr().out
+    assert "after step 4," in out and "after step 8," in out
+    model = {name: _params(_final(tmp_path, name)["model"]) for name in runs}
+    assert torch.equal(model["null"], model["at_4"])
+    assert torch.equal(model["at_8"], model["plain"])
+    assert (model["null"] - model["plain"]).abs().max() > 1e-3
+
+
 if __name__ == "__main__":  # a worker: python -m lbsgd, BMUF's filter even at η_B = 0, ε_B = 1
     from lbsgd import cli
 

@@ -19,7 +19,7 @@ from conftest import TINY, lbsgd
 from test_distributed import COMMON
 
 from lbsgd import checkpoint, data, noise_scale
-from lbsgd.config import Config, ConfigError, check_world, from_dict
+from lbsgd.config import Config, ConfigError, accum_steps, check_world, from_dict
 from lbsgd.trainer import train
 
 
@@ -53,7 +53,8 @@ def test_the_smoother_is_a_bias_corrected_moving_average_of_each_estimate():
 
 def test_layouts_that_cannot_measure_it_are_refused_with_one_line():
     cfg = Config(**{**TINY, "noise_scale": True})  # batch 64, micro 16: B_small = 16 by default
-    assert check_world(cfg, 1) == 4
+    check_world(cfg, 1)
+    assert accum_steps(cfg, 1) == 4
     with pytest.raises(
         ConfigError, match=r"noise_scale_batch=24 must be a multiple of micro_batch=16"
     ):
@@ -70,7 +71,8 @@ def test_layouts_that_cannot_measure_it_are_refused_with_one_line():
         from_dict({**TINY, "noise_scale_ema": 1.0})
     # micro_batch=auto picks among micro-batches that make up the small batch whole
     auto = cfg.replace(micro_batch="auto", noise_scale_batch=32)
-    assert check_world(auto, 1) == 2
+    check_world(auto, 1)
+    assert accum_steps(auto, 1) == 2
 
 
 LINEAR = """

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import torch
 
-from lbsgd import config, data, distributed, models
+from lbsgd import config, data, distributed, models, registry
 from lbsgd.config import Config, ConfigError, derive, micro_batch
 from lbsgd.environment import environment
 from lbsgd.trainer import TIMED_WARMUP_STEPS
@@ -176,7 +176,7 @@ def trainer_run(cfg: Config, steps: int, num_train: int, out_dir: str) -> Timing
 def _config(overrides: list[str], defaults: dict | None = None) -> tuple[dict, Config]:
     """The keys given over ``defaults`` (:data:`DEFAULTS`), validated (one-line ConfigError)."""
     values = {**(DEFAULTS if defaults is None else defaults), **config.parse_overrides(overrides)}
-    config.import_plugins(values.get("plugins", ()))
+    registry.import_plugins(values.get("plugins", ()))
     cfg = config.from_dict(values)
     if cfg.micro_batch == "auto":
         raise ConfigError(
@@ -415,7 +415,7 @@ def bench_recipes(
     overrides: list[str], samples: int = 4096, repeats: int = 3, out: str | None = None
 ) -> dict:
     values = {**DEFAULTS, "bn_batch": 16, **config.parse_overrides(overrides)}
-    config.import_plugins(values.get("plugins", ()))
+    registry.import_plugins(values.get("plugins", ()))
     base = config.from_dict(values)
     if base.threads:
         torch.set_num_threads(base.threads)

@@ -3,10 +3,11 @@ Large Mini-Batches, Use Local SGD", ICLR) and BMUF (Chen & Huo 2016, "Scalable t
 learning machines by incremental block training with intra-block parallel optimization and
 blockwise model-update filtering", ICASSP) at equal numbers of all-reduces, on K gloo processes.
 
-The three modes at one global batch B and T optimizer steps, warmup (synchronous) W steps:
+The three modes at one global batch B and T optimizer steps, the first W synchronous (W:
+``switch_step``, by default the warmup's steps):
 
 - synchronous SGD: every step all-reduces the gradient: A = T all-reduces;
-- post-local SGD (``local_sgd`` = n): after the warmup each process steps on its own B/K samples
+- post-local SGD (``local_sgd`` = n): from step W each process steps on its own B/K samples
   and the parameters are averaged every n steps: A = W + ⌈(T − W)/n⌉;
 - BMUF (``block_momentum`` η_B, ``block_lr`` ε_B, ``block_nesterov``) on the same blocks: the same
   A, the averaged block update filtered as Δ(t) = η_B Δ(t−1) + ε_B (W̄(t) − W_g(t−1)). Chen & Huo
@@ -185,12 +186,13 @@ def param_bytes(keys: Mapping[str, Any]) -> int:
 # -- the measurements --------------------------------------------------------------------------
 
 
-def all_reduces(total_steps: int, warmup_steps: int, period: int) -> int:
-    """All-reduces of a run of T steps: T when synchronous (period 0); else the warmup's W
-    synchronous steps and the local phase's ⌈(T − W)/n⌉ averagings (steps W, W + n, …)."""
+def all_reduces(total_steps: int, switch_step: int, period: int) -> int:
+    """All-reduces of a run of T steps: T when synchronous (period 0); else the W synchronous
+    steps before local SGD takes over (W: ``switch_step``, by default the warmup's steps) and the
+    local phase's ⌈(T − W)/n⌉ averagings (steps W, W + n, …)."""
     if period == 0:
         return int(total_steps)
-    w = min(int(warmup_steps), int(total_steps))
+    w = min(int(switch_step), int(total_steps))
     return w + math.ceil((int(total_steps) - w) / int(period))
 
 
@@ -223,7 +225,8 @@ def measure(df, nprocs: Sequence[int], link: cost.Link, model_bytes: int):
         ks = list(nprocs) if r["mode"] == "sync" else [int(r["nproc"])]
         for k in ks:
             period = int(_num(r, "local_sgd", 0))
-            a = all_reduces(int(r["total_steps"]), int(r["warmup_steps"]), period)
+            switch = _num(r, "switch_step", r["warmup_steps"])  # null: the warmup's end
+            a = all_reduces(int(r["total_steps"]), int(switch), period)
             t_c = int(r["batch_size"]) / k / rate if rate > 0 else math.nan
             t_ar = cost.ring_time(model_bytes, k, link)
             rows.append(
