@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 from conftest import LEARNING, TINY, as_args, subprocess_env, tiny_subset
+from helpers import write_cifar
 
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError, derive
@@ -138,9 +139,7 @@ def test_user_registered_model_trains_with_every_recipe_without_editing_lbsgd(ti
 
 def test_file_dataset_trains_through_dataloader_workers(tiny, tmp_path):
     # CIFAR-10 in torchvision's format (files written by the test), loaded by a worker process
-    from test_folders import _write_cifar
-
-    _write_cifar(tmp_path / "cifar", per_batch=8, n_test=10)  # 40 train, 10 test images
+    write_cifar(tmp_path / "cifar", per_batch=8, n_test=10)  # 40 train, 10 test images
     cfg = tiny(
         dataset="cifar10",
         data_dir=str(tmp_path / "cifar"),
