@@ -86,7 +86,7 @@ def check_memory(cfg: Config, processes: int) -> None:
         return
     try:
         params = models.parameter_count(cfg, *shape)
-    except Exception:  # noqa: BLE001 - a model that is only sized when it is really built
+    except Exception:  # a model that is only sized when it is really built
         return
     model_bytes = 12 * params
     data_bytes, data_keys = data.memory_need(cfg)
