@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from conftest import as_args, lbsgd, tiny_keys
 
-from lbsgd import checkpoint
+from lbsgd import checkpoint, config
 from lbsgd.data.fake_files import dump_py2
 
 HERE = Path(__file__).parent
@@ -292,3 +292,22 @@ def offline_runs(folder: Path) -> list[OfflineRun]:
     """The offline W&B runs under ``folder``/wandb, oldest first."""
     runs = [OfflineRun(f) for f in folder.glob("wandb/offline-run-*/run-*.wandb")]
     return sorted(runs, key=lambda r: r.started)
+
+
+# -- a study's runs and findings (tests/test_study_*.py) -------------------------------------------
+
+
+def run_name(keys: dict) -> str:
+    """The run name of a study's run ``keys`` (the sweep's name for it)."""
+    return config.from_dict({**keys, "study": "x"}).run_name()
+
+
+def valid_layout(keys: dict, world_size: int):
+    """The run's config and its layout on ``world_size`` processes (raises ConfigError if not)."""
+    cfg = config.from_dict({**keys, "study": "x"})
+    return config.derive(cfg, world_size, keys["synthetic_train"])
+
+
+def verdicts(findings) -> list:
+    """Each finding's verdict: True (replayed), False (not replayed) or None (undecided)."""
+    return [f.replayed for f in findings]
