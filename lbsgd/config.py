@@ -1032,8 +1032,8 @@ def world_size_key(c: Config) -> str | None:
 
 def micro_batch(c: Config, world_size: int = 1) -> int:
     """The micro-batch of a fixed ``micro_batch`` key; for ``auto``, the largest candidate (the
-    probe in lbsgd.trainer picks among :func:`micro_batch_candidates` on a device), or one line
-    saying why there is none."""
+    probe, ``pick_micro_batch``, picks among :func:`micro_batch_candidates` on a device), or one
+    line saying why there is none."""
     if c.micro_batch == "auto":
         return _largest_auto(c, world_size) or _no_auto(c, world_size)
     return c.micro_batch if c.micro_batch is not None else c.bn_batch
@@ -1146,7 +1146,8 @@ def derive(c: Config, world_size: int, num_train: int, micro: int | None = None)
 
 
 def dump(c: Config, d: Derived | None = None) -> str:
-    """YAML of every key, then the derived values (flat, as DESIGN §1 asks)."""
+    """YAML of every key, then the derived values (flat: ``key: value``, no nesting, the keys' one
+    vocabulary)."""
     text = yaml.safe_dump(c.to_dict(), sort_keys=False)
     if d is not None:
         text += "# derived (lbsgd.config.derive)\n" + yaml.safe_dump(d.to_dict(), sort_keys=False)

@@ -175,7 +175,7 @@ class Run:
     stale: StaleWeights | None  # staleness > 0: the ring of past weights (lbsgd.staleness)
     comm_state: Any  # comm_hook's state (PowerSGD's memories), None without one
     local_sgd: comm.LocalSGD | comm.BMUF | None  # local_sgd > 0: when processes average
-    # open
+    # start
     tracker: Tracker | None  # metrics.jsonl and W&B: rank 0 only
     summary: dict[str, Any]  # summary.json's content, rewritten at the start and at the end
 
@@ -222,7 +222,7 @@ class Run:
             self.finish(status)
         return self.summary
 
-    # -- build, restore, attach, open -------------------------------------------------------------
+    # -- build, restore, attach, start ------------------------------------------------------------
 
     def build(self) -> None:
         """Data (rank 0 fills the caches, then the others read them), the network initialised

@@ -19,8 +19,8 @@ from lbsgd.config import ConfigError
 
 HERE = Path(__file__).parent
 
-# test_distributed's tiny run (6 optimizer steps, the first 2 of them warmup, device=cpu), BN
-# groups of 8
+# SIX_STEP_ARGS, test_distributed's tiny run (6 optimizer steps, the first 2 of them warmup,
+# device=cpu), with BN groups of 8
 COMMON = [k if not k.startswith("bn_batch=") else "bn_batch=8" for k in SIX_STEP_ARGS]
 
 

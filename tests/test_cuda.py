@@ -4,8 +4,8 @@ fp16 loss scaling, bf16 with channels_last, NCCL, deterministic kill-and-resume,
 ghost BN's native kernels, and processes sharing one GPU over gloo. Every test is marked ``cuda``
 and skipped where torch sees no GPU (tests/conftest.py); a test that needs two GPUs says so.
 
-Training runs are subprocesses started by the CPU suite's launchers (tests/test_distributed.py's
-``lbsgd``, tests/test_resume.py's fault worker), so that a CUDA error, a compilation cache or
+Training runs are subprocesses started by the CPU suite's launchers (tests/conftest.py's ``lbsgd``,
+tests/helpers.py's ``run_fault_worker``), so that a CUDA error, a compilation cache or
 deterministic mode (a process-wide torch setting) stays in its own process. Comparisons of two
 layouts or of compiled and eager code run with ``NVIDIA_TF32_OVERRIDE=0``: cuDNN and cuBLAS then
 compute in fp32, and what is left to tolerate is the order of float additions, as on the CPU, rather
