@@ -111,7 +111,7 @@ def read(path: Path) -> dict[str, Any]:
     """One checkpoint file, verified; CheckpointError naming the file if it cannot be used."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - every unreadable file gets the same clear message
+    except Exception as e:  # every unreadable file gets the same clear message
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CheckpointError(
             f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {first[:200]}"

@@ -191,7 +191,7 @@ def on_main(ctx: Context, fn: Callable[[], Any], then_all: bool = False) -> Any:
     if ctx.is_main:
         try:
             result = fn()
-        except Exception as e:  # noqa: BLE001 - re-raised below, after telling the other ranks
+        except Exception as e:  # re-raised below, after telling the other ranks
             error = e
     message = broadcast_object(None if error is None else str(error))
     if error is not None:
@@ -260,17 +260,6 @@ def wrap(
         ddp, comm_hook, ctx.local_world_size, powersgd_rank, switch_step, noise
     )
     return ddp
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module whose state is saved: through DDP and torch.compile wrappers."""
-    while True:
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
 
 
 @contextlib.contextmanager

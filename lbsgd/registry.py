@@ -98,7 +98,7 @@ def _import_plugin(spec: str) -> None:
     except ConfigError:
         raise
     # SystemExit too: a script's sys.exit("usage: ...") at import time
-    except (Exception, SystemExit) as e:  # noqa: BLE001 - the plugin's own code failed importing
+    except (Exception, SystemExit) as e:  # the plugin's own code failed importing
         if spec.endswith(".py"):
             sys.modules.pop(_plugin_module_name(spec), None)
         if isinstance(e, ImportError):

@@ -6,7 +6,7 @@ them, with the evidence: for an undecided claim, why its evidence cannot decide 
 ``results/<profile>/<study>/``; the report shows them rounded for reading (percentage points to 2
 decimals, other numbers to 4 significant digits: :func:`lbsgd.experiments.readable_cell`). The
 report of a profile is generated from those files only: its numbers are the runs' own, and it never
-mixes profiles (DESIGN §9). ``lbsgd report --results results/cpu`` writes
+mixes profiles. ``lbsgd report --results results/cpu`` writes
 ``results/cpu/REPORT.md``; ``--results results`` writes one per profile folder found.
 ``lbsgd report --side-by-side results/cpu results/fashion`` prints several profiles' findings in
 one table instead (:func:`side_by_side`): per claim the paper's numbers (a finding's ``paper``) and

@@ -261,7 +261,7 @@ class Tracker:
 
             try:
                 self._wandb = start(self.wandb_mode)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 if self.wandb_mode != "online":
                     raise
                 self.wandb_mode = "offline"
@@ -273,7 +273,7 @@ class Tracker:
                     stacklevel=2,
                 )
             _define_epoch_axis(self._wandb)
-        except Exception as e:  # noqa: BLE001 - W&B must never fail a run
+        except Exception as e:  # W&B must never fail a run
             self._warn(f"W&B init failed ({type(e).__name__}: {e}); continuing without W&B")
 
     def _warn(self, msg: str) -> None:
@@ -308,7 +308,7 @@ class Tracker:
         if self._wandb is not None:
             try:
                 self._wandb.log(_point(record), step=record["step"])
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self._warn(f"W&B log failed ({type(e).__name__}: {e}); continuing without W&B")
 
     def summary(self, summary: dict[str, Any]) -> None:
@@ -316,7 +316,7 @@ class Tracker:
             try:
                 for k, v in flatten(summary).items():
                     self._wandb.summary[k] = v
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self._warn(f"W&B summary failed ({type(e).__name__}: {e})")
 
     def close(self, exit_code: int = 0) -> None:
@@ -324,7 +324,7 @@ class Tracker:
         if self._wandb is not None:
             try:
                 self._wandb.finish(exit_code=exit_code)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self._warn(f"W&B finish failed ({type(e).__name__}: {e})")
 
 
@@ -363,7 +363,7 @@ def _init_after(mode: str, run_dir: Path, **kwargs: Any) -> Any:
         return start(mode)
     try:
         return start("online")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         kwargs["id"] = new_run_id()  # W&B keeps the failed online attempt's id "in use"
         run = start("offline")
         warnings.warn(
@@ -440,7 +440,7 @@ def log_copied_run(
         finally:
             run.finish()
         return run.id
-    except Exception as e:  # noqa: BLE001 - W&B never fails the sweep
+    except Exception as e:  # W&B never fails the sweep
         warnings.warn(
             f"W&B: copied run {run_dir} not logged ({type(e).__name__}: {e})",
             RuntimeWarning,
@@ -520,7 +520,7 @@ def log_study(
         finally:
             run.finish()
         return run.id
-    except Exception as e:  # noqa: BLE001 - W&B never fails the notebook
+    except Exception as e:  # W&B never fails the notebook
         warnings.warn(
             f"W&B: study {study} not logged ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=2
         )

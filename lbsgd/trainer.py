@@ -87,7 +87,7 @@ def check_memory(cfg: Config, processes: int) -> None:
         return
     try:
         params = models.parameter_count(cfg, *shape)
-    except Exception:  # noqa: BLE001 - a model that is only sized when it is really built
+    except Exception:  # a model that is only sized when it is really built
         return
     model_bytes = 12 * params
     data_bytes, data_keys = data.memory_need(cfg)
@@ -176,7 +176,7 @@ class Run:
     stale: StaleWeights | None  # staleness > 0: the ring of past weights (lbsgd.staleness)
     comm_state: Any  # comm_hook's state (PowerSGD's memories), None without one
     local_sgd: comm.LocalSGD | comm.BMUF | None  # local_sgd > 0: when processes average
-    # open
+    # start
     tracker: Tracker | None  # metrics.jsonl and W&B: rank 0 only
     summary: dict[str, Any]  # summary.json's content, rewritten at the start and at the end
 
@@ -223,7 +223,7 @@ class Run:
             self.finish(status)
         return self.summary
 
-    # -- build, restore, attach, open -------------------------------------------------------------
+    # -- build, restore, attach, start ------------------------------------------------------------
 
     def build(self) -> None:
         """Data (rank 0 fills the caches, then the others read them), the network initialised

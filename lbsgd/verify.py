@@ -11,7 +11,7 @@ difference in final top-1 error beside the seed spread of the run's group (the s
 of final top-1 over the seeds of the same experiment in the same study). Each line also says
 whether this machine's CPU and caps (lbsgd.isa) are those the committed run recorded.
 
-Each replay gets one of three levels (DESIGN §11, :func:`level`):
+Each replay gets one of three levels (:func:`level`; README: "The same digits on any machine"):
 
 - *bitwise equal*: every compared value equal;
 - *consistent*: it differs, its final top-1 error lies within :data:`SPREADS` seed spreads of the

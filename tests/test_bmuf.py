@@ -18,11 +18,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import test_resume
 import torch
 from conftest import TINY, lbsgd
-from test_distributed import COMMON
-from test_resume import _run, killed_and_resumed
+from helpers import SIX_STEP_ARGS, killed_and_resumed, run_fault_worker
 
 from lbsgd import checkpoint, comm
 from lbsgd.config import HASHED_ONLY_OFF_DEFAULT, Config, ConfigError, from_dict
@@ -205,7 +203,8 @@ def test_bmuf_keys_at_their_defaults_keep_every_run_name():
 
 
 def _params(model: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The parameters of COMMON's ResNet-8 (width 8) in the trainer's order, flat (float64)."""
+    """The parameters of SIX_STEP_ARGS' ResNet-8 (width 8) in the trainer's order, flat
+    (float64)."""
     from lbsgd.models import build
 
     cfg = SimpleNamespace(model="resnet", depth=8, width=8, zero_init_residual=True)
@@ -218,20 +217,17 @@ def _final(out: Path, name: str) -> dict:
 
 
 @pytest.mark.slow
-def test_zero_block_momentum_unit_block_lr_and_n_1_with_plain_sgd_is_synchronous_sgd(
-    tmp_path, monkeypatch
-):
+def test_zero_block_momentum_unit_block_lr_and_n_1_with_plain_sgd_is_synchronous_sgd(tmp_path):
     """2 processes, plain SGD (momentum 0): averaging the parameters after every local step is
     averaging the gradients (to float rounding), through torch's averager (what the trainer runs
     at η_B = 0, ε_B = 1) and through BMUF's filter (forced: this file as the worker); with block
     momentum the weights differ."""
-    keys = [*COMMON, "micro_batch=16", "momentum=0", "nesterov=false", f"out_dir={tmp_path}"]
+    keys = [*SIX_STEP_ARGS, "micro_batch=16", "momentum=0", "nesterov=false", f"out_dir={tmp_path}"]
     runs = {"sync": [], "averager": ["local_sgd=1"], "bmuf": ["local_sgd=1", "block_momentum=0.5"]}
     for name, extra in runs.items():
         r = lbsgd(["train", *keys, *extra, f"name={name}"], nproc=2)
         assert r.returncode == 0, r.stderr[-3000:]
-    monkeypatch.setattr(test_resume, "WORKER", __file__)  # test_resume's launcher, this worker
-    r = _run([*keys, "local_sgd=1", "name=filter"], nproc=2)
+    r = run_fault_worker([*keys, "local_sgd=1", "name=filter"], nproc=2, worker=__file__)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "lbsgd: BMUF" in r.stdout  # the filter ran, at η_B = 0, ε_B = 1
     sync = _params(_final(tmp_path, "sync")["model"])
@@ -248,7 +244,7 @@ def test_first_block_of_a_two_process_run_is_the_filtered_average(tmp_path):
     Δ(1) = ε_B (W̄ − W_g(0)), W(1) = W_g(0) + Δ(1) and the model W_g(1) = W(1) + η_B Δ(1)."""
     eta, eps = 0.5, 1.5
     keys = [
-        *COMMON,
+        *SIX_STEP_ARGS,
         "micro_batch=16",
         "epochs=0.375",
         "checkpoint_every=1",
@@ -282,10 +278,10 @@ def test_first_block_of_a_two_process_run_is_the_filtered_average(tmp_path):
 
 @pytest.mark.slow
 def test_bmuf_run_killed_mid_training_resumes_to_bitwise_equal_weights(tmp_path):
-    """test_resume's 16-step run with local_sgd=2 (local from step 4, blocks end after steps 5, 7,
-    9, …): rank 1 killed before step 11 leaves the checkpoint of step 9 (a block end), holding W
-    and Δ once and each process's momentum; the resumed group ends bitwise where the
-    uninterrupted one does."""
+    """tests/test_resume.py's 16-step run with local_sgd=2 (local from step 4, blocks end after
+    steps 5, 7, 9, …): rank 1 killed before step 11 leaves the checkpoint of step 9 (a block
+    end), holding W and Δ once and each process's momentum; the resumed group ends bitwise where
+    the uninterrupted one does."""
     saved = killed_and_resumed(
         tmp_path, "b", nproc=2, local_sgd=2, block_momentum=0.5, block_lr=0.9
     )

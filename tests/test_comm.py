@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import as_args, lbsgd, subprocess_env, tiny_subset
-from test_distributed import COMMON as DISTRIBUTED_COMMON
+from helpers import SIX_STEP_ARGS
 
 from lbsgd import checkpoint, config, launch
 from lbsgd.config import ConfigError
 
 HERE = Path(__file__).parent
 
-# test_distributed's tiny run (6 optimizer steps, the first 2 of them warmup, device=cpu), BN
-# groups of 8
-COMMON = [k if not k.startswith("bn_batch=") else "bn_batch=8" for k in DISTRIBUTED_COMMON]
+# SIX_STEP_ARGS, test_distributed's tiny run (6 optimizer steps, the first 2 of them warmup,
+# device=cpu), with BN groups of 8
+COMMON = [k if not k.startswith("bn_batch=") else "bn_batch=8" for k in SIX_STEP_ARGS]
 
 
 def torchrun(target: list[str], nodes: int, per_node: int, cwd: Path, timeout: int = 240):

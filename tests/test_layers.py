@@ -164,3 +164,26 @@ def test_no_test_uses_a_private_name_of_the_package():
             ):
                 private.append(f"{path.name}:{node.lineno} uses {node.value.id}.{node.attr}")
     assert private == []
+
+
+def test_no_test_module_imports_another():
+    """What test modules share lives in tests/helpers.py or tests/conftest.py, under public names:
+    no file of tests/ imports a ``test_*`` module (a test module is run, never a library), and none
+    imports an underscored name from the shared modules."""
+    found = []
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules, names = [a.name for a in node.names], []
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules, names = [node.module], [a.name for a in node.names]
+            else:
+                continue
+            for module in modules:
+                last = module.split(".")[-1]
+                if last.startswith("test_") or module.startswith("tests."):
+                    found.append(f"{path.name}:{node.lineno} imports {module}")
+                if last in ("helpers", "conftest"):
+                    private = [n for n in names if n.startswith("_")]
+                    found += [f"{path.name}:{node.lineno} imports {module}.{n}" for n in private]
+    assert found == []

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 from conftest import TINY, lbsgd
-from test_distributed import COMMON
+from helpers import SIX_STEP_ARGS, killed_and_resumed, offline_runs
 
 from lbsgd import checkpoint, data, noise_scale
 from lbsgd.config import Config, ConfigError, accum_steps, check_world, from_dict
@@ -165,7 +165,10 @@ def test_one_process_and_two_processes_measure_the_same_noise_scale(tmp_path):
     one small batch between micro-batches and the other in the hook, as a change since the first.
     Each pair logs the same norms every step. Two processes without the measurement end with
     bitwise the weights of two processes measuring."""
-    keys = [k for k in COMMON if not k.startswith("bn_batch")] + ["bn_batch=8", "micro_batch=8"]
+    keys = [k for k in SIX_STEP_ARGS if not k.startswith("bn_batch")] + [
+        "bn_batch=8",
+        "micro_batch=8",
+    ]
     runs = {"two_off": (2, [])}
     for b_small in (16, 8):
         noise = ["noise_scale=true", f"noise_scale_batch={b_small}"]
@@ -208,8 +211,6 @@ def test_a_killed_run_resumes_with_the_same_noise_scale_record(tmp_path):
     """Killed (SIGKILL) before step 11, resumed from the checkpoint of step 9, which falls between
     two metric flushes: the steps up to it are logged before it is written, its moving averages
     are in it, and every step's record equals the uninterrupted run's."""
-    from test_resume import killed_and_resumed
-
     saved = killed_and_resumed(tmp_path, "gns", noise_scale=True)
     assert saved["noise_scale"]["steps"] == 9  # every step up to the checkpoint, averaged
     want = _train_records(tmp_path / "straight" / "runs" / "gns")
@@ -238,8 +239,6 @@ def test_fp16_measures_the_unscaled_gradients(tiny):
 def test_wandb_gets_the_noise_scale_with_both_batch_sizes_named(tiny, tmp_path, monkeypatch):
     """Read back from W&B's own offline files: every point carries the smoothed B_simple and
     B_small/B_big of the run, equal to metrics.jsonl's record of the same step."""
-    from test_wandb import offline_runs
-
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
     monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg = tiny(wandb="offline", noise_scale=True, noise_scale_batch=32, epochs=1)

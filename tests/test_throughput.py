@@ -1,4 +1,4 @@
-"""Honest throughput (DESIGN §8): windows tile the training time, warm-up is reported apart, the
+"""Honest throughput: windows tile the training time, warm-up is reported apart, the
 step reads nothing from the device, micro_batch=auto is resolved and recorded before the run."""
 
 import json

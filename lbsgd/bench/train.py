@@ -5,9 +5,10 @@ device (the ``device`` key: auto = cuda when available), with the same batch, mi
 precision, compilation, optimizer and thread count, for the same number of optimizer steps. The
 bare loop is what a PyTorch tutorial writes: index a batch, forward under autocast, loss, backward
 (through a GradScaler for fp16), SGD step; it uses plain BatchNorm over the micro-batch, so with
-ghost BN (bn_batch < micro_batch) the ratio includes ghost BN's cost against plain BN, which DESIGN
-§8 says should be about nothing. The trainer adds the schedule, the sampler, ghost BN, gradient
-accumulation bookkeeping, metric flushes and the run directory.
+ghost BN (bn_batch < micro_batch) the ratio includes ghost BN's cost against plain BN, which should
+be about nothing (the mathematics of a config never forces a slow layout). The trainer adds the
+schedule, the sampler, ghost BN, gradient accumulation bookkeeping, metric flushes and the run
+directory.
 
 Measured alike: the data are resident on the device for both (:func:`lbsgd.data.resident`); the
 device is waited for before every clock read; the first ``TIMED_WARMUP_STEPS`` optimizer steps

@@ -145,7 +145,8 @@ def load(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ())
 
 
 def dump(c: Config, d: Derived | None = None) -> str:
-    """YAML of every key, then the derived values (flat, as DESIGN §1 asks)."""
+    """YAML of every key, then the derived values (flat: ``key: value``, no nesting, the keys' one
+    vocabulary)."""
     text = yaml.safe_dump(c.to_dict(), sort_keys=False)
     if d is not None:
         text += "# derived (lbsgd.config.derive)\n" + yaml.safe_dump(d.to_dict(), sort_keys=False)

@@ -2,7 +2,8 @@
 that decide whether this replay shows the paper's claims.
 
 A study module (``lbsgd/studies/<study>.py``) holds the decisions; its notebook holds parameters,
-the sweep call, tables and figures (DESIGN §9, STYLE 11). Every notebook starts the same way::
+the sweep call, tables and figures: notebooks show, the package decides. Every notebook starts
+the same way::
 
     S = studies.start("warmup", profile=profile, seeds=seeds, epochs=epochs, out_dir=out_dir, ...)
     df = S.sweep(warmup.runs(S.profile, S.seeds, ks))
