@@ -29,6 +29,7 @@ BANDS = [
             "staleness",
             "costmodel",
             "launch",
+            "seeding",
         },
     ),
     ("components", {"data", "models", "optim"}),
