@@ -29,6 +29,7 @@ BANDS = [
             "staleness",
             "costmodel",
             "launch",
+            "jobs",
             "seeding",
         },
     ),
