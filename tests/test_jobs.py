@@ -102,6 +102,14 @@ def test_an_interrupt_goes_to_the_policy_which_stops_the_running_jobs():
     running jobs and waits for them, and its exception is what the run raises."""
 
     class Stop(Recorder):
+        timer = None
+
+        def started(self, job):
+            super().started(job)
+            if job.number == 2:  # Ctrl-C once both run: it comes while the runner waits
+                self.timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+                self.timer.start()
+
         def interrupted(self, runner):
             self.stopped = [j.number for j in runner.running]
             self.waiting = [j.number for j in runner.pending]
@@ -112,14 +120,13 @@ def test_an_interrupt_goes_to_the_policy_which_stops_the_running_jobs():
 
     policy = Stop(parallel=2)
     runner = jobs.Runner(["import time; time.sleep(60)"] * 3, policy, poll_s=0.05)
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
     began = time.monotonic()
     try:
         with pytest.raises(RuntimeError, match="stopped"):
             runner.run()
     finally:
-        timer.cancel()
+        if policy.timer is not None:
+            policy.timer.cancel()
     assert time.monotonic() - began < 30
     assert policy.stopped == [1, 2] and policy.waiting == [3]
     assert policy.codes == [-signal.SIGTERM, -signal.SIGTERM]
