@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from lbsgd import checkpoint, data, distributed, optim, rundir
+from lbsgd import checkpoint, data, distributed, optim, rundir, seeding
 from lbsgd.config import Config, Derived
 from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
 from lbsgd.loop import (
@@ -203,11 +203,11 @@ class Run:
             self.sampler.rank_batches(task),
             cfg.workers,
             pin=device.type == "cuda",
-            seeds=(data.sample_seeds(2 * cfg.seed, p) for p in self.sampler.rank_positions(task)),
+            seeds=(seeding.augmentation(cfg.seed, p) for p in self.sampler.rank_positions(task)),
             device=device,
         )
         first = task * d.accum_steps  # the global micro-batch: dropout as in a synchronous run
-        seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
+        seeds = seeding.micro_batches(cfg.seed, torch.arange(first, first + d.accum_steps))
         loss_sum = torch.zeros((), device=device)
         for i in range(d.accum_steps):
             checkpoint.seed_generators(int(seeds[i]), device)

@@ -27,6 +27,7 @@ from lbsgd import (
     optim,
     parameter_server,
     rundir,
+    seeding,
 )
 from lbsgd.config import Config, ConfigError, Derived, check_world
 from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
@@ -479,7 +480,7 @@ class Run:
             cfg.workers,
             pin=ctx.device.type == "cuda",
             seeds=(
-                data.sample_seeds(2 * cfg.seed, p) for t in steps for p in sampler.rank_positions(t)
+                seeding.augmentation(cfg.seed, p) for t in steps for p in sampler.rank_positions(t)
             ),
             device=ctx.device,
         )
@@ -514,7 +515,7 @@ class Run:
         # randomness inside the step (dropout) drawn from a generator seeded by the global
         # micro-batch: the same on any layout, and after a resume
         first = (step * ctx.world_size + ctx.rank) * d.accum_steps
-        seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
+        seeds = seeding.micro_batches(cfg.seed, torch.arange(first, first + d.accum_steps))
         loss_sum = torch.zeros((), device=ctx.device)
         for i in range(d.accum_steps):
             checkpoint.seed_generators(int(seeds[i]), ctx.device)

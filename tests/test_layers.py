@@ -29,6 +29,8 @@ BANDS = [
             "staleness",
             "costmodel",
             "launch",
+            "jobs",
+            "seeding",
         },
     ),
     ("components", {"data", "models", "optim"}),

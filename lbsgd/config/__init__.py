@@ -18,6 +18,7 @@ the registries they fill. Every name is imported from here: ``from lbsgd import 
 from lbsgd.config.checks import (
     KEY_RULES,
     MAX_FOLDER_NAME_BYTES,
+    SEED_STRIDE,
     check_folder_name,
     check_folder_path,
     check_place,
@@ -67,6 +68,7 @@ __all__ = [
     "FIELDS",
     "HASHED_ONLY_OFF_DEFAULT",
     "MAX_FOLDER_NAME_BYTES",
+    "SEED_STRIDE",
     "derive",
     "accum_steps",
     "check_world",

@@ -138,7 +138,7 @@ POSITIVE_KEYS = (
 )
 # Intra-op threads per process: beyond any CPU node's cores (libgomp aborts at 100,000)
 MAX_THREADS = 1024
-# The data order's seed of epoch e is seed * SEED_STRIDE + e (lbsgd.data.sampler.permutation)
+# The data order's seed of epoch e is seed * SEED_STRIDE + e (lbsgd.seeding.epoch_order)
 SEED_STRIDE = 1_000_003
 # Epochs stop well before 2^64, the bound of every epoch's data-order seed (with seed 0)
 MAX_EPOCHS = 2.0**63
