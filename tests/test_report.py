@@ -6,7 +6,8 @@ from pathlib import Path
 
 from lbsgd import cli, report
 from lbsgd import experiments as ex
-from lbsgd.experiments import Finding
+from lbsgd import findings as fs
+from lbsgd.findings import Finding
 
 GRADUAL = "Goyal Table 1: gradual 23.74% vs none 24.84% error (8k)"
 CONSTANT = "Goyal Table 1: constant 25.88%, none 24.84%, gradual 23.74% error (8k)"
@@ -181,7 +182,8 @@ def test_findings_json_round_trips_paper_and_reads_an_old_file_as_empty(tmp_path
         Finding("gradual beats none", True, "3.1% vs 6.1%", paper=GRADUAL),
         Finding("constant is the worst", None, "one seed"),
     ]
-    path = ex.write_findings(tmp_path, "warmup", "cpu", [0], findings, title="2. Warmup")
+    study_dir = ex.study_dir(tmp_path, "warmup")
+    path = fs.write(study_dir, "warmup", "cpu", [0], findings, title="2. Warmup")
     written = json.loads(path.read_text())["findings"]
     assert written[0]["paper"] == GRADUAL and written[1]["paper"] == ""
     assert [Finding.from_dict(f) for f in written] == findings

@@ -30,7 +30,7 @@ import numpy as np
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import Metrics, Verdict, at_chance, batch_scaling, curves, mean
 from lbsgd.studies.batch_scaling import FLAT_PCT
 from lbsgd.studies.scales import Profile
@@ -414,7 +414,7 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         if len(pairs) < 2:
             v2 = Verdict(None, "fewer than 2 seeds measured B_simple early and at the end")
         else:
-            d = studies.decide(
+            d = studies.verdict(
                 [math.log2(b) for _, b in pairs],
                 [math.log2(a) for a, _ in pairs],
                 more_than=0.0,

@@ -13,7 +13,7 @@ from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies.scales import Profile
 
 STUDY = "lars"

@@ -41,7 +41,7 @@ from typing import Any
 from lbsgd import config, studies
 from lbsgd import costmodel as cost
 from lbsgd import experiments as ex
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import Verdict, mean
 from lbsgd.studies.scales import Profile
 

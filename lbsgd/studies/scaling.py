@@ -21,7 +21,7 @@ from typing import Any
 from lbsgd import costmodel as cost
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 
 STUDY = "scaling"
 TITLE = "10. Scaling (Goyal §4, Jia et al., FireCaffe)"

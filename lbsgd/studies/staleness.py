@@ -34,7 +34,7 @@ from typing import Any
 
 from lbsgd import config, studies
 from lbsgd import experiments as ex
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import Verdict, mean
 from lbsgd.studies.scales import Profile
 
@@ -274,7 +274,7 @@ def findings(sim, ps=None) -> list[Finding]:
                 ),
             )
         else:
-            v2 = studies.decide(x, y, more_than=0.0, paired=True)
+            v2 = studies.verdict(x, y, more_than=0.0, paired=True)
         ev2 = (
             f"error growth from τ = 0 to τ = {top}, per seed: linear "
             f"{', '.join(f'{v:+.2f}' for v in x)}, none {', '.join(f'{v:+.2f}' for v in y)} "

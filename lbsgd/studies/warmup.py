@@ -14,7 +14,7 @@ import numpy as np
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import Metrics, at_chance, curves, every, mean, note
 from lbsgd.studies.scales import Profile
 
@@ -235,7 +235,7 @@ def curve_findings(df, metrics: Metrics = None) -> list[Finding]:
             f"with gradual warmup the large minibatch's training loss matches the small "
             f"minibatch's after the first epochs (within {MATCH_PCT:g}% over the second half of "
             f"training)",
-            studies.decide(g["gradual"]["late"], zeros, at_most=MATCH_PCT, paired=True),
+            studies.verdict(g["gradual"]["late"], zeros, at_most=MATCH_PCT, paired=True),
             f"gap {text(g['gradual']['late'])} over the second half (mean of {n}; no warmup "
             f"{text(g['none']['late'])}; paper Figs. 2c and 4: the curves match closely after "
             f"the warmup)",
@@ -245,7 +245,7 @@ def curve_findings(df, metrics: Metrics = None) -> list[Finding]:
         studies.finding(
             "without warmup the large minibatch's training loss lags the small minibatch's early "
             f"(above it over the {early})",
-            studies.decide(g["none"]["early"], zeros, more_than=0.0, paired=True),
+            studies.verdict(g["none"]["early"], zeros, more_than=0.0, paired=True),
             f"gap {text(g['none']['early'])} over the {early} (mean of {n}; "
             f"gradual warmup {text(g['gradual']['early'])}; paper Fig. 2a: higher training "
             f"error early)",
