@@ -200,3 +200,11 @@ def test_report_build_shows_no_paper_field_so_old_and_new_files_build_alike(tmp_
         del f["paper"]
     path.write_text(json.dumps(record))
     assert report.build(cpu) == with_paper and GRADUAL not in with_paper
+
+
+def test_each_display_of_a_verdict_is_one_of_the_findings_modules_words():
+    # REPORT.md's column, the counts, W&B's table and the line a notebook prints: one set of words
+    assert [fs.label(v) for v in (True, False, None)] == ["replayed", "not replayed", "undecided"]
+    assert [fs.answer(v) for v in (True, False, None)] == ["yes", "**no**", "undecided"]
+    assert [fs.loud(v) for v in (True, False, None)] == ["replayed", "NOT replayed", "undecided"]
+    assert list(fs.LABELS) == [True, False, None]  # the order of the report's counts

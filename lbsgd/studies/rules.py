@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lbsgd import experiments as ex
-from lbsgd.findings import CHANCE_MARGIN_PCT, Finding, Verdict, verdict
+from lbsgd import findings as fs
+from lbsgd.findings import CHANCE_MARGIN_PCT, Finding, Verdict
 
 
 def chance_error_pct(num_classes: int) -> float:
@@ -37,17 +38,17 @@ def chance_of(df) -> float | None:
 
 def lower(a: Sequence[float], b: Sequence[float], **kw: Any) -> Verdict:
     """The claim "a's error is lower than b's" (mean over seeds)."""
-    return verdict(b, a, more_than=0.0, **kw)
+    return fs.verdict(b, a, more_than=0.0, **kw)
 
 
 def within(a: Sequence[float], b: Sequence[float], points: float, **kw: Any) -> Verdict:
     """The claim "a's error is no more than ``points`` above b's" (mean over seeds)."""
-    return verdict(a, b, at_most=points, **kw)
+    return fs.verdict(a, b, at_most=points, **kw)
 
 
 def worse_by(a: Sequence[float], b: Sequence[float], points: float, **kw: Any) -> Verdict:
     """The claim "a's error is more than ``points`` above b's" (mean over seeds)."""
-    return verdict(a, b, more_than=points, **kw)
+    return fs.verdict(a, b, more_than=points, **kw)
 
 
 def finding(claim: str, verdict: Verdict, evidence: str, *, paper: str = "") -> Finding:
