@@ -641,7 +641,7 @@ def reference(study: str | None = None):
     return df if study is None else df[df["study"] == study].reset_index(drop=True)
 
 
-# -- tables, figures and findings -------------------------------------------------------------
+# -- tables and figures -----------------------------------------------------------------------
 
 
 def summarize(df, by: Sequence[str], metric: str = "final_top1_error_pct"):
@@ -726,52 +726,3 @@ def plot_curves(
     ax.set_ylabel(metric if kind == "train" else f"test {metric}")
     ax.legend(fontsize=8)
     return ax
-
-
-@dataclass
-class Finding:
-    """A qualitative claim of a paper, and whether this replay shows it (None: not decidable).
-    ``paper``: what the paper reports for the claim, with its source (table, figure), e.g.
-    "Goyal Table 1: gradual 23.74% vs none 24.84% (8k)"; "" where not given."""
-
-    claim: str
-    replayed: bool | None
-    evidence: str
-    paper: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "claim": self.claim,
-            "replayed": self.replayed,
-            "evidence": self.evidence,
-            "paper": self.paper,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Finding:
-        """A finding of ``findings.json``; one written before ``paper`` existed reads as ""."""
-        return cls(d["claim"], d["replayed"], d["evidence"], d.get("paper", ""))
-
-
-def write_findings(
-    out_dir: str | os.PathLike,
-    study: str,
-    profile: str,
-    seeds: Sequence[int],
-    findings: Sequence[Finding],
-    title: str = "",
-) -> Path:
-    """``findings.json`` of a study: what the report gathers."""
-    path = study_dir(out_dir, study) / "findings.json"
-    record = {
-        "study": study,
-        "title": title or study,
-        "profile": profile,
-        "seeds": list(seeds),
-        "findings": [f.to_dict() for f in findings],
-    }
-    path.write_text(json.dumps(record, indent=2) + "\n")
-    for f in findings:
-        mark = {True: "replayed", False: "NOT replayed", None: "undecided"}[f.replayed]
-        print(f"{mark:>12}: {f.claim} ({f.evidence})")
-    return path

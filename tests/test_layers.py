@@ -37,7 +37,7 @@ BANDS = [
     ("run state", {"checkpoint", "tracking", "environment", "rundir", "evaluation", "progress"}),
     ("loops", {"loop", "parameter_server", "trainer"}),
     ("harness", {"experiments", "bench", "__init__"}),
-    ("studies", {"studies"}),
+    ("studies", {"findings", "studies"}),
     ("reports", {"verify", "report"}),
     ("command line", {"cli", "__main__"}),
 ]

@@ -17,6 +17,7 @@ from helpers import OfflineRun, offline_records, offline_runs
 
 from lbsgd import experiments, tracking
 from lbsgd.config import ConfigError, from_dict
+from lbsgd.studies import session
 from lbsgd.trainer import train
 
 
@@ -249,7 +250,7 @@ def test_log_study_writes_the_table_figures_and_findings(offline, tmp_path):
         {"claim": "gradual warmup helps", "replayed": True, "evidence": "28.2 < 31.5"},
         {"claim": "constant warmup hurts", "replayed": None, "evidence": "one seed"},
     ]
-    got = tracking.log_study(
+    got = session.log_study(
         study_dir,
         study="warmup",
         profile="smoke",
@@ -274,7 +275,7 @@ def test_log_study_writes_the_table_figures_and_findings(offline, tmp_path):
     assert [r[1] for r in verdicts["data"]] == ["replayed", "undecided"]
     # a DataFrame is logged as well as a CSV path
     assert (
-        tracking.log_study(study_dir, study="warmup", profile="smoke", mode="offline", table=table)
+        session.log_study(study_dir, study="warmup", profile="smoke", mode="offline", table=table)
         is not None
     )
 
@@ -284,7 +285,7 @@ def test_a_log_still_being_written_reads_as_its_complete_records(offline, tmp_pa
     # cut short (the file read mid-write) returns the records before it, never a parse error
     study_dir = tmp_path / "results" / "smoke" / "warmup"
     study_dir.mkdir(parents=True)
-    tracking.log_study(study_dir, study="warmup", profile="smoke", mode="offline")
+    session.log_study(study_dir, study="warmup", profile="smoke", mode="offline")
     (run,) = offline_runs(study_dir)
     (log,) = study_dir.glob("wandb/offline-run-*/run-*.wandb")
     data = log.read_bytes()
@@ -312,7 +313,7 @@ def test_log_study_and_log_copied_run_never_raise_and_warn_once(offline, tmp_pat
     fake.init = init
     monkeypatch.setitem(sys.modules, "wandb", fake)
     with pytest.warns(RuntimeWarning, match="study warmup not logged") as caught:
-        got = tracking.log_study(
+        got = session.log_study(
             tmp_path,
             study="warmup",
             profile="smoke",
@@ -320,7 +321,7 @@ def test_log_study_and_log_copied_run_never_raise_and_warn_once(offline, tmp_pat
             figures=[tmp_path / "nothing.png"],
         )
     assert got is None and len(caught) == 1
-    assert tracking.log_study(tmp_path, study="warmup", profile="smoke", mode="disabled") is None
+    assert session.log_study(tmp_path, study="warmup", profile="smoke", mode="disabled") is None
 
 
 def test_profile_and_varied_are_validated(tiny):
@@ -389,12 +390,12 @@ def test_a_notebook_run_again_resumes_its_study_run_online(tmp_path, monkeypatch
     fake.init = init
     monkeypatch.setitem(sys.modules, "wandb", fake)
     for _ in range(2):
-        got = tracking.log_study(tmp_path, study="warmup", profile="smoke", mode="online")
+        got = session.log_study(tmp_path, study="warmup", profile="smoke", mode="online")
     assert calls[0]["id"] == calls[1]["id"] == got == (tmp_path / "wandb_id").read_text().strip()
     assert calls[0]["resume"] == calls[1]["resume"] == "allow"
     # a study whose id was kept where earlier versions kept it (online) keeps its W&B run
     legacy = tmp_path / "older"
     (legacy / "wandb").mkdir(parents=True)
     (legacy / "wandb" / "study_id").write_text("older123\n")
-    assert tracking.log_study(legacy, study="warmup", profile="smoke", mode="online") == "older123"
+    assert session.log_study(legacy, study="warmup", profile="smoke", mode="online") == "older123"
     assert (legacy / "wandb_id").read_text().strip() == "older123"
