@@ -296,7 +296,7 @@ def test_bmuf_run_killed_mid_training_resumes_to_bitwise_equal_weights(tmp_path)
 
 def test_one_process_applies_the_filter(tmp_path):
     """K = 1: post-local SGD on one process is plain SGD (nothing to average), BMUF is not."""
-    from lbsgd.trainer import train
+    from lbsgd.entry import train
 
     base = {**TINY, "epochs": 1, "out_dir": str(tmp_path), "local_sgd": 2}
     plain = train(Config(**{**base, "name": "plain"}))

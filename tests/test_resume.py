@@ -23,7 +23,7 @@ from conftest import as_args, lbsgd, start, tiny_keys
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError
 from lbsgd.data import StepSampler
-from lbsgd.trainer import train
+from lbsgd.entry import train
 
 HERE = Path(__file__).parent
 WORKER = str(HERE / "fault_worker.py")

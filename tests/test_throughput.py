@@ -9,8 +9,9 @@ import torch
 import yaml
 
 from lbsgd import tracking
+from lbsgd.entry import train
 from lbsgd.precision import Precision
-from lbsgd.trainer import TIMED_WARMUP_STEPS, train
+from lbsgd.trainer import TIMED_WARMUP_STEPS
 
 
 def read_metrics(run_dir):

@@ -12,10 +12,11 @@ from conftest import LEARNING, TINY, as_args, subprocess_env, tiny_subset
 
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError, derive
+from lbsgd.entry import train
 from lbsgd.loop import Cadence, Decision, decide
 from lbsgd.models import MODELS, register_model
 from lbsgd.schedules import learning_rate
-from lbsgd.trainer import Run, train
+from lbsgd.trainer import Run
 
 
 def read_metrics(run_dir):
@@ -319,7 +320,7 @@ def test_a_one_process_run_never_imports_torch_dynamo(tmp_path):
     # are called without torch.compile's markers, and determinism is set only when it changes
     keys = {**TINY, "out_dir": str(tmp_path), "epochs": 1, "checkpoint": True}
     code = (
-        "import sys; from lbsgd.config import Config; from lbsgd.trainer import train; "
+        "import sys; from lbsgd.config import Config; from lbsgd.entry import train; "
         f"s = train(Config(**{keys!r})); "
         "print(s['status'], 'torch._dynamo' in sys.modules, 'torch._inductor' in sys.modules)"
     )

@@ -18,7 +18,7 @@ from conftest import tiny_keys
 
 from lbsgd import experiments, tracking
 from lbsgd.config import ConfigError, from_dict
-from lbsgd.trainer import train
+from lbsgd.entry import train
 
 # -- reading the offline run files -------------------------------------------------------------
 

@@ -161,7 +161,7 @@ def bare_loop(cfg: Config, splits: data.Splits, steps: int, device: torch.device
 
 def trainer_run(cfg: Config, steps: int, num_train: int, out_dir: str) -> Timing:
     """Images per second of lbsgd's trainer (its own measurement: steady training steps only)."""
-    from lbsgd.trainer import train
+    from lbsgd.entry import train
 
     epochs = steps * cfg.batch_size / num_train
     summary = train(cfg.replace(epochs=epochs, out_dir=out_dir, name=None))
@@ -192,7 +192,7 @@ def setup(overrides: list[str], defaults: dict | None = None) -> tuple[dict, Con
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.deterministic:  # process-wide: set before either side runs, so both run alike
-        from lbsgd.trainer import deterministic
+        from lbsgd.entry import deterministic
 
         deterministic()
     return values, cfg
