@@ -58,12 +58,12 @@ from lbsgd.loop import (
     Cadence,
     StopSignals,
     WindowClock,
-    build_net,
     decide,
     new_summary,
     open_run_dir,
 )
 from lbsgd.models import ghost_bn
+from lbsgd.network import build_net, memory_format
 from lbsgd.precision import Precision
 from lbsgd.progress import Flushed, Progress, ending_line
 from lbsgd.schedules import learning_rate
@@ -96,7 +96,7 @@ def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
 
 class Run:
     """An ``async_ps`` run on this process: rank 0 serves (:meth:`serve`), the others work
-    (:meth:`work`). Built as a synchronous run is (:func:`lbsgd.loop.build_net`), with a
+    (:meth:`work`). Built as a synchronous run is (:func:`lbsgd.network.build_net`), with a
     one-process sampler whose step j is task j."""
 
     cfg: Config
@@ -197,7 +197,7 @@ class Run:
         """[mean loss, BN group sums, gradient] of task ``task`` (step ``task``'s batch of a
         one-process run, accumulated over its micro-batches), as one float32 CPU tensor."""
         cfg, d, device = self.cfg, self.d, self.ctx.device
-        fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        fmt = memory_format(cfg)
         stream = data.batches(
             self.splits.train,
             self.sampler.rank_batches(task),

@@ -31,12 +31,12 @@ from lbsgd.loop import (
     Cadence,
     StopSignals,
     WindowClock,
-    build_net,
     decide,
     new_summary,
     open_run_dir,
 )
 from lbsgd.models import ghost_bn
+from lbsgd.network import backward_without_trace, build_net, memory_format
 from lbsgd.precision import Precision
 from lbsgd.progress import Flushed, Progress, ending_line
 from lbsgd.schedules import learning_rate
@@ -414,7 +414,7 @@ class Run:
         """Forward/backward of step ``step``'s micro-batches, gradients accumulated (DDP's
         all-reduce on the last one, none in a local SGD block); the summed loss."""
         cfg, ctx, d, prec = self.cfg, self.ctx, self.d, self.precision
-        fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        fmt = memory_format(cfg)
         local = self.local_sgd is not None and self.local_sgd.local(step)
         # randomness inside the step (dropout) drawn from a generator seeded by the global
         # micro-batch: the same on any layout, and after a resume
@@ -620,22 +620,14 @@ class Run:
         )
 
     def _throwaway_backward(self) -> None:
-        """One training forward/backward on the first micro-batch that leaves no trace: buffers
-        (BN statistics) and RNG states restored, gradients dropped. Training mode, because the
-        order in which the backward pass produces gradients is what DDP's buckets follow."""
+        """One training forward/backward on the first micro-batch that leaves no trace
+        (:func:`lbsgd.network.backward_without_trace`). Training mode, because the order in which
+        the backward pass produces gradients is what DDP's buckets follow."""
+        device = self.ctx.device
         x, y = next(
-            data.batches(
-                self.splits.train, [torch.arange(self.d.micro_batch)], device=self.ctx.device
-            )
+            data.batches(self.splits.train, [torch.arange(self.d.micro_batch)], device=device)
         )
-        fmt = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
-        x = x.to(self.ctx.device, memory_format=fmt)
-        buffers = [b.detach().clone() for b in self.net.buffers()]
-        devices = [self.ctx.device] if self.ctx.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            with self.precision.autocast():
-                loss = torch.nn.functional.cross_entropy(self.model(x), y.to(self.ctx.device))
-            loss.backward()
-        self.opt.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            torch._foreach_copy_(list(self.net.buffers()), buffers)
+        x = x.to(device, memory_format=memory_format(self.cfg))
+        backward_without_trace(
+            self.model, self.net, lambda: (x, y.to(device)), self.precision, device
+        )

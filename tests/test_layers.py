@@ -31,7 +31,7 @@ BANDS = [
             "launch",
         },
     ),
-    ("components", {"data", "models", "optim"}),
+    ("components", {"data", "models", "optim", "network"}),
     ("run state", {"checkpoint", "tracking", "environment", "rundir", "evaluation", "progress"}),
     ("loops", {"loop", "parameter_server", "trainer"}),
     ("entry", {"entry"}),
