@@ -5,7 +5,6 @@
 - :class:`WindowClock`: training time in windows that tile it (one per metric flush), with the
   time spent evaluating and checkpointing set aside.
 - :class:`StopSignals`: a scheduler's stop request recorded instead of killing the process.
-- :func:`open_run_dir` and :func:`new_summary`: a run's config.yaml, tracker and summary.json.
 """
 
 from __future__ import annotations
@@ -18,12 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import torch
-
-from lbsgd import data, distributed
-from lbsgd.config import Config, Derived, dump
-from lbsgd.environment import environment
-from lbsgd.tracking import Tracker
+from lbsgd.config import Config
 
 # Asked to stop (a scheduler's pre-emption or time limit: SLURM sends SIGTERM, or the signal of
 # --signal=USR1@90; torchrun's agent passes its own SIGTERM on to the workers): the processes agree
@@ -171,49 +165,3 @@ class StopSignals:
         for sig, handler in self._handlers.items():
             signal.signal(sig, handler)
         self._handlers = {}
-
-
-# -- the run directory ----------------------------------------------------------------------------
-
-
-def open_run_dir(cfg: Config, d: Derived, truncate_after_step: int | None = None) -> Tracker:
-    """Rank 0's: the run directory, its config.yaml (keys and derived values), and the tracker
-    (metrics.jsonl, W&B); on resume (``truncate_after_step``: the checkpoint's step) the records
-    after that step are dropped."""
-    run_dir = cfg.run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump(cfg, d))
-    return Tracker(
-        run_dir,
-        {**cfg.to_dict(), **d.to_dict()},
-        mode=cfg.wandb,
-        project=cfg.wandb_project,
-        group=cfg.study,
-        name=cfg.run_name(),
-        truncate_after_step=truncate_after_step,
-    )
-
-
-def new_summary(
-    cfg: Config, ctx: distributed.Context, d: Derived, splits: data.Splits, steps: int
-) -> dict[str, Any]:
-    """summary.json's content as a run starts (``steps`` done already): status "running", the
-    run's identity and its environment (the training split's digest: rank 0's)."""
-    return {
-        "status": "running",
-        "run": cfg.run_name(),
-        "study": cfg.study,
-        "experiment_id": cfg.experiment_id(),
-        "steps": steps,
-        "total_steps": d.total_steps,
-        "environment": {
-            **environment(
-                ctx.device,
-                ctx.world_size,
-                cpu_isa=cfg.cpu_isa,
-                train_split=splits.train if ctx.is_main else None,
-            ),
-            "backend": distributed.backend_name(ctx.device, cfg.backend),
-            "deterministic": torch.are_deterministic_algorithms_enabled(),
-        },
-    }

@@ -32,13 +32,12 @@ from lbsgd.loop import (
     StopSignals,
     WindowClock,
     decide,
-    new_summary,
-    open_run_dir,
 )
 from lbsgd.models import ghost_bn
 from lbsgd.network import backward_without_trace, build_net, memory_format
 from lbsgd.precision import Precision
 from lbsgd.progress import Flushed, Progress, ending_line
+from lbsgd.rundir import Status, new_summary, open_run_dir
 from lbsgd.schedules import learning_rate
 from lbsgd.staleness import StaleWeights
 from lbsgd.tracking import Tracker
@@ -117,10 +116,10 @@ class Run:
             raise  # a refusal, in one line of its own: no run began
         except BaseException as e:
             self.ended_before_training(
-                "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+                Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED
             )
             raise
-        status = "failed"
+        status = Status.FAILED
         try:
             with self.stop:
                 status = self.loop()
@@ -301,7 +300,7 @@ class Run:
             flush=True,
         )
 
-    def finish(self, status: str) -> None:
+    def finish(self, status: Status) -> None:
         """The run's status into summary.json and the tracker, which closes with its exit code;
         rank 0's last line says how the run ended (a failed run's: before its error propagates)."""
         self.summary["status"] = status
@@ -314,7 +313,7 @@ class Run:
         if self.ctx.is_main:
             print(ending_line(self.summary, self.run_dir), flush=True)
 
-    def ended_before_training(self, status: str) -> None:
+    def ended_before_training(self, status: Status) -> None:
         """A run that failed (or was interrupted) before its loop: its summary's status when
         start() had written one, else rank 0's ending line saying that none was written."""
         if self.summary:
@@ -335,7 +334,7 @@ class Run:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def loop(self) -> str:
+    def loop(self) -> Status:
         """Optimizer steps from ``start_step``, each followed by its decisions; the status."""
         d = self.d
         stream = self._train_stream()
@@ -354,7 +353,7 @@ class Run:
         # timed apart from the steady state: warmup_s vs img_per_s in summary.json
         warm_until = self.start_step + min(TIMED_WARMUP_STEPS, d.total_steps - self.start_step - 1)
         clock = WindowClock()
-        status = "completed"
+        status = Status.COMPLETED
         self.model.train()
         for step in range(self.start_step, d.total_steps):
             pending.append(self.train_step(step, stream, bn_stats))
@@ -368,7 +367,7 @@ class Run:
                 break
         progress.close()
         self._note_time(clock, warm_until)
-        if status == "diverged" and self.ctx.is_main:
+        if status == Status.DIVERGED and self.ctx.is_main:
             print(
                 f"lbsgd: run diverged (non-finite loss) at step {self.summary['steps']}", flush=True
             )
@@ -439,7 +438,7 @@ class Run:
 
     def after_step(
         self, done: int, pending: list[tuple], clock: WindowClock, progress: Progress
-    ) -> str | None:
+    ) -> Status | None:
         """The decisions after ``done`` steps, carried out (a plain progress line after a flush,
         when one is due); the status if the run ends here."""
         in_sync = self.local_sgd is None or self.local_sgd.in_sync(done - 1)
@@ -447,7 +446,7 @@ class Run:
         if plan.flush:
             if not self._close_window(pending, clock, progress):
                 self.summary["steps"] = done
-                return "diverged"
+                return Status.DIVERGED
             if self.stop_agreed:  # agreed at this flush: the step's decisions with it
                 plan = decide(self.cadence, done, 0, in_sync, stop_agreed=True)
         top1_error = None  # this step's evaluation's, if it has one
@@ -469,7 +468,7 @@ class Run:
                 f"stopped after step {done}, {where}; resume=true continues",
                 flush=True,
             )
-        return "interrupted"
+        return Status.INTERRUPTED
 
     def _close_window(self, pending: list[tuple], clock: WindowClock, progress: Progress) -> bool:
         """Flush the pending steps as one clock window; False if a loss was not finite."""
