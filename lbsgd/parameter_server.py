@@ -52,14 +52,14 @@ from typing import Any
 import torch
 
 from lbsgd import checkpoint, data, distributed, optim, rundir
-from lbsgd.config import Config, Derived
-from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
-from lbsgd.loop import (
+from lbsgd.cadence import (
     Cadence,
     StopSignals,
     WindowClock,
     decide,
 )
+from lbsgd.config import Config, Derived
+from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
 from lbsgd.models import ghost_bn
 from lbsgd.network import build_net, memory_format
 from lbsgd.precision import Precision
@@ -116,7 +116,9 @@ class Run:
     # the server's
     opt: torch.optim.Optimizer
     bn_stats: ghost_bn.RunningStats
-    cadence: Cadence  # when to flush and evaluate (lbsgd.loop.decide; one checkpoint, at the end)
+    cadence: (
+        Cadence  # when to flush and evaluate (lbsgd.cadence.decide; one checkpoint, at the end)
+    )
     tracker: Tracker
     summary: dict[str, Any]
     status: Status  # one of STATUSES
@@ -364,7 +366,7 @@ class Run:
         active.discard(w)
 
     def _after_update(self, clock: WindowClock, progress: Progress) -> None:
-        """The decisions after an applied update (lbsgd.loop.decide): flush, evaluate; then a
+        """The decisions after an applied update (lbsgd.cadence.decide): flush, evaluate; then a
         plain progress line, when one is due."""
         plan = decide(self.cadence, self.step, len(self.pending))
         if plan.flush:

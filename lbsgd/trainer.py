@@ -25,14 +25,14 @@ from lbsgd import (
     optim,
     rundir,
 )
-from lbsgd.config import Config, ConfigError, Derived
-from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
-from lbsgd.loop import (
+from lbsgd.cadence import (
     Cadence,
     StopSignals,
     WindowClock,
     decide,
 )
+from lbsgd.config import Config, ConfigError, Derived
+from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
 from lbsgd.models import ghost_bn
 from lbsgd.network import backward_without_trace, build_net, memory_format
 from lbsgd.precision import Precision
@@ -42,8 +42,9 @@ from lbsgd.schedules import learning_rate
 from lbsgd.staleness import StaleWeights
 from lbsgd.tracking import Tracker
 
-# Optimizer steps timed apart as warm-up (compilation, autotuning) at the start of each process run
-TIMED_WARMUP_STEPS = 3
+# Optimizer steps timed apart as the settling steps (compilation, autotuning, allocator growth) at
+# the start of each process run: summary.json's warmup_steps_timed and warmup_s
+SETTLING_STEPS = 3
 
 
 class Run:
@@ -51,7 +52,7 @@ class Run:
     :meth:`restore` (a checkpoint, on resume), :meth:`attach` (what the step carries besides the
     network: noise probe, stale weights, DDP and its hook, local SGD), :meth:`start` (the run
     directory, the tracker, the summary), :meth:`loop` (train steps, each followed by the
-    decisions of :func:`lbsgd.loop.decide`), :meth:`finish` (status and summary written).
+    decisions of :func:`lbsgd.cadence.decide`), :meth:`finish` (status and summary written).
 
     Everything a run holds is declared here; a phase sets what its comment names.
     """
@@ -72,7 +73,7 @@ class Run:
     d: Derived  # derived values: micro_batch, accum_steps, total_steps, lr, warmup, num_train
     opt: torch.optim.Optimizer
     sampler: data.StepSampler  # which samples each step and rank reads; epoch_of: the epoch
-    cadence: Cadence  # when to flush, evaluate, checkpoint (lbsgd.loop.decide)
+    cadence: Cadence  # when to flush, evaluate, checkpoint (lbsgd.cadence.decide)
     # restore
     start_step: int  # the step the loop starts at: 0, or the checkpoint's
     # attach
@@ -80,7 +81,7 @@ class Run:
     stale: StaleWeights | None  # staleness > 0: the ring of past weights (lbsgd.staleness)
     comm_state: Any  # comm_hook's state (PowerSGD's memories), None without one
     local_sgd: comm.LocalSGD | comm.BMUF | None  # local_sgd > 0: when processes average
-    # open
+    # start
     tracker: Tracker | None  # metrics.jsonl and W&B: rank 0 only
     summary: dict[str, Any]  # summary.json's content, rewritten at the start and at the end
 
@@ -127,7 +128,7 @@ class Run:
             self.finish(status)
         return self.summary
 
-    # -- build, restore, attach, open -------------------------------------------------------------
+    # -- build, restore, attach, start -------------------------------------------------------------
 
     def build(self) -> None:
         """Data (rank 0 fills the caches, then the others read them), the network initialised
@@ -349,24 +350,24 @@ class Run:
         )
         # (step, lr, loss tensor, loss scale, noise-scale norms or None) awaiting a flush
         pending: list[tuple] = []
-        # the first TIMED_WARMUP_STEPS steps (compilation, cuDNN autotuning, allocator growth) are
+        # the first SETTLING_STEPS steps (compilation, cuDNN autotuning, allocator growth) are
         # timed apart from the steady state: warmup_s vs img_per_s in summary.json
-        warm_until = self.start_step + min(TIMED_WARMUP_STEPS, d.total_steps - self.start_step - 1)
+        settled_at = self.start_step + min(SETTLING_STEPS, d.total_steps - self.start_step - 1)
         clock = WindowClock()
         status = Status.COMPLETED
         self.model.train()
         for step in range(self.start_step, d.total_steps):
             pending.append(self.train_step(step, stream, bn_stats))
             progress.step()
-            if step + 1 == warm_until:  # one device wait, once: where the warm-up ends
+            if step + 1 == settled_at:  # one device wait, once: where the settling steps end
                 distributed.synchronize(self.ctx.device)
-                clock.mark_warm()
+                clock.mark_settled()
             outcome = self.after_step(step + 1, pending, clock, progress)
             if outcome is not None:
                 status = outcome
                 break
         progress.close()
-        self._note_time(clock, warm_until)
+        self._note_time(clock, settled_at)
         if status == Status.DIVERGED and self.ctx.is_main:
             print(
                 f"lbsgd: run diverged (non-finite loss) at step {self.summary['steps']}", flush=True
@@ -479,20 +480,20 @@ class Run:
         pending.clear()
         return finite
 
-    def _note_time(self, clock: WindowClock, warm_until: int) -> None:
-        """Epochs, wall and training time, steady throughput (the timed warm-up left out) into
+    def _note_time(self, clock: WindowClock, settled_at: int) -> None:
+        """Epochs, wall and training time, steady throughput (the settling steps left out) into
         the summary."""
         b, steps = self.cfg.batch_size, self.summary["steps"]
         train_time = clock.train_s  # every step so far: the last flush has all
         steps_run = steps - self.start_step
-        warm_steps = warm_until - self.start_step if steps >= warm_until else 0
-        steady_s = train_time - (clock.warm_s if warm_steps else 0.0)
-        steady_steps = steps_run - warm_steps
+        settling = settled_at - self.start_step if steps >= settled_at else 0
+        steady_s = train_time - (clock.settle_s if settling else 0.0)
+        steady_steps = steps_run - settling
         self.summary.update(
             epochs=self.sampler.epoch_of(steps),
             wall_time_s=time.perf_counter() - self.t_start,
             train_time_s=train_time,
-            # steady training throughput: the timed warm-up steps left out (all steps when the
+            # steady training throughput: the settling steps left out (all steps when the
             # run is too short to have a steady part)
             img_per_s=(
                 steady_steps * b / steady_s
@@ -501,8 +502,8 @@ class Run:
                 if train_time > 0
                 else None
             ),
-            warmup_steps_timed=warm_steps,
-            warmup_s=clock.warm_s if warm_steps else None,
+            warmup_steps_timed=settling,
+            warmup_s=clock.settle_s if settling else None,
         )
 
     def _flush(self, pending, img_per_s: float, progress: Progress) -> bool:

@@ -11,9 +11,9 @@ import yaml
 from conftest import LEARNING, TINY, as_args, subprocess_env, tiny_subset
 
 from lbsgd import checkpoint
+from lbsgd.cadence import Cadence, Decision, decide
 from lbsgd.config import ConfigError, derive
 from lbsgd.entry import train
-from lbsgd.loop import Cadence, Decision, decide
 from lbsgd.models import MODELS, register_model
 from lbsgd.schedules import learning_rate
 from lbsgd.trainer import Run
@@ -226,7 +226,7 @@ def test_deterministic_mode_holds_during_the_run_and_is_undone_after_it(tiny, mo
     assert not torch.are_deterministic_algorithms_enabled()  # a notebook's process as it was
 
 
-# -- the per-step decisions (lbsgd.loop.decide): hand-computed on a 10-step run -------------------
+# -- the per-step decisions (lbsgd.cadence.decide): hand-computed on a 10-step run -------------------
 # 100 samples, batch 32: epochs after s steps = 0.32 s, so epochs end after steps 4 (1.28),
 # 7 (2.24) and 10 (3.2, the last step).
 

@@ -10,7 +10,7 @@ ghost BN (bn_batch < micro_batch) the ratio includes ghost BN's cost against pla
 accumulation bookkeeping, metric flushes and the run directory.
 
 Measured alike: the data are resident on the device for both (:func:`lbsgd.data.resident`); the
-device is waited for before every clock read; the first ``TIMED_WARMUP_STEPS`` optimizer steps
+device is waited for before every clock read; the first ``SETTLING_STEPS`` optimizer steps
 (compilation, cuDNN and allocator warm-up) are timed apart as ``warmup_s`` and left out of the
 throughput, exactly as the trainer's summary.json does. The sides alternate (bare then trainer,
 trainer then bare, …) so that drifts in machine load hit both; each side's best throughput is
@@ -40,7 +40,7 @@ import torch
 from lbsgd import config, data, distributed, models
 from lbsgd.config import Config, ConfigError, derive, micro_batch
 from lbsgd.environment import environment
-from lbsgd.trainer import TIMED_WARMUP_STEPS
+from lbsgd.trainer import SETTLING_STEPS
 
 # The CPU default: one thread per process, the quickstart model, one micro-batch per step.
 DEFAULTS = {
@@ -66,7 +66,7 @@ _AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 class Timing(NamedTuple):
     img_per_s: float  # steady throughput: the warm-up steps left out
-    warmup_s: float | None  # seconds of the first TIMED_WARMUP_STEPS steps (None: none timed)
+    warmup_s: float | None  # seconds of the first SETTLING_STEPS steps (None: none timed)
 
 
 def bench_device(cfg: Config) -> torch.device:
@@ -103,7 +103,7 @@ def default_out(overrides: list[str], name: str = "train", defaults: dict | None
 
 def _timed_warmup(steps: int) -> int:
     # the trainer's rule (lbsgd.trainer): the first steps, always leaving one steady step
-    return min(TIMED_WARMUP_STEPS, steps - 1)
+    return min(SETTLING_STEPS, steps - 1)
 
 
 def bare_loop(cfg: Config, splits: data.Splits, steps: int, device: torch.device) -> Timing:

@@ -1,4 +1,5 @@
-"""Pieces of a training loop shared by the synchronous trainer and the parameter server.
+"""The cadence of a training loop and its clock, shared by the synchronous trainer and the
+parameter server.
 
 - :func:`decide`: per optimizer step, whether to flush the metrics, evaluate, checkpoint, stop; a
   pure function of the step, the run's length and the config's cadences.
@@ -108,7 +109,7 @@ class WindowClock:
         self.start = self.window = time.perf_counter()
         self.aside = 0.0  # seconds set aside: evaluation and checkpoints, not training
         self.train_s = 0.0  # training seconds up to the last closed window
-        self.warm_s = 0.0  # training seconds up to the end of the timed warm-up
+        self.settle_s = 0.0  # training seconds up to the end of the settling steps
 
     def elapsed(self) -> float:
         """Training seconds so far."""
@@ -122,9 +123,9 @@ class WindowClock:
         self.window = now
         return rate
 
-    def mark_warm(self) -> None:
-        """The timed warm-up ends here."""
-        self.warm_s = self.elapsed()
+    def mark_settled(self) -> None:
+        """The settling steps (timed apart from the steady state) end here."""
+        self.settle_s = self.elapsed()
 
     @contextlib.contextmanager
     def set_aside(self) -> Iterator[None]:
