@@ -33,7 +33,7 @@ BANDS = [
     ),
     ("components", {"data", "models", "optim", "network"}),
     ("run state", {"checkpoint", "tracking", "environment", "rundir", "evaluation", "progress"}),
-    ("loops", {"cadence", "parameter_server", "trainer"}),
+    ("loops", {"cadence", "features", "parameter_server", "trainer"}),
     ("entry", {"entry"}),
     ("harness", {"experiments", "bench", "__init__"}),
     ("studies", {"studies"}),
