@@ -296,11 +296,11 @@ def sweep(
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise config.ConfigError(f"runs of study {study!r} repeat the same experiment: {dup}")
-    from lbsgd import trainer  # torch: imported once the cheap checks have passed
+    from lbsgd import entry  # torch: imported once the cheap checks have passed
 
     for c in cfgs:  # data directories, process layout, run directories: read only
         registry.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
-        trainer.check(c, nproc_per_node * nnodes, nproc_per_node)
+        entry.check(c, nproc_per_node * nnodes, nproc_per_node)
         # a finished run of other experiment keys (or of another K, under local SGD) is not "done"
         rundir.check_run_dir(c, nproc_per_node * nnodes)
     study_dir = Path(out_dir) / study

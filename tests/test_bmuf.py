@@ -292,7 +292,7 @@ def test_bmuf_run_killed_mid_training_resumes_to_bitwise_equal_weights(tmp_path)
 
 def test_one_process_applies_the_filter(tmp_path):
     """K = 1: post-local SGD on one process is plain SGD (nothing to average), BMUF is not."""
-    from lbsgd.trainer import train
+    from lbsgd.entry import train
 
     base = {**TINY, "epochs": 1, "out_dir": str(tmp_path), "local_sgd": 2}
     plain = train(Config(**{**base, "name": "plain"}))
@@ -308,7 +308,7 @@ def test_switch_step_is_where_the_blocks_start_and_null_is_the_end_of_the_warmup
     """K = 1, 8 steps, a warmup of 4: BMUF's blocks from switch_step. Null is the warmup's 4
     (today's start, bitwise); at 8 the blocks never start, and the run is plain local_sgd's
     (plain SGD on one process)."""
-    from lbsgd.trainer import train
+    from lbsgd.entry import train
 
     base = {**TINY, "epochs": 1, "out_dir": str(tmp_path), "local_sgd": 2}
     bmuf = {**base, "block_momentum": 0.5}

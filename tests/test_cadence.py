@@ -1,7 +1,7 @@
-"""The per-step decisions (lbsgd.loop.decide), hand-computed on a 10-step run: when a run
+"""The per-step decisions (lbsgd.cadence.decide), hand-computed on a 10-step run: when a run
 flushes its metrics, evaluates, checkpoints and stops. A pure function: no torch, no run."""
 
-from lbsgd.loop import Cadence, Decision, decide
+from lbsgd.cadence import Cadence, Decision, decide
 
 # 100 samples, batch 32: epochs after s steps = 0.32 s, so epochs end after steps 4 (1.28),
 # 7 (2.24) and 10 (3.2, the last step).

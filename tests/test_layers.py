@@ -33,9 +33,10 @@ BANDS = [
             "seeding",
         },
     ),
-    ("components", {"data", "models", "optim"}),
+    ("components", {"data", "models", "optim", "network"}),
     ("run state", {"checkpoint", "tracking", "environment", "rundir", "evaluation", "progress"}),
-    ("loops", {"loop", "parameter_server", "trainer"}),
+    ("loops", {"cadence", "features", "parameter_server", "trainer"}),
+    ("entry", {"entry"}),
     ("harness", {"experiments", "bench", "__init__"}),
     ("studies", {"findings", "studies"}),
     ("reports", {"verify", "report"}),
@@ -129,7 +130,7 @@ def test_importing_the_package_leaves_torchvision_unimported():
     # torchvision costs 1-2 s of CPU to import: only a torchvision model's builder and the
     # ImageNet folder reader import it, when called, so that a notebook's kernel does not pay it
     code = (
-        "import sys, lbsgd.cli, lbsgd.experiments, lbsgd.trainer, lbsgd.report, lbsgd.verify; "
+        "import sys, lbsgd.cli, lbsgd.experiments, lbsgd.entry, lbsgd.report, lbsgd.verify; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))"
     )
     out = subprocess.run(

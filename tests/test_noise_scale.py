@@ -20,7 +20,7 @@ from helpers import SIX_STEP_ARGS, killed_and_resumed, offline_runs
 
 from lbsgd import checkpoint, data, noise_scale
 from lbsgd.config import Config, ConfigError, accum_steps, check_world, from_dict
-from lbsgd.trainer import train
+from lbsgd.entry import train
 
 
 def test_estimators_are_the_papers_formulas_on_hand_computed_values():

@@ -18,7 +18,7 @@ import torch
 from conftest import lbsgd
 from helpers import PROGRESS, RESUME_KEYS, assert_ends_with_its_summary, initial_weights
 
-from lbsgd import checkpoint, parameter_server, trainer
+from lbsgd import checkpoint, entry, parameter_server
 from lbsgd.config import ConfigError, derive, from_dict, micro_batch_candidates
 
 HERE = Path(__file__).parent
@@ -238,5 +238,5 @@ def test_one_process_is_refused_before_any_work(tiny, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     cfg = tiny(async_ps=True)
     with pytest.raises(ConfigError, match=r"^async_ps=true needs torchrun with at least 2 "):
-        trainer.train(cfg)
+        entry.train(cfg)
     assert not Path(cfg.out_dir).exists()

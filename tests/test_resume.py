@@ -35,7 +35,7 @@ from helpers import (
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError
 from lbsgd.data import StepSampler
-from lbsgd.trainer import train
+from lbsgd.entry import train
 
 
 def _status(run_dir: Path) -> dict:

@@ -14,8 +14,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from lbsgd import checkpoint, register_model
 from lbsgd.config import Config, ConfigError, from_dict
+from lbsgd.entry import train
 from lbsgd.staleness import StaleWeights, draw
-from lbsgd.trainer import train
 
 # -- the draw ---------------------------------------------------------------------------------
 

@@ -13,9 +13,11 @@ from helpers import write_cifar
 
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError, derive
+from lbsgd.entry import train
+from lbsgd.features import Pending, pack_flush, unpack_flush
 from lbsgd.models import MODELS, register_model
 from lbsgd.schedules import learning_rate
-from lbsgd.trainer import Run, train
+from lbsgd.trainer import Run
 
 
 def read_metrics(run_dir):
@@ -223,6 +225,33 @@ def test_deterministic_mode_holds_during_the_run_and_is_undone_after_it(tiny, mo
     assert not torch.are_deterministic_algorithms_enabled()  # a notebook's process as it was
 
 
+# -- the flush's packing (lbsgd.features): what goes into its one all-reduce comes back named ------
+
+
+@pytest.mark.parametrize("extra_per_step", [0, 2], ids=["plain", "noise_scale"])
+def test_the_flush_packing_round_trips(extra_per_step):
+    pending = [
+        Pending(
+            step + 1,
+            0.1 * step,
+            torch.tensor(1.5 + step),
+            torch.tensor(2.0**step) if step else 1.0,
+            [torch.tensor([10.0 * step + j for j in range(extra_per_step)], dtype=torch.float64)]
+            if extra_per_step
+            else [],
+        )
+        for step in range(3)
+    ]
+    packed = pack_flush(pending, torch.tensor(1.0))
+    assert packed.dtype == (torch.float64 if extra_per_step else torch.float32)
+    got = unpack_flush(packed.tolist(), len(pending))
+    assert got.losses == [1.5, 2.5, 3.5]
+    assert got.scales == [1.0, 2.0, 4.0]
+    assert got.stop_asked is True
+    assert got.extra == [10.0 * s + j for s in range(3) for j in range(extra_per_step)]
+    assert unpack_flush(pack_flush(pending, torch.tensor(0.0)).tolist(), 3).stop_asked is False
+
+
 @pytest.mark.slow
 def test_a_one_process_run_never_imports_torch_dynamo(tmp_path):
     # torch._dynamo costs ~2.3 s of CPU to import, which every run would pay at its start: the
@@ -230,7 +259,7 @@ def test_a_one_process_run_never_imports_torch_dynamo(tmp_path):
     # are called without torch.compile's markers, and determinism is set only when it changes
     keys = {**TINY, "out_dir": str(tmp_path), "epochs": 1, "checkpoint": True}
     code = (
-        "import sys; from lbsgd.config import Config; from lbsgd.trainer import train; "
+        "import sys; from lbsgd.config import Config; from lbsgd.entry import train; "
         f"s = train(Config(**{keys!r})); "
         "print(s['status'], 'torch._dynamo' in sys.modules, 'torch._inductor' in sys.modules)"
     )

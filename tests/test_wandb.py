@@ -17,8 +17,8 @@ from helpers import OfflineRun, offline_records, offline_runs
 
 from lbsgd import experiments, tracking
 from lbsgd.config import ConfigError, from_dict
+from lbsgd.entry import train
 from lbsgd.studies import session
-from lbsgd.trainer import train
 
 
 def _jsonl(run_dir: Path, kind: str = "train") -> list[dict]:

@@ -11,7 +11,7 @@ schedule, the sampler, ghost BN, gradient accumulation bookkeeping, metric flush
 directory.
 
 Measured alike: the data are resident on the device for both (:func:`lbsgd.data.resident`); the
-device is waited for before every clock read; the first ``TIMED_WARMUP_STEPS`` optimizer steps
+device is waited for before every clock read; the first ``SETTLING_STEPS`` optimizer steps
 (compilation, cuDNN and allocator warm-up) are timed apart as ``warmup_s`` and left out of the
 throughput, exactly as the trainer's summary.json does. The sides alternate (bare then trainer,
 trainer then bare, …) so that drifts in machine load hit both; each side's best throughput is
@@ -41,7 +41,7 @@ import torch
 from lbsgd import config, data, distributed, models, registry
 from lbsgd.config import Config, ConfigError, derive, micro_batch
 from lbsgd.environment import environment
-from lbsgd.trainer import TIMED_WARMUP_STEPS
+from lbsgd.trainer import SETTLING_STEPS
 
 # The CPU default: one thread per process, the quickstart model, one micro-batch per step.
 DEFAULTS = {
@@ -67,7 +67,7 @@ _AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 class Timing(NamedTuple):
     img_per_s: float  # steady throughput: the warm-up steps left out
-    warmup_s: float | None  # seconds of the first TIMED_WARMUP_STEPS steps (None: none timed)
+    warmup_s: float | None  # seconds of the first SETTLING_STEPS steps (None: none timed)
 
 
 def bench_device(cfg: Config) -> torch.device:
@@ -104,7 +104,7 @@ def default_out(overrides: list[str], name: str = "train", defaults: dict | None
 
 def _timed_warmup(steps: int) -> int:
     # the trainer's rule (lbsgd.trainer): the first steps, always leaving one steady step
-    return min(TIMED_WARMUP_STEPS, steps - 1)
+    return min(SETTLING_STEPS, steps - 1)
 
 
 def bare_loop(cfg: Config, splits: data.Splits, steps: int, device: torch.device) -> Timing:
@@ -162,7 +162,7 @@ def bare_loop(cfg: Config, splits: data.Splits, steps: int, device: torch.device
 
 def trainer_run(cfg: Config, steps: int, num_train: int, out_dir: str) -> Timing:
     """Images per second of lbsgd's trainer (its own measurement: steady training steps only)."""
-    from lbsgd.trainer import train
+    from lbsgd.entry import train
 
     epochs = steps * cfg.batch_size / num_train
     summary = train(cfg.replace(epochs=epochs, out_dir=out_dir, name=None))
@@ -193,7 +193,7 @@ def setup(overrides: list[str], defaults: dict | None = None) -> tuple[dict, Con
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.deterministic:  # process-wide: set before either side runs, so both run alike
-        from lbsgd.trainer import deterministic
+        from lbsgd.entry import deterministic
 
         deterministic()
     return values, cfg
