@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from lbsgd import data, distributed, models
+from lbsgd import data, distributed, models, seeding
 from lbsgd.config import Config, ConfigError, Derived, derive, micro_batch_candidates
 from lbsgd.models import ghost_bn
 from lbsgd.precision import Precision
@@ -44,7 +44,7 @@ class Net(NamedTuple):
 def build_net(cfg: Config, ctx: distributed.Context, splits: data.Splits) -> Net:
     """The network, initialised from ``cfg.seed`` alone (the same on every rank and for every
     batch size), BN converted to ghost BN, on the device; then the derived values."""
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(seeding.initial_weights(cfg.seed))
     net = models.build(cfg, splits.num_classes, splits.image_size)
     ghost = ghost_bn.ghost_modules(ghost_bn.convert(net, cfg.bn_batch))
     net.to(ctx.device)

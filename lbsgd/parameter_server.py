@@ -211,7 +211,7 @@ class Run:
         seeds = seeding.micro_batches(cfg.seed, torch.arange(first, first + d.accum_steps))
         loss_sum = torch.zeros((), device=device)
         for i in range(d.accum_steps):
-            checkpoint.seed_generators(int(seeds[i]), device)
+            seeding.seed_generators(int(seeds[i]), device)
             x, y = next(stream)
             x = x.to(device, non_blocking=True, memory_format=fmt)
             y = y.to(device, non_blocking=True)

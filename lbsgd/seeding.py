@@ -17,10 +17,11 @@ Streams fed from the run seed here:
 
 The per-position streams give the same seed to a sample (a micro-batch) at a given place of the
 run's stream whatever the number of processes or loader workers, and after a resume. Where the
-run seed is used as it is: the network's initial weights (``torch.manual_seed(seed)`` in the
-network's builder), the stale-weights delays (``lbsgd.staleness.draw``, a hash of seed, step and
+run seed is used as it is: the network's initial weights (:func:`initial_weights`, given to
+``torch.manual_seed`` by the network's builder), the stale-weights delays (``lbsgd.staleness.draw``, a hash of seed, step and
 worker) and the order of ``lbsgd bench data``'s batches. Seeding torch's generators before each
-micro-batch, and saving and restoring their state in a checkpoint: ``lbsgd.checkpoint``.
+micro-batch: :func:`seed_generators`; saving and restoring their state in a checkpoint:
+``lbsgd.checkpoint``.
 """
 
 from __future__ import annotations
@@ -77,3 +78,18 @@ def sample_seeds(seed: int, positions: torch.Tensor) -> torch.Tensor:
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     return torch.from_numpy(((z ^ (z >> np.uint64(31))) >> np.uint64(1)).astype(np.int64))
+
+
+def initial_weights(seed: int) -> int:
+    """The seed of the network's initial weights: the run seed itself (the same on every rank and
+    for every layout)."""
+    return seed
+
+
+def seed_generators(seed: int, device: torch.device) -> None:
+    """Seed the generators a step draws from: the CPU's, and the training GPU's. (torch.manual_seed
+    also queues seeds for every other device type, capturing a traceback for each, on every
+    call: a measurable share of a small CPU step.)"""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)  # the current device: distributed.init set it to ours

@@ -356,7 +356,7 @@ class Run:
         seeds = seeding.micro_batches(cfg.seed, torch.arange(first, first + d.accum_steps))
         loss_sum = torch.zeros((), device=ctx.device)
         for i in range(d.accum_steps):
-            checkpoint.seed_generators(int(seeds[i]), ctx.device)
+            seeding.seed_generators(int(seeds[i]), ctx.device)
             for f in self.features:
                 f.before_micro_batch(i)
             x, y = next(stream)

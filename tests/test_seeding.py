@@ -26,6 +26,7 @@ def test_each_stream_is_its_formula_to_the_bit():
             assert seeding.epoch_order(seed, epoch) == seed * 1_000_003 + epoch
         assert seeding.fake_train(seed) == 2 * seed
         assert seeding.fake_test(seed) == 2 * seed + 1
+        assert seeding.initial_weights(seed) == seed  # the run seed itself, as committed runs were
         p = torch.tensor(POSITIONS)
         assert seeding.augmentation(seed, p).tolist() == [
             _splitmix64(2 * seed, x) for x in POSITIONS
