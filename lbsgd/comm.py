@@ -305,6 +305,7 @@ class BMUF:
 
     def __init__(
         self,
+        *,
         period: int,
         start: int,
         step: int,

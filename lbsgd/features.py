@@ -100,11 +100,11 @@ class NoiseProbe(StepFeature):
     def __init__(self, *, cfg: Config, d: Derived, params: list[torch.Tensor]):
         self.probe = noise_scale.Probe(
             params,
-            d.noise_micro_batches,
-            d.accum_steps,
-            d.noise_batch,
-            cfg.batch_size,
-            cfg.noise_scale_ema,
+            micro_per_group=d.noise_micro_batches,
+            accum_steps=d.accum_steps,
+            b_small=d.noise_batch,
+            b_big=cfg.batch_size,
+            decay=cfg.noise_scale_ema,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -227,13 +227,13 @@ class LocalSGD(StepFeature):
         if self.bmuf:
             self.checkpoint_keys = ("bmuf",)
             self.averager = comm.BMUF(
-                cfg.local_sgd,
-                d.switch_step,
-                start_step,
-                params,
-                cfg.block_momentum,
-                cfg.block_lr,
-                cfg.block_nesterov,
+                period=cfg.local_sgd,
+                start=d.switch_step,
+                step=start_step,
+                params=params,
+                block_momentum=cfg.block_momentum,
+                block_lr=cfg.block_lr,
+                nesterov=cfg.block_nesterov,
             )
         else:
             self.averager = comm.LocalSGD(cfg.local_sgd, start=d.switch_step, step=start_step)

@@ -147,13 +147,13 @@ class Run:
         self.net, self.ghost, self.precision, self.d = build_net(cfg, ctx, self.splits)
         self.params = list(self.net.parameters())
         self.sampler = data.StepSampler(
-            len(self.splits.train),
-            cfg.batch_size,
-            self.d.micro_batch,
-            0,
-            1,
-            cfg.seed,
-            self.d.total_steps,
+            num_samples=len(self.splits.train),
+            batch_size=cfg.batch_size,
+            micro_batch=self.d.micro_batch,
+            rank=0,
+            world_size=1,
+            seed=cfg.seed,
+            total_steps=self.d.total_steps,
         )
         self.group = distributed.p2p_group()
         # the messages' float32 payload: loss, BN group sums, gradients

@@ -137,13 +137,13 @@ class Run:
         self.opt = optim.build(cfg, self.net)
         d = self.d
         self.sampler = data.StepSampler(
-            len(self.splits.train),
-            cfg.batch_size,
-            d.micro_batch,
-            ctx.rank,
-            ctx.world_size,
-            cfg.seed,
-            d.total_steps,
+            num_samples=len(self.splits.train),
+            batch_size=cfg.batch_size,
+            micro_batch=d.micro_batch,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            seed=cfg.seed,
+            total_steps=d.total_steps,
         )
         self.cadence = Cadence.of(cfg, d.total_steps, self.sampler.epoch_of)
 

@@ -48,7 +48,16 @@ class Workers:
         self.held: list[torch.Tensor] = []
         self.averaged = 0  # all-reduces so far
         self.bmuf = [
-            comm.BMUF(period, start, 0, p, eta, eps, nesterov, average=self.average)
+            comm.BMUF(
+                period=period,
+                start=start,
+                step=0,
+                params=p,
+                block_momentum=eta,
+                block_lr=eps,
+                nesterov=nesterov,
+                average=self.average,
+            )
             for p in self.params
         ]
 
@@ -139,7 +148,16 @@ def test_state_dict_resumes_the_filter_bitwise():
     moves = torch.randn(9, 4, dtype=F64)
 
     def fresh(step, p):
-        return comm.BMUF(3, 2, step, p, 0.7, 1.3, True, average=lambda flat: flat)
+        return comm.BMUF(
+            period=3,
+            start=2,
+            step=step,
+            params=p,
+            block_momentum=0.7,
+            block_lr=1.3,
+            nesterov=True,
+            average=lambda flat: flat,
+        )
 
     p = [torch.nn.Parameter(torch.zeros(4, dtype=F64))]
     a = fresh(0, p)

@@ -301,10 +301,26 @@ def test_resume_is_refused_when_the_train_split_changed(tiny):
     cfg = tiny(name="grown", epochs=0.5)
     train(cfg)
     state = checkpoint.load(cfg.run_dir())
-    grown = StepSampler(state["num_train"] + 8, cfg.batch_size, 16, 0, 1, cfg.seed, 100)
+    grown = StepSampler(
+        num_samples=state["num_train"] + 8,
+        batch_size=cfg.batch_size,
+        micro_batch=16,
+        rank=0,
+        world_size=1,
+        seed=cfg.seed,
+        total_steps=100,
+    )
     with pytest.raises(ConfigError, match="train split of 512 samples, this run's has 520"):
         checkpoint.check_compatible(cfg, state, grown)
-    same = StepSampler(state["num_train"], cfg.batch_size, 16, 0, 1, cfg.seed, 100)
+    same = StepSampler(
+        num_samples=state["num_train"],
+        batch_size=cfg.batch_size,
+        micro_batch=16,
+        rank=0,
+        world_size=1,
+        seed=cfg.seed,
+        total_steps=100,
+    )
     checkpoint.check_compatible(cfg, state, same)  # the unchanged split is accepted
 
 

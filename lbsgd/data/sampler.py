@@ -40,6 +40,7 @@ class StepSampler:
 
     def __init__(
         self,
+        *,
         num_samples: int,
         batch_size: int,
         micro_batch: int,
