@@ -121,10 +121,13 @@ def test_an_interrupt_goes_to_the_policy_which_stops_the_running_jobs():
     policy = Stop(parallel=2)
     runner = jobs.Runner(["import time; time.sleep(60)"] * 3, policy, poll_s=0.05)
     began = time.monotonic()
+    # Ctrl-C raises KeyboardInterrupt, as at a terminal (a pytest-xdist worker ignores SIGINT)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(RuntimeError, match="stopped"):
             runner.run()
     finally:
+        signal.signal(signal.SIGINT, before)
         if policy.timer is not None:
             policy.timer.cancel()
     assert time.monotonic() - began < 30
