@@ -10,8 +10,8 @@ from lbsgd.config import load as load_config
 
 if TYPE_CHECKING:
     from lbsgd.data import Splits, register_dataset
+    from lbsgd.entry import train
     from lbsgd.models import register_model
-    from lbsgd.trainer import train
 
 __version__ = "0.1.0"
 
@@ -32,7 +32,7 @@ _LAZY = {
     "Splits": "lbsgd.data",
     "register_dataset": "lbsgd.data",
     "register_model": "lbsgd.models",
-    "train": "lbsgd.trainer",
+    "train": "lbsgd.entry",
 }
 
 

@@ -111,7 +111,7 @@ def read(path: Path) -> dict[str, Any]:
     """One checkpoint file, verified; CheckpointError naming the file if it cannot be used."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - every unreadable file gets the same clear message
+    except Exception as e:  # every unreadable file gets the same clear message
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CheckpointError(
             f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {first[:200]}"
@@ -223,12 +223,3 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and state.get("cuda") is not None:
         torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def seed_generators(seed: int, device: torch.device) -> None:
-    """Seed the generators a step draws from: the CPU's, and the training GPU's. (torch.manual_seed
-    also queues seeds for every other device type, capturing a traceback for each, on every
-    call: a measurable share of a small CPU step.)"""
-    torch.default_generator.manual_seed(seed)
-    if device.type == "cuda":
-        torch.cuda.manual_seed(seed)  # the current device: distributed.init set it to ours

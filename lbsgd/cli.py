@@ -201,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             _pin_cpu_isa(args.config, args.overrides)
             cfg = config.load(args.config, args.overrides)
+            from lbsgd.entry import train
             from lbsgd.rundir import STATUS_EXIT_CODE
-            from lbsgd.trainer import train
 
             summary = train(cfg)
             return STATUS_EXIT_CODE.get(summary["status"], 1)

@@ -176,7 +176,7 @@ def register(
     hook: str,
     local_world_size: int,
     powersgd_rank: int = 1,
-    warmup_steps: int = 0,
+    switch_step: int = 0,
     noise=None,
 ):
     """Install ``hook`` (one of HOOKS) on a DDP model; ``none`` keeps DDP's all-reduce.
@@ -185,6 +185,9 @@ def register(
     before the hook reduces them (``none`` then becomes torch's averaging all-reduce hook: the
     same sum, each gradient divided by the world size before it rather than multiplied by its
     inverse while copied into the bucket).
+
+    ``switch_step``: PowerSGD compresses from this optimizer step on (the ``switch_step`` key,
+    else the end of the warmup), and from step 2 at the earliest.
 
     Returns the hook's state (:class:`PowerSGD`: error feedback, factors, step counter), or None.
     """
@@ -201,7 +204,7 @@ def register(
         state = PowerSGD(
             process_group=None,
             matrix_approximation_rank=powersgd_rank,
-            start_powerSGD_iter=max(2, warmup_steps),  # > 1: error feedback needs one plain step
+            start_powerSGD_iter=max(2, switch_step),  # > 1: error feedback needs one plain step
             use_error_feedback=True,
             warm_start=True,
         )
@@ -277,10 +280,10 @@ class BMUF:
     on the blocks of post-local SGD; the trainer drives it as it drives :class:`LocalSGD`.
 
     Block t is ``period`` = n local steps of each of the K processes from the same start W_g(t−1)
-    (the first block after the warmup is one step, as torch's averager places its first
-    averaging: the blocks end where :meth:`LocalSGD.in_sync` says, and :meth:`in_sync`). At its end, with W(t−1) the
-    global model and Δ(t−1) the last block update (W(0) = W_g(0) = the model after the warmup,
-    the same on every process; Δ(0) = 0)::
+    (the first block after ``switch_step``, by default the warmup, is one step, as torch's
+    averager places its first averaging: the blocks end where :meth:`LocalSGD.in_sync` says, and
+    :meth:`in_sync`). At its end, with W(t−1) the global model and Δ(t−1) the last block update
+    (W(0) = W_g(0) = the model at ``switch_step``, the same on every process; Δ(0) = 0)::
 
         W̄(t)  = (1/K) Σ_k W_k(t)              one all-reduce of the parameters
         G(t)  = W̄(t) − W_g(t−1)               block gradient
@@ -302,6 +305,7 @@ class BMUF:
 
     def __init__(
         self,
+        *,
         period: int,
         start: int,
         step: int,

@@ -191,7 +191,7 @@ def on_main(ctx: Context, fn: Callable[[], Any], then_all: bool = False) -> Any:
     if ctx.is_main:
         try:
             result = fn()
-        except Exception as e:  # noqa: BLE001 - re-raised below, after telling the other ranks
+        except Exception as e:  # re-raised below, after telling the other ranks
             error = e
     message = broadcast_object(None if error is None else str(error))
     if error is not None:
@@ -237,7 +237,7 @@ def wrap(
     bucket_cap_mb: float,
     comm_hook: str = "none",
     powersgd_rank: int = 1,
-    warmup_steps: int = 0,
+    switch_step: int = 0,
     noise=None,
 ) -> torch.nn.Module:
     """DDP over the process group when there is more than one process, else the model itself.
@@ -257,20 +257,9 @@ def wrap(
         **NO_FORWARD_BUFFER_SYNC,
     )
     ddp.comm_state = comm.register(
-        ddp, comm_hook, ctx.local_world_size, powersgd_rank, warmup_steps, noise
+        ddp, comm_hook, ctx.local_world_size, powersgd_rank, switch_step, noise
     )
     return ddp
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module whose state is saved: through DDP and torch.compile wrappers."""
-    while True:
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import torch
 
 from lbsgd import data
 from lbsgd.config import Config
+from lbsgd.network import memory_format
 from lbsgd.precision import Precision
 
 
@@ -31,7 +32,7 @@ def evaluation_sums(
     net.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     k = min(5, splits.num_classes)
-    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    fmt = memory_format(cfg)
     for x, y in data.batches(splits.test, idx.split(batch), cfg.workers, device=device):
         x, y = x.to(device, memory_format=fmt), y.to(device)
         with precision.autocast():

@@ -59,7 +59,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lbsgd import config, launch, rundir, tracking
+from lbsgd import config, jobs, launch, registry, rundir, tracking
 from lbsgd.config import Config
 from lbsgd.tracking import flatten
 
@@ -106,14 +106,19 @@ class _Terminated(KeyboardInterrupt):
 ATTEMPT_MARK = "==== attempt "
 
 
-@dataclass
-class _Job:
+@dataclass(eq=False)
+class _Run:
+    """A run of the sweep, as the runner's job item (:class:`lbsgd.jobs.Job`; its ``number`` is
+    the run's place in the sweep's runs: the [number/total] of each of its lines): its config,
+    its log, the log's handle while it runs, and how its attempt starts."""
+
     cfg: Config
     log: Path
-    number: int  # its place in the sweep's runs: the [number/total] of each of its lines
-    proc: subprocess.Popen | None = None
-    started: float = 0.0
     handle: Any = field(default=None, repr=False)
+    how: str = ""
+
+
+_Job = jobs.Job[_Run]
 
 
 @dataclass
@@ -125,7 +130,7 @@ class _Progress:
     done: int = 0  # runs skipped, copied or ended
 
     def line(self, job: _Job, text: str) -> None:
-        self.say(f"[{job.number}/{self.total}] {job.cfg.run_name()}: {text}")
+        self.say(f"[{job.number}/{self.total}] {job.item.cfg.run_name()}: {text}")
 
     def end(self, job: _Job, text: str, tally: bool = True) -> None:
         """The line of a run that needs nothing more (``tally``: with how many of N are done)."""
@@ -291,39 +296,31 @@ def sweep(
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise config.ConfigError(f"runs of study {study!r} repeat the same experiment: {dup}")
-    from lbsgd import trainer  # torch: imported once the cheap checks have passed
+    from lbsgd import entry  # torch: imported once the cheap checks have passed
 
     for c in cfgs:  # data directories, process layout, run directories: read only
-        config.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
-        trainer.check(c, nproc_per_node * nnodes, nproc_per_node)
+        registry.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
+        entry.check(c, nproc_per_node * nnodes, nproc_per_node)
         # a finished run of other experiment keys (or of another K, under local SGD) is not "done"
         rundir.check_run_dir(c, nproc_per_node * nnodes)
     study_dir = Path(out_dir) / study
     study_dir.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
 
-    todo = [_Job(c, study_dir / f"{c.run_name()}.log", i) for i, c in enumerate(cfgs, 1)]
-    progress = _Progress(len(todo), say)
-    running: list[_Job] = []
-    failed: list[str] = []
     with _sigterm_as_interrupt() as terminated:
-        try:
-            _settle(todo, progress, Path(out_dir), nproc_per_node * nnodes, wandb)
-            _launch(
-                todo,
-                running,
-                failed,
-                parallel,
-                progress,
-                lambda c: _command(c, nproc_per_node, nnodes, rdzv_endpoint, max_restarts),
-            )
-        except KeyboardInterrupt:
-            error = _interrupted(study, running, todo, failed, progress)
-            if terminated:  # the process ends before anyone shows the error: its line here
-                say(f"{type(error).__name__}: {error}")
-            raise error from None
-    if failed:
-        raise RunFailed(" | ".join(failed))
+        policy = _Sweep(
+            study,
+            _Progress(len(cfgs), say),
+            command=lambda c: _command(c, nproc_per_node, nnodes, rdzv_endpoint, max_restarts),
+            root=Path(out_dir),
+            world_size=nproc_per_node * nnodes,
+            wandb=wandb,
+            terminated=terminated,
+            parallel=parallel,
+        )
+        jobs.Runner([_Run(c, study_dir / f"{c.run_name()}.log") for c in cfgs], policy).run()
+    if policy.failed:
+        raise RunFailed(" | ".join(policy.failed))
     return load_runs(study_dir, names=names)
 
 
@@ -356,66 +353,82 @@ def _sigterm_as_interrupt():
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _settle(todo: list[_Job], progress: _Progress, root: Path, world_size: int, wandb: str) -> None:
-    """Take out of ``todo`` the runs already done here (skipped) and those another study of
-    ``root`` completed (copied), one line each."""
-    for job in list(todo):
-        c, run_dir = job.cfg, job.cfg.run_dir()
+@dataclass
+class _Sweep(jobs.Policy[_Run]):
+    """The sweep's policy for its runner (:mod:`lbsgd.jobs`): runs settled first (skipped, copied),
+    the others started ``parallel`` at a time until one fails, each one's end said in a line (a
+    failure added to ``failed``), and on an interrupt every run in flight stopped and named."""
+
+    study: str
+    progress: _Progress
+    command: Any  # a run's config -> its command line
+    root: Path  # the runs' out_dir: where a twin is looked for
+    world_size: int
+    wandb: str
+    terminated: list[int]  # the SIGTERMs the sweep caught (_sigterm_as_interrupt)
+    parallel: int = 1
+    failed: list[str] = field(default_factory=list)
+
+    def prepare(self, runner: jobs.Runner[_Run]) -> None:
+        _settle(runner, self.progress, self.root, self.world_size, self.wandb)
+
+    def start(self, job: _Job) -> subprocess.Popen:
+        return _start(job.item, self.command)
+
+    def started(self, job: _Job) -> None:
+        self.progress.line(job, f"{job.item.how} (log: {job.item.log})")
+
+    def may_start(self) -> bool:
+        return not self.failed
+
+    def ended(self, job: _Job) -> None:
+        _ended(job, self.failed, self.progress)
+
+    def interrupted(self, runner: jobs.Runner[_Run]) -> RunInterrupted:
+        error = _interrupted(self.study, runner.running, runner.pending, self.failed, self.progress)
+        if self.terminated:  # the process ends before anyone shows the error: its line here
+            self.progress.say(f"{type(error).__name__}: {error}")
+        return error
+
+
+def _settle(
+    runner: jobs.Runner[_Run], progress: _Progress, root: Path, world_size: int, wandb: str
+) -> None:
+    """Settle the runs already done here (skipped) and those another study of ``root`` completed
+    (copied), one line each."""
+    for job in runner.pending:
+        c, run_dir = job.item.cfg, job.item.cfg.run_dir()
         status = rundir.read_status(run_dir)
         if status in DONE:
-            todo.remove(job)
+            runner.settle(job)
             progress.end(job, f"skipped (already {status})", tally=False)
             continue
         twin = None if run_dir.exists() else find_identical(c, root, world_size)
         if twin is not None:
             _copy_run(twin, c)
-            todo.remove(job)
+            runner.settle(job)
             progress.end(job, f"copied from {twin.parent.name}/ (identical run)", tally=False)
             # W&B: the copy in this study's group too (never fails the sweep)
             tracking.log_copied_run(run_dir, copied_from=twin, mode=wandb, project=c.wandb_project)
 
 
-def _launch(
-    todo: list[_Job],
-    running: list[_Job],
-    failed: list[str],
-    parallel: int,
-    progress: _Progress,
-    command,
-) -> None:
-    """Start the runs of ``todo``, ``parallel`` at a time, until every one has ended (or one
-    failed and the others in flight have ended); ``running`` holds those in flight."""
-    while todo or running:
-        while todo and len(running) < parallel and not failed:
-            _start(todo[0], command, progress)
-            running.append(todo.pop(0))
-        if failed and not running:
-            break
-        time.sleep(0.2)
-        for job in [j for j in running if j.proc.poll() is not None]:
-            running.remove(job)
-            _ended(job, failed, progress)
-
-
-def _start(job: _Job, command, progress: _Progress) -> None:
+def _start(run: _Run, command) -> subprocess.Popen:
     """Start one run, its output appended to its log after a line that begins the attempt."""
-    how = _how_it_starts(job.cfg.run_dir())
-    job.handle = job.log.open("a")
-    job.handle.write(f"{_attempt_line(job.log, how)}\n")
-    job.handle.flush()
+    run.how = _how_it_starts(run.cfg.run_dir())
+    run.handle = run.log.open("a")
+    run.handle.write(f"{_attempt_line(run.log, run.how)}\n")
+    run.handle.flush()
     guard = [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid())]
     # a session of its own: an interrupt meant for the sweep (a terminal's or Jupyter's, sent to
     # the whole process group) does not kill the run; the sweep stops it
-    job.proc = subprocess.Popen(
-        [*(guard if sys.platform == "linux" else []), *command(job.cfg)],
+    return subprocess.Popen(
+        [*(guard if sys.platform == "linux" else []), *command(run.cfg)],
         stdin=subprocess.DEVNULL,
-        stdout=job.handle,
+        stdout=run.handle,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
     )
-    job.started = time.perf_counter()
-    progress.line(job, f"{how} (log: {job.log})")
 
 
 def _how_it_starts(run_dir: Path) -> str:
@@ -448,33 +461,33 @@ def _attempt_line(log: Path, how: str) -> str:
 
 def _ended(job: _Job, failed: list[str], progress: _Progress) -> None:
     """The line of a run that ended; a failure is added to ``failed``."""
-    job.handle.close()
-    rc, secs = job.proc.returncode, time.perf_counter() - job.started
-    status = rundir.read_status(job.cfg.run_dir())
+    run = job.item
+    run.handle.close()
+    rc, secs = job.proc.returncode, job.seconds
+    status = rundir.read_status(run.cfg.run_dir())
     # torchrun reports any failed worker as exit code 1, so the run's own record decides:
     # a diverged run (trainer exit code 3) is a result, not a failure
     if status in DONE:
-        progress.end(job, f"{status} in {secs:.0f} s{_result_text(job.cfg.run_dir())}")
+        progress.end(job, f"{status} in {secs:.0f} s{_result_text(run.cfg.run_dir())}")
         return
     failed.append(
-        f"run {job.cfg.run_name()} failed (exit code {rc}); log: {job.log}; "
-        f"error: {_error_line(job.log)}"
+        f"run {run.cfg.run_name()} failed (exit code {rc}); log: {run.log}; "
+        f"error: {_error_line(run.log)}"
     )
-    progress.end(job, f"FAILED, see {job.log}")
+    progress.end(job, f"FAILED, see {run.log}")
 
 
 def _interrupted(
     study: str, running: list[_Job], todo: list[_Job], failed: list[str], progress: _Progress
 ) -> RunInterrupted:
-    """Stop the runs in flight as a scheduler would (SIGTERM: checkpoint at an agreed step, status
-    interrupted), wait for them, say where each stands, one line each; the exception to raise,
-    whose one line sums up."""
-    running += [j for j in todo if j.proc is not None]  # started as the interrupt came
-    todo = [j for j in todo if j.proc is None]
+    """Stop the runs in flight (``running``: each started, the last perhaps as the interrupt came)
+    as a scheduler would (SIGTERM: checkpoint at an agreed step, status interrupted), wait for
+    them, say where each stands and which of ``todo`` were not started, one line each; the
+    exception to raise, whose one line sums up."""
     killed = _stop(running, progress.say)
     for job in running:
-        job.handle.close()
-        progress.line(job, f"{_stop_text(job.cfg.run_dir())} (log: {job.log})")
+        job.item.handle.close()
+        progress.line(job, f"{_stop_text(job.item.cfg.run_dir())} (log: {job.item.log})")
     for job in todo:
         progress.line(job, "not started")
     parts = [f"{_runs(len(running))} {'killed' if killed else 'stopped'}"] if running else []
@@ -483,7 +496,7 @@ def _interrupted(
     return RunInterrupted(
         f"sweep of study {study!r} interrupted: {', '.join(parts) or 'no run in flight'}; "
         "run the same sweep again to resume",
-        [j.cfg.run_name() for j in (*running, *todo)],
+        [j.item.cfg.run_name() for j in (*running, *todo)],
     )
 
 
@@ -628,7 +641,7 @@ def reference(study: str | None = None):
     return df if study is None else df[df["study"] == study].reset_index(drop=True)
 
 
-# -- tables, figures and findings -------------------------------------------------------------
+# -- tables and figures -----------------------------------------------------------------------
 
 
 def summarize(df, by: Sequence[str], metric: str = "final_top1_error_pct"):
@@ -713,52 +726,3 @@ def plot_curves(
     ax.set_ylabel(metric if kind == "train" else f"test {metric}")
     ax.legend(fontsize=8)
     return ax
-
-
-@dataclass
-class Finding:
-    """A qualitative claim of a paper, and whether this replay shows it (None: not decidable).
-    ``paper``: what the paper reports for the claim, with its source (table, figure), e.g.
-    "Goyal Table 1: gradual 23.74% vs none 24.84% (8k)"; "" where not given."""
-
-    claim: str
-    replayed: bool | None
-    evidence: str
-    paper: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "claim": self.claim,
-            "replayed": self.replayed,
-            "evidence": self.evidence,
-            "paper": self.paper,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Finding:
-        """A finding of ``findings.json``; one written before ``paper`` existed reads as ""."""
-        return cls(d["claim"], d["replayed"], d["evidence"], d.get("paper", ""))
-
-
-def write_findings(
-    out_dir: str | os.PathLike,
-    study: str,
-    profile: str,
-    seeds: Sequence[int],
-    findings: Sequence[Finding],
-    title: str = "",
-) -> Path:
-    """``findings.json`` of a study: what the report gathers."""
-    path = study_dir(out_dir, study) / "findings.json"
-    record = {
-        "study": study,
-        "title": title or study,
-        "profile": profile,
-        "seeds": list(seeds),
-        "findings": [f.to_dict() for f in findings],
-    }
-    path.write_text(json.dumps(record, indent=2) + "\n")
-    for f in findings:
-        mark = {True: "replayed", False: "NOT replayed", None: "undecided"}[f.replayed]
-        print(f"{mark:>12}: {f.claim} ({f.evidence})")
-    return path

@@ -117,6 +117,7 @@ class Probe:
     def __init__(
         self,
         params: Sequence[torch.Tensor],
+        *,
         micro_per_group: int,
         accum_steps: int,
         b_small: int,

@@ -51,21 +51,20 @@ from typing import Any
 
 import torch
 
-from lbsgd import checkpoint, data, distributed, optim, rundir
-from lbsgd.config import Config, Derived
-from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
-from lbsgd.loop import (
+from lbsgd import checkpoint, data, distributed, optim, rundir, seeding
+from lbsgd.cadence import (
     Cadence,
     StopSignals,
     WindowClock,
-    build_net,
     decide,
-    new_summary,
-    open_run_dir,
 )
+from lbsgd.config import Config, Derived
+from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
 from lbsgd.models import ghost_bn
+from lbsgd.network import build_net, memory_format
 from lbsgd.precision import Precision
 from lbsgd.progress import Flushed, Progress, ending_line
+from lbsgd.rundir import Status, new_summary, open_run_dir
 from lbsgd.schedules import learning_rate
 from lbsgd.tracking import Tracker
 
@@ -75,7 +74,7 @@ SERVER = 0
 # task or STOP, status) then, unless it says STOP, the weights (float32).
 TAG_REPORT, TAG_GRADIENT, TAG_ORDER, TAG_WEIGHTS = 0, 1, 2, 3
 STOP = -1
-STATUSES = ("running", "completed", "diverged", "interrupted")
+STATUSES = (Status.RUNNING, Status.COMPLETED, Status.DIVERGED, Status.INTERRUPTED)
 
 
 def staleness_summary(values: list[int]) -> dict[str, Any]:
@@ -96,7 +95,7 @@ def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
 
 class Run:
     """An ``async_ps`` run on this process: rank 0 serves (:meth:`serve`), the others work
-    (:meth:`work`). Built as a synchronous run is (:func:`lbsgd.loop.build_net`), with a
+    (:meth:`work`). Built as a synchronous run is (:func:`lbsgd.network.build_net`), with a
     one-process sampler whose step j is task j."""
 
     cfg: Config
@@ -117,10 +116,12 @@ class Run:
     # the server's
     opt: torch.optim.Optimizer
     bn_stats: ghost_bn.RunningStats
-    cadence: Cadence  # when to flush and evaluate (lbsgd.loop.decide; one checkpoint, at the end)
+    cadence: (
+        Cadence  # when to flush and evaluate (lbsgd.cadence.decide; one checkpoint, at the end)
+    )
     tracker: Tracker
     summary: dict[str, Any]
-    status: str  # one of STATUSES
+    status: Status  # one of STATUSES
     step: int  # updates applied: the server step s
     next_task: int  # the next task to hand out
     discarded: int  # gradients that arrived after a divergence or a stop
@@ -146,13 +147,13 @@ class Run:
         self.net, self.ghost, self.precision, self.d = build_net(cfg, ctx, self.splits)
         self.params = list(self.net.parameters())
         self.sampler = data.StepSampler(
-            len(self.splits.train),
-            cfg.batch_size,
-            self.d.micro_batch,
-            0,
-            1,
-            cfg.seed,
-            self.d.total_steps,
+            num_samples=len(self.splits.train),
+            batch_size=cfg.batch_size,
+            micro_batch=self.d.micro_batch,
+            rank=0,
+            world_size=1,
+            seed=cfg.seed,
+            total_steps=self.d.total_steps,
         )
         self.group = distributed.p2p_group()
         # the messages' float32 payload: loss, BN group sums, gradients
@@ -197,20 +198,20 @@ class Run:
         """[mean loss, BN group sums, gradient] of task ``task`` (step ``task``'s batch of a
         one-process run, accumulated over its micro-batches), as one float32 CPU tensor."""
         cfg, d, device = self.cfg, self.d, self.ctx.device
-        fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        fmt = memory_format(cfg)
         stream = data.batches(
             self.splits.train,
             self.sampler.rank_batches(task),
             cfg.workers,
             pin=device.type == "cuda",
-            seeds=(data.sample_seeds(2 * cfg.seed, p) for p in self.sampler.rank_positions(task)),
+            seeds=(seeding.augmentation(cfg.seed, p) for p in self.sampler.rank_positions(task)),
             device=device,
         )
         first = task * d.accum_steps  # the global micro-batch: dropout as in a synchronous run
-        seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
+        seeds = seeding.micro_batches(cfg.seed, torch.arange(first, first + d.accum_steps))
         loss_sum = torch.zeros((), device=device)
         for i in range(d.accum_steps):
-            checkpoint.seed_generators(int(seeds[i]), device)
+            seeding.seed_generators(int(seeds[i]), device)
             x, y = next(stream)
             x = x.to(device, non_blocking=True, memory_format=fmt)
             y = y.to(device, non_blocking=True)
@@ -236,7 +237,7 @@ class Run:
                 torch._foreach_zero_(scratch)
         return payload
 
-    def _order(self, worker: int, version: int, task: int, status: str = "running") -> None:
+    def _order(self, worker: int, version: int, task: int, status: Status = Status.RUNNING) -> None:
         """Send ``worker`` the current weights (of server step ``version``) and ``task``, or STOP."""
         order = torch.tensor([version, task, STATUSES.index(status)], dtype=torch.int64)
         distributed.send(order, worker, TAG_ORDER, self.group)
@@ -252,7 +253,7 @@ class Run:
         self.opt = optim.build(cfg, self.net)
         for p in self.params:  # the arriving gradients are copied here
             p.grad = torch.zeros_like(p)
-        self.bn_stats = ghost_bn.RunningStats(self.ghost, groups=cfg.batch_size // cfg.bn_batch)
+        self.bn_stats = ghost_bn.RunningStats(self.ghost, groups=d.bn_groups)
         # flushes and evaluations as a synchronous run's; the one checkpoint: at the end
         self.cadence = Cadence(
             d.total_steps, cfg.log_every, cfg.eval_every, False, 0, self.sampler.epoch_of
@@ -261,7 +262,7 @@ class Run:
         self._announce()
         self.summary = new_summary(cfg, ctx, d, self.splits, 0)
         self._write_summary()
-        status = "failed"
+        status = Status.FAILED
         try:
             status = self.loop()
         finally:
@@ -288,9 +289,9 @@ class Run:
             flush=True,
         )
 
-    def loop(self) -> str:
+    def loop(self) -> Status:
         """Hand out tasks, apply gradients as they arrive, until total_steps updates."""
-        self.status, self.step, self.next_task, self.discarded = "running", 0, 0, 0
+        self.status, self.step, self.next_task, self.discarded = Status.RUNNING, 0, 0, 0
         self.pending = []
         report = torch.zeros(3, dtype=torch.int64)
         payload = torch.empty(1 + self.n_sums + self.n_params, dtype=torch.float32)
@@ -320,16 +321,16 @@ class Run:
         loss = float(payload[0])
         if asked and self.stop.caught is None:
             self.stop.caught = f"a stop signal at worker {w}"
-        applied = self.status == "running" and math.isfinite(loss)
-        if self.status == "running" and not applied:
-            self.status = "diverged"
+        applied = self.status == Status.RUNNING and math.isfinite(loss)
+        if self.status == Status.RUNNING and not applied:
+            self.status = Status.DIVERGED
         if applied:
             self._update(w, version, task, loss, payload)
         else:
             self.discarded += 1
         stopping = self.stop.caught is not None and self.step < self.d.total_steps
-        if self.status == "running" and stopping:
-            self.status = "interrupted"
+        if self.status == Status.RUNNING and stopping:
+            self.status = Status.INTERRUPTED
         return applied
 
     def _update(self, w: int, version: int, task: int, loss: float, payload) -> None:
@@ -355,15 +356,17 @@ class Run:
     def _answer(self, w: int, active: set[int]) -> None:
         """The current weights and the next task to worker ``w``; STOP (with the run's status)
         when the run no longer goes on or every task is handed out."""
-        if self.status == "running" and self.next_task < self.d.total_steps:
+        if self.status == Status.RUNNING and self.next_task < self.d.total_steps:
             self._order(w, self.step, self.next_task)
             self.next_task += 1
             return
-        self._order(w, self.step, STOP, "completed" if self.status == "running" else self.status)
+        self._order(
+            w, self.step, STOP, Status.COMPLETED if self.status == Status.RUNNING else self.status
+        )
         active.discard(w)
 
     def _after_update(self, clock: WindowClock, progress: Progress) -> None:
-        """The decisions after an applied update (lbsgd.loop.decide): flush, evaluate; then a
+        """The decisions after an applied update (lbsgd.cadence.decide): flush, evaluate; then a
         plain progress line, when one is due."""
         plan = decide(self.cadence, self.step, len(self.pending))
         if plan.flush:
@@ -382,11 +385,11 @@ class Run:
         progress.flushed(Flushed(last["step"], last["loss"], last["lr"], img_per_s))
         self.pending = []
 
-    def _conclude(self, train_time: float) -> str:
+    def _conclude(self, train_time: float) -> Status:
         """After the last worker stopped: the summary, the checkpoint, the run's status."""
         cfg, d, step = self.cfg, self.d, self.step
         distributed.barrier()  # every worker has stopped: they may leave
-        status = "completed" if self.status == "running" else self.status
+        status = Status.COMPLETED if self.status == Status.RUNNING else self.status
         self.summary["steps"] = step
         self.summary["async_ps"] = {
             "workers": d.world_size - 1,
@@ -400,11 +403,11 @@ class Run:
             train_time_s=train_time,
             img_per_s=step * cfg.batch_size / train_time if train_time > 0 else None,
         )
-        if cfg.checkpoint and status != "diverged":
+        if cfg.checkpoint and status != Status.DIVERGED:
             self.save(step)
-        if status == "diverged":
+        if status == Status.DIVERGED:
             print(f"lbsgd: run diverged (non-finite loss) after update {step}", flush=True)
-        elif status == "interrupted":
+        elif status == Status.INTERRUPTED:
             where = "checkpoint written" if cfg.checkpoint else "no checkpoint (checkpoint=false)"
             print(
                 f"lbsgd: asked to stop ({self.stop.caught}): stopped after update {step}, "

@@ -3,7 +3,7 @@ progress lines without one (nohup, SLURM, a sweep's per-run ``.log``), and one l
 however it ended (:func:`ending_line`).
 
 The lines use only values the loop has read already (a metric flush's losses, an evaluation's
-record): they add no host synchronisation to a step (DESIGN §8).
+record): they add no host synchronisation to a step.
 """
 
 from __future__ import annotations

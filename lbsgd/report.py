@@ -6,7 +6,7 @@ them, with the evidence: for an undecided claim, why its evidence cannot decide 
 ``results/<profile>/<study>/``; the report shows them rounded for reading (percentage points to 2
 decimals, other numbers to 4 significant digits: :func:`lbsgd.experiments.readable_cell`). The
 report of a profile is generated from those files only: its numbers are the runs' own, and it never
-mixes profiles (DESIGN §9). ``lbsgd report --results results/cpu`` writes
+mixes profiles. ``lbsgd report --results results/cpu`` writes
 ``results/cpu/REPORT.md``; ``--results results`` writes one per profile folder found.
 ``lbsgd report --side-by-side results/cpu results/fashion`` prints several profiles' findings in
 one table instead (:func:`side_by_side`): per claim the paper's numbers (a finding's ``paper``) and
@@ -22,9 +22,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from lbsgd.experiments import Finding, readable_cell
-
-MARK = {True: "yes", False: "**no**", None: "undecided"}
+from lbsgd import findings as fs
+from lbsgd.experiments import readable_cell
+from lbsgd.findings import Finding
 
 
 def _table_markdown(path: Path, max_rows: int = 40) -> str:
@@ -56,10 +56,7 @@ def _cell(text: str) -> str:
 
 
 def _studies(profile_dir: Path) -> list[dict]:
-    studies = [
-        {**json.loads(p.read_text()), "dir": p.parent}
-        for p in sorted(profile_dir.glob("*/findings.json"))
-    ]
+    studies = [{**fs.read(p), "dir": p.parent} for p in fs.files(profile_dir)]
     studies.sort(key=_order)  # reading order: the titles start with the notebook's number
     return studies
 
@@ -70,9 +67,19 @@ def build(profile_dir: str | os.PathLike) -> str:
     studies = _studies(root)
     if not studies:
         raise FileNotFoundError(f"no */findings.json under {str(root)!r}: run the notebooks first")
+    out = _head(studies)
+    out += ["| study | seeds | claim | replayed | evidence |", "|---|---|---|---|---|"]
+    out += [_claim_line(s, f) for s in studies for f in s["findings"]]
+    for s in studies:
+        out += _section(s)
+    return "\n".join(out) + "\n"
+
+
+def _head(studies: list[dict]) -> list[str]:
+    """The report's title, what it is generated from, the count of each verdict, and a warning
+    when the folder mixes profiles."""
     profiles = sorted({str(s.get("profile")) for s in studies})
     verdicts = [f["replayed"] for s in studies for f in s["findings"]]
-    counts = _counts(verdicts)
     out = [
         f"# lbsgd: the large-minibatch studies, replayed (profile `{', '.join(profiles)}`)",
         "",
@@ -80,7 +87,7 @@ def build(profile_dir: str | os.PathLike) -> str:
         "every number comes from the runs in `<study>/`. A claim is *undecided* when its "
         "evidence cannot decide it; the evidence then says why.",
         "",
-        f"{len(verdicts)} claims: {counts}.",
+        f"{len(verdicts)} claims: {_counts(verdicts)}.",
         "",
     ]
     if len(profiles) > 1:
@@ -89,43 +96,46 @@ def build(profile_dir: str | os.PathLike) -> str:
             "compare; each profile belongs in a folder of its own.**",
             "",
         ]
-    out += ["| study | seeds | claim | replayed | evidence |", "|---|---|---|---|---|"]
-    for s in studies:
-        for f in s["findings"]:
-            out.append(
-                f"| [{_cell(s['title'])}](#{_anchor(s['title'])}) | {len(s['seeds'])} | "
-                f"{_cell(f['claim'])} | {MARK[f['replayed']]} | {_cell(f['evidence'])} |"
-            )
-    for s in studies:
-        name = s["dir"].name
-        runs = [json.loads(p.read_text()) for p in sorted(s["dir"].glob("*/summary.json"))]
-        cost = sum(r.get("wall_time_s") or 0 for r in runs) / 60
-        notebooks = "".join(
-            f"; executed notebook [`{nb.name}`]({name}/{nb.name})"
-            for nb in sorted(s["dir"].glob("*.ipynb"))
-        )
-        out += [
-            "",
-            f"## {s['title']}",
-            "",
-            f"Profile `{s['profile']}`, seeds {s['seeds']}; "
-            f"{len(runs)} runs ({cost:.1f} min of run time, runs shared with other studies "
-            f"included); folder [`{name}/`]({name}/){notebooks}.",
-            "",
-        ]
-        table = s["dir"] / "table.csv"
-        if table.exists():
-            out.append(_table_markdown(table))
-        for png in sorted(s["dir"].glob("*.png")):
-            out += ["", f"![{png.stem}]({name}/{png.name})"]
-    return "\n".join(out) + "\n"
+    return out
+
+
+def _claim_line(s: dict, f: dict) -> str:
+    """One claim of the report's first table: study, seeds, claim, answer, evidence."""
+    return (
+        f"| [{_cell(s['title'])}](#{_anchor(s['title'])}) | {len(s['seeds'])} | "
+        f"{_cell(f['claim'])} | {fs.answer(f['replayed'])} | {_cell(f['evidence'])} |"
+    )
+
+
+def _section(s: dict) -> list[str]:
+    """A study's section: its profile, seeds, runs and their cost, folder and notebook, then its
+    table and figures."""
+    name = s["dir"].name
+    runs = [json.loads(p.read_text()) for p in sorted(s["dir"].glob("*/summary.json"))]
+    cost = sum(r.get("wall_time_s") or 0 for r in runs) / 60
+    notebooks = "".join(
+        f"; executed notebook [`{nb.name}`]({name}/{nb.name})"
+        for nb in sorted(s["dir"].glob("*.ipynb"))
+    )
+    out = [
+        "",
+        f"## {s['title']}",
+        "",
+        f"Profile `{s['profile']}`, seeds {s['seeds']}; "
+        f"{len(runs)} runs ({cost:.1f} min of run time, runs shared with other studies "
+        f"included); folder [`{name}/`]({name}/){notebooks}.",
+        "",
+    ]
+    table = s["dir"] / "table.csv"
+    if table.exists():
+        out.append(_table_markdown(table))
+    for png in sorted(s["dir"].glob("*.png")):
+        out += ["", f"![{png.stem}]({name}/{png.name})"]
+    return out
 
 
 def _counts(verdicts: list[bool | None]) -> str:
-    return ", ".join(
-        f"{verdicts.count(v)} {word}"
-        for v, word in ((True, "replayed"), (False, "not replayed"), (None, "undecided"))
-    )
+    return ", ".join(f"{verdicts.count(v)} {fs.label(v)}" for v in fs.LABELS)
 
 
 def _anchor(title: str) -> str:
@@ -146,9 +156,9 @@ def profile_dirs(results: str | os.PathLike) -> list[Path]:
     """The folders to report on: ``results`` itself when it holds studies (a profile's folder),
     else each folder of ``results`` that does (a results root: one folder per profile)."""
     root = Path(results)
-    if any(root.glob("*/findings.json")):
+    if fs.files(root):
         return [root]
-    return sorted(d for d in root.glob("*/") if any(d.glob("*/findings.json")))
+    return sorted(d for d in root.glob("*/") if fs.files(d))
 
 
 def write_all(results: str | os.PathLike) -> list[Path]:
@@ -214,7 +224,9 @@ def _row(title: str, findings: list[Finding | None], verdicts_only: bool = False
     have = [f for f in findings if f is not None]
     paper = next((f.paper for f in have if f.paper), "")
     cells = [
-        "—" if f is None else MARK[f.replayed] + ("" if verdicts_only else f": {_cell(f.evidence)}")
+        "—"
+        if f is None
+        else fs.answer(f.replayed) + ("" if verdicts_only else f": {_cell(f.evidence)}")
         for f in findings
     ]
     lead = f"| {_cell(title)} | {_cell(have[0].claim)} | "
@@ -236,20 +248,30 @@ def side_by_side(profile_dirs: Sequence[str | os.PathLike], verdicts_only: bool 
     table). Text from the findings.json files only: no number computed."""
     dirs = [Path(d) for d in profile_dirs]
     per = [_profile_studies(d) for d in dirs]  # every folder checked before any output
-    out = []
-    for d, studies in zip(dirs, per, strict=True):
-        verdicts = [f.replayed for s in studies.values() for f in s["findings"]]
-        out.append(f"- `{d.name}`: {len(verdicts)} claims: {_counts(verdicts)}.")
+    out = [_profile_count(d, studies) for d, studies in zip(dirs, per, strict=True)]
     paper = "" if verdicts_only else " paper |"
     out += [
         "",
         f"| study | claim |{paper} " + " | ".join(f"`{d.name}`" for d in dirs) + " | agree |",
         "|---|---|" + ("" if verdicts_only else "---|") + "---|" * len(dirs) + "---|",
     ]
+    out += _claim_rows(per, verdicts_only)
+    return "\n".join(out) + "\n"
+
+
+def _claim_rows(per: list[dict[str, dict]], verdicts_only: bool) -> list[str]:
+    """The side-by-side table's rows: the studies in reading order, each study's claims matched
+    across the profiles (``per``: each profile's studies by folder name)."""
     names = {name: s for studies in reversed(per) for name, s in studies.items()}
+    out = []
     for name in sorted(names, key=lambda n: _order(names[n])):
         found = [studies.get(name) for studies in per]
         title = next(s["title"] for s in found if s is not None)
-        for row in _matched(found):
-            out.append(_row(title, row, verdicts_only))
-    return "\n".join(out) + "\n"
+        out += [_row(title, row, verdicts_only) for row in _matched(found)]
+    return out
+
+
+def _profile_count(profile_dir: Path, studies: dict[str, dict]) -> str:
+    """A profile's line above the side-by-side table: its claims and the count of each verdict."""
+    verdicts = [f.replayed for s in studies.values() for f in s["findings"]]
+    return f"- `{profile_dir.name}`: {len(verdicts)} claims: {_counts(verdicts)}."

@@ -1,4 +1,5 @@
-"""The run directory's policy: whether a run may start there, its status, its summary.json.
+"""The run directory's policy: whether a run may start there, its status, its summary.json; the
+directory opened for a run (:func:`open_run_dir`) and the summary it starts with (:func:`new_summary`).
 
 A directory holding a run is never overwritten: with ``resume=true`` the run continues when its
 experiment keys are the same, otherwise a one-line ConfigError names the difference. summary.json
@@ -7,15 +8,34 @@ is strict JSON (a diverged loss is written as the string "nan"), replaced atomic
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lbsgd.config import Config, ConfigError, check_place, read_yaml, world_size_key
+from lbsgd.config import Config, ConfigError, Derived, check_place, dump, read_yaml, world_size_key
+from lbsgd.tracking import Tracker
+
+if TYPE_CHECKING:
+    from lbsgd import data, distributed
+
+
+class Status(str, enum.Enum):
+    """A run's status in summary.json, written as its value (a ``str``: ``"completed"``, …)."""
+
+    RUNNING = "running"  # started, not ended (or killed without a word)
+    COMPLETED = "completed"  # every step trained
+    DIVERGED = "diverged"  # a non-finite loss
+    INTERRUPTED = "interrupted"  # asked to stop (a signal): a checkpoint where the models agree
+    FAILED = "failed"  # an error ended it
+
+    def __str__(self) -> str:
+        return self.value
+
 
 # A run's status and the exit code of ``lbsgd train`` (and of W&B's run) that reports it
-STATUS_EXIT_CODE = {"completed": 0, "diverged": 3, "interrupted": 143}
+STATUS_EXIT_CODE = {Status.COMPLETED: 0, Status.DIVERGED: 3, Status.INTERRUPTED: 143}
 
 
 def check_run_dir(cfg: Config, world_size: int = 1) -> str:
@@ -35,7 +55,7 @@ def check_run_dir(cfg: Config, world_size: int = 1) -> str:
         old = read_yaml(run_dir / "config.yaml", derived=True)
         same_experiment(cfg, old, str(run_dir))
         same_world_size(cfg, old, world_size, str(run_dir))
-        return "completed" if status == "completed" else "resume"
+        return "completed" if status == Status.COMPLETED else "resume"
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(
             f"run directory {str(run_dir)!r} exists and is not empty; choose another name="
@@ -99,3 +119,52 @@ def finite(v: Any) -> Any:
 def plain(v: Any) -> Any:
     """A value as YAML and JSON read it back: a tuple is a list."""
     return list(v) if isinstance(v, tuple) else v
+
+
+def open_run_dir(cfg: Config, d: Derived, truncate_after_step: int | None = None) -> Tracker:
+    """Rank 0's: the run directory, its config.yaml (keys and derived values), and the tracker
+    (metrics.jsonl, W&B); on resume (``truncate_after_step``: the checkpoint's step) the records
+    after that step are dropped."""
+    run_dir = cfg.run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump(cfg, d))
+    return Tracker(
+        run_dir,
+        {**cfg.to_dict(), **d.to_dict()},
+        mode=cfg.wandb,
+        project=cfg.wandb_project,
+        group=cfg.study,
+        name=cfg.run_name(),
+        truncate_after_step=truncate_after_step,
+    )
+
+
+def new_summary(
+    cfg: Config, ctx: distributed.Context, d: Derived, splits: data.Splits, steps: int
+) -> dict[str, Any]:
+    """summary.json's content as a run starts (``steps`` done already): status "running", the
+    run's identity and its environment (the training split's digest: rank 0's)."""
+    # torch with them: imported here, so that reading a run directory (a sweep) does not
+    import torch
+
+    from lbsgd import distributed
+    from lbsgd.environment import environment
+
+    return {
+        "status": Status.RUNNING,
+        "run": cfg.run_name(),
+        "study": cfg.study,
+        "experiment_id": cfg.experiment_id(),
+        "steps": steps,
+        "total_steps": d.total_steps,
+        "environment": {
+            **environment(
+                ctx.device,
+                ctx.world_size,
+                cpu_isa=cfg.cpu_isa,
+                train_split=splits.train if ctx.is_main else None,
+            ),
+            "backend": distributed.backend_name(ctx.device, cfg.backend),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+        },
+    }

@@ -25,7 +25,8 @@ without it. What W&B gets, so that runs compare there:
   the id in ``wandb_id``, ``resumed_from_step``).
 
 A run that a sweep copies from another study is logged into the second study's group by
-:func:`log_copied_run`; a study's table, figures and findings by :func:`log_study`.
+:func:`log_copied_run`; a study's table, figures and findings by
+:func:`lbsgd.studies.session.log_study`.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ import os
 import secrets
 import string
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 # in a run's directory: its W&B run id, written once, kept across resumes; in a study's folder: the
-# id of the study's W&B run (log_study), kept across the notebook's re-runs
+# id of the study's W&B run (lbsgd.studies.session.log_study), kept across the notebook's re-runs
 ID_FILE = "wandb_id"
 
 
@@ -75,7 +76,7 @@ def new_run_id() -> str:
     return "".join(secrets.choice(alphabet) for _ in range(8))
 
 
-def _read_id(path: Path) -> str | None:
+def read_id(path: Path) -> str | None:
     try:
         text = path.read_text().strip()
     except OSError:
@@ -222,7 +223,7 @@ class Tracker:
             import wandb
 
             id_file = run_dir / ID_FILE
-            earlier = _read_id(id_file)
+            earlier = read_id(id_file)
             run_id = earlier or new_run_id()
             if earlier is None:
                 id_file.write_text(run_id + "\n")
@@ -261,7 +262,7 @@ class Tracker:
 
             try:
                 self._wandb = start(self.wandb_mode)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 if self.wandb_mode != "online":
                     raise
                 self.wandb_mode = "offline"
@@ -273,7 +274,7 @@ class Tracker:
                     stacklevel=2,
                 )
             _define_epoch_axis(self._wandb)
-        except Exception as e:  # noqa: BLE001 - W&B must never fail a run
+        except Exception as e:  # W&B must never fail a run
             self._warn(f"W&B init failed ({type(e).__name__}: {e}); continuing without W&B")
 
     def _warn(self, msg: str) -> None:
@@ -308,7 +309,7 @@ class Tracker:
         if self._wandb is not None:
             try:
                 self._wandb.log(_point(record), step=record["step"])
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self._warn(f"W&B log failed ({type(e).__name__}: {e}); continuing without W&B")
 
     def summary(self, summary: dict[str, Any]) -> None:
@@ -316,7 +317,7 @@ class Tracker:
             try:
                 for k, v in flatten(summary).items():
                     self._wandb.summary[k] = v
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self._warn(f"W&B summary failed ({type(e).__name__}: {e})")
 
     def close(self, exit_code: int = 0) -> None:
@@ -324,7 +325,7 @@ class Tracker:
         if self._wandb is not None:
             try:
                 self._wandb.finish(exit_code=exit_code)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self._warn(f"W&B finish failed ({type(e).__name__}: {e})")
 
 
@@ -342,8 +343,9 @@ def flatten(d: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict[str,
 # -- runs and studies logged after the fact (from a notebook's process) ---------------------------
 
 
-def _init_after(mode: str, run_dir: Path, **kwargs: Any) -> Any:
-    """A W&B run for :func:`log_copied_run` / :func:`log_study`: online failing falls back to
+def init_after(mode: str, run_dir: Path, **kwargs: Any) -> Any:
+    """A W&B run logged after the fact (:func:`log_copied_run`,
+    :func:`lbsgd.studies.session.log_study`): online failing falls back to
     offline (the caller's one warning says so); None when disabled."""
     import wandb
 
@@ -363,7 +365,7 @@ def _init_after(mode: str, run_dir: Path, **kwargs: Any) -> Any:
         return start(mode)
     try:
         return start("online")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         kwargs["id"] = new_run_id()  # W&B keeps the failed online attempt's id "in use"
         run = start("offline")
         warnings.warn(
@@ -404,9 +406,9 @@ def log_copied_run(
             **wandb_config(config),
             "run_name": run_dir.name,
             "copied_from": f"{twin.parent.name}/{twin.name}",
-            "copied_from_wandb_id": _read_id(twin / ID_FILE),
+            "copied_from_wandb_id": read_id(twin / ID_FILE),
         }
-        run = _init_after(
+        run = init_after(
             mode,
             run_dir,
             project=project,
@@ -440,88 +442,10 @@ def log_copied_run(
         finally:
             run.finish()
         return run.id
-    except Exception as e:  # noqa: BLE001 - W&B never fails the sweep
+    except Exception as e:  # W&B never fails the sweep
         warnings.warn(
             f"W&B: copied run {run_dir} not logged ({type(e).__name__}: {e})",
             RuntimeWarning,
             stacklevel=2,
-        )
-        return None
-
-
-VERDICTS = {True: "replayed", False: "not replayed", None: "undecided"}
-
-
-def _finding_row(f: Any) -> list[str]:
-    d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
-    verdict = d.get("verdict") or VERDICTS.get(d.get("replayed"), str(d.get("replayed")))
-    return [str(d.get("claim", "")), str(verdict), str(d.get("evidence", ""))]
-
-
-def log_study(
-    study_dir: str | os.PathLike,
-    *,
-    study: str,
-    profile: str,
-    mode: str,
-    project: str = "lbsgd",
-    table: Any = None,
-    figures: Iterable[str | os.PathLike] = (),
-    findings: Iterable[Any] | None = None,
-) -> str | None:
-    """One W&B run for the study (job_type=study, group=study, name ``<study> (<profile>)``)
-    holding ``table`` (a CSV path or a DataFrame: ours beside the paper) as ``table``, each PNG of
-    ``figures`` as an image named by its file stem, and ``findings`` (dicts or Findings: claim,
-    replayed, evidence) as the table ``findings`` (claim, verdict, evidence).
-
-    The study has one W&B run, whatever the mode: its id is kept in ``<study_dir>/wandb_id``
-    (written by the first call, out of git like a run's), and every later call (a notebook run
-    again) logs to that id. Online it resumes the run (``resume="allow"``): the table, figures and
-    findings of the re-run are its next step. Offline each call writes a folder
-    ``wandb/offline-run-<time>-<id>`` of the same id; ``wandb sync`` syncs the folders of one id
-    into that one W&B run, in the order of their start times. Returns the W&B id, or None
-    (disabled, or a failure: one RuntimeWarning; never raises)."""
-    try:
-        import wandb
-
-        study_dir = Path(study_dir)
-        id_file = study_dir / ID_FILE
-        # where the id was kept before (online only), so that such a study keeps its W&B run
-        earlier = _read_id(id_file) or _read_id(study_dir / "wandb" / "study_id")
-        run = _init_after(
-            mode,
-            study_dir,
-            project=project,
-            group=study,
-            job_type="study",
-            id=earlier or new_run_id(),
-            name=f"{study} ({profile})",
-            tags=[t for t in (profile, study) if t],
-            config={"study": study, "profile": profile},
-        )
-        if run is None:
-            return None
-        if _read_id(id_file) is None:  # the first call (an online failure's fallback keeps it)
-            id_file.write_text((earlier or run.id) + "\n")
-        try:
-            data: dict[str, Any] = {}
-            if table is not None:
-                import pandas as pd
-
-                df = table if isinstance(table, pd.DataFrame) else pd.read_csv(table)
-                data["table"] = wandb.Table(dataframe=df)
-            for fig in figures:
-                data[f"figures/{Path(fig).stem}"] = wandb.Image(str(fig))
-            if findings is not None:
-                rows = [_finding_row(f) for f in findings]
-                data["findings"] = wandb.Table(columns=["claim", "verdict", "evidence"], data=rows)
-            if data:
-                run.log(data)
-        finally:
-            run.finish()
-        return run.id
-    except Exception as e:  # noqa: BLE001 - W&B never fails the notebook
-        warnings.warn(
-            f"W&B: study {study} not logged ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=2
         )
         return None

@@ -1,4 +1,5 @@
-"""The training loop: composes config, data, model, optimizer, schedule and tracking; holds no policy.
+"""The synchronous training loop: composes config, data, model, optimizer, schedule and tracking;
+holds no policy. Its entry, :func:`lbsgd.entry.train`, dispatches here (or to the parameter server).
 
 One loop serves one process and ``torchrun`` with N processes alike. Per optimizer step each process
 runs ``accum_steps`` micro-batches of ``micro_batch`` samples; gradients are averaged over the global
@@ -9,7 +10,6 @@ processes on the last micro-batch (``no_sync`` on the others, so one all-reduce 
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,135 +18,41 @@ import torch
 
 from lbsgd import (
     checkpoint,
-    comm,
     data,
     distributed,
-    isa,
-    models,
-    noise_scale,
+    features,
     optim,
-    parameter_server,
     rundir,
+    seeding,
 )
-from lbsgd.config import Config, ConfigError, Derived, check_world, import_plugins
-from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
-from lbsgd.loop import (
+from lbsgd.cadence import (
     Cadence,
     StopSignals,
     WindowClock,
-    build_net,
     decide,
-    new_summary,
-    open_run_dir,
 )
+from lbsgd.config import Config, ConfigError, Derived
+from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
+from lbsgd.features import Pending, Reduced, pack_flush, unpack_flush
 from lbsgd.models import ghost_bn
+from lbsgd.network import backward_without_trace, build_net, memory_format
 from lbsgd.precision import Precision
 from lbsgd.progress import Flushed, Progress, ending_line
+from lbsgd.rundir import Status, new_summary, open_run_dir
 from lbsgd.schedules import learning_rate
-from lbsgd.staleness import StaleWeights
 from lbsgd.tracking import Tracker
 
-# Optimizer steps timed apart as warm-up (compilation, autotuning) at the start of each process run
-TIMED_WARMUP_STEPS = 3
-
-
-def check(cfg: Config, world_size: int | None = None, local_world_size: int | None = None) -> None:
-    """Rules that need the registries, the data directory or the process layout (torchrun's
-    environment by default); with the config's own checks, all before any work starts. The
-    config's plugins are imported first (a Config built in Python names them, as a file does)."""
-    import_plugins(cfg.plugins)
-    data.check(cfg)
-    if cfg.model not in models.MODELS:
-        raise ConfigError(models.MODELS.unknown_message(cfg.model))
-    if world_size is None:
-        world_size = int(os.environ.get("WORLD_SIZE", 1))
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if cfg.async_ps and world_size < 2:
-        raise ConfigError(
-            f"async_ps=true needs torchrun with at least 2 processes (rank 0 the server, the "
-            f"others workers), not world_size={world_size}"
-        )
-    check_world(cfg, world_size, local_world_size)
-    distributed.check_layout(cfg.device, cfg.backend, local_world_size or world_size)
-    check_memory(cfg, local_world_size or world_size)
-
-
-# The keys that size a model, named when its parameters do not fit (else the model's name)
-MODEL_SIZE_KEYS = {"resnet": ("depth", "width")}
-
-
-def check_memory(cfg: Config, processes: int) -> None:
-    """Refuse, before any work, a run whose parameters (with their gradients and momentum, fp32)
-    and generated in-memory data cannot fit in this machine's memory, once per process of the
-    node: building it would take hours or end in an allocation failure's traceback. A lower
-    bound (activations and the data loader's copies come on top); a plugin dataset, or a model
-    that cannot be built on the meta device, is not sized."""
-    shape = data.shape_of(cfg)
-    if shape is None:
-        return
-    try:
-        params = models.parameter_count(cfg, *shape)
-    except Exception:  # noqa: BLE001 - a model that is only sized when it is really built
-        return
-    model_bytes = 12 * params
-    data_bytes, data_keys = data.memory_need(cfg)
-    need = processes * (model_bytes + data_bytes)
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need <= have:
-        return
-    keys = MODEL_SIZE_KEYS.get(cfg.model, ("model",)) if model_bytes >= data_bytes else data_keys
-    gib = 2.0**30
-    raise ConfigError(
-        f"{', '.join(f'{k}={getattr(cfg, k)}' for k in keys)}: the run needs at least "
-        f"{need / gib:,.1f} GiB of memory ({params:,} parameters with their gradients and "
-        f"momentum: {model_bytes / gib:,.1f} GiB, in-memory data: {data_bytes / gib:,.1f} GiB, "
-        f"on each of {processes} process(es)) and this machine has {have / gib:,.1f} GiB "
-        "(valid: a smaller model or dataset)"
-    )
-
-
-def train(cfg: Config) -> dict[str, Any]:
-    """Train one run to the end (or until it diverges); returns its summary.json content (a
-    parameter server's worker: its own)."""
-    # async_ps: rank 0 a parameter server, the others asynchronous workers
-    run = parameter_server.Run if cfg.async_ps else Run
-    check(cfg)
-    isa.require(cfg.cpu_isa)  # before the run's first CPU operation: refused if it cannot hold
-    before = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.backends.cudnn.benchmark,
-        torch.backends.cudnn.deterministic,
-    )
-    if cfg.deterministic:
-        deterministic()
-    ctx = distributed.init(cfg.device, backend=cfg.backend)
-    try:
-        return run(cfg, ctx).run()
-    finally:
-        distributed.shutdown()
-        # a train() called from Python (a notebook) leaves the process as it found it; asked only
-        # when changed: the setter imports torch._inductor (with torch._dynamo, ~2.3 s of CPU)
-        if torch.are_deterministic_algorithms_enabled() != before[0]:
-            torch.use_deterministic_algorithms(before[0])
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before[1:]
-
-
-def deterministic() -> None:
-    """Deterministic kernels from here on (before CUDA starts): cuBLAS needs a fixed workspace
-    (its documented setting for reproducibility), cuDNN no benchmarking and no nondeterministic
-    algorithms; an operation with no deterministic implementation raises instead of varying."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
+# Optimizer steps timed apart as the settling steps (compilation, autotuning, allocator growth) at
+# the start of each process run: summary.json's warmup_steps_timed and warmup_s
+SETTLING_STEPS = 3
 
 
 class Run:
     """One synchronous training run, in phases: :meth:`build` (data, network, optimizer, sampler),
     :meth:`restore` (a checkpoint, on resume), :meth:`attach` (what the step carries besides the
-    network: noise probe, stale weights, DDP and its hook, local SGD), :meth:`start` (the run
+    network: the step features of lbsgd.features, DDP and its hook), :meth:`start` (the run
     directory, the tracker, the summary), :meth:`loop` (train steps, each followed by the
-    decisions of :func:`lbsgd.loop.decide`), :meth:`finish` (status and summary written).
+    decisions of :func:`lbsgd.cadence.decide`), :meth:`finish` (status and summary written).
 
     Everything a run holds is declared here; a phase sets what its comment names.
     """
@@ -167,15 +73,13 @@ class Run:
     d: Derived  # derived values: micro_batch, accum_steps, total_steps, lr, warmup, num_train
     opt: torch.optim.Optimizer
     sampler: data.StepSampler  # which samples each step and rank reads; epoch_of: the epoch
-    cadence: Cadence  # when to flush, evaluate, checkpoint (lbsgd.loop.decide)
+    cadence: Cadence  # when to flush, evaluate, checkpoint (lbsgd.cadence.decide)
     # restore
     start_step: int  # the step the loop starts at: 0, or the checkpoint's
     # attach
-    noise: noise_scale.Probe | None  # noise_scale=true: the gradient noise scale's probe
-    stale: StaleWeights | None  # staleness > 0: the ring of past weights (lbsgd.staleness)
+    features: list[features.StepFeature]  # the step features, in the order they are called
     comm_state: Any  # comm_hook's state (PowerSGD's memories), None without one
-    local_sgd: comm.LocalSGD | comm.BMUF | None  # local_sgd > 0: when processes average
-    # open
+    # start
     tracker: Tracker | None  # metrics.jsonl and W&B: rank 0 only
     summary: dict[str, Any]  # summary.json's content, rewritten at the start and at the end
 
@@ -211,10 +115,10 @@ class Run:
             raise  # a refusal, in one line of its own: no run began
         except BaseException as e:
             self.ended_before_training(
-                "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+                Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED
             )
             raise
-        status = "failed"
+        status = Status.FAILED
         try:
             with self.stop:
                 status = self.loop()
@@ -222,7 +126,7 @@ class Run:
             self.finish(status)
         return self.summary
 
-    # -- build, restore, attach, open -------------------------------------------------------------
+    # -- build, restore, attach, start -------------------------------------------------------------
 
     def build(self) -> None:
         """Data (rank 0 fills the caches, then the others read them), the network initialised
@@ -233,19 +137,19 @@ class Run:
         self.opt = optim.build(cfg, self.net)
         d = self.d
         self.sampler = data.StepSampler(
-            len(self.splits.train),
-            cfg.batch_size,
-            d.micro_batch,
-            ctx.rank,
-            ctx.world_size,
-            cfg.seed,
-            d.total_steps,
+            num_samples=len(self.splits.train),
+            batch_size=cfg.batch_size,
+            micro_batch=d.micro_batch,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            seed=cfg.seed,
+            total_steps=d.total_steps,
         )
         self.cadence = Cadence.of(cfg, d.total_steps, self.sampler.epoch_of)
 
     def restore(self, state: dict[str, Any] | None) -> dict[str, Any]:
-        """Network, optimizer, loss scaler, this rank's RNG states and momentum from ``state``
-        (None: a new run); returns the summary's best/final evaluations before the checkpoint."""
+        """Network, optimizer, loss scaler and this rank's RNG states from ``state`` (None: a new
+        run; the step features' state: :meth:`attach`); returns the summary's best/final evaluations before the checkpoint."""
         if state is None:
             return {}
         ctx = self.ctx
@@ -256,8 +160,6 @@ class Run:
         mine = checkpoint.rank_state(state, ctx)
         if mine is not None:
             checkpoint.set_rng_state(mine, ctx.device)
-            if "optimizer" in mine:  # local SGD: each process's own momentum
-                self.opt.load_state_dict(mine["optimizer"])
         elif "rng" in state:  # format 1
             torch.set_rng_state(state["rng"])
         self.start_step = int(state["step"])
@@ -272,103 +174,44 @@ class Run:
         return state.get("summary", {})
 
     def attach(self, state: dict[str, Any] | None) -> None:
-        """What the step carries besides the network, each restored from ``state`` if given."""
-        self._attach_probes(state)
-        self._wrap(state)
-        self._attach_local_sgd(state)
+        """What the step carries besides the network: the step features (lbsgd.features), in the
+        order they are called, and DDP with the run's comm hook; each feature's state restored
+        from ``state`` if given."""
+        cfg, ctx, d, params = self.cfg, self.ctx, self.d, list(self.net.parameters())
+        self.features = features.before_wrap(cfg=cfg, d=d, params=params, rank=ctx.rank)
+        probe = next((f for f in self.features if isinstance(f, features.NoiseProbe)), None)
+        self._wrap(probe)
+        self.features += features.after_wrap(
+            cfg=cfg,
+            d=d,
+            params=params,
+            opt=self.opt,
+            model=self.model,
+            comm_state=self.comm_state,
+            start_step=self.start_step,
+            rebuild=self._throwaway_backward,
+            ctx=ctx,
+        )
+        if state is not None:
+            mine = checkpoint.rank_state(state, ctx) or {}
+            features.restore(self.features, state, mine, state.get("file", "checkpoint"))
+        for f in self.features:
+            f.announce()
 
-    def _attach_probes(self, state: dict[str, Any] | None) -> None:
-        """The gradient noise scale's probe, and staleness's ring of past weights."""
-        cfg, d, params = self.cfg, self.d, list(self.net.parameters())
-        self.noise = None
-        if d.noise_batch:
-            self.noise = noise_scale.Probe(
-                params,
-                d.noise_batch // d.micro_batch,
-                d.accum_steps,
-                d.noise_batch,
-                cfg.batch_size,
-                cfg.noise_scale_ema,
-            )
-            if state is not None and "noise_scale" in state:
-                self.noise.smoother.load_state_dict(state["noise_scale"])
-        self.stale = None
-        if cfg.staleness:
-            self.stale = StaleWeights(params, cfg.staleness, cfg.staleness_dist, cfg.seed)
-            if state is not None:
-                self.stale.load_state_dict(state.get("staleness"), state.get("file", "checkpoint"))
-
-    def _wrap(self, state: dict[str, Any] | None) -> None:
-        """torch.compile, then DDP with the run's comm hook; PowerSGD's memories restored when
-        this process saved them, else fresh error feedback."""
-        cfg, ctx, d = self.cfg, self.ctx, self.d
+    def _wrap(self, probe: features.NoiseProbe | None) -> None:
+        """torch.compile, then DDP with the run's comm hook (the noise probe reads its buckets)."""
+        cfg, d = self.cfg, self.d
         self.eval_model = torch.compile(self.net) if cfg.compile else self.net
         self.model = distributed.wrap(
             self.eval_model,
-            ctx,
+            self.ctx,
             cfg.bucket_cap_mb,
             cfg.comm_hook,
             cfg.powersgd_rank,
-            d.warmup_steps,
-            self.noise,
+            d.switch_step,
+            None if probe is None else probe.probe,
         )
         self.comm_state = getattr(self.model, "comm_state", None)
-        if self.comm_state is None or state is None:
-            return
-        mine = checkpoint.rank_state(state, ctx)
-        if mine is not None and "powersgd" in mine:  # this process's memories, exactly
-            comm.rebuild_buckets(self.model, self.comm_state, self._throwaway_backward)
-            self.comm_state.load_memories(mine["powersgd"])
-            return
-        # another number of processes, or no PowerSGD then: fresh error feedback
-        self.comm_state.iter = self.start_step  # (compression stays on past the warmup)
-        if ctx.is_main:
-            print(
-                "lbsgd: comm_hook=powersgd resumes with fresh error feedback (the "
-                "checkpoint holds no PowerSGD state for this process)",
-                flush=True,
-            )
-
-    def _attach_local_sgd(self, state: dict[str, Any] | None) -> None:
-        """Post-local SGD (after the warmup), or BMUF when its block momentum / block lr are off
-        their defaults (at them BMUF is the plain averaging; on one process too: K = 1)."""
-        cfg, ctx = self.cfg, self.ctx
-        self.local_sgd = None
-        if cfg.local_sgd and ctx.world_size > 1:
-            self.local_sgd = comm.LocalSGD(
-                cfg.local_sgd, start=self.d.warmup_steps, step=self.start_step
-            )
-        if cfg.local_sgd and comm.BMUF.filters(cfg.block_momentum, cfg.block_lr):
-            self._attach_bmuf(state)
-
-    def _attach_bmuf(self, state: dict[str, Any] | None) -> None:
-        """BMUF (lbsgd.comm.BMUF): W and Delta from the checkpoint when it holds them."""
-        cfg, ctx, d = self.cfg, self.ctx, self.d
-        self.local_sgd = comm.BMUF(
-            cfg.local_sgd,
-            d.warmup_steps,
-            self.start_step,
-            self.net.parameters(),
-            cfg.block_momentum,
-            cfg.block_lr,
-            cfg.block_nesterov,
-        )
-        if state is not None and state.get("bmuf") is not None:
-            self.local_sgd.load_state_dict(state["bmuf"])
-        elif self.start_step > d.warmup_steps and ctx.is_main:
-            print(
-                "lbsgd: BMUF resumes with Delta = 0 from the checkpoint's model (the "
-                "checkpoint holds no BMUF state)",
-                flush=True,
-            )
-        if ctx.is_main:
-            start = "W + eta_B Delta (Nesterov)" if cfg.block_nesterov else "W (classical)"
-            print(
-                f"lbsgd: BMUF eta_B={cfg.block_momentum:g} eps_B={cfg.block_lr:g}: blocks of "
-                f"{cfg.local_sgd} local steps on {ctx.world_size} processes after step "
-                f"{d.warmup_steps}, each from {start}",
-                flush=True,
-            )
 
     def start(self, resumed: dict[str, Any], truncate: bool) -> None:
         """Rank 0: the run directory, its config.yaml, the tracker (on resume: metrics after the
@@ -395,7 +238,7 @@ class Run:
             flush=True,
         )
 
-    def finish(self, status: str) -> None:
+    def finish(self, status: Status) -> None:
         """The run's status into summary.json and the tracker, which closes with its exit code;
         rank 0's last line says how the run ended (a failed run's: before its error propagates)."""
         self.summary["status"] = status
@@ -408,7 +251,7 @@ class Run:
         if self.ctx.is_main:
             print(ending_line(self.summary, self.run_dir), flush=True)
 
-    def ended_before_training(self, status: str) -> None:
+    def ended_before_training(self, status: Status) -> None:
         """A run that failed (or was interrupted) before its loop: its summary's status when
         start() had written one, else rank 0's ending line saying that none was written."""
         if self.summary:
@@ -429,40 +272,39 @@ class Run:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def loop(self) -> str:
+    def loop(self) -> Status:
         """Optimizer steps from ``start_step``, each followed by its decisions; the status."""
         d = self.d
         stream = self._train_stream()
         bn_stats = ghost_bn.RunningStats(
             self.ghost,
-            groups=self.cfg.batch_size // self.cfg.bn_batch,
+            groups=self.d.bn_groups,
             all_reduce_sum=distributed.all_reduce_sum if self.ctx.world_size > 1 else None,
         )
         # tqdm's bar on a terminal, else plain lines (rank 0)
         progress = Progress(
             d.total_steps, self.start_step, self.sampler.epoch_of, self.ctx.is_main, self.t_start
         )
-        # (step, lr, loss tensor, loss scale, noise-scale norms or None) awaiting a flush
-        pending: list[tuple] = []
-        # the first TIMED_WARMUP_STEPS steps (compilation, cuDNN autotuning, allocator growth) are
+        pending: list[Pending] = []  # the steps awaiting a flush
+        # the first SETTLING_STEPS steps (compilation, cuDNN autotuning, allocator growth) are
         # timed apart from the steady state: warmup_s vs img_per_s in summary.json
-        warm_until = self.start_step + min(TIMED_WARMUP_STEPS, d.total_steps - self.start_step - 1)
+        settled_at = self.start_step + min(SETTLING_STEPS, d.total_steps - self.start_step - 1)
         clock = WindowClock()
-        status = "completed"
+        status = Status.COMPLETED
         self.model.train()
         for step in range(self.start_step, d.total_steps):
             pending.append(self.train_step(step, stream, bn_stats))
             progress.step()
-            if step + 1 == warm_until:  # one device wait, once: where the warm-up ends
+            if step + 1 == settled_at:  # one device wait, once: where the settling steps end
                 distributed.synchronize(self.ctx.device)
-                clock.mark_warm()
+                clock.mark_settled()
             outcome = self.after_step(step + 1, pending, clock, progress)
             if outcome is not None:
                 status = outcome
                 break
         progress.close()
-        self._note_time(clock, warm_until)
-        if status == "diverged" and self.ctx.is_main:
+        self._note_time(clock, settled_at)
+        if status == Status.DIVERGED and self.ctx.is_main:
             print(
                 f"lbsgd: run diverged (non-finite loss) at step {self.summary['steps']}", flush=True
             )
@@ -478,47 +320,45 @@ class Run:
             cfg.workers,
             pin=ctx.device.type == "cuda",
             seeds=(
-                data.sample_seeds(2 * cfg.seed, p) for t in steps for p in sampler.rank_positions(t)
+                seeding.augmentation(cfg.seed, p) for t in steps for p in sampler.rank_positions(t)
             ),
             device=ctx.device,
         )
 
-    def train_step(self, step: int, stream, bn_stats: ghost_bn.RunningStats) -> tuple:
+    def train_step(self, step: int, stream, bn_stats: ghost_bn.RunningStats) -> Pending:
         """Optimizer step ``step`` (0-based) over this rank's micro-batches from ``stream``; its
-        pending record: (steps done, lr, mean loss tensor, loss scale, noise-scale norms)."""
+        pending record."""
         prec = self.precision
         lr = learning_rate(step, self.cfg, self.d)
         optim.set_lr(self.opt, lr)
-        if self.stale is not None:  # staleness: W_t enters the ring of past weights
-            self.stale.begin(step)
-        if self.noise is not None:
-            self.noise.start()
+        for f in self.features:
+            f.before_step(step)
         loss_sum = self._accumulate(step, stream)
-        norms = None if self.noise is None else self.noise.finish(prec.loss_scale_tensor())
-        if self.stale is not None:  # staleness: the optimizer steps W_t (stale gradient)
-            self.stale.restore()
+        scale = prec.loss_scale_tensor() if self.features else 1.0  # before the step unscales
+        extra = [f.after_accumulate(scale) for f in self.features]
         prec.step(self.opt)  # unscaled gradients; skipped if fp16 gradients overflowed
-        if self.local_sgd is not None:  # before zero_grad: torch's averager skips grad-less ones
-            self.local_sgd.after_step(list(self.net.parameters()))
+        for f in self.features:  # before zero_grad
+            f.after_optimizer_step()
         self.opt.zero_grad(set_to_none=True)
         bn_stats.commit()  # BN running statistics of the whole global batch
-        return (step + 1, lr, loss_sum / self.d.accum_steps, prec.loss_scale_tensor(), norms)
+        extra = [t for t in extra if t is not None]
+        return Pending(step + 1, lr, loss_sum / self.d.accum_steps, prec.loss_scale_tensor(), extra)
 
     def _accumulate(self, step: int, stream) -> torch.Tensor:
         """Forward/backward of step ``step``'s micro-batches, gradients accumulated (DDP's
         all-reduce on the last one, none in a local SGD block); the summed loss."""
         cfg, ctx, d, prec = self.cfg, self.ctx, self.d, self.precision
-        fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-        local = self.local_sgd is not None and self.local_sgd.local(step)
+        fmt = memory_format(cfg)
+        local = any(f.local_step(step) for f in self.features)
         # randomness inside the step (dropout) drawn from a generator seeded by the global
         # micro-batch: the same on any layout, and after a resume
         first = (step * ctx.world_size + ctx.rank) * d.accum_steps
-        seeds = data.sample_seeds(2 * cfg.seed + 1, torch.arange(first, first + d.accum_steps))
+        seeds = seeding.micro_batches(cfg.seed, torch.arange(first, first + d.accum_steps))
         loss_sum = torch.zeros((), device=ctx.device)
         for i in range(d.accum_steps):
-            checkpoint.seed_generators(int(seeds[i]), ctx.device)
-            if self.stale is not None:  # staleness: this forward/backward runs on W_{t-tau}
-                self.stale.use(ctx.rank * d.accum_steps + i)  # the global micro-batch index
+            seeding.seed_generators(int(seeds[i]), ctx.device)
+            for f in self.features:
+                f.before_micro_batch(i)
             x, y = next(stream)
             x = x.to(ctx.device, non_blocking=True, memory_format=fmt)
             y = y.to(ctx.device, non_blocking=True)
@@ -526,28 +366,30 @@ class Run:
                 with prec.autocast():
                     loss = torch.nn.functional.cross_entropy(self.model(x), y)
                 prec.backward(loss / d.accum_steps)
-            if self.noise is not None:  # DDP all-reduces the last backward of a step
-                self.noise.after_backward(i, synced=ctx.world_size > 1 and i == d.accum_steps - 1)
+            synced = ctx.world_size > 1 and i == d.accum_steps - 1  # DDP all-reduced this one
+            for f in self.features:
+                f.after_backward(i, synced)
             loss_sum += loss.detach().float()
         return loss_sum
 
     def after_step(
-        self, done: int, pending: list[tuple], clock: WindowClock, progress: Progress
-    ) -> str | None:
+        self, done: int, pending: list[Pending], clock: WindowClock, progress: Progress
+    ) -> Status | None:
         """The decisions after ``done`` steps, carried out (a plain progress line after a flush,
         when one is due); the status if the run ends here."""
-        in_sync = self.local_sgd is None or self.local_sgd.in_sync(done - 1)
+        in_sync = all(f.models_agree(done - 1) for f in self.features)
         plan = decide(self.cadence, done, len(pending), in_sync)
         if plan.flush:
             if not self._close_window(pending, clock, progress):
                 self.summary["steps"] = done
-                return "diverged"
+                return Status.DIVERGED
             if self.stop_agreed:  # agreed at this flush: the step's decisions with it
                 plan = decide(self.cadence, done, 0, in_sync, stop_agreed=True)
         top1_error = None  # this step's evaluation's, if it has one
         with clock.set_aside():  # evaluation and checkpoints are not training time
-            if plan.boundary and self.local_sgd is not None:
-                self.local_sgd.sync(list(self.net.parameters()))
+            if plan.boundary:
+                for f in self.features:
+                    f.at_boundary()
             if plan.evaluate:
                 top1_error = self.evaluate(done)["top1_error_pct"]
             if plan.checkpoint:
@@ -563,9 +405,9 @@ class Run:
                 f"stopped after step {done}, {where}; resume=true continues",
                 flush=True,
             )
-        return "interrupted"
+        return Status.INTERRUPTED
 
-    def _close_window(self, pending: list[tuple], clock: WindowClock, progress: Progress) -> bool:
+    def _close_window(self, pending: list[Pending], clock: WindowClock, progress: Progress) -> bool:
         """Flush the pending steps as one clock window; False if a loss was not finite."""
         # the device's queued work belongs to this window: wait for it before the clock
         distributed.synchronize(self.ctx.device)
@@ -574,20 +416,20 @@ class Run:
         pending.clear()
         return finite
 
-    def _note_time(self, clock: WindowClock, warm_until: int) -> None:
-        """Epochs, wall and training time, steady throughput (the timed warm-up left out) into
+    def _note_time(self, clock: WindowClock, settled_at: int) -> None:
+        """Epochs, wall and training time, steady throughput (the settling steps left out) into
         the summary."""
         b, steps = self.cfg.batch_size, self.summary["steps"]
         train_time = clock.train_s  # every step so far: the last flush has all
         steps_run = steps - self.start_step
-        warm_steps = warm_until - self.start_step if steps >= warm_until else 0
-        steady_s = train_time - (clock.warm_s if warm_steps else 0.0)
-        steady_steps = steps_run - warm_steps
+        settling = settled_at - self.start_step if steps >= settled_at else 0
+        steady_s = train_time - (clock.settle_s if settling else 0.0)
+        steady_steps = steps_run - settling
         self.summary.update(
             epochs=self.sampler.epoch_of(steps),
             wall_time_s=time.perf_counter() - self.t_start,
             train_time_s=train_time,
-            # steady training throughput: the timed warm-up steps left out (all steps when the
+            # steady training throughput: the settling steps left out (all steps when the
             # run is too short to have a steady part)
             img_per_s=(
                 steady_steps * b / steady_s
@@ -596,56 +438,38 @@ class Run:
                 if train_time > 0
                 else None
             ),
-            warmup_steps_timed=warm_steps,
-            warmup_s=clock.warm_s if warm_steps else None,
+            warmup_steps_timed=settling,
+            warmup_s=clock.settle_s if settling else None,
         )
 
-    def _flush(self, pending, img_per_s: float, progress: Progress) -> bool:
+    def _flush(self, pending: list[Pending], img_per_s: float, progress: Progress) -> bool:
         """Average the pending losses over ranks and log them; False if any is not finite. The
         same collective tells every rank whether any was asked to stop (``stop_agreed``)."""
-        device = pending[0][2].device
-        asked = torch.tensor(float(self.stop.caught is not None), device=device)
-        scales = [torch.as_tensor(p[3], dtype=torch.float32, device=device) for p in pending]
-        values = torch.stack([*(p[2] for p in pending), *scales, asked])
-        k = len(pending)
-        if self.noise is not None:  # each process's mean |G_small|^2 (and |G_big|^2) join in
-            values = torch.cat([values.double(), *(p[4] for p in pending)])
-        reduced = distributed.all_reduce_mean(values).cpu().tolist()  # the flush's one device read
-        losses, scales = reduced[:k], reduced[k : 2 * k]
-        self.stop_agreed = reduced[2 * k] > 0
-        gns = self._noise_records(reduced[2 * k + 1 :], k)
+        asked = torch.tensor(float(self.stop.caught is not None), device=pending[0].loss.device)
+        # the flush's one device read
+        reduced = unpack_flush(
+            distributed.all_reduce_mean(pack_flush(pending, asked)).cpu().tolist(), len(pending)
+        )
+        self.stop_agreed = reduced.stop_asked
+        records = features.flush_records(self.features, reduced.extra, len(pending), self.summary)
         if self.tracker is not None:
-            self._log_train(pending, losses, scales, gns, img_per_s)
+            self._log_train(pending, reduced, records, img_per_s)
+        losses = reduced.losses
         self.summary.setdefault("final", {})["train_loss"] = losses[-1]
         self.summary["skipped_steps"] = self.precision.skipped_steps
-        progress.flushed(Flushed(pending[-1][0], losses[-1], pending[-1][1], img_per_s))
+        progress.flushed(Flushed(pending[-1].step, losses[-1], pending[-1].lr, img_per_s))
         return all(math.isfinite(v) for v in losses)
 
-    def _noise_records(self, norms: list[float], k: int) -> list[dict[str, Any]]:
-        """The noise scale's part of each of the ``k`` flushed steps' records (from the averaged
-        ``norms``, two per step); the smoothed estimate into the summary."""
-        if self.noise is None:
-            return [{}] * k
-        gns = [self.noise.record(*norms[2 * j : 2 * j + 2]) for j in range(k)]
-        g_sq, trace, b_simple = self.noise.smoother.value()
-        self.summary["noise_scale"] = {
-            "b_simple": b_simple,
-            "g_sq": g_sq,
-            "trace": trace,
-            "b_small": self.noise.b_small,
-            "b_big": self.noise.b_big,
-        }
-        return gns
-
-    def _log_train(self, pending, losses, scales, gns, img_per_s: float) -> None:
+    def _log_train(self, pending: list[Pending], reduced: Reduced, records, img_per_s) -> None:
         """Every step's train record in metrics.jsonl; W&B: one point per flush, the window's mean
         loss (its other values: the last step's)."""
-        for (step, lr, *_), loss, scale, g in zip(pending, losses, scales, gns, strict=True):
+        losses = reduced.losses
+        for p, loss, scale, g in zip(pending, losses, reduced.scales, records, strict=True):
             rec = {
                 "kind": "train",
-                "step": step,
-                "epoch": self.sampler.epoch_of(step),
-                "lr": lr,
+                "step": p.step,
+                "epoch": self.sampler.epoch_of(p.step),
+                "lr": p.lr,
                 "loss": loss,
                 "img_per_s": img_per_s,
                 "loss_scale": scale,
@@ -682,17 +506,10 @@ class Run:
 
     def save(self, step: int) -> None:
         """Everything step ``step`` depends on (lbsgd.checkpoint). Every rank sends its RNG states
-        and what only it holds: its momentum under local SGD, its PowerSGD memories."""
-        mine: dict[str, Any] = checkpoint.rng_state(self.ctx.device)
-        if self.local_sgd is not None:
-            mine["optimizer"] = self.opt.state_dict()
-        if self.comm_state is not None:
-            mine["powersgd"] = self.comm_state.memories()
-        extra = {} if self.noise is None else {"noise_scale": self.noise.smoother.state_dict()}
-        if self.stale is not None:  # staleness: the ring of past weights, the same on every rank
-            extra["staleness"] = self.stale.state_dict()
-        if isinstance(self.local_sgd, comm.BMUF):  # BMUF: W and Δ, the same on every rank
-            extra["bmuf"] = self.local_sgd.state_dict()
+        and what only it holds (the features' ``rank_keys``: its momentum under local SGD, its
+        PowerSGD memories); the features' ``checkpoint_keys`` are the same on every rank."""
+        mine, shared = features.checkpoint_entries(self.features)
+        mine = {**checkpoint.rng_state(self.ctx.device), **mine}
         ranks = distributed.all_gather_object(mine)
         if not self.ctx.is_main:
             return
@@ -709,27 +526,19 @@ class Run:
                 "ranks": ranks,
                 "config": self.cfg.to_dict(),
                 "summary": {k: self.summary[k] for k in ("best", "final") if k in self.summary},
-                **extra,
+                **shared,
             },
         )
 
     def _throwaway_backward(self) -> None:
-        """One training forward/backward on the first micro-batch that leaves no trace: buffers
-        (BN statistics) and RNG states restored, gradients dropped. Training mode, because the
-        order in which the backward pass produces gradients is what DDP's buckets follow."""
+        """One training forward/backward on the first micro-batch that leaves no trace
+        (:func:`lbsgd.network.backward_without_trace`). Training mode, because the order in which
+        the backward pass produces gradients is what DDP's buckets follow."""
+        device = self.ctx.device
         x, y = next(
-            data.batches(
-                self.splits.train, [torch.arange(self.d.micro_batch)], device=self.ctx.device
-            )
+            data.batches(self.splits.train, [torch.arange(self.d.micro_batch)], device=device)
         )
-        fmt = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
-        x = x.to(self.ctx.device, memory_format=fmt)
-        buffers = [b.detach().clone() for b in self.net.buffers()]
-        devices = [self.ctx.device] if self.ctx.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            with self.precision.autocast():
-                loss = torch.nn.functional.cross_entropy(self.model(x), y.to(self.ctx.device))
-            loss.backward()
-        self.opt.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            torch._foreach_copy_(list(self.net.buffers()), buffers)
+        x = x.to(device, memory_format=memory_format(self.cfg))
+        backward_without_trace(
+            self.model, self.net, lambda: (x, y.to(device)), self.precision, device
+        )

@@ -11,7 +11,7 @@ difference in final top-1 error beside the seed spread of the run's group (the s
 of final top-1 over the seeds of the same experiment in the same study). Each line also says
 whether this machine's CPU and caps (lbsgd.isa) are those the committed run recorded.
 
-Each replay gets one of three levels (DESIGN §11, :func:`level`):
+Each replay gets one of three levels (:func:`level`; README: "The same digits on any machine"):
 
 - *bitwise equal*: every compared value equal;
 - *consistent*: it differs, its final top-1 error lies within :data:`SPREADS` seed spreads of the
@@ -38,12 +38,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lbsgd import config, isa, launch
+from lbsgd import config, isa, jobs, launch
 
 EXIT_BAD_INPUT = 2
 # a replay is consistent when its final top-1 error is within this many seed spreads (standard
@@ -418,37 +417,49 @@ def _replay_all(
     chosen: list[Run], runs: list[Run], where: Path, parallel: int, root: Path
 ) -> list[str]:
     """Replay ``chosen``, ``parallel`` at a time, reporting each as it ends; the level of each."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    pending, running, levels = list(enumerate(chosen, 1)), [], []
-    while pending or running:
-        while pending and len(running) < parallel:
-            i, run = pending.pop(0)
-            log = where / run.study / f"{run.name}.log"
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "w") as f:
-                proc = subprocess.Popen(
-                    replay_command(run, where),
-                    stdout=f,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                )
-            running.append((i, run, log, proc, time.perf_counter()))
-        for item in list(running):
-            i, run, log, proc, started = item
-            if proc.poll() is None:
-                continue
-            running.remove(item)
-            print(
-                f"[{i}/{len(chosen)}] {run.study}/{run.name} "
-                f"({time.perf_counter() - started:.0f} s)"
+    replays = _Replays(len(chosen), runs, where, parallel, root)
+    jobs.Runner(chosen, replays).run()
+    return replays.levels
+
+
+class _Replays(jobs.Policy[Run]):
+    """The replays' policy for their runner (:mod:`lbsgd.jobs`): each replay's output in its log
+    (``where/<study>/<run>.log``), and its lines and level once it ends."""
+
+    def __init__(self, total: int, runs: list[Run], where: Path, parallel: int, root: Path):
+        self.total, self.runs, self.where, self.parallel, self.root = (
+            total,
+            runs,
+            where,
+            parallel,
+            root,
+        )
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.levels: list[str] = []
+
+    def log(self, run: Run) -> Path:
+        return self.where / run.study / f"{run.name}.log"
+
+    def start(self, job: jobs.Job[Run]) -> subprocess.Popen:
+        log = self.log(job.item)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as f:
+            return subprocess.Popen(
+                replay_command(job.item, self.where),
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
             )
-            levels.append(
-                _report(run, runs, where / run.study / run.name, proc.returncode, log, root)
-            )
-            sys.stdout.flush()
-        time.sleep(0.2)
-    return levels
+
+    def ended(self, job: jobs.Job[Run]) -> None:
+        run = job.item
+        print(f"[{job.number}/{self.total}] {run.study}/{run.name} ({job.seconds:.0f} s)")
+        replay = self.where / run.study / run.name
+        self.levels.append(
+            _report(run, self.runs, replay, job.proc.returncode, self.log(run), self.root)
+        )
+        sys.stdout.flush()
 
 
 def _bad(message: str) -> int:

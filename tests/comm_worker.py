@@ -62,7 +62,7 @@ def main(out: str) -> None:
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 64, bias=False)
     ddp = DistributedDataParallel(lin)
-    comm.register(ddp, "powersgd", local_world, powersgd_rank=1, warmup_steps=2)
+    comm.register(ddp, "powersgd", local_world, powersgd_rank=1, switch_step=2)
     xs = torch.randn(1, 64, generator=torch.Generator().manual_seed(7))
     diffs = []
     for _ in range(4):  # steps 0-1: plain all-reduce; 2-3: rank-1 factors

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lbsgd import config, launch
+from lbsgd import launch
 from lbsgd.config import Config
 
 # A few seconds per run on one CPU thread: ResNet-8 (width 8) on 512 easy synthetic images.
@@ -74,7 +74,7 @@ def subprocess_env(**extra: str | None) -> dict[str, str]:
     on the import path, so that they run the code under test whether it is installed into the
     interpreter or only in this checkout, from any working directory. The caller's PYTHONPATH is
     kept (a cluster image may hold torch there). ``extra``: variables set, or (None) removed."""
-    root = str(Path(config.__file__).resolve().parent.parent)
+    root = str(Path(launch.__file__).resolve().parent.parent)
     kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     site_dirs = {
         str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]

@@ -22,11 +22,11 @@ import pytest
 import torch
 from conftest import TINY, lbsgd
 
-from lbsgd import checkpoint, cli, config, distributed, experiments, studies, trainer
+from lbsgd import checkpoint, cli, config, distributed, entry, experiments, studies
 from lbsgd.config import KEYS, Config, ConfigError
 from lbsgd.data.fashion_mnist import ALL_FILES
+from lbsgd.entry import train
 from lbsgd.studies import scales
-from lbsgd.trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -533,10 +533,10 @@ def test_check_memory_refuses_a_run_beyond_the_machines_memory_to_the_byte(monke
     need = 2 * (12 * params + (512 + 256) * 3 * 16 * 16 * 4)  # two processes
     pages = {"SC_PAGE_SIZE": 1, "SC_PHYS_PAGES": need}
     monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
-    trainer.check_memory(cfg, 2)  # exactly enough
+    entry.check_memory(cfg, 2)  # exactly enough
     pages["SC_PHYS_PAGES"] = need - 1
     with pytest.raises(ConfigError) as err:
-        trainer.check_memory(cfg, 2)
+        entry.check_memory(cfg, 2)
     message = str(err.value)
     assert message.startswith("synthetic_train=512, synthetic_test=256: the run needs at least")
     assert f"{params:,} parameters" in message and "on each of 2 process(es)" in message
@@ -565,7 +565,7 @@ def test_a_studys_table_or_figure_is_a_file_of_its_folder_only(tmp_path, name):
 # the parameter server), through the order lbsgd itself follows: each key alone
 # (config.check_values: the command line's and YAML's first step, before a plugin is imported or
 # the CPU cap pinned), the Config and its rules across keys, then the registries, the data, the
-# layout and the derived values (trainer.check, config.derive).
+# layout and the derived values (entry.check, config.derive).
 HINTS = typing.get_type_hints(Config)
 BASES = {
     "defaults": {},
@@ -635,7 +635,7 @@ def _through_the_derivations(cfg: Config) -> None:
     memory, then the derived values; a refusal is a ConfigError of one line."""
     world = 2 if cfg.async_ps else 1
     try:
-        trainer.check(cfg, world, world)
+        entry.check(cfg, world, world)
         config.derive(cfg, world, 512)
     except ConfigError as e:
         assert "\n" not in str(e), str(e)
@@ -644,7 +644,7 @@ def _through_the_derivations(cfg: Config) -> None:
 def test_the_bases_of_the_probes_are_valid_and_every_key_is_probed():
     for keys in BASES.values():
         cfg = config.from_dict(keys)
-        trainer.check(cfg, 2 if cfg.async_ps else 1, 2 if cfg.async_ps else 1)
+        entry.check(cfg, 2 if cfg.async_ps else 1, 2 if cfg.async_ps else 1)
     assert all(refused_values(k) for k in KEYS)  # a key of a type the probes miss fails here
 
 

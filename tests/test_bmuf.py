@@ -18,11 +18,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import test_resume
 import torch
 from conftest import TINY, lbsgd
-from test_distributed import COMMON
-from test_resume import _run, killed_and_resumed
+from helpers import SIX_STEP_ARGS, killed_and_resumed, run_fault_worker
 
 from lbsgd import checkpoint, comm
 from lbsgd.config import HASHED_ONLY_OFF_DEFAULT, Config, ConfigError, from_dict
@@ -50,7 +48,16 @@ class Workers:
         self.held: list[torch.Tensor] = []
         self.averaged = 0  # all-reduces so far
         self.bmuf = [
-            comm.BMUF(period, start, 0, p, eta, eps, nesterov, average=self.average)
+            comm.BMUF(
+                period=period,
+                start=start,
+                step=0,
+                params=p,
+                block_momentum=eta,
+                block_lr=eps,
+                nesterov=nesterov,
+                average=self.average,
+            )
             for p in self.params
         ]
 
@@ -141,7 +148,16 @@ def test_state_dict_resumes_the_filter_bitwise():
     moves = torch.randn(9, 4, dtype=F64)
 
     def fresh(step, p):
-        return comm.BMUF(3, 2, step, p, 0.7, 1.3, True, average=lambda flat: flat)
+        return comm.BMUF(
+            period=3,
+            start=2,
+            step=step,
+            params=p,
+            block_momentum=0.7,
+            block_lr=1.3,
+            nesterov=True,
+            average=lambda flat: flat,
+        )
 
     p = [torch.nn.Parameter(torch.zeros(4, dtype=F64))]
     a = fresh(0, p)
@@ -205,7 +221,8 @@ def test_bmuf_keys_at_their_defaults_keep_every_run_name():
 
 
 def _params(model: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The parameters of COMMON's ResNet-8 (width 8) in the trainer's order, flat (float64)."""
+    """The parameters of SIX_STEP_ARGS' ResNet-8 (width 8) in the trainer's order, flat
+    (float64)."""
     from lbsgd.models import build
 
     cfg = SimpleNamespace(model="resnet", depth=8, width=8, zero_init_residual=True)
@@ -218,20 +235,17 @@ def _final(out: Path, name: str) -> dict:
 
 
 @pytest.mark.slow
-def test_zero_block_momentum_unit_block_lr_and_n_1_with_plain_sgd_is_synchronous_sgd(
-    tmp_path, monkeypatch
-):
+def test_zero_block_momentum_unit_block_lr_and_n_1_with_plain_sgd_is_synchronous_sgd(tmp_path):
     """2 processes, plain SGD (momentum 0): averaging the parameters after every local step is
     averaging the gradients (to float rounding), through torch's averager (what the trainer runs
     at η_B = 0, ε_B = 1) and through BMUF's filter (forced: this file as the worker); with block
     momentum the weights differ."""
-    keys = [*COMMON, "micro_batch=16", "momentum=0", "nesterov=false", f"out_dir={tmp_path}"]
+    keys = [*SIX_STEP_ARGS, "micro_batch=16", "momentum=0", "nesterov=false", f"out_dir={tmp_path}"]
     runs = {"sync": [], "averager": ["local_sgd=1"], "bmuf": ["local_sgd=1", "block_momentum=0.5"]}
     for name, extra in runs.items():
         r = lbsgd(["train", *keys, *extra, f"name={name}"], nproc=2)
         assert r.returncode == 0, r.stderr[-3000:]
-    monkeypatch.setattr(test_resume, "WORKER", __file__)  # test_resume's launcher, this worker
-    r = _run([*keys, "local_sgd=1", "name=filter"], nproc=2)
+    r = run_fault_worker([*keys, "local_sgd=1", "name=filter"], nproc=2, worker=__file__)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "lbsgd: BMUF" in r.stdout  # the filter ran, at η_B = 0, ε_B = 1
     sync = _params(_final(tmp_path, "sync")["model"])
@@ -248,7 +262,7 @@ def test_first_block_of_a_two_process_run_is_the_filtered_average(tmp_path):
     Δ(1) = ε_B (W̄ − W_g(0)), W(1) = W_g(0) + Δ(1) and the model W_g(1) = W(1) + η_B Δ(1)."""
     eta, eps = 0.5, 1.5
     keys = [
-        *COMMON,
+        *SIX_STEP_ARGS,
         "micro_batch=16",
         "epochs=0.375",
         "checkpoint_every=1",
@@ -282,10 +296,10 @@ def test_first_block_of_a_two_process_run_is_the_filtered_average(tmp_path):
 
 @pytest.mark.slow
 def test_bmuf_run_killed_mid_training_resumes_to_bitwise_equal_weights(tmp_path):
-    """test_resume's 16-step run with local_sgd=2 (local from step 4, blocks end after steps 5, 7,
-    9, …): rank 1 killed before step 11 leaves the checkpoint of step 9 (a block end), holding W
-    and Δ once and each process's momentum; the resumed group ends bitwise where the
-    uninterrupted one does."""
+    """tests/test_resume.py's 16-step run with local_sgd=2 (local from step 4, blocks end after
+    steps 5, 7, 9, …): rank 1 killed before step 11 leaves the checkpoint of step 9 (a block
+    end), holding W and Δ once and each process's momentum; the resumed group ends bitwise where
+    the uninterrupted one does."""
     saved = killed_and_resumed(
         tmp_path, "b", nproc=2, local_sgd=2, block_momentum=0.5, block_lr=0.9
     )
@@ -296,7 +310,7 @@ def test_bmuf_run_killed_mid_training_resumes_to_bitwise_equal_weights(tmp_path)
 
 def test_one_process_applies_the_filter(tmp_path):
     """K = 1: post-local SGD on one process is plain SGD (nothing to average), BMUF is not."""
-    from lbsgd.trainer import train
+    from lbsgd.entry import train
 
     base = {**TINY, "epochs": 1, "out_dir": str(tmp_path), "local_sgd": 2}
     plain = train(Config(**{**base, "name": "plain"}))
@@ -306,6 +320,30 @@ def test_one_process_applies_the_filter(tmp_path):
     b = _final(tmp_path, "bmuf")
     assert b["bmuf"]["delta"].abs().max() > 0
     assert max((a[k].double() - b["model"][k].double()).abs().max().item() for k in a) > 1e-3
+
+
+def test_switch_step_is_where_the_blocks_start_and_null_is_the_end_of_the_warmup(tmp_path, capsys):
+    """K = 1, 8 steps, a warmup of 4: BMUF's blocks from switch_step. Null is the warmup's 4
+    (today's start, bitwise); at 8 the blocks never start, and the run is plain local_sgd's
+    (plain SGD on one process)."""
+    from lbsgd.entry import train
+
+    base = {**TINY, "epochs": 1, "out_dir": str(tmp_path), "local_sgd": 2}
+    bmuf = {**base, "block_momentum": 0.5}
+    runs = {
+        "plain": base,
+        "null": bmuf,
+        "at_4": {**bmuf, "switch_step": 4},
+        "at_8": {**bmuf, "switch_step": 8},
+    }
+    for name, keys in runs.items():
+        assert train(Config(**{**keys, "name": name}))["status"] == "completed"
+    out = capsys.readouterr().out
+    assert "after step 4," in out and "after step 8," in out
+    model = {name: _params(_final(tmp_path, name)["model"]) for name in runs}
+    assert torch.equal(model["null"], model["at_4"])
+    assert torch.equal(model["at_8"], model["plain"])
+    assert (model["null"] - model["plain"]).abs().max() > 1e-3
 
 
 if __name__ == "__main__":  # a worker: python -m lbsgd, BMUF's filter even at η_B = 0, ε_B = 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_folders import _normalise, _write_cifar
+from helpers import normalise, write_cifar
 
 from lbsgd import data
 from lbsgd.data.device_images import PAD, DeviceImages, pad_crop_flip, placements
@@ -31,7 +31,7 @@ def _reference(image: np.ndarray, top: int, left: int, flip: int) -> np.ndarray:
 def files(tmp_path_factory):
     """(data_dir, what was written per file) of 5 x 16 training and 8 test images."""
     root = tmp_path_factory.mktemp("cifar")
-    return root, _write_cifar(root, per_batch=16, n_test=8)
+    return root, write_cifar(root, per_batch=16, n_test=8)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_train_batch_is_the_seeded_placement_of_each_image_then_normalised(split
     top, left, flip = placements(seeds)
     for b, i in enumerate(idx.tolist()):
         view = _reference(raw[i].reshape(3, 32, 32), int(top[b]), int(left[b]), int(flip[b]))
-        expected = _normalise(view, CIFAR10_MEAN, CIFAR10_STD)
+        expected = normalise(view, CIFAR10_MEAN, CIFAR10_STD)
         np.testing.assert_allclose(x[b].numpy(), expected, atol=1e-5)
 
 
@@ -78,7 +78,7 @@ def test_test_split_and_unaugmented_train_are_only_normalised(splits, files):
         ((x, y),) = data.batches(split, [torch.arange(8)], seeds=[seeds])
         pixels, labels = written[name]
         for b in range(8):
-            expected = _normalise(pixels[b].reshape(3, 32, 32), CIFAR10_MEAN, CIFAR10_STD)
+            expected = normalise(pixels[b].reshape(3, 32, 32), CIFAR10_MEAN, CIFAR10_STD)
             np.testing.assert_allclose(x[b].numpy(), expected, atol=1e-5)
         assert y.tolist() == labels[:8]
         assert split.images.dtype == torch.uint8  # held compact; floats exist per batch only
@@ -134,7 +134,7 @@ def test_splits_move_to_the_device_once_as_uint8(splits):
 
 
 def test_malformed_batch_file_names_the_file(tmp_path):
-    _write_cifar(tmp_path)
+    write_cifar(tmp_path)
     import pickle
 
     path = tmp_path / "cifar-10-batches-py" / "data_batch_2"

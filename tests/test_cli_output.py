@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import as_args, start, tiny_keys
+from helpers import PROGRESS, assert_ends_with_its_summary
 
 from lbsgd.progress import PLAIN_EVERY_S, Flushed, Progress, ending_line
 
@@ -25,17 +26,6 @@ KEYS = tiny_keys(
     warmup_epochs=0.25,
     epochs=2,
     log_every=2,
-)
-
-PROGRESS = re.compile(
-    r"^lbsgd: step (\d+)/(\d+) epoch (\d+\.\d\d) loss (\S+) lr (\S+) img/s (\d+) "
-    r"elapsed (\d+:\d\d:\d\d) eta (\d+:\d\d:\d\d|\?)(?: top-1 error (\d+\.\d\d)%)?$",
-    re.M,
-)
-ENDING = re.compile(
-    r"^lbsgd: (\w+): final top-1 error (n/a|\d+\.\d\d%), best (n/a|\d+\.\d\d% \(step \d+\)), "
-    r"(\d+)/(\d+) steps, wall time (\d+):(\d\d):(\d\d\.\d), summary (\S+)$",
-    re.M,
 )
 
 
@@ -54,27 +44,6 @@ def _run(out: Path, name: str, nproc: int | None = None, **extra) -> subprocess.
 
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     return proc.communicate(timeout=timeout)[0]
-
-
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}%"
-
-
-def assert_ends_with_its_summary(out: str, run_dir: Path, status: str) -> dict:
-    """The output holds exactly one ending line, with ``status`` and the numbers of the run's
-    summary.json (its top-1 errors to 2 decimals, its wall time to 0.1 s); the summary."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    endings = ENDING.findall(out)
-    assert len(endings) == 1, out[-3000:]
-    said, final, best, steps, total, h, m, s, where = endings[0]
-    assert said == status == summary["status"]
-    assert final == _percent(summary.get("final", {}).get("top1_error_pct"))
-    b = summary.get("best")
-    assert best == ("n/a" if b is None else f"{_percent(b['top1_error_pct'])} (step {b['step']})")
-    assert (int(steps), int(total)) == (summary["steps"], summary["total_steps"])
-    assert abs(int(h) * 3600 + int(m) * 60 + float(s) - summary["wall_time_s"]) <= 0.051
-    assert Path(where) == run_dir / "summary.json"
-    return summary
 
 
 # -- the pieces, without a run ---------------------------------------------------------------------

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import as_args, lbsgd, subprocess_env, tiny_subset
-from test_distributed import COMMON as DISTRIBUTED_COMMON
+from helpers import SIX_STEP_ARGS
 
 from lbsgd import checkpoint, config, launch
 from lbsgd.config import ConfigError
 
 HERE = Path(__file__).parent
 
-# test_distributed's tiny run (6 optimizer steps, the first 2 of them warmup, device=cpu), BN
-# groups of 8
-COMMON = [k if not k.startswith("bn_batch=") else "bn_batch=8" for k in DISTRIBUTED_COMMON]
+# SIX_STEP_ARGS, test_distributed's tiny run (6 optimizer steps, the first 2 of them warmup,
+# device=cpu), with BN groups of 8
+COMMON = [k if not k.startswith("bn_batch=") else "bn_batch=8" for k in SIX_STEP_ARGS]
 
 
 def torchrun(target: list[str], nodes: int, per_node: int, cwd: Path, timeout: int = 240):
@@ -103,7 +103,8 @@ def test_comm_keys_refuse_impossible_settings_in_one_line():
     with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE=4") as e:
         config.check_world(c, 6, 4)
     assert "\n" not in str(e.value)
-    assert config.check_world(c, 6, 3) == 1  # 2 nodes of 3: micro-batch 8, 6 processes
+    config.check_world(c, 6, 3)  # 2 nodes of 3: micro-batch 8, 6 processes
+    assert config.accum_steps(c, 6) == 1
     with pytest.raises(ConfigError, match="local_sgd=4 .*comm_hook=none"):
         config.from_dict({"local_sgd": 4, "comm_hook": "fp16"})
     with pytest.raises(ConfigError, match="comm_hook"):

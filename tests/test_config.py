@@ -7,7 +7,7 @@ import os
 import pytest
 import yaml
 
-from lbsgd import config
+from lbsgd import config, registry
 from lbsgd.config import Config, ConfigError, derive
 from lbsgd.data import sampler
 
@@ -149,6 +149,7 @@ def test_keys_added_later_leave_earlier_run_ids_unchanged_until_set():
         "block_nesterov": {"local_sgd": 2, "block_nesterov": False},
         "fashion_size": {"fashion_size": 14},  # 29 is out of range
         "fashion_train": {"fashion_train": 20_000},
+        "switch_step": {"local_sgd": 2, "switch_step": 3},
     }
     for key in config.HASHED_ONLY_OFF_DEFAULT:
         keys = off_default[key] if key in off_default else {key: getattr(Config(), key) + 1}
@@ -218,7 +219,7 @@ def test_a_plugin_file_that_fails_fails_the_same_way_when_tried_again(tmp_path, 
     plugin.write_text(text)
     for _ in range(2):
         with pytest.raises(ConfigError) as err:
-            config.import_plugins([str(plugin)])
+            registry.import_plugins([str(plugin)])
         msg = str(err.value)
         assert msg.startswith("plugins: ") and str(plugin) in msg and error in msg, msg
 
@@ -277,3 +278,53 @@ def test_the_largest_seed_accepted_seeds_every_epoch_of_the_data_order_and_one_m
     sampler.permutation(4, largest, last_epoch)  # torch takes the data order's seed
     with pytest.raises(ConfigError, match=rf"^seed={largest + 1} is too large"):
         config.from_dict({"seed": largest + 1, "epochs": epochs})
+
+
+def test_the_layout_is_a_check_and_its_accumulation_steps_a_value():
+    c = Config(batch_size=256, bn_batch=32)
+    assert config.check_world(c, 2) is None
+    assert config.accum_steps(c, 2) == 4 and config.accum_steps(c, 2, micro=64) == 2
+    assert derive(c, 2, 1000).accum_steps == config.accum_steps(c, 2)
+    bad = r"^batch_size=256 is not a multiple of world_size \* micro_batch = 3 \* 32 = 96$"
+    with pytest.raises(ConfigError, match=bad):
+        config.check_world(c, 3)
+    with pytest.raises(ConfigError, match=bad):  # derive checks the layout before any value
+        derive(c, 3, 1000)
+    auto = c.replace(micro_batch="auto")  # the largest candidate: the whole share
+    assert config.accum_steps(auto, 2) == 1 and derive(auto, 2, 1000).micro_batch == 128
+    ps = c.replace(async_ps=True)  # one update = one worker's batch, whatever the world size
+    assert config.accum_steps(ps, 4) == config.accum_steps(c, 1) == 8
+
+
+def test_values_derived_after_runs_were_committed_stay_out_of_config_yaml():
+    c = Config(batch_size=512, micro_batch=64, noise_scale=True, noise_scale_batch=128)
+    d = derive(c, 2, 50_000)
+    assert (d.bn_groups, d.noise_micro_batches, d.switch_step) == (16, 2, d.warmup_steps)
+    assert derive(Config(), 1, 50_000).noise_micro_batches is None
+    unrecorded = {"bn_groups", "noise_micro_batches", "switch_step"}
+    assert unrecorded.isdisjoint(config.DERIVED_KEYS) and list(d.to_dict()) == list(
+        config.DERIVED_KEYS
+    )
+    keys, derived = config.dump(c, d).split("# derived (lbsgd.config.derive)\n")
+    assert unrecorded.isdisjoint(yaml.safe_load(derived))
+    assert yaml.safe_load(keys)["switch_step"] is None  # the key itself, as every key
+
+
+def test_switch_step_is_where_local_sgd_and_powersgd_take_over_and_null_the_warmups_end():
+    local = Config(local_sgd=2)
+    d = derive(local, 2, 50_000)
+    assert d.switch_step == d.warmup_steps == 977  # round(5 epochs * 50000 / 256)
+    assert derive(local.replace(switch_step=10), 2, 50_000).switch_step == 10
+    assert derive(local.replace(warmup="none"), 2, 50_000).switch_step == 0
+    assert derive(Config(comm_hook="powersgd", switch_step=0), 2, 50_000).switch_step == 0
+    assert config.load(overrides=["local_sgd=2", "switch_step=null"]) == local
+    # the run's name is the one it had before the key existed, until the key is set
+    assert local.replace(switch_step=977).run_name() != local.run_name()
+    for keys, match in [
+        ({"switch_step": 5}, r"^switch_step=5 is the step where .* not local_sgd=0 with comm_hook"),
+        ({"local_sgd": 2, "switch_step": -1}, r"^switch_step=-1 must be >= 0$"),
+        ({"local_sgd": 2, "switch_step": 1.5}, r"^switch_step=1.5: "),
+    ]:
+        with pytest.raises(ConfigError, match=match) as err:
+            config.from_dict(keys)
+        assert "\n" not in str(err.value)

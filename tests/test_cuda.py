@@ -4,8 +4,8 @@ fp16 loss scaling, bf16 with channels_last, NCCL, deterministic kill-and-resume,
 ghost BN's native kernels, and processes sharing one GPU over gloo. Every test is marked ``cuda``
 and skipped where torch sees no GPU (tests/conftest.py); a test that needs two GPUs says so.
 
-Training runs are subprocesses started by the CPU suite's launchers (tests/test_distributed.py's
-``lbsgd``, tests/test_resume.py's fault worker), so that a CUDA error, a compilation cache or
+Training runs are subprocesses started by the CPU suite's launchers (tests/conftest.py's ``lbsgd``,
+tests/helpers.py's ``run_fault_worker``), so that a CUDA error, a compilation cache or
 deterministic mode (a process-wide torch setting) stays in its own process. Comparisons of two
 layouts or of compiled and eager code run with ``NVIDIA_TF32_OVERRIDE=0``: cuDNN and cuBLAS then
 compute in fp32, and what is left to tolerate is the order of float additions, as on the CPU, rather
@@ -20,9 +20,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import LEARNING, TINY, lbsgd
-from test_distributed import COMMON, _initial_weights
-from test_resume import KILL_AT, _assert_bitwise, _run, _train_steps, _weights
-from test_resume import _args as resume_args
+from helpers import (
+    KILL_AT,
+    SIX_STEP_ARGS,
+    assert_bitwise,
+    final_weights,
+    initial_weights,
+    resume_args,
+    run_fault_worker,
+    train_steps,
+)
 
 from lbsgd import checkpoint
 from lbsgd.models.ghost_bn import GhostBatchNorm
@@ -152,7 +159,7 @@ def test_two_processes_on_cuda_end_with_the_weights_of_one_accumulating(tmp_path
     """tests/test_distributed.py's layout guarantee on the GPU, deterministic kernels: 2 processes x
     micro-batch 16 and 1 process accumulating 2 micro-batches of 16 end with the same weights and
     BN statistics, up to the order of float additions (10x the CPU test's tolerance)."""
-    keys = [k for k in COMMON if not k.startswith(("bn_batch=", "device="))]
+    keys = [k for k in SIX_STEP_ARGS if not k.startswith(("bn_batch=", "device="))]
     keys += ["bn_batch=8", "micro_batch=16", "device=cuda", "deterministic=true"]
     two = lbsgd(
         ["train", *keys, f"backend={backend}", f"out_dir={tmp_path}", "name=two"],
@@ -169,7 +176,7 @@ def test_two_processes_on_cuda_end_with_the_weights_of_one_accumulating(tmp_path
     got = checkpoint.load(tmp_path / "runs" / "two")
     want = checkpoint.load(tmp_path / "runs" / "one")
     assert got["step"] == want["step"] == 6
-    init = _initial_weights()
+    init = initial_weights()
     moved = 0.0
     for key, value in want["model"].items():  # parameters and BN buffers alike
         torch.testing.assert_close(got["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
@@ -187,13 +194,13 @@ def test_deterministic_cuda_run_killed_mid_epoch_resumes_to_bitwise_equal_weight
     SIGKILL before step 11 resumes from its step-9 checkpoint (CUDA generator state included) and
     ends bitwise where the uninterrupted run ends (fp16: the loss scaler's state matters too)."""
     keys = {"device": "cuda", "deterministic": True, "precision": "fp16", "loss_scale": 2.0**24}
-    r = _run(resume_args(tmp_path / "straight", "one", **keys))
+    r = run_fault_worker(resume_args(tmp_path / "straight", "one", **keys))
     assert r.returncode == 0, r.stderr[-3000:]
-    want = _weights(tmp_path / "straight" / "runs" / "one")
+    want = final_weights(tmp_path / "straight" / "runs" / "one")
 
     args = resume_args(tmp_path, "one", **keys)
     run_dir = tmp_path / "runs" / "one"
-    r = _run(args, kill_at=KILL_AT)
+    r = run_fault_worker(args, kill_at=KILL_AT)
     assert r.returncode == -9  # SIGKILL: no handler ran, nothing was cleaned up
     assert _summary(run_dir)["status"] == "running"
     saved = checkpoint.load(run_dir)
@@ -201,13 +208,13 @@ def test_deterministic_cuda_run_killed_mid_epoch_resumes_to_bitwise_equal_weight
     assert saved["ranks"][0]["cuda"] is not None  # the CUDA generator's state is saved
     assert saved["precision"]["scaler"]["scale"] < 2.0**24  # overflows lowered the loss scale
 
-    r = _run(args)
+    r = run_fault_worker(args)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resuming from" in r.stdout and "at step 9" in r.stdout
     _ran_on_cuda(run_dir)
     assert _summary(run_dir)["status"] == "completed"
-    _assert_bitwise(_weights(run_dir), want)
-    assert _train_steps(run_dir) == list(range(1, 17))
+    assert_bitwise(final_weights(run_dir), want)
+    assert train_steps(run_dir) == list(range(1, 17))
 
 
 # -- torch.compile --------------------------------------------------------------------------------
@@ -230,7 +237,7 @@ def test_compiled_model_on_cuda_trains_to_the_weights_of_eager_mode(tmp_path):
     want = checkpoint.load(tmp_path / "runs" / "eager")["model"]
     got = checkpoint.load(tmp_path / "runs" / "compiled")["model"]
     assert got.keys() == want.keys()  # compile leaves the checkpoint's keys as they are
-    init = _initial_weights()  # TINY: ResNet-8 of width 8, seed 0, as test_distributed's run
+    init = initial_weights()  # TINY: ResNet-8 of width 8, seed 0, as test_distributed's run
     moved_any = 0.0
     for key, value in want.items():
         if not value.is_floating_point():  # num_batches_tracked
@@ -337,7 +344,7 @@ def test_noise_scale_on_cuda_changes_no_weight_and_matches_the_cpu_measurement(t
     )
     assert r.returncode == 0, r.stderr[-3000:]
     on, off = (checkpoint.load(tmp_path / "runs" / n)["model"] for n in ("on", "off"))
-    _assert_bitwise(on, off)
+    assert_bitwise(on, off)
     gpu, cpu = (_train_records(tmp_path / "runs" / n)[0] for n in ("on", "cpu"))
     assert (gpu["gns_b_small"], gpu["gns_b_big"]) == (32, 64)
     for key in ("gns_g_small_sq", "gns_g_big_sq"):

@@ -23,23 +23,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import as_args, lbsgd, start, tiny_keys
+from conftest import lbsgd, start
+from helpers import SIX_STEP_ARGS, initial_weights, write_cifar
 
 from lbsgd import checkpoint
-
-# TINY, 6 optimizer steps (256 / 32 = 8 per epoch, 0.75 epochs, the first 2 of them warmup)
-COMMON = as_args(
-    tiny_keys(
-        synthetic_train=256,
-        synthetic_test=128,
-        batch_size=32,
-        reference_batch=32,
-        base_lr=0.2,
-        warmup_epochs=0.25,
-        epochs=0.75,
-        log_every=2,
-    )
-)
 
 
 @pytest.mark.slow
@@ -54,7 +41,7 @@ def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_
         "b_accumulation": "world_size=1 x micro_batch=16 x accum_steps=2 = batch_size=32",
         "c_one_micro_batch": "world_size=1 x micro_batch=32 x accum_steps=1 = batch_size=32",
     }
-    keys = [k if not k.startswith("bn_batch") else "bn_batch=8" for k in COMMON]
+    keys = [k if not k.startswith("bn_batch") else "bn_batch=8" for k in SIX_STEP_ARGS]
     for name, (nproc, extra) in layouts.items():
         args = [*keys, *extra, f"out_dir={tmp_path}", f"name={name}"]
         r = lbsgd(["train", *args], nproc)
@@ -64,7 +51,7 @@ def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_
     states = {name: checkpoint.load(tmp_path / "runs" / name) for name in layouts}
     ref = states["b_accumulation"]
     assert ref["step"] == 6
-    init = _initial_weights()
+    init = initial_weights()
     moved = 0.0
     for name in ("a_two_processes", "c_one_micro_batch"):
         for key, value in ref["model"].items():  # parameters and BN buffers alike
@@ -81,7 +68,7 @@ def test_dropout_masks_do_not_depend_on_the_layout(tmp_path):
     """AlexNet-BN's dropout draws from a generator seeded by the global micro-batch: 2 processes ×
     micro-batch 16 and 1 process accumulating 2 × 16 drop the same units and end with the same
     weights (without that seeding, each process's own generator gives other masks)."""
-    keys = [k for k in COMMON if not k.startswith(("model=", "bn_batch=", "base_lr="))]
+    keys = [k for k in SIX_STEP_ARGS if not k.startswith(("model=", "bn_batch=", "base_lr="))]
     keys += ["model=alexnet_bn", "bn_batch=8", "micro_batch=16", "base_lr=0.02"]
     for name, nproc in (("two", 2), ("one", None)):
         args = [*keys, f"out_dir={tmp_path}", f"name={name}"]
@@ -91,16 +78,6 @@ def test_dropout_masks_do_not_depend_on_the_layout(tmp_path):
     one = checkpoint.load(tmp_path / "runs" / "one")["model"]
     for key, value in one.items():
         torch.testing.assert_close(two[key], value, rtol=1e-5, atol=1e-6, msg=key)
-
-
-def _initial_weights():
-    from types import SimpleNamespace
-
-    from lbsgd.models import build
-
-    torch.manual_seed(0)
-    cfg = SimpleNamespace(model="resnet", depth=8, width=8, zero_init_residual=True)
-    return build(cfg, 10, 16).state_dict()
 
 
 def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path):
@@ -127,7 +104,7 @@ def test_cli_trains_a_user_plugin_model_by_name(tmp_path):
     r = lbsgd(
         [
             "train",
-            *COMMON,
+            *SIX_STEP_ARGS,
             f"plugins={plugin}",
             "model=tiny_linear",
             f"out_dir={tmp_path}",
@@ -155,7 +132,7 @@ def test_progress_bar_shows_on_a_terminal_and_stays_quiet_otherwise(tmp_path):
     import struct
     import termios
 
-    args = [*COMMON, f"out_dir={tmp_path}"]
+    args = [*SIX_STEP_ARGS, f"out_dir={tmp_path}"]
     quiet = lbsgd(["train", *args, "name=pipe"])
     assert quiet.returncode == 0 and "step/s" not in quiet.stderr and "6/6" not in quiet.stderr
     leader, follower = pty.openpty()
@@ -181,7 +158,9 @@ def test_progress_bar_shows_on_a_terminal_and_stays_quiet_otherwise(tmp_path):
 
 @pytest.mark.slow
 def test_cli_diverged_run_exits_3_with_status_recorded(tmp_path):
-    r = lbsgd(["train", *COMMON, "base_lr=1e8", "warmup=none", f"out_dir={tmp_path}", "name=boom"])
+    r = lbsgd(
+        ["train", *SIX_STEP_ARGS, "base_lr=1e8", "warmup=none", f"out_dir={tmp_path}", "name=boom"]
+    )
     assert r.returncode == 3, r.stderr[-2000:]
     assert "diverged" in r.stdout
     summary = (tmp_path / "runs" / "boom" / "summary.json").read_text()
@@ -194,10 +173,8 @@ def test_cifar10_augmentation_does_not_depend_on_the_layout(tmp_path):
     from its position in the run's stream, on the training device: 2 processes x micro-batch 16,
     1 process accumulating 2 x 16 and 1 process with micro-batch 32 train on the same augmented
     images (same final weights; a draw per micro-batch from a reseeded generator would not)."""
-    from test_folders import _write_cifar
-
-    _write_cifar(tmp_path / "cifar", per_batch=64, n_test=32)
-    keys = [k for k in COMMON if not k.startswith(("synthetic_", "bn_batch=", "epochs="))]
+    write_cifar(tmp_path / "cifar", per_batch=64, n_test=32)
+    keys = [k for k in SIX_STEP_ARGS if not k.startswith(("synthetic_", "bn_batch=", "epochs="))]
     keys += ["dataset=cifar10", f"data_dir={tmp_path / 'cifar'}", "bn_batch=8"]
     keys += ["epochs=0.6"]  # 6 steps of 32 out of 320 images
     layouts = {"two": (2, 16), "accumulate": (None, 16), "whole": (None, 32)}

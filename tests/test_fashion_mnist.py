@@ -82,7 +82,16 @@ def _augmented(ds, world: int, micro: int, start: int, steps: int) -> torch.Tens
     out = []
     for t in range(start, steps):
         for rank in range(world):
-            s = data.StepSampler(len(ds), 32, micro, rank, world, 0, steps, start)
+            s = data.StepSampler(
+                num_samples=len(ds),
+                batch_size=32,
+                micro_batch=micro,
+                rank=rank,
+                world_size=world,
+                seed=0,
+                total_steps=steps,
+                start_step=start,
+            )
             seeds = (data.sample_seeds(0, p) for p in s.rank_positions(t))
             out += [x for x, _ in data.batches(ds, s.rank_batches(t), seeds=seeds)]
     return torch.cat(out)
@@ -101,7 +110,20 @@ def test_augmentation_is_the_same_on_every_layout_and_after_a_resume(splits):
     assert torch.equal(resumed, ref)
     # ... and there is augmentation to agree on: most samples are not their plain image
     plain = data.DeviceImages(t.images[:320], t.labels[:320], MEAN, STD, False, t.classes, 3)
-    order = torch.cat([data.StepSampler(320, 32, 32, 0, 1, 0, 3).global_batch(s) for s in range(3)])
+    order = torch.cat(
+        [
+            data.StepSampler(
+                num_samples=320,
+                batch_size=32,
+                micro_batch=32,
+                rank=0,
+                world_size=1,
+                seed=0,
+                total_steps=3,
+            ).global_batch(s)
+            for s in range(3)
+        ]
+    )
     moved = (ref != plain.batch(order)[0]).flatten(1).any(1).float().mean().item()
     assert moved > 0.8  # 1 - P(no shift, no flip) = 1 - 1/162
 

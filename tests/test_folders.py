@@ -1,4 +1,5 @@
-"""Tests for lbsgd.data.folders on tiny datasets written here, in the real on-disk formats."""
+"""Tests for lbsgd.data.folders on tiny datasets in the real on-disk formats, written here (the
+CIFAR-10 files by tests/helpers.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import CIFAR_NAMES, normalise, write_cifar
 from PIL import Image
 
 from lbsgd import data
-from lbsgd.data.fake_files import dump_py2 as _dump_py2
 from lbsgd.data.folders import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -20,42 +21,12 @@ from lbsgd.data.folders import (
     imagenet,
 )
 
-CIFAR_NAMES = ["airplane", "automobile", "bird", "cat", "deer"]
-CIFAR_NAMES += ["dog", "frog", "horse", "ship", "truck"]
-
-
-def _normalise(chw_uint8: np.ndarray, mean, std) -> np.ndarray:
-    """Hand normalisation: pixels / 255, minus mean, over std, per channel."""
-    x = chw_uint8.astype(np.float64) / 255.0
-    return (x - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
-
-
 # ----------------------------------------------------------------------------------- CIFAR-10
-
-
-def _write_cifar(root: Path, per_batch: int = 3, n_test: int = 4) -> dict[str, tuple]:
-    """Write torchvision's CIFAR-10 python format: Python 2 pickled dicts with keys b"data" (uint8
-    rows of 3072: 1024 R, then G, then B, each row-major 32x32), b"labels" and, in batches.meta,
-    b"label_names". Returns what was written per file."""
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    written = {}
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    for k, name in enumerate(names):
-        n = n_test if name == "test_batch" else per_batch
-        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
-        labels = [int((k * 7 + j * 3) % 10) for j in range(n)]
-        _dump_py2({b"batch_label": name.encode(), b"data": data, b"labels": labels}, folder / name)
-        written[name] = (data, labels)
-    meta = {b"label_names": [c.encode() for c in CIFAR_NAMES], b"num_vis": 3072}
-    _dump_py2(meta, folder / "batches.meta")
-    return written
 
 
 @pytest.fixture
 def cifar_dir(tmp_path):
-    return tmp_path, _write_cifar(tmp_path)
+    return tmp_path, write_cifar(tmp_path)
 
 
 def test_cifar10_sizes_labels_and_test_pixels(cifar_dir):
@@ -74,7 +45,7 @@ def test_cifar10_sizes_labels_and_test_pixels(cifar_dir):
     for i in range(len(test)):
         image, _ = test[i]
         assert image.dtype == torch.float32 and image.shape == (3, 32, 32)
-        expected = _normalise(data[i].reshape(3, 32, 32), CIFAR10_MEAN, CIFAR10_STD)
+        expected = normalise(data[i].reshape(3, 32, 32), CIFAR10_MEAN, CIFAR10_STD)
         np.testing.assert_allclose(image.numpy(), expected, atol=1e-5)
 
 
@@ -83,7 +54,7 @@ def test_cifar10_accepts_batches_folder_and_no_augment(cifar_dir):
     # data_dir pointing at the batches folder itself; augment=False makes train deterministic.
     train, test, _, _ = cifar10(root / "cifar-10-batches-py", augment=False)
     assert (len(train), len(test)) == (15, 4)
-    expected = _normalise(
+    expected = normalise(
         written["data_batch_1"][0][0].reshape(3, 32, 32), CIFAR10_MEAN, CIFAR10_STD
     )
     np.testing.assert_allclose(train[0][0].numpy(), expected, atol=1e-5)
@@ -106,7 +77,7 @@ def test_cifar10_train_augmentation_is_random_pad_crop_flip(cifar_dir):
     train, _, _, _ = cifar10(root)
     pixels = written["data_batch_1"][0][0].reshape(3, 32, 32)
     # Zero padding happens on raw pixels, so the padded border normalises to -mean/std.
-    padded = _normalise(np.pad(pixels, ((0, 0), (4, 4), (4, 4))), CIFAR10_MEAN, CIFAR10_STD)
+    padded = normalise(np.pad(pixels, ((0, 0), (4, 4), (4, 4))), CIFAR10_MEAN, CIFAR10_STD)
 
     torch.manual_seed(0)
     views = [train[0][0] for _ in range(40)]
@@ -131,7 +102,7 @@ def test_cifar10_missing_data_dir_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"data_dir=.*has no cifar-10-batches-py/") as info:
         cifar10(tmp_path)
     assert "download=True" in str(info.value) and "\n" not in str(info.value)
-    _write_cifar(tmp_path)
+    write_cifar(tmp_path)
     (tmp_path / "cifar-10-batches-py" / "data_batch_3").unlink()
     with pytest.raises(FileNotFoundError, match="data_dir=.*data_batch_3"):
         cifar10(tmp_path)
@@ -179,7 +150,7 @@ def test_imagenet_classes_shapes_and_val_transform(tmp_path):
     resized = Image.fromarray(written[("val", "n02", 2)]).resize((48, 36), Image.BILINEAR)
     crop = np.asarray(resized)[2:34, 8:40].transpose(2, 0, 1)
     np.testing.assert_allclose(
-        image.numpy(), _normalise(crop, IMAGENET_MEAN, IMAGENET_STD), atol=1e-5
+        image.numpy(), normalise(crop, IMAGENET_MEAN, IMAGENET_STD), atol=1e-5
     )
 
 

@@ -10,8 +10,8 @@ from conftest import TINY, as_args, lbsgd
 from lbsgd import data, isa
 from lbsgd.config import Config, ConfigError
 from lbsgd.data import fake_files
+from lbsgd.entry import train
 from lbsgd.environment import dataset_digest
-from lbsgd.trainer import train
 
 FLAGS = isa.cpu_flags() or []
 needs_avx2 = pytest.mark.skipif(

@@ -29,13 +29,16 @@ BANDS = [
             "staleness",
             "costmodel",
             "launch",
+            "jobs",
+            "seeding",
         },
     ),
-    ("components", {"data", "models", "optim"}),
+    ("components", {"data", "models", "optim", "network"}),
     ("run state", {"checkpoint", "tracking", "environment", "rundir", "evaluation", "progress"}),
-    ("loops", {"loop", "parameter_server", "trainer"}),
+    ("loops", {"cadence", "features", "parameter_server", "trainer"}),
+    ("entry", {"entry"}),
     ("harness", {"experiments", "bench", "__init__"}),
-    ("studies", {"studies"}),
+    ("studies", {"findings", "studies"}),
     ("reports", {"verify", "report"}),
     ("command line", {"cli", "__main__"}),
 ]
@@ -127,7 +130,7 @@ def test_importing_the_package_leaves_torchvision_unimported():
     # torchvision costs 1-2 s of CPU to import: only a torchvision model's builder and the
     # ImageNet folder reader import it, when called, so that a notebook's kernel does not pay it
     code = (
-        "import sys, lbsgd.cli, lbsgd.experiments, lbsgd.trainer, lbsgd.report, lbsgd.verify; "
+        "import sys, lbsgd.cli, lbsgd.experiments, lbsgd.entry, lbsgd.report, lbsgd.verify; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))"
     )
     out = subprocess.run(
@@ -164,3 +167,26 @@ def test_no_test_uses_a_private_name_of_the_package():
             ):
                 private.append(f"{path.name}:{node.lineno} uses {node.value.id}.{node.attr}")
     assert private == []
+
+
+def test_no_test_module_imports_another():
+    """What test modules share lives in tests/helpers.py or tests/conftest.py, under public names:
+    no file of tests/ imports a ``test_*`` module (a test module is run, never a library), and none
+    imports an underscored name from the shared modules."""
+    found = []
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules, names = [a.name for a in node.names], []
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules, names = [node.module], [a.name for a in node.names]
+            else:
+                continue
+            for module in modules:
+                last = module.split(".")[-1]
+                if last.startswith("test_") or module.startswith("tests."):
+                    found.append(f"{path.name}:{node.lineno} imports {module}")
+                if last in ("helpers", "conftest"):
+                    private = [n for n in names if n.startswith("_")]
+                    found += [f"{path.name}:{node.lineno} imports {module}.{n}" for n in private]
+    assert found == []

@@ -360,7 +360,7 @@ def test_alexnet_skips_its_adaptive_pool_where_it_is_the_identity(image_size, po
 
 @pytest.mark.parametrize(("depth", "width"), [(8, 8), (20, 16), (110, 16), (1202, 4), (6002, 2)])
 def test_parameter_count_without_building_matches_the_formula_at_any_depth(depth, width):
-    """models.parameter_count sizes a model before any run (lbsgd.trainer.check_memory): on the meta
+    """models.parameter_count sizes a model before any run (lbsgd.entry.check_memory): on the meta
     device, and for the CIFAR ResNet from two shallow builds, linear in the blocks per stage."""
     c = config.from_dict({"model": "resnet", "depth": depth, "width": width})
     assert parameter_count(c, 10, 32) == cifar_resnet_params(depth, width, 10)

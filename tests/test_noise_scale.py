@@ -16,11 +16,11 @@ import math
 import pytest
 import torch
 from conftest import TINY, lbsgd
-from test_distributed import COMMON
+from helpers import SIX_STEP_ARGS, killed_and_resumed, offline_runs
 
 from lbsgd import checkpoint, data, noise_scale
-from lbsgd.config import Config, ConfigError, check_world, from_dict
-from lbsgd.trainer import train
+from lbsgd.config import Config, ConfigError, accum_steps, check_world, from_dict
+from lbsgd.entry import train
 
 
 def test_estimators_are_the_papers_formulas_on_hand_computed_values():
@@ -53,7 +53,8 @@ def test_the_smoother_is_a_bias_corrected_moving_average_of_each_estimate():
 
 def test_layouts_that_cannot_measure_it_are_refused_with_one_line():
     cfg = Config(**{**TINY, "noise_scale": True})  # batch 64, micro 16: B_small = 16 by default
-    assert check_world(cfg, 1) == 4
+    check_world(cfg, 1)
+    assert accum_steps(cfg, 1) == 4
     with pytest.raises(
         ConfigError, match=r"noise_scale_batch=24 must be a multiple of micro_batch=16"
     ):
@@ -70,7 +71,8 @@ def test_layouts_that_cannot_measure_it_are_refused_with_one_line():
         from_dict({**TINY, "noise_scale_ema": 1.0})
     # micro_batch=auto picks among micro-batches that make up the small batch whole
     auto = cfg.replace(micro_batch="auto", noise_scale_batch=32)
-    assert check_world(auto, 1) == 2
+    check_world(auto, 1)
+    assert accum_steps(auto, 1) == 2
 
 
 LINEAR = """
@@ -163,7 +165,10 @@ def test_one_process_and_two_processes_measure_the_same_noise_scale(tmp_path):
     one small batch between micro-batches and the other in the hook, as a change since the first.
     Each pair logs the same norms every step. Two processes without the measurement end with
     bitwise the weights of two processes measuring."""
-    keys = [k for k in COMMON if not k.startswith("bn_batch")] + ["bn_batch=8", "micro_batch=8"]
+    keys = [k for k in SIX_STEP_ARGS if not k.startswith("bn_batch")] + [
+        "bn_batch=8",
+        "micro_batch=8",
+    ]
     runs = {"two_off": (2, [])}
     for b_small in (16, 8):
         noise = ["noise_scale=true", f"noise_scale_batch={b_small}"]
@@ -206,8 +211,6 @@ def test_a_killed_run_resumes_with_the_same_noise_scale_record(tmp_path):
     """Killed (SIGKILL) before step 11, resumed from the checkpoint of step 9, which falls between
     two metric flushes: the steps up to it are logged before it is written, its moving averages
     are in it, and every step's record equals the uninterrupted run's."""
-    from test_resume import killed_and_resumed
-
     saved = killed_and_resumed(tmp_path, "gns", noise_scale=True)
     assert saved["noise_scale"]["steps"] == 9  # every step up to the checkpoint, averaged
     want = _train_records(tmp_path / "straight" / "runs" / "gns")
@@ -236,8 +239,6 @@ def test_fp16_measures_the_unscaled_gradients(tiny):
 def test_wandb_gets_the_noise_scale_with_both_batch_sizes_named(tiny, tmp_path, monkeypatch):
     """Read back from W&B's own offline files: every point carries the smoothed B_simple and
     B_small/B_big of the run, equal to metrics.jsonl's record of the same step."""
-    from test_wandb import offline_runs
-
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
     monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg = tiny(wandb="offline", noise_scale=True, noise_scale_batch=32, epochs=1)

@@ -34,6 +34,14 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*_*.ipynb"))
 NO_PUBLISHED_NUMBERS = {"quickstart", "critical_batch"}
 MEASURED = {"scaling"}  # notebooks that train nothing: they measure communication and model it
 SMOKE = {"profile": "smoke", "parallel": 2, "wandb": "disabled"}
+# The three longest sweeps on the smallest grid that keeps every arm of their tables and findings
+# (make reproduce runs the notebooks' defaults): the step breakdown on 1 and 2 processes, local SGD
+# and BMUF at one period, simulated staleness at tau = 0 and 2
+NARROWED = {
+    "10_scaling": {"nproc": [1, 2]},
+    "12_local_sgd": {"periods": [4]},
+    "13_staleness": {"taus": [0, 2]},
+}
 # what ex.sweep prints per run: "[i/n] NAME: …" (skipped, copied, started or resumed, then the end)
 SWEEP_LINE = re.compile(r"^\[\d+/\d+\] ([^\s:]+)", re.MULTILINE)
 
@@ -115,7 +123,7 @@ def execute(smoke_out):
                 papermill.execute_notebook(
                     str(nb),
                     str(out_nb),
-                    parameters={**SMOKE, "out_dir": str(smoke_out)},
+                    parameters={**SMOKE, **NARROWED.get(nb.stem, {}), "out_dir": str(smoke_out)},
                     kernel_name="python3",
                     cwd=str(REPO),
                     progress_bar=False,

@@ -14,23 +14,22 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import test_resume
 import torch
 from conftest import lbsgd
-from test_cli_output import PROGRESS, assert_ends_with_its_summary
-from test_distributed import _initial_weights
+from helpers import PROGRESS, RESUME_KEYS, assert_ends_with_its_summary, initial_weights
 
-from lbsgd import checkpoint, parameter_server, trainer
+from lbsgd import checkpoint, entry, parameter_server
 from lbsgd.config import ConfigError, derive, from_dict, micro_batch_candidates
 
 HERE = Path(__file__).parent
 WORKER = str(HERE / "ps_worker.py")
 
-# test_resume's 16-step run without what the parameter server refuses (resume, step checkpoints)
-# or does per update (evaluation every epoch), with BN groups of 16: one micro-batch of 32 per task
+# RESUME_KEYS, tests/test_resume.py's 16-step run, without what the parameter server refuses
+# (resume, step checkpoints) or does per update (evaluation every epoch), with BN groups of 16: one
+# micro-batch of 32 per task
 KEYS = {
     k: v
-    for k, v in test_resume.KEYS.items()
+    for k, v in RESUME_KEYS.items()
     if k not in ("resume", "checkpoint_every", "eval_every", "micro_batch", "epochs")
 }
 KEYS |= {"bn_batch": 16, "warmup_epochs": 0.25}
@@ -66,7 +65,7 @@ def test_one_worker_is_synchronous_sgd_on_one_process(tmp_path):
     assert set(got) == set(want)
     for key, value in want.items():  # parameters and BN buffers, bitwise: the same operations
         assert torch.equal(got[key], value), key  # in the same order, on the same CPU
-    init = _initial_weights()
+    init = initial_weights()
     moved = max((v - init[k]).abs().max().item() for k, v in got.items() if v.is_floating_point())
     assert moved > 1e-2  # it trained: the equality is not that of untouched models
 
@@ -239,5 +238,5 @@ def test_one_process_is_refused_before_any_work(tiny, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     cfg = tiny(async_ps=True)
     with pytest.raises(ConfigError, match=r"^async_ps=true needs torchrun with at least 2 "):
-        trainer.train(cfg)
+        entry.train(cfg)
     assert not Path(cfg.out_dir).exists()

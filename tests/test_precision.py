@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import LEARNING
 
+from lbsgd.entry import train
 from lbsgd.precision import Precision
-from lbsgd.trainer import train
 
 
 def read_train(run_dir):

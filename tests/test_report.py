@@ -6,7 +6,8 @@ from pathlib import Path
 
 from lbsgd import cli, report
 from lbsgd import experiments as ex
-from lbsgd.experiments import Finding
+from lbsgd import findings as fs
+from lbsgd.findings import Finding
 
 GRADUAL = "Goyal Table 1: gradual 23.74% vs none 24.84% error (8k)"
 CONSTANT = "Goyal Table 1: constant 25.88%, none 24.84%, gradual 23.74% error (8k)"
@@ -181,7 +182,8 @@ def test_findings_json_round_trips_paper_and_reads_an_old_file_as_empty(tmp_path
         Finding("gradual beats none", True, "3.1% vs 6.1%", paper=GRADUAL),
         Finding("constant is the worst", None, "one seed"),
     ]
-    path = ex.write_findings(tmp_path, "warmup", "cpu", [0], findings, title="2. Warmup")
+    study_dir = ex.study_dir(tmp_path, "warmup")
+    path = fs.write(study_dir, "warmup", "cpu", [0], findings, title="2. Warmup")
     written = json.loads(path.read_text())["findings"]
     assert written[0]["paper"] == GRADUAL and written[1]["paper"] == ""
     assert [Finding.from_dict(f) for f in written] == findings
@@ -198,3 +200,11 @@ def test_report_build_shows_no_paper_field_so_old_and_new_files_build_alike(tmp_
         del f["paper"]
     path.write_text(json.dumps(record))
     assert report.build(cpu) == with_paper and GRADUAL not in with_paper
+
+
+def test_each_display_of_a_verdict_is_one_of_the_findings_modules_words():
+    # REPORT.md's column, the counts, W&B's table and the line a notebook prints: one set of words
+    assert [fs.label(v) for v in (True, False, None)] == ["replayed", "not replayed", "undecided"]
+    assert [fs.answer(v) for v in (True, False, None)] == ["yes", "**no**", "undecided"]
+    assert [fs.loud(v) for v in (True, False, None)] == ["replayed", "NOT replayed", "undecided"]
+    assert list(fs.LABELS) == [True, False, None]  # the order of the report's counts

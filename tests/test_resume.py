@@ -4,7 +4,8 @@ Every run here is the same 16-step experiment (256 samples, batch 32: 8 steps pe
 with a checkpoint every 3 steps besides the epoch ends (3, 6, 8, 9, 12, 15, 16). A worker killed
 with SIGKILL before step 11 leaves the checkpoint of step 9, in the middle of the second epoch, so
 a resume continues mid-epoch. The outcome asserted is always the data: the final weights (bitwise
-where the layout is the same), the files left on disk, and the status fields.
+where the layout is the same), the files left on disk, and the status fields. The experiment and
+its fault-injecting launcher (tests/fault_worker.py) are in tests/helpers.py.
 """
 
 import json
@@ -18,106 +19,45 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import as_args, lbsgd, start, tiny_keys
+from conftest import as_args, lbsgd, start
+from helpers import (
+    KILL_AT,
+    RESUME_KEYS,
+    assert_bitwise,
+    final_weights,
+    killed_and_resumed,
+    resume_args,
+    run_fault_worker,
+    train_steps,
+    write_cifar,
+)
 
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError
 from lbsgd.data import StepSampler
-from lbsgd.trainer import train
-
-HERE = Path(__file__).parent
-WORKER = str(HERE / "fault_worker.py")
-
-KEYS = tiny_keys(
-    synthetic_train=256,
-    synthetic_test=128,
-    batch_size=32,
-    bn_batch=8,
-    micro_batch=16,
-    reference_batch=32,
-    base_lr=0.2,
-    eval_every=1,
-    log_every=2,
-    checkpoint_every=3,
-    resume=True,  # what a restartable job passes: a new run starts, a stopped one continues
-)
-KILL_AT = 11  # killed before step 11: the newest checkpoint is step 9, mid-epoch 2
-
-
-def _args(out: Path, name: str, **extra) -> list[str]:
-    keys = {**KEYS, "out_dir": str(out), "name": name, **extra}
-    return [f"{k}={v}" for k, v in keys.items()]
-
-
-def _run(args, nproc=None, kill_at=None, kill_rank=0, restarts=0, timeout=300):
-    env = {"PYTHONUNBUFFERED": "1", "TORCHELASTIC_RESTART_COUNT": None}
-    if kill_at is not None:
-        env.update(LBSGD_TEST_KILL_AT_STEP=str(kill_at), LBSGD_TEST_KILL_RANK=str(kill_rank))
-    restarts = restarts if nproc else None
-    return lbsgd(
-        ["train", *args], nproc, program=[WORKER], max_restarts=restarts, env=env, timeout=timeout
-    )
-
-
-def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    state = checkpoint.read(run_dir / checkpoint.NAME)
-    assert state["step"] == 16
-    return state["model"]
-
-
-def _assert_bitwise(got: dict, want: dict) -> None:
-    assert got.keys() == want.keys()
-    for k in want:  # parameters and BN buffers alike
-        assert torch.equal(got[k], want[k]), k
+from lbsgd.entry import train
 
 
 def _status(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def _train_steps(run_dir: Path) -> list[int]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r["step"] for r in map(json.loads, lines) if r["kind"] == "train"]
-
-
-def killed_and_resumed(tmp_path: Path, name: str, nproc=None, **keys) -> dict:
-    """Run ``name`` (KEYS and ``keys``) uninterrupted into ``tmp_path/straight``, and again into
-    ``tmp_path`` killed (SIGKILL, the last rank) before step KILL_AT, then resumed: the resume
-    starts at the checkpoint of step 9 and ends bitwise where the uninterrupted run does. Returns
-    the checkpoint the killed run left, for what it must hold."""
-    r = _run(_args(tmp_path / "straight", name, **keys), nproc=nproc)
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = _run(
-        _args(tmp_path, name, **keys), nproc=nproc, kill_at=KILL_AT, kill_rank=(nproc or 1) - 1
-    )
-    assert r.returncode != 0
-    saved = checkpoint.load(tmp_path / "runs" / name)
-    assert saved["step"] == 9
-    r = _run(_args(tmp_path, name, **keys), nproc=nproc)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "at step 9" in r.stdout
-    _assert_bitwise(
-        _weights(tmp_path / "runs" / name), _weights(tmp_path / "straight" / "runs" / name)
-    )
-    return saved
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """Uninterrupted runs: one process (fp16, so that the loss scaler matters) and two processes."""
     out = tmp_path_factory.mktemp("reference")
-    r = _run(_args(out, "one", precision="fp16", loss_scale=2.0**24))
+    r = run_fault_worker(resume_args(out, "one", precision="fp16", loss_scale=2.0**24))
     assert r.returncode == 0, r.stderr[-3000:]
-    r = _run(_args(out, "two"), nproc=2)
+    r = run_fault_worker(resume_args(out, "two"), nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
-    return {"one": _weights(out / "runs" / "one"), "two": _weights(out / "runs" / "two")}
+    return {"one": final_weights(out / "runs" / "one"), "two": final_weights(out / "runs" / "two")}
 
 
 @pytest.mark.slow
 def test_one_process_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path, reference):
-    args = _args(tmp_path, "one", precision="fp16", loss_scale=2.0**24)
+    args = resume_args(tmp_path, "one", precision="fp16", loss_scale=2.0**24)
     run_dir = tmp_path / "runs" / "one"
-    r = _run(args, kill_at=KILL_AT)
+    r = run_fault_worker(args, kill_at=KILL_AT)
     assert r.returncode == -9  # SIGKILL: no handler ran, nothing was cleaned up
     assert _status(run_dir)["status"] == "running"
     saved = checkpoint.load(run_dir)
@@ -125,18 +65,18 @@ def test_one_process_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path,
     assert saved["precision"]["scaler"]["scale"] < 2.0**24  # overflows lowered the loss scale
     assert checkpoint.read(run_dir / checkpoint.PREVIOUS)["step"] == 8
 
-    r = _run(args)
+    r = run_fault_worker(args)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resuming from" in r.stdout and "at step 9" in r.stdout
     assert _status(run_dir)["status"] == "completed"
-    _assert_bitwise(_weights(run_dir), reference["one"])
-    assert _train_steps(run_dir) == list(range(1, 17))  # steps 10-11 logged once, not twice
+    assert_bitwise(final_weights(run_dir), reference["one"])
+    assert train_steps(run_dir) == list(range(1, 17))  # steps 10-11 logged once, not twice
 
 
 @pytest.mark.slow
 def test_two_processes_killed_mid_epoch_resume_bitwise_and_on_one_process(tmp_path, reference):
     run_dir = tmp_path / "runs" / "two"
-    r = _run(_args(tmp_path, "two"), nproc=2, kill_at=KILL_AT, kill_rank=1)
+    r = run_fault_worker(resume_args(tmp_path, "two"), nproc=2, kill_at=KILL_AT, kill_rank=1)
     assert r.returncode != 0
     saved = checkpoint.load(run_dir)
     assert saved["step"] == 9 and saved["world_size"] == 2 and len(saved["ranks"]) == 2
@@ -146,16 +86,16 @@ def test_two_processes_killed_mid_epoch_resume_bitwise_and_on_one_process(tmp_pa
     # change the mapping allows; the layout guarantee (tolerance of float reordering) still holds
     one = tmp_path / "one_proc" / "runs" / "two"
     shutil.copytree(run_dir, one)
-    r = _run(_args(tmp_path / "one_proc", "two"))
+    r = run_fault_worker(resume_args(tmp_path / "one_proc", "two"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "saved by 2 processes, resumed on 1" in r.stdout
     for k, v in reference["two"].items():
-        torch.testing.assert_close(_weights(one)[k], v, rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(final_weights(one)[k], v, rtol=1e-5, atol=1e-6, msg=k)
 
-    r = _run(_args(tmp_path, "two"), nproc=2)  # the same layout: bitwise
+    r = run_fault_worker(resume_args(tmp_path, "two"), nproc=2)  # the same layout: bitwise
     assert r.returncode == 0, r.stderr[-3000:]
-    _assert_bitwise(_weights(run_dir), reference["two"])
-    assert _train_steps(run_dir) == list(range(1, 17))
+    assert_bitwise(final_weights(run_dir), reference["two"])
+    assert train_steps(run_dir) == list(range(1, 17))
 
 
 @pytest.mark.slow
@@ -163,13 +103,15 @@ def test_torchrun_restarts_a_group_after_sigkill_and_finishes_with_the_same_weig
     tmp_path, reference
 ):
     run_dir = tmp_path / "runs" / "two"
-    r = _run(_args(tmp_path, "two"), nproc=2, kill_at=KILL_AT, kill_rank=1, restarts=1)
+    r = run_fault_worker(
+        resume_args(tmp_path, "two"), nproc=2, kill_at=KILL_AT, kill_rank=1, restarts=1
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Signals.SIGKILL" in r.stderr or "exitcode: -9" in r.stderr  # torchrun saw the kill
     assert "at step 9" in r.stdout  # the restarted group resumed from the checkpoint
     assert _status(run_dir)["status"] == "completed"
-    _assert_bitwise(_weights(run_dir), reference["two"])
-    assert _train_steps(run_dir) == list(range(1, 17))
+    assert_bitwise(final_weights(run_dir), reference["two"])
+    assert train_steps(run_dir) == list(range(1, 17))
 
 
 @pytest.mark.slow
@@ -196,20 +138,18 @@ def test_state_each_process_holds_alone_survives_a_kill(tmp_path, keys, own):
 def test_cifar10_run_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path):
     """On CIFAR-10 files the pad-crop-flip of each sample is drawn from its stream position on the
     training device, nothing else: a run killed mid-epoch resumes to the uninterrupted weights."""
-    from test_folders import _write_cifar
-
-    _write_cifar(tmp_path / "cifar", per_batch=64, n_test=32)  # 320 images: 10 steps per epoch
+    write_cifar(tmp_path / "cifar", per_batch=64, n_test=32)  # 320 images: 10 steps per epoch
     keys = {"dataset": "cifar10", "data_dir": str(tmp_path / "cifar"), "epochs": 1.6}  # 16 steps
-    r = _run(_args(tmp_path / "straight", "c", **keys))
+    r = run_fault_worker(resume_args(tmp_path / "straight", "c", **keys))
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "runs" / "c"
-    r = _run(_args(tmp_path, "c", **keys), kill_at=13)
+    r = run_fault_worker(resume_args(tmp_path, "c", **keys), kill_at=13)
     assert r.returncode == -9
     assert checkpoint.load(run_dir)["step"] == 12  # mid-epoch 2 (checkpoints every 3 steps)
-    r = _run(_args(tmp_path, "c", **keys))
+    r = run_fault_worker(resume_args(tmp_path, "c", **keys))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "at step 12" in r.stdout
-    _assert_bitwise(_weights(run_dir), _weights(tmp_path / "straight" / "runs" / "c"))
+    assert_bitwise(final_weights(run_dir), final_weights(tmp_path / "straight" / "runs" / "c"))
 
 
 def _popen(args, nproc=None):
@@ -230,10 +170,10 @@ def test_sigterm_stops_at_an_agreed_step_with_a_checkpoint_and_resume_is_bitwise
     to its workers). The run stops at the next metric flush, on the same step in every process,
     writes a checkpoint there (here mid-epoch: only epoch checkpoints otherwise) and says so."""
     keys = {"epochs": 10, "checkpoint_every": 0}  # 80 steps, flushes every 2
-    straight = _popen(_args(tmp_path / "straight", "run", **keys), nproc)
+    straight = _popen(resume_args(tmp_path / "straight", "run", **keys), nproc)
     assert straight.wait(timeout=300) == 0, straight.stdout.read()[-3000:]
     run_dir = tmp_path / "runs" / "run"
-    proc = _popen(_args(tmp_path, "run", **keys), nproc)
+    proc = _popen(resume_args(tmp_path, "run", **keys), nproc)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until training is under way, then pre-empt it
         metrics = run_dir / "metrics.jsonl"
@@ -254,14 +194,14 @@ def test_sigterm_stops_at_an_agreed_step_with_a_checkpoint_and_resume_is_bitwise
     if stopped % 8:  # mid-epoch: the stop wrote its own checkpoint
         assert checkpoint.read(run_dir / checkpoint.PREVIOUS)["step"] == stopped // 8 * 8
 
-    resumed = _popen(_args(tmp_path, "run", **keys), nproc)
+    resumed = _popen(resume_args(tmp_path, "run", **keys), nproc)
     out = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, out[-3000:]
     assert f"at step {stopped}" in out
     final = checkpoint.read(run_dir / checkpoint.NAME)
     want = checkpoint.read(tmp_path / "straight" / "runs" / "run" / checkpoint.NAME)
     assert final["step"] == want["step"] == 80
-    _assert_bitwise(final["model"], want["model"])
+    assert_bitwise(final["model"], want["model"])
 
 
 # -- damaged and unsafe checkpoints ---------------------------------------------------------------
@@ -352,9 +292,7 @@ def test_resume_falls_back_past_a_truncated_newest_checkpoint(tiny):
     with pytest.warns(RuntimeWarning, match="falling back to .*step 6"):
         summary = train(cfg.replace(resume=True))
     assert summary["status"] == "completed"
-    _assert_bitwise(
-        checkpoint.load(run_dir)["model"], checkpoint.load(reference.run_dir())["model"]
-    )
+    assert_bitwise(checkpoint.load(run_dir)["model"], checkpoint.load(reference.run_dir())["model"])
 
 
 def test_resume_is_refused_when_the_train_split_changed(tiny):
@@ -363,10 +301,26 @@ def test_resume_is_refused_when_the_train_split_changed(tiny):
     cfg = tiny(name="grown", epochs=0.5)
     train(cfg)
     state = checkpoint.load(cfg.run_dir())
-    grown = StepSampler(state["num_train"] + 8, cfg.batch_size, 16, 0, 1, cfg.seed, 100)
+    grown = StepSampler(
+        num_samples=state["num_train"] + 8,
+        batch_size=cfg.batch_size,
+        micro_batch=16,
+        rank=0,
+        world_size=1,
+        seed=cfg.seed,
+        total_steps=100,
+    )
     with pytest.raises(ConfigError, match="train split of 512 samples, this run's has 520"):
         checkpoint.check_compatible(cfg, state, grown)
-    same = StepSampler(state["num_train"], cfg.batch_size, 16, 0, 1, cfg.seed, 100)
+    same = StepSampler(
+        num_samples=state["num_train"],
+        batch_size=cfg.batch_size,
+        micro_batch=16,
+        rank=0,
+        world_size=1,
+        seed=cfg.seed,
+        total_steps=100,
+    )
     checkpoint.check_compatible(cfg, state, same)  # the unchanged split is accepted
 
 
@@ -375,7 +329,7 @@ def test_a_local_sgd_run_continues_only_on_the_number_of_processes_it_was_traine
     """Local SGD averages K models: K = 2 is another experiment than the K = 1 the run was trained
     by, so resume=true on 2 processes is refused in one line before any work (every file as it
     was), where a synchronous run, the same on any layout, is found complete."""
-    local = {**KEYS, "local_sgd": 2, "out_dir": str(tmp_path), "name": "k1", "epochs": 1}
+    local = {**RESUME_KEYS, "local_sgd": 2, "out_dir": str(tmp_path), "name": "k1", "epochs": 1}
     assert lbsgd(["train", *as_args(local)]).returncode == 0
     run_dir = tmp_path / "runs" / "k1"
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}

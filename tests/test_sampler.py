@@ -11,7 +11,16 @@ from lbsgd.data import StepSampler, shard
 
 def rank_stream(n, batch, micro, world, steps, seed=0, start=0):
     return [
-        StepSampler(n, batch, micro, r, world, seed, total_steps=steps, start_step=start)
+        StepSampler(
+            num_samples=n,
+            batch_size=batch,
+            micro_batch=micro,
+            rank=r,
+            world_size=world,
+            seed=seed,
+            total_steps=steps,
+            start_step=start,
+        )
         for r in range(world)
     ]
 
@@ -77,7 +86,15 @@ def test_evaluation_shards_cover_the_split_exactly_once():
 
 def test_impossible_mapping_is_refused():
     with pytest.raises(ValueError, match="not a multiple of world_size"):
-        StepSampler(1000, 100, 8, 0, 2, 0, total_steps=1)
+        StepSampler(
+            num_samples=1000,
+            batch_size=100,
+            micro_batch=8,
+            rank=0,
+            world_size=2,
+            seed=0,
+            total_steps=1,
+        )
 
 
 def _splitmix64(seed: int, position: int) -> int:

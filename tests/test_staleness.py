@@ -9,14 +9,13 @@ the checkpoint, so a killed run resumes bitwise.
 import pytest
 import torch
 from conftest import TINY, lbsgd
-from test_distributed import COMMON
-from test_resume import _assert_bitwise, killed_and_resumed
+from helpers import SIX_STEP_ARGS, assert_bitwise, killed_and_resumed
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from lbsgd import checkpoint, register_model
 from lbsgd.config import Config, ConfigError, from_dict
+from lbsgd.entry import train
 from lbsgd.staleness import StaleWeights, draw
-from lbsgd.trainer import train
 
 # -- the draw ---------------------------------------------------------------------------------
 
@@ -134,7 +133,7 @@ def test_staleness_zero_trains_bitwise_like_a_run_without_the_key(tiny):
     assert Config(**TINY).run_name() != Config(**TINY, staleness=1).run_name()
     for cfg in (plain, zero):
         assert train(cfg)["status"] == "completed"
-    _assert_bitwise(
+    assert_bitwise(
         checkpoint.load(zero.run_dir())["model"], checkpoint.load(plain.run_dir())["model"]
     )
     stale = tiny(name="stale", epochs=1, staleness=1)  # the key does act when it is not 0
@@ -176,7 +175,7 @@ def test_fixed_staleness_two_processes_equal_one_process_accumulating(tmp_path):
     """τ = 2 fixed is one τ per step: 2 processes × micro-batch 16 and 1 process accumulating
     2 × 16 compute every gradient on the same old weights (same ring on every process) and end
     with the same weights and BN statistics, up to float reordering (tests/test_distributed.py)."""
-    keys = [k if not k.startswith("bn_batch") else "bn_batch=8" for k in COMMON]
+    keys = [k if not k.startswith("bn_batch") else "bn_batch=8" for k in SIX_STEP_ARGS]
     keys += ["micro_batch=16", "staleness=2", f"out_dir={tmp_path}"]
     r = lbsgd(["train", *keys, "name=two"], nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""The decision rules every study uses (lbsgd.studies.decide and friends), on hand-made numbers:
+"""The decision rules every study uses (lbsgd.findings.verdict and friends), on hand-made numbers:
 replayed, not replayed, and each way of being undecided."""
 
 import math
@@ -59,11 +59,11 @@ def test_a_non_finite_result_is_undecided():
     assert studies.lower([math.nan, 3.0], [5.0, 6.0]).replayed is None
 
 
-def test_decide_needs_exactly_one_threshold():
+def test_a_verdict_needs_exactly_one_threshold():
     with pytest.raises(ValueError, match="exactly one"):
-        studies.decide([1.0], [2.0])
+        studies.verdict([1.0], [2.0])
     with pytest.raises(ValueError, match="exactly one"):
-        studies.decide([1.0], [2.0], more_than=0.0, at_most=1.0)
+        studies.verdict([1.0], [2.0], more_than=0.0, at_most=1.0)
 
 
 def test_finding_appends_the_reason_only_when_undecided():

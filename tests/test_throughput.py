@@ -1,4 +1,4 @@
-"""Honest throughput (DESIGN §8): windows tile the training time, warm-up is reported apart, the
+"""Honest throughput: windows tile the training time, warm-up is reported apart, the
 step reads nothing from the device, micro_batch=auto is resolved and recorded before the run."""
 
 import json
@@ -9,8 +9,9 @@ import torch
 import yaml
 
 from lbsgd import tracking
+from lbsgd.entry import train
 from lbsgd.precision import Precision
-from lbsgd.trainer import TIMED_WARMUP_STEPS, train
+from lbsgd.trainer import SETTLING_STEPS
 
 
 def read_metrics(run_dir):
@@ -40,7 +41,7 @@ def test_summary_separates_the_warm_up_steps_from_steady_throughput(tiny):
     cfg = tiny(epochs=2)  # 16 steps
     summary = train(cfg)
     warm, steps = summary["warmup_steps_timed"], summary["steps"]
-    assert warm == TIMED_WARMUP_STEPS and 0 < summary["warmup_s"] < summary["train_time_s"]
+    assert warm == SETTLING_STEPS and 0 < summary["warmup_s"] < summary["train_time_s"]
     steady = (steps - warm) * cfg.batch_size / (summary["train_time_s"] - summary["warmup_s"])
     assert summary["img_per_s"] == pytest.approx(steady, rel=1e-9)
 

@@ -9,8 +9,8 @@ import types
 import pytest
 
 from lbsgd import launch
+from lbsgd.entry import train
 from lbsgd.tracking import resolve_wandb_mode
-from lbsgd.trainer import train
 
 
 def test_offline_wandb_run_holds_identity_config_and_metrics(tiny):

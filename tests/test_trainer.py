@@ -9,13 +9,15 @@ import pytest
 import torch
 import yaml
 from conftest import LEARNING, TINY, as_args, subprocess_env, tiny_subset
+from helpers import write_cifar
 
 from lbsgd import checkpoint
 from lbsgd.config import ConfigError, derive
-from lbsgd.loop import Cadence, Decision, decide
+from lbsgd.entry import train
+from lbsgd.features import Pending, pack_flush, unpack_flush
 from lbsgd.models import MODELS, register_model
 from lbsgd.schedules import learning_rate
-from lbsgd.trainer import Run, train
+from lbsgd.trainer import Run
 
 
 def read_metrics(run_dir):
@@ -138,9 +140,7 @@ def test_user_registered_model_trains_with_every_recipe_without_editing_lbsgd(ti
 
 def test_file_dataset_trains_through_dataloader_workers(tiny, tmp_path):
     # CIFAR-10 in torchvision's format (files written by the test), loaded by a worker process
-    from test_folders import _write_cifar
-
-    _write_cifar(tmp_path / "cifar", per_batch=8, n_test=10)  # 40 train, 10 test images
+    write_cifar(tmp_path / "cifar", per_batch=8, n_test=10)  # 40 train, 10 test images
     cfg = tiny(
         dataset="cifar10",
         data_dir=str(tmp_path / "cifar"),
@@ -225,91 +225,31 @@ def test_deterministic_mode_holds_during_the_run_and_is_undone_after_it(tiny, mo
     assert not torch.are_deterministic_algorithms_enabled()  # a notebook's process as it was
 
 
-# -- the per-step decisions (lbsgd.loop.decide): hand-computed on a 10-step run -------------------
-# 100 samples, batch 32: epochs after s steps = 0.32 s, so epochs end after steps 4 (1.28),
-# 7 (2.24) and 10 (3.2, the last step).
+# -- the flush's packing (lbsgd.features): what goes into its one all-reduce comes back named ------
 
 
-def cadence(log_every=5, eval_every=2, checkpoint=True, checkpoint_every=3):
-    return Cadence(10, log_every, eval_every, checkpoint, checkpoint_every, lambda s: s * 32 / 100)
-
-
-def plan(flush=False, boundary=False, evaluate=False, checkpoint=False, stop=False):
-    return Decision(flush, boundary, evaluate, checkpoint, stop)
-
-
-def simulate(c):
-    """The steps at which a loop following decide() flushes, evaluates and checkpoints."""
-    flushes, evals, saves, pending = [], [], [], 0
-    for done in range(1, c.total_steps + 1):
-        pending += 1
-        p = decide(c, done, pending)
-        if p.flush:
-            flushes.append(done)
-            pending = 0
-        evals += [done] * p.evaluate
-        saves += [done] * p.checkpoint
-    return flushes, evals, saves
-
-
-def test_decide_does_nothing_after_the_first_step_of_an_epoch():
-    assert decide(cadence(), 1, 1) == plan()
-    assert decide(cadence(), 5, 1) == plan()
-
-
-def test_decide_at_an_epoch_end_flushes_checkpoints_and_evaluates_every_eval_every_epochs():
-    assert decide(cadence(), 4, 1) == plan(flush=True, boundary=True, checkpoint=True)  # epoch 1
-    assert decide(cadence(), 7, 3) == plan(True, True, evaluate=True, checkpoint=True)  # epoch 2
-    assert decide(cadence(eval_every=0), 7, 3) == plan(True, True, checkpoint=True)
-    assert decide(cadence(checkpoint=False), 4, 1) == plan(flush=True, boundary=True)
-
-
-def test_decide_at_the_last_step_evaluates_even_off_the_eval_cadence():
-    want = plan(flush=True, boundary=True, evaluate=True, checkpoint=True)
-    assert decide(cadence(), 10, 1) == want  # epoch 3: not a multiple of eval_every=2
-    assert decide(cadence(eval_every=0), 10, 1) == want
-
-
-def test_decide_flushes_every_log_every_steps():
-    assert decide(cadence(), 5, 4) == plan()
-    assert decide(cadence(), 5, 5) == plan(flush=True)
-
-
-def test_a_checkpoint_between_flushes_forces_a_flush_where_the_models_agree():
-    assert decide(cadence(), 6, 2) == plan(flush=True, checkpoint=True)
-    assert decide(cadence(), 6, 2, in_sync=False) == plan()  # inside a local SGD block
-    assert decide(cadence(checkpoint=False), 6, 2) == plan()
-    assert decide(cadence(checkpoint_every=0), 6, 2) == plan()
-
-
-def test_coinciding_cadences_give_one_flush_and_one_checkpoint():
-    # step 4: an epoch end, a multiple of checkpoint_every=4 and of log_every=4 at once
-    c = cadence(log_every=4, checkpoint_every=4)
-    assert decide(c, 4, 4) == plan(flush=True, boundary=True, checkpoint=True)
-    assert simulate(c) == ([4, 7, 8, 10], [7, 10], [4, 7, 8, 10])
-
-
-def test_a_whole_run_flushes_before_every_checkpoint_and_evaluates_at_epoch_ends():
-    assert simulate(cadence()) == ([3, 4, 6, 7, 9, 10], [7, 10], [3, 4, 6, 7, 9, 10])
-    assert simulate(cadence(log_every=2, checkpoint_every=0)) == (
-        [2, 4, 6, 7, 9, 10],
-        [7, 10],
-        [4, 7, 10],
-    )
-
-
-def test_a_stop_agreed_at_a_flush_stops_there_with_a_checkpoint_where_the_models_agree():
-    assert decide(cadence(), 5, 5, stop_agreed=True) == plan(True, checkpoint=True, stop=True)
-    assert decide(cadence(), 5, 5, in_sync=False, stop_agreed=True) == plan(True, stop=True)
-    assert decide(cadence(checkpoint=False), 5, 5, stop_agreed=True) == plan(True, stop=True)
-    # at an epoch end: its checkpoint is the stop's
-    want = plan(True, True, evaluate=True, checkpoint=True, stop=True)
-    assert decide(cadence(), 7, 3, stop_agreed=True) == want
-
-
-def test_a_stop_agreed_at_the_last_step_completes_the_run():
-    want = plan(flush=True, boundary=True, evaluate=True, checkpoint=True)
-    assert decide(cadence(), 10, 1, stop_agreed=True) == want
+@pytest.mark.parametrize("extra_per_step", [0, 2], ids=["plain", "noise_scale"])
+def test_the_flush_packing_round_trips(extra_per_step):
+    pending = [
+        Pending(
+            step + 1,
+            0.1 * step,
+            torch.tensor(1.5 + step),
+            torch.tensor(2.0**step) if step else 1.0,
+            [torch.tensor([10.0 * step + j for j in range(extra_per_step)], dtype=torch.float64)]
+            if extra_per_step
+            else [],
+        )
+        for step in range(3)
+    ]
+    packed = pack_flush(pending, torch.tensor(1.0))
+    assert packed.dtype == (torch.float64 if extra_per_step else torch.float32)
+    got = unpack_flush(packed.tolist(), len(pending))
+    assert got.losses == [1.5, 2.5, 3.5]
+    assert got.scales == [1.0, 2.0, 4.0]
+    assert got.stop_asked is True
+    assert got.extra == [10.0 * s + j for s in range(3) for j in range(extra_per_step)]
+    assert unpack_flush(pack_flush(pending, torch.tensor(0.0)).tolist(), 3).stop_asked is False
 
 
 @pytest.mark.slow
@@ -319,7 +259,7 @@ def test_a_one_process_run_never_imports_torch_dynamo(tmp_path):
     # are called without torch.compile's markers, and determinism is set only when it changes
     keys = {**TINY, "out_dir": str(tmp_path), "epochs": 1, "checkpoint": True}
     code = (
-        "import sys; from lbsgd.config import Config; from lbsgd.trainer import train; "
+        "import sys; from lbsgd.config import Config; from lbsgd.entry import train; "
         f"s = train(Config(**{keys!r})); "
         "print(s['status'], 'torch._dynamo' in sys.modules, 'torch._inductor' in sys.modules)"
     )

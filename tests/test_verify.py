@@ -198,7 +198,7 @@ def test_verify_refuses_to_replay_into_the_committed_results(tmp_path, capsys):
     assert verify.main(str(tmp_path / "empty"), 1) == 2
 
 
-# -- the three levels (DESIGN §11) ---------------------------------------------------------------
+# -- the three levels ------------------------------------------------------------------------------
 
 
 def test_a_replay_is_bitwise_equal_consistent_or_inconsistent_by_its_difference_and_findings():

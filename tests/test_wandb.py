@@ -1,114 +1,24 @@
 """W&B that compares runs: what reaches W&B, read back from the offline run files with wandb's own
 record definitions (``wandb.proto.wandb_internal_pb2.Record``; wandb 0.2x+ no longer ships a
-Python reader of the ``.wandb`` log, so its LevelDB-log framing is unpacked here)."""
+Python reader of the ``.wandb`` log, so its LevelDB-log framing is unpacked in tests/helpers.py)."""
 
 import json
 import os
 import shutil
 import signal
-import struct
 import sys
-import time
 import types
 import warnings
 from pathlib import Path
 
 import pytest
 from conftest import tiny_keys
+from helpers import OfflineRun, offline_records, offline_runs
 
 from lbsgd import experiments, tracking
 from lbsgd.config import ConfigError, from_dict
-from lbsgd.trainer import train
-
-# -- reading the offline run files -------------------------------------------------------------
-
-_BLOCK = 32768  # LevelDB log blocks; each record chunk has a 7-byte header (crc, length, type)
-_FULL, _LAST = 1, 4
-
-
-def _records(path: Path) -> list:
-    """Every Record of a ``run-<id>.wandb`` file, in order."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = path.read_bytes()
-    ident, magic, version = struct.unpack("<4sHB", data[:7])
-    assert (ident, magic, version) == (b":W&B", 0xBEE1, 0), "not a W&B transaction log"
-    pos, buf, out = 7, b"", []
-    while pos + 7 <= len(data):
-        left = _BLOCK - pos % _BLOCK
-        if left < 7:  # a block's trailer
-            pos += left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if length == 0 and kind == 0:  # zero padding to the block's end
-            pos += left
-            continue
-        if pos + 7 + length > len(data):  # a record W&B's service is still writing: read later
-            break
-        buf += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (_FULL, _LAST):
-            record = pb.Record()
-            record.ParseFromString(buf)
-            out.append(record)
-            buf = b""
-    return out
-
-
-def _value(item):
-    """A history/config item's value (older records: value_json; newer: typed fields)."""
-    if item.value_json:
-        return json.loads(item.value_json)
-    which = item.WhichOneof("value") if "value" in item.DESCRIPTOR.oneofs_by_name else None
-    return getattr(item, which) if which else None
-
-
-def _nested(items) -> dict:
-    """History items as a dict; a logged dict (a table's or image's reference) comes back as
-    items of nested keys, put together again here."""
-    row: dict = {}
-    for i in items:
-        *outer, last = list(i.nested_key) or [i.key]
-        d = row
-        for k in outer:
-            d = d.setdefault(k, {})
-        d[last] = _value(i)
-    return row
-
-
-class OfflineRun:
-    """One offline W&B run: its run record, config, history rows, metric declarations, files."""
-
-    def __init__(self, wandb_file: Path):
-        self.dir = wandb_file.parent
-        deadline = time.monotonic() + 60
-        while True:  # W&B's service process writes the log on its own schedule: wait, bounded
-            records = _records(wandb_file)
-            if any(r.WhichOneof("record_type") == "exit" for r in records):
-                break
-            assert time.monotonic() < deadline, f"{wandb_file} has no exit record"
-            time.sleep(0.5)
-        of = {}
-        for r in records:
-            of.setdefault(r.WhichOneof("record_type"), []).append(r)
-        run = of["run"][0].run
-        self.id, self.name, self.group = run.run_id, run.display_name, run.run_group
-        self.job_type, self.tags, self.notes = run.job_type, list(run.tags), run.notes
-        self.started = run.start_time.ToNanoseconds()
-        self.config = {i.key: _value(i) for i in run.config.update}
-        for c in of.get("config", []):
-            self.config.update({i.key: _value(i) for i in c.config.update})
-        self.history = [_nested(h.history.item) for h in of.get("history", [])]
-        self.metrics = [m.metric for m in of.get("metric", [])]
-
-    def points(self, key: str) -> list[tuple[int, float]]:
-        return [(row["_step"], row[key]) for row in self.history if key in row]
-
-
-def offline_runs(folder: Path) -> list[OfflineRun]:
-    """The offline W&B runs under ``folder``/wandb, oldest first."""
-    runs = [OfflineRun(f) for f in folder.glob("wandb/offline-run-*/run-*.wandb")]
-    return sorted(runs, key=lambda r: r.started)
+from lbsgd.entry import train
+from lbsgd.studies import session
 
 
 def _jsonl(run_dir: Path, kind: str = "train") -> list[dict]:
@@ -340,7 +250,7 @@ def test_log_study_writes_the_table_figures_and_findings(offline, tmp_path):
         {"claim": "gradual warmup helps", "replayed": True, "evidence": "28.2 < 31.5"},
         {"claim": "constant warmup hurts", "replayed": None, "evidence": "one seed"},
     ]
-    got = tracking.log_study(
+    got = session.log_study(
         study_dir,
         study="warmup",
         profile="smoke",
@@ -365,7 +275,7 @@ def test_log_study_writes_the_table_figures_and_findings(offline, tmp_path):
     assert [r[1] for r in verdicts["data"]] == ["replayed", "undecided"]
     # a DataFrame is logged as well as a CSV path
     assert (
-        tracking.log_study(study_dir, study="warmup", profile="smoke", mode="offline", table=table)
+        session.log_study(study_dir, study="warmup", profile="smoke", mode="offline", table=table)
         is not None
     )
 
@@ -375,16 +285,16 @@ def test_a_log_still_being_written_reads_as_its_complete_records(offline, tmp_pa
     # cut short (the file read mid-write) returns the records before it, never a parse error
     study_dir = tmp_path / "results" / "smoke" / "warmup"
     study_dir.mkdir(parents=True)
-    tracking.log_study(study_dir, study="warmup", profile="smoke", mode="offline")
+    session.log_study(study_dir, study="warmup", profile="smoke", mode="offline")
     (run,) = offline_runs(study_dir)
     (log,) = study_dir.glob("wandb/offline-run-*/run-*.wandb")
     data = log.read_bytes()
-    full = [r.SerializeToString() for r in _records(log)]
+    full = [r.SerializeToString() for r in offline_records(log)]
     assert len(full) > 3
     cut = tmp_path / "cut.wandb"
     for end in range(7, len(data), max(1, len(data) // 97)):
         cut.write_bytes(data[:end])
-        got = [r.SerializeToString() for r in _records(cut)]
+        got = [r.SerializeToString() for r in offline_records(cut)]
         assert got == full[: len(got)], end
 
 
@@ -403,7 +313,7 @@ def test_log_study_and_log_copied_run_never_raise_and_warn_once(offline, tmp_pat
     fake.init = init
     monkeypatch.setitem(sys.modules, "wandb", fake)
     with pytest.warns(RuntimeWarning, match="study warmup not logged") as caught:
-        got = tracking.log_study(
+        got = session.log_study(
             tmp_path,
             study="warmup",
             profile="smoke",
@@ -411,7 +321,7 @@ def test_log_study_and_log_copied_run_never_raise_and_warn_once(offline, tmp_pat
             figures=[tmp_path / "nothing.png"],
         )
     assert got is None and len(caught) == 1
-    assert tracking.log_study(tmp_path, study="warmup", profile="smoke", mode="disabled") is None
+    assert session.log_study(tmp_path, study="warmup", profile="smoke", mode="disabled") is None
 
 
 def test_profile_and_varied_are_validated(tiny):
@@ -480,12 +390,12 @@ def test_a_notebook_run_again_resumes_its_study_run_online(tmp_path, monkeypatch
     fake.init = init
     monkeypatch.setitem(sys.modules, "wandb", fake)
     for _ in range(2):
-        got = tracking.log_study(tmp_path, study="warmup", profile="smoke", mode="online")
+        got = session.log_study(tmp_path, study="warmup", profile="smoke", mode="online")
     assert calls[0]["id"] == calls[1]["id"] == got == (tmp_path / "wandb_id").read_text().strip()
     assert calls[0]["resume"] == calls[1]["resume"] == "allow"
     # a study whose id was kept where earlier versions kept it (online) keeps its W&B run
     legacy = tmp_path / "older"
     (legacy / "wandb").mkdir(parents=True)
     (legacy / "wandb" / "study_id").write_text("older123\n")
-    assert tracking.log_study(legacy, study="warmup", profile="smoke", mode="online") == "older123"
+    assert session.log_study(legacy, study="warmup", profile="smoke", mode="online") == "older123"
     assert (legacy / "wandb_id").read_text().strip() == "older123"

@@ -46,7 +46,7 @@ case "$step" in
       "$PY" -m pip install --quiet 'pydantic>=2.5'
       "$PY" -m pip install --quiet --no-deps -e .
     fi
-    "$PY" -c 'import torch, lbsgd.trainer; print(f"lbsgd on torch {torch.__version__}, CUDA: {torch.cuda.is_available()}")'
+    "$PY" -c 'import torch, lbsgd.entry; print(f"lbsgd on torch {torch.__version__}, CUDA: {torch.cuda.is_available()}")'
     ;;
   tests)
     need_out

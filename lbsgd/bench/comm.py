@@ -30,6 +30,7 @@ from lbsgd import comm, config, costmodel, data, distributed, models, optim
 from lbsgd.bench.torchrun import torchrun
 from lbsgd.bench.train import DEFAULTS
 from lbsgd.environment import environment
+from lbsgd.network import memory_format
 
 
 def sizes(min_bytes: int, max_bytes: int) -> list[int]:
@@ -191,7 +192,7 @@ def _measure(ctx, overrides: list[str], steps: int) -> dict | None:
     config.check_world(cfg, ctx.world_size, ctx.local_world_size)
     torch.manual_seed(cfg.seed)
     net = models.build(cfg, splits.num_classes, splits.image_size)
-    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    fmt = memory_format(cfg)
     net.to(memory_format=fmt).train()
     opt = optim.build(cfg, net)
     model = distributed.wrap(net, ctx, cfg.bucket_cap_mb, cfg.comm_hook, cfg.powersgd_rank, 0)

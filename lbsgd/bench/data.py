@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from lbsgd import data, distributed
+from lbsgd import data, distributed, seeding
 from lbsgd.bench import train as bench
 from lbsgd.config import ConfigError, micro_batch
 from lbsgd.data import folders
@@ -59,7 +59,7 @@ def loader_rate(
         train,
         idx.split(batch),
         workers,
-        seeds=data.sample_seeds(2 * seed, positions).split(batch),
+        seeds=seeding.augmentation(seed, positions).split(batch),
         device=device,
     )
     t0 = time.perf_counter()

@@ -22,7 +22,7 @@ from lbsgd.bench.torchrun import torchrun
 from lbsgd.bench.train import DEFAULTS, Timing, bench_device, header, setup, trainer_run, write
 from lbsgd.config import Config, ConfigError, derive, micro_batch
 from lbsgd.environment import environment
-from lbsgd.trainer import TIMED_WARMUP_STEPS
+from lbsgd.trainer import SETTLING_STEPS
 
 # ``lbsgd bench noise``: what ``noise_scale=true`` costs, as the ratio of the trainer's steady step
 # time with it to the same run's without it, both measured in one invocation.
@@ -213,7 +213,7 @@ def bench_noise(
     with tempfile.TemporaryDirectory() as tmp:
         # untimed: the process's first run pays for the allocator, the kernels' first calls and
         # the data, which would otherwise count against the first layout's first side
-        trainer_run(pairs[0][0], min(steps, TIMED_WARMUP_STEPS + 2), num_train, f"{tmp}/warm")
+        trainer_run(pairs[0][0], min(steps, SETTLING_STEPS + 2), num_train, f"{tmp}/warm")
         for (name, what, n, _), (off, on) in zip(measured, pairs, strict=True):
             row = _noise_row(name, what, n, off, on, num_train, steps, repeats, tmp)
             rows.append(row)

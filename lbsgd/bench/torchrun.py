@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from lbsgd import launch
+from lbsgd import jobs, launch
 
 # How long the other workers may take to exit once one has exited or an agent has stopped: then
 # the ones still running are taken to hang, and are stopped and reported.
@@ -78,45 +78,30 @@ def torchrun(
     with tempfile.TemporaryDirectory(prefix="lbsgd-torchrun-") as tmp:
         status, logs = Path(tmp) / "status", Path(tmp) / "logs"
         status.mkdir()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", _STATUS_DIR: str(status)}
-        worker = ["--no-python", sys.executable, "-u", "-c", WORKER, *args]
-        agents, tails = [], []
+        agents = _Agents(nodes, per_node, endpoint, args, status, logs, grace_s)
+        runner = jobs.Runner(range(nodes), agents)
         try:
-            for i in range(nodes):
-                options = ["--tee=2", f"--log-dir={logs / str(i)}"]
-                launcher = launch.torchrun(
-                    per_node, nnodes=nodes, endpoint=endpoint, node_rank=i, options=options
-                )
-                agents.append(
-                    subprocess.Popen(
-                        [*launcher, *worker],
-                        env=env,
-                        stderr=subprocess.PIPE,
-                        text=True,
-                        errors="replace",
-                    )
-                )
-                tails.append(_forward(agents[-1].stderr))
-            hung = _wait(agents, status, grace_s)
+            runner.run()
         finally:
-            for a in agents:  # nothing is left behind, on any exit (Ctrl-C included)
+            started = [j.proc for j in runner.jobs if j.proc is not None]
+            for a in started:  # nothing is left behind, on any exit (Ctrl-C included)
                 if a.poll() is None:
                     _kill_workers(status)
                     a.kill()
                 a.wait()
-            for t in tails:
+            for t in agents.tails:
                 t.join(timeout=5)
-        codes = [a.returncode for a in agents]
-        if hung is None and not any(codes):
+        codes = [a.returncode for a in started]
+        if agents.hung is None and not any(codes):
             return
         report = _report(
             status,
             logs,
             per_node,
             nodes * per_node,
-            hung or {},
+            agents.hung or {},
             codes,
-            "".join(line for t in tails for line in t.lines),
+            "".join(line for t in agents.tails for line in t.lines),
             grace_s,
         )
     raise SystemExit(f"{what}: {report}")
@@ -143,25 +128,65 @@ def _forward(stream) -> _Forward:
     return t
 
 
-def _wait(agents: list, status: Path, grace_s: float) -> dict[int, int] | None:
-    """Wait for every agent. None when they all exited in time; else, ``grace_s`` after the first
-    worker or agent exited, the ranks still running (rank: pid), their stacks dumped to their
-    stderr, and every worker killed."""
-    first_exit = None
-    while any(a.poll() is None for a in agents):
-        if first_exit is None and (
-            any(status.glob("*.exit")) or any(a.poll() is not None for a in agents)
-        ):
-            first_exit = time.monotonic()
-        if first_exit is not None and time.monotonic() - first_exit > grace_s:
-            running = {r: pid for r, pid in _pids(status).items() if _alive(pid)}
-            for pid in running.values():
-                _signal(pid, signal.SIGUSR1)  # faulthandler: its stacks to its stderr log
-            time.sleep(2)
-            _kill_workers(status)
-            return running
-        time.sleep(0.2)
-    return None
+class _Agents(jobs.Policy[int]):
+    """The agents' policy for their runner (:mod:`lbsgd.jobs`): every agent at once (a job's item:
+    its node rank), its stderr forwarded (:class:`_Forward`); once the first worker or agent has
+    exited, the rest get ``grace_s`` seconds, then the ranks still running (``hung``: rank to
+    pid) have their stacks dumped to their stderr and every worker is killed."""
+
+    def __init__(
+        self,
+        nodes: int,
+        per_node: int,
+        endpoint: str,
+        args: list[str],
+        status: Path,
+        logs: Path,
+        grace_s: float,
+    ) -> None:
+        self.parallel, self.per_node, self.endpoint = nodes, per_node, endpoint
+        self.status, self.logs, self.grace_s = status, logs, grace_s
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", _STATUS_DIR: str(status)}
+        self.worker = ["--no-python", sys.executable, "-u", "-c", WORKER, *args]
+        self.tails: list[_Forward] = []
+        self.first_exit: float | None = None
+        self.hung: dict[int, int] | None = None
+
+    def start(self, job: jobs.Job[int]) -> subprocess.Popen:
+        options = ["--tee=2", f"--log-dir={self.logs / str(job.item)}"]
+        launcher = launch.torchrun(
+            self.per_node,
+            nnodes=self.parallel,
+            endpoint=self.endpoint,
+            node_rank=job.item,
+            options=options,
+        )
+        return subprocess.Popen(
+            [*launcher, *self.worker],
+            env=self.env,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
+
+    def started(self, job: jobs.Job[int]) -> None:
+        self.tails.append(_forward(job.proc.stderr))
+
+    def ended(self, job: jobs.Job[int]) -> None:
+        if self.first_exit is None:
+            self.first_exit = time.monotonic()
+
+    def watch(self, runner: jobs.Runner[int]) -> bool:
+        if self.first_exit is None and any(self.status.glob("*.exit")):
+            self.first_exit = time.monotonic()
+        if self.first_exit is None or time.monotonic() - self.first_exit <= self.grace_s:
+            return False
+        self.hung = {r: pid for r, pid in _pids(self.status).items() if _alive(pid)}
+        for pid in self.hung.values():
+            _signal(pid, signal.SIGUSR1)  # faulthandler: its stacks to its stderr log
+        time.sleep(2)
+        _kill_workers(self.status)
+        return True
 
 
 def _pids(status: Path) -> dict[int, int]:

@@ -5,12 +5,13 @@ device (the ``device`` key: auto = cuda when available), with the same batch, mi
 precision, compilation, optimizer and thread count, for the same number of optimizer steps. The
 bare loop is what a PyTorch tutorial writes: index a batch, forward under autocast, loss, backward
 (through a GradScaler for fp16), SGD step; it uses plain BatchNorm over the micro-batch, so with
-ghost BN (bn_batch < micro_batch) the ratio includes ghost BN's cost against plain BN, which DESIGN
-§8 says should be about nothing. The trainer adds the schedule, the sampler, ghost BN, gradient
-accumulation bookkeeping, metric flushes and the run directory.
+ghost BN (bn_batch < micro_batch) the ratio includes ghost BN's cost against plain BN, which should
+be about nothing (the mathematics of a config never forces a slow layout). The trainer adds the
+schedule, the sampler, ghost BN, gradient accumulation bookkeeping, metric flushes and the run
+directory.
 
 Measured alike: the data are resident on the device for both (:func:`lbsgd.data.resident`); the
-device is waited for before every clock read; the first ``TIMED_WARMUP_STEPS`` optimizer steps
+device is waited for before every clock read; the first ``SETTLING_STEPS`` optimizer steps
 (compilation, cuDNN and allocator warm-up) are timed apart as ``warmup_s`` and left out of the
 throughput, exactly as the trainer's summary.json does. The sides alternate (bare then trainer,
 trainer then bare, …) so that drifts in machine load hit both; each side's best throughput is
@@ -37,10 +38,10 @@ from typing import NamedTuple
 
 import torch
 
-from lbsgd import config, data, distributed, models
+from lbsgd import config, data, distributed, models, registry
 from lbsgd.config import Config, ConfigError, derive, micro_batch
 from lbsgd.environment import environment
-from lbsgd.trainer import TIMED_WARMUP_STEPS
+from lbsgd.trainer import SETTLING_STEPS
 
 # The CPU default: one thread per process, the quickstart model, one micro-batch per step.
 DEFAULTS = {
@@ -66,7 +67,7 @@ _AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 class Timing(NamedTuple):
     img_per_s: float  # steady throughput: the warm-up steps left out
-    warmup_s: float | None  # seconds of the first TIMED_WARMUP_STEPS steps (None: none timed)
+    warmup_s: float | None  # seconds of the first SETTLING_STEPS steps (None: none timed)
 
 
 def bench_device(cfg: Config) -> torch.device:
@@ -103,7 +104,7 @@ def default_out(overrides: list[str], name: str = "train", defaults: dict | None
 
 def _timed_warmup(steps: int) -> int:
     # the trainer's rule (lbsgd.trainer): the first steps, always leaving one steady step
-    return min(TIMED_WARMUP_STEPS, steps - 1)
+    return min(SETTLING_STEPS, steps - 1)
 
 
 def bare_loop(cfg: Config, splits: data.Splits, steps: int, device: torch.device) -> Timing:
@@ -161,7 +162,7 @@ def bare_loop(cfg: Config, splits: data.Splits, steps: int, device: torch.device
 
 def trainer_run(cfg: Config, steps: int, num_train: int, out_dir: str) -> Timing:
     """Images per second of lbsgd's trainer (its own measurement: steady training steps only)."""
-    from lbsgd.trainer import train
+    from lbsgd.entry import train
 
     epochs = steps * cfg.batch_size / num_train
     summary = train(cfg.replace(epochs=epochs, out_dir=out_dir, name=None))
@@ -176,7 +177,7 @@ def trainer_run(cfg: Config, steps: int, num_train: int, out_dir: str) -> Timing
 def _config(overrides: list[str], defaults: dict | None = None) -> tuple[dict, Config]:
     """The keys given over ``defaults`` (:data:`DEFAULTS`), validated (one-line ConfigError)."""
     values = {**(DEFAULTS if defaults is None else defaults), **config.parse_overrides(overrides)}
-    config.import_plugins(values.get("plugins", ()))
+    registry.import_plugins(values.get("plugins", ()))
     cfg = config.from_dict(values)
     if cfg.micro_batch == "auto":
         raise ConfigError(
@@ -192,7 +193,7 @@ def setup(overrides: list[str], defaults: dict | None = None) -> tuple[dict, Con
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.deterministic:  # process-wide: set before either side runs, so both run alike
-        from lbsgd.trainer import deterministic
+        from lbsgd.entry import deterministic
 
         deterministic()
     return values, cfg
@@ -415,7 +416,7 @@ def bench_recipes(
     overrides: list[str], samples: int = 4096, repeats: int = 3, out: str | None = None
 ) -> dict:
     values = {**DEFAULTS, "bn_batch": 16, **config.parse_overrides(overrides)}
-    config.import_plugins(values.get("plugins", ()))
+    registry.import_plugins(values.get("plugins", ()))
     base = config.from_dict(values)
     if base.threads:
         torch.set_num_threads(base.threads)

@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -44,6 +43,7 @@ from lbsgd.data import fake, fashion_mnist, folders, prefetch, synthetic
 from lbsgd.data.device_images import DeviceImages
 from lbsgd.data.sampler import StepSampler, permutation
 from lbsgd.registry import Registry
+from lbsgd.seeding import sample_seeds
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ def batches(
     ``device``: the training device, where batch-level work (augmentation, normalisation of
     compact uint8 images) happens for datasets that do it there; None = where the data lives.
 
-    ``seeds`` (one tensor per index tensor, e.g. :func:`sample_seeds` of the sampler's stream
+    ``seeds`` (one tensor per index tensor, e.g. :func:`lbsgd.seeding.augmentation` of the sampler's stream
     positions) makes random augmentation reproducible: each sample's transform draws from torch's
     generator seeded with its own seed, so a sample at a given place of the run's stream is
     augmented the same way whatever the number of processes or loader workers, and after a resume.
@@ -253,27 +253,6 @@ def batches(
         yield from loader
         return
     yield from prefetch.to_device(loader, device, finish)
-
-
-_GOLDEN, _MIX1, _MIX2 = (
-    np.uint64(0x9E3779B97F4A7C15),
-    np.uint64(0xBF58476D1CE4E5B9),
-    np.uint64(0x94D049BB133111EB),
-)
-
-
-def sample_seeds(seed: int, positions: torch.Tensor) -> torch.Tensor:
-    """A seed per stream position: SplitMix64 of (run seed, position), in [0, 2^63).
-
-    z = seed·φ + (p + 1)·m1, then z ← (z ^ z >> 30)·m1, z ← (z ^ z >> 27)·m2, seed = (z ^ z >> 31)
-    >> 1, all modulo 2^64: unsigned 64-bit array arithmetic, vectorised (the training stream asks
-    for a micro-batch's seeds at every step, on the thread that feeds the device)."""
-    p = positions.numpy().astype(np.uint64).reshape(-1)
-    s = np.full(p.shape, seed & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64)
-    z = s * _GOLDEN + (p + np.uint64(1)) * _MIX1  # uint64 arrays wrap modulo 2^64
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return torch.from_numpy(((z ^ (z >> np.uint64(31))) >> np.uint64(1)).astype(np.int64))
 
 
 class _Seeded(Dataset):

@@ -12,7 +12,8 @@ One 224 x 224 image is 588 KiB in float32, hence small default counts (``fake_tr
 ``fake_test`` 256: 1.5 GB and 0.15 GB); a measurement longer than that simply runs more epochs.
 
 Deterministic: the train split is drawn from torch's CPU generator seeded ``2 * seed``, the test
-split from ``2 * seed + 1`` (independent draws; each split the same whatever the other's size).
+split from ``2 * seed + 1`` (:func:`lbsgd.seeding.fake_train`, :func:`lbsgd.seeding.fake_test`:
+independent draws; each split the same whatever the other's size).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import functools
 import math
 
 import torch
+
+from lbsgd import seeding
 
 _CHUNK = 256  # images drawn at once: the uint8 scratch stays ~40 MB at 224 x 224
 _MEAN, _STD = 127.5, 255 / math.sqrt(12)
@@ -45,6 +48,6 @@ def splits(
     train: int, test: int, size: int, classes: int, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x_train, y_train, x_test, y_test (see :func:`images`)."""
-    x_tr, y_tr = images(train, size, classes, 2 * seed)
-    x_te, y_te = images(test, size, classes, 2 * seed + 1)
+    x_tr, y_tr = images(train, size, classes, seeding.fake_train(seed))
+    x_te, y_te = images(test, size, classes, seeding.fake_test(seed))
     return x_tr, y_tr, x_te, y_te

@@ -23,9 +23,11 @@ from collections.abc import Iterator
 
 import torch
 
+from lbsgd import seeding
+
 
 def permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)  # distinct per (seed, epoch)
+    g = torch.Generator().manual_seed(seeding.epoch_order(seed, epoch))
     return torch.randperm(num_samples, generator=g)
 
 
@@ -38,6 +40,7 @@ class StepSampler:
 
     def __init__(
         self,
+        *,
         num_samples: int,
         batch_size: int,
         micro_batch: int,

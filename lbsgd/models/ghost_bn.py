@@ -131,7 +131,7 @@ class GroupedBatchNorm(torch.autograd.Function):
     and writing its own slice of shared tensors (no gather, no concatenation)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stats, n, eps):  # noqa: D102
+    def forward(ctx, x, weight, bias, stats, n, eps):
         x = x.contiguous(memory_format=_memory_format(x))
         g = x.shape[0] // n
         y = torch.empty_like(x)
@@ -146,7 +146,7 @@ class GroupedBatchNorm(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, grad_y):  # noqa: D102
+    def backward(ctx, grad_y):
         x, weight, save = ctx.saved_tensors
         n = ctx.n
         grad_y = grad_y.contiguous(memory_format=_memory_format(x))

@@ -5,11 +5,12 @@ the first seed beyond."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import at_chance, mean, note
 from lbsgd.studies.scales import Profile
 
@@ -73,58 +74,93 @@ def table(df):
 def findings(df, large_k: float) -> list[Finding]:
     """The error is flat up to ``large_k`` (the profile's; Goyal: 8k) and rises at the largest k.
     Decided over seeds (:mod:`lbsgd.studies`)."""
-    chance = studies.chance_of(df)
+    s = _sweep(df, large_k)
+    return [_flat(s), _rises(s)]
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """What the claims read: the chance error, the ks, per k the errors by seed, their mean and
+    the run's steps; the small ks (up to the large k); the published errors by batch, their
+    source."""
+
+    chance: float | None
+    ks: list[float]
+    e: dict[float, list[float]]
+    err: dict[float, float]
+    steps: dict[float, int]
+    small: list[float]
+    p: dict[int, float]
+    src: str
+
+
+def _sweep(df, large_k: float) -> _Sweep:
     ks = sorted(float(k) for k in df["k"].unique())
     e = {k: studies.errors(df, k=k) for k in ks}
-    err = {k: mean(v) for k, v in e.items()}
-    steps = {k: int(df[df["k"] == k]["total_steps"].iloc[0]) for k in ks}
-    small = [k for k in ks if k <= large_k]  # Goyal: flat up to 8k, the ablations' large minibatch
+    ref = ex.reference(STUDY)
+    return _Sweep(
+        chance=studies.chance_of(df),
+        ks=ks,
+        e=e,
+        err={k: mean(v) for k, v in e.items()},
+        steps={k: int(df[df["k"] == k]["total_steps"].iloc[0]) for k in ks},
+        small=[k for k in ks if k <= large_k],  # Goyal: flat up to 8k, the ablations' large batch
+        p=dict(zip(ref["batch"], ref["value"], strict=True)),
+        src=studies.cite(*ref["source"]),
+    )
 
-    # flat: the worst of the small k within 2 points of the best, judged by the spread of them all
+
+def _flat(s: _Sweep) -> Finding:
+    """The worst of the small k within 2 points of the best, judged by the spread of them all."""
+    e, err, small = s.e, s.err, s.small
     best, worst = min(small, key=err.get), max(small, key=err.get)
     flat = err[worst] - err[best]
     v_flat = studies.within(
         e[worst],
         e[best],
         FLAT_PCT,
-        chance=chance,
+        chance=s.chance,
         seed_spread=studies.spread(*(e[k] for k in small)),
     )
-
-    def width(top: float) -> float:  # the spread of the mean errors from the smallest k to top
-        return max(err[j] for j in small if j <= top) - min(err[j] for j in small if j <= top)
-
-    upto, last = max(k for k in small if width(k) < FLAT_PCT), max(small)
-    against = not flat < FLAT_PCT and not at_chance([*e[worst], *e[best]], chance)
+    upto, last = _flat_up_to(err, small), max(small)
+    against = not flat < FLAT_PCT and not at_chance([*e[worst], *e[best]], s.chance)
     why_flat = note(
         v_flat,
         against,
         (
-            f"flat within {FLAT_PCT:g} points up to k={upto:g} ({steps[upto]} steps); k={last:g} "
-            f"({steps[last]} steps; Goyal's 8k run: 14,076) is {err[last] - err[best]:.1f} points above "
+            f"flat within {FLAT_PCT:g} points up to k={upto:g} ({s.steps[upto]} steps); k={last:g} "
+            f"({s.steps[last]} steps; Goyal's 8k run: 14,076) is {err[last] - err[best]:.1f} points above "
             f"the best, k={best:g}: the step budget of a CPU run moves the knee to smaller k"
         ),
     )
+    flat_p = [v for b, v in s.p.items() if b <= 8192]
+    return studies.finding(
+        f"the error is flat (within {FLAT_PCT:g} points) from k={min(small):g} to k={max(small):g}",
+        v_flat,
+        f"spread {flat:.1f} points (paper: flat from 128 to 8k, spread 0.3)" + why_flat,
+        paper=f"{s.src}: {min(flat_p):.2f}% to {max(flat_p):.2f}% error from 128 to 8k (spread "
+        f"{max(flat_p) - min(flat_p):.2f} points)",
+    )
 
-    base, top = (1.0 if 1.0 in e else ks[0]), ks[-1]
-    ref = ex.reference(STUDY)
-    p = dict(zip(ref["batch"], ref["value"], strict=True))
-    src, flat_p = studies.cite(*ref["source"]), [v for b, v in p.items() if b <= 8192]
-    return [
-        studies.finding(
-            f"the error is flat (within {FLAT_PCT:g} points) from k={min(small):g} to "
-            f"k={max(small):g}",
-            v_flat,
-            f"spread {flat:.1f} points (paper: flat from 128 to 8k, spread 0.3)" + why_flat,
-            paper=f"{src}: {min(flat_p):.2f}% to {max(flat_p):.2f}% error from 128 to 8k (spread "
-            f"{max(flat_p) - min(flat_p):.2f} points)",
-        ),
-        studies.finding(
-            "the error rises at the largest minibatches",
-            studies.worse_by(e[top], e[base], RISE_PCT, chance=chance),
-            f"k={top:g}: {err[top]:.1f}% vs k={base:g}: {err[base]:.1f}% (paper 64k: "
-            f"{p[65536]:.2f} vs {p[256]:.2f})",
-            paper=f"{src}: {p[65536]:.2f}% error at 64k vs {p[256]:.2f}% at 256 ({p[16384]:.2f}% at "
-            f"16k, {p[32768]:.2f}% at 32k)",
-        ),
-    ]
+
+def _flat_up_to(err: dict[float, float], small: list[float]) -> float:
+    """The largest k up to which the mean errors of the small ks stay within FLAT_PCT."""
+
+    def width(top: float) -> float:  # the spread of the mean errors from the smallest k to top
+        return max(err[j] for j in small if j <= top) - min(err[j] for j in small if j <= top)
+
+    return max(k for k in small if width(k) < FLAT_PCT)
+
+
+def _rises(s: _Sweep) -> Finding:
+    """The error at the largest k more than RISE_PCT above the baseline's."""
+    e, err, p = s.e, s.err, s.p
+    base, top = (1.0 if 1.0 in e else s.ks[0]), s.ks[-1]
+    return studies.finding(
+        "the error rises at the largest minibatches",
+        studies.worse_by(e[top], e[base], RISE_PCT, chance=s.chance),
+        f"k={top:g}: {err[top]:.1f}% vs k={base:g}: {err[base]:.1f}% (paper 64k: "
+        f"{p[65536]:.2f} vs {p[256]:.2f})",
+        paper=f"{s.src}: {p[65536]:.2f}% error at 64k vs {p[256]:.2f}% at 256 ({p[16384]:.2f}% at "
+        f"16k, {p[32768]:.2f}% at 32k)",
+    )

@@ -12,7 +12,7 @@ from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import lars
 from lbsgd.studies.scales import Profile
 
@@ -71,6 +71,11 @@ def table(df):
 
 def findings(df) -> list[Finding]:
     """No decay on BN and biases beats decaying them (LARS, largest k), decided over seeds."""
+    return [_no_decay_beats_decay(df)]
+
+
+def _no_decay_beats_decay(df) -> Finding:
+    """Its one claim, with LARS at the largest k (paired over seeds)."""
     df = prepare(df)
     k = float(df["k"].max())
     df = df[df["k"] == k]
@@ -88,18 +93,16 @@ def findings(df) -> list[Finding]:
     )
     raw = ex.reference(STUDY)
     src, big = studies.cite(*raw["source"]), studies.kilo(raw["batch"].max())
-    return [
-        studies.finding(
-            "with LARS at the largest minibatch, no weight decay on BN and biases beats decaying them "
-            "(ResNet)",
-            studies.lower(no, yes, chance=studies.chance_of(df), paired=True),
-            f"k={k:g}: no decay {sum(no) / len(no):.1f}% vs decay {sum(yes) / len(yes):.1f}% error "
-            f"(mean of {n}; no decay better in {w} of {n} seeds); Jia et al. accuracy: ResNet-50 "
-            f"{p['resnet', True]:.1f} to {p['resnet', False]:.1f} (error {100 - p['resnet', True]:.1f} "
-            f"to {100 - p['resnet', False]:.1f}), AlexNet {p['alexnet', True]:.1f} to "
-            f"{p['alexnet', False]:.1f}",
-            paper=f"{src}: accuracy with vs without weight decay: ResNet-50 (on BN) "
-            f"{p['resnet', True]:.1f}% vs {p['resnet', False]:.1f}%, AlexNet (on bias and BN) "
-            f"{p['alexnet', True]:.1f}% vs {p['alexnet', False]:.1f}% ({big}, LARS)",
-        )
-    ]
+    return studies.finding(
+        "with LARS at the largest minibatch, no weight decay on BN and biases beats decaying them "
+        "(ResNet)",
+        studies.lower(no, yes, chance=studies.chance_of(df), paired=True),
+        f"k={k:g}: no decay {sum(no) / len(no):.1f}% vs decay {sum(yes) / len(yes):.1f}% error "
+        f"(mean of {n}; no decay better in {w} of {n} seeds); Jia et al. accuracy: ResNet-50 "
+        f"{p['resnet', True]:.1f} to {p['resnet', False]:.1f} (error {100 - p['resnet', True]:.1f} "
+        f"to {100 - p['resnet', False]:.1f}), AlexNet {p['alexnet', True]:.1f} to "
+        f"{p['alexnet', False]:.1f}",
+        paper=f"{src}: accuracy with vs without weight decay: ResNet-50 (on BN) "
+        f"{p['resnet', True]:.1f}% vs {p['resnet', False]:.1f}%, AlexNet (on bias and BN) "
+        f"{p['alexnet', True]:.1f}% vs {p['alexnet', False]:.1f}% ({big}, LARS)",
+    )

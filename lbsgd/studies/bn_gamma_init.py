@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import Metrics, at_chance, curves, mean, note
 from lbsgd.studies.scales import Profile
 
@@ -137,6 +138,30 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
     evidence counting the seeds γ = 0 wins), and with the deeper probe (one seed, judged by the
     profile's network's seed spread at the large k)."""
     df = prepare(df, metrics)
+    s = _arms(df)
+    out = [
+        _zero_gamma_wins(df, s, s.base_k, f"at k={s.base_k:g} (no warmup)"),
+        _zero_gamma_wins(df, s, s.large_k, f"at the large minibatch k={s.large_k:g}"),
+    ]
+    big = _paired(df, s.main, s.large_k)
+    out += [_deeper_probe(df, s, arch, big) for arch in sorted(set(df["arch"]) - {s.main})]
+    return out
+
+
+@dataclass(frozen=True)
+class _Arms:
+    """What the claims read: the chance error, the profile's network, the baseline's and the large
+    k; the paper's errors by (k, γ) and its words for each k."""
+
+    chance: float | None
+    main: str
+    base_k: float
+    large_k: float
+    p: dict[tuple[float, int], float]
+    quote: dict[float, str]
+
+
+def _arms(df) -> _Arms:
     chance = studies.chance_of(df)
     main = main_arch(df)
     base_k, large_k = float(df["k"].min()), float(df["k"].max())
@@ -151,61 +176,56 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
         k: f"{src}: γ=0 {p[(k, 0)]:.2f}% vs γ=1 {p[(k, 1)]:.2f}% error ({studies.kilo(b)})"
         for k, b in ((base_k, raw["batch"].min()), (large_k, raw["batch"].max()))
     }
+    return _Arms(chance, main, base_k, large_k, p, quote)
 
-    out = []
-    for k, where in (
-        (base_k, f"at k={base_k:g} (no warmup)"),
-        (large_k, f"at the large minibatch k={large_k:g}"),
-    ):
-        piv = _paired(df, main, k)
-        e0, e1 = list(piv[0]), list(piv[1])
-        w, n = int((piv[0] < piv[1]).sum()), len(piv)
-        verdict = studies.lower(e0, e1, chance=chance, paired=True)
-        out.append(
-            studies.finding(
-                f"γ=0 in the last BN of each residual block beats γ=1 {where}",
-                verdict,
-                f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% (mean of {n}; γ=0 better in {w} of {n} "
-                f"seeds; paper {p[(k, 0)]:.2f} vs {p[(k, 1)]:.2f})"
-                + note(
-                    verdict,
-                    not mean(e0) < mean(e1) and not at_chance([*e0, *e1], chance),
-                    f"an earlier ResNet-8 probe found the order reversed, γ=0 (every block of a "
-                    f"shallow net starting as the identity) lengthening the initial plateau; here the "
-                    f"training loss made half of its decrease after {_plateau(df, main, k, 0):.2f} "
-                    f"epochs with γ=0 vs {_plateau(df, main, k, 1):.2f} with γ=1",
-                ),
-                paper=quote[k],
-            )
-        )
 
-    big = _paired(df, main, large_k)
-    for arch in sorted(set(df["arch"]) - {main}):  # the deeper probe
-        piv = _paired(df, arch, large_k)
-        e0, e1 = list(piv[0]), list(piv[1])
-        own, main_spread = _diff_spread(e0, e1), _diff_spread(list(big[0]), list(big[1]))
-        if own is not None:
-            seeds = f"mean of {len(piv)}"
-        elif main_spread is not None:  # one seed: the spread of the profile's network at that k
-            seeds = (
-                f"seed {piv.index[0]} only, judged by the seed spread of {main} at k={large_k:g}"
-            )
-        else:
-            seeds = f"seed {piv.index[0]} only"
-        out.append(
-            studies.finding(
-                f"with a deeper ResNet ({arch}, the probe) γ=0 beats γ=1 at the large minibatch",
-                studies.lower(
-                    e0,
-                    e1,
-                    chance=chance,
-                    paired=True,
-                    seed_spread=own if own is not None else main_spread,
-                ),
-                f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% ({seeds}; half the loss decrease after "
-                f"{_plateau(df, arch, large_k, 0):.2f} vs {_plateau(df, arch, large_k, 1):.2f} epochs); "
-                f"paper, ResNet-50: {p[(large_k, 0)]:.2f} vs {p[(large_k, 1)]:.2f}",
-                paper=quote[large_k].replace(":", " (ResNet-50):", 1),
-            )
-        )
-    return out
+def _zero_gamma_wins(df, s: _Arms, k: float, where: str) -> Finding:
+    """γ = 0 beats γ = 1 with the profile's network at ``k`` (paired over seeds)."""
+    piv = _paired(df, s.main, k)
+    e0, e1 = list(piv[0]), list(piv[1])
+    w, n = int((piv[0] < piv[1]).sum()), len(piv)
+    verdict = studies.lower(e0, e1, chance=s.chance, paired=True)
+    return studies.finding(
+        f"γ=0 in the last BN of each residual block beats γ=1 {where}",
+        verdict,
+        f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% (mean of {n}; γ=0 better in {w} of {n} "
+        f"seeds; paper {s.p[(k, 0)]:.2f} vs {s.p[(k, 1)]:.2f})"
+        + note(
+            verdict,
+            not mean(e0) < mean(e1) and not at_chance([*e0, *e1], s.chance),
+            f"an earlier ResNet-8 probe found the order reversed, γ=0 (every block of a "
+            f"shallow net starting as the identity) lengthening the initial plateau; here the "
+            f"training loss made half of its decrease after {_plateau(df, s.main, k, 0):.2f} "
+            f"epochs with γ=0 vs {_plateau(df, s.main, k, 1):.2f} with γ=1",
+        ),
+        paper=s.quote[k],
+    )
+
+
+def _deeper_probe(df, s: _Arms, arch: str, big) -> Finding:
+    """γ = 0 beats γ = 1 with the deeper probe ``arch`` at the large k; one seed is judged by the
+    seed spread of the profile's network there (``big``: its paired errors)."""
+    large_k = s.large_k
+    piv = _paired(df, arch, large_k)
+    e0, e1 = list(piv[0]), list(piv[1])
+    own, main_spread = _diff_spread(e0, e1), _diff_spread(list(big[0]), list(big[1]))
+    if own is not None:
+        seeds = f"mean of {len(piv)}"
+    elif main_spread is not None:  # one seed: the spread of the profile's network at that k
+        seeds = f"seed {piv.index[0]} only, judged by the seed spread of {s.main} at k={large_k:g}"
+    else:
+        seeds = f"seed {piv.index[0]} only"
+    return studies.finding(
+        f"with a deeper ResNet ({arch}, the probe) γ=0 beats γ=1 at the large minibatch",
+        studies.lower(
+            e0,
+            e1,
+            chance=s.chance,
+            paired=True,
+            seed_spread=own if own is not None else main_spread,
+        ),
+        f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% ({seeds}; half the loss decrease after "
+        f"{_plateau(df, arch, large_k, 0):.2f} vs {_plateau(df, arch, large_k, 1):.2f} epochs); "
+        f"paper, ResNet-50: {s.p[(large_k, 0)]:.2f} vs {s.p[(large_k, 1)]:.2f}",
+        paper=s.quote[large_k].replace(":", " (ResNet-50):", 1),
+    )

@@ -30,7 +30,7 @@ import numpy as np
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import Metrics, Verdict, at_chance, batch_scaling, curves, mean
 from lbsgd.studies.batch_scaling import FLAT_PCT
 from lbsgd.studies.scales import Profile
@@ -361,6 +361,23 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
        B_noise).
     """
     f = fit_runs(m) if f is None else f
+    e = _evidence(m)
+    return [_noise_at_the_knee(m, e), _noise_grows(e), _critical_batch_is_the_noise(f, e)]
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    """What every claim reads: the baseline's k, its runs by seed, their B_noise at the target, the
+    evidence's opening words, and the verdict before any rule (:func:`_gate`)."""
+
+    base: float | None
+    sel: Any
+    bn: list[float]
+    head: str
+    gate: Verdict | None
+
+
+def _evidence(m) -> _Evidence:
     base = baseline_k(m)
     sel = (m[m["k"].astype(float) == base] if base is not None else m.iloc[:0]).sort_values("seed")
     bn = [float(v) for v in sel["b_noise_target"]]
@@ -371,9 +388,11 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         if base is not None
         else "no k measured the noise scale with every seed"
     )
-    gate = _gate(m, base, bn)
+    return _Evidence(base, sel, bn, head, _gate(m, base, bn))
 
-    # 1. B_noise vs the knee of the error
+
+def _noise_at_the_knee(m, e: _Evidence) -> Finding:
+    """Claim 1: B_noise vs the knee of the error."""
     lo, hi = knee(m)
     band = f"[{lo / FACTOR:g}, {hi * FACTOR:g}]" if hi is not None else f"[{lo / FACTOR:g}, ∞)"
     knee_txt = (
@@ -381,102 +400,115 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
         if hi is not None
         else f"the error is flat (within {FLAT_PCT:g} points) up to the largest batch, {lo}"
     )
-    v1 = gate or _band(bn, lo, hi)
-    why1 = ""
-    if v1.replayed is False:
-        side = (
-            "below"
-            if max(bn) < lo / FACTOR
-            else "above"
-            if hi is not None and min(bn) > hi * FACTOR
-            else "outside"
-        )
-        why1 = (
-            f"; not replayed at this scale: every seed's B_noise lies {side} the band; the "
-            "knee is in the final test error of a fixed epoch budget, B_noise predicts the "
-            "steps to a training loss (claim 3 compares those)"
-        )
-    f1 = studies.finding(
+    v1 = e.gate or _band(e.bn, lo, hi)
+    why1 = _outside_the_knee(e.bn, lo, hi) if v1.replayed is False else ""
+    return studies.finding(
         "the measured noise scale lands within a factor of 2 of the batch where the error leaves "
         "its flat region",
         v1,
-        f"{head}; {knee_txt}; ×2 band {band}{why1}",
+        f"{e.head}; {knee_txt}; ×2 band {band}{why1}",
         paper="McCandlish et al. 2018: qualitative, below B_crit ≈ B_noise a larger batch buys "
         "proportionally fewer steps, above it almost none; no number in the reference data",
     )
 
-    # 2. B_simple grows during training
-    early = [float(v) for v in sel["b_noise_early"]]
-    end = [float(v) for v in sel["b_noise_end"]]
+
+def _outside_the_knee(bn: Sequence[float], lo: float, hi: float | None) -> str:
+    side = (
+        "below"
+        if max(bn) < lo / FACTOR
+        else "above"
+        if hi is not None and min(bn) > hi * FACTOR
+        else "outside"
+    )
+    return (
+        f"; not replayed at this scale: every seed's B_noise lies {side} the band; the "
+        "knee is in the final test error of a fixed epoch budget, B_noise predicts the "
+        "steps to a training loss (claim 3 compares those)"
+    )
+
+
+def _noise_grows(e: _Evidence) -> Finding:
+    """Claim 2: B_simple grows during training (per seed, end vs early)."""
+    early = [float(v) for v in e.sel["b_noise_early"]]
+    end = [float(v) for v in e.sel["b_noise_end"]]
     pairs = [(a, b) for a, b in zip(early, end, strict=True) if a > 0 and b > 0]
-    v2 = gate
-    if v2 is None:
-        if len(pairs) < 2:
-            v2 = Verdict(None, "fewer than 2 seeds measured B_simple early and at the end")
-        else:
-            d = studies.decide(
-                [math.log2(b) for _, b in pairs],
-                [math.log2(a) for a, _ in pairs],
-                more_than=0.0,
-                paired=True,
-            )
-            v2 = Verdict(d.replayed, d.why.replace(" points", " in log2 B"))
-    grow = ""
-    if pairs:
-        ratio = [b / a for a, b in pairs]
-        le, ln = mean(list(sel["loss_early"])), mean(list(sel["loss_end"]))
-        first = sel.iloc[0]
-        at = early_step(int(first["total_steps"]), int(first["warmup_steps"]))
-        grow = (
-            f"; B_simple early (step {at}) "
-            f"{_fmt(early)}, at the end {_fmt(end)}: ×{_fmt(ratio)} while the smoothed "
-            f"training loss went from {le:.3g} to {ln:.3g}"
-        )
-        if v2.replayed is False:
-            grow += (
-                "; not replayed at this scale: B_simple does not grow on average over the "
-                "seeds (geometric mean ×"
-                f"{math.exp(statistics.fmean(math.log(r) for r in ratio)):.2f})"
-            )
-    f2 = studies.finding(
+    v2 = e.gate or _growth(pairs)
+    grow = _growth_text(e.sel, early, end, pairs, v2) if pairs else ""
+    return studies.finding(
         "B_simple grows during training (McCandlish et al. report it grows as the loss falls)",
         v2,
-        (f"baseline k={base:g}" if base is not None else "no baseline") + grow,
+        (f"baseline k={e.base:g}" if e.base is not None else "no baseline") + grow,
         paper="McCandlish et al. 2018: qualitative, the noise scale grows as the loss falls; no "
         "number in the reference data",
     )
 
-    # 3. B_crit ≈ B_noise
-    v3 = gate
-    if f is None or f.points < 3:
-        fit_txt = f"{f.points if f else 0} batch sizes reached the target: no fit to judge"
-        v3 = v3 or Verdict(None, "fewer than 3 batch sizes reached the target")
-    else:
-        fit_txt = (
-            f"fit over {f.points} batch sizes: S_min {f.s_min:.3g} steps, E_min "
-            f"{f.e_min:.3g} samples, B_crit = E_min/S_min = {f.b_crit:.3g} (rms relative "
-            f"residual {100 * f.rms:.1f}%)"
+
+def _growth(pairs: Sequence[tuple[float, float]]) -> Verdict:
+    """log2 B_simple at the end above early, paired over the seeds."""
+    if len(pairs) < 2:
+        return Verdict(None, "fewer than 2 seeds measured B_simple early and at the end")
+    d = studies.verdict(
+        [math.log2(b) for _, b in pairs],
+        [math.log2(a) for a, _ in pairs],
+        more_than=0.0,
+        paired=True,
+    )
+    return Verdict(d.replayed, d.why.replace(" points", " in log2 B"))
+
+
+def _growth_text(sel, early, end, pairs, v2: Verdict) -> str:
+    ratio = [b / a for a, b in pairs]
+    le, ln = mean(list(sel["loss_early"])), mean(list(sel["loss_end"]))
+    first = sel.iloc[0]
+    at = early_step(int(first["total_steps"]), int(first["warmup_steps"]))
+    grow = (
+        f"; B_simple early (step {at}) "
+        f"{_fmt(early)}, at the end {_fmt(end)}: ×{_fmt(ratio)} while the smoothed "
+        f"training loss went from {le:.3g} to {ln:.3g}"
+    )
+    if v2.replayed is False:
+        grow += (
+            "; not replayed at this scale: B_simple does not grow on average over the "
+            "seeds (geometric mean ×"
+            f"{math.exp(statistics.fmean(math.log(r) for r in ratio)):.2f})"
         )
-        if not (0 < f.b_crit < math.inf):
-            v3 = v3 or Verdict(
-                None,
-                f"the fit has no finite B_crit ({f.b_crit:g}): the steps "
-                "do not both fall and level off over the sweep",
-            )
-        v3 = v3 or _band(bn, f.b_crit, f.b_crit)
+    return grow
+
+
+def _critical_batch_is_the_noise(f: Fit | None, e: _Evidence) -> Finding:
+    """Claim 3: the fitted B_crit ≈ B_noise."""
+    fit_txt, v3 = _fit(f, e)
     why3 = ""
     if v3.replayed is False:
-        side = "below" if max(bn) < f.b_crit else "above"
+        side = "below" if max(e.bn) < f.b_crit else "above"
         why3 = (
             f"; not replayed at this scale: every seed's B_noise lies more than ×{FACTOR:g} "
-            f"{side} B_crit (ratio {mean(bn) / f.b_crit:.2f})"
+            f"{side} B_crit (ratio {mean(e.bn) / f.b_crit:.2f})"
         )
-    f3 = studies.finding(
+    return studies.finding(
         "the fitted critical batch B_crit = E_min/S_min agrees with the measured noise scale "
         "within a factor of 2",
         v3,
-        f"{fit_txt}; {head}{why3}",
+        f"{fit_txt}; {e.head}{why3}",
         paper="McCandlish et al. 2018 eq. 2.11 and Fig. 4: qualitative, B_crit = E_min/S_min ≈ "
         "B_noise; no number in the reference data",
     )
-    return [f1, f2, f3]
+
+
+def _fit(f: Fit | None, e: _Evidence) -> tuple[str, Verdict]:
+    """The fit in words, and B_noise's verdict against its B_crit."""
+    if f is None or f.points < 3:
+        fit_txt = f"{f.points if f else 0} batch sizes reached the target: no fit to judge"
+        return fit_txt, e.gate or Verdict(None, "fewer than 3 batch sizes reached the target")
+    fit_txt = (
+        f"fit over {f.points} batch sizes: S_min {f.s_min:.3g} steps, E_min "
+        f"{f.e_min:.3g} samples, B_crit = E_min/S_min = {f.b_crit:.3g} (rms relative "
+        f"residual {100 * f.rms:.1f}%)"
+    )
+    if not (0 < f.b_crit < math.inf):
+        return fit_txt, e.gate or Verdict(
+            None,
+            f"the fit has no finite B_crit ({f.b_crit:g}): the steps "
+            "do not both fall and level off over the sweep",
+        )
+    return fit_txt, e.gate or _band(e.bn, f.b_crit, f.b_crit)

@@ -13,7 +13,7 @@ from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies.scales import Profile
 
 STUDY = "lars"
@@ -186,49 +186,70 @@ def findings(df) -> list[Finding]:
     chance = studies.chance_of(df)
     kmax = largest_k(df)
     p = paper()
-    jia_sgd, b64 = _paper_error(p, "resnet", "sgd")
-    jia_lars, _ = _paper_error(p, "resnet", "lars", b64)
-    you_sgd, b_sgd = _paper_error(p, "alexnet_bn", "sgd")
-    you_lars, _ = _paper_error(p, "alexnet_bn", "lars", b_sgd)
-    quotes = {
-        "resnet": f"Jia et al. ResNet-50 at {b64}: SGD {jia_sgd:.1f} vs LARS {jia_lars:.1f} "
-        f"(accuracy {100 - jia_sgd:.1f} vs {100 - jia_lars:.1f})",
-        "alexnet_bn": f"You et al. AlexNet-BN at {b_sgd}: SGD {you_sgd:.1f} vs LARS {you_lars:.1f} "
-        f"(accuracy {100 - you_sgd:.1f} vs {100 - you_lars:.1f})",
-    }
-
-    cites = {}
-    for a, name, b in (("resnet", "ResNet-50", b64), ("alexnet_bn", "AlexNet-BN", b_sgd)):
-        src, acc = _accuracy(p, a, [b])
-        cites[a] = (
-            f"{src}: {name} at {studies.kilo(b)} accuracy SGD {acc['sgd', b]:.1f}% vs LARS "
-            f"{acc['lars', b]:.1f}%"
-        )
-
-    out = []
-    for a in ("resnet", "alexnet_bn"):
-        if a not in kmax:
-            continue
-        k = kmax[a]
-        lars = studies.errors(df, arch=a, optimizer="lars", k=k)
-        sgd = studies.errors(df, arch=a, optimizer="sgd", k=k)
-        w, n = _wins(df, a, k)
-        out.append(
-            studies.finding(
-                f"at the largest minibatch LARS beats SGD ({a})",
-                studies.lower(lars, sgd, chance=chance, paired=True),
-                f"k={k:g}: LARS {_mean(lars):.1f}% vs SGD {_mean(sgd):.1f}% error (mean of {len(lars)}; "
-                f"LARS better in {w} of {n} seeds); paper error: {quotes[a]}",
-                paper=cites[a],
-            )
-        )
-
+    out = [
+        _lars_beats_sgd(df, a, kmax[a], chance, p) for a in ("resnet", "alexnet_bn") if a in kmax
+    ]
     res = df[df["arch"] == "resnet"]
     if res.empty or res["k"].nunique() < 2:
         return out
-    kmin, kbig = float(res["k"].min()), kmax["resnet"]
+    return [*out, _lars_loses_less(res, kmax["resnet"], chance, p)]
+
+
+# the papers' network of each arch: who reports it, and its name
+_PUBLISHED = {"resnet": ("Jia et al.", "ResNet-50"), "alexnet_bn": ("You et al.", "AlexNet-BN")}
+
+
+def _lars_beats_sgd(df, a: str, k: float, chance: float | None, p) -> Finding:
+    """At network ``a``'s largest k LARS's error is below SGD's (paired over seeds)."""
+    lars = studies.errors(df, arch=a, optimizer="lars", k=k)
+    sgd = studies.errors(df, arch=a, optimizer="sgd", k=k)
+    w, n = _wins(df, a, k)
+    who, name = _PUBLISHED[a]
+    p_sgd, b = _paper_error(p, a, "sgd")
+    p_lars, _ = _paper_error(p, a, "lars", b)
+    quote = (
+        f"{who} {name} at {b}: SGD {p_sgd:.1f} vs LARS {p_lars:.1f} "
+        f"(accuracy {100 - p_sgd:.1f} vs {100 - p_lars:.1f})"
+    )
+    src, acc = _accuracy(p, a, [b])
+    return studies.finding(
+        f"at the largest minibatch LARS beats SGD ({a})",
+        studies.lower(lars, sgd, chance=chance, paired=True),
+        f"k={k:g}: LARS {_mean(lars):.1f}% vs SGD {_mean(sgd):.1f}% error (mean of {len(lars)}; "
+        f"LARS better in {w} of {n} seeds); paper error: {quote}",
+        paper=f"{src}: {name} at {studies.kilo(b)} accuracy SGD {acc['sgd', b]:.1f}% vs LARS "
+        f"{acc['lars', b]:.1f}%",
+    )
+
+
+def _lars_loses_less(res, kbig: float, chance: float | None, p) -> Finding:
+    """From the smallest k to the largest the ResNet's error grows less with LARS than with SGD."""
+    kmin = float(res["k"].min())
     first = int(res[res["k"] == kmin]["seed"].min())
-    # each seed's error at the largest k less the first seed's at the smallest (the only one there)
+    verdict, change = _change(res, kmin, kbig, first, chance)
+    you_sgd, b_sgd = _paper_error(p, "alexnet_bn", "sgd")
+    you_lars, _ = _paper_error(p, "alexnet_bn", "lars", b_sgd)
+    pds = you_sgd - _paper_error(p, "alexnet_bn", "sgd", 512)[0]
+    pdl = you_lars - _paper_error(p, "alexnet_bn", "lars", 512)[0]
+    src, acc = _accuracy(p, "alexnet_bn", [512, b_sgd])
+    return studies.finding(
+        f"from k={kmin:g} to k={kbig:g} LARS loses less accuracy than SGD (resnet)",
+        verdict,
+        f"error change: LARS {_mean(change['lars']):+.1f} points, SGD {_mean(change['sgd']):+.1f} "
+        f"points (k={kmin:g}: seed {first} only); paper, AlexNet-BN from 512 to {b_sgd}: "
+        f"LARS {pdl:+.1f} points, SGD {pds:+.1f} points",
+        paper=f"{src}: AlexNet-BN from 512 to {studies.kilo(b_sgd)} accuracy SGD "
+        f"{acc['sgd', 512]:.1f}% to {acc['sgd', b_sgd]:.1f}%, LARS {acc['lars', 512]:.1f}% to "
+        f"{acc['lars', b_sgd]:.1f}%",
+    )
+
+
+def _change(
+    res, kmin: float, kbig: float, first: int, chance: float | None
+) -> tuple[studies.Verdict, dict[str, list[float]]]:
+    """Each seed's error at the largest k less the first seed's at the smallest (the only one
+    there), per optimizer, and whether LARS's change is below SGD's (judged by the seed spread at
+    the largest k; undecided when every run is at chance)."""
     change = {
         o: [
             e - studies.errors(res, optimizer=o, k=kmin, seed=first)[0]
@@ -241,22 +262,5 @@ def findings(df) -> list[Finding]:
     if chance is not None and all(
         e >= chance - studies.CHANCE_MARGIN_PCT for e in [*big["lars"], *big["sgd"], *small]
     ):
-        verdict = studies.Verdict(None, f"every run is at chance ({chance:.0f}% error)")
-    else:  # judged by the seed spread at the largest k (one run at the smallest)
-        verdict = studies.lower(change["lars"], change["sgd"], paired=True)
-    pds = you_sgd - _paper_error(p, "alexnet_bn", "sgd", 512)[0]
-    pdl = you_lars - _paper_error(p, "alexnet_bn", "lars", 512)[0]
-    src, acc = _accuracy(p, "alexnet_bn", [512, b_sgd])
-    out.append(
-        studies.finding(
-            f"from k={kmin:g} to k={kbig:g} LARS loses less accuracy than SGD (resnet)",
-            verdict,
-            f"error change: LARS {_mean(change['lars']):+.1f} points, SGD {_mean(change['sgd']):+.1f} "
-            f"points (k={kmin:g}: seed {first} only); paper, AlexNet-BN from 512 to {b_sgd}: "
-            f"LARS {pdl:+.1f} points, SGD {pds:+.1f} points",
-            paper=f"{src}: AlexNet-BN from 512 to {studies.kilo(b_sgd)} accuracy SGD "
-            f"{acc['sgd', 512]:.1f}% to {acc['sgd', b_sgd]:.1f}%, LARS {acc['lars', 512]:.1f}% to "
-            f"{acc['lars', b_sgd]:.1f}%",
-        )
-    )
-    return out
+        return studies.Verdict(None, f"every run is at chance ({chance:.0f}% error)"), change
+    return studies.lower(change["lars"], change["sgd"], paired=True), change

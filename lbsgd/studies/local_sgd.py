@@ -3,10 +3,11 @@ Large Mini-Batches, Use Local SGD", ICLR) and BMUF (Chen & Huo 2016, "Scalable t
 learning machines by incremental block training with intra-block parallel optimization and
 blockwise model-update filtering", ICASSP) at equal numbers of all-reduces, on K gloo processes.
 
-The three modes at one global batch B and T optimizer steps, warmup (synchronous) W steps:
+The three modes at one global batch B and T optimizer steps, the first W synchronous (W:
+``switch_step``, by default the warmup's steps):
 
 - synchronous SGD: every step all-reduces the gradient: A = T all-reduces;
-- post-local SGD (``local_sgd`` = n): after the warmup each process steps on its own B/K samples
+- post-local SGD (``local_sgd`` = n): from step W each process steps on its own B/K samples
   and the parameters are averaged every n steps: A = W + ⌈(T − W)/n⌉;
 - BMUF (``block_momentum`` η_B, ``block_lr`` ε_B, ``block_nesterov``) on the same blocks: the same
   A, the averaged block update filtered as Δ(t) = η_B Δ(t−1) + ε_B (W̄(t) − W_g(t−1)). Chen & Huo
@@ -41,7 +42,7 @@ from typing import Any
 from lbsgd import config, studies
 from lbsgd import costmodel as cost
 from lbsgd import experiments as ex
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import Verdict, mean
 from lbsgd.studies.scales import Profile
 
@@ -185,12 +186,13 @@ def param_bytes(keys: Mapping[str, Any]) -> int:
 # -- the measurements --------------------------------------------------------------------------
 
 
-def all_reduces(total_steps: int, warmup_steps: int, period: int) -> int:
-    """All-reduces of a run of T steps: T when synchronous (period 0); else the warmup's W
-    synchronous steps and the local phase's ⌈(T − W)/n⌉ averagings (steps W, W + n, …)."""
+def all_reduces(total_steps: int, switch_step: int, period: int) -> int:
+    """All-reduces of a run of T steps: T when synchronous (period 0); else the W synchronous
+    steps before local SGD takes over (W: ``switch_step``, by default the warmup's steps) and the
+    local phase's ⌈(T − W)/n⌉ averagings (steps W, W + n, …)."""
     if period == 0:
         return int(total_steps)
-    w = min(int(warmup_steps), int(total_steps))
+    w = min(int(switch_step), int(total_steps))
     return w + math.ceil((int(total_steps) - w) / int(period))
 
 
@@ -223,7 +225,8 @@ def measure(df, nprocs: Sequence[int], link: cost.Link, model_bytes: int):
         ks = list(nprocs) if r["mode"] == "sync" else [int(r["nproc"])]
         for k in ks:
             period = int(_num(r, "local_sgd", 0))
-            a = all_reduces(int(r["total_steps"]), int(r["warmup_steps"]), period)
+            switch = _num(r, "switch_step", r["warmup_steps"])  # null: the warmup's end
+            a = all_reduces(int(r["total_steps"]), int(switch), period)
             t_c = int(r["batch_size"]) / k / rate if rate > 0 else math.nan
             t_ar = cost.ring_time(model_bytes, k, link)
             rows.append(
@@ -321,6 +324,11 @@ def findings(m) -> list[Finding]:
        undecided without a throughput or fit).
     """
     chance = studies.chance_of(m)
+    return [_bmuf_matches_local(m, chance), _local_near_sync(m, chance), _fewer_all_reduces(m)]
+
+
+def _bmuf_matches_local(m, chance: float | None) -> Finding:
+    """Claim 1: BMUF no more than 0 points above post-local SGD at every (K, n)."""
     v1, p1, against1 = _compare(m, "bmuf", "local", 0.0, chance)
     note1 = studies.note(
         v1,
@@ -329,7 +337,7 @@ def findings(m) -> list[Finding]:
         "amplifies the block step (≈ 1/(1 − η_B)) in a budget of a few epochs; Chen & "
         "Huo's gains are on long speech-model runs with many more blocks",
     )
-    f1 = studies.finding(
+    return studies.finding(
         "BMUF (Chen & Huo: η_B = 1 − 1/K, ε_B = 1, Nesterov) reaches post-local SGD's error at the "
         "same number of all-reduces or better",
         v1,
@@ -337,6 +345,9 @@ def findings(m) -> list[Finding]:
         paper=_qualitative(PAPER["bmuf"][1]),
     )
 
+
+def _local_near_sync(m, chance: float | None) -> Finding:
+    """Claim 2: post-local SGD at most :data:`LOSS_PTS` points above synchronous SGD."""
     v2, p2, against2 = _compare(m, "local", "sync", LOSS_PTS, chance)
     note2 = studies.note(
         v2,
@@ -345,7 +356,7 @@ def findings(m) -> list[Finding]:
         "learning rate, and in a budget of a few epochs the local phase has few periods to "
         "recover from the drift between processes",
     )
-    f2 = studies.finding(
+    return studies.finding(
         f"post-local SGD loses at most {LOSS_PTS:g} point against synchronous SGD at the same "
         "global batch (Lin et al. 2020 report it matching or beating mini-batch SGD)",
         v2,
@@ -353,24 +364,12 @@ def findings(m) -> list[Finding]:
         paper=_qualitative(PAPER["local"][1]),
     )
 
+
+def _fewer_all_reduces(m) -> Finding:
+    """Claim 3: at the largest K every local mode's modelled wall time is at least
+    :data:`SAVE_PCT` % below synchronous SGD's."""
     ks = sorted({k for k, _ in _pairs(m)})
-    parts, saves = [], []
-    for k, n in _pairs(m):
-        sync = m[(m["mode"] == "sync") & (m["nproc"] == k)]["wall_s"]
-        for mode in ("local", "bmuf"):
-            sel = m[(m["mode"] == mode) & (m["nproc"] == k) & (m["period"] == n)]
-            if len(sel) and len(sync):
-                w, ws = float(sel["wall_s"].mean()), float(sync.mean())
-                save = 100 * (1 - w / ws) if ws > 0 else math.nan
-                if mode == "local":
-                    parts.append(
-                        f"K={k} n={n}: {int(sel['all_reduces'].iloc[0])} vs "
-                        f"{int(m[(m['mode'] == 'sync') & (m['nproc'] == k)]['all_reduces'].iloc[0])} "
-                        f"all-reduces, {w:.2f} s vs {ws:.2f} s modelled "
-                        f"({save:.1f}% saved)"
-                    )
-                if k == max(ks):
-                    saves.append(save)
+    parts, saves = _savings(m, max(ks) if ks else None)
     if not saves or any(not math.isfinite(s) for s in saves):
         v3 = Verdict(
             None,
@@ -378,6 +377,48 @@ def findings(m) -> list[Finding]:
         )
     else:
         v3 = Verdict(all(s >= SAVE_PCT for s in saves))
+    note3 = studies.note(
+        v3,
+        True,
+        "compute dominates the step of this small model; the all-reduce "
+        "of its parameters costs little next to it",
+    )
+    return studies.finding(
+        f"fewer all-reduces buy modelled wall time: at K={max(ks) if ks else '?'} post-local SGD and "
+        f"BMUF take at least {SAVE_PCT:g}% less modelled time than synchronous SGD",
+        v3,
+        "; ".join(parts) + _cost_text(m, ks) + note3,
+        paper="no published number: lbsgd's cost model (α–β all-reduce fit of notebook 10) with "
+        "this study's measured throughput",
+    )
+
+
+def _savings(m, top: int | None) -> tuple[list[str], list[float]]:
+    """Per (K, n): post-local SGD's all-reduces and modelled wall time beside synchronous SGD's,
+    in words; and the saving (%) of each local mode at K = ``top``."""
+    parts, saves = [], []
+    for k, n in _pairs(m):
+        sync = m[(m["mode"] == "sync") & (m["nproc"] == k)]
+        for mode in ("local", "bmuf"):
+            sel = m[(m["mode"] == mode) & (m["nproc"] == k) & (m["period"] == n)]
+            if not (len(sel) and len(sync["wall_s"])):
+                continue
+            w, ws = float(sel["wall_s"].mean()), float(sync["wall_s"].mean())
+            save = 100 * (1 - w / ws) if ws > 0 else math.nan
+            if mode == "local":
+                parts.append(
+                    f"K={k} n={n}: {int(sel['all_reduces'].iloc[0])} vs "
+                    f"{int(sync['all_reduces'].iloc[0])} "
+                    f"all-reduces, {w:.2f} s vs {ws:.2f} s modelled "
+                    f"({save:.1f}% saved)"
+                )
+            if k == top:
+                saves.append(save)
+    return parts, saves
+
+
+def _cost_text(m, ks: Sequence[int]) -> str:
+    """The step's compute time and one all-reduce's, per K."""
     first = m.iloc[0] if len(m) else None
     cost_txt = (
         f"; per step: compute {first['compute_s'] * 1e3:.1f} ms at K={int(first['nproc'])}"
@@ -385,21 +426,8 @@ def findings(m) -> list[Finding]:
         else ""
     )
     tar = {int(k): float(m[m["nproc"] == k]["allreduce_s"].iloc[0]) for k in ks}
-    cost_txt += "; one all-reduce " + ", ".join(
-        f"{v * 1e3:.2f} ms at K={k}" for k, v in tar.items()
+    return (
+        cost_txt
+        + "; one all-reduce "
+        + ", ".join(f"{v * 1e3:.2f} ms at K={k}" for k, v in tar.items())
     )
-    note3 = studies.note(
-        v3,
-        True,
-        "compute dominates the step of this small model; the all-reduce "
-        "of its parameters costs little next to it",
-    )
-    f3 = studies.finding(
-        f"fewer all-reduces buy modelled wall time: at K={max(ks) if ks else '?'} post-local SGD and "
-        f"BMUF take at least {SAVE_PCT:g}% less modelled time than synchronous SGD",
-        v3,
-        "; ".join(parts) + cost_txt + note3,
-        paper="no published number: lbsgd's cost model (α–β all-reduce fit of notebook 10) with "
-        "this study's measured throughput",
-    )
-    return [f1, f2, f3]

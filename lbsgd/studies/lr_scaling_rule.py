@@ -9,11 +9,12 @@ run counts as 100% error.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import every, mean
 from lbsgd.studies.scales import Profile
 
@@ -82,40 +83,74 @@ def table(df):
 def findings(df) -> list[Finding]:
     """The linear rule is the best of the three; no scaling is over 5 points worse than linear.
     Decided over seeds (:mod:`lbsgd.studies`); the evidence counts the seeds linear wins."""
-    df = prepare(df)
-    chance = studies.chance_of(df)
-    large_k = float(df["k"].max())
+    r = _rules(prepare(df))
+    return [_linear_is_best(r), _none_collapses(r)]
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """What the claims read: the chance error, the large k, each rule's errors by seed and their
+    mean, the seeds; the paper's errors by rule, their source and large batch."""
+
+    chance: float | None
+    large_k: float
+    e: dict[str, list[float]]
+    m: dict[str, float]
+    n: int
+    wins: int  # seeds where linear's error is below both others'
+    seeds: int  # seeds that ran all three rules
+    p: dict[str, float]
+    src: str
+    big: str
+
+
+def _rules(df) -> _Rules:
     e = {r: studies.errors(df, lr_scaling=r) for r in RULES}
-    m = {r: mean(v) for r, v in e.items()}
     per_seed = df.pivot_table(
         index="seed", columns="lr_scaling", values="final_top1_error_pct"
     ).dropna()
-    wins = int((per_seed["linear"] < per_seed[["sqrt", "none"]].min(axis=1)).sum())
-    n = len(e["linear"])
-    p = dict(zip(paper()["lr_scaling"], paper()["paper_top1_error_pct"], strict=True))
     ref = ex.reference(STUDY)
-    src, big = studies.cite(*ref["source"]), studies.kilo(ref["batch"].max())
-    return [
-        studies.finding(
-            "the linear rule gives the lowest error of the three rules at the large minibatch",
-            every(
-                studies.lower(e["linear"], e["sqrt"], chance=chance, paired=True),
-                studies.lower(e["linear"], e["none"], chance=chance, paired=True),
-            ),
-            f"linear {m['linear']:.1f}%, sqrt {m['sqrt']:.1f}%, none {m['none']:.1f}% at "
-            f"k={large_k:g} (mean of {n}; linear best in {wins} of {len(per_seed)} seeds); paper "
-            f"{p['linear']:.2f}, {p['sqrt']:.2f}, {p['none']:.2f}",
-            paper=f"{src}: linear {p['linear']:.2f}%, sqrt {p['sqrt']:.2f}%, none {p['none']:.2f}% "
-            f"error ({big})",
+    return _Rules(
+        chance=studies.chance_of(df),
+        large_k=float(df["k"].max()),
+        e=e,
+        m={r: mean(v) for r, v in e.items()},
+        n=len(e["linear"]),
+        wins=int((per_seed["linear"] < per_seed[["sqrt", "none"]].min(axis=1)).sum()),
+        seeds=len(per_seed),
+        p=dict(zip(paper()["lr_scaling"], paper()["paper_top1_error_pct"], strict=True)),
+        src=studies.cite(*ref["source"]),
+        big=studies.kilo(ref["batch"].max()),
+    )
+
+
+def _linear_is_best(r: _Rules) -> Finding:
+    """The linear rule's error below sqrt's and none's (paired over seeds)."""
+    e, m, p = r.e, r.m, r.p
+    return studies.finding(
+        "the linear rule gives the lowest error of the three rules at the large minibatch",
+        every(
+            studies.lower(e["linear"], e["sqrt"], chance=r.chance, paired=True),
+            studies.lower(e["linear"], e["none"], chance=r.chance, paired=True),
         ),
-        studies.finding(
-            f"without scaling the large minibatch collapses: over {COLLAPSE_PCT:g} points worse "
-            f"than the linear rule",
-            studies.worse_by(e["none"], e["linear"], COLLAPSE_PCT, chance=chance, paired=True),
-            f"none {m['none']:.1f}% vs linear {m['linear']:.1f}% "
-            f"({m['none'] - m['linear']:+.1f} points, mean of {n}); paper {p['none']:.2f} vs "
-            f"{p['linear']:.2f} ({p['none'] - p['linear']:+.1f})",
-            paper=f"{src}: none {p['none']:.2f}% vs linear {p['linear']:.2f}% error "
-            f"({p['none'] - p['linear']:+.2f} points, {big})",
-        ),
-    ]
+        f"linear {m['linear']:.1f}%, sqrt {m['sqrt']:.1f}%, none {m['none']:.1f}% at "
+        f"k={r.large_k:g} (mean of {r.n}; linear best in {r.wins} of {r.seeds} seeds); paper "
+        f"{p['linear']:.2f}, {p['sqrt']:.2f}, {p['none']:.2f}",
+        paper=f"{r.src}: linear {p['linear']:.2f}%, sqrt {p['sqrt']:.2f}%, none {p['none']:.2f}% "
+        f"error ({r.big})",
+    )
+
+
+def _none_collapses(r: _Rules) -> Finding:
+    """No scaling more than COLLAPSE_PCT points above the linear rule (paired over seeds)."""
+    e, m, p = r.e, r.m, r.p
+    return studies.finding(
+        f"without scaling the large minibatch collapses: over {COLLAPSE_PCT:g} points worse "
+        f"than the linear rule",
+        studies.worse_by(e["none"], e["linear"], COLLAPSE_PCT, chance=r.chance, paired=True),
+        f"none {m['none']:.1f}% vs linear {m['linear']:.1f}% "
+        f"({m['none'] - m['linear']:+.1f} points, mean of {r.n}); paper {p['none']:.2f} vs "
+        f"{p['linear']:.2f} ({p['none'] - p['linear']:+.1f})",
+        paper=f"{r.src}: none {p['none']:.2f}% vs linear {p['linear']:.2f}% error "
+        f"({p['none'] - p['linear']:+.2f} points, {r.big})",
+    )

@@ -17,7 +17,7 @@ from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import lars
 from lbsgd.studies.scales import Profile
 
@@ -127,12 +127,24 @@ def findings(df) -> list[Finding]:
     they ran, judged by the larger of their and fp32's seed spread); mixed precision trains faster
     than fp32 (decided on a GPU only)."""
     df = prepare(df)
+    o = ours(df)
+    j = jia()
+    out = [_reaches_fp32(df, p, o, j) for p in ("fp16", "bf16") if _common_seeds(df, p)]
+    return [*out, _trains_faster(df, o, j)]
+
+
+def _common_seeds(df, p: str) -> list[int]:
+    """The seeds that ran both precision ``p`` and fp32."""
+    low = df[df["precision"] == p]
+    return sorted(set(low["seed"]) & set(df[df["precision"] == "fp32"]["seed"]))
+
+
+def _reaches_fp32(df, p: str, o, j) -> Finding:
+    """Precision ``p``'s error no more than :data:`TOLERANCE_PCT` points above fp32's on the seeds
+    both ran, judged by the larger of their and fp32's seed spread."""
     chance = studies.chance_of(df)
     k = float(df["k"].iloc[0])
-    o = ours(df)
     skipped = dict(zip(o["precision"], o["skipped_steps_mean"], strict=True))
-    ips = dict(zip(o["precision"], o["img_per_s_mean"], strict=True))
-    j = jia()
     mp = j[(j["study"] == "lars") & (j["optimizer"] == "lars")].iloc[0]
     lars_mp = mp["top1_acc_pct"]
     reached = (
@@ -140,36 +152,33 @@ def findings(df) -> list[Finding]:
         f"at {studies.kilo(mp['batch'])} reaches {lars_mp:.1f}% accuracy with LARS"
     )
     fp32_all = studies.errors(df, precision="fp32")
-    out = []
-    for p in ("fp16", "bf16"):
-        low = df[df["precision"] == p]
-        seeds = sorted(set(low["seed"]) & set(df[df["precision"] == "fp32"]["seed"]))
-        if not seeds:
-            continue
-        e = [studies.errors(df, precision=p, seed=s)[0] for s in seeds]
-        e32 = [studies.errors(df, precision="fp32", seed=s)[0] for s in seeds]
-        ok = sum(a <= b + TOLERANCE_PCT for a, b in zip(e, e32, strict=True))
-        n = len(seeds)
-        verdict = studies.within(
-            e, e32, TOLERANCE_PCT, chance=chance, seed_spread=studies.spread(e, fp32_all)
-        )
-        spread_note = (
-            f"; judged by fp32's seed spread over {len(fp32_all)} seeds"
-            if n == 1 and len(fp32_all) > 1
-            else ""
-        )
-        out.append(
-            studies.finding(
-                f"{p} reaches the accuracy of fp32 (error no more than {TOLERANCE_PCT:g} points above)",
-                verdict,
-                f"{p} {sum(e) / n:.1f}% vs fp32 {sum(e32) / n:.1f}% error at k={k:g} (mean of the same "
-                f"{n} seeds; within {TOLERANCE_PCT:g} points in {ok} of {n}; {skipped[p]:.0f} skipped "
-                f"steps{spread_note}); Jia et al. publish no fp32 run: mixed precision ResNet-50 at 64k "
-                f"reaches {lars_mp:.1f}% accuracy with LARS",
-                paper=reached,
-            )
-        )
+    seeds = _common_seeds(df, p)
+    e = [studies.errors(df, precision=p, seed=s)[0] for s in seeds]
+    e32 = [studies.errors(df, precision="fp32", seed=s)[0] for s in seeds]
+    ok = sum(a <= b + TOLERANCE_PCT for a, b in zip(e, e32, strict=True))
+    n = len(seeds)
+    verdict = studies.within(
+        e, e32, TOLERANCE_PCT, chance=chance, seed_spread=studies.spread(e, fp32_all)
+    )
+    spread_note = (
+        f"; judged by fp32's seed spread over {len(fp32_all)} seeds"
+        if n == 1 and len(fp32_all) > 1
+        else ""
+    )
+    return studies.finding(
+        f"{p} reaches the accuracy of fp32 (error no more than {TOLERANCE_PCT:g} points above)",
+        verdict,
+        f"{p} {sum(e) / n:.1f}% vs fp32 {sum(e32) / n:.1f}% error at k={k:g} (mean of the same "
+        f"{n} seeds; within {TOLERANCE_PCT:g} points in {ok} of {n}; {skipped[p]:.0f} skipped "
+        f"steps{spread_note}); Jia et al. publish no fp32 run: mixed precision ResNet-50 at 64k "
+        f"reaches {lars_mp:.1f}% accuracy with LARS",
+        paper=reached,
+    )
 
+
+def _trains_faster(df, o, j) -> Finding:
+    """fp16 or bf16 faster than fp32 in images per second, decided on a GPU only."""
+    ips = dict(zip(o["precision"], o["img_per_s_mean"], strict=True))
     devices = sorted(set(df["ran_on"]))
     fast = j[(j["metric"] == "train_minutes") & (j["model"] == "resnet50")]
     fast = fast.sort_values("value").iloc[0]
@@ -183,17 +192,14 @@ def findings(df) -> list[Finding]:
             f"the runs were on {', '.join(devices)}, not a GPU (a CPU has no fast fp16 kernels)",
         )
     rates = ", ".join(f"{p} {ips[p]:.0f}" for p in PRECISIONS if p in ips)
-    out.append(
-        studies.finding(
-            "mixed precision trains faster than fp32 (on a GPU)",
-            verdict,
-            f"{rates} img/s on {', '.join(devices)}; Jia et al. (mixed precision, ResNet-50 at "
-            f"{int(fast['batch'])}): {fast['value']:g} min on "
-            + fast["variant"].removeprefix("Jia et al. ")
-            + f", top-1 {fast['top1_acc_pct']:g}%",
-            paper=f"{studies.cite(fast['source'])}: qualitative, no fp32 time to compare; "
-            f"mixed-precision ResNet-50 at {studies.kilo(fast['batch'])} in {fast['value']:g} min "
-            f"on {fast['variant'].removeprefix('Jia et al. ')}, top-1 {fast['top1_acc_pct']:g}%",
-        )
+    return studies.finding(
+        "mixed precision trains faster than fp32 (on a GPU)",
+        verdict,
+        f"{rates} img/s on {', '.join(devices)}; Jia et al. (mixed precision, ResNet-50 at "
+        f"{int(fast['batch'])}): {fast['value']:g} min on "
+        + fast["variant"].removeprefix("Jia et al. ")
+        + f", top-1 {fast['top1_acc_pct']:g}%",
+        paper=f"{studies.cite(fast['source'])}: qualitative, no fp32 time to compare; "
+        f"mixed-precision ResNet-50 at {studies.kilo(fast['batch'])} in {fast['value']:g} min "
+        f"on {fast['variant'].removeprefix('Jia et al. ')}, top-1 {fast['top1_acc_pct']:g}%",
     )
-    return out

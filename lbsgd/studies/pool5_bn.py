@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies import lars
 from lbsgd.studies.scales import Profile
 
@@ -156,42 +157,68 @@ def _why_decay_fails(df) -> str:
 def findings(df) -> list[Finding]:
     """pool5-BN beats none (no decay); no decay beats decay (no pool5-BN). Decided over seeds."""
     df = prepare(df)
-    chance = studies.chance_of(df)
-    k = float(df["k"].max())
-    err = {s: studies.errors(df, decay_bn_bias=s[0], pool5_bn=s[1]) for s in SETTINGS}
-    bn, none, decay = err[False, True], err[False, False], err[True, False]
-    w_bn, n_bn = _wins(df, (False, True), (False, False))
-    w_decay, n_decay = _wins(df, (False, False), (True, False))
+    s = _settings(df)
+    return [_pool5_bn_helps(df, s), _no_decay_helps(df, s)]
 
-    v_decay = studies.lower(none, decay, chance=chance, paired=True)
+
+@dataclass(frozen=True)
+class _Settings:
+    """What the claims read: the chance error, the k, the errors by seed of each setting
+    ((decay_bn_bias, pool5_bn)); the paper's source and batch."""
+
+    chance: float | None
+    k: float
+    err: dict[tuple[bool, bool], list[float]]
+    src: str
+    big: str
+
+
+def _settings(df) -> _Settings:
+    raw = ex.reference(STUDY)
+    return _Settings(
+        chance=studies.chance_of(df),
+        k=float(df["k"].max()),
+        err={s: studies.errors(df, decay_bn_bias=s[0], pool5_bn=s[1]) for s in SETTINGS},
+        src=studies.cite(*raw["source"]),
+        big=studies.kilo(raw["batch"].max()),
+    )
+
+
+def _pool5_bn_helps(df, s: _Settings) -> Finding:
+    """pool5-BN's error below none's (no decay; paired over seeds)."""
+    bn, none = s.err[False, True], s.err[False, False]
+    w_bn, n_bn = _wins(df, (False, True), (False, False))
+    return studies.finding(
+        "BN after pool5 improves AlexNet over no pool5-BN (no decay on bias and BN)",
+        studies.lower(bn, none, chance=s.chance, paired=True),
+        f"k={s.k:g}: pool5-BN {_mean(bn):.1f}% vs none {_mean(none):.1f}% error (mean of {n_bn}; "
+        f"pool5-BN better in {w_bn} of {n_bn} seeds); Jia et al. accuracy "
+        f"{_paper_acc(False, False):.1f} to {_paper_acc(False, True):.1f} (error "
+        f"{100 - _paper_acc(False, False):.1f} to {100 - _paper_acc(False, True):.1f})",
+        paper=f"{s.src}: AlexNet accuracy {_paper_acc(False, False):.1f}% without vs "
+        f"{_paper_acc(False, True):.1f}% with BN after pool5 (no decay on bias and BN; {s.big}, "
+        "LARS)",
+    )
+
+
+def _no_decay_helps(df, s: _Settings) -> Finding:
+    """No decay's error below decay's (no pool5-BN; paired over seeds)."""
+    none, decay = s.err[False, False], s.err[True, False]
+    w_decay, n_decay = _wins(df, (False, False), (True, False))
+    v_decay = studies.lower(none, decay, chance=s.chance, paired=True)
     why = ""
     if v_decay.replayed is False:
         why = "; not replayed at this scale: " + _why_decay_fails(df)
     elif v_decay.replayed is None:
         why = "; at this scale: " + _why_decay_fails(df)
-    raw = ex.reference(STUDY)
-    src, big = studies.cite(*raw["source"]), studies.kilo(raw["batch"].max())
-    return [
-        studies.finding(
-            "BN after pool5 improves AlexNet over no pool5-BN (no decay on bias and BN)",
-            studies.lower(bn, none, chance=chance, paired=True),
-            f"k={k:g}: pool5-BN {_mean(bn):.1f}% vs none {_mean(none):.1f}% error (mean of {n_bn}; "
-            f"pool5-BN better in {w_bn} of {n_bn} seeds); Jia et al. accuracy "
-            f"{_paper_acc(False, False):.1f} to {_paper_acc(False, True):.1f} (error "
-            f"{100 - _paper_acc(False, False):.1f} to {100 - _paper_acc(False, True):.1f})",
-            paper=f"{src}: AlexNet accuracy {_paper_acc(False, False):.1f}% without vs "
-            f"{_paper_acc(False, True):.1f}% with BN after pool5 (no decay on bias and BN; {big}, "
-            "LARS)",
-        ),
-        studies.finding(
-            "no weight decay on biases (and BN) beats decaying them (AlexNet, no pool5-BN)",
-            v_decay,
-            f"k={k:g}: no decay {_mean(none):.1f}% vs decay {_mean(decay):.1f}% error (mean of "
-            f"{n_decay}; no decay better in {w_decay} of {n_decay} seeds; plain AlexNet: biases "
-            f"only); Jia et al. accuracy {_paper_acc(True, False):.1f} to "
-            f"{_paper_acc(False, False):.1f}" + why,
-            paper=f"{src}: AlexNet accuracy {_paper_acc(True, False):.1f}% with vs "
-            f"{_paper_acc(False, False):.1f}% without weight decay on bias and BN (no pool5-BN; "
-            f"{big}, LARS)",
-        ),
-    ]
+    return studies.finding(
+        "no weight decay on biases (and BN) beats decaying them (AlexNet, no pool5-BN)",
+        v_decay,
+        f"k={s.k:g}: no decay {_mean(none):.1f}% vs decay {_mean(decay):.1f}% error (mean of "
+        f"{n_decay}; no decay better in {w_decay} of {n_decay} seeds; plain AlexNet: biases "
+        f"only); Jia et al. accuracy {_paper_acc(True, False):.1f} to "
+        f"{_paper_acc(False, False):.1f}" + why,
+        paper=f"{s.src}: AlexNet accuracy {_paper_acc(True, False):.1f}% with vs "
+        f"{_paper_acc(False, False):.1f}% without weight decay on bias and BN (no pool5-BN; "
+        f"{s.big}, LARS)",
+    )

@@ -8,7 +8,7 @@ from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 from lbsgd.studies.scales import Profile
 
 STUDY = "quickstart"
@@ -52,21 +52,24 @@ def paper() -> str:
 
 def findings(df) -> list[Finding]:
     """The run learns: its top-1 error is over 20 points below chance (see :data:`LEARNS_PCT`)."""
+    return [_run_learns(df)]
+
+
+def _run_learns(df) -> Finding:
+    """Its one claim: the run learns (diverged: not; chance unknown: undecided)."""
     err = studies.errors(df)[0]
     chance = studies.chance_of(df)
     claim = "a large-minibatch run with the linear rule and gradual warmup learns"
     if (df["status"] == "diverged").any():
-        return [
-            studies.finding(
-                claim,
-                studies.Verdict(False),
-                f"the run diverged (top-1 error {err:.1f}% at its last evaluation)",
-                paper=paper(),
-            )
-        ]
+        return studies.finding(
+            claim,
+            studies.Verdict(False),
+            f"the run diverged (top-1 error {err:.1f}% at its last evaluation)",
+            paper=paper(),
+        )
     if chance is None:
         verdict = studies.Verdict(None, "the dataset's chance error is unknown")
-        return [studies.finding(claim, verdict, f"top-1 error {err:.1f}%", paper=paper())]
+        return studies.finding(claim, verdict, f"top-1 error {err:.1f}%", paper=paper())
     # chance is no measurement: its arm has no spread; the allowance plays that part
     verdict = studies.worse_by([chance], [err], LEARNS_PCT, chance=chance, seed_spread=0.0)
     if verdict.replayed is False:
@@ -75,8 +78,6 @@ def findings(df) -> list[Finding]:
             f"one run, {chance - err:.1f} points below chance (the "
             f"claim: over {LEARNS_PCT:g}): no seed spread to judge it by",
         )
-    return [
-        studies.finding(
-            claim, verdict, f"top-1 error {err:.1f}% vs chance {chance:.0f}%", paper=paper()
-        )
-    ]
+    return studies.finding(
+        claim, verdict, f"top-1 error {err:.1f}% vs chance {chance:.0f}%", paper=paper()
+    )

@@ -21,7 +21,7 @@ from typing import Any
 from lbsgd import costmodel as cost
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
+from lbsgd.findings import Finding
 
 STUDY = "scaling"
 TITLE = "10. Scaling (Goyal §4, Jia et al., FireCaffe)"
@@ -76,7 +76,7 @@ def measure(
     ar_file, steps_file = bench_dir / "allreduce_cpu.json", bench_dir / "steps_cpu.json"
     if remeasure or not ar_file.exists():
         bench_comm.bench_allreduce(
-            nproc=4,
+            nproc=2 if small else 4,  # per node; small: 4 processes, on CI's 2 cores
             nodes=2,
             min_bytes=1024,
             max_bytes=2**20 if small else 2**28,
@@ -267,6 +267,17 @@ def findings(
     :data:`MODEL_TOLERANCE` (undecided without a multi-process measurement); each published
     efficiency lies between the model without and with overlap; AlexNet scales worse than
     ResNet-50 at the most workers (hierarchical, overlap)."""
+    measured = _model_predicts_steps(ar, steps)
+    pub = published(ref)
+    return [
+        measured,
+        *_published_within_model(pub, ref),
+        _alexnet_scales_worse(pub, workers, gpus_per_node),
+    ]
+
+
+def _model_predicts_steps(ar: Mapping[str, Any], steps: Mapping[str, Any]) -> Finding:
+    """The fitted model's multi-process steps within :data:`MODEL_TOLERANCE` of the measured."""
     fitted = link(ar)
     check = model_vs_measured(steps, fitted)
     multi = check[check["nproc"] > 1]
@@ -280,61 +291,59 @@ def findings(
     )
     own = "no published number: lbsgd's α–β model against this machine's own measured steps"
     if multi.empty:
-        out = [
-            studies.finding(
-                claim,
-                studies.Verdict(None, "no multi-process step was measured"),
-                f"({fit_text})",
-                paper=own,
-            )
-        ]
-    else:
-        worst = float((multi["predicted_over_measured"] - 1).abs().max())
-        out = [
-            studies.finding(
-                claim,
-                studies.Verdict(worst <= MODEL_TOLERANCE),
-                "predicted / measured step: "
-                + ", ".join(
-                    f"{int(n)} processes {v:.2f}"
-                    for n, v in zip(multi["nproc"], multi["predicted_over_measured"], strict=True)
-                )
-                + f" ({fit_text})",
-                paper=own,
-            )
-        ]
+        return studies.finding(
+            claim,
+            studies.Verdict(None, "no multi-process step was measured"),
+            f"({fit_text})",
+            paper=own,
+        )
+    worst = float((multi["predicted_over_measured"] - 1).abs().max())
+    return studies.finding(
+        claim,
+        studies.Verdict(worst <= MODEL_TOLERANCE),
+        "predicted / measured step: "
+        + ", ".join(
+            f"{int(n)} processes {v:.2f}"
+            for n, v in zip(multi["nproc"], multi["predicted_over_measured"], strict=True)
+        )
+        + f" ({fit_text})",
+        paper=own,
+    )
 
-    pub = published(ref)
+
+def _published_within_model(pub, ref) -> list[Finding]:
+    """Per published run: its efficiency between the model without and with overlap."""
     eff = ex.reference() if ref is None else ref
     eff = eff[eff["metric"] == "efficiency_pct"]
-    for run, g in pub.groupby("run", sort=False):
-        on, off = (g[g["overlap"] == v].iloc[0] for v in (True, False))
-        paper = on["paper_efficiency_pct"]
-        variant = next(c[2] for c in CASES if c[0] == run)
-        source = eff[eff["variant"] == variant]["source"].iloc[0]
-        lo, hi = off["predicted_efficiency_pct"], on["predicted_efficiency_pct"]
-        out.append(
-            studies.finding(
-                f"the published efficiency of {run} lies between the model without and with overlap",
-                studies.Verdict(bool(lo <= paper <= hi)),
-                f"model {lo:.1f}% (no overlap) to {hi:.1f}% (full overlap) vs published {paper:.1f}% "
-                f"({on['algorithm']} all-reduce {on['comm_s'] * 1e3:.0f} ms of a "
-                f"{on['iteration_s'] * 1e3:.0f} ms iteration; nominal links)",
-                paper=f"{studies.cite(source)}: {paper:g}% scaling efficiency ({variant})",
-            )
-        )
+    return [_published_run(run, g, eff) for run, g in pub.groupby("run", sort=False)]
 
+
+def _published_run(run: str, g, eff) -> Finding:
+    on, off = (g[g["overlap"] == v].iloc[0] for v in (True, False))
+    paper = on["paper_efficiency_pct"]
+    variant = next(c[2] for c in CASES if c[0] == run)
+    source = eff[eff["variant"] == variant]["source"].iloc[0]
+    lo, hi = off["predicted_efficiency_pct"], on["predicted_efficiency_pct"]
+    return studies.finding(
+        f"the published efficiency of {run} lies between the model without and with overlap",
+        studies.Verdict(bool(lo <= paper <= hi)),
+        f"model {lo:.1f}% (no overlap) to {hi:.1f}% (full overlap) vs published {paper:.1f}% "
+        f"({on['algorithm']} all-reduce {on['comm_s'] * 1e3:.0f} ms of a "
+        f"{on['iteration_s'] * 1e3:.0f} ms iteration; nominal links)",
+        paper=f"{studies.cite(source)}: {paper:g}% scaling efficiency ({variant})",
+    )
+
+
+def _alexnet_scales_worse(pub, workers: Sequence[int], gpus_per_node: int) -> Finding:
+    """At the most workers (hierarchical, overlap) AlexNet's predicted efficiency below ResNet-50's."""
     pred = predicted(pub, workers, gpus_per_node)
     most = max(workers)
     top = pred[(pred["workers"] == most) & pred["overlap"] & (pred["algorithm"] == "hierarchical")]
     top = top.set_index("model")["efficiency_pct"]
-    out.append(
-        studies.finding(
-            f"AlexNet scales worse than ResNet-50 (predicted, {most} workers, hierarchical)",
-            studies.Verdict(bool(top["alexnet"] < top["resnet50"])),
-            f"AlexNet {top['alexnet']:.1f}% vs ResNet-50 {top['resnet50']:.1f}%",
-            paper="no published number: lbsgd's cost model predicts it (AlexNet: 61M parameters "
-            "for 0.72 vs ResNet-50's 4.1 GMACs per image)",
-        )
+    return studies.finding(
+        f"AlexNet scales worse than ResNet-50 (predicted, {most} workers, hierarchical)",
+        studies.Verdict(bool(top["alexnet"] < top["resnet50"])),
+        f"AlexNet {top['alexnet']:.1f}% vs ResNet-50 {top['resnet50']:.1f}%",
+        paper="no published number: lbsgd's cost model predicts it (AlexNet: 61M parameters "
+        "for 0.72 vs ResNet-50's 4.1 GMACs per image)",
     )
-    return out

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.experiments import Finding
-from lbsgd.studies import Metrics, at_chance, curves, every, mean, note
+from lbsgd.findings import Finding
+from lbsgd.studies import Metrics, Verdict, at_chance, curves, every, mean, note
 from lbsgd.studies.scales import Profile
 
 STUDY = "warmup"
@@ -91,45 +92,114 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
     """Gradual beats none; constant is the worst of the three; gradual comes within 1.5 points of
     the baseline. Decided over seeds (:mod:`lbsgd.studies`); ``metrics`` gives the constant runs'
     training curves (read only to explain a claim not shown)."""
-    chance = studies.chance_of(df)
+    w = _arms(df)
+    return [_gradual_beats_none(w), _constant_is_worst(df, w, metrics), _gradual_is_close(df, w)]
+
+
+@dataclass(frozen=True)
+class _Arms:
+    """What the claims read: the chance error, the baseline's and the large k, the large k's
+    errors by warmup (by seed) and their means, the baseline's errors and mean, the seeds of an
+    arm; the paper's errors by warmup and at the baseline, their source, its large batch."""
+
+    chance: float | None
+    base_k: float
+    large_k: float
+    e: dict[str, list[float]]
+    m: dict[str, float]
+    base: list[float]
+    b: float
+    n: int
+    p: dict[str, float]
+    p_base: float
+    src: str
+    big: str
+
+
+def _arms(df) -> _Arms:
     base_k, large_k = float(df["k"].min()), float(df["k"].max())
     e = {w: studies.errors(df, k=large_k, warmup=w) for w in WARMUPS}
     base = studies.errors(df, k=base_k)
-    m = {w: mean(v) for w, v in e.items()}
-    b, n = mean(base), len(e["gradual"])
     ref = ex.reference(STUDY)
-    p = dict(zip(ref["warmup"][ref["batch"] > 256], ref["value"][ref["batch"] > 256], strict=True))
-    p_base = float(ref["value"][ref["batch"] == 256].iloc[0])
-    src, big = studies.cite(*ref["source"]), studies.kilo(ref["batch"].max())
+    large = ref["batch"] > 256
+    return _Arms(
+        chance=studies.chance_of(df),
+        base_k=base_k,
+        large_k=large_k,
+        e=e,
+        m={w: mean(v) for w, v in e.items()},
+        base=base,
+        b=mean(base),
+        n=len(e["gradual"]),
+        p=dict(zip(ref["warmup"][large], ref["value"][large], strict=True)),
+        p_base=float(ref["value"][ref["batch"] == 256].iloc[0]),
+        src=studies.cite(*ref["source"]),
+        big=studies.kilo(ref["batch"].max()),
+    )
 
+
+def _gradual_beats_none(w: _Arms) -> Finding:
+    m, p = w.m, w.p
+    return studies.finding(
+        "gradual warmup beats no warmup at the large minibatch",
+        studies.lower(w.e["gradual"], w.e["none"], chance=w.chance, paired=True),
+        f"{m['gradual']:.1f}% vs {m['none']:.1f}% (mean of {w.n}; paper {p['gradual']:.2f} vs "
+        f"{p['none']:.2f})",
+        paper=f"{w.src}: gradual {p['gradual']:.2f}% vs none {p['none']:.2f}% error ({w.big})",
+    )
+
+
+def _constant_is_worst(df, w: _Arms, metrics: Metrics) -> Finding:
+    """Constant warmup's error above both none's and gradual's (paired over seeds)."""
+    e, m, p = w.e, w.m, w.p
     v_constant = every(
-        studies.worse_by(e["constant"], e["none"], 0.0, chance=chance, paired=True),
-        studies.worse_by(e["constant"], e["gradual"], 0.0, chance=chance, paired=True),
+        studies.worse_by(e["constant"], e["none"], 0.0, chance=w.chance, paired=True),
+        studies.worse_by(e["constant"], e["gradual"], 0.0, chance=w.chance, paired=True),
     )
     why_constant = ""
     if v_constant.replayed is not True and not m["constant"] > max(m["none"], m["gradual"]):
-        const = df[(df["k"] == large_k) & (df["warmup"] == "constant")]
-        load = curves(metrics)
-        spike = mean([jump_ratio(load(d)) for d in const["run_dir"]])
-        shown = not at_chance([x for v in e.values() for x in v], chance)
-        why_constant = note(
-            v_constant,
-            shown,
-            (
-                f"the jump at the end of the constant warmup barely disturbs training here (the loss "
-                f"after the jump peaks at {spike:.2f}x its mean just before, mean of {len(const)}), so "
-                f"the low-lr phase only costs steps"
-                if spike < SPIKE
-                else f"the jump at the end of the constant warmup raises the loss (its peak after the jump "
-                f"is {spike:.2f}x the mean just before, mean of {len(const)}) but the remaining steps "
-                f"recover from it"
-            )
-            + ("; constant is still worse than gradual" if m["constant"] > m["gradual"] else ""),
-        )
+        why_constant = _why_constant_is_not_worst(df, w, metrics, v_constant)
+    return studies.finding(
+        "constant warmup is the worst of the three",
+        v_constant,
+        f"constant {m['constant']:.1f}%, none {m['none']:.1f}%, gradual {m['gradual']:.1f}% "
+        f"(paper {p['constant']:.2f} worst)" + why_constant,
+        paper=f"{w.src}: constant {p['constant']:.2f}%, none {p['none']:.2f}%, gradual "
+        f"{p['gradual']:.2f}% error ({w.big})",
+    )
 
-    v_close = studies.within(e["gradual"], base, CLOSE_PCT, chance=chance, paired=True)
+
+def _why_constant_is_not_worst(df, w: _Arms, metrics: Metrics, v_constant: Verdict) -> str:
+    """What the constant runs' training curves say: how far the loss jumps when the warmup ends."""
+    m = w.m
+    const = df[(df["k"] == w.large_k) & (df["warmup"] == "constant")]
+    load = curves(metrics)
+    spike = mean([jump_ratio(load(d)) for d in const["run_dir"]])
+    shown = not at_chance([x for v in w.e.values() for x in v], w.chance)
+    return note(
+        v_constant,
+        shown,
+        (
+            f"the jump at the end of the constant warmup barely disturbs training here (the loss "
+            f"after the jump peaks at {spike:.2f}x its mean just before, mean of {len(const)}), so "
+            f"the low-lr phase only costs steps"
+            if spike < SPIKE
+            else f"the jump at the end of the constant warmup raises the loss (its peak after the jump "
+            f"is {spike:.2f}x the mean just before, mean of {len(const)}) but the remaining steps "
+            f"recover from it"
+        )
+        + ("; constant is still worse than gradual" if m["constant"] > m["gradual"] else ""),
+    )
+
+
+def _gradual_is_close(df, w: _Arms) -> Finding:
+    """Gradual warmup's error at the large k within CLOSE_PCT of the baseline's (paired)."""
+    m, p, b, base_k, large_k = w.m, w.p, w.b, w.base_k, w.large_k
+    v_close = studies.within(w.e["gradual"], w.base, CLOSE_PCT, chance=w.chance, paired=True)
     steps = {k: int(df[df["k"] == k]["total_steps"].iloc[0]) for k in (base_k, large_k)}
-    against = not m["gradual"] - b < CLOSE_PCT and not at_chance([*e["gradual"], *base], chance)
+    against = not m["gradual"] - b < CLOSE_PCT and not at_chance(
+        [*w.e["gradual"], *w.base], w.chance
+    )
     why_close = note(
         v_close,
         against,
@@ -139,32 +209,14 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
             f"k={large_k:g} (notebook 03), where Goyal's curve is still flat"
         ),
     )
-
-    return [
-        studies.finding(
-            "gradual warmup beats no warmup at the large minibatch",
-            studies.lower(e["gradual"], e["none"], chance=chance, paired=True),
-            f"{m['gradual']:.1f}% vs {m['none']:.1f}% (mean of {n}; paper {p['gradual']:.2f} vs "
-            f"{p['none']:.2f})",
-            paper=f"{src}: gradual {p['gradual']:.2f}% vs none {p['none']:.2f}% error ({big})",
-        ),
-        studies.finding(
-            "constant warmup is the worst of the three",
-            v_constant,
-            f"constant {m['constant']:.1f}%, none {m['none']:.1f}%, gradual {m['gradual']:.1f}% "
-            f"(paper {p['constant']:.2f} worst)" + why_constant,
-            paper=f"{src}: constant {p['constant']:.2f}%, none {p['none']:.2f}%, gradual "
-            f"{p['gradual']:.2f}% error ({big})",
-        ),
-        studies.finding(
-            f"with gradual warmup the large minibatch comes close to the baseline (within "
-            f"{CLOSE_PCT:g} points)",
-            v_close,
-            f"{m['gradual']:.1f}% vs baseline {b:.1f}% (paper {p['gradual']:.2f} vs {p_base:.2f})"
-            + why_close,
-            paper=f"{src}: gradual {p['gradual']:.2f}% error at {big} vs baseline {p_base:.2f}% at 256",
-        ),
-    ]
+    return studies.finding(
+        f"with gradual warmup the large minibatch comes close to the baseline (within "
+        f"{CLOSE_PCT:g} points)",
+        v_close,
+        f"{m['gradual']:.1f}% vs baseline {b:.1f}% (paper {p['gradual']:.2f} vs {w.p_base:.2f})"
+        + why_close,
+        paper=f"{w.src}: gradual {p['gradual']:.2f}% error at {w.big} vs baseline {w.p_base:.2f}% at 256",
+    )
 
 
 # -- the training curves (Goyal Figs. 2 and 4) -------------------------------------------------
@@ -223,33 +275,40 @@ def curve_findings(df, metrics: Metrics = None) -> list[Finding]:
     one's after the first epochs; without warmup it lags early. Decided from the per-seed loss
     gaps (:func:`curve_gaps`), each seed's gap a paired difference against its own baseline."""
     g = curve_gaps(df, metrics)
+    return [_curves_match_late(g), _no_warmup_lags_early(g)]
+
+
+def _gap_text(values: list[float]) -> str:
+    return f"{mean(values):+.1f}%" if values else "n/a"
+
+
+def _curves_match_late(g: dict[str, dict[str, list[float]]]) -> Finding:
+    """With gradual warmup the per-seed gap over the second half is at most MATCH_PCT (paired)."""
     n = len(g["gradual"]["late"])
-    zeros = [0.0] * n
+    return studies.finding(
+        f"with gradual warmup the large minibatch's training loss matches the small "
+        f"minibatch's after the first epochs (within {MATCH_PCT:g}% over the second half of "
+        f"training)",
+        studies.verdict(g["gradual"]["late"], [0.0] * n, at_most=MATCH_PCT, paired=True),
+        f"gap {_gap_text(g['gradual']['late'])} over the second half (mean of {n}; no warmup "
+        f"{_gap_text(g['none']['late'])}; paper Figs. 2c and 4: the curves match closely after "
+        f"the warmup)",
+        paper="Goyal Figs. 2c and 4: qualitative, with gradual warmup the 8k training curve "
+        "matches the 256 one closely after the warmup; no number",
+    )
+
+
+def _no_warmup_lags_early(g: dict[str, dict[str, list[float]]]) -> Finding:
+    """Without warmup the per-seed gap over the first epochs is above 0 (paired)."""
+    n = len(g["gradual"]["late"])
     early = "first epoch" if EARLY_EPOCHS == 1 else f"first {EARLY_EPOCHS:g} epochs"
-
-    def text(values: list[float]) -> str:
-        return f"{mean(values):+.1f}%" if values else "n/a"
-
-    return [
-        studies.finding(
-            f"with gradual warmup the large minibatch's training loss matches the small "
-            f"minibatch's after the first epochs (within {MATCH_PCT:g}% over the second half of "
-            f"training)",
-            studies.decide(g["gradual"]["late"], zeros, at_most=MATCH_PCT, paired=True),
-            f"gap {text(g['gradual']['late'])} over the second half (mean of {n}; no warmup "
-            f"{text(g['none']['late'])}; paper Figs. 2c and 4: the curves match closely after "
-            f"the warmup)",
-            paper="Goyal Figs. 2c and 4: qualitative, with gradual warmup the 8k training curve "
-            "matches the 256 one closely after the warmup; no number",
-        ),
-        studies.finding(
-            "without warmup the large minibatch's training loss lags the small minibatch's early "
-            f"(above it over the {early})",
-            studies.decide(g["none"]["early"], zeros, more_than=0.0, paired=True),
-            f"gap {text(g['none']['early'])} over the {early} (mean of {n}; "
-            f"gradual warmup {text(g['gradual']['early'])}; paper Fig. 2a: higher training "
-            f"error early)",
-            paper="Goyal Fig. 2a: qualitative, without warmup the 8k training error is higher than "
-            "the 256 one early; no number",
-        ),
-    ]
+    return studies.finding(
+        "without warmup the large minibatch's training loss lags the small minibatch's early "
+        f"(above it over the {early})",
+        studies.verdict(g["none"]["early"], [0.0] * n, more_than=0.0, paired=True),
+        f"gap {_gap_text(g['none']['early'])} over the {early} (mean of {n}; "
+        f"gradual warmup {_gap_text(g['gradual']['early'])}; paper Fig. 2a: higher training "
+        f"error early)",
+        paper="Goyal Fig. 2a: qualitative, without warmup the 8k training error is higher than "
+        "the 256 one early; no number",
+    )

@@ -1,11 +1,12 @@
-"""Studies 1-5 (lbsgd.studies.quickstart … bn_gamma_init) on hand-made numbers: each finding
-replayed, not replayed and undecided (smoke: every run at chance), the run lists of the cpu and
-smoke profiles, and the paper's numbers on the right rows of each table."""
+"""Studies 1-5, Goyal et al.'s (lbsgd.studies.quickstart … bn_gamma_init), on hand-made numbers:
+each finding replayed, not replayed and undecided (smoke: every run at chance), the run lists of
+the cpu and smoke profiles, and the paper's numbers on the right rows of each table."""
 
 import math
 
 import pandas as pd
 import pytest
+from helpers import verdicts
 
 from lbsgd import config
 from lbsgd.studies import batch_scaling, bn_gamma_init, lr_scaling_rule, quickstart, scales, warmup
@@ -35,10 +36,6 @@ def frame(rows):
 def arms(values, **keys):
     """One run per seed (0, 1, …) with these errors and keys."""
     return [{**keys, "seed": s, "final_top1_error_pct": e} for s, e in enumerate(values)]
-
-
-def verdicts(findings):
-    return [f.replayed for f in findings]
 
 
 def undecided_by(findings, reason):

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import run_name, verdicts
 
 from lbsgd import config
 from lbsgd.studies import batch_scaling, scales
@@ -38,8 +39,7 @@ def test_runs_measure_the_noise_scale_exactly_where_the_batch_exceeds_b_small(pr
     assert any(not r["noise_scale"] for r in runs) and any(r["noise_scale"] for r in runs)
     # notebook 3's sweep: the same experiments (run names), each a valid config with its layout
     same = batch_scaling.runs(profile, seeds)
-    name = lambda r: config.from_dict({**r, "study": "x"}).run_name()  # noqa: E731
-    assert [name(r) for r in runs] == [name(r) for r in same]
+    assert [run_name(r) for r in runs] == [run_name(r) for r in same]
     for r in runs:
         assert r["eval_every"] == profile.base["eval_every"]
         cfg = config.from_dict({**r, "study": cb.STUDY})
@@ -286,10 +286,6 @@ def test_steps_to_target_of_a_k_is_nan_unless_every_seed_reached_it():
 
 
 # -- the findings ------------------------------------------------------------------------------
-
-
-def verdicts(fs):
-    return [f.replayed for f in fs]
 
 
 def test_every_finding_replayed_when_b_noise_sits_at_the_knee_and_b_crit_and_grows():

@@ -1,33 +1,23 @@
-"""Studies 12 (lbsgd.studies.local_sgd) and 13 (lbsgd.studies.staleness) on hand-made runs: the run
-lists of the cpu and smoke profiles (valid configs with their process layouts), the all-reduce
-count and the modelled wall time, and each finding replayed, not replayed and undecided."""
+"""Study 12 (lbsgd.studies.local_sgd) on hand-made runs: the run lists of the cpu and smoke profiles
+(valid configs with their process layouts), the all-reduce count and the modelled wall time, and
+each finding replayed, not replayed and undecided."""
 
 import math
 
 import pandas as pd
 import pytest
+from helpers import run_name, valid_layout
 
 from lbsgd import config
 from lbsgd import costmodel as cost
 from lbsgd.studies import batch_scaling, scales
 from lbsgd.studies import local_sgd as ls
-from lbsgd.studies import staleness as st
 
 CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
 T, W = 313, 39  # the cpu profile at k = 16: ceil(4 · 20,000 / 256) steps, round(0.5 · 20,000 / 256)
 
 
-def name(r):
-    return config.from_dict({**r, "study": "x"}).run_name()
-
-
-def valid(r, world_size):
-    """The run's config and its layout on ``world_size`` processes (raises ConfigError if not)."""
-    cfg = config.from_dict({**r, "study": "x"})
-    return config.derive(cfg, world_size, r["synthetic_train"])
-
-
-# -- 12: the runs ------------------------------------------------------------------------------
+# -- the runs ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("profile", [CPU, SMOKE], ids=["cpu", "smoke"])
@@ -36,9 +26,9 @@ def test_local_sgd_runs_are_valid_on_their_processes_and_named_by_k(profile):
     sync = ls.sync_runs(profile, seeds)
     # synchronous SGD: notebook 3's runs at large_k (copied, not trained again)
     same = batch_scaling.runs(profile, seeds, [profile.large_k])
-    assert [name(r) for r in sync] == [name(r) for r in same]
+    assert [run_name(r) for r in sync] == [run_name(r) for r in same]
     for r in sync:
-        assert valid(r, 1).world_size == 1 and r.get("local_sgd", 0) == 0
+        assert valid_layout(r, 1).world_size == 1 and r.get("local_sgd", 0) == 0
     for k in ls.NPROCS:
         runs = ls.runs(profile, seeds, k)
         assert len(runs) == 2 * len(ls.PERIODS) * len(seeds)
@@ -50,7 +40,7 @@ def test_local_sgd_runs_are_valid_on_their_processes_and_named_by_k(profile):
         assert all(r["block_lr"] == 1.0 and r["block_nesterov"] for r in bmuf)
         assert len({r["name"] for r in runs}) == len(runs)
         for r in runs:
-            d = valid(r, k)
+            d = valid_layout(r, k)
             assert d.world_size == k and r["batch_size"] == profile.large_k * 16
 
 
@@ -58,7 +48,7 @@ def test_local_sgd_runs_of_two_process_counts_never_share_a_folder():
     two, four = ls.runs(CPU, [0], 2), ls.runs(CPU, [0], 4)
     assert not {r["name"] for r in two} & {r["name"] for r in four}
     # the same experiment keys apart from the block momentum 1 − 1/K: only the name tells K apart
-    assert name({**two[0], "name": None}) == name({**four[0], "name": None})
+    assert run_name({**two[0], "name": None}) == run_name({**four[0], "name": None})
 
 
 def test_local_sgd_refuses_fewer_than_two_processes_in_one_line():
@@ -73,7 +63,7 @@ def test_all_reduces_are_the_warmup_plus_the_averagings():
     assert ls.all_reduces(T, W, 1) == T  # averaging every step: one all-reduce per step
     assert ls.all_reduces(10, 20, 4) == 10  # the warmup covers the run
     # the cpu profile's derived values give these numbers
-    d = valid(ls.sync_runs(CPU, [0])[0], 1)
+    d = valid_layout(ls.sync_runs(CPU, [0])[0], 1)
     assert (d.total_steps, d.warmup_steps) == (T, W)
 
 
@@ -86,7 +76,7 @@ def test_mode_of_reads_the_keys_and_missing_keys_of_older_runs():
     assert ls.mode_of({"local_sgd": 4, "block_momentum": 0.0, "block_lr": 2.0}) == "bmuf"
 
 
-# -- 12: hand-made runs ------------------------------------------------------------------------
+# -- hand-made runs ----------------------------------------------------------------------------
 
 LINK = cost.Link(1e-3, 1e8)  # α = 1 ms, β = 100 MB/s
 BYTES = 400_000  # 100,000 fp32 parameters
@@ -224,154 +214,10 @@ def test_param_bytes_are_four_per_parameter_of_the_profiles_model():
     assert ls.param_bytes(fashion) == 4 * sum(p.numel() for p in net.parameters())
 
 
-# -- 13: the runs ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("profile", [CPU, SMOKE], ids=["cpu", "smoke"])
-def test_staleness_runs_are_valid_and_tau_0_linear_is_notebook_3s_run(profile):
-    seeds = list(profile.seeds)
-    runs = st.runs(profile, seeds)
-    assert len(runs) == len(st.TAUS) * len(st.RULES) * len(seeds)
-    assert {r["staleness"] for r in runs} == set(st.TAUS)
-    assert {r["staleness_dist"] for r in runs} == {"fixed"}
-    assert len({name(r) for r in runs}) == len(runs)
-    for r in runs:
-        valid(r, 1)
-    base = [r for r in runs if r["staleness"] == 0 and r["lr_scaling"] == "linear"]
-    same = batch_scaling.runs(profile, seeds, [profile.large_k])
-    assert [name(r) for r in base] == [name(r) for r in same]
-    # the two rules differ in the peak lr by k
-    lin, none = (
-        valid(next(r for r in runs if r["lr_scaling"] == x), 1).lr for x in ("linear", "none")
-    )
-    assert lin == pytest.approx(none * profile.large_k)
-
-
-@pytest.mark.parametrize("profile", [CPU, SMOKE], ids=["cpu", "smoke"])
-def test_ps_runs_name_their_workers_and_do_not_resume(profile):
-    runs = st.ps_runs(profile, list(profile.seeds), workers=2)
-    for r in runs:
-        assert r["async_ps"] is True and r["resume"] is False
-        assert r["name"].endswith("-ps2")
-        cfg = config.from_dict({**r, "study": "x"})
-        assert cfg.async_ps and not cfg.resume
-        config.derive(cfg, 3, r["synthetic_train"])  # 1 server + 2 workers
-    assert {r["name"] for r in runs}.isdisjoint(r["name"] for r in st.ps_runs(profile, [0], 1))
-    with pytest.raises(config.ConfigError, match=r"^workers=0 must be an integer >= 1"):
-        st.ps_runs(profile, [0], workers=0)
-
-
-# -- 13: hand-made runs ------------------------------------------------------------------------
-
-
-def sim(errors, seeds=(0, 1, 2), diverged=()):
-    """``errors[rule][tau]``: errors per seed; ``diverged``: (rule, tau, seed) that diverged."""
-    rows = []
-    for rule, by_tau in errors.items():
-        for tau, errs in by_tau.items():
-            for s, e in zip(seeds, errs, strict=True):
-                rows.append(
-                    {
-                        "lr_scaling": rule,
-                        "staleness": tau,
-                        "seed": s,
-                        "k": 16.0,
-                        "lr": 0.2 if rule == "linear" else 0.0125,
-                        "dataset": "synthetic",
-                        "final_top1_error_pct": e,
-                        "status": "diverged" if (rule, tau, s) in diverged else "completed",
-                    }
-                )
-    return pd.DataFrame(rows)
-
-
-def ps(errors, means, seeds=(0, 1, 2)):
-    return pd.DataFrame(
-        {
-            "seed": list(seeds),
-            "final_top1_error_pct": errors,
-            st.STALENESS_MEAN: means,
-            "async_ps_workers": 2,
-            "lr_scaling": "linear",
-            "k": 16.0,
-            "lr": 0.2,
-            "status": "completed",
-            "dataset": "synthetic",
-        }
-    )
-
-
-GROWS = {
-    "linear": {0: [5, 5.2, 4.8], 1: [5.5, 5.6, 5.4], 8: [9, 9.3, 8.7]},
-    "none": {0: [8, 8.2, 7.8], 1: [8, 8.2, 7.8], 8: [8.5, 8.6, 8.4]},
-}
-
-
-def test_staleness_findings_replayed_on_a_clear_table():
-    f = st.findings(sim(GROWS), ps([5.6, 5.5, 5.4], [0.9, 1.1, 1.0]))
-    assert [x.replayed for x in f] == [True, True, True], [x.evidence for x in f]
-    assert "τ=8: 9.00%" in f[0].evidence
-    assert "linear +4.00, +4.10, +3.90" in f[1].evidence
-    assert "→ τ = 1" in f[2].evidence and "PS 5.50% vs simulated 5.50%" in f[2].evidence
-
-
-def test_staleness_findings_not_replayed_when_tau_does_not_hurt():
-    flat = {
-        "linear": {0: [5, 5.2, 4.8], 8: [4, 4.1, 3.9]},
-        "none": {0: [8, 8.2, 7.8], 8: [10, 10.2, 9.8]},
-    }
-    f = st.findings(sim(flat), ps([8, 8.2, 7.8], [0.2, 0.1, 0.3]))
-    assert [x.replayed for x in f] == [False, False, False], [x.evidence for x in f]
-    assert "not replayed at this scale" in f[0].evidence
-    assert "a distribution" in f[2].evidence
-
-
-def test_staleness_findings_undecided_inside_the_spread_one_seed_or_without_ps():
-    noisy = {"linear": {0: [5, 7, 3], 8: [6, 4, 7]}, "none": {0: [5, 7, 3], 8: [7, 4, 6]}}
-    f = st.findings(sim(noisy))
-    assert [x.replayed for x in f] == [None, None, None]
-    assert "inside the seed spread" in f[0].evidence and "no parameter-server run" in f[2].evidence
-    one = st.findings(
-        sim({r: {t: v[:1] for t, v in d.items()} for r, d in GROWS.items()}, seeds=(0,))
-    )
-    assert one[0].replayed is None and "one seed" in one[0].evidence
-    # no simulated run at the PS runs' staleness
-    far = st.findings(sim(GROWS), ps([5, 5, 5], [3.9, 4.1, 4.0]))[2]
-    assert far.replayed is None and "no simulated run at τ = 4" in far.evidence
-
-
-def test_the_rules_growths_do_not_compare_when_one_arm_hardly_trains():
-    """Without the linear rule the lr can be too small to train in the budget (cpu: 79% at
-    tau = 0 vs 5% with it): its flat curve is no evidence that the rule amplifies staleness."""
-    under = {"linear": GROWS["linear"], "none": {0: [79, 79.5, 78.5], 8: [80, 80.5, 79.5]}}
-    f = st.findings(sim(under))[1]
-    assert f.replayed is None and "hardly trains in this budget" in f.evidence
-
-
-def test_a_diverged_stale_run_counts_as_failed():
-    div = {"linear": {0: [5, 5.2, 4.8], 8: [6, 6, 6]}, "none": {0: [20, 20, 20], 8: [20, 20, 20]}}
-    f = st.findings(sim(div, diverged={("linear", 8, s) for s in (0, 1, 2)}))
-    assert f[0].replayed is True and "3 diverged run(s) counted as 100%" in f[0].evidence
-    t = st.table(sim(div, diverged={("linear", 8, 0)}))
-    row = t[(t["lr_scaling"] == "linear") & (t["staleness"] == 8)].iloc[0]
-    assert row["diverged"] == 1 and row["final_top1_error_pct_mean"] == pytest.approx(112 / 3)
-
-
-def test_staleness_table_sets_zhangs_lr_factor_beside_the_rules():
-    t = st.table(sim(GROWS), ps([5.6, 5.5, 5.4], [0.9, 1.1, 1.0]))
-    simulated = t[t["mode"] == "simulated"]
-    assert simulated["paper_lr_factor"].tolist() == [1.0, 1.0, 1 / 8] * 2
-    assert set(simulated[simulated["lr_scaling"] == "linear"]["lr_factor"]) == {16.0}
-    assert set(simulated[simulated["lr_scaling"] == "none"]["lr_factor"]) == {1.0}
-    server = t[t["mode"] == "async_ps"]
-    assert server["runs"].tolist() == [3] and server["staleness"].tolist() == [pytest.approx(1.0)]
-    assert st.matched_tau(ps([5, 5, 5], [1.4, 1.6, 1.5])) == 2
-
-
 # -- what the paper reports, beside every finding ----------------------------------------------
 
 
-def test_every_finding_of_studies_12_and_13_carries_what_the_papers_report():
+def test_every_finding_of_study_12_carries_what_the_papers_report():
     fs = ls.findings(study([5.0] * 3, grid([5.0] * 3), grid([5.0] * 3)))
     assert [f.paper for f in fs] == [
         "Chen & Huo 2016: qualitative, BMUF matches or beats model averaging (vs local); no "
@@ -381,13 +227,3 @@ def test_every_finding_of_studies_12_and_13_carries_what_the_papers_report():
         "no published number: lbsgd's cost model (α–β all-reduce fit of notebook 10) with this "
         "study's measured throughput",
     ]
-    stale = [
-        "Lian et al. 2015: qualitative, convergence needs a step size that shrinks as the "
-        "staleness bound grows; no number in the reference data",
-        "Lian et al. 2015, Zhang et al. 2016: qualitative, the step size bounded by the staleness "
-        "(Lian) or divided by it, η/τ (Zhang); no number in the reference data",
-        "no published number: lbsgd's parameter server against its own simulation of staleness",
-    ]
-    assert [f.paper for f in st.findings(sim(GROWS), ps([5.6, 5.5, 5.4], [0.9, 1.1, 1.0]))] == stale
-    assert [f.paper for f in st.findings(sim(GROWS))] == stale  # no PS run
-    assert [f.paper for f in st.findings(sim(GROWS), ps([5, 5, 5], [3.9, 4.1, 4.0]))] == stale

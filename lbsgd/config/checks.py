@@ -1,0 +1,501 @@
+"""The checks: each key alone, then the rules across keys, the place a run is written and the
+layout of processes. Each refusal is one line naming the key and what would be valid.
+
+Each key alone first (:func:`key_problem`, :func:`check_values`: before a plugin is imported or
+anything derived from it), then the rules across keys when a Config is made (:func:`check_config`),
+the place a run goes (:func:`check_place`) and the layout it runs on (:func:`check_world`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+
+from lbsgd.config.derived import lr_scale, micro_batch, noise_batch
+from lbsgd.config.schema import FIELDS, KEYS, hints, unknown_key_message
+from lbsgd.registry import ConfigError
+
+if TYPE_CHECKING:
+    from lbsgd.config.schema import Config
+
+# Linux and macOS file systems hold names of at most 255 bytes; a sweep writes <run name>.log beside
+# the run's folder, so a folder name keeps room for that suffix.
+MAX_FOLDER_NAME_BYTES = 255 - len(".log")
+FOLDER_NAME_RULE = (
+    "must be a plain folder name: no '/' or '\\', not '', '.' or '..', no leading "
+    "'-', no leading or trailing space, printable characters only, at most "
+    f"{MAX_FOLDER_NAME_BYTES} bytes"
+)
+# W&B's own rule for a project name (wandb.Settings.validate_project): the project is a component
+# of every run's URL, entity/project/runs/id, and W&B refuses anything else once the run has started.
+WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
+WANDB_PROJECT_MAX = 128
+
+
+def _plain_folder_name(value: Any) -> bool:
+    """One path component that stays where it is put: no separator, no '.'/'..', no option-like
+    leading '-', no NUL or other unprintable character, no space a listing hides, short enough for
+    the file system."""
+    return (
+        isinstance(value, str)
+        and value not in ("", ".", "..")
+        and value.isprintable()
+        and "/" not in value
+        and "\\" not in value
+        and not value.startswith("-")
+        and value == value.strip()
+        and len(value.encode("utf-8", "surrogatepass")) <= MAX_FOLDER_NAME_BYTES
+    )
+
+
+def check_folder_name(key: str, value: Any) -> None:
+    """ConfigError (one line naming ``key``) unless ``value`` is one plain path component: what a
+    study or run name must be to stay inside ``out_dir``."""
+    if not _plain_folder_name(value):
+        raise ConfigError(f"{key}={value!r} {FOLDER_NAME_RULE}")
+
+
+# What would be valid instead, for the key whose folder on the way to a run is not a folder
+PLACE_VALID = {
+    "out_dir": "a folder, or a path not made yet",
+    "study": "another study= or out_dir=",
+    "name": "another name= or out_dir=",
+}
+
+
+def check_place(out_dir: str | os.PathLike, study: str, name: str | None = None) -> None:
+    """ConfigError (one line naming the key) unless the folder ``out_dir/study[/name]`` can be
+    made: every path on the way that exists is a folder (``mkdir`` ends in a traceback on a file),
+    and where folders are still to be made, the deepest existing one can be written in. Reads only;
+    a run folder that exists is not asked for write access (a completed run is read, not written)."""
+    _need(
+        isinstance(out_dir, (str, os.PathLike)),
+        f"out_dir={out_dir!r} must be a folder path (valid: a str or os.PathLike; got "
+        f"{type(out_dir).__name__})",
+        ConfigError,
+    )
+    check_folder_path("out_dir", str(out_dir))
+    out = Path(out_dir)
+    steps = [("out_dir", p) for p in (*reversed(out.parents), out)] + [("study", out / study)]
+    if name is not None:
+        steps.append(("name", out / study / name))
+    values = {"out_dir": str(out_dir), "study": study, "name": name}
+    made = None  # the deepest folder on the way that exists
+    for key, path in steps:
+        if not os.path.lexists(path):
+            _need(
+                made is None or os.access(made, os.W_OK | os.X_OK),
+                f"out_dir={str(out_dir)!r}: {str(made)!r} cannot be written in (permission "
+                f"denied), where {str(steps[-1][1])!r} would be made (valid: a folder you can "
+                "write in)",
+                ConfigError,
+            )
+            return
+        _need(
+            path.is_dir(),
+            f"{key}={values[key]!r}: {str(path)!r} exists and is not a folder, so no folder can "
+            f"be made there (valid: {PLACE_VALID[key]})",
+            ConfigError,
+        )
+        made = path
+
+
+# -- each key alone: checked before anything is derived from it ----------------------------------
+
+# The largest float32: lrs, decays, loss scales and noise levels become float32 tensor values
+FLOAT32_MAX = 3.4028234663852886e38
+# float keys whose value enters float32 arithmetic as it is (the peak lr is checked as derived)
+FLOAT32_KEYS = (
+    "warmup_lr",
+    "weight_decay",
+    "lars_eta",
+    "loss_scale",
+    "block_lr",
+    "synthetic_noise",
+)
+# The largest int64: integer keys become torch's and numpy's int64 values (sizes, counts, seeds)
+INT64_MAX = 2**63 - 1
+# integer keys that count something: at least one
+POSITIVE_KEYS = (
+    "batch_size",
+    "bn_batch",
+    "reference_batch",
+    "depth",
+    "width",
+    "synthetic_train",
+    "synthetic_test",
+    "fake_train",
+    "fake_test",
+    "fake_image_size",
+    "fake_classes",
+    "log_every",
+)
+# Intra-op threads per process: beyond any CPU node's cores (libgomp aborts at 100,000)
+MAX_THREADS = 1024
+# The data order's seed of epoch e is seed * SEED_STRIDE + e (lbsgd.seeding.epoch_order)
+SEED_STRIDE = 1_000_003
+# Epochs stop well before 2^64, the bound of every epoch's data-order seed (with seed 0)
+MAX_EPOCHS = 2.0**63
+# keys where 0 means "none" or "off" (or is a length, a seed)
+NON_NEGATIVE_KEYS = (
+    "warmup_epochs",
+    "weight_decay",
+    "workers",
+    "threads",
+    "eval_every",
+    "bucket_cap_mb",
+    "local_sgd",
+    "switch_step",
+    "checkpoint_every",
+    "seed",
+)
+
+
+def _varied_problem(value: tuple[str, ...]) -> str:
+    bad = next(k for k in value if k not in FIELDS and k != "k")
+    return f"varied: {bad!r} is not a config key (nor k); `lbsgd keys` lists the vocabulary"
+
+
+def _wandb_project(value: str) -> bool:
+    return 0 < len(value) <= WANDB_PROJECT_MAX and not any(
+        ch in value for ch in WANDB_PROJECT_FORBIDDEN
+    )
+
+
+# (key, valid(value), what is wrong: the words after "key=value", or the whole line from the
+# value). A key's value of None (where its type allows it) is valid: "off", "the default's".
+KEY_RULES: tuple[tuple[str, Any, Any], ...] = (
+    *((k, lambda v: v > 0, "must be a positive integer") for k in POSITIVE_KEYS),
+    *((k, lambda v: v >= 0, "must be >= 0") for k in NON_NEGATIVE_KEYS),
+    ("epochs", lambda v: v > 0, "must be > 0"),
+    (
+        "epochs",
+        lambda v: v <= MAX_EPOCHS,
+        f"is too large: epoch e's data order is seeded with seed * {SEED_STRIDE} + e, below 2^64 "
+        "(valid: epochs <= 2^63)",
+    ),
+    # 0: a fixed point (the noise scale of a model as it is, lbsgd.noise_scale)
+    ("base_lr", lambda v: v >= 0, "must be >= 0"),
+    (
+        "threads",
+        lambda v: v <= MAX_THREADS,
+        "is too large: more than any CPU node has cores, and the OpenMP runtime fails to start "
+        f"that many (valid: 0 = torch's default, or 1 … {MAX_THREADS})",
+    ),
+    ("warmup_lr", lambda v: v > 0, "must be > 0 (or null)"),
+    ("momentum", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("decay_factor", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    ("poly_power", lambda v: v > 0, "must be > 0"),
+    ("lars_eta", lambda v: v > 0, "must be > 0"),
+    ("loss_scale", lambda v: v > 0, "must be > 0"),
+    ("powersgd_rank", lambda v: v >= 1, "must be a positive integer"),
+    ("noise_scale_ema", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("noise_scale_batch", lambda v: v > 0, "must be a positive integer (or null)"),
+    ("block_momentum", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("block_lr", lambda v: v > 0, "must be a finite number > 0"),
+    ("staleness", lambda v: v >= 0, "must be >= 0 (0 = synchronous)"),
+    ("synthetic_noise", lambda v: v >= 0, "must be >= 0 (or null)"),
+    (
+        "fashion_size",
+        lambda v: 4 <= v <= 28,
+        "must be an integer from 4 to 28 (the images' height = width; 28: as they are)",
+    ),
+    (
+        "fashion_train",
+        lambda v: 10 <= v <= 60_000 and v % 10 == 0,
+        "must be a multiple of 10 from 10 to 60000 (fashion_train/10 images of each class)",
+    ),
+    (
+        "milestones",
+        lambda v: all(m >= 0 for m in v) and list(v) == sorted(v),
+        "must be non-negative epochs in increasing order",
+    ),
+    (
+        "micro_batch",
+        lambda v: v == "auto" or v > 0,
+        "must be a positive integer, auto or null",
+    ),
+    # places the user chooses, absolute or relative, but a path: no NUL, and not empty ('' is
+    # the working directory to Path: an unset variable in out_dir=$RESULTS, not a choice)
+    *(
+        (k, lambda v: "\0" not in v, "holds a NUL character: not a path (valid: a folder path)")
+        for k in ("out_dir", "data_dir")
+    ),
+    ("out_dir", lambda v: v.strip() != "", "is empty (valid: a folder path)"),
+    ("data_dir", lambda v: v.strip() != "", "is empty (valid: a folder path, or null)"),
+    # nothing is written outside out_dir: each key that becomes a path component under it
+    *((k, _plain_folder_name, FOLDER_NAME_RULE) for k in ("study", "name", "profile")),
+    (
+        "profile",
+        lambda v: re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v) is not None,
+        "must be null or a plain name (letters, digits, '_', '-', '.')",
+    ),
+    (
+        "wandb_project",
+        _wandb_project,
+        f"must be a W&B project name: 1 to {WANDB_PROJECT_MAX} characters, none of "
+        f"{' '.join(WANDB_PROJECT_FORBIDDEN)}",
+    ),
+    ("varied", lambda v: all(k in FIELDS or k == "k" for k in v), _varied_problem),
+)
+_RULES_OF: dict[str, list[tuple[Any, Any]]] = {}
+for _k, _ok, _why in KEY_RULES:
+    _RULES_OF.setdefault(_k, []).append((_ok, _why))
+
+
+def _shown(value: Any) -> Any:
+    """A value as a message shows it after ``key=``: a list, a quoted string, a number."""
+    if isinstance(value, tuple):
+        return list(value)
+    return repr(value) if isinstance(value, str) else value
+
+
+def _number_problem(key: str, value: Any) -> str | None:
+    """Every float finite (within float32 where it feeds float32 arithmetic as it is), every
+    integer within int64."""
+    items = value if isinstance(value, tuple) else (value,)
+    if any(isinstance(v, float) and not math.isfinite(v) for v in items):
+        return f"{key}={_shown(value)} must be a finite number"
+    if key in FLOAT32_KEYS and abs(value) > FLOAT32_MAX:
+        return f"{key}={value:g} overflows float32, where it is used (at most {FLOAT32_MAX:.4g})"
+    if any(isinstance(v, int) and v > INT64_MAX for v in items):
+        return (
+            f"{key}={value} is too large: more than a 64-bit integer holds (valid: {key} <= "
+            f"{INT64_MAX})"
+        )
+    return None
+
+
+def key_problem(key: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for ``key`` alone (a value of the key's type), in one line
+    that starts with ``key=value``, or None. No other key is read: these checks come before
+    any value is derived from the keys (:func:`check_config`, :func:`check_values`)."""
+    if value is None:
+        return None
+    problem = _number_problem(key, value)
+    if problem:
+        return problem
+    for ok, why in _RULES_OF.get(key, ()):
+        if not ok(value):
+            return why(value) if callable(why) else f"{key}={_shown(value)} {why}"
+    return None
+
+
+_ADAPTERS: dict[str, pydantic.TypeAdapter] = {}
+
+
+def _typed(key: str, value: Any) -> tuple[Any, str | None]:
+    """``value`` as ``key``'s type makes it (the schema's coercion: "8192" -> 8192), or the
+    one-line problem with its type."""
+    if key not in _ADAPTERS:
+        _ADAPTERS[key] = pydantic.TypeAdapter(hints()[key])
+    try:
+        return _ADAPTERS[key].validate_python(value), None
+    except pydantic.ValidationError as e:
+        msgs = dict.fromkeys(err["msg"] for err in e.errors())
+        return None, "; ".join(f"{key}={value!r}: {m}" for m in msgs)
+
+
+def check_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Each key of a raw mapping alone, before anything is derived from it or imported by it (a
+    plugin, the CPU cap): known, of its type, in its own range. Returns the values typed by the
+    schema; else one ConfigError line naming every bad key and what would be valid."""
+    typed: dict[str, Any] = {}
+    problems = []
+    for key, value in values.items():
+        if key not in FIELDS:
+            raise ConfigError(unknown_key_message(str(key)))
+        typed[key], problem = _typed(key, value)
+        problems.append(problem or key_problem(key, typed[key]))
+    found = [p for p in problems if p]
+    if found:
+        raise ConfigError("; ".join(found))
+    return typed
+
+
+def _need(ok: bool, msg: str, error: type[ValueError] = ValueError) -> None:
+    # ValueError: pydantic turns it into the validation error that from_dict makes one line of;
+    # ConfigError outside a Config's own checks
+    if not ok:
+        raise error(msg)
+
+
+def check_config(c: Config) -> None:
+    """Each key alone first (:func:`key_problem`, every bad key named), then the rules across keys
+    and on derived values, each failing with one line that names the key and what would be valid."""
+    problems = [p for p in (key_problem(k, getattr(c, k)) for k in KEYS) if p]
+    _need(not problems, "; ".join(problems))
+    _check_derived(c)
+    _check_gradient_rules(c)
+    if c.async_ps:
+        _check_async_ps(c)
+    _check_shapes(c)
+    if c.name is None:  # model and dataset (a plugin's registered names) make the run name
+        _need(
+            _plain_folder_name(c.run_name()),
+            f"run name {c.run_name()!r} (from model and dataset) {FOLDER_NAME_RULE}",
+        )
+
+
+def _check_derived(c: Config) -> None:
+    """Values derived from several keys, each valid alone: the peak lr and the data order's seeds."""
+    ratio = c.batch_size / c.reference_batch
+    lr = c.base_lr * lr_scale(c.lr_scaling, ratio)
+    _need(
+        lr <= FLOAT32_MAX,
+        f"base_lr={c.base_lr:g} x {c.lr_scaling}(batch_size / reference_batch = {ratio:g}) = "
+        f"{lr:.4g} overflows float32, where the lr is used (at most {FLOAT32_MAX:.4g})",
+    )
+    # torch's generators take seeds below 2^64, and the data order of epoch e is seeded with
+    # seed * SEED_STRIDE + e (lbsgd.data.sampler.permutation), for every epoch the run reaches
+    last_epoch = math.ceil(c.epochs) + 1
+    _need(
+        c.seed * SEED_STRIDE + last_epoch < 2**64,
+        f"seed={c.seed} is too large: epoch e's data order is seeded with seed * {SEED_STRIDE} + e, "
+        f"below 2^64 (valid: seed <= {(2**64 - 1 - last_epoch) // SEED_STRIDE})",
+    )
+
+
+def _check_gradient_rules(c: Config) -> None:
+    """Which gradient exchanges combine: the noise scale, local SGD, BMUF and staleness."""
+    _need(not c.nesterov or c.momentum > 0, "nesterov=true needs momentum > 0")
+    _need(
+        not c.noise_scale or c.local_sgd == 0,
+        f"noise_scale=true needs the all-reduced gradient of every step: not with "
+        f"local_sgd={c.local_sgd} (valid: local_sgd=0)",
+    )
+    _need(
+        not c.noise_scale or c.comm_hook != "powersgd",
+        "noise_scale=true measures the exact all-reduced gradient: comm_hook=powersgd only "
+        "approximates it (valid: none, fp16, bf16, hierarchical, parameter_server)",
+    )
+    _need(
+        c.local_sgd == 0 or c.comm_hook == "none",
+        f"local_sgd={c.local_sgd} averages parameters itself: it needs comm_hook=none, "
+        f"not comm_hook={c.comm_hook}",
+    )
+    # -- BMUF (lbsgd.comm.BMUF) --
+    for key, default in (("block_momentum", 0.0), ("block_lr", 1.0), ("block_nesterov", True)):
+        _need(
+            c.local_sgd > 0 or getattr(c, key) == default,
+            f"{key}={getattr(c, key)} filters the blocks of local SGD: it needs local_sgd > 0 "
+            f"(the block length n), not local_sgd=0",
+        )
+    _need(
+        c.switch_step is None or c.local_sgd > 0 or c.comm_hook == "powersgd",
+        f"switch_step={c.switch_step} is the step where local SGD or PowerSGD take over: it needs "
+        f"local_sgd > 0 or comm_hook=powersgd, not local_sgd=0 with comm_hook={c.comm_hook} "
+        "(valid: null)",
+    )
+    # -- simulated asynchronous SGD (lbsgd.staleness) --
+    _need(
+        c.staleness == 0 or c.local_sgd == 0,
+        f"staleness={c.staleness} delays the gradients of synchronous steps: not with "
+        f"local_sgd={c.local_sgd} (valid: local_sgd=0)",
+    )
+
+
+def _check_async_ps(c: Config) -> None:
+    """What an asynchronous parameter server (lbsgd.parameter_server) cannot combine with."""
+    _need(
+        c.local_sgd == 0,
+        f"async_ps=true applies each worker's gradient on the server as it "
+        f"arrives: not with local_sgd={c.local_sgd} (valid: local_sgd=0)",
+    )
+    _need(
+        c.comm_hook == "none",
+        f"async_ps=true sends each gradient to the server point to "
+        f"point: not with comm_hook={c.comm_hook} (valid: comm_hook=none)",
+    )
+    _need(
+        not c.noise_scale,
+        "noise_scale=true needs the all-reduced gradient of every step: "
+        "not with async_ps=true (valid: noise_scale=false)",
+    )
+    _need(
+        c.staleness == 0,
+        f"async_ps=true measures real staleness: not with the simulated "
+        f"staleness={c.staleness} (valid: staleness=0)",
+    )
+    _need(
+        c.precision != "fp16",
+        "async_ps=true has no dynamic loss scaling (one scale for "
+        "asynchronous workers): precision=fp16 is refused (valid: fp32, bf16)",
+    )
+    _need(
+        not c.resume,
+        "async_ps=true cannot resume: the order in which asynchronous "
+        "gradients arrive is not reproducible (valid: resume=false, a new name=)",
+    )
+    _need(
+        c.checkpoint_every == 0,
+        f"async_ps=true writes one checkpoint, at the end (resume "
+        f"is refused): checkpoint_every={c.checkpoint_every} must be 0",
+    )
+
+
+def _check_shapes(c: Config) -> None:
+    """The model, the data and how the batch divides into BN groups and micro-batches."""
+    _need(
+        not c.pool5_bn or c.model in ("alexnet", "alexnet_bn"),
+        f"pool5_bn=true applies to model=alexnet or alexnet_bn, not model={c.model}",
+    )
+    _need(
+        c.batch_size % c.bn_batch == 0,
+        f"batch_size={c.batch_size} is not a multiple of bn_batch={c.bn_batch}",
+    )
+    if c.micro_batch != "auto":
+        mb = c.micro_batch if c.micro_batch is not None else c.bn_batch
+        _need(mb % c.bn_batch == 0, f"micro_batch={mb} is not a multiple of bn_batch={c.bn_batch}")
+        _need(
+            c.batch_size % mb == 0,
+            f"batch_size={c.batch_size} is not a multiple of micro_batch={mb}",
+        )
+    if c.dataset in ("cifar10", "imagenet"):
+        _need(c.data_dir is not None, f"data_dir is required for dataset={c.dataset}")
+        _need(
+            Path(c.data_dir).is_dir(),
+            f"data_dir={c.data_dir!r} does not exist (dataset={c.dataset} reads from it)",
+        )
+    _need(
+        c.model != "resnet" or (c.depth - 2) % 6 == 0,
+        f"depth={c.depth} is not 6n+2 for model=resnet (valid: 8, 14, 20, 32, 44, 56, 110, …)",
+    )
+
+
+def check_folder_path(key: str, value: str | None, error: type[ValueError] = ConfigError) -> None:
+    """A place the user chooses (``out_dir``, ``data_dir``), absolute or relative, but a path: no
+    NUL, and not empty; else ``error``, one line naming ``key``."""
+    problem = key_problem(key, value)
+    if problem:
+        raise error(problem)
+
+
+def check_world(
+    c: Config, world_size: int, local_world_size: int | None = None, micro: int | None = None
+) -> None:
+    """One line saying why ``world_size`` processes (``local_world_size`` per node) cannot run
+    ``c`` with micro-batch ``micro`` (the key's by default; for ``auto``, the largest candidate),
+    else nothing. The accumulation steps they run: :func:`lbsgd.config.derived.accum_steps`."""
+    if c.async_ps:  # one update = one worker's whole batch (lbsgd.parameter_server)
+        world_size = 1
+    if c.comm_hook == "hierarchical" and local_world_size and world_size % local_world_size:
+        raise ConfigError(
+            f"comm_hook=hierarchical needs the same number of processes on every node: "
+            f"world_size={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_world_size}"
+        )
+    m = micro if micro is not None else micro_batch(c, world_size)
+    per_step = world_size * m
+    if c.batch_size % per_step:
+        raise ConfigError(
+            f"batch_size={c.batch_size} is not a multiple of world_size * micro_batch = "
+            f"{world_size} * {m} = {per_step}"
+        )
+    if c.noise_scale:
+        noise_batch(c, world_size, m)

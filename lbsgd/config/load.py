@@ -1,0 +1,153 @@
+"""Loading: a Config from YAML files, ``key=value`` overrides and plain mappings, each refusal one
+line (:func:`load`, :func:`from_dict`, :func:`parse_overrides`, :func:`read_yaml`,
+:func:`run_list`); and a run's config.yaml written back (:func:`dump`).
+"""
+
+from __future__ import annotations
+
+import os
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+import yaml
+
+from lbsgd.config.checks import check_values
+from lbsgd.config.derived import DERIVED_KEYS, RECORD_KEYS
+from lbsgd.config.schema import FIELDS, Config, hints, unknown_key_message
+from lbsgd.registry import ConfigError, import_plugins
+
+if TYPE_CHECKING:
+    from lbsgd.config.derived import Derived
+
+
+def _allows_none(tp: Any) -> bool:
+    return type(None) in typing.get_args(tp)
+
+
+def _is_tuple(tp: Any) -> bool:
+    return typing.get_origin(tp) is tuple
+
+
+def parse_value(key: str, text: str) -> Any:
+    """Turn the text of a command-line ``key=value`` into what the field expects.
+
+    Scalars stay strings and are coerced by the schema (``"8192"`` → 8192, ``"true"`` → True);
+    ``null``/``none`` mean None for keys that allow it; lists are ``30,60,80`` or ``[30, 60, 80]``.
+    """
+    tp = hints()[key]
+    if _allows_none(tp) and text.strip().lower() in ("null", "none", "~"):
+        return None
+    if _is_tuple(tp):
+        text = text.strip()
+        if text.startswith("["):
+            try:
+                return yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                first = str(e).splitlines()[0]
+                raise ConfigError(f"{key}={text}: not a list like [30, 60, 80] ({first})") from None
+        return [t.strip() for t in text.split(",") if t.strip()]
+    return text
+
+
+def from_dict(values: Mapping[str, Any]) -> Config:
+    """Validate a flat mapping of keys into a Config; raises ConfigError with one line."""
+    for key in values:
+        if key not in FIELDS:
+            raise ConfigError(unknown_key_message(str(key)))
+    try:
+        return Config(**values)
+    except pydantic.ValidationError as e:
+        raise ConfigError(_one_line(e, values)) from None
+
+
+def _one_line(e: pydantic.ValidationError, values: Mapping[str, Any]) -> str:
+    parts = []
+    for err in e.errors():
+        msg = err["msg"].removeprefix("Value error, ")
+        loc = [p for p in err["loc"] if isinstance(p, str)]
+        if loc and loc[0] in FIELDS:
+            key = loc[0]
+            parts.append(f"{key}={values.get(key)!r}: {msg}")
+        else:
+            parts.append(msg)
+    return "; ".join(dict.fromkeys(parts))
+
+
+def run_list(runs: Any) -> list[dict[str, Any]]:
+    """A sweep's runs as dicts of keys (not yet validated), or one line saying what a run list is:
+    a dict alone would iterate as its key names, a string as its characters."""
+    example = "(valid: a list of dicts of keys, e.g. [{'batch_size': 256}, {'batch_size': 512}])"
+    if isinstance(runs, Mapping | str | bytes) or not isinstance(runs, Iterable):
+        raise ConfigError(f"runs: a {type(runs).__name__}, not a list of runs {example}")
+    runs = list(runs)
+    for i, run in enumerate(runs):
+        if not isinstance(run, Mapping):
+            raise ConfigError(f"runs[{i}]: a {type(run).__name__}, not a dict of keys {example}")
+    return [dict(run) for run in runs]
+
+
+def parse_overrides(args: Iterable[str]) -> dict[str, Any]:
+    """``["batch_size=8192", "warmup=gradual"]`` → a dict of field values (not yet validated)."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        key, sep, text = arg.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"{arg!r} is not key=value")
+        if key not in FIELDS:
+            raise ConfigError(unknown_key_message(key))
+        out[key] = parse_value(key, text)
+    return out
+
+
+def read_yaml(path: str | os.PathLike, derived: bool = False) -> dict[str, Any]:
+    """A flat YAML mapping of keys. Derived values and :data:`RECORD_KEYS` in a run's config.yaml
+    are accepted and left out, or kept with ``derived=True`` (what the run was: its world_size,
+    micro_batch, the run it was copied from, ...)."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(p)!r} is not UTF-8 text (byte {e.start}: {e.reason})"
+        ) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(
+            f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a flat mapping of key: value")
+    drop = (*DERIVED_KEYS, *RECORD_KEYS)
+    return data if derived else {k: v for k, v in data.items() if k not in drop}
+
+
+def read_values(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> dict:
+    """Each YAML file in order, then ``key=value`` overrides: the keys they set, each checked
+    alone (:func:`check_values`) before anything is derived from it, imported or pinned by it."""
+    values: dict[str, Any] = {}
+    for f in files:
+        values.update(read_yaml(f))
+    values.update(parse_overrides(overrides))
+    return check_values(values)
+
+
+def load(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> Config:
+    """Defaults, then each YAML file in order, then ``key=value`` overrides; each key checked
+    alone first, then the plugins imported, then the rules across keys."""
+    values = read_values(files, overrides)
+    import_plugins(values.get("plugins", ()))
+    return from_dict(values)
+
+
+def dump(c: Config, d: Derived | None = None) -> str:
+    """YAML of every key, then the derived values (flat: ``key: value``, no nesting, the keys' one
+    vocabulary)."""
+    text = yaml.safe_dump(c.to_dict(), sort_keys=False)
+    if d is not None:
+        text += "# derived (lbsgd.config.derive)\n" + yaml.safe_dump(d.to_dict(), sort_keys=False)
+    return text

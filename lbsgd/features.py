@@ -1,0 +1,421 @@
+"""Step features: the optional techniques a synchronous step carries besides the network, behind
+one protocol (:class:`StepFeature`), and the step's pending record with the flush's packing.
+
+A feature registers with the run (:meth:`lbsgd.trainer.Run.attach`) and is called at named hook
+points of the step, in the order of registration:
+
+- :meth:`~StepFeature.before_step`, then per micro-batch :meth:`~StepFeature.before_micro_batch`
+  and :meth:`~StepFeature.after_backward`; :meth:`~StepFeature.after_accumulate` once the step's
+  gradients are in ``.grad`` (it may hand values to the flush's all-reduce), and
+  :meth:`~StepFeature.after_optimizer_step`;
+- :meth:`~StepFeature.local_step` (this step's gradients are not all-reduced) and
+  :meth:`~StepFeature.models_agree` (where a checkpoint may be written), :meth:`~StepFeature.at_boundary`
+  (an epoch's end);
+- at a flush: :meth:`~StepFeature.flush_record` (its fields of each step's train record, from its
+  all-reduced values) and :meth:`~StepFeature.after_flush` (its part of the summary).
+
+Its checkpointed state (:meth:`~StepFeature.state_dict`, :meth:`~StepFeature.load_state_dict`) is
+saved and restored by the run in one loop over the features: entries named by ``checkpoint_keys``
+sit at the checkpoint's top level (the same on every rank), those named by ``rank_keys`` in each
+rank's own part.
+
+The features: :class:`NoiseProbe` (``noise_scale=true``), :class:`Staleness` (``staleness`` > 0),
+:class:`PowerSGDState` (``comm_hook=powersgd``), :class:`LocalSGD` (``local_sgd`` > 0, BMUF).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from lbsgd import comm, distributed, noise_scale
+from lbsgd.config import Config, Derived
+from lbsgd.staleness import StaleWeights
+
+
+class StepFeature:
+    """An optional step-level technique: every hook a no-op, no checkpointed state."""
+
+    name = "feature"
+    checkpoint_keys: tuple[str, ...] = ()  # its entries at the checkpoint's top level
+    rank_keys: tuple[str, ...] = ()  # its entries in each rank's part of the checkpoint
+    flush_width = 0  # values per step it hands to the flush's all-reduce (after_accumulate)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Its checkpointed state: one value per key of ``checkpoint_keys`` and ``rank_keys``."""
+        return {}
+
+    def load_state_dict(self, saved: dict[str, Any], where: str) -> None:
+        """On resume: the checkpoint ``where``'s value of each of its keys (None when absent)."""
+
+    def announce(self) -> None:
+        """Rank 0's lines about it once it is attached and restored."""
+
+    def before_step(self, step: int) -> None:
+        """Optimizer step ``step`` (0-based) starts."""
+
+    def before_micro_batch(self, i: int) -> None:
+        """Before micro-batch ``i`` of this rank's step is read and run (its seeds are set)."""
+
+    def after_backward(self, i: int, synced: bool) -> None:
+        """After micro-batch ``i``'s backward (``synced``: DDP all-reduced it)."""
+
+    def after_accumulate(self, loss_scale: torch.Tensor) -> torch.Tensor | None:
+        """The step's gradients are accumulated (not unscaled yet); ``flush_width`` values per
+        step for the flush's all-reduce (its mean over the processes), or None."""
+        return None
+
+    def after_optimizer_step(self) -> None:
+        """The optimizer stepped (gradients still in ``.grad``)."""
+
+    def local_step(self, step: int) -> bool:
+        """Whether step ``step``'s gradients stay on this process (no all-reduce)."""
+        return False
+
+    def models_agree(self, step: int) -> bool:
+        """Whether every process holds the same model after step ``step`` (0-based)."""
+        return True
+
+    def at_boundary(self) -> None:
+        """An epoch's end or the last step, before its evaluation and checkpoint."""
+
+    def flush_record(self, values: list[float]) -> dict[str, Any]:
+        """Its fields of one flushed step's train record, from its averaged ``values``."""
+        return {}
+
+    def after_flush(self, summary: dict[str, Any]) -> None:
+        """After a flush's records: its part of summary.json."""
+
+
+class NoiseProbe(StepFeature):
+    """``noise_scale=true``: the gradient noise scale's probe (lbsgd.noise_scale); its smoothed
+    estimate is checkpointed, each step's |G_small|² and |G_big|² travel with the flush."""
+
+    name = "noise_scale"
+    checkpoint_keys = ("noise_scale",)
+    flush_width = 2
+
+    def __init__(self, *, cfg: Config, d: Derived, params: list[torch.Tensor]):
+        self.probe = noise_scale.Probe(
+            params,
+            micro_per_group=d.noise_micro_batches,
+            accum_steps=d.accum_steps,
+            b_small=d.noise_batch,
+            b_big=cfg.batch_size,
+            decay=cfg.noise_scale_ema,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"noise_scale": self.probe.smoother.state_dict()}
+
+    def load_state_dict(self, saved: dict[str, Any], where: str) -> None:
+        if saved["noise_scale"] is not None:
+            self.probe.smoother.load_state_dict(saved["noise_scale"])
+
+    def before_step(self, step: int) -> None:
+        self.probe.start()
+
+    def after_backward(self, i: int, synced: bool) -> None:
+        self.probe.after_backward(i, synced=synced)
+
+    def after_accumulate(self, loss_scale: torch.Tensor) -> torch.Tensor:
+        return self.probe.finish(loss_scale)
+
+    def flush_record(self, values: list[float]) -> dict[str, Any]:
+        return self.probe.record(*values)
+
+    def after_flush(self, summary: dict[str, Any]) -> None:
+        g_sq, trace, b_simple = self.probe.smoother.value()
+        summary["noise_scale"] = {
+            "b_simple": b_simple,
+            "g_sq": g_sq,
+            "trace": trace,
+            "b_small": self.probe.b_small,
+            "b_big": self.probe.b_big,
+        }
+
+
+class Staleness(StepFeature):
+    """``staleness`` > 0: each micro-batch's forward/backward runs on past weights W_{t-tau}, the
+    optimizer steps W_t (lbsgd.staleness); the ring of past weights is checkpointed (the same on
+    every rank)."""
+
+    name = "staleness"
+    checkpoint_keys = ("staleness",)
+
+    def __init__(self, *, cfg: Config, params: list[torch.Tensor], first_micro_batch: int):
+        self.ring = StaleWeights(params, cfg.staleness, cfg.staleness_dist, cfg.seed)
+        self.first = first_micro_batch  # this rank's first micro-batch in the global step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"staleness": self.ring.state_dict()}
+
+    def load_state_dict(self, saved: dict[str, Any], where: str) -> None:
+        self.ring.load_state_dict(saved["staleness"], where)
+
+    def before_step(self, step: int) -> None:
+        self.ring.begin(step)  # W_t enters the ring
+
+    def before_micro_batch(self, i: int) -> None:
+        self.ring.use(self.first + i)  # W_{t-tau} for the global micro-batch's forward/backward
+
+    def after_accumulate(self, loss_scale: torch.Tensor) -> None:
+        self.ring.restore()  # the optimizer steps W_t with the stale gradient
+
+
+class PowerSGDState(StepFeature):
+    """``comm_hook=powersgd``: the hook's error feedback and low-rank factors, each process's own,
+    checkpointed per rank; on resume on another layout (or without them), fresh error feedback."""
+
+    name = "powersgd"
+    rank_keys = ("powersgd",)
+
+    def __init__(
+        self,
+        *,
+        state: Any,
+        model: torch.nn.Module,
+        start_step: int,
+        rebuild: Callable[[], None],
+        is_main: bool,
+    ):
+        self.state, self.model, self.start_step = state, model, start_step
+        self.rebuild, self.is_main = rebuild, is_main  # rebuild: a backward that leaves no trace
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"powersgd": self.state.memories()}
+
+    def load_state_dict(self, saved: dict[str, Any], where: str) -> None:
+        if saved["powersgd"] is not None:  # this process's memories, exactly
+            comm.rebuild_buckets(self.model, self.state, self.rebuild)
+            self.state.load_memories(saved["powersgd"])
+            return
+        # another number of processes, or no PowerSGD then: fresh error feedback
+        self.state.iter = self.start_step  # (compression stays on past the warmup)
+        if self.is_main:
+            print(
+                "lbsgd: comm_hook=powersgd resumes with fresh error feedback (the "
+                "checkpoint holds no PowerSGD state for this process)",
+                flush=True,
+            )
+
+
+class LocalSGD(StepFeature):
+    """``local_sgd`` > 0: post-local SGD after the warmup (lbsgd.comm.LocalSGD), or BMUF when its
+    block momentum / block lr are off their defaults (lbsgd.comm.BMUF; on one process too). Each
+    process's momentum is checkpointed per rank; BMUF's W and Delta at the top level."""
+
+    name = "local_sgd"
+    rank_keys = ("optimizer",)
+
+    def __init__(
+        self,
+        *,
+        cfg: Config,
+        d: Derived,
+        params: list[torch.Tensor],
+        opt: torch.optim.Optimizer,
+        start_step: int,
+        world_size: int,
+        is_main: bool,
+    ):
+        self.cfg, self.d, self.params, self.opt = cfg, d, params, opt
+        self.start_step, self.world_size, self.is_main = start_step, world_size, is_main
+        self.bmuf = comm.BMUF.filters(cfg.block_momentum, cfg.block_lr)
+        if self.bmuf:
+            self.checkpoint_keys = ("bmuf",)
+            self.averager = comm.BMUF(
+                period=cfg.local_sgd,
+                start=d.switch_step,
+                step=start_step,
+                params=params,
+                block_momentum=cfg.block_momentum,
+                block_lr=cfg.block_lr,
+                nesterov=cfg.block_nesterov,
+            )
+        else:
+            self.averager = comm.LocalSGD(cfg.local_sgd, start=d.switch_step, step=start_step)
+
+    @classmethod
+    def wanted(cls, cfg: Config, world_size: int) -> bool:
+        """Local SGD on more than one process; BMUF's filter on any number."""
+        if not cfg.local_sgd:
+            return False
+        return world_size > 1 or comm.BMUF.filters(cfg.block_momentum, cfg.block_lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"optimizer": self.opt.state_dict()}  # this process's own momentum
+        if self.bmuf:  # W and Delta, the same on every rank
+            state["bmuf"] = self.averager.state_dict()
+        return state
+
+    def load_state_dict(self, saved: dict[str, Any], where: str) -> None:
+        if saved["optimizer"] is not None:
+            self.opt.load_state_dict(saved["optimizer"])
+        if not self.bmuf:
+            return
+        if saved["bmuf"] is not None:
+            self.averager.load_state_dict(saved["bmuf"])
+        elif self.start_step > self.d.switch_step and self.is_main:
+            print(
+                "lbsgd: BMUF resumes with Delta = 0 from the checkpoint's model (the "
+                "checkpoint holds no BMUF state)",
+                flush=True,
+            )
+
+    def announce(self) -> None:
+        if not (self.bmuf and self.is_main):
+            return
+        cfg = self.cfg
+        start = "W + eta_B Delta (Nesterov)" if cfg.block_nesterov else "W (classical)"
+        print(
+            f"lbsgd: BMUF eta_B={cfg.block_momentum:g} eps_B={cfg.block_lr:g}: blocks of "
+            f"{cfg.local_sgd} local steps on {self.world_size} processes after step "
+            f"{self.d.switch_step}, each from {start}",
+            flush=True,
+        )
+
+    def local_step(self, step: int) -> bool:
+        return self.averager.local(step)
+
+    def models_agree(self, step: int) -> bool:
+        return self.averager.in_sync(step)
+
+    def after_optimizer_step(self) -> None:
+        # before zero_grad: torch's averager skips parameters without a gradient
+        self.averager.after_step(self.params)
+
+    def at_boundary(self) -> None:
+        self.averager.sync(self.params)
+
+
+# -- the table: built, checkpointed, flushed ------------------------------------------------------
+
+
+def before_wrap(*, cfg: Config, d: Derived, params: list[torch.Tensor], rank: int) -> list:
+    """The features registered before DDP wraps the network (the noise probe reads its hook)."""
+    table: list[StepFeature] = []
+    if d.noise_batch:
+        table.append(NoiseProbe(cfg=cfg, d=d, params=params))
+    if cfg.staleness:  # this rank's first global micro-batch: rank · accum_steps
+        table.append(Staleness(cfg=cfg, params=params, first_micro_batch=rank * d.accum_steps))
+    return table
+
+
+def after_wrap(
+    *,
+    cfg: Config,
+    d: Derived,
+    params: list[torch.Tensor],
+    opt: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    comm_state: Any,
+    start_step: int,
+    rebuild: Callable[[], None],
+    ctx: distributed.Context,
+) -> list:
+    """The features registered once DDP wraps the network: its comm hook's state (PowerSGD), the
+    averaging of local SGD / BMUF."""
+    table: list[StepFeature] = []
+    if comm_state is not None:
+        table.append(
+            PowerSGDState(
+                state=comm_state,
+                model=model,
+                start_step=start_step,
+                rebuild=rebuild,
+                is_main=ctx.is_main,
+            )
+        )
+    if LocalSGD.wanted(cfg, ctx.world_size):
+        table.append(
+            LocalSGD(
+                cfg=cfg,
+                d=d,
+                params=params,
+                opt=opt,
+                start_step=start_step,
+                world_size=ctx.world_size,
+                is_main=ctx.is_main,
+            )
+        )
+    return table
+
+
+def checkpoint_entries(table: list[StepFeature]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The features' checkpointed state: (this rank's part, the checkpoint's top level)."""
+    mine: dict[str, Any] = {}
+    shared: dict[str, Any] = {}
+    for f in table:
+        state = f.state_dict()
+        mine.update({k: state[k] for k in f.rank_keys})
+        shared.update({k: state[k] for k in f.checkpoint_keys})
+    return mine, shared
+
+
+def restore(table: list[StepFeature], state: dict[str, Any], mine: dict[str, Any], where: str):
+    """Each feature's entries of the checkpoint ``state`` (``mine``: this rank's part, for its
+    ``rank_keys``), None where absent; ``where`` names the checkpoint in a refusal."""
+    for f in table:
+        saved = {k: state.get(k) for k in f.checkpoint_keys}
+        saved.update({k: mine.get(k) for k in f.rank_keys})
+        f.load_state_dict(saved, where)
+
+
+def flush_records(
+    table: list[StepFeature], extra: list[float], k: int, summary: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The features' part of each of the ``k`` flushed steps' records, from their averaged values
+    (``flush_width`` each, step by step); then their parts of ``summary``."""
+    records: list[dict[str, Any]] = [{} for _ in range(k)]
+    width, offset = sum(f.flush_width for f in table), 0
+    for f in table:
+        for j, rec in enumerate(records):
+            start = j * width + offset
+            if f.flush_width:
+                rec.update(f.flush_record(extra[start : start + f.flush_width]))
+        offset += f.flush_width
+        f.after_flush(summary)
+    return records
+
+
+# -- the step's pending record and the flush's packing --------------------------------------------
+
+
+class Pending(NamedTuple):
+    """One optimizer step awaiting a flush (no host read yet)."""
+
+    step: int  # steps done: this step's 1-based number
+    lr: float
+    loss: torch.Tensor  # the step's mean loss over this rank's micro-batches
+    loss_scale: torch.Tensor | float  # the loss scaler's scale after the step
+    extra: list[torch.Tensor]  # the features' values for the flush (after_accumulate)
+
+
+class Reduced(NamedTuple):
+    """A flush's all-reduced values, unpacked (:func:`unpack_flush`)."""
+
+    losses: list[float]  # each pending step's loss, averaged over the processes
+    scales: list[float]  # each step's loss scale
+    stop_asked: bool  # some process was asked to stop
+    extra: list[float]  # the features' values, step by step (flush_width each)
+
+
+def pack_flush(pending: list[Pending], asked: torch.Tensor) -> torch.Tensor:
+    """One tensor for the flush's all-reduce: the ``k`` pending losses, their ``k`` loss scales,
+    ``asked`` (1.0 if this process was asked to stop), then the features' values step by step (in
+    float64 when there are any)."""
+    device = pending[0].loss.device
+    scales = [torch.as_tensor(p.loss_scale, dtype=torch.float32, device=device) for p in pending]
+    values = torch.stack([*(p.loss for p in pending), *scales, asked])
+    extra = [t for p in pending for t in p.extra]
+    if extra:  # e.g. each process's mean |G_small|^2 and |G_big|^2 (the noise probe)
+        values = torch.cat([values.double(), *extra])
+    return values
+
+
+def unpack_flush(reduced: list[float], k: int) -> Reduced:
+    """:func:`pack_flush`'s values of ``k`` steps, averaged and read back as floats."""
+    return Reduced(reduced[:k], reduced[k : 2 * k], reduced[2 * k] > 0, reduced[2 * k + 1 :])

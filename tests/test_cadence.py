@@ -1,0 +1,89 @@
+"""The per-step decisions (lbsgd.cadence.decide), hand-computed on a 10-step run: when a run
+flushes its metrics, evaluates, checkpoints and stops. A pure function: no torch, no run."""
+
+from lbsgd.cadence import Cadence, Decision, decide
+
+# 100 samples, batch 32: epochs after s steps = 0.32 s, so epochs end after steps 4 (1.28),
+# 7 (2.24) and 10 (3.2, the last step).
+
+
+def cadence(log_every=5, eval_every=2, checkpoint=True, checkpoint_every=3):
+    return Cadence(10, log_every, eval_every, checkpoint, checkpoint_every, lambda s: s * 32 / 100)
+
+
+def plan(flush=False, boundary=False, evaluate=False, checkpoint=False, stop=False):
+    return Decision(flush, boundary, evaluate, checkpoint, stop)
+
+
+def simulate(c):
+    """The steps at which a loop following decide() flushes, evaluates and checkpoints."""
+    flushes, evals, saves, pending = [], [], [], 0
+    for done in range(1, c.total_steps + 1):
+        pending += 1
+        p = decide(c, done, pending)
+        if p.flush:
+            flushes.append(done)
+            pending = 0
+        evals += [done] * p.evaluate
+        saves += [done] * p.checkpoint
+    return flushes, evals, saves
+
+
+def test_decide_does_nothing_after_the_first_step_of_an_epoch():
+    assert decide(cadence(), 1, 1) == plan()
+    assert decide(cadence(), 5, 1) == plan()
+
+
+def test_decide_at_an_epoch_end_flushes_checkpoints_and_evaluates_every_eval_every_epochs():
+    assert decide(cadence(), 4, 1) == plan(flush=True, boundary=True, checkpoint=True)  # epoch 1
+    assert decide(cadence(), 7, 3) == plan(True, True, evaluate=True, checkpoint=True)  # epoch 2
+    assert decide(cadence(eval_every=0), 7, 3) == plan(True, True, checkpoint=True)
+    assert decide(cadence(checkpoint=False), 4, 1) == plan(flush=True, boundary=True)
+
+
+def test_decide_at_the_last_step_evaluates_even_off_the_eval_cadence():
+    want = plan(flush=True, boundary=True, evaluate=True, checkpoint=True)
+    assert decide(cadence(), 10, 1) == want  # epoch 3: not a multiple of eval_every=2
+    assert decide(cadence(eval_every=0), 10, 1) == want
+
+
+def test_decide_flushes_every_log_every_steps():
+    assert decide(cadence(), 5, 4) == plan()
+    assert decide(cadence(), 5, 5) == plan(flush=True)
+
+
+def test_a_checkpoint_between_flushes_forces_a_flush_where_the_models_agree():
+    assert decide(cadence(), 6, 2) == plan(flush=True, checkpoint=True)
+    assert decide(cadence(), 6, 2, in_sync=False) == plan()  # inside a local SGD block
+    assert decide(cadence(checkpoint=False), 6, 2) == plan()
+    assert decide(cadence(checkpoint_every=0), 6, 2) == plan()
+
+
+def test_coinciding_cadences_give_one_flush_and_one_checkpoint():
+    # step 4: an epoch end, a multiple of checkpoint_every=4 and of log_every=4 at once
+    c = cadence(log_every=4, checkpoint_every=4)
+    assert decide(c, 4, 4) == plan(flush=True, boundary=True, checkpoint=True)
+    assert simulate(c) == ([4, 7, 8, 10], [7, 10], [4, 7, 8, 10])
+
+
+def test_a_whole_run_flushes_before_every_checkpoint_and_evaluates_at_epoch_ends():
+    assert simulate(cadence()) == ([3, 4, 6, 7, 9, 10], [7, 10], [3, 4, 6, 7, 9, 10])
+    assert simulate(cadence(log_every=2, checkpoint_every=0)) == (
+        [2, 4, 6, 7, 9, 10],
+        [7, 10],
+        [4, 7, 10],
+    )
+
+
+def test_a_stop_agreed_at_a_flush_stops_there_with_a_checkpoint_where_the_models_agree():
+    assert decide(cadence(), 5, 5, stop_agreed=True) == plan(True, checkpoint=True, stop=True)
+    assert decide(cadence(), 5, 5, in_sync=False, stop_agreed=True) == plan(True, stop=True)
+    assert decide(cadence(checkpoint=False), 5, 5, stop_agreed=True) == plan(True, stop=True)
+    # at an epoch end: its checkpoint is the stop's
+    want = plan(True, True, evaluate=True, checkpoint=True, stop=True)
+    assert decide(cadence(), 7, 3, stop_agreed=True) == want
+
+
+def test_a_stop_agreed_at_the_last_step_completes_the_run():
+    want = plan(flush=True, boundary=True, evaluate=True, checkpoint=True)
+    assert decide(cadence(), 10, 1, stop_agreed=True) == want
