@@ -23,19 +23,28 @@ HERE = Path(__file__).parent
 
 # -- the short distributed run (tests/test_distributed.py) -----------------------------------------
 
-# TINY, 6 optimizer steps (256 / 32 = 8 per epoch, 0.75 epochs, the first 2 of them warmup)
-SIX_STEP_ARGS = as_args(
-    tiny_keys(
-        synthetic_train=256,
-        synthetic_test=128,
-        batch_size=32,
-        reference_batch=32,
-        base_lr=0.2,
-        warmup_epochs=0.25,
-        epochs=0.75,
-        log_every=2,
-    )
-)
+# TINY at 8 steps per epoch (256 images, batch 32), the first 2 warmup, a flush every 2 steps
+EIGHT_STEP_EPOCHS = {
+    "synthetic_train": 256,
+    "synthetic_test": 128,
+    "batch_size": 32,
+    "reference_batch": 32,
+    "base_lr": 0.2,
+    "warmup_epochs": 0.25,
+    "log_every": 2,
+}
+# 6 optimizer steps: 0.75 epochs
+SIX_STEP_ARGS = as_args(tiny_keys(**EIGHT_STEP_EPOCHS, epochs=0.75))
+
+
+def splitmix64(seed: int, position: int) -> int:
+    """SplitMix64 of (seed, position) in Python integers, reduced modulo 2^64 by hand: the
+    reference for lbsgd.seeding's vectorised uint64 version."""
+    mask = (1 << 64) - 1
+    z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) >> 1
 
 
 def initial_weights():

@@ -12,21 +12,12 @@ from pathlib import Path
 
 import pytest
 from conftest import as_args, start, tiny_keys
-from helpers import PROGRESS, assert_ends_with_its_summary
+from helpers import EIGHT_STEP_EPOCHS, PROGRESS, assert_ends_with_its_summary
 
 from lbsgd.progress import PLAIN_EVERY_S, Flushed, Progress, ending_line
 
 # TINY at 8 steps per epoch (256 images, batch 32), 2 epochs, a flush every 2 steps
-KEYS = tiny_keys(
-    synthetic_train=256,
-    synthetic_test=128,
-    batch_size=32,
-    reference_batch=32,
-    base_lr=0.2,
-    warmup_epochs=0.25,
-    epochs=2,
-    log_every=2,
-)
+KEYS = tiny_keys(**EIGHT_STEP_EPOCHS, epochs=2)
 
 
 def _run(out: Path, name: str, nproc: int | None = None, **extra) -> subprocess.Popen:

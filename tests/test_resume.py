@@ -301,27 +301,22 @@ def test_resume_is_refused_when_the_train_split_changed(tiny):
     cfg = tiny(name="grown", epochs=0.5)
     train(cfg)
     state = checkpoint.load(cfg.run_dir())
-    grown = StepSampler(
-        num_samples=state["num_train"] + 8,
-        batch_size=cfg.batch_size,
-        micro_batch=16,
-        rank=0,
-        world_size=1,
-        seed=cfg.seed,
-        total_steps=100,
-    )
+
+    def sampler(num_samples: int) -> StepSampler:
+        return StepSampler(
+            num_samples=num_samples,
+            batch_size=cfg.batch_size,
+            micro_batch=16,
+            rank=0,
+            world_size=1,
+            seed=cfg.seed,
+            total_steps=100,
+        )
+
     with pytest.raises(ConfigError, match="train split of 512 samples, this run's has 520"):
-        checkpoint.check_compatible(cfg, state, grown)
-    same = StepSampler(
-        num_samples=state["num_train"],
-        batch_size=cfg.batch_size,
-        micro_batch=16,
-        rank=0,
-        world_size=1,
-        seed=cfg.seed,
-        total_steps=100,
-    )
-    checkpoint.check_compatible(cfg, state, same)  # the unchanged split is accepted
+        checkpoint.check_compatible(cfg, state, sampler(state["num_train"] + 8))
+    # the unchanged split is accepted
+    checkpoint.check_compatible(cfg, state, sampler(state["num_train"]))
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import splitmix64
 
 from lbsgd import data
 from lbsgd.data import StepSampler, shard
@@ -97,15 +98,6 @@ def test_impossible_mapping_is_refused():
         )
 
 
-def _splitmix64(seed: int, position: int) -> int:
-    """SplitMix64 of (seed, position) in Python integers, reduced modulo 2^64 by hand."""
-    mask = (1 << 64) - 1
-    z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & mask
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-    return (z ^ (z >> 31)) >> 1
-
-
 def test_sample_seeds_are_splitmix64_of_seed_and_position_to_the_bit():
     """data.sample_seeds (vectorised, uint64 arithmetic) gives every augmentation seed the
     formula gives: at the first positions, at 2^62, and for the largest run seed the config
@@ -113,6 +105,6 @@ def test_sample_seeds_are_splitmix64_of_seed_and_position_to_the_bit():
     positions = [0, 1, 2, 31, 10**6, 2**40 + 3, 2**62]
     for seed in (0, 1, 7, 2 * ((2**64 - 1) // 1_000_003) + 1):
         got = data.sample_seeds(seed, torch.tensor(positions)).tolist()
-        assert got == [_splitmix64(seed, p) for p in positions], seed
+        assert got == [splitmix64(seed, p) for p in positions], seed
         assert all(0 <= s < 2**63 for s in got)
     assert data.sample_seeds(3, torch.tensor([], dtype=torch.int64)).tolist() == []

@@ -2,21 +2,13 @@
 digits depend on them), and streams that must not share seeds do not."""
 
 import torch
+from helpers import splitmix64
 
 from lbsgd import config, data, seeding
 from lbsgd.data import fake, sampler
 
 SEEDS = (0, 1, 7, 42, (2**64 - 1) // 1_000_003)  # the last: about the largest a run may have
 POSITIONS = [0, 1, 2, 31, 10**6, 2**40 + 3, 2**62]
-
-
-def _splitmix64(seed: int, position: int) -> int:
-    """SplitMix64 of (seed, position) in Python integers, reduced modulo 2^64 by hand."""
-    mask = (1 << 64) - 1
-    z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & mask
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-    return (z ^ (z >> 31)) >> 1
 
 
 def test_each_stream_is_its_formula_to_the_bit():
@@ -29,15 +21,15 @@ def test_each_stream_is_its_formula_to_the_bit():
         assert seeding.initial_weights(seed) == seed  # the run seed itself, as committed runs were
         p = torch.tensor(POSITIONS)
         assert seeding.augmentation(seed, p).tolist() == [
-            _splitmix64(2 * seed, x) for x in POSITIONS
+            splitmix64(2 * seed, x) for x in POSITIONS
         ]
         assert seeding.micro_batches(seed, p).tolist() == [
-            _splitmix64(2 * seed + 1, x) for x in POSITIONS
+            splitmix64(2 * seed + 1, x) for x in POSITIONS
         ]
     # a few values written out: a change of formula shows here even if the helper followed it
     assert seeding.augmentation(0, torch.tensor([0, 1])).tolist() == [
-        _splitmix64(0, 0),
-        _splitmix64(0, 1),
+        splitmix64(0, 0),
+        splitmix64(0, 1),
     ]
     assert seeding.epoch_order(3, 2) == 3_000_011
     assert (seeding.fake_train(5), seeding.fake_test(5)) == (10, 11)
