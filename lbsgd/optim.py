@@ -1,4 +1,4 @@
-"""Optimizers of the replayed studies: SGD with the lr inside the velocity, and LARS.
+"""Optimizers of the replayed studies: SGD with the lr inside the velocity, LARS, LAMB and AdamW.
 
 The learning rate is set every iteration from :mod:`lbsgd.schedules` through :func:`set_lr`,
 before ``optimizer.step()``.
@@ -23,15 +23,29 @@ weight decay β and the global lr γ_t of the schedule:
 
 with the same momentum-correction switch and Nesterov option as SGD (You et al. use plain momentum).
 
+``optimizer=lamb`` — You et al. 2019 (arXiv:1904.00962) Algorithm 2, per parameter tensor w with
+gradient g at step t (from 1), moments β1, β2 (``adam_beta1``, ``adam_beta2``), ε (``adam_eps``),
+weight decay λ and the lr η_t of the schedule:
+
+    m ← β1·m + (1 − β1)·g          v ← β2·v + (1 − β2)·g²
+    r = (m / (1 − β1^t)) / (√(v / (1 − β2^t)) + ε)                 (bias-corrected moments)
+    u = r + λ·w                    w ← w − η_t·(‖w‖ / ‖u‖)·u       (ratio 1 when ‖w‖ = 0 or ‖u‖ = 0)
+
+with φ the identity (no clipping of the trust ratio). ``optimizer=adamw`` is the same step without
+the trust ratio, w ← w − η_t·(r + λ·w): Loshchilov & Hutter's decoupled weight decay with the
+decay scaled by the lr, as ``torch.optim.AdamW``. Neither uses momentum, nesterov or
+momentum_correction (the lr multiplies the step, it is not inside a velocity).
+
 Parameter groups (Jia et al. 2018 exclude biases and BN γ/β from weight decay and from LARS;
-Goyal et al. §5.1 also leave BN γ/β undecayed): with
-``decay_bn_bias=false`` the parameters of normalisation layers and every tensor with ndim <= 1
-(biases) get neither weight decay nor LARS adaptation; the rest get both. Chosen by module type and
+Goyal et al. §5.1 also leave BN γ/β undecayed; You et al. 2019 do the same for LAMB's trust
+ratio): with ``decay_bn_bias=false`` the parameters of normalisation layers and every tensor with
+ndim <= 1 (biases) get neither weight decay nor the trust ratio of LARS or LAMB; the rest get both. Chosen by module type and
 tensor shape, never by parameter name.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -232,6 +246,156 @@ class LARS(_VelocitySGD):
         return torch._foreach_mul(d, list(local.unbind())), 1.0
 
 
+def lamb_trust_ratio(w_norm: Tensor, u_norm: Tensor) -> Tensor:
+    """You et al. 2019 Algorithm 2: ‖w‖ / ‖u‖ with u = r + λ·w, elementwise over tensors of norms.
+
+    1 where ‖w‖ = 0 or ‖u‖ = 0 (as timm's Lamb and NVIDIA's FusedLAMB): a zero-initialised tensor
+    would otherwise never move, and ‖u‖ = 0 would give 0/0.
+    """
+    ratio = w_norm / u_norm
+    return torch.where((w_norm > 0) & (u_norm > 0), ratio, torch.ones_like(ratio))
+
+
+def _check_adam(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    if not lr >= 0:
+        raise ValueError(f"lr={lr} must be >= 0")
+    for name, beta in zip(("adam_beta1", "adam_beta2"), betas, strict=True):
+        if not 0 <= beta < 1:
+            raise ValueError(f"{name}={beta} must be in [0, 1)")
+    if not eps > 0:
+        raise ValueError(f"eps={eps} (adam_eps) must be > 0")
+    if not weight_decay >= 0:
+        raise ValueError(f"weight_decay={weight_decay} must be >= 0")
+
+
+class _Adam(torch.optim.Optimizer):
+    """Adam's bias-corrected moments with weight decay inside the step (You et al. 2019 Alg. 2),
+    and LAMB's layer-wise trust ratio on the groups with ``adapt=True``.
+
+    A group counts its steps in ``step`` (an int, so that ``state_dict()`` carries it and a resumed
+    run bias-corrects exactly as an uninterrupted one); the moments are ``state[p]["exp_avg"]`` and
+    ``state[p]["exp_avg_sq"]``. Norms are taken as LARS's (:func:`_norms`).
+    """
+
+    add_param_group = _undecorated("add_param_group")
+    zero_grad = _undecorated("zero_grad")
+    state_dict = _undecorated("state_dict")
+    load_state_dict = _undecorated("load_state_dict")
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        adapt: bool,
+    ) -> None:
+        _check_adam(lr, betas, eps, weight_decay)
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas),
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "adapt": adapt,
+            "step": 0,
+        }
+        super().__init__(params, defaults)
+
+    def _moments(self, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        for p in params:
+            state = self.state[p]
+            if "exp_avg" not in state:
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return [self.state[p]["exp_avg"] for p in params], [
+            self.state[p]["exp_avg_sq"] for p in params
+        ]
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            if any(g.is_sparse for g in grads):
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            group["step"] += 1
+            self._update(group, params, grads)
+        return loss
+
+    def _update(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+        (beta1, beta2), t = group["betas"], group["step"]
+        lr, wd = group["lr"], group["weight_decay"]
+        m, v = self._moments(params)
+        torch._foreach_mul_(m, beta1)
+        torch._foreach_add_(m, grads, alpha=1 - beta1)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
+        # r = m̂ / (√v̂ + ε), with m̂ = m / (1 − β1^t) and √v̂ = √v / √(1 − β2^t)
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, math.sqrt(1 - beta2**t))
+        torch._foreach_add_(denom, group["eps"])
+        u = torch._foreach_div(m, denom)
+        torch._foreach_div_(u, 1 - beta1**t)
+        if wd != 0:
+            torch._foreach_add_(u, params, alpha=wd)  # u = r + λ·w
+        if group["adapt"]:
+            scale = lr * lamb_trust_ratio(_norms(params), _norms(u))  # η·‖w‖/‖u‖
+            torch._foreach_mul_(u, list(scale.unbind()))
+            torch._foreach_sub_(params, u)
+        else:
+            torch._foreach_add_(params, u, alpha=-lr)
+
+
+class LAMB(_Adam):
+    """Layer-wise Adaptive Moments for Batch training, You et al. 2019 Algorithm 2.
+
+    w ← w − η·(‖w‖/‖r + λ·w‖)·(r + λ·w) per parameter tensor, r Adam's bias-corrected step. A group
+    with ``adapt=False`` takes the ratio as 1 (with weight_decay=0 that is plain Adam: the bias/BN
+    group of ``decay_bn_bias=false``). Differences from ``timm.optim.Lamb`` (the test's
+    reference): timm clips the global gradient norm at 1 by default (``max_grad_norm``; Algorithm
+    2 does not), and adapts a group only where its weight decay is not 0 (here: where the parameter
+    groups say, so LAMB with weight_decay=0 still adapts the decayed group).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        adapt: bool = True,
+    ) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, adapt)
+
+
+class AdamW(_Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter 2019): w ← w − η·(r + λ·w), the decay
+    scaled by the lr as in ``torch.optim.AdamW`` (which computes w·(1 − ηλ) − η·r: the same
+    iterates up to rounding). No group adapts."""
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, adapt=False)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        # the groups of param_groups() say adapt=True for the decayed one; AdamW never adapts
+        super().add_param_group({**param_group, "adapt": False})
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set the lr of every group (call before ``step()``; the correction reads the previous one)."""
     for group in optimizer.param_groups:
@@ -270,8 +434,17 @@ def param_groups(model: nn.Module, cfg: Config) -> list[dict[str, Any]]:
 
 
 def build(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
-    """``cfg.optimizer``: sgd → :class:`SGD`, lars → :class:`LARS`, over :func:`param_groups`."""
+    """``cfg.optimizer``: sgd → :class:`SGD`, lars → :class:`LARS`, lamb → :class:`LAMB`, adamw →
+    :class:`AdamW`, over :func:`param_groups`."""
     groups = param_groups(model, cfg)
+    if cfg.optimizer in ("lamb", "adamw"):
+        adam = {
+            "lr": cfg.base_lr,  # overwritten before every step by set_lr
+            "betas": (cfg.adam_beta1, cfg.adam_beta2),
+            "eps": cfg.adam_eps,
+            "weight_decay": cfg.weight_decay,
+        }
+        return LAMB(groups, **adam) if cfg.optimizer == "lamb" else AdamW(groups, **adam)
     common: dict[str, Any] = {
         "lr": cfg.base_lr,  # overwritten before every step by set_lr
         "momentum": cfg.momentum,
@@ -285,8 +458,10 @@ def build(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
         for g in groups:
             del g["adapt"]  # SGD never adapts; keep its groups free of a key it would ignore
         return SGD(groups, **common)
-    raise ValueError(f"optimizer={cfg.optimizer!r} is not one of: sgd, lars")
+    raise ValueError(f"optimizer={cfg.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}")
 
+
+OPTIMIZERS = ("sgd", "lars", "lamb", "adamw")
 
 _LARS_LABELS = {  # (weight decay, adaptation) -> label
     (True, True): "decay+adapt",
@@ -298,7 +473,7 @@ _LARS_LABELS = {  # (weight decay, adaptation) -> label
 
 def describe_groups(optimizer: torch.optim.Optimizer) -> str:
     """One line: ``parameter groups: decay+adapt 9 tensors / 77,760 params; no decay/adapt …``."""
-    lars = isinstance(optimizer, LARS)
+    lars = isinstance(optimizer, LARS | LAMB)
     parts = []
     for g in optimizer.param_groups:
         decay = g["weight_decay"] != 0
@@ -314,11 +489,15 @@ def describe_groups(optimizer: torch.optim.Optimizer) -> str:
 
 
 __all__ = [
+    "LAMB",
     "LARS",
     "NORM_TYPES",
+    "OPTIMIZERS",
+    "AdamW",
     "SGD",
     "build",
     "describe_groups",
+    "lamb_trust_ratio",
     "lars_trust_ratio",
     "param_groups",
     "set_lr",

@@ -30,7 +30,8 @@ from lbsgd import checkpoint
 
 
 @pytest.mark.slow
-def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_path):
+@pytest.mark.parametrize("optimizer", ["sgd", "lamb"])
+def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_path, optimizer):
     layouts = {  # name: (processes, extra keys)
         "a_two_processes": (2, ["micro_batch=16"]),
         "b_accumulation": (None, ["micro_batch=16"]),
@@ -42,6 +43,8 @@ def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_
         "c_one_micro_batch": "world_size=1 x micro_batch=32 x accum_steps=1 = batch_size=32",
     }
     keys = [k if not k.startswith("bn_batch") else "bn_batch=8" for k in SIX_STEP_ARGS]
+    if optimizer == "lamb":  # Adam's moments and the trust ratio see the same averaged gradients
+        keys += ["optimizer=lamb", "base_lr=0.01", "weight_decay=0.01"]
     for name, (nproc, extra) in layouts.items():
         args = [*keys, *extra, f"out_dir={tmp_path}", f"name={name}"]
         r = lbsgd(["train", *args], nproc)

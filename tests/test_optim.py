@@ -18,7 +18,17 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from lbsgd import models, optim
 from lbsgd.config import Config
-from lbsgd.optim import LARS, SGD, build, describe_groups, lars_trust_ratio, param_groups
+from lbsgd.optim import (
+    LAMB,
+    LARS,
+    SGD,
+    AdamW,
+    build,
+    describe_groups,
+    lamb_trust_ratio,
+    lars_trust_ratio,
+    param_groups,
+)
 
 # Goyal §2.2 gradual warmup in miniature: 0.1 → 3.2 over 10 steps (a new lr every step), then the
 # peak, then ÷10 (§5.1's step decay).
@@ -46,13 +56,14 @@ def groups_of(model: nn.Module, wd: float) -> list[dict]:
     ]
 
 
-def trajectory(opt, model, x, y, lrs) -> list[torch.Tensor]:
-    """Parameters (flattened) after each step, the lr set before each step as the trainer does."""
+def trajectory(opt, model, x, y, lrs, scale: float = 1.0) -> list[torch.Tensor]:
+    """Parameters (flattened) after each step, the lr set before each step as the trainer does;
+    ``scale`` multiplies the loss (and so every gradient)."""
     out = []
     for lr in lrs:
         optim.set_lr(opt, lr)
         opt.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
+        (scale * nn.functional.mse_loss(model(x), y)).backward()
         opt.step()
         out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     return out
@@ -224,10 +235,17 @@ def test_lars_zero_norm_tensors_and_excluded_group_equal_hand_computation():
 def make_opt(kind: str, params, **kw):
     if kind == "sgd":
         return SGD(params, **{"lr": 0.05, "momentum": 0.9, **kw})
+    if kind == "lamb":
+        return LAMB(params, **{"lr": 0.1, **kw})
+    if kind == "adamw":
+        return AdamW(params, **{"lr": 0.1, **kw})
     return LARS(params, **{"lr": 10.0, "momentum": 0.9, "trust_coefficient": 0.001, **kw})
 
 
-@pytest.mark.parametrize("kind", ["sgd", "lars"])
+KINDS = ["sgd", "lars", "lamb", "adamw"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_optimizer_solves_least_squares(kind):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 10, generator=g)
@@ -255,16 +273,19 @@ def test_optimizer_first_step_equals_hand_formula(kind):
     torch.testing.assert_close(w.detach(), torch.tensor(expected))
 
 
-@pytest.mark.parametrize("kind", ["sgd", "lars"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_resume_from_state_dict_continues_exactly(kind):
-    lrs = WARMUP_RAMP[:8]
+    lrs = WARMUP_RAMP[:8] if kind in ("sgd", "lars") else [lr / 100 for lr in WARMUP_RAMP[:8]]
     model, x, y = mlp()
     whole = trajectory(make_opt(kind, groups_of(model, 0.01), lr=lrs[0]), model, x, y, lrs)
     model, x, y = mlp()
     first = make_opt(kind, groups_of(model, 0.01), lr=lrs[0])
     trajectory(first, model, x, y, lrs[:4])
     saved = copy.deepcopy(first.state_dict())
-    assert saved["param_groups"][0]["last_lr"] == lrs[3]  # what the correction reads next step
+    if kind in ("sgd", "lars"):
+        assert saved["param_groups"][0]["last_lr"] == lrs[3]  # what the correction reads next
+    else:
+        assert saved["param_groups"][0]["step"] == 4  # what the bias correction reads next
     resumed = make_opt(kind, groups_of(model, 0.01), lr=99.0)
     resumed.load_state_dict(saved)
     rest = trajectory(resumed, model, x, y, lrs[4:])
@@ -281,6 +302,10 @@ def test_resume_from_state_dict_continues_exactly(kind):
         (lambda p: SGD(p, momentum=0.0, nesterov=True), "nesterov"),
         (lambda p: LARS(p, momentum=-0.5), "momentum=-0.5"),
         (lambda p: LARS(p, trust_coefficient=0.0), "trust_coefficient=0.0"),
+        (lambda p: LAMB(p, betas=(1.0, 0.999)), "adam_beta1=1.0"),
+        (lambda p: AdamW(p, betas=(0.9, -0.1)), "adam_beta2=-0.1"),
+        (lambda p: LAMB(p, eps=0.0), "eps=0.0"),
+        (lambda p: AdamW(p, lr=-1.0), "lr=-1.0"),
     ],
 )
 def test_bad_arguments_raise_one_line_naming_the_argument(make, match):
@@ -302,7 +327,7 @@ def tensors_and_count(params) -> str:
     return f"{len(params)} tensors / {sum(p.numel() for p in params):,} params"
 
 
-@pytest.mark.parametrize("kind", ["sgd", "lars"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("arch", ["resnet", "resnet18"])
 def test_no_decay_group_is_exactly_bn_parameters_and_fc_bias(arch, kind):
     spec = SimpleNamespace(model=arch, depth=8, width=8, zero_init_residual=False)
@@ -316,7 +341,8 @@ def test_no_decay_group_is_exactly_bn_parameters_and_fc_bias(arch, kind):
     assert [id(p) for p in decay["params"]] == [id(p) for p in rest]  # conv and FC weights
     assert all(p.ndim in (2, 4) for p in decay["params"])
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (1e-4, 0.0)
-    labels = ("decay+adapt", "no decay/adapt") if kind == "lars" else ("decay", "no decay")
+    adapts = kind in ("lars", "lamb")
+    labels = ("decay+adapt", "no decay/adapt") if adapts else ("decay", "no decay")
     assert describe_groups(opt) == (
         f"parameter groups: {labels[0]} {tensors_and_count(rest)}; "
         f"{labels[1]} (bias, norm) {tensors_and_count(expected)}"
@@ -324,6 +350,10 @@ def test_no_decay_group_is_exactly_bn_parameters_and_fc_bias(arch, kind):
     if kind == "lars":
         assert isinstance(opt, LARS) and (decay["adapt"], no_decay["adapt"]) == (True, False)
         assert decay["trust_coefficient"] == 0.002
+    elif kind == "lamb":
+        assert type(opt) is LAMB and (decay["adapt"], no_decay["adapt"]) == (True, False)
+    elif kind == "adamw":
+        assert type(opt) is AdamW and (decay["adapt"], no_decay["adapt"]) == (False, False)
     else:
         assert type(opt) is SGD and "adapt" not in decay
 
@@ -394,3 +424,153 @@ def test_build_sets_hyperparameters_from_config():
     assert [g["weight_decay"] for g in opt.param_groups] == [5e-5, 0.0]
     optim.set_lr(opt, 1.5)
     assert [g["lr"] for g in opt.param_groups] == [1.5, 1.5]
+
+
+def test_build_sets_adam_keys_from_config():
+    cfg = Config(
+        optimizer="lamb", adam_beta1=0.8, adam_beta2=0.99, adam_eps=1e-8, weight_decay=0.01
+    )
+    opt = build(cfg, nn.Linear(3, 2))
+    assert type(opt) is LAMB
+    assert [(g["betas"], g["eps"], g["adapt"]) for g in opt.param_groups] == [
+        ((0.8, 0.99), 1e-8, True),
+        ((0.8, 0.99), 1e-8, False),
+    ]
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
+    assert type(build(cfg.replace(optimizer="adamw"), nn.Linear(3, 2))) is AdamW
+
+
+# -- LAMB (You et al. 2019, Algorithm 2) and AdamW ---------------------------------------------
+#
+# By hand, w = [3, 4] (‖w‖ = 5), g = [0.3, 0.4], β1 = 0.9, β2 = 0.999, λ = 0.01, η = 2 at step 1:
+#   m = 0.1·g, v = 0.001·g²; bias-corrected m̂ = g, √v̂ = |g|: r = g / (|g| + ε) = [1, 1] (ε → 0)
+#   u = r + λ·w = [1.03, 1.04];  ‖u‖ = √(1.0609 + 1.0816) = √2.1425 = 1.4637281...
+#   LAMB:  w ← w − η·(‖w‖/‖u‖)·u = [3, 4] − 2·(5/1.4637281)·[1.03, 1.04] = [-4.0368, -3.1051]
+#   AdamW: w ← w − η·u = [3 − 2.06, 4 − 2.08] = [0.94, 1.92]
+
+
+def adam_by_hand(w, grads, lrs, *, beta1=0.9, beta2=0.999, eps=1e-6, wd=0.01, adapt=True):
+    """Algorithm 2 of You et al. 2019 on one tensor, element by element in Python floats."""
+    w, m, v = list(w), [0.0] * len(w), [0.0] * len(w)
+    for t, (g, lr) in enumerate(zip(grads, lrs, strict=True), start=1):
+        m = [beta1 * a + (1 - beta1) * b for a, b in zip(m, g, strict=True)]
+        v = [beta2 * a + (1 - beta2) * b * b for a, b in zip(v, g, strict=True)]
+        r = [
+            (a / (1 - beta1**t)) / (math.sqrt(b / (1 - beta2**t)) + eps)
+            for a, b in zip(m, v, strict=True)
+        ]
+        u = [a + wd * x for a, x in zip(r, w, strict=True)]
+        w_norm, u_norm = math.hypot(*w), math.hypot(*u)
+        ratio = w_norm / u_norm if adapt and w_norm > 0 and u_norm > 0 else 1.0
+        w = [x - lr * ratio * a for x, a in zip(w, u, strict=True)]
+    return w
+
+
+def test_lamb_and_adamw_first_step_literal_numbers():
+    for kind, expected in (("lamb", [-4.0368, -3.1051]), ("adamw", [0.94, 1.92])):
+        w = nn.Parameter(torch.tensor([3.0, 4.0], dtype=torch.float64))
+        opt = make_opt(kind, [w], lr=2.0, weight_decay=0.01, eps=1e-12)
+        w.grad = torch.tensor([0.3, 0.4], dtype=torch.float64)
+        opt.step()
+        torch.testing.assert_close(w.detach().tolist(), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["lamb", "adamw"])
+def test_lamb_and_adamw_three_steps_with_changing_lr_equal_hand_computation(kind):
+    grads = [[0.3, 0.4], [-0.2, 0.05], [0.01, -0.3]]
+    lrs = [0.5, 1.0, 0.25]
+    w = nn.Parameter(torch.tensor([3.0, 4.0], dtype=torch.float64))
+    opt = make_opt(kind, [w], lr=lrs[0], weight_decay=0.01)
+    for g, lr in zip(grads, lrs, strict=True):
+        optim.set_lr(opt, lr)
+        w.grad = torch.tensor(g, dtype=torch.float64)
+        opt.step()
+    expected = adam_by_hand([3.0, 4.0], grads, lrs, adapt=kind == "lamb")
+    torch.testing.assert_close(w.detach().tolist(), expected, rtol=1e-12, atol=1e-12)
+    assert opt.param_groups[0]["step"] == 3
+
+
+def test_lamb_trust_ratio_guards_zero_norms():
+    w_norm = torch.tensor([5.0, 0.0, 2.0, 0.0])
+    u_norm = torch.tensor([0.5, 1.0, 0.0, 0.0])
+    torch.testing.assert_close(lamb_trust_ratio(w_norm, u_norm), torch.tensor([10.0, 1, 1, 1]))
+    # a zero tensor (γ = 0 BN weight under decay_bn_bias=true) moves by η·r: ratio 1, not 0
+    zero = nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    opt = LAMB([zero], lr=0.1, weight_decay=0.01, eps=1e-12)
+    zero.grad = torch.tensor([0.5, -0.25], dtype=torch.float64)
+    opt.step()
+    torch.testing.assert_close(zero.detach().tolist(), [-0.1, 0.1], rtol=0, atol=1e-9)
+    # a zero gradient with no decay: u = 0, the ratio is 1 and nothing moves (no 0/0)
+    still = nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = LAMB([still], lr=0.1, weight_decay=0.0)
+    still.grad = torch.zeros(2)
+    opt.step()
+    assert still.detach().tolist() == [1.0, 2.0]
+
+
+def reference_trajectories(ours, ref, lrs, adapt_biases=False, scale=1.0):
+    """(reference, ours) over ``lrs`` from the same start; our bias group adapts as
+    :func:`param_groups` says (no, with decay_bn_bias=false) unless ``adapt_biases``."""
+    model, x, y = mlp()
+    twin = copy.deepcopy(model)
+    mine = groups_of(twin, 0.01)
+    mine[1]["adapt"] = adapt_biases
+    return trajectory(ref(groups_of(model, 0.01)), model, x, y, lrs, scale), trajectory(
+        ours(mine), twin, x, y, lrs, scale
+    )
+
+
+RAMP_SMALL = [lr / 100 for lr in WARMUP_RAMP]  # the warmup ramp at Adam's scale of lr
+
+
+def timm_lamb(**kw):
+    from timm.optim import Lamb  # the test-only reference
+
+    return lambda g: Lamb(g, lr=RAMP_SMALL[0], eps=1e-6, foreach=False, **kw)
+
+
+def ours_lamb(g):
+    return LAMB(g, lr=RAMP_SMALL[0], eps=1e-6)
+
+
+def test_lamb_equals_timm_lamb_without_gradient_clipping():
+    """timm.optim.Lamb (an independent implementation: NVIDIA's FusedLAMB in Python) with its
+    global gradient-norm clipping off (max_grad_norm=None; Algorithm 2 has none): the same
+    iterates, the undecayed group (biases, λ = 0) unadapted in both."""
+    ref, ours = reference_trajectories(ours_lamb, timm_lamb(max_grad_norm=None), RAMP_SMALL)
+    for a, b in zip(ref, ours, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-14)
+
+
+def test_lamb_known_differences_from_timm():
+    """timm's default clips the global gradient norm at 1 (max_grad_norm=1.0); and timm decides
+    adaptation by λ (a group with weight decay 0 is not adapted unless always_adapt), lbsgd by the
+    parameter groups (decay_bn_bias=true adapts every tensor, whatever λ). Each difference shows as
+    a different trajectory, and setting timm to match removes it."""
+    # gradients of norm above 1 (a loss x 100), each step's clipped by its own factor
+    clipped, ours = reference_trajectories(ours_lamb, timm_lamb(), RAMP_SMALL, scale=100.0)
+    assert (clipped[-1] - ours[-1]).abs().max() > 1e-3
+    same, ours = reference_trajectories(
+        ours_lamb, timm_lamb(max_grad_norm=None), RAMP_SMALL, scale=100.0
+    )
+    torch.testing.assert_close(ours[-1], same[-1], rtol=1e-12, atol=1e-14)
+    timm_, ours = reference_trajectories(
+        ours_lamb, timm_lamb(max_grad_norm=None), RAMP_SMALL, adapt_biases=True
+    )
+    assert (timm_[-1] - ours[-1]).abs().max() > 1e-3  # timm leaves the λ = 0 biases unadapted
+    always, ours = reference_trajectories(
+        ours_lamb, timm_lamb(max_grad_norm=None, always_adapt=True), RAMP_SMALL, adapt_biases=True
+    )
+    for a, b in zip(always, ours, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-14)
+
+
+def test_adamw_equals_torch_adamw():
+    """torch.optim.AdamW computes w·(1 − ηλ) − η·r, ours w − η·(r + λ·w): the same iterates."""
+    ref, ours = reference_trajectories(
+        lambda g: AdamW(g, lr=RAMP_SMALL[0], eps=1e-6),
+        lambda g: torch.optim.AdamW(g, lr=RAMP_SMALL[0], eps=1e-6, foreach=False),
+        RAMP_SMALL,
+    )
+    for a, b in zip(ref, ours, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-14)

@@ -295,6 +295,40 @@ def test_resume_falls_back_past_a_truncated_newest_checkpoint(tiny):
     assert_bitwise(checkpoint.load(run_dir)["model"], checkpoint.load(reference.run_dir())["model"])
 
 
+@pytest.mark.parametrize("optimizer", ["lamb", "adamw"])
+def test_adam_family_resumes_mid_run_to_bitwise_equal_weights(tiny, optimizer):
+    """The moments and the step count of the bias correction travel in the checkpoint: a run
+    resumed from step 6 of 8 ends with the weights and moments of the uninterrupted run."""
+    keys = {
+        "synthetic_train": 256,
+        "batch_size": 32,
+        "bn_batch": 8,
+        "epochs": 1,
+        "checkpoint_every": 3,
+        "optimizer": optimizer,
+        "base_lr": 0.01,
+        "weight_decay": 0.01,
+    }
+    reference = tiny(name=f"{optimizer}_straight", **keys)
+    assert train(reference)["status"] == "completed"
+    cfg = tiny(name=f"{optimizer}_resumed", **keys)
+    train(cfg)
+    run_dir = cfg.run_dir()
+    path = run_dir / checkpoint.NAME  # step 8's checkpoint cut short: the resume starts at 6
+    path.write_bytes(path.read_bytes()[:1000])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "failed"}))
+    with pytest.warns(RuntimeWarning, match="falling back to .*step 6"):
+        assert train(cfg.replace(resume=True))["status"] == "completed"
+    got, want = checkpoint.load(run_dir), checkpoint.load(reference.run_dir())
+    assert_bitwise(got["model"], want["model"])
+    moments = got["optimizer"]["state"]
+    assert moments and all(set(s) == {"exp_avg", "exp_avg_sq"} for s in moments.values())
+    for key, state in want["optimizer"]["state"].items():
+        assert_bitwise(moments[key], state)
+    assert [g["step"] for g in got["optimizer"]["param_groups"]] == [8, 8]
+
+
 def test_resume_is_refused_when_the_train_split_changed(tiny):
     """A file dataset's folder that gained or lost images: the checkpoint's sampler position does
     not exist in the new stream, so the resume is refused with one line before any work."""

@@ -115,6 +115,7 @@ FLOAT32_KEYS = (
     "warmup_lr",
     "weight_decay",
     "lars_eta",
+    "adam_eps",
     "loss_scale",
     "block_lr",
     "synthetic_noise",
@@ -193,6 +194,9 @@ KEY_RULES: tuple[tuple[str, Any, Any], ...] = (
     ("decay_factor", lambda v: 0 < v <= 1, "must be in (0, 1]"),
     ("poly_power", lambda v: v > 0, "must be > 0"),
     ("lars_eta", lambda v: v > 0, "must be > 0"),
+    ("adam_beta1", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("adam_beta2", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("adam_eps", lambda v: v > 0, "must be > 0"),
     ("loss_scale", lambda v: v > 0, "must be > 0"),
     ("powersgd_rank", lambda v: v >= 1, "must be a positive integer"),
     ("noise_scale_ema", lambda v: 0 <= v < 1, "must be in [0, 1)"),
@@ -365,6 +369,12 @@ def _check_derived(c: Config) -> None:
 def _check_gradient_rules(c: Config) -> None:
     """Which gradient exchanges combine: the noise scale, local SGD, BMUF and staleness."""
     _need(not c.nesterov or c.momentum > 0, "nesterov=true needs momentum > 0")
+    for key in ("adam_beta1", "adam_beta2", "adam_eps"):
+        _need(
+            c.optimizer in ("lamb", "adamw") or getattr(c, key) == FIELDS[key].default,
+            f"{key}={getattr(c, key)} is a key of Adam's moments: it needs optimizer=lamb or "
+            f"adamw, not optimizer={c.optimizer}",
+        )
     _need(
         not c.noise_scale or c.local_sgd == 0,
         f"noise_scale=true needs the all-reduced gradient of every step: not with "

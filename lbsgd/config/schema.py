@@ -123,18 +123,31 @@ class Config:
     poly_power: float = _exp(2.0, "power of schedule=poly (2 for LARS, You et al. 2017)")
     epochs: float = _exp(90.0, "training length in epochs (passes over the train split)")
     # --- experiment keys: optimizer ------------------------------------------------------------
-    optimizer: Literal["sgd", "lars"] = _exp(
-        "sgd", "sgd (lr inside the velocity, Goyal eq. 10) or lars (You et al. 2017, Algorithm 1)"
+    optimizer: Literal["sgd", "lars", "lamb", "adamw"] = _exp(
+        "sgd",
+        "sgd (lr inside the velocity, Goyal eq. 10), lars (You et al. 2017, Algorithm 1), lamb "
+        "(You et al. 2019, Algorithm 2) or adamw (Adam, decay w <- w - lr*lambda*w)",
     )
-    momentum: float = _exp(0.9, "momentum m of the velocity update")
-    nesterov: bool = _exp(True, "Nesterov momentum (Goyal §5.1)")
-    weight_decay: float = _exp(1e-4, "L2 weight decay lambda (beta of LARS)")
+    momentum: float = _exp(0.9, "momentum m of the velocity update (sgd, lars)")
+    nesterov: bool = _exp(True, "Nesterov momentum (Goyal §5.1; sgd, lars)")
+    weight_decay: float = _exp(
+        1e-4, "weight decay lambda: L2 for sgd (beta of LARS), inside the step for lamb and adamw"
+    )
     momentum_correction: bool = _exp(
         True, "scale the velocity by lr_{t+1}/lr_t when the lr changes (Goyal §3, eq. 10)"
     )
     lars_eta: float = _exp(0.001, "LARS trust coefficient eta (You et al. 2017: 0.001)")
+    adam_beta1: float = _exp(0.9, "beta1 of lamb and adamw: decay of the first moment, in [0, 1)")
+    adam_beta2: float = _exp(
+        0.999, "beta2 of lamb and adamw: decay of the second moment, in [0, 1)"
+    )
+    adam_eps: float = _exp(
+        1e-6, "epsilon of lamb and adamw, added to the root of the second moment (You et al. 2019)"
+    )
     decay_bn_bias: bool = _exp(
-        False, "weight decay (and LARS adaptation) also on biases and BN gamma/beta; false: Jia"
+        False,
+        "weight decay (and the trust ratio of lars and lamb) also on biases and BN gamma/beta; "
+        "false: Jia",
     )
     # --- experiment keys: numerics -----------------------------------------------------------
     precision: Literal["fp32", "fp16", "bf16"] = _exp(
@@ -338,6 +351,7 @@ HASHED_ONLY_OFF_DEFAULT += ("async_ps",)  # lbsgd.parameter_server
 HASHED_ONLY_OFF_DEFAULT += ("block_momentum", "block_lr", "block_nesterov")  # lbsgd.comm.BMUF
 HASHED_ONLY_OFF_DEFAULT += ("fashion_size", "fashion_train")  # lbsgd.data.fashion_mnist
 HASHED_ONLY_OFF_DEFAULT += ("switch_step",)  # lbsgd.comm: PowerSGD, local SGD and BMUF
+HASHED_ONLY_OFF_DEFAULT += ("adam_beta1", "adam_beta2", "adam_eps")  # lbsgd.optim: LAMB, AdamW
 
 
 _HINTS: dict[str, Any] = {}
