@@ -153,6 +153,9 @@ def test_keys_added_later_leave_earlier_run_ids_unchanged_until_set():
         "fashion_size": {"fashion_size": 14},  # 29 is out of range
         "fashion_train": {"fashion_train": 20_000},
         "switch_step": {"local_sgd": 2, "switch_step": 3},
+        "adam_beta1": {"optimizer": "lamb", "adam_beta1": 0.8},
+        "adam_beta2": {"optimizer": "lamb", "adam_beta2": 0.99},
+        "adam_eps": {"optimizer": "adamw", "adam_eps": 1e-8},
     }
     for key in config.HASHED_ONLY_OFF_DEFAULT:
         keys = off_default[key] if key in off_default else {key: getattr(Config(), key) + 1}
