@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from lbsgd import isa
 from lbsgd.data.device_images import DeviceImages
@@ -73,12 +73,24 @@ def _hash_tensor(h: Any, t: torch.Tensor) -> None:
     h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # the bytes, no copy
 
 
+def _files(train: Dataset) -> tuple[Path, list] | None:
+    """(root, [(path, label), …]) of a split read from files (ImageFolder), or of the part of one
+    that a ``Subset`` takes (a train split less its held-out images); else None."""
+    base, indices = (train.dataset, train.indices) if isinstance(train, Subset) else (train, None)
+    samples = getattr(base, "samples", None)
+    if not isinstance(samples, list) or not hasattr(base, "root"):
+        return None
+    return Path(base.root), samples if indices is None else [samples[i] for i in indices]
+
+
 def dataset_digest(train: Dataset) -> dict[str, Any]:
     """sha1 of a training split: of its tensors when it is held in memory (the generated
     synthetic and fake splits, CIFAR-10's uint8 images: dtype, shape and bytes of each, labels
     included), of its file list (path below the root, label, size in bytes) when it is read from
-    files (ImageFolder), else None. ``over`` says which; ``samples`` is the split's length."""
+    files (ImageFolder, or a Subset of one), else None. ``over`` says which; ``samples`` is the
+    split's length."""
     h = hashlib.sha1()
+    files = _files(train)
     if isinstance(train, TensorDataset | DeviceImages):
         tensors = (
             train.tensors if isinstance(train, TensorDataset) else (train.images, train.labels)
@@ -86,9 +98,9 @@ def dataset_digest(train: Dataset) -> dict[str, Any]:
         for t in tensors:
             _hash_tensor(h, t)
         over = "tensors"
-    elif isinstance(getattr(train, "samples", None), list) and hasattr(train, "root"):
-        root = Path(train.root)
-        for path, label in train.samples:
+    elif files is not None:
+        root, samples = files
+        for path, label in samples:
             rel = Path(path).relative_to(root).as_posix()
             h.update(f"{rel}\t{label}\t{os.stat(path).st_size}\n".encode())
         over = "files"

@@ -1,7 +1,9 @@
-"""Evaluation on the test split: the sums a process computes, the record they make, the summary.
+"""Evaluation on the test split, and on the held-out validation split when the run has one
+(``holdout``): the sums a process computes, the record they make, the summary.
 
-Shared by the synchronous loop (lbsgd.trainer: each process a shard, the sums added over the
-processes) and the parameter server (lbsgd.parameter_server: the server alone, the whole split).
+Shared by the synchronous loop (lbsgd.trainer: each process a shard of each split, the sums added
+over the processes) and the parameter server (lbsgd.parameter_server: the server alone, the whole
+splits).
 """
 
 from __future__ import annotations
@@ -10,30 +12,69 @@ import math
 from typing import Any
 
 import torch
+from torch.utils.data import Dataset
 
 from lbsgd import data
 from lbsgd.config import Config
 from lbsgd.network import memory_format
 from lbsgd.precision import Precision
 
+# The metrics of each evaluated split, as metrics.jsonl's eval records and summary.json's "final"
+# name them: the test split's (named before there was another) and the held-out split's, the
+# same with "val_" in front ("val_loss" for "test_loss").
+METRICS = {
+    "test": ("top1_error_pct", "top5_error_pct", "test_loss"),
+    "val": ("val_top1_error_pct", "val_top5_error_pct", "val_loss"),
+}
+
+
+def evaluated(splits: data.Splits) -> dict[str, Dataset]:
+    """The splits an evaluation measures, by name (:data:`METRICS`), test first: the test split,
+    and the held-out one when the run has it."""
+    return {"test": splits.test, **({"val": splits.val} if splits.val is not None else {})}
+
 
 @torch.no_grad()
 def evaluation_sums(
     net: torch.nn.Module,
     splits: data.Splits,
+    batch: int,
+    cfg: Config,
+    device: torch.device,
+    precision: Precision,
+    rank: int = 0,
+    world_size: int = 1,
+) -> torch.Tensor:
+    """One row per evaluated split (:func:`evaluated`, in its order) of [summed loss, top-1 hits,
+    top-5 hits, count] (float64, on ``device``) of ``net`` in eval mode over this process's shard
+    of each (:func:`lbsgd.data.shard` of ``rank`` among ``world_size``; 0 of 1: the whole split),
+    in batches of ``batch``; the net is left in train mode."""
+    net.eval()
+    rows = []
+    for split in evaluated(splits).values():
+        shard = data.shard(len(split), rank, world_size)  # type: ignore[arg-type]
+        idx = torch.tensor(shard, dtype=torch.long)
+        rows.append(_sums(net, split, idx, splits.num_classes, batch, cfg, device, precision))
+    net.train()
+    return torch.stack(rows)
+
+
+def _sums(
+    net: torch.nn.Module,
+    split: Dataset,
     idx: torch.Tensor,
+    num_classes: int,
     batch: int,
     cfg: Config,
     device: torch.device,
     precision: Precision,
 ) -> torch.Tensor:
-    """[summed loss, top-1 hits, top-5 hits, count] (float64, on ``device``) of ``net`` in eval
-    mode over the test samples ``idx``, in batches of ``batch``; the net is left in train mode."""
-    net.eval()
+    """[summed loss, top-1 hits, top-5 hits, count] of ``net`` over the samples ``idx`` of
+    ``split``."""
     sums = torch.zeros(4, dtype=torch.float64, device=device)
-    k = min(5, splits.num_classes)
+    k = min(5, num_classes)
     fmt = memory_format(cfg)
-    for x, y in data.batches(splits.test, idx.split(batch), cfg.workers, device=device):
+    for x, y in data.batches(split, idx.split(batch), cfg.workers, device=device):
         x, y = x.to(device, memory_format=fmt), y.to(device)
         with precision.autocast():
             out = net(x).float()
@@ -42,28 +83,34 @@ def evaluation_sums(
         sums[1] += (topk[:, 0] == y).sum()
         sums[2] += (topk == y[:, None]).any(dim=1).sum()
         sums[3] += len(y)
-    net.train()
     return sums
 
 
 def evaluation_record(step: int, epoch: float, sums: torch.Tensor) -> dict[str, Any]:
     """The metrics.jsonl record of an evaluation after ``step`` steps (``epoch`` epochs) from
-    :func:`evaluation_sums` (summed over the processes that shared the test split)."""
-    loss, top1, top5, count = sums.cpu().tolist()
-    return {
-        "kind": "eval",
-        "step": step,
-        "epoch": epoch,
-        "top1_error_pct": 100.0 * (1 - top1 / count),
-        "top5_error_pct": 100.0 * (1 - top5 / count),
-        "test_loss": loss / count,
-    }
+    :func:`evaluation_sums` (summed over the processes that shared the splits): each split's
+    metrics under its names (:data:`METRICS`)."""
+    rec: dict[str, Any] = {"kind": "eval", "step": step, "epoch": epoch}
+    rows = sums.cpu().tolist()
+    for (top1_key, top5_key, loss_key), (loss, top1, top5, count) in zip(
+        METRICS.values(), rows, strict=False
+    ):
+        rec[top1_key] = 100.0 * (1 - top1 / count)
+        rec[top5_key] = 100.0 * (1 - top5 / count)
+        rec[loss_key] = loss / count
+    return rec
 
 
 def note_evaluation(summary: dict[str, Any], rec: dict[str, Any]) -> None:
-    """An evaluation into summary.json's ``final``, and ``best`` when its top-1 error is lower."""
+    """An evaluation into summary.json's ``final``, and into ``best`` where its top-1 error is
+    lower than the best before: the test split's (``top1_error_pct``, ``step``) and, apart, the
+    held-out split's (``val_top1_error_pct``, ``val_step``)."""
     summary.setdefault("final", {}).update(
-        {k: rec[k] for k in ("top1_error_pct", "top5_error_pct", "test_loss")}
+        {k: rec[k] for names in METRICS.values() for k in names if k in rec}
     )
-    if rec["top1_error_pct"] < summary.get("best", {}).get("top1_error_pct", math.inf):
-        summary["best"] = {"top1_error_pct": rec["top1_error_pct"], "step": rec["step"]}
+    best = dict(summary.get("best", {}))
+    for top1, step in (("top1_error_pct", "step"), ("val_top1_error_pct", "val_step")):
+        if top1 in rec and rec[top1] < best.get(top1, math.inf):
+            best.update({top1: rec[top1], step: rec["step"]})
+    if best:
+        summary["best"] = best

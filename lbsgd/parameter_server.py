@@ -441,13 +441,11 @@ class Run:
         self.summary.setdefault("final", {})["train_loss"] = losses[-1]
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        """Top-1/top-5 error (%) and loss on the whole test split, on the server alone; the
-        evaluation's record."""
-        idx = torch.arange(len(self.splits.test))
+        """Top-1/top-5 error (%) and loss on the whole test split (and the whole held-out split,
+        with ``holdout``), on the server alone; the evaluation's record."""
         sums = evaluation_sums(
             self.net,
             self.splits,
-            idx,
             4 * self.d.micro_batch,
             self.cfg,
             self.ctx.device,

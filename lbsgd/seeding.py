@@ -15,6 +15,11 @@ Streams fed from the run seed here:
 - :func:`micro_batches`: the randomness inside a step (dropout), drawn per global micro-batch,
   :func:`sample_seeds` of base ``2 * seed + 1``: never the augmentation's seeds.
 
+One stream is not fed from the run seed: :func:`held_out`, the permutation that picks the held-out
+validation images (``holdout``, :func:`lbsgd.data.hold_out`), seeded with the constant
+:data:`HOLDOUT_SEED`, so that every trial of a tuning sweep (any seed, batch size or layout)
+validates on the same images.
+
 The per-position streams give the same seed to a sample (a micro-batch) at a given place of the
 run's stream whatever the number of processes or loader workers, and after a resume. Where the
 run seed is used as it is: the network's initial weights (:func:`initial_weights`, given to
@@ -78,6 +83,17 @@ def sample_seeds(seed: int, positions: torch.Tensor) -> torch.Tensor:
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     return torch.from_numpy(((z ^ (z >> np.uint64(31))) >> np.uint64(1)).astype(np.int64))
+
+
+# The seed of the held-out split's permutation: one number for every run. As a data-order seed it
+# would be seed 0's epoch SEED_STRIDE - 1 = 1,000,002, which no run reaches.
+HOLDOUT_SEED = SEED_STRIDE - 1
+
+
+def held_out() -> int:
+    """The seed of the permutation of the train indices whose first ``holdout`` are held out as
+    the validation split: :data:`HOLDOUT_SEED`, whatever the run seed."""
+    return HOLDOUT_SEED
 
 
 def initial_weights(seed: int) -> int:

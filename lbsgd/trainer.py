@@ -479,21 +479,22 @@ class Run:
         self.tracker.log_wandb({**rec, "loss": sum(losses) / len(losses)})
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        """Top-1/top-5 error (%) and loss on the test split, each rank a disjoint shard; the
+        """Top-1/top-5 error (%) and loss on the test split (and the held-out split, with
+        ``holdout``), each rank a disjoint shard of each, the sums added in one all-reduce; the
         evaluation's record."""
-        ctx, test = self.ctx, self.splits.test
+        ctx = self.ctx
         # Ghost BN keeps BN buffers equal on every rank; this also covers a user model's own
         # normalisation layers, which lbsgd does not convert.
         distributed.sync_buffers(self.net)
-        idx = torch.tensor(data.shard(len(test), ctx.rank, ctx.world_size), dtype=torch.long)
         sums = evaluation_sums(
             self.eval_model,
             self.splits,
-            idx,
             4 * self.d.micro_batch,
             self.cfg,
             ctx.device,
             self.precision,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
         )
         epoch = self.sampler.epoch_of(step)
         rec = evaluation_record(step, epoch, distributed.all_reduce_sum(sums))

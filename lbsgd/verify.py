@@ -5,11 +5,12 @@ A replay is the committed run's config.yaml with its run keys pointed elsewhere 
 folder, never the committed results; no W&B, no checkpoints) and, for a run made on a CPU, the
 CPU as its device, on as many processes as the run recorded (torchrun and gloo for more than one:
 post-local SGD and BMUF depend on their number). It is bitwise equal when every train loss, learning rate and loss scale of its
-metrics.jsonl, every evaluation (top-1, top-5, test loss) and the final metrics of its summary
-are equal to the committed ones; otherwise the report gives the first step that differs and the
-difference in final top-1 error beside the seed spread of the run's group (the standard deviation
-of final top-1 over the seeds of the same experiment in the same study). Each line also says
-whether this machine's CPU and caps (lbsgd.isa) are those the committed run recorded.
+metrics.jsonl, every evaluation (top-1, top-5, test loss; the held-out split's too, with
+``holdout``) and the final metrics of its summary are equal to the committed ones; otherwise the
+report gives the first step that differs and the difference in final top-1 error beside the seed
+spread of the run's group (the standard deviation of final top-1 over the seeds of the same
+experiment in the same study). Each line also says whether this machine's CPU and caps (lbsgd.isa)
+are those the committed run recorded.
 
 Each replay gets one of three levels (:func:`level`; README: "The same digits on any machine"):
 
@@ -57,7 +58,15 @@ RECORDS_ONLY = shutil.ignore_patterns(
 # metrics.jsonl values that a replay must reproduce (img_per_s and the like are the machine's)
 COMPARED = {
     "train": ("lr", "loss", "loss_scale"),
-    "eval": ("top1_error_pct", "top5_error_pct", "test_loss"),
+    # the held-out split's only with holdout > 0 (None on both sides of a run without one)
+    "eval": (
+        "top1_error_pct",
+        "top5_error_pct",
+        "test_loss",
+        "val_top1_error_pct",
+        "val_top5_error_pct",
+        "val_loss",
+    ),
 }
 
 

@@ -313,6 +313,18 @@ CASES = [
     ("sweep", {"runs": [{"synthetic_train": 10**400}]}, ["synthetic_train=1000", "64-bit"]),
     ("cli", ["fashion_size=3"], ["fashion_size=3 must be an integer from 4 to 28"]),
     ("sweep", {"runs": [{"fashion_train": 15}]}, ["fashion_train=15 must be a multiple of 10"]),
+    ("cli", ["holdout=-1"], ["holdout=-1 must be >= 0"]),
+    # -- a held-out split that leaves nothing to train on (lbsgd.data.hold_out) -------------------
+    (
+        "cli",
+        ["holdout=512"],
+        ["holdout=512 must be less than the train split's size, synthetic_train=512", "0 to 511"],
+    ),
+    (
+        "sweep",
+        {"runs": [{"dataset": "fake", "fake_train": 100, "holdout": 100}]},
+        ["holdout=100 must be less than the train split's size, fake_train=100", "0 to 99"],
+    ),
 ]
 
 

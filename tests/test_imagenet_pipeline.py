@@ -13,8 +13,10 @@ from torch.utils.data import Subset
 from torchvision import transforms
 from torchvision.transforms import functional as TF
 
-from lbsgd import data
+from lbsgd import data, train
+from lbsgd.config import Config, ConfigError
 from lbsgd.data import fake_files, folders, prefetch
+from lbsgd.environment import dataset_digest
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +146,52 @@ def test_cuda_prefetch_gives_the_cpu_batches(tiny_imagenet):
         assert xg.is_cuda and yg.is_cuda
         torch.testing.assert_close(xg.cpu(), xh, atol=1e-5, rtol=0)
         assert torch.equal(yg.cpu(), yh)
+
+
+def test_held_out_images_use_the_val_transform_and_the_rest_keep_the_augmentation(tiny_imagenet):
+    """holdout on a file dataset: the held-out part of train/ is read as val/ is (resize, centre
+    crop), the train part keeps Goyal's random crop and flip; both keep the batch normalisation
+    (``on_device``), and the train part's digest is its own file list."""
+    _, (train, val, classes, size) = tiny_imagenet
+    s = data.hold_out(data.Splits(train, val, classes, size), 4, "imagenet")
+    val_idx, train_idx = data.holdout_indices(12, 4)
+    assert (len(s.train), len(s.val)) == (8, 4)
+    assert s.val.indices == val_idx.tolist() and s.train.indices == train_idx.tolist()
+    for i, j in enumerate(val_idx.tolist()):
+        path, label = train.samples[j]
+        expected = val.transform(Image.open(path).convert("RGB"))
+        assert torch.equal(s.val[i][0], expected) and s.val[i][1] == label
+    assert s.train.dataset is train and train.transform is not val.transform  # train untouched
+    torch.manual_seed(0)
+    a = s.train[0][0]
+    torch.manual_seed(1)
+    assert not torch.equal(a, s.train[0][0])  # a random crop
+    assert s.val.on_device is train.on_device and s.train.on_device is train.on_device
+    (x, _), *_ = data.batches(s.val, [torch.arange(4)], device=torch.device("cpu"))
+    assert x.dtype == torch.float32  # normalised where it trains
+    digest = dataset_digest(s.train)
+    assert digest["over"] == "files" and digest["samples"] == 8
+    assert digest["sha1"] != dataset_digest(train)["sha1"]
+
+
+def test_a_holdout_of_the_whole_train_folder_is_refused_in_one_line_before_training(
+    tiny_imagenet, tmp_path
+):
+    """A file dataset's size is known once its folder is read: refused when it is built, before
+    the run writes anything."""
+    root, _ = tiny_imagenet
+    cfg = Config(
+        dataset="imagenet",
+        data_dir=str(root),
+        holdout=12,
+        device="cpu",
+        threads=1,
+        wandb="disabled",
+        out_dir=str(tmp_path / "out"),
+    )
+    with pytest.raises(ConfigError) as err:
+        train(cfg)
+    message = str(err.value)
+    assert message.startswith("holdout=12 must be less than the train split's size, imagenet's 12")
+    assert "valid: 0 to 11" in message and "\n" not in message
+    assert not (tmp_path / "out").exists()

@@ -49,15 +49,21 @@ def test_one_worker_is_synchronous_sgd_on_one_process(tmp_path):
     """1 server + 1 worker: every gradient is computed on the server's current weights (staleness
     0) from the batch of the same step, so the run is synchronous SGD: the weights and BN running
     statistics of a one-process run with the default Nesterov momentum and weight decay, bitwise
-    (the gradient travels as float32, exactly)."""
-    ps = lbsgd(["train", *_args(tmp_path, "ps", epochs=0.75, async_ps="true")], nproc=2)
+    (the gradient travels as float32, exactly). Both hold 64 of the 256 images out (holdout): the
+    server evaluates them as the synchronous run does, through the same evaluation."""
+    keys = {"epochs": 1, "holdout": 64}  # 192 images to train on: 6 steps
+    ps = lbsgd(["train", *_args(tmp_path, "ps", async_ps="true", **keys)], nproc=2)
     assert ps.returncode == 0, ps.stderr[-3000:]
-    one = lbsgd(["train", *_args(tmp_path, "one", epochs=0.75)])
+    one = lbsgd(["train", *_args(tmp_path, "one", **keys)])
     assert one.returncode == 0, one.stderr[-3000:]
     summary = json.loads((tmp_path / "runs" / "ps" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 6
     sync = json.loads((tmp_path / "runs" / "one" / "summary.json").read_text())
-    assert summary["final"]["test_loss"] == pytest.approx(sync["final"]["test_loss"], rel=1e-5)
+    for key in ("test_loss", "val_loss", "val_top1_error_pct"):
+        assert summary["final"][key] == pytest.approx(sync["final"][key], rel=1e-5), key
+    assert [r.keys() for r in _records(tmp_path / "runs" / "ps", "eval")] == [
+        r.keys() for r in _records(tmp_path / "runs" / "one", "eval")
+    ]
     assert summary["async_ps"]["staleness"]["histogram"] == {"0": 6}
     assert [r["task"] for r in _records(tmp_path / "runs" / "ps", "train")] == list(range(6))
     got = checkpoint.load(tmp_path / "runs" / "ps")["model"]

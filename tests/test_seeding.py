@@ -32,6 +32,8 @@ def test_each_stream_is_its_formula_to_the_bit():
         splitmix64(0, 1),
     ]
     assert seeding.epoch_order(3, 2) == 3_000_011
+    # the held-out split's permutation: one constant, whatever the run seed
+    assert seeding.held_out() == seeding.HOLDOUT_SEED == 1_000_002
     assert (seeding.fake_train(5), seeding.fake_test(5)) == (10, 11)
 
 
@@ -41,6 +43,10 @@ def test_the_data_package_uses_the_streams():
     assert data.sample_seeds is seeding.sample_seeds
     g = torch.Generator().manual_seed(seeding.epoch_order(4, 3))
     assert torch.equal(sampler.permutation(50, 4, 3), torch.randperm(50, generator=g))
+    g = torch.Generator().manual_seed(seeding.held_out())
+    assert torch.equal(
+        data.holdout_indices(50, 7)[0], torch.randperm(50, generator=g)[:7].sort()[0]
+    )
     x_tr, y_tr, x_te, y_te = fake.splits.__wrapped__(6, 4, 8, 5, 3)
     assert torch.equal(fake.images(6, 8, 5, seeding.fake_train(3))[0], x_tr)
     assert torch.equal(fake.images(4, 8, 5, seeding.fake_test(3))[1], y_te)
@@ -49,7 +55,8 @@ def test_the_data_package_uses_the_streams():
 def test_streams_that_must_differ_do_not_collide():
     """For the same run seed: the fake dataset's splits are independent draws, a step's dropout
     never reuses a sample's augmentation seed, and each (seed, epoch) has its own data order (for
-    every epoch below the stride)."""
+    every epoch below the stride), none of them the held-out split's permutation (seed 0's epoch
+    1,000,002 would be)."""
     positions = torch.arange(10_000)
     for seed in SEEDS:
         assert seeding.fake_train(seed) != seeding.fake_test(seed)
@@ -58,6 +65,7 @@ def test_streams_that_must_differ_do_not_collide():
         assert len(aug) == len(positions)
     orders = {seeding.epoch_order(s, e) for s in range(20) for e in range(50)}
     assert len(orders) == 20 * 50
+    assert seeding.held_out() not in orders
     # the train split of one seed is never the test split of another: even and odd
     trains = {seeding.fake_train(s) for s in range(100)}
     assert trains.isdisjoint(seeding.fake_test(s) for s in range(100))

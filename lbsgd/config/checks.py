@@ -215,6 +215,7 @@ KEY_RULES: tuple[tuple[str, Any, Any], ...] = (
         lambda v: 10 <= v <= 60_000 and v % 10 == 0,
         "must be a multiple of 10 from 10 to 60000 (fashion_train/10 images of each class)",
     ),
+    ("holdout", lambda v: v >= 0, "must be >= 0 (0 = no held-out validation split)"),
     (
         "milestones",
         lambda v: all(m >= 0 for m in v) and list(v) == sorted(v),
@@ -340,6 +341,7 @@ def check_config(c: Config) -> None:
     if c.async_ps:
         _check_async_ps(c)
     _check_shapes(c)
+    _check_holdout(c)
     if c.name is None:  # model and dataset (a plugin's registered names) make the run name
         _need(
             _plain_folder_name(c.run_name()),
@@ -476,6 +478,33 @@ def _check_shapes(c: Config) -> None:
     _need(
         c.model != "resnet" or (c.depth - 2) % 6 == 0,
         f"depth={c.depth} is not 6n+2 for model=resnet (valid: 8, 14, 20, 32, 44, 56, 110, …)",
+    )
+
+
+# The built-in datasets whose train split's size is known before any data is read: the key that
+# sets it (cifar10's is its 50,000 training images; a file dataset's and a plugin's are checked
+# when the dataset is built, still before training: lbsgd.data.hold_out)
+TRAIN_SIZE_KEYS = {
+    "synthetic": "synthetic_train",
+    "fake": "fake_train",
+    "fashion_mnist": "fashion_train",
+}
+CIFAR10_TRAIN = 50_000
+
+
+def _check_holdout(c: Config) -> None:
+    """The held-out validation split leaves at least one image to train on."""
+    key = TRAIN_SIZE_KEYS.get(c.dataset)
+    if key:
+        size, where = getattr(c, key), f"{key}={getattr(c, key)}"
+    elif c.dataset == "cifar10":
+        size, where = CIFAR10_TRAIN, f"dataset=cifar10's {CIFAR10_TRAIN:,} training images"
+    else:
+        return
+    _need(
+        c.holdout < size,
+        f"holdout={c.holdout} must be less than the train split's size, {where} (valid: 0 to "
+        f"{size - 1}; 0 = no held-out split)",
     )
 
 

@@ -99,6 +99,12 @@ class Config:
         "training images of dataset=fashion_mnist, a multiple of 10 up to 60000: the first "
         "fashion_train/10 of each class in file order (the test split stays 10,000)",
     )
+    holdout: int = _exp(
+        0,
+        "training images held out as a validation split, carved deterministically from the "
+        "train split (the same images whatever seed, batch and layout); the run trains on the "
+        "rest and also evaluates the held-out images at every evaluation; 0 = none",
+    )
     seed: int = _exp(
         0, "seeds the initialisation, the data order and fake's images (same across batch sizes)"
     )
@@ -352,6 +358,7 @@ HASHED_ONLY_OFF_DEFAULT += ("block_momentum", "block_lr", "block_nesterov")  # l
 HASHED_ONLY_OFF_DEFAULT += ("fashion_size", "fashion_train")  # lbsgd.data.fashion_mnist
 HASHED_ONLY_OFF_DEFAULT += ("switch_step",)  # lbsgd.comm: PowerSGD, local SGD and BMUF
 HASHED_ONLY_OFF_DEFAULT += ("adam_beta1", "adam_beta2", "adam_eps")  # lbsgd.optim: LAMB, AdamW
+HASHED_ONLY_OFF_DEFAULT += ("holdout",)  # lbsgd.data.hold_out: the validation split
 
 
 _HINTS: dict[str, Any] = {}

@@ -16,6 +16,13 @@ A builder gets the run's config and returns :class:`Splits` of map-style dataset
 ``(image CHW float tensor, int label)``. In-memory ``TensorDataset`` splits are batched by indexing
 (no per-sample collation); any other dataset goes through a ``DataLoader`` with ``workers`` processes.
 
+Held-out validation split (``holdout`` > 0): :func:`build` carves it from the builder's train split
+(:func:`hold_out`), the same images for every run of the dataset: the first ``holdout`` of a fixed
+permutation (:func:`holdout_indices`). The run trains on the rest and evaluates both the test split
+and these (``Splits.val``). The held-out images are seen as an evaluation sees them: a split with a
+``for_evaluation()`` method (:class:`DeviceImages`: no augmentation; ImageNet's folder: the val
+transform) gives that view; a plugin's train split without one is held out as it is.
+
 Device-resident data: :func:`build` moves in-memory splits to the run's device once (when they fit
 in a share of its memory), so that a batch is an index into device memory, not a host-to-device
 copy per micro-batch. Consumers need not know: :func:`batches` indexes a split where it lives and
@@ -35,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from lbsgd import distributed
 from lbsgd.config import ConfigError
@@ -43,7 +50,7 @@ from lbsgd.data import fake, fashion_mnist, folders, prefetch, synthetic
 from lbsgd.data.device_images import DeviceImages
 from lbsgd.data.sampler import StepSampler, permutation
 from lbsgd.registry import Registry
-from lbsgd.seeding import sample_seeds
+from lbsgd.seeding import held_out, sample_seeds
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Splits:
     test: Dataset
     num_classes: int
     image_size: int
+    val: Dataset | None = None  # held out of the train split (``holdout``; :func:`hold_out`)
 
 
 DATASETS: Registry[Callable[..., Splits]] = Registry("dataset")
@@ -117,7 +125,7 @@ def build(cfg, device: torch.device | None = None) -> Splits:
     the current device, which :func:`lbsgd.distributed.init` sets per process. Pass
     ``torch.device("cpu")`` to keep everything on the host.
     """
-    splits = DATASETS.get(cfg.dataset)(cfg)
+    splits = hold_out(DATASETS.get(cfg.dataset)(cfg), cfg.holdout, cfg.dataset)
     if device is None:
         kind, _ = distributed.resolve(cfg.device, cfg.backend)
         device = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else None
@@ -130,11 +138,10 @@ def resident(splits: Splits, device: torch.device) -> Splits:
     and a host device, unchanged."""
     if device.type == "cpu":
         return splits
-    tensors = [
-        t for ds in (splits.train, splits.test) if isinstance(ds, TensorDataset) for t in ds.tensors
-    ]
+    held = [ds for ds in (splits.train, splits.test, splits.val) if ds is not None]
+    tensors = [t for ds in held if isinstance(ds, TensorDataset) for t in ds.tensors]
     size = sum(t.numel() * t.element_size() for t in tensors)
-    size += sum(ds.nbytes for ds in (splits.train, splits.test) if isinstance(ds, DeviceImages))
+    size += sum(ds.nbytes for ds in held if isinstance(ds, DeviceImages))
     if device.type == "cuda" and size > RESIDENT_SHARE * torch.cuda.mem_get_info(device)[0]:
         return splits
 
@@ -145,7 +152,57 @@ def resident(splits: Splits, device: torch.device) -> Splits:
             return ds
         return TensorDataset(*(t.to(device) for t in ds.tensors))
 
-    return dataclasses.replace(splits, train=move(splits.train), test=move(splits.test))
+    val = None if splits.val is None else move(splits.val)
+    return dataclasses.replace(splits, train=move(splits.train), test=move(splits.test), val=val)
+
+
+def holdout_indices(num_train: int, holdout: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(held-out indices, sorted; the other indices, in their order) of a train split of
+    ``num_train`` samples: the held-out ones are the first ``holdout`` of one fixed permutation
+    (seeded by :func:`lbsgd.seeding.held_out`, not the run's seed), so every run of a dataset holds
+    out the same samples, and a larger ``holdout`` holds out those of a smaller one and more."""
+    g = torch.Generator().manual_seed(held_out())
+    val = torch.randperm(num_train, generator=g)[:holdout].sort().values
+    kept = torch.ones(num_train, dtype=torch.bool)
+    kept[val] = False
+    return val, kept.nonzero().squeeze(1)
+
+
+def hold_out(splits: Splits, holdout: int, dataset: str = "the dataset") -> Splits:
+    """``splits`` with ``holdout`` samples of its train split held out as ``val``
+    (:func:`holdout_indices`), seen as an evaluation sees them (the train split's
+    ``for_evaluation()`` where it has one); ``train`` keeps the rest, treated as before. An
+    in-memory split stays one (its tensors indexed); any other is a ``Subset``. 0: ``splits``
+    unchanged. A ConfigError naming ``holdout`` (``dataset``'s train split named) when it leaves
+    nothing to train on."""
+    if not holdout:
+        return splits
+    num_train = len(splits.train)  # type: ignore[arg-type]
+    if holdout >= num_train:
+        raise ConfigError(
+            f"holdout={holdout} must be less than the train split's size, {dataset}'s "
+            f"{num_train:,} training images (valid: 0 to {num_train - 1}; 0 = no held-out split)"
+        )
+    val_idx, train_idx = holdout_indices(num_train, holdout)
+    evaluated = getattr(splits.train, "for_evaluation", None)
+    seen = evaluated() if evaluated is not None else splits.train
+    return dataclasses.replace(
+        splits, train=_part(splits.train, train_idx), val=_part(seen, val_idx)
+    )
+
+
+def _part(ds: Dataset, idx: torch.Tensor) -> Dataset:
+    """The samples ``idx`` of ``ds``: an in-memory split's copied, another's a ``Subset`` that
+    keeps its batch-level work (``on_device``: :func:`batches`)."""
+    if isinstance(ds, DeviceImages):
+        return ds.subset(idx)
+    if isinstance(ds, TensorDataset):
+        return TensorDataset(*(t[idx.to(t.device)] for t in ds.tensors))
+    part = Subset(ds, idx.tolist())
+    finish = getattr(ds, "on_device", None)
+    if finish is not None:
+        part.on_device = finish  # type: ignore[attr-defined]
+    return part
 
 
 @register_dataset("synthetic")
@@ -297,6 +354,8 @@ __all__ = [
     "batches",
     "build",
     "check",
+    "hold_out",
+    "holdout_indices",
     "permutation",
     "register_dataset",
     "resident",

@@ -110,18 +110,26 @@ class DeviceImages(Dataset):
     def device(self) -> torch.device:
         return self.images.device
 
+    def _like(self, images: torch.Tensor, labels: torch.Tensor, augment: bool) -> DeviceImages:
+        """``images`` and ``labels`` normalised (and repeated to ``channels``) as this split's are,
+        augmented when ``augment``."""
+        return DeviceImages(
+            images, labels, self.mean, self.std, augment, self.classes, self.channels, self.pad
+        )
+
     def to(self, device: torch.device) -> DeviceImages:
         """This split with its tensors on ``device`` (copied once)."""
-        return DeviceImages(
-            self.images.to(device),
-            self.labels.to(device),
-            self.mean,
-            self.std,
-            self.augment,
-            self.classes,
-            self.channels,
-            self.pad,
-        )
+        return self._like(self.images.to(device), self.labels.to(device), self.augment)
+
+    def subset(self, idx: torch.Tensor) -> DeviceImages:
+        """The samples ``idx`` of this split (copied, in that order), augmented as it is."""
+        idx = idx.to(self.device)
+        return self._like(self.images[idx], self.labels[idx], self.augment)
+
+    def for_evaluation(self) -> DeviceImages:
+        """The same images (not copied) as an evaluation sees them: normalised, never augmented,
+        as the test split is."""
+        return self._like(self.images, self.labels, False)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         """One sample as the map-style dataset contract has it (float CHW, int label), augmented

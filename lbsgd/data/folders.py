@@ -191,6 +191,6 @@ def imagenet(
         ]
     )
     on_device = Normalise(IMAGENET_MEAN, IMAGENET_STD)
-    train = UInt8ImageFolder(data_dir / "train", train_tf, on_device)
+    train = UInt8ImageFolder(data_dir / "train", train_tf, on_device, eval_transform=val_tf)
     val = UInt8ImageFolder(data_dir / "val", val_tf, on_device)
     return train, val, len(train_classes), image_size
