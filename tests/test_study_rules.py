@@ -168,6 +168,9 @@ def test_a_profile_replays_its_own_studies_in_notebook_order(capsys):
     from lbsgd.studies import scales
 
     assert scales.notebooks("cpu", NOTEBOOKS) == NOTEBOOKS  # no list: every study
+    # no list and no tuning settings: every study but 14, which needs them
+    cifar = [Path(p).stem for p in scales.notebooks("cifar10", NOTEBOOKS)]
+    assert cifar == [Path(p).stem for p in NOTEBOOKS if "optimizers" not in p]
     fashion = [Path(p).stem for p in scales.notebooks("fashion", NOTEBOOKS)]
     assert fashion == [
         "01_quickstart",
@@ -179,6 +182,7 @@ def test_a_profile_replays_its_own_studies_in_notebook_order(capsys):
         "07_bn_decay",
         "08_pool5_bn",
         "11_critical_batch",
+        "14_optimizers",
     ]
     # every study a profile names has its notebook (a misspelt study would silently drop one)
     studies_of = {Path(p).stem.split("_", 1)[1] for p in NOTEBOOKS}

@@ -94,4 +94,5 @@ STUDIES: tuple[str, ...] = (
     "critical_batch",
     "local_sgd",
     "staleness",
+    "optimizers",
 )

@@ -142,11 +142,25 @@ def paper(archs: Sequence[str] | None = None):
     )
 
 
+# how each arm's lr was set: SGD's is not tuned here (study 14 tunes every optimizer alike)
+TUNING = {
+    "sgd": "untuned: the linear rule's lr and the profile's warmup (tuned: study 14)",
+    "lars": "calibrated: the profile's LARS lr",
+}
+TUNED_ELSEWHERE = (
+    "SGD here is untuned (the linear rule's lr, the profile's warmup); study 14 "
+    "(14_optimizers) compares LARS with Nesterov tuned on the same budget"
+)
+
+
 def table(df):
-    """Ours beside the papers, by network, optimizer and k (rows of either side alone kept)."""
+    """Ours beside the papers, by network, optimizer and k (rows of either side alone kept);
+    ``lr_setting`` says how our lr was set (SGD's untuned)."""
     df = prepare(df)
     t = ours(df).merge(paper(set(df["arch"])), on=["arch", "optimizer", "k"], how="outer")
     t = t.sort_values(["arch", "optimizer", "k"]).reset_index(drop=True)
+    t.insert(t.columns.get_loc("lr") + 1, "lr_setting", [TUNING.get(o) for o in t["optimizer"]])
+    t.loc[t["runs"].isna(), "lr_setting"] = None
     return t.astype({c: "Int64" for c in t if c in INT_COLUMNS})
 
 
@@ -216,7 +230,7 @@ def _lars_beats_sgd(df, a: str, k: float, chance: float | None, p) -> Finding:
         f"at the largest minibatch LARS beats SGD ({a})",
         studies.lower(lars, sgd, chance=chance, paired=True),
         f"k={k:g}: LARS {_mean(lars):.1f}% vs SGD {_mean(sgd):.1f}% error (mean of {len(lars)}; "
-        f"LARS better in {w} of {n} seeds); paper error: {quote}",
+        f"LARS better in {w} of {n} seeds); paper error: {quote}; {TUNED_ELSEWHERE}",
         paper=f"{src}: {name} at {studies.kilo(b)} accuracy SGD {acc['sgd', b]:.1f}% vs LARS "
         f"{acc['lars', b]:.1f}%",
     )

@@ -66,6 +66,7 @@ PAPERS = {
     "mikami2018": "Mikami et al.",
     "horovod-readme": "Horovod README",
     "firecaffe2016": "FireCaffe",
+    "nado2021": "Nado et al.",
 }
 _PART = {"table": "Table ", "fig": "Fig. ", "sec": "§"}
 

@@ -40,6 +40,10 @@ class Profile:
     # notebook 3's sweep measures the gradient noise scale too, so study 11 copies its runs rather
     # than training the sweep again (the probe changes no digit of a run)
     noise_in_batch_scaling: bool = False
+    # study 14 (lbsgd.studies.optimizers): "holdout", the training images held out for tuning;
+    # "anchors", each optimizer's lr per reference batch, the centre of its tuning grid (scaled
+    # to k by the linear rule for nesterov and lars, the square-root rule for lamb and adamw)
+    tuning: Mapping[str, Any] = field(default_factory=dict)
 
     def alexnet_k(self, ks: list[float] | None = None) -> float:
         """The minibatch (as k) of the AlexNet comparisons: ks["alexnet"], else the largest LARS k."""
@@ -133,6 +137,12 @@ _FASHION_BASE = {
 for _k in ("synthetic_train", "synthetic_test", "synthetic_difficulty"):
     del _FASHION_BASE[_k]
 
+# Study 14's anchors, the centres of the tuning grids, per reference batch: Nesterov at the
+# profile's linear-rule lr, LARS at its LARS lr, LAMB and AdamW by the square-root rule from
+# probes at k = 128 (seed 0, 20,000 images, poly(2), 0.5 warmup epochs, test error %):
+# LAMB 0.01 -> 81.6, 0.02 -> 74.5, 0.04 -> 61.6; AdamW 0.003 -> 78.6, 0.01 -> 59.9, 0.03 -> 38.6.
+_CPU_ANCHORS = {"nesterov": 0.0125, "lars": 0.125, "lamb": 0.01, "adamw": 0.005}
+
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
         name="smoke",
@@ -147,10 +157,11 @@ PROFILES: dict[str, Profile] = {
             "cpu_isa": "native",
         },
         seeds=(0,),
-        ks={"batch_scaling": (1, 4, 16), "lars": (4, 16)},
+        ks={"batch_scaling": (1, 4, 16), "lars": (4, 16), "optimizers": (4, 16)},
         large_k=8,
         lars={"base_lr": 0.25, "schedule": "poly", "lars_eta": 0.001, "warmup_epochs": 0.5},
         alexnet={"synthetic_difficulty": "easy"},
+        tuning={"holdout": 400, "anchors": _CPU_ANCHORS},
     ),
     "cpu": Profile(
         name="cpu",
@@ -161,6 +172,7 @@ PROFILES: dict[str, Profile] = {
             "batch_scaling": (1, 2, 4, 8, 16, 32, 64, 128, 256),
             "lars": (4, 16, 128),
             "alexnet": (64,),
+            "optimizers": (16, 128),
         },
         large_k=16,
         # LARS global lr per 16 images, poly(2), measured at seed 0 on 24,000 images (one run each):
@@ -172,6 +184,7 @@ PROFILES: dict[str, Profile] = {
         lars={"base_lr": 0.125, "schedule": "poly", "lars_eta": 0.001},
         alexnet={},
         alexnet_lars={"base_lr": 0.25},
+        tuning={"holdout": 4_000, "anchors": _CPU_ANCHORS},
     ),
     "fashion": Profile(
         name="fashion",
@@ -181,6 +194,7 @@ PROFILES: dict[str, Profile] = {
             "batch_scaling": (1, 2, 4, 8, 16, 32, 64, 128),
             "lars": (4, 16, 128),
             "alexnet": (64,),
+            "optimizers": (16, 128),
         },
         large_k=16,
         # one sweep for studies 3 and 11: 23 runs (12.7 minutes) fewer in the replay
@@ -190,6 +204,7 @@ PROFILES: dict[str, Profile] = {
         # its SGD at the probe's 0.025 per 16; LARS at k = 64: 0.25 per 16
         alexnet={"fashion_train": 10_000, "base_lr": 0.025},
         alexnet_lars={"base_lr": 0.25},
+        tuning={"holdout": 3_000, "anchors": {**_CPU_ANCHORS, "nesterov": 0.05}},
         studies=(
             "quickstart",
             "warmup",
@@ -200,6 +215,7 @@ PROFILES: dict[str, Profile] = {
             "bn_decay",
             "pool5_bn",
             "critical_batch",
+            "optimizers",
         ),
     ),
     "cifar10": Profile(
@@ -270,11 +286,23 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+# studies that need a profile's own settings: a profile without them does not replay the study
+NEEDS = {"optimizers": "tuning"}
+
+
+def replays(profile: Profile, study: str) -> bool:
+    """Whether ``profile`` replays ``study``: it is in the profile's list (None: every study whose
+    settings (:data:`NEEDS`) the profile has)."""
+    if profile.studies is not None:
+        return study in profile.studies
+    return study not in NEEDS or bool(getattr(profile, NEEDS[study]))
+
+
 def notebooks(name: str, paths: list[str]) -> list[str]:
     """The notebooks of ``paths`` (``notebooks/NN_<study>.ipynb``) that profile ``name`` replays,
     in their order: ``make reproduce`` runs these."""
-    studies = get(name).studies
-    return [p for p in paths if studies is None or _study_of(p) in studies]
+    profile = get(name)
+    return [p for p in paths if replays(profile, _study_of(p))]
 
 
 def _study_of(path: str) -> str:

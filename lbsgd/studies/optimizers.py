@@ -1,0 +1,380 @@
+"""14. Large-batch optimizers tuned on the same budget (Nado et al. 2021; You et al. 2017, 2019).
+
+You et al. 2017 (LARS) and 2019 (LAMB) report that layer-wise trust ratios let SGD and Adam train
+at batch sizes where the plain optimizers lose accuracy. Nado et al. 2021 ("A Large Batch
+Optimizer Reality Check", arXiv:2102.06356) tuned Nesterov momentum and Adam with the same care
+as LARS and LAMB and found them matching: Nesterov reached LARS's published ResNet-50 result at
+batch 32,768 (75.9% top-1 in 2,512 steps), Adam matched LAMB on BERT.
+
+This study gives each of four optimizers the same tuning budget at two minibatches, the profile's
+large k and one smaller k (``profile.ks["optimizers"]``):
+
+- **Nesterov** (``optimizer=sgd``, ``nesterov=true``), **LARS** (``optimizer=lars``, plain momentum,
+  as You et al.), **LAMB** (``optimizer=lamb``) and **AdamW** (``optimizer=adamw``), on the same
+  network, data, poly(2) schedule and parameter groups (``decay_bn_bias=false``); the profile's
+  weight decay for Nesterov and LARS, :data:`ADAM_WEIGHT_DECAY` for LAMB and AdamW.
+- **Tuning**: a grid of :data:`LR_FACTORS` × :data:`WARMUPS` (peak lr × warmup length in epochs,
+  :class:`Grid`),
+  the peak lr around each optimizer's anchor at that k (``profile.tuning["anchors"]``: the lr per
+  reference batch of the linear rule for Nesterov and LARS, of the square-root rule for LAMB and
+  AdamW, You et al. 2019's rule for LAMB). Every trial is trained on the training split less
+  ``profile.tuning["holdout"]`` held-out images (``holdout``) with the seed :data:`TUNING_SEED`,
+  and judged by its error on those held-out images only. The trial of least validation error
+  (a diverged one counts 100%) is the optimizer's choice at that k.
+- **The chosen settings** are then trained with the profile's seeds (the same training split, the
+  same held-out images), and their **test** error decides the findings: the test error of no
+  other setting is reported.
+
+Every trial and every final run is an ordinary run: resumable, skipped when done, a W&B run in the
+study's group. :func:`budget` states what the study spent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lbsgd import experiments as ex
+from lbsgd import studies
+from lbsgd.config import ConfigError
+from lbsgd.findings import Finding
+from lbsgd.studies.scales import PROFILES, Profile
+
+STUDY = "optimizers"
+TITLE = "14. Large-batch optimizers, tuned on the same budget (Nado et al. 2021)"
+
+ARMS = ("nesterov", "lars", "lamb", "adamw")
+# the pairs of the findings: (layer-wise, its plain optimizer)
+PAIRS = (("lars", "nesterov"), ("lamb", "adamw"))
+# peak lr = anchor x factor: 3 values over a factor of 9, the anchor in the middle
+LR_FACTORS = (1 / 3, 1.0, 3.0)
+WARMUPS = (0.25, 1.0)  # warmup length in epochs (gradual, from peak / k)
+TUNING_SEED = 1000  # the trials' seed: none of the profiles' seeds, so the choice is not the test's
+ADAM_WEIGHT_DECAY = 0.01  # You et al. 2019 (BERT with LAMB and AdamW)
+VAL = "final_val_top1_error_pct"
+TEST = "final_top1_error_pct"
+COLORS = {"nesterov": "tab:red", "lars": "tab:green", "lamb": "tab:blue", "adamw": "tab:orange"}
+
+# the scaling rule of each optimizer's anchor: the peak lr at k is anchor x rule(k)
+RULES = {"nesterov": "linear", "lars": "linear", "lamb": "sqrt", "adamw": "sqrt"}
+
+
+# -- the runs ----------------------------------------------------------------------------------
+
+
+def arm_keys(profile: Profile, arm: str) -> dict[str, Any]:
+    """The config keys of optimizer ``arm`` (not its lr nor warmup): the LARS keys' poly(2)
+    schedule for all four, so that the optimizers alone differ."""
+    schedule = {k: v for k, v in profile.lars.items() if k in ("schedule", "poly_power")}
+    keys = {
+        "nesterov": {"optimizer": "sgd", "nesterov": True},
+        "lars": {"optimizer": "lars", "nesterov": False, "lars_eta": profile.lars["lars_eta"]},
+        "lamb": {"optimizer": "lamb", "nesterov": False, "weight_decay": ADAM_WEIGHT_DECAY},
+        "adamw": {"optimizer": "adamw", "nesterov": False, "weight_decay": ADAM_WEIGHT_DECAY},
+    }[arm]
+    return {**schedule, **keys, "holdout": profile.tuning["holdout"]}
+
+
+def check(profile: Profile) -> None:
+    """One line naming the profile when it has no settings for this study."""
+    if not profile.tuning or "optimizers" not in profile.ks:
+        have = ", ".join(n for n, p in PROFILES.items() if p.tuning and "optimizers" in p.ks)
+        raise ConfigError(
+            f"profile={profile.name!r} has no tuning settings for study 14 (its tuning and "
+            f"ks['optimizers']; valid: {have})"
+        )
+
+
+def anchor(profile: Profile, arm: str, k: float) -> float:
+    """The centre of ``arm``'s lr grid at k: its anchor scaled by its rule (linear or sqrt)."""
+    a = profile.tuning["anchors"][arm]
+    return a * k if RULES[arm] == "linear" else a * math.sqrt(k)
+
+
+def _run(profile: Profile, arm: str, k: float, base_lr: float, warmup: float, seed: int) -> dict:
+    """One run's keys: the peak lr base_lr x k, reached by the linear rule from base_lr (Goyal's
+    gradual warmup from the reference batch's lr)."""
+    return profile.keys(
+        k=k,
+        **arm_keys(profile, arm),
+        base_lr=base_lr,
+        lr_scaling="linear",
+        warmup="gradual",
+        warmup_epochs=warmup,
+        seed=seed,
+    )
+
+
+def ks(profile: Profile, chosen: Sequence[float] | None = None) -> tuple[float, ...]:
+    """The study's minibatches as k, smallest first."""
+    return tuple(sorted(chosen or profile.ks["optimizers"]))
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_axis(name: str, values: tuple, ok, valid: str) -> None:
+    """One axis of the grid: a non-empty list of distinct valid numbers, else one line."""
+    good = all(_number(v) and ok(v) for v in values)
+    if not values or not good or len(set(values)) != len(values):
+        raise ConfigError(f"{name}={list(values)!r} must be a non-empty list of distinct {valid}")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The tuning grid: peak lrs as factors of the optimizer's anchor, warmup lengths in epochs.
+    Every optimizer at every k gets ``trials`` runs."""
+
+    lr_factors: tuple[float, ...] = LR_FACTORS
+    warmups: tuple[float, ...] = WARMUPS
+
+    @classmethod
+    def of(cls, lr_factors: Sequence[float] | None, warmups: Sequence[float] | None) -> Grid:
+        """The notebook's parameters (None: the study's grid); one-line ConfigError if bad."""
+        grid = cls(
+            tuple(LR_FACTORS if lr_factors is None else lr_factors),
+            tuple(WARMUPS if warmups is None else warmups),
+        )
+        _check_axis("lr_factors", grid.lr_factors, lambda v: v > 0, "numbers > 0")
+        _check_axis("warmups", grid.warmups, lambda v: v >= 0, "epochs >= 0")
+        return grid
+
+    @property
+    def trials(self) -> int:
+        return len(self.lr_factors) * len(self.warmups)
+
+
+def trials(profile: Profile, grid: Grid, ks_: Sequence[float] | None = None) -> list[dict]:
+    """The tuning runs: every optimizer at every k, the whole grid, seed :data:`TUNING_SEED`."""
+    check(profile)
+    return [
+        _run(profile, arm, k, anchor(profile, arm, k) * f / k, w, TUNING_SEED)
+        for k in ks(profile, ks_)
+        for arm in ARMS
+        for f in grid.lr_factors
+        for w in grid.warmups
+    ]
+
+
+def finals(profile: Profile, chosen, seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """The chosen settings (:func:`choose`) with every seed: the chosen trial's keys exactly."""
+    return [
+        _run(profile, r.arm, r.k, r.base_lr, r.warmup_epochs, s)
+        for r in chosen.itertuples()
+        for s in seeds
+    ]
+
+
+# -- reading the runs ---------------------------------------------------------------------------
+
+
+# what identifies a setting of one optimizer at one k (base_lr exactly as the trial's config has it)
+SETTING = ["arm", "k", "batch_size", "base_lr", "warmup_epochs"]
+
+
+def arm_of(optimizer: str, nesterov: bool) -> str:
+    return "nesterov" if optimizer == "sgd" and nesterov else optimizer
+
+
+def prepare(df):
+    """The runs as the study reads them: diverged runs at 100% error (test and validation), with
+    their ``arm`` and ``peak_lr``."""
+    df = studies.diverged_as_failed(df)
+    df.loc[df["diverged"], VAL] = 100.0
+    df["arm"] = [arm_of(o, n) for o, n in zip(df["optimizer"], df["nesterov"], strict=True)]
+    df["peak_lr"] = df["lr"]  # as the run derived it: base_lr x k
+    return df
+
+
+def with_factor(df, profile: Profile):
+    """``df`` with each run's peak lr as a factor of its optimizer's anchor at its k."""
+    df = df.copy()
+    df["factor"] = [
+        round(lr / anchor(profile, a, k), 6)
+        for lr, a, k in zip(df["peak_lr"], df["arm"], df["k"], strict=True)
+    ]
+    return df
+
+
+def choose(trial_df):
+    """Per optimizer and k, the trial of least validation error (ties: the smaller lr, then the
+    shorter warmup): columns arm, k, peak_lr, warmup_epochs, val error, and the grid's edges."""
+    df = prepare(trial_df).sort_values(["arm", "k", VAL, "peak_lr", "warmup_epochs"])
+    best = df.groupby(["arm", "k"], sort=False).head(1).copy()
+    lrs = df.groupby(["arm", "k"])["peak_lr"].agg(["min", "max"])
+    edge = [
+        "low"
+        if r.peak_lr == lrs.loc[(r.arm, r.k), "min"]
+        else "high"
+        if r.peak_lr == lrs.loc[(r.arm, r.k), "max"]
+        else ""
+        for r in best.itertuples()
+    ]
+    best["lr_at_grid_edge"] = edge
+    best["trials"] = (
+        df.groupby(["arm", "k"])["run_dir"]
+        .count()
+        .reindex(list(zip(best["arm"], best["k"], strict=True)))
+        .to_numpy()
+    )
+    cols = [*SETTING, "peak_lr", VAL, "lr_at_grid_edge", "trials"]
+    order = {a: i for i, a in enumerate(ARMS)}
+    best = best.sort_values(["k", "arm"], key=lambda c: c.map(order) if c.name == "arm" else c)
+    return best[cols].reset_index(drop=True)
+
+
+def grid_table(trial_df, profile: Profile):
+    """Every trial's validation error: rows optimizer × k × warmup (with the optimizer's anchor
+    lr at that k), columns the peak lr as a factor of the anchor."""
+    df = with_factor(prepare(trial_df), profile)
+    df["anchor_lr"] = [anchor(profile, a, k) for a, k in zip(df["arm"], df["k"], strict=True)]
+    t = df.pivot_table(
+        index=["k", "arm", "anchor_lr", "warmup_epochs"],
+        columns="factor",
+        values=VAL,
+        aggfunc="first",
+    )
+    t.columns = [f"lr x {f:.3g}" for f in t.columns]
+    return t.reset_index()
+
+
+def ours(final_df):
+    """Test error of the chosen settings over the profile's seeds, per optimizer and k."""
+    df = prepare(final_df)
+    by = [*SETTING, "peak_lr"]
+    out = ex.summarize(df, by)
+    return out.merge(df.groupby(by)["diverged"].sum().astype(int).reset_index(), on=by)
+
+
+def paper():
+    """Nado et al. 2021's rows of the reference table (ResNet-50 at 32k), as error by optimizer."""
+    import pandas as pd
+
+    p = ex.reference(STUDY)
+    p = p[p["metric"] == "top1_acc_pct"]
+    return pd.DataFrame(
+        {
+            "arm": list(p["optimizer"]),
+            "paper_batch": [int(b) for b in p["batch"]],
+            "paper_top1_error_pct": [round(100 - v, 6) for v in p["value"]],
+            "paper_source": [studies.cite(s) for s in p["source"]],
+            "paper_variant": list(p["variant"]),
+        }
+    )
+
+
+def table(trial_df, final_df):
+    """The chosen settings (validation error of the chosen trial) beside their test error over
+    the profile's seeds, one row per optimizer and k; the paper's numbers beside the largest k."""
+    chosen = choose(trial_df)
+    t = chosen.merge(ours(final_df), on=[*SETTING, "peak_lr"])
+    big = t["k"] == t["k"].max()
+    t = t.merge(paper(), on="arm", how="left")
+    for c in ("paper_batch", "paper_top1_error_pct", "paper_source", "paper_variant"):
+        t.loc[~big, c] = None
+    return t.astype(dict.fromkeys(("trials", "runs", "diverged", "paper_batch"), "Int64"))
+
+
+def budget(trial_df, final_df) -> str:
+    """What the study spent: trials per optimizer and k, runs, and the minutes of run time."""
+    df = prepare(trial_df)
+    per = df.groupby(["arm", "k"]).size()
+    lrs, warm = df.groupby(["arm", "k"])["peak_lr"].nunique(), df["warmup_epochs"].nunique()
+    minutes = (trial_df["wall_time_s"].sum() + final_df["wall_time_s"].sum()) / 60
+    return (
+        f"{per.min()} trials per optimizer and k ({lrs.min()} peak lrs x {warm} warmups) x "
+        f"{df['arm'].nunique()} optimizers x {df['k'].nunique()} minibatches = {len(df)} tuning "
+        f"runs, then {len(final_df)} runs of the chosen settings ({final_df['seed'].nunique()} "
+        f"seeds); {minutes:.0f} minutes of run time in all ({len(df) + len(final_df)} runs)"
+    )
+
+
+# -- the findings ------------------------------------------------------------------------------
+
+
+def findings(final_df) -> list[Finding]:
+    """At the largest k: LARS vs tuned Nesterov, LAMB vs tuned AdamW; from the smallest k to the
+    largest: does each layer-wise optimizer lose less than its plain one. Paired over seeds."""
+    df = prepare(final_df)
+    chance = studies.chance_of(df)
+    kmin, kmax = float(df["k"].min()), float(df["k"].max())
+    out = [_beats(df, a, b, kmax, chance) for a, b in PAIRS]
+    if kmin < kmax:
+        out += [_loses_less(df, a, b, kmin, kmax, chance) for a, b in PAIRS]
+    return out
+
+
+_NAMES = {"nesterov": "Nesterov", "lars": "LARS", "lamb": "LAMB", "adamw": "AdamW"}
+# who claims the layer-wise optimizer wins, and who answers (Nado et al. 2021)
+_CLAIMED = {"lars": "You et al. 2017", "lamb": "You et al. 2019"}
+_PAPER = {
+    "lars": "Nado et al. 2021: tuned Nesterov reaches LARS's published ResNet-50 result at 32k "
+    "(75.9% top-1 in 2,512 steps); You et al. 2017: LARS keeps AlexNet-BN and ResNet-50 accuracy "
+    "where SGD loses it",
+    "lamb": "Nado et al. 2021: tuned Adam matches LAMB on BERT pre-training at LAMB's batch "
+    "sizes; You et al. 2019: LAMB trains BERT at batch 32k/64k in 76 minutes",
+}
+
+
+def supports(replayed: bool | None, layerwise: str) -> str:
+    """Which paper a verdict on "the layer-wise optimizer wins" supports."""
+    if replayed is None:
+        return "supports neither paper (undecided)"
+    return f"supports {_CLAIMED[layerwise]}" if replayed else "supports Nado et al. 2021"
+
+
+def _chosen(df, arm: str, k: float) -> str:
+    r = df[(df["arm"] == arm) & (df["k"] == k)].iloc[0]
+    return f"lr {r['peak_lr']:.3g}, warmup {r['warmup_epochs']:g} ep"
+
+
+def _beats(df, a: str, b: str, k: float, chance: float | None) -> Finding:
+    """At the largest k the layer-wise ``a`` has a lower test error than the tuned plain ``b``."""
+    ea = studies.errors(df, arm=a, k=k)
+    eb = studies.errors(df, arm=b, k=k)
+    v = studies.lower(ea, eb, chance=chance, paired=True)
+    wins = sum(x < y for x, y in zip(ea, eb, strict=True))
+    return studies.finding(
+        f"at the largest minibatch {_NAMES[a]} beats tuned {_NAMES[b]}",
+        v,
+        f"k={k:g}: {_NAMES[a]} {studies.mean(ea):.1f}% vs {_NAMES[b]} {studies.mean(eb):.1f}% "
+        f"test error (mean over seeds; {_NAMES[a]} better in {wins} of {len(ea)}); "
+        f"chosen on held-out images: {_NAMES[a]} {_chosen(df, a, k)}, {_NAMES[b]} "
+        f"{_chosen(df, b, k)}; {supports(v.replayed, a)}",
+        paper=_PAPER[a],
+    )
+
+
+def _losses(df, arm: str, kmin: float, kmax: float) -> list[float]:
+    """Each seed's test error at kmax less its own at kmin."""
+    big, small = studies.errors(df, arm=arm, k=kmax), studies.errors(df, arm=arm, k=kmin)
+    return [x - y for x, y in zip(big, small, strict=True)]
+
+
+def _loses_less(df, a: str, b: str, kmin: float, kmax: float, chance: float | None) -> Finding:
+    """From the smallest k to the largest, ``a``'s test error grows less than ``b``'s."""
+    la, lb = _losses(df, a, kmin, kmax), _losses(df, b, kmin, kmax)
+    every_run = [*studies.errors(df, arm=a), *studies.errors(df, arm=b)]
+    if studies.at_chance(every_run, chance):
+        v = studies.Verdict(None, f"every run is at chance ({chance:.0f}% error)")
+    else:
+        v = studies.lower(la, lb, paired=True)
+    return studies.finding(
+        f"from k={kmin:g} to k={kmax:g} {_NAMES[a]} loses less accuracy than tuned {_NAMES[b]}",
+        v,
+        f"test error change: {_NAMES[a]} {studies.mean(la):+.1f} points, {_NAMES[b]} "
+        f"{studies.mean(lb):+.1f} points (mean over {len(la)} seed(s), each optimizer tuned at "
+        f"both k); "
+        f"{supports(v.replayed, a)}",
+        paper=_PAPER[a],
+    )
+
+
+def loss_by_arm(final_df) -> Mapping[str, float]:
+    """Each optimizer's mean test error change from the smallest k to the largest (points)."""
+    df = prepare(final_df)
+    kmin, kmax = float(df["k"].min()), float(df["k"].max())
+    return {arm: studies.mean(_losses(df, arm, kmin, kmax)) for arm in ARMS}

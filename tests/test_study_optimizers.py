@@ -1,0 +1,260 @@
+"""Study 14, large-batch optimizers tuned on the same budget (lbsgd.studies.optimizers), on
+hand-made tables: the run lists (every trial valid, the same grid for every optimizer, the tuning
+seed none of the final runs'), the choice on held-out error alone, and each finding replayed, not
+replayed and undecided."""
+
+import math
+
+import pandas as pd
+import pytest
+from helpers import verdicts
+
+from lbsgd import config
+from lbsgd.config import ConfigError
+from lbsgd.studies import optimizers as opt
+from lbsgd.studies import scales
+
+CPU, FASHION, SMOKE = scales.get("cpu"), scales.get("fashion"), scales.get("smoke")
+
+
+def valid(runs):
+    return [config.from_dict({**r, "study": opt.STUDY}) for r in runs]
+
+
+def peak(c) -> float:
+    """The run's peak lr as config.derive computes it."""
+    return c.base_lr * config.lr_scale(c.lr_scaling, c.batch_size / c.reference_batch)
+
+
+# -- the runs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", [CPU, FASHION, SMOKE], ids=lambda p: p.name)
+def test_every_optimizer_gets_the_same_grid_at_every_k(profile):
+    grid = opt.Grid.of(None, None)
+    cfgs = valid(opt.trials(profile, grid))
+    ks = opt.ks(profile)
+    assert len(ks) == 2 and len(cfgs) == grid.trials * len(opt.ARMS) * len(ks)
+    assert grid.trials == 6  # 3 peak lrs x 2 warmups: the budget the notebook states
+    for k in ks:
+        for arm in opt.ARMS:
+            mine = [
+                c
+                for c in cfgs
+                if c.batch_size == k * c.reference_batch
+                and opt.arm_of(c.optimizer, c.nesterov) == arm
+            ]
+            centre = opt.anchor(profile, arm, k)
+            peaks = sorted({peak(c) for c in mine})
+            want = sorted(centre * f for f in opt.LR_FACTORS)
+            assert peaks == pytest.approx(want, rel=1e-12), (arm, k)
+            assert sorted({c.warmup_epochs for c in mine}) == list(opt.WARMUPS)
+            # the warmup starts at peak / k (Goyal's), whatever the optimizer's rule
+            assert all(c.lr_scaling == "linear" and c.warmup == "gradual" for c in mine)
+    # one schedule, one holdout, one seed that no final run uses
+    assert {(c.schedule, c.holdout, c.seed) for c in cfgs} == {
+        (profile.lars["schedule"], profile.tuning["holdout"], opt.TUNING_SEED)
+    }
+    assert opt.TUNING_SEED not in profile.seeds
+    assert len({c.run_name() for c in cfgs}) == len(cfgs)
+
+
+def test_anchor_scales_linearly_for_momentum_and_by_square_root_for_adam():
+    for arm in opt.ARMS:
+        a = CPU.tuning["anchors"][arm]
+        want = a * 128 if arm in ("nesterov", "lars") else a * math.sqrt(128)
+        assert opt.anchor(CPU, arm, 128) == pytest.approx(want)
+
+
+def test_arms_are_the_four_optimizers_with_their_own_keys():
+    keys = {arm: opt.arm_keys(CPU, arm) for arm in opt.ARMS}
+    assert [(k["optimizer"], k["nesterov"]) for k in keys.values()] == [
+        ("sgd", True),
+        ("lars", False),
+        ("lamb", False),
+        ("adamw", False),
+    ]
+    assert keys["lamb"]["weight_decay"] == keys["adamw"]["weight_decay"] == 0.01
+    assert "weight_decay" not in keys["nesterov"]  # the profile's (5e-4 on cpu)
+
+
+@pytest.mark.parametrize(
+    "lr_factors, warmups, key",
+    [([], None, "lr_factors"), ([1, -2], None, "lr_factors"), (None, [0.5, 0.5], "warmups")],
+)
+def test_bad_grid_is_refused_in_one_line(lr_factors, warmups, key):
+    with pytest.raises(ConfigError, match=f"^{key}=") as e:
+        opt.Grid.of(lr_factors, warmups)
+    assert "\n" not in str(e.value)
+
+
+# -- the choice --------------------------------------------------------------------------------
+
+
+def trial_frame(val: dict[tuple[str, float], list[float]], profile=CPU) -> pd.DataFrame:
+    """Trials as load_runs gives them: per (arm, k), the held-out errors in grid order (lr factor
+    outer, warmup inner); the test error of every trial is 50 (never read by the choice)."""
+    grid = opt.Grid.of(None, None)
+    rows = []
+    for (arm, k), errs in val.items():
+        cells = [(f, w) for f in grid.lr_factors for w in grid.warmups]
+        for (f, w), e in zip(cells, errs, strict=True):
+            keys = opt.arm_keys(profile, arm)
+            rows.append(
+                {
+                    "optimizer": keys["optimizer"],
+                    "nesterov": keys["nesterov"],
+                    "k": k,
+                    "batch_size": int(k * 16),
+                    "base_lr": opt.anchor(profile, arm, k) * f / k,
+                    "lr": opt.anchor(profile, arm, k) * f / k * k,
+                    "warmup_epochs": w,
+                    "seed": opt.TUNING_SEED,
+                    "status": "completed",
+                    opt.VAL: e,
+                    opt.TEST: 50.0,
+                    "wall_time_s": 60.0,
+                    "run_dir": f"{arm}-{k}-{f}-{w}",
+                    "dataset": "synthetic",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_choice_is_the_least_held_out_error_and_ties_go_to_the_smaller_lr():
+    df = trial_frame(
+        {
+            ("lars", 128.0): [30, 31, 20, 25, 40, 41],  # lr x 1, warmup 0.25
+            ("lamb", 128.0): [30, 12, 35, 12, 40, 41],  # a tie: the smaller lr, x 1/3
+            ("adamw", 128.0): [30, 31, 32, 33, 34, 11],  # lr x 3, warmup 1: at the grid's edge
+        }
+    )
+    df.loc[(df["optimizer"] == "lars") & (df["warmup_epochs"] == 0.25), opt.TEST] = 1.0
+    chosen = opt.choose(df).set_index("arm")
+    a = opt.anchor
+    assert chosen.loc["lars", "peak_lr"] == pytest.approx(a(CPU, "lars", 128))
+    assert chosen.loc["lars", "warmup_epochs"] == 0.25
+    assert chosen.loc["lamb", "peak_lr"] == pytest.approx(a(CPU, "lamb", 128) / 3)
+    assert chosen.loc["lamb", "warmup_epochs"] == 1.0
+    assert chosen.loc["adamw", "peak_lr"] == pytest.approx(a(CPU, "adamw", 128) * 3)
+    assert list(chosen["lr_at_grid_edge"]) == ["", "low", "high"]
+    assert list(chosen["trials"]) == [6, 6, 6]
+    assert opt.TEST not in chosen.columns  # the test error of a trial is not shown
+
+
+def test_a_diverged_trial_counts_as_full_error_in_the_choice():
+    df = trial_frame({("nesterov", 16.0): [30, 31, 5, 33, 34, 35]})
+    df.loc[2, "status"] = "diverged"  # its last evaluation (5%) is not its result
+    assert opt.choose(df).loc[0, opt.VAL] == 30
+
+
+def test_finals_are_the_chosen_settings_with_the_profile_seeds():
+    df = trial_frame({("lamb", 16.0): [9, 8, 7, 6, 5, 4], ("lars", 16.0): [1, 2, 3, 4, 5, 6]})
+    chosen = opt.choose(df)
+    finals = valid(opt.finals(CPU, chosen, CPU.seeds))
+    assert sorted(c.seed for c in finals) == sorted(list(CPU.seeds) * 2)
+    for c in finals:
+        arm = opt.arm_of(c.optimizer, c.nesterov)
+        row = chosen[chosen["arm"] == arm].iloc[0]
+        assert peak(c) == row["peak_lr"]  # exactly the trial's
+        assert c.warmup_epochs == row["warmup_epochs"] and c.holdout == CPU.tuning["holdout"]
+
+
+# -- the findings ------------------------------------------------------------------------------
+
+
+def final_frame(errors: dict[tuple[str, float], list[float]]) -> pd.DataFrame:
+    rows = []
+    for (arm, k), errs in errors.items():
+        keys = opt.arm_keys(CPU, arm)
+        for seed, e in enumerate(errs):
+            rows.append(
+                {
+                    "optimizer": keys["optimizer"],
+                    "nesterov": keys["nesterov"],
+                    "k": k,
+                    "batch_size": int(k * 16),
+                    "base_lr": opt.anchor(CPU, arm, k) / k,
+                    "lr": opt.anchor(CPU, arm, k) / k * k,
+                    "warmup_epochs": 0.25,
+                    "seed": seed,
+                    "status": "completed",
+                    opt.VAL: e,
+                    opt.TEST: e,
+                    "wall_time_s": 60.0,
+                    "run_dir": f"{arm}-{k}-{seed}",
+                    "dataset": "synthetic",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+GOOD, BAD = [10.0, 11.0, 12.0], [20.0, 21.5, 23.0]
+
+
+def four(lars, nesterov, lamb, adamw, small=(5.0, 5.0, 5.0, 5.0)):
+    errs = {(a, 128.0): e for a, e in zip(opt.ARMS, (nesterov, lars, lamb, adamw), strict=True)}
+    errs |= {(a, 16.0): [s, s + 1, s + 2] for a, s in zip(opt.ARMS, small, strict=True)}
+    return final_frame(errs)
+
+
+def test_layerwise_beats_tuned_plain_replayed_not_replayed_and_undecided():
+    f = opt.findings(four(GOOD, BAD, GOOD, BAD))
+    assert verdicts(f)[:2] == [True, True]
+    assert "supports You et al. 2017" in f[0].evidence
+    assert "supports You et al. 2019" in f[1].evidence
+    f = opt.findings(four(BAD, GOOD, BAD, GOOD))
+    assert verdicts(f)[:2] == [False, False]
+    assert all("supports Nado et al. 2021" in x.evidence for x in f[:2])
+    close = [10.5, 10.0, 12.5]
+    f = opt.findings(four(GOOD, close, GOOD, close))
+    assert verdicts(f)[:2] == [None, None]
+    assert "supports neither paper (undecided)" in f[0].evidence
+    assert "undecided:" in f[0].evidence
+
+
+def test_loses_less_compares_each_seeds_change_from_the_small_k():
+    # LARS: 10-12 at k=128 from 5-7 at 16 (+5 each); Nesterov: 20-23 from 5-7 (+15 or so)
+    f = opt.findings(four(GOOD, BAD, GOOD, BAD))
+    assert verdicts(f)[2:] == [True, True]
+    assert "LARS +5.0 points, Nesterov +15.5 points" in f[2].evidence
+    # the layer-wise optimizers start lower at k=16 but lose more
+    f = opt.findings(four(GOOD, BAD, GOOD, BAD, small=(17.0, 1.0, 1.0, 17.0)))
+    assert verdicts(f)[2:] == [False, False]
+    assert opt.loss_by_arm(four(GOOD, BAD, GOOD, BAD))["lars"] == pytest.approx(5.0)
+
+
+def test_every_run_at_chance_is_undecided():
+    chance = [90.0, 90.5, 89.9]
+    f = opt.findings(four(chance, chance, chance, chance, small=(89.0, 89.0, 89.0, 89.0)))
+    assert verdicts(f) == [None, None, None, None]
+    assert all("at chance" in x.evidence for x in f)
+
+
+def test_one_k_gives_the_two_comparisons_at_it():
+    df = four(GOOD, BAD, GOOD, BAD)
+    assert len(opt.findings(df[df["k"] == 128.0])) == 2
+
+
+def test_table_holds_the_chosen_settings_beside_their_test_error_and_the_papers():
+    trials = trial_frame({(a, k): [5, 6, 7, 8, 9, 10] for a in opt.ARMS for k in (16.0, 128.0)})
+    finals = four(GOOD, BAD, GOOD, BAD)
+    for arm in opt.ARMS:  # the final runs at each optimizer's chosen setting (lr x 1/3)
+        for k in (16.0, 128.0):
+            sel = (finals["optimizer"] == opt.arm_keys(CPU, arm)["optimizer"]) & (finals["k"] == k)
+            sel &= finals["nesterov"] == opt.arm_keys(CPU, arm)["nesterov"]
+            base_lr = opt.anchor(CPU, arm, k) * (1 / 3) / k
+            finals.loc[sel, "base_lr"] = base_lr
+            finals.loc[sel, "lr"] = base_lr * k
+    t = opt.table(trials, finals)
+    assert len(t) == 8 and list(t["runs"]) == [3] * 8
+    row = t[(t["arm"] == "lars") & (t["k"] == 128.0)].iloc[0]
+    assert row[f"{opt.TEST}_mean"] == pytest.approx(11.0) and row[opt.VAL] == 5
+    # Nado et al.: Nesterov and LARS at 75.9% top-1 (24.1% error), beside the largest k only
+    big = t[t["k"] == 128.0].set_index("arm")["paper_top1_error_pct"]
+    assert big["nesterov"] == pytest.approx(24.1) and big["lars"] == pytest.approx(24.1)
+    assert t[t["k"] == 16.0]["paper_top1_error_pct"].isna().all()
+    text = opt.budget(trials, finals)
+    assert text.startswith("6 trials per optimizer and k (3 peak lrs x 2 warmups) x 4 optimizers")
+    assert "48 tuning runs, then 24 runs of the chosen settings (3 seeds)" in text
+    assert "72 minutes of run time in all (72 runs)" in text
