@@ -349,3 +349,42 @@ def test_noise_scale_on_cuda_changes_no_weight_and_matches_the_cpu_measurement(t
     assert (gpu["gns_b_small"], gpu["gns_b_big"]) == (32, 64)
     for key in ("gns_g_small_sq", "gns_g_big_sq"):
         assert gpu[key] == pytest.approx(cpu[key], rel=1e-3), key
+
+
+# -- the optimizers' foreach paths on the device -------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["lars", "lamb", "adamw"])
+def test_optimizer_steps_on_cuda_equal_the_cpu_steps(kind):
+    """LARS's and LAMB's trust ratios stay on the device (no host sync); the iterates on the GPU
+    are the CPU's to float64 rounding (five steps of a decayed and an undecayed group)."""
+    from lbsgd.optim import LAMB, LARS, AdamW
+
+    make = {
+        "lars": lambda g: LARS(g, lr=2.0, momentum=0.9, trust_coefficient=0.001),
+        "lamb": lambda g: LAMB(g, lr=0.05),
+        "adamw": lambda g: AdamW(g, lr=0.01),
+    }[kind]
+    gen = torch.Generator().manual_seed(0)
+    start = [
+        torch.randn(8, 4, generator=gen, dtype=torch.float64),
+        torch.zeros(8, dtype=torch.float64),
+    ]
+    grads = [[torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in start] for _ in range(5)]
+    ends = []
+    for device in ("cpu", "cuda"):
+        params = [torch.nn.Parameter(p.clone().to(device)) for p in start]
+        opt = make(
+            [
+                {"params": params[:1], "weight_decay": 0.01},
+                {"params": params[1:], "weight_decay": 0.0, "adapt": False},
+            ]
+        )
+        for g in grads:
+            for p, gi in zip(params, g, strict=True):
+                p.grad = gi.to(device)
+            opt.step()
+        ends.append([p.detach().cpu() for p in params])
+    for cpu, cuda, first in zip(*ends, start, strict=True):
+        torch.testing.assert_close(cuda, cpu, rtol=1e-12, atol=1e-12)
+        assert (cpu - first).abs().max() > 1e-4  # every tensor moved
