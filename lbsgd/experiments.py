@@ -572,11 +572,18 @@ def _error_line(log: Path) -> str:
 
 
 def _result_text(run_dir: Path) -> str:
+    """The end of a run's sweep line: its final top-1 error and speed. A run with a held-out split
+    shows that split's error only: a tuning trial is chosen by it, and its test error is the
+    study's to report (for the chosen settings alone), not the sweep's."""
     s = json.loads((run_dir / "summary.json").read_text())
-    err = s.get("final", {}).get("top1_error_pct")
+    final = s.get("final", {})
+    val = final.get("val_top1_error_pct")
+    err = final.get("top1_error_pct")
     ips = s.get("img_per_s")
     parts = []
-    if err is not None:
+    if val is not None:
+        parts.append(f"held-out top-1 error {val:.1f}%")
+    elif err is not None:
         parts.append(f"top-1 error {err:.1f}%")
     if ips:
         parts.append(f"{ips:.0f} img/s")
