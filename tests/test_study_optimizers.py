@@ -64,6 +64,8 @@ def test_anchor_scales_linearly_for_momentum_and_by_square_root_for_adam():
         a = CPU.tuning["anchors"][arm]
         want = a * 128 if arm in ("nesterov", "lars") else a * math.sqrt(128)
         assert opt.anchor(CPU, arm, 128) == pytest.approx(want)
+    # a calibrated centre at a k replaces the rule's there
+    assert opt.anchor(CPU, "nesterov", 16) == 0.6 and opt.anchor(CPU, "lamb", 16) == 0.014 * 4
 
 
 def test_arms_are_the_four_optimizers_with_their_own_keys():

@@ -15,9 +15,11 @@ large k and one smaller k (``profile.ks["optimizers"]``):
   weight decay for Nesterov and LARS, :data:`ADAM_WEIGHT_DECAY` for LAMB and AdamW.
 - **Tuning**: a grid of :data:`LR_FACTORS` × :data:`WARMUPS` (peak lr × warmup length in epochs,
   :class:`Grid`),
-  the peak lr around each optimizer's anchor at that k (``profile.tuning["anchors"]``: the lr per
-  reference batch of the linear rule for Nesterov and LARS, of the square-root rule for LAMB and
-  AdamW, You et al. 2019's rule for LAMB). Every trial is trained on the training split less
+  the peak lr around each optimizer's centre at that k (:func:`anchor`): the profile's
+  ``tuning["anchors"]``, the lr per reference batch of the linear rule for Nesterov and LARS and of
+  the square-root rule for LAMB and AdamW (You et al. 2019's rule for LAMB), unless the profile
+  gives a centre at that k (``tuning["centres"]``). The centres come from calibration probes, as
+  every profile's lrs do (lbsgd.studies.scales says which). Every trial is trained on the training split less
   ``profile.tuning["holdout"]`` held-out images (``holdout``) with the seed :data:`TUNING_SEED`,
   and judged by its error on those held-out images only. The trial of least validation error
   (a diverged one counts 100%) is the optimizer's choice at that k.
@@ -88,7 +90,12 @@ def check(profile: Profile) -> None:
 
 
 def anchor(profile: Profile, arm: str, k: float) -> float:
-    """The centre of ``arm``'s lr grid at k: its anchor scaled by its rule (linear or sqrt)."""
+    """The centre of ``arm``'s lr grid at k (a peak lr): the profile's calibrated centre at that k
+    (``tuning["centres"][k][arm]``) where it has one, else its anchor scaled by its rule (linear
+    or sqrt)."""
+    centre = profile.tuning.get("centres", {}).get(k, {}).get(arm)
+    if centre is not None:
+        return centre
     a = profile.tuning["anchors"][arm]
     return a * k if RULES[arm] == "linear" else a * math.sqrt(k)
 
