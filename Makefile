@@ -45,7 +45,7 @@ PROFILE ?= cpu
 NPROC ?= 1
 PARALLEL ?= 2
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*_*.ipynb))
-# the profile's own studies (lbsgd.studies.scales: fashion replays eight of them)
+# the profile's own studies (lbsgd.studies.scales: fashion replays nine of them)
 reproduce: setup
 	@set -e; nbs=$$($(VENV)/bin/lbsgd notebooks $(PROFILE) $(NOTEBOOKS)); for nb in $$nbs; do \
 	  name=$$(basename $$nb .ipynb); study=$${name#*_}; mkdir -p $(OUT)/$(PROFILE)/$$study; \
