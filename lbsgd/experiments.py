@@ -468,7 +468,7 @@ def _ended(job: _Job, failed: list[str], progress: _Progress) -> None:
     # torchrun reports any failed worker as exit code 1, so the run's own record decides:
     # a diverged run (trainer exit code 3) is a result, not a failure
     if status in DONE:
-        progress.end(job, f"{status} in {secs:.0f} s{_result_text(run.cfg.run_dir())}")
+        progress.end(job, f"{status} in {secs:.0f} s{result_text(run.cfg.run_dir())}")
         return
     failed.append(
         f"run {run.cfg.run_name()} failed (exit code {rc}); log: {run.log}; "
@@ -571,7 +571,7 @@ def _error_line(log: Path) -> str:
     return useful[-1] if useful else "(empty log)"
 
 
-def _result_text(run_dir: Path) -> str:
+def result_text(run_dir: Path) -> str:
     """The end of a run's sweep line: its final top-1 error and speed. A run with a held-out split
     shows that split's error only: a tuning trial is chosen by it, and its test error is the
     study's to report (for the chosen settings alone), not the sweep's."""

@@ -150,7 +150,7 @@ def test_a_sweep_line_shows_the_held_out_error_of_a_run_that_has_one(tmp_path):
     lines (study 14 reports the test error of the chosen settings only)."""
     final = {"top1_error_pct": 12.345, "val_top1_error_pct": 20.0}
     (tmp_path / "summary.json").write_text(json.dumps({"final": final, "img_per_s": 1000.4}))
-    assert experiments._result_text(tmp_path) == ", held-out top-1 error 20.0%, 1000 img/s"
+    assert experiments.result_text(tmp_path) == ", held-out top-1 error 20.0%, 1000 img/s"
     del final["val_top1_error_pct"]
     (tmp_path / "summary.json").write_text(json.dumps({"final": final, "img_per_s": 1000.4}))
-    assert experiments._result_text(tmp_path) == ", top-1 error 12.3%, 1000 img/s"
+    assert experiments.result_text(tmp_path) == ", top-1 error 12.3%, 1000 img/s"

@@ -37,12 +37,12 @@ SMOKE = {"profile": "smoke", "parallel": 2, "wandb": "disabled"}
 # The three longest sweeps on the smallest grid that keeps every arm of their tables and findings
 # (make reproduce runs the notebooks' defaults): the step breakdown on 1 and 2 processes, local SGD
 # and BMUF at one period, simulated staleness at tau = 0 and 2; the optimizers at one k with a
-# one-point grid
+# one-point grid, runs of one epoch
 NARROWED = {
     "10_scaling": {"nproc": [1, 2]},
     "12_local_sgd": {"periods": [4]},
     "13_staleness": {"taus": [0, 2]},
-    "14_optimizers": {"ks": [16], "lr_factors": [1], "warmups": [0.25]},
+    "14_optimizers": {"ks": [16], "lr_factors": [1], "warmups": [0.25], "epochs": 1},
 }
 # what ex.sweep prints per run: "[i/n] NAME: …" (skipped, copied, started or resumed, then the end)
 SWEEP_LINE = re.compile(r"^\[\d+/\d+\] ([^\s:]+)", re.MULTILINE)
