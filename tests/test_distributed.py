@@ -45,6 +45,7 @@ def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_
     keys = [k if not k.startswith("bn_batch") else "bn_batch=8" for k in SIX_STEP_ARGS]
     if optimizer == "lamb":  # Adam's moments and the trust ratio see the same averaged gradients
         keys += ["optimizer=lamb", "base_lr=0.01", "weight_decay=0.01"]
+        del layouts["c_one_micro_batch"]  # the all-reduce against accumulation is the question
     for name, (nproc, extra) in layouts.items():
         args = [*keys, *extra, f"out_dir={tmp_path}", f"name={name}"]
         r = lbsgd(["train", *args], nproc)
@@ -56,7 +57,7 @@ def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_
     assert ref["step"] == 6
     init = initial_weights()
     moved = 0.0
-    for name in ("a_two_processes", "c_one_micro_batch"):
+    for name in [n for n in layouts if n != "b_accumulation"]:
         for key, value in ref["model"].items():  # parameters and BN buffers alike
             torch.testing.assert_close(
                 states[name]["model"][key], value, rtol=1e-5, atol=1e-6, msg=f"{name}: {key}"
