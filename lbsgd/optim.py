@@ -97,12 +97,9 @@ def _undecorated(name: str) -> Callable:
     return getattr(method, "__wrapped__", method)
 
 
-class _VelocitySGD(torch.optim.Optimizer):
-    """The velocity update shared by SGD and LARS (lr inside the velocity, Goyal §3).
-
-    A group stores ``last_lr``, the lr of its previous step, so that ``state_dict()`` carries it and
-    a resumed run applies the same momentum correction as an uninterrupted one. Velocities are
-    ``state[p]["momentum_buffer"]``, in units of the parameter (they include the lr).
+class _PerGroup(torch.optim.Optimizer):
+    """The loop every optimizer here shares: per group, the parameters that have a gradient (dense
+    only) go to :meth:`_group_step`.
 
     torch marks four of Optimizer's methods not to be traced by torch.compile; the marker's first
     call imports torch._dynamo, about 2.3 s of CPU at every run's start. lbsgd calls them outside
@@ -114,8 +111,7 @@ class _VelocitySGD(torch.optim.Optimizer):
     state_dict = _undecorated("state_dict")
     load_state_dict = _undecorated("load_state_dict")
 
-    def _directions(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]):
-        """(d, alpha): the step before momentum is alpha·d. Subclasses say what d is."""
+    def _group_step(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]):
         raise NotImplementedError
 
     @torch.no_grad()
@@ -131,36 +127,52 @@ class _VelocitySGD(torch.optim.Optimizer):
             grads = [p.grad for p in params]
             if any(g.is_sparse for g in grads):
                 raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-            lr, m = group["lr"], group["momentum"]
-            d, alpha = self._directions(group, params, grads)
-            if m == 0:
-                torch._foreach_add_(params, d, alpha=-alpha)
-            else:
-                bufs = []
-                for p in params:
-                    state = self.state[p]
-                    if "momentum_buffer" not in state:
-                        # v_0 = 0: the first step is alpha·d, exactly PyTorch's first step.
-                        state["momentum_buffer"] = torch.zeros_like(
-                            p, memory_format=torch.preserve_format
-                        )
-                    bufs.append(state["momentum_buffer"])
-                last = group.get("last_lr")
-                # Goyal eq. (10): v was built with lr η_t; rescale it to η_{t+1}. When η_t = 0 the
-                # corrected velocity is already 0 (v = m·0·v + 0·d), so there is nothing to rescale
-                # and no ratio exists: the lr-inside form cannot carry a velocity through η = 0.
-                ratio = lr / last if group["momentum_correction"] and last else 1.0
-                torch._foreach_mul_(bufs, m * ratio)
-                torch._foreach_add_(bufs, d, alpha=alpha)
-                if group["nesterov"]:
-                    torch._foreach_add_(params, d, alpha=-alpha)
-                    torch._foreach_add_(params, bufs, alpha=-m)
-                else:
-                    torch._foreach_sub_(params, bufs)
-            # Params with grad None in this step keep their velocity unscaled (grads are dense in
-            # lbsgd, so every parameter steps every iteration).
-            group["last_lr"] = lr
+            self._group_step(group, params, grads)
         return loss
+
+
+class _VelocitySGD(_PerGroup):
+    """The velocity update shared by SGD and LARS (lr inside the velocity, Goyal §3).
+
+    A group stores ``last_lr``, the lr of its previous step, so that ``state_dict()`` carries it and
+    a resumed run applies the same momentum correction as an uninterrupted one. Velocities are
+    ``state[p]["momentum_buffer"]``, in units of the parameter (they include the lr).
+    """
+
+    def _directions(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]):
+        """(d, alpha): the step before momentum is alpha·d. Subclasses say what d is."""
+        raise NotImplementedError
+
+    def _group_step(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]):
+        lr, m = group["lr"], group["momentum"]
+        d, alpha = self._directions(group, params, grads)
+        if m == 0:
+            torch._foreach_add_(params, d, alpha=-alpha)
+        else:
+            bufs = []
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    # v_0 = 0: the first step is alpha·d, exactly PyTorch's first step.
+                    state["momentum_buffer"] = torch.zeros_like(
+                        p, memory_format=torch.preserve_format
+                    )
+                bufs.append(state["momentum_buffer"])
+            last = group.get("last_lr")
+            # Goyal eq. (10): v was built with lr η_t; rescale it to η_{t+1}. When η_t = 0 the
+            # corrected velocity is already 0 (v = m·0·v + 0·d), so there is nothing to rescale
+            # and no ratio exists: the lr-inside form cannot carry a velocity through η = 0.
+            ratio = lr / last if group["momentum_correction"] and last else 1.0
+            torch._foreach_mul_(bufs, m * ratio)
+            torch._foreach_add_(bufs, d, alpha=alpha)
+            if group["nesterov"]:
+                torch._foreach_add_(params, d, alpha=-alpha)
+                torch._foreach_add_(params, bufs, alpha=-m)
+            else:
+                torch._foreach_sub_(params, bufs)
+        # Params with grad None in this step keep their velocity unscaled (grads are dense in
+        # lbsgd, so every parameter steps every iteration).
+        group["last_lr"] = lr
 
 
 class SGD(_VelocitySGD):
@@ -268,7 +280,7 @@ def _check_adam(lr: float, betas: tuple[float, float], eps: float, weight_decay:
         raise ValueError(f"weight_decay={weight_decay} must be >= 0")
 
 
-class _Adam(torch.optim.Optimizer):
+class _Adam(_PerGroup):
     """Adam's bias-corrected moments with weight decay inside the step (You et al. 2019 Alg. 2),
     and LAMB's layer-wise trust ratio on the groups with ``adapt=True``.
 
@@ -276,11 +288,6 @@ class _Adam(torch.optim.Optimizer):
     run bias-corrects exactly as an uninterrupted one); the moments are ``state[p]["exp_avg"]`` and
     ``state[p]["exp_avg_sq"]``. Norms are taken as LARS's (:func:`_norms`).
     """
-
-    add_param_group = _undecorated("add_param_group")
-    zero_grad = _undecorated("zero_grad")
-    state_dict = _undecorated("state_dict")
-    load_state_dict = _undecorated("load_state_dict")
 
     def __init__(
         self,
@@ -312,24 +319,8 @@ class _Adam(torch.optim.Optimizer):
             self.state[p]["exp_avg_sq"] for p in params
         ]
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = [p.grad for p in params]
-            if any(g.is_sparse for g in grads):
-                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-            group["step"] += 1
-            self._update(group, params, grads)
-        return loss
-
-    def _update(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+    def _group_step(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]):
+        group["step"] += 1
         (beta1, beta2), t = group["betas"], group["step"]
         lr, wd = group["lr"], group["weight_decay"]
         m, v = self._moments(params)

@@ -271,56 +271,47 @@ def test_checkpoints_load_without_unpickling_code(tmp_path, monkeypatch):
     assert not marker.exists()  # weights_only=True: the payload's code never ran
 
 
-def test_resume_falls_back_past_a_truncated_newest_checkpoint(tiny):
-    keys = {
-        "synthetic_train": 256,
-        "batch_size": 32,
-        "bn_batch": 8,
-        "epochs": 1,
-        "checkpoint_every": 3,
-    }
-    reference = tiny(name="straight", **keys)
+# 8 steps (256 samples, batch 32), checkpoints at steps 3, 6 and 8
+EIGHT_STEPS_CHECKPOINT_EVERY_3 = {
+    "synthetic_train": 256,
+    "batch_size": 32,
+    "bn_batch": 8,
+    "epochs": 1,
+    "checkpoint_every": 3,
+}
+
+
+def resumed_from_step_6(tiny, name: str, **keys) -> tuple[dict, dict]:
+    """(resumed, uninterrupted) checkpoints of the 8-step run ``keys``: the resumed one trained
+    to the end, then left as a crash leaves a run (newest checkpoint, step 8's, cut short, step 6
+    intact, status failed) and resumed, which falls back to step 6."""
+    keys = {**EIGHT_STEPS_CHECKPOINT_EVERY_3, **keys}
+    reference = tiny(name=f"{name}_straight", **keys)
     assert train(reference)["status"] == "completed"
-    cfg = tiny(name="damaged", **keys)
+    cfg = tiny(name=f"{name}_damaged", **keys)
     train(cfg)
     run_dir = cfg.run_dir()
-    # the run as a crash left it: newest checkpoint (step 8) cut short, step 6 intact, not complete
     path = run_dir / checkpoint.NAME
     path.write_bytes(path.read_bytes()[:1000])
     summary = json.loads((run_dir / "summary.json").read_text())
     (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "failed"}))
     with pytest.warns(RuntimeWarning, match="falling back to .*step 6"):
-        summary = train(cfg.replace(resume=True))
-    assert summary["status"] == "completed"
-    assert_bitwise(checkpoint.load(run_dir)["model"], checkpoint.load(reference.run_dir())["model"])
+        assert train(cfg.replace(resume=True))["status"] == "completed"
+    return checkpoint.load(run_dir), checkpoint.load(reference.run_dir())
+
+
+def test_resume_falls_back_past_a_truncated_newest_checkpoint(tiny):
+    got, want = resumed_from_step_6(tiny, "sgd")
+    assert_bitwise(got["model"], want["model"])
 
 
 @pytest.mark.parametrize("optimizer", ["lamb", "adamw"])
 def test_adam_family_resumes_mid_run_to_bitwise_equal_weights(tiny, optimizer):
     """The moments and the step count of the bias correction travel in the checkpoint: a run
     resumed from step 6 of 8 ends with the weights and moments of the uninterrupted run."""
-    keys = {
-        "synthetic_train": 256,
-        "batch_size": 32,
-        "bn_batch": 8,
-        "epochs": 1,
-        "checkpoint_every": 3,
-        "optimizer": optimizer,
-        "base_lr": 0.01,
-        "weight_decay": 0.01,
-    }
-    reference = tiny(name=f"{optimizer}_straight", **keys)
-    assert train(reference)["status"] == "completed"
-    cfg = tiny(name=f"{optimizer}_resumed", **keys)
-    train(cfg)
-    run_dir = cfg.run_dir()
-    path = run_dir / checkpoint.NAME  # step 8's checkpoint cut short: the resume starts at 6
-    path.write_bytes(path.read_bytes()[:1000])
-    summary = json.loads((run_dir / "summary.json").read_text())
-    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "failed"}))
-    with pytest.warns(RuntimeWarning, match="falling back to .*step 6"):
-        assert train(cfg.replace(resume=True))["status"] == "completed"
-    got, want = checkpoint.load(run_dir), checkpoint.load(reference.run_dir())
+    got, want = resumed_from_step_6(
+        tiny, optimizer, optimizer=optimizer, base_lr=0.01, weight_decay=0.01
+    )
     assert_bitwise(got["model"], want["model"])
     moments = got["optimizer"]["state"]
     assert moments and all(set(s) == {"exp_avg", "exp_avg_sq"} for s in moments.values())
