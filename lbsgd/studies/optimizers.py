@@ -34,7 +34,7 @@ study's group. :func:`budget` states what the study spent.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -378,10 +378,3 @@ def _loses_less(df, a: str, b: str, kmin: float, kmax: float, chance: float | No
         f"{supports(v.replayed, a)}",
         paper=_PAPER[a],
     )
-
-
-def loss_by_arm(final_df) -> Mapping[str, float]:
-    """Each optimizer's mean test error change from the smallest k to the largest (points)."""
-    df = prepare(final_df)
-    kmin, kmax = float(df["k"].min()), float(df["k"].max())
-    return {arm: studies.mean(_losses(df, arm, kmin, kmax)) for arm in ARMS}
