@@ -37,7 +37,7 @@ TINY = {
 }
 
 
-# The tiny config's learning run (tests/test_trainer.py, test_precision.py, test_cuda.py): 4,000
+# The tiny config's learning run (tests/test_precision.py, test_cuda.py): 4,000
 # easy images, 3 epochs at batch 32 (375 steps), gamma=1 (at this scale gamma=0 lengthens the
 # initial plateau beyond 3 epochs). Chance is 90% top-1 error; measured ~53% in fp32 on the CPU.
 LEARNING = {

@@ -238,10 +238,10 @@ def _final(out: Path, name: str) -> dict:
 def test_zero_block_momentum_unit_block_lr_and_n_1_with_plain_sgd_is_synchronous_sgd(tmp_path):
     """2 processes, plain SGD (momentum 0): averaging the parameters after every local step is
     averaging the gradients (to float rounding), through torch's averager (what the trainer runs
-    at η_B = 0, ε_B = 1) and through BMUF's filter (forced: this file as the worker); with block
-    momentum the weights differ."""
+    at η_B = 0, ε_B = 1) and through BMUF's filter (forced: this file as the worker). That block
+    momentum moves the weights off the average, by its formula, is the next test's."""
     keys = [*SIX_STEP_ARGS, "micro_batch=16", "momentum=0", "nesterov=false", f"out_dir={tmp_path}"]
-    runs = {"sync": [], "averager": ["local_sgd=1"], "bmuf": ["local_sgd=1", "block_momentum=0.5"]}
+    runs = {"sync": [], "averager": ["local_sgd=1"]}
     for name, extra in runs.items():
         r = lbsgd(["train", *keys, *extra, f"name={name}"], nproc=2)
         assert r.returncode == 0, r.stderr[-3000:]
@@ -252,7 +252,6 @@ def test_zero_block_momentum_unit_block_lr_and_n_1_with_plain_sgd_is_synchronous
     for name in ("averager", "filter"):
         got = _params(_final(tmp_path, name)["model"])
         assert (got - sync).abs().max() < 1e-5, name
-    assert (_params(_final(tmp_path, "bmuf")["model"]) - sync).abs().max() > 1e-3
 
 
 @pytest.mark.slow

@@ -159,8 +159,8 @@ PROFILES: dict[str, Profile] = {
         name="smoke",
         base={
             **_CPU_BASE,
-            "synthetic_train": 2_000,
-            "synthetic_test": 500,
+            "synthetic_train": 1_000,
+            "synthetic_test": 250,
             "epochs": 2,
             "eval_every": 1,
             # each library's fastest kernels: the smoke profile checks that the studies run end to
@@ -172,7 +172,7 @@ PROFILES: dict[str, Profile] = {
         large_k=8,
         lars={"base_lr": 0.25, "schedule": "poly", "lars_eta": 0.001, "warmup_epochs": 0.5},
         alexnet={"synthetic_difficulty": "easy"},
-        tuning={"holdout": 400, "anchors": _CPU_ANCHORS},
+        tuning={"holdout": 200, "anchors": _CPU_ANCHORS},
     ),
     "cpu": Profile(
         name="cpu",
