@@ -18,6 +18,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# Imported before any process group exists: this module binds ``group.WORLD`` as the default
+# argument of its functions when first imported, and DDP's constructor imports it (through
+# torch._dynamo). Imported once the group exists, it keeps the group for good:
+# destroy_process_group cannot free it, gloo's threads outlive the interpreter, and a rank aborts
+# at exit ("terminate called without an active exception") when such a thread frees the tensors
+# of the run's last collective during finalisation. Imported here, its defaults are None.
+import torch.distributed.nn.functional
 from torch.nn.parallel import DistributedDataParallel
 
 from lbsgd import comm

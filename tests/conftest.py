@@ -70,17 +70,19 @@ def as_args(keys: Mapping) -> list[str]:
 
 def subprocess_env(**extra: str | None) -> dict[str, str]:
     """The environment of the processes a test starts (``python -m lbsgd``, torchrun and its
-    workers, a worker script): one intra-op thread each, and the lbsgd this session imported first
-    on the import path, so that they run the code under test whether it is installed into the
-    interpreter or only in this checkout, from any working directory. The caller's PYTHONPATH is
-    kept (a cluster image may hold torch there). ``extra``: variables set, or (None) removed."""
+    workers, a worker script): one intra-op thread each, Python's fault handler on, and the lbsgd
+    this session imported first on the import path, so that they run the code under test whether
+    it is installed into the interpreter or only in this checkout, from any working directory. The
+    caller's PYTHONPATH is kept (a cluster image may hold torch there). ``extra``: variables set,
+    or (None) removed."""
     root = str(Path(launch.__file__).resolve().parent.parent)
     kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     site_dirs = {
         str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]
     }
     path = kept if root in site_dirs else [root, *(p for p in kept if p != root)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+    # a process killed by a fatal signal (SIGABRT, SIGSEGV) prints every thread's Python stack
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **extra}
     if path:
         env["PYTHONPATH"] = os.pathsep.join(path)
     return {k: v for k, v in env.items() if v is not None}

@@ -18,6 +18,7 @@ same weights and the same BN running statistics. Why:
 """
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -65,6 +66,26 @@ def test_processes_accumulation_and_large_micro_batch_give_the_same_weights(tmp_
             if value.is_floating_point():
                 moved = max(moved, (value - init[key]).abs().max().item())
     assert moved > 1e-2  # the weights did train: the equality is not that of untouched models
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are read from /proc")
+def test_a_two_process_run_frees_its_process_group_before_the_interpreter_exits(tmp_path):
+    """Shutdown frees the gloo group of a DDP run: none of its threads is left for the
+    interpreter's finalisation, where one that frees the tensors of the run's last collective (the
+    final checkpoint's all-gather; rank 1 exits while rank 0 writes) aborts the process
+    ("terminate called without an active exception"). The group was held for good by a torch module
+    that binds ``group.WORLD`` as a default argument when first imported (by DDP's constructor)."""
+    args = [*SIX_STEP_ARGS, f"out_dir={tmp_path}", "name=two"]
+    r = lbsgd(["train", *args], 2, program=[str(Path(__file__).parent / "shutdown_worker.py")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    # each print is one write, its newline another (python -u): two ranks' lines may interleave
+    found = re.findall(r"rank (\d): gloo threads (before|after) shutdown: (\d+)", r.stdout)
+    counts = {(rank, when): int(n) for rank, when, n in found}
+    assert len(found) == len(counts) == 4, r.stdout
+    for rank in "01":
+        assert counts[rank, "before"] >= 2  # the group's threads, found by their names
+        assert counts[rank, "after"] == 0, r.stdout
 
 
 @pytest.mark.slow
