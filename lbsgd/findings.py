@@ -18,9 +18,11 @@ import math
 import os
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from lbsgd import stats
 
 # A study's file of findings, in its folder ``results/<profile>/<study>/``.
 FILE = "findings.json"
@@ -37,6 +39,10 @@ LABELS: Mapping[bool | None, str] = {True: "replayed", False: "not replayed", No
 ANSWERS: Mapping[bool | None, str] = {True: "yes", False: "no", None: "undecided"}
 
 
+# every outcome a claim can have, in the order the reports count them
+OUTCOMES = ("replayed", "not replayed", "undecided", "invalid")
+
+
 def label(replayed: bool | None) -> str:
     """ "replayed", "not replayed" or "undecided"."""
     return LABELS[replayed]
@@ -48,11 +54,19 @@ def loud(replayed: bool | None) -> str:
     return LABELS[replayed].replace("not ", "NOT ")
 
 
-def answer(replayed: bool | None) -> str:
-    """REPORT.md's answer in markdown: "yes", "**no**" (bold: what a reader looks for) or
-    "undecided"."""
+def answer(replayed: bool | None, invalid: bool = False, budget_bound: bool = False) -> str:
+    """REPORT.md's answer in markdown: "yes", "**no**" (bold: what a reader looks for),
+    "undecided" or "invalid"; a decided verdict from an arm under S_min adds "budget-bound"."""
+    if invalid:
+        return "invalid"
     word = ANSWERS[replayed]
-    return f"**{word}**" if replayed is False else word
+    word = f"**{word}**" if replayed is False else word
+    return f"{word}, budget-bound" if budget_bound and replayed is not None else word
+
+
+def answer_of(f: Finding) -> str:
+    """:func:`answer` of a finding."""
+    return answer(f.replayed, f.invalid, f.budget_bound)
 
 
 # -- a finding and its file --------------------------------------------------------------------
@@ -60,27 +74,100 @@ def answer(replayed: bool | None) -> str:
 
 @dataclass
 class Finding:
-    """A qualitative claim of a paper, and whether this replay shows it (None: not decidable).
+    """A qualitative claim of a paper, and whether this replay shows it (None: not decided).
     ``paper``: what the paper reports for the claim, with its source (table, figure), e.g.
-    "Goyal Table 1: gradual 23.74% vs none 24.84% (8k)"; "" where not given."""
+    "Goyal Table 1: gradual 23.74% vs none 24.84% (8k)"; "" where not given. ``invalid``: a
+    comparison with an arm that did not train (``replayed`` is then None). ``p_for`` and
+    ``p_against``: its test's two p's (:class:`lbsgd.stats.Test`; None for a claim decided
+    without a test), which the report's false-discovery control reads. ``budget``: the
+    optimizer steps of its arms beside the profile's S_min and the paper's (:class:`Budget`)."""
 
     claim: str
     replayed: bool | None
     evidence: str
     paper: str = ""
+    invalid: bool = False
+    p_for: float | None = None
+    p_against: float | None = None
+    budget: Budget | None = None
+
+    @property
+    def outcome(self) -> str:
+        """ "replayed", "not replayed", "undecided" or "invalid"."""
+        return "invalid" if self.invalid else LABELS[self.replayed]
+
+    @property
+    def p(self) -> float | None:
+        if self.p_for is None or self.p_against is None:
+            return None
+        return min(self.p_for, self.p_against)
+
+    @property
+    def budget_bound(self) -> bool:
+        return self.budget is not None and self.budget.bound
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "claim": self.claim,
             "replayed": self.replayed,
+            "outcome": self.outcome,
             "evidence": self.evidence,
             "paper": self.paper,
+            "p_for": self.p_for,
+            "p_against": self.p_against,
+            "budget": None if self.budget is None else self.budget.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Finding:
-        """A finding of ``findings.json``; one written before ``paper`` existed reads as ""."""
-        return cls(d["claim"], d["replayed"], d["evidence"], d.get("paper", ""))
+        """A finding of ``findings.json``; fields a file written before them lacks read as
+        empty (no paper, no test, no budget)."""
+        budget = d.get("budget")
+        return cls(
+            d["claim"],
+            d["replayed"],
+            d["evidence"],
+            d.get("paper", ""),
+            d.get("outcome") == "invalid",
+            d.get("p_for"),
+            d.get("p_against"),
+            None if budget is None else Budget.from_dict(budget),
+        )
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The optimizer steps of a large-minibatch claim's arms (``steps``: arm → steps) beside the
+    profile's S_min (the fewest steps any batch needs to reach study 11's target loss, in its
+    fit; None where the profile has none) and the paper's run (``paper``: in words, e.g.
+    "Goyal's 8k run: 14,076"). A verdict from an arm with fewer steps than S_min is
+    *budget-bound*: it says what this budget allows, not what the batch size does."""
+
+    steps: Mapping[str, int]
+    s_min: float | None
+    paper: str = ""
+
+    @property
+    def bound(self) -> bool:
+        return self.s_min is not None and min(self.steps.values()) < self.s_min
+
+    def text(self) -> str:
+        arms = ", ".join(f"{arm} {n:,}" for arm, n in self.steps.items())
+        out = f"optimizer steps: {arms}"
+        out += (
+            f"; S_min {self.s_min:,.0f}" if self.s_min is not None else "; no S_min at this profile"
+        )
+        out += f"; {self.paper}" if self.paper else ""
+        if self.bound:
+            out += "; budget-bound: an arm has fewer steps than S_min"
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": dict(self.steps), "s_min": self.s_min, "paper": self.paper}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Budget:
+        return cls(dict(d["steps"]), d.get("s_min"), d.get("paper", ""))
 
 
 def write(
@@ -102,7 +189,8 @@ def write(
     }
     path.write_text(json.dumps(record, indent=2) + "\n")
     for f in findings:
-        print(f"{loud(f.replayed):>12}: {f.claim} ({f.evidence})")
+        word = f.outcome.upper() if f.invalid else loud(f.replayed)
+        print(f"{word:>12}: {f.claim} ({f.evidence})")
     return path
 
 
@@ -121,21 +209,66 @@ def files(profile_dir: str | os.PathLike) -> list[Path]:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Whether the evidence shows a claim (None: it cannot decide), and why when undecided."""
+    """Whether the evidence shows a claim: ``replayed`` True or False when its test decides it at
+    :data:`lbsgd.stats.ALPHA`, None when it does not, or when the comparison is ``invalid`` (an
+    arm did not train); ``why`` says why in both cases. ``test``: the interval(s) in words;
+    ``p_for``/``p_against``: the test's p of each side (:class:`lbsgd.stats.Test`; None without a
+    test), which the report's false-discovery control reads."""
 
     replayed: bool | None
     why: str = ""
+    invalid: bool = False
+    test: str = ""
+    p_for: float | None = None
+    p_against: float | None = None
+
+    @property
+    def outcome(self) -> str:
+        return "invalid" if self.invalid else LABELS[self.replayed]
+
+    @property
+    def p(self) -> float | None:
+        """The claim's p: the smallest level at which its interval decides it (None: no test)."""
+        if self.p_for is None or self.p_against is None:
+            return None
+        return min(self.p_for, self.p_against)
 
     def text(self) -> str:
-        """``"; undecided: …"`` to append to a finding's evidence (empty when decided)."""
-        return f"; undecided: {self.why}" if self.replayed is None else ""
+        """What to append to a finding's evidence: the test, then the reason when undecided or
+        invalid."""
+        out = f"; {self.test}" if self.test else ""
+        if self.invalid:
+            return out + f"; invalid: {self.why}"
+        return out + (f"; undecided: {self.why}" if self.replayed is None else "")
 
 
-def spread(*arms: Sequence[float]) -> float | None:
-    """The seed spread of a comparison: the largest sample standard deviation over the seeds of
-    one arm (None when no arm has two runs)."""
-    sds = [statistics.stdev(a) for a in arms if len(a) >= 2]
-    return max(sds) if sds else None
+def decide(p_for: float, p_against: float, test: str, why: str = "") -> Verdict:
+    """The verdict of a test's two p's at :data:`lbsgd.stats.ALPHA`; ``why``: the reason when it
+    decides neither way."""
+    if p_for < stats.ALPHA:
+        return Verdict(True, test=test, p_for=p_for, p_against=p_against)
+    if p_against < stats.ALPHA:
+        return Verdict(False, test=test, p_for=p_for, p_against=p_against)
+    return Verdict(None, why, test=test, p_for=p_for, p_against=p_against)
+
+
+def diverged(value: float) -> bool:
+    """A run that diverged: no finite result, or counted as 100% error
+    (:func:`lbsgd.studies.rules.diverged_as_failed`)."""
+    return not math.isfinite(value) or value >= 100.0
+
+
+def untrained(arm: Sequence[float], chance: float | None) -> str | None:
+    """Why an arm did not train (a run diverged, or its mean is within
+    :data:`CHANCE_MARGIN_PCT` of ``chance``), or None when it trained."""
+    if any(diverged(v) for v in arm):
+        return f"{sum(diverged(v) for v in arm)} of its {len(arm)} runs diverged"
+    if chance is not None and statistics.fmean(arm) >= chance - CHANCE_MARGIN_PCT:
+        return (
+            f"its mean error {statistics.fmean(arm):.1f}% is within {CHANCE_MARGIN_PCT:g} "
+            f"points of chance ({chance:.0f}%)"
+        )
+    return None
 
 
 def verdict(
@@ -143,101 +276,149 @@ def verdict(
     y: Sequence[float],
     *,
     more_than: float | None = None,
-    at_most: float | None = None,
+    less_than: float | None = None,
+    within: float | None = None,
     chance: float | None = None,
-    seed_spread: float | None = None,
     paired: bool = False,
+    may_fail: str = "",
+    unit: str = "points",
 ) -> Verdict:
-    """The claim ``mean(x) − mean(y) > more_than`` (or ``≤ at_most``), decided from per-seed values
-    (top-1 errors in %, one per seed) of two arms.
+    """The claim about ``d = mean(x) − mean(y)`` (per-seed values of two arms, top-1 errors in %
+    unless ``unit`` says otherwise): ``d > more_than``, ``d < less_than``, or, a closeness
+    claim, ``|d| < within`` (an equivalence margin). Decided by the two-sided 95% interval of
+    ``d`` (:mod:`lbsgd.stats`): Student's on the per-seed differences when ``paired`` (``x[i]``,
+    ``y[i]`` from seed i: the seed's own luck cancels), else Welch's; with one run in an arm,
+    Student's pooled interval (that run taken to share the other arm's spread). Replayed when the
+    interval lies wholly on the claim's side (inside the margin), not replayed when wholly on the
+    other (outside it), undecided otherwise, and then the evidence says how many seeds would give
+    80% power if the true effect were the one observed.
 
-    ``paired``: ``x[i]`` and ``y[i]`` come from the same seed (the same initialisation and data
-    order, as every study's arms do), so the spread that judges the margin is that of the
-    per-seed differences ``x[i] − y[i]``: the seed's own luck cancels, as in a paired t-test.
-
-    Undecided when
-    - every run of both arms is at ``chance`` (within :data:`CHANCE_MARGIN_PCT`), or
-    - there are not two seeds to measure a spread from (two per arm; two pairs when ``paired``)
-      and no ``seed_spread`` is given (a spread measured elsewhere in the study, e.g. the
-      baseline's), so the margin cannot be judged, or
-    - the margin, the distance of ``mean(x) − mean(y)`` from the threshold, is no larger than the
-      seed spread (sample standard deviation over seeds: of the differences when ``paired``, else
-      the larger of the arms'; ``seed_spread`` when given). The evidence then says what would
-      decide it: :func:`seeds_to_decide` for a test of the mean, since this rule's threshold does
-      not shrink with seeds.
+    Invalid, before any test, when an arm did not train (:func:`untrained`: a run diverged, or
+    its mean within 5 points of ``chance``); ``may_fail`` ("x" or "y") names an arm that the claim
+    itself says fails (a collapse), which is then not held to it.
     """
-    if (more_than is None) == (at_most is None):
-        raise ValueError("verdict: give exactly one of more_than= or at_most=")
-    if not x or not y:
-        raise ValueError("verdict: each arm needs at least one value")
-    early = _no_evidence([*x, *y], chance)
+    if sum(v is not None for v in (more_than, less_than, within)) != 1:
+        raise ValueError("verdict: give exactly one of more_than=, less_than= or within=")
+    early = _before_the_test(x, y, chance, paired, may_fail)
     if early is not None:
         return early
-    diff = statistics.fmean(x) - statistics.fmean(y)
-    threshold = more_than if more_than is not None else at_most
-    s = _seed_spread(x, y, seed_spread, paired)
-    if s is None:
-        return Verdict(None, "one seed per arm: no seed spread to judge the margin by")
-    over = "of the per-seed differences" if paired and seed_spread is None else "over seeds"
-    return _by_margin(diff, threshold, s, more_than is not None, over)
+    return _tested(x, y, more_than, less_than, within, paired, unit)
 
 
-def _by_margin(diff: float, threshold: float, s: float, above: bool, over: str) -> Verdict:
-    """``diff > threshold`` (``above``) or ``diff ≤ threshold``, undecided when the margin is
-    inside the seed spread ``s`` (a standard deviation ``over`` what it says)."""
-    margin = abs(diff - threshold)
-    if margin <= s:
-        return Verdict(
-            None,
-            f"the margin ({margin:.2f} points) is inside the seed spread "
-            f"({s:.2f} points, standard deviation {over}); {_what_would_decide(margin, s)}",
-        )
-    return Verdict(diff > threshold if above else diff <= threshold)
+def _held(arm: Sequence[float], name: str, chance: float | None, may_fail: str) -> str | None:
+    """Why arm ``name`` did not train, unless the claim says it fails (``may_fail``)."""
+    return None if name in may_fail else untrained(arm, chance)
 
 
-def _no_evidence(vals: Sequence[float], chance: float | None) -> Verdict | None:
-    """Undecided before any margin: a run without a finite result, or every run at ``chance``."""
-    if any(not math.isfinite(v) for v in vals):
-        return Verdict(None, "a run has no finite result")
-    if chance is not None and all(v >= chance - CHANCE_MARGIN_PCT for v in vals):
-        return Verdict(None, f"every run is at chance ({chance:.0f}% error)")
-    return None
-
-
-def _seed_spread(
-    x: Sequence[float], y: Sequence[float], given: float | None, paired: bool
-) -> float | None:
-    """The spread that judges a margin: ``given``, else the per-seed differences' when
-    ``paired``, else the larger arm's (None: fewer than two seeds to measure it)."""
+def _check_arms(x: Sequence[float], y: Sequence[float], paired: bool) -> None:
+    if not x or not y:
+        raise ValueError("verdict: each arm needs at least one value")
     if paired and len(x) != len(y):
         raise ValueError(
             f"verdict: paired arms need one value per seed each ({len(x)} vs {len(y)})"
         )
-    if given is not None:
-        return given
-    if paired:
-        diffs = [a - b for a, b in zip(x, y, strict=True)]
-        return statistics.stdev(diffs) if len(diffs) >= 2 else None
-    return spread(x, y)
 
 
-def seeds_to_decide(margin: float, s: float) -> int | None:
-    """Seeds a test of two standard errors would need to decide a margin ``margin`` at the seed
-    spread ``s``: the smallest n with ``margin > 2·s/√n``, i.e. ``n > 4·(s/margin)²``. None when
-    the margin is 0 (no number of seeds separates equal means)."""
-    if margin <= 0:
-        return None
-    return math.floor(4 * (s / margin) ** 2) + 1
+def _before_the_test(x, y, chance: float | None, paired: bool, may_fail: str) -> Verdict | None:
+    """The verdict that comes before any interval: invalid (an arm did not train), or undecided
+    (no finite result, or one run per arm); None when the arms can be tested."""
+    _check_arms(x, y, paired)
+    failed = [
+        why for name, arm in (("x", x), ("y", y)) if (why := _held(arm, name, chance, may_fail))
+    ]
+    if failed:
+        return Verdict(None, f"an arm did not train ({failed[0]})", invalid=True)
+    if any(not math.isfinite(v) for v in (*x, *y)):
+        return Verdict(None, "a run has no finite result")
+    if max(len(x), len(y)) < 2:
+        return Verdict(None, "one run per arm: no interval to judge the difference by")
+    return None
 
 
-def _what_would_decide(margin: float, s: float) -> str:
-    """The undecided verdict's last clause: the rule (margin > spread) asks for an effect larger
-    than one seed's spread, which more seeds do not make; what would decide the claim is a scale
-    where the effect grows (a larger k, more epochs), or, under a test of the mean (two standard
-    errors), this many seeds."""
-    n = seeds_to_decide(margin, s)
-    test = "no number of seeds" if n is None else f"{n} seeds"
-    return (
-        "the rule asks for an effect larger than the seed spread, which more seeds do not give: "
-        f"a scale where the effect grows would decide it (a two-standard-error test of the mean: {test})"
+def _tested(x, y, more_than, less_than, within, paired: bool, unit: str) -> Verdict:
+    """The test of :func:`verdict` once its arms are valid."""
+    if within is not None:
+        t = stats.equivalent(x, y, within, paired=paired)
+        threshold, bounds = within, f"the margin ±{within:g}"
+    elif more_than is not None:
+        t = stats.above(x, y, more_than, paired=paired)
+        threshold, bounds = more_than, f"the threshold {more_than:+g}"
+    else:
+        t = stats.below(x, y, less_than, paired=paired)
+        threshold, bounds = less_than, f"the threshold {less_than:+g}"
+    iv = t.interval
+    words = (
+        f"Δ {iv.diff:+.2f} {unit}, 95% CI [{iv.low:+.2f}, {iv.high:+.2f}] ({iv.test}, "
+        f"n = {iv.n}), p = {t.p:.3g}"
     )
+    why = f"the interval reaches across {bounds}" + _seeds_clause(
+        x, y, iv.diff, threshold, within, paired
+    )
+    return decide(t.p_for, t.p_against, words, why)
+
+
+def _seeds_clause(x, y, diff: float, threshold: float, within: float | None, paired: bool) -> str:
+    """How many seeds would give 80% power if the true difference were the one observed: its
+    distance from the threshold (from the nearer margin bound for a closeness claim)."""
+    if within is not None:
+        effect = within - abs(diff) if abs(diff) < within else abs(diff) - within
+    else:
+        effect = abs(diff - threshold)
+    if paired:
+        sd = statistics.stdev([a - b for a, b in zip(x, y, strict=True)])
+    else:
+        sd = max(statistics.stdev(a) for a in (x, y) if len(a) >= 2)
+    n = stats.seeds_to_decide(effect, sd, paired=paired)
+    if n is None:
+        return "; no number of seeds decides a difference that sits on it"
+    per = "pairs of seeds" if paired else "seeds per arm"
+    return (
+        f"; were the true effect the observed {effect:.2f} at this spread ({sd:.2f}), 80% power "
+        f"would take {n} {per}"
+    )
+
+
+def with_s_min(f: Finding, s_min: float | None) -> Finding:
+    """``f`` with its budget's S_min (the profile's) and the budget in its evidence: the
+    session completes a study's findings so (a study's rules know the arms' steps, the profile
+    knows S_min). A finding without a budget passes unchanged."""
+    if f.budget is None:
+        return f
+    budget = replace(f.budget, s_min=s_min)
+    return replace(f, budget=budget, evidence=f"{f.evidence}; {budget.text()}")
+
+
+# -- a report's claims together ----------------------------------------------------------------
+
+
+def controlled(found: Sequence[Finding], alpha: float = stats.ALPHA) -> list[Finding]:
+    """A report's findings with false verdicts controlled across them: Benjamini–Hochberg at
+    false-discovery rate ``alpha`` over every tested, valid claim (docs/verdicts.md says why BH
+    and not Holm). A tested claim stays decided only when its adjusted p (q) is below
+    ``alpha``, else it becomes undecided; each tested claim's evidence gains its q. Claims with
+    no test (decided from one number, e.g. a cost model) and invalid ones pass unchanged."""
+    tested = [i for i, f in enumerate(found) if f.p is not None and not f.invalid]
+    qs = dict(zip(tested, stats.bh_adjusted([found[i].p for i in tested]), strict=True))
+    out = []
+    for i, f in enumerate(found):
+        if i not in qs:
+            out.append(f)
+            continue
+        q = qs[i]
+        text = f"BH q = {q:.3g} over {len(tested)} tested claims"
+        if f.replayed is not None and q >= alpha:
+            replayed, text = None, f"undecided after false-discovery control: {text}"
+        else:
+            replayed = f.replayed
+        out.append(replace(f, replayed=replayed, evidence=f"{f.evidence}; {text}"))
+    return out
+
+
+def counts(found: Sequence[Finding]) -> str:
+    """ "39 claims: 14 replayed, 4 not replayed, 19 undecided, 2 invalid; 6 of the 18 decided
+    are budget-bound": the report's headline."""
+    outcomes = [f.outcome for f in found]
+    out = f"{len(found)} claims: " + ", ".join(f"{outcomes.count(o)} {o}" for o in OUTCOMES)
+    decided = [f for f in found if f.replayed is not None]
+    bound = sum(f.budget_bound for f in decided)
+    return out + f"; {bound} of the {len(decided)} decided are budget-bound (an arm under S_min)"

@@ -287,10 +287,12 @@ def level(
 
 
 def _verdicts(findings: Any) -> dict[str, Any]:
-    """claim → replayed (True, False or None) of a findings.json."""
+    """claim → its outcome (replayed, not replayed, undecided or invalid) of a findings.json."""
     if not isinstance(findings, dict):
         return {}
-    return {f.get("claim"): f.get("replayed") for f in findings.get("findings", [])}
+    return {
+        f.get("claim"): f.get("outcome", f.get("replayed")) for f in findings.get("findings", [])
+    }
 
 
 def changed_verdicts(committed: dict[str, Any], recomputed: dict[str, Any]) -> list[str]:

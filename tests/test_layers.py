@@ -38,7 +38,7 @@ BANDS = [
     ("loops", {"cadence", "features", "parameter_server", "trainer"}),
     ("entry", {"entry"}),
     ("harness", {"experiments", "bench", "__init__"}),
-    ("studies", {"findings", "studies"}),
+    ("studies", {"stats", "findings", "studies"}),
     ("reports", {"verify", "report"}),
     ("command line", {"cli", "__main__"}),
 ]

@@ -105,4 +105,5 @@ def _no_decay_beats_decay(df) -> Finding:
         paper=f"{src}: accuracy with vs without weight decay: ResNet-50 (on BN) "
         f"{p['resnet', True]:.1f}% vs {p['resnet', False]:.1f}%, AlexNet (on bias and BN) "
         f"{p['alexnet', True]:.1f}% vs {p['alexnet', False]:.1f}% ({big}, LARS)",
+        budget=studies.budget(df, [k]),
     )

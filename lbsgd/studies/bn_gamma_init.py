@@ -12,9 +12,8 @@ training loss has made half of its decrease) explains a reversed order: with a s
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lbsgd import experiments as ex
@@ -115,11 +114,6 @@ def table(df, metrics: Metrics = None):
     return t.reset_index(drop=True).astype({c: "Int64" for c in t if c in INT_COLUMNS})
 
 
-def _diff_spread(e0: list[float], e1: list[float]) -> float | None:
-    """Standard deviation of the per-seed differences γ=0 − γ=1 (None below two seeds)."""
-    return statistics.stdev(a - b for a, b in zip(e0, e1, strict=True)) if len(e0) >= 2 else None
-
-
 def _paired(df, arch: str, k: float):
     """Per seed (rows) the error with γ = 0 and γ = 1 (columns), of the seeds both ran."""
     sel = df[(df["arch"] == arch) & (df["k"] == k)]
@@ -135,16 +129,24 @@ def _plateau(df, arch: str, k: float, g: int) -> float:
 
 def findings(df, metrics: Metrics = None) -> list[Finding]:
     """γ = 0 beats γ = 1 at the baseline k and at the large k (decided over the paired seeds, the
-    evidence counting the seeds γ = 0 wins), and with the deeper probe (one seed, judged by the
-    profile's network's seed spread at the large k)."""
+    evidence counting the seeds γ = 0 wins), and with the deeper probe (its seeds paired; one
+    seed alone has no interval). The large k's claims carry their budget."""
     df = prepare(df, metrics)
     s = _arms(df)
+    b = studies.budget(df[df["arch"] == s.main], [s.large_k])
     out = [
         _zero_gamma_wins(df, s, s.base_k, f"at k={s.base_k:g} (no warmup)"),
-        _zero_gamma_wins(df, s, s.large_k, f"at the large minibatch k={s.large_k:g}"),
+        replace(
+            _zero_gamma_wins(df, s, s.large_k, f"at the large minibatch k={s.large_k:g}"),
+            budget=b,
+        ),
     ]
-    big = _paired(df, s.main, s.large_k)
-    out += [_deeper_probe(df, s, arch, big) for arch in sorted(set(df["arch"]) - {s.main})]
+    out += [
+        replace(
+            _deeper_probe(df, s, arch), budget=studies.budget(df[df["arch"] == arch], [s.large_k])
+        )
+        for arch in sorted(set(df["arch"]) - {s.main})
+    ]
     return out
 
 
@@ -202,28 +204,15 @@ def _zero_gamma_wins(df, s: _Arms, k: float, where: str) -> Finding:
     )
 
 
-def _deeper_probe(df, s: _Arms, arch: str, big) -> Finding:
-    """γ = 0 beats γ = 1 with the deeper probe ``arch`` at the large k; one seed is judged by the
-    seed spread of the profile's network there (``big``: its paired errors)."""
+def _deeper_probe(df, s: _Arms, arch: str) -> Finding:
+    """γ = 0 beats γ = 1 with the deeper probe ``arch`` at the large k (paired over its seeds)."""
     large_k = s.large_k
     piv = _paired(df, arch, large_k)
     e0, e1 = list(piv[0]), list(piv[1])
-    own, main_spread = _diff_spread(e0, e1), _diff_spread(list(big[0]), list(big[1]))
-    if own is not None:
-        seeds = f"mean of {len(piv)}"
-    elif main_spread is not None:  # one seed: the spread of the profile's network at that k
-        seeds = f"seed {piv.index[0]} only, judged by the seed spread of {s.main} at k={large_k:g}"
-    else:
-        seeds = f"seed {piv.index[0]} only"
+    seeds = f"mean of {len(piv)}" if len(piv) > 1 else f"seed {piv.index[0]} only"
     return studies.finding(
         f"with a deeper ResNet ({arch}, the probe) γ=0 beats γ=1 at the large minibatch",
-        studies.lower(
-            e0,
-            e1,
-            chance=s.chance,
-            paired=True,
-            seed_spread=own if own is not None else main_spread,
-        ),
+        studies.lower(e0, e1, chance=s.chance, paired=True),
         f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% ({seeds}; half the loss decrease after "
         f"{_plateau(df, arch, large_k, 0):.2f} vs {_plateau(df, arch, large_k, 1):.2f} epochs); "
         f"paper, ResNet-50: {s.p[(large_k, 0)]:.2f} vs {s.p[(large_k, 1)]:.2f}",

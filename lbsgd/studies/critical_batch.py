@@ -32,13 +32,16 @@ from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.findings import Finding
 from lbsgd.studies import Metrics, Verdict, at_chance, batch_scaling, curves, mean
-from lbsgd.studies.batch_scaling import FLAT_PCT
 from lbsgd.studies.scales import Profile
 
 STUDY = "critical_batch"
 TITLE = "11. Critical batch size (McCandlish et al. 2018)"
 WINDOW_EPOCHS = 0.1  # default moving-average window of the training loss: a tenth of an epoch
 EARLY = 0.2  # "early in training": at 20% of the steps (or the end of the warmup, if later)
+# the knee: the error leaves its flat region where the mean errors from the smallest k stop lying
+# within this many points of each other (study 3's closeness margin is its own, an equivalence
+# margin of 1 point; the knee locates a change, not a closeness claim)
+FLAT_PCT = 2.0
 FACTOR = 2.0  # "agrees": within a factor of 2 (McCandlish Fig. 4: B_crit tracks B_noise to ~×2)
 B_NOISE = "gns_b_simple_ema"  # the smoothed B_simple of a step (metrics.jsonl)
 
@@ -447,13 +450,13 @@ def _growth(pairs: Sequence[tuple[float, float]]) -> Verdict:
     """log2 B_simple at the end above early, paired over the seeds."""
     if len(pairs) < 2:
         return Verdict(None, "fewer than 2 seeds measured B_simple early and at the end")
-    d = studies.verdict(
+    return studies.verdict(
         [math.log2(b) for _, b in pairs],
         [math.log2(a) for a, _ in pairs],
         more_than=0.0,
         paired=True,
+        unit="in log2 B",
     )
-    return Verdict(d.replayed, d.why.replace(" points", " in log2 B"))
 
 
 def _growth_text(sel, early, end, pairs, v2: Verdict) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import studies
-from lbsgd.findings import Finding
+from lbsgd.findings import Finding, untrained
 from lbsgd.studies.scales import Profile
 
 STUDY = "lars"
@@ -227,34 +227,75 @@ def _lars_beats_sgd(df, a: str, k: float, chance: float | None, p) -> Finding:
     )
     src, acc = _accuracy(p, a, [b])
     return studies.finding(
-        f"at the largest minibatch LARS beats SGD ({a})",
+        f"at the largest minibatch LARS beats SGD at the linear rule's lr, untuned ({a})",
         studies.lower(lars, sgd, chance=chance, paired=True),
         f"k={k:g}: LARS {_mean(lars):.1f}% vs SGD {_mean(sgd):.1f}% error (mean of {len(lars)}; "
         f"LARS better in {w} of {n} seeds); paper error: {quote}; {TUNED_ELSEWHERE}",
         paper=f"{src}: {name} at {studies.kilo(b)} accuracy SGD {acc['sgd', b]:.1f}% vs LARS "
         f"{acc['lars', b]:.1f}%",
+        budget=studies.budget(df[df["arch"] == a], [k]),
     )
 
 
+# "start level": both optimizers' mean errors within this many points of each other at the k the
+# loss is measured from (the closeness margin of the warmup and minibatch claims)
+LEVEL_PTS = 1.0
+
+
+def _level_k(res, kbig: float) -> float | None:
+    """The smallest k below ``kbig`` at which LARS and SGD start level (mean errors within
+    :data:`LEVEL_PTS`), None when they start level at none."""
+    for k in sorted(set(res["k"])):
+        if k >= kbig:
+            break
+        lars, sgd = (studies.errors(res, optimizer=o, k=k) for o in ("lars", "sgd"))
+        if lars and sgd and abs(_mean(lars) - _mean(sgd)) <= LEVEL_PTS:
+            return float(k)
+    return None
+
+
 def _lars_loses_less(res, kbig: float, chance: float | None, p) -> Finding:
-    """From the smallest k to the largest the ResNet's error grows less with LARS than with SGD."""
-    kmin = float(res["k"].min())
-    first = int(res[res["k"] == kmin]["seed"].min())
-    verdict, change = _change(res, kmin, kbig, first, chance)
+    """From the smallest k where both optimizers start level to the largest, the ResNet's error
+    grows less with LARS than with SGD: a loss measured from unequal starts would credit LARS
+    with its own worse start."""
     you_sgd, b_sgd = _paper_error(p, "alexnet_bn", "sgd")
     you_lars, _ = _paper_error(p, "alexnet_bn", "lars", b_sgd)
     pds = you_sgd - _paper_error(p, "alexnet_bn", "sgd", 512)[0]
     pdl = you_lars - _paper_error(p, "alexnet_bn", "lars", 512)[0]
     src, acc = _accuracy(p, "alexnet_bn", [512, b_sgd])
-    return studies.finding(
-        f"from k={kmin:g} to k={kbig:g} LARS loses less accuracy than SGD (resnet)",
-        verdict,
-        f"error change: LARS {_mean(change['lars']):+.1f} points, SGD {_mean(change['sgd']):+.1f} "
-        f"points (k={kmin:g}: seed {first} only); paper, AlexNet-BN from 512 to {b_sgd}: "
-        f"LARS {pdl:+.1f} points, SGD {pds:+.1f} points",
-        paper=f"{src}: AlexNet-BN from 512 to {studies.kilo(b_sgd)} accuracy SGD "
+    quote = f"paper, AlexNet-BN from 512 to {b_sgd}: LARS {pdl:+.1f} points, SGD {pds:+.1f} points"
+    paper_words = (
+        f"{src}: AlexNet-BN from 512 to {studies.kilo(b_sgd)} accuracy SGD "
         f"{acc['sgd', 512]:.1f}% to {acc['sgd', b_sgd]:.1f}%, LARS {acc['lars', 512]:.1f}% to "
-        f"{acc['lars', b_sgd]:.1f}%",
+        f"{acc['lars', b_sgd]:.1f}%"
+    )
+    kmin = _level_k(res, kbig)
+    claim = (
+        f"from the smallest k where both start level (within {LEVEL_PTS:g} point) to k={kbig:g} "
+        "LARS loses less accuracy than SGD (resnet)"
+    )
+    if kmin is None:
+        starts = "; ".join(
+            f"k={k:g}: LARS {_mean(studies.errors(res, optimizer='lars', k=k)):.1f}% vs SGD "
+            f"{_mean(studies.errors(res, optimizer='sgd', k=k)):.1f}%"
+            for k in sorted(set(res["k"]))
+            if k < kbig
+        )
+        verdict = studies.Verdict(
+            None,
+            f"LARS and SGD start level (within {LEVEL_PTS:g} point) at no smaller k: a loss "
+            "measured from unequal starts would credit the optimizer that starts worse",
+        )
+        return studies.finding(claim, verdict, f"{starts}; {quote}", paper=paper_words)
+    first = int(res[res["k"] == kmin]["seed"].min())
+    verdict, change = _change(res, kmin, kbig, first, chance)
+    return studies.finding(
+        claim,
+        verdict,
+        f"from k={kmin:g}: error change LARS {_mean(change['lars']):+.1f} points, SGD {_mean(change['sgd']):+.1f} "
+        f"points (k={kmin:g}: seed {first} only); {quote}",
+        paper=paper_words,
+        budget=studies.budget(res, [kmin, kbig]),
     )
 
 
@@ -262,8 +303,8 @@ def _change(
     res, kmin: float, kbig: float, first: int, chance: float | None
 ) -> tuple[studies.Verdict, dict[str, list[float]]]:
     """Each seed's error at the largest k less the first seed's at the smallest (the only one
-    there), per optimizer, and whether LARS's change is below SGD's (judged by the seed spread at
-    the largest k; undecided when every run is at chance)."""
+    there), per optimizer, and whether LARS's change is below SGD's (paired over the seeds at the
+    largest k; invalid when an arm did not train)."""
     change = {
         o: [
             e - studies.errors(res, optimizer=o, k=kmin, seed=first)[0]
@@ -271,10 +312,14 @@ def _change(
         ]
         for o in ("lars", "sgd")
     }
-    big = {o: studies.errors(res, optimizer=o, k=kbig) for o in ("lars", "sgd")}
-    small = [studies.errors(res, optimizer=o, k=kmin, seed=first)[0] for o in ("lars", "sgd")]
-    if chance is not None and all(
-        e >= chance - studies.CHANCE_MARGIN_PCT for e in [*big["lars"], *big["sgd"], *small]
-    ):
-        return studies.Verdict(None, f"every run is at chance ({chance:.0f}% error)"), change
+    arms = {
+        f"{o} k={k:g}": studies.errors(
+            res, optimizer=o, k=k, **({} if k == kbig else {"seed": first})
+        )
+        for o in ("lars", "sgd")
+        for k in (kmin, kbig)
+    }
+    failed = [f"{name}: {why}" for name, e in arms.items() if (why := untrained(e, chance))]
+    if failed:
+        return studies.Verdict(None, f"an arm did not train ({failed[0]})", invalid=True), change
     return studies.lower(change["lars"], change["sgd"], paired=True), change

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -293,8 +294,8 @@ def _compare(m, a_mode: str, b_mode: str, points: float, chance) -> tuple[Verdic
             continue
         paired = len(a) == len(b)
         against |= mean(a) - mean(b) > points and not studies.at_chance([*a, *b], chance)
-        v = studies.within(a, b, points, chance=chance, paired=paired)
-        verdicts.append(Verdict(v.replayed, f"K={k} n={n}: {v.why}" if v.why else ""))
+        v = studies.no_worse(a, b, points, chance=chance, paired=paired)
+        verdicts.append(replace(v, why=f"K={k} n={n}: {v.why}" if v.why else ""))
         ar = int(
             m[(m["mode"] == a_mode) & (m["nproc"] == k) & (m["period"] == n)]["all_reduces"].iloc[0]
         )
@@ -316,8 +317,8 @@ def _qualitative(relation: str) -> str:
 def findings(m) -> list[Finding]:
     """From :func:`measure`'s rows:
 
-    1. BMUF reaches post-local SGD's error at the same all-reduces or better (every K, n; paired
-       over seeds: BMUF no more than 0 points above);
+    1. BMUF reaches post-local SGD's error at the same all-reduces (every K, n; paired over
+       seeds, non-inferiority: BMUF no more than :data:`LOSS_PTS` points above);
     2. post-local SGD loses at most :data:`LOSS_PTS` points against synchronous SGD (every K, n);
     3. fewer all-reduces buy modelled wall time: at the largest K every local mode's modelled wall
        time is at least :data:`SAVE_PCT` % below synchronous SGD's (a model: no seeds to decide by;
@@ -328,8 +329,8 @@ def findings(m) -> list[Finding]:
 
 
 def _bmuf_matches_local(m, chance: float | None) -> Finding:
-    """Claim 1: BMUF no more than 0 points above post-local SGD at every (K, n)."""
-    v1, p1, against1 = _compare(m, "bmuf", "local", 0.0, chance)
+    """Claim 1: BMUF no more than :data:`LOSS_PTS` points above post-local SGD at every (K, n)."""
+    v1, p1, against1 = _compare(m, "bmuf", "local", LOSS_PTS, chance)
     note1 = studies.note(
         v1,
         against1,
@@ -339,7 +340,7 @@ def _bmuf_matches_local(m, chance: float | None) -> Finding:
     )
     return studies.finding(
         "BMUF (Chen & Huo: η_B = 1 − 1/K, ε_B = 1, Nesterov) reaches post-local SGD's error at the "
-        "same number of all-reduces or better",
+        f"same number of all-reduces (no more than {LOSS_PTS:g} point above)",
         v1,
         "; ".join(p1) + note1,
         paper=_qualitative(PAPER["bmuf"][1]),

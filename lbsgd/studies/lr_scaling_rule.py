@@ -9,7 +9,7 @@ run counts as 100% error.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lbsgd import experiments as ex
@@ -83,8 +83,10 @@ def table(df):
 def findings(df) -> list[Finding]:
     """The linear rule is the best of the three; no scaling is over 5 points worse than linear.
     Decided over seeds (:mod:`lbsgd.studies`); the evidence counts the seeds linear wins."""
-    r = _rules(prepare(df))
-    return [_linear_is_best(r), _none_collapses(r)]
+    df = prepare(df)
+    r = _rules(df)
+    b = studies.budget(df, [r.large_k])
+    return [replace(_linear_is_best(r), budget=b), replace(_none_collapses(r), budget=b)]
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,10 @@ def _none_collapses(r: _Rules) -> Finding:
     return studies.finding(
         f"without scaling the large minibatch collapses: over {COLLAPSE_PCT:g} points worse "
         f"than the linear rule",
-        studies.worse_by(e["none"], e["linear"], COLLAPSE_PCT, chance=r.chance, paired=True),
+        # the claim is that "none" fails: it is not held to training
+        studies.worse_by(
+            e["none"], e["linear"], COLLAPSE_PCT, chance=r.chance, paired=True, may_fail="x"
+        ),
         f"none {m['none']:.1f}% vs linear {m['linear']:.1f}% "
         f"({m['none'] - m['linear']:+.1f} points, mean of {r.n}); paper {p['none']:.2f} vs "
         f"{p['linear']:.2f} ({p['none'] - p['linear']:+.1f})",

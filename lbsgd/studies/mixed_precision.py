@@ -24,7 +24,10 @@ from lbsgd.studies.scales import Profile
 STUDY = "mixed_precision"
 TITLE = "9. Mixed precision (Jia et al. 2018)"
 PRECISIONS = ("fp32", "bf16", "fp16")
-TOLERANCE_PCT = 1.5  # "reaches the accuracy of fp32": error no more than this many points above
+# "reaches the accuracy of fp32", a non-inferiority margin in points of top-1 error: Jia et al.
+# publish no fp32 run; the margin is the warmup and minibatch claims' (Goyal's 8k run +0.14
+# over his baseline, his no-warmup run +1.24)
+TOLERANCE_PCT = 1.0
 
 
 def seeds_of(profile: Profile, seeds: Sequence[int], low_seeds: int | None = None) -> dict:
@@ -140,8 +143,9 @@ def _common_seeds(df, p: str) -> list[int]:
 
 
 def _reaches_fp32(df, p: str, o, j) -> Finding:
-    """Precision ``p``'s error no more than :data:`TOLERANCE_PCT` points above fp32's on the seeds
-    both ran, judged by the larger of their and fp32's seed spread."""
+    """Precision ``p``'s error no more than :data:`TOLERANCE_PCT` points above fp32's
+    (non-inferiority): paired over the seeds both ran when there are two; one run of ``p`` against
+    every fp32 seed (Student's pooled t: the lone run taken to share fp32's spread)."""
     chance = studies.chance_of(df)
     k = float(df["k"].iloc[0])
     skipped = dict(zip(o["precision"], o["skipped_steps_mean"], strict=True))
@@ -157,14 +161,12 @@ def _reaches_fp32(df, p: str, o, j) -> Finding:
     e32 = [studies.errors(df, precision="fp32", seed=s)[0] for s in seeds]
     ok = sum(a <= b + TOLERANCE_PCT for a, b in zip(e, e32, strict=True))
     n = len(seeds)
-    verdict = studies.within(
-        e, e32, TOLERANCE_PCT, chance=chance, seed_spread=studies.spread(e, fp32_all)
-    )
-    spread_note = (
-        f"; judged by fp32's seed spread over {len(fp32_all)} seeds"
-        if n == 1 and len(fp32_all) > 1
-        else ""
-    )
+    if n >= 2:
+        verdict = studies.no_worse(e, e32, TOLERANCE_PCT, chance=chance, paired=True)
+        spread_note = ""
+    else:
+        verdict = studies.no_worse(e, fp32_all, TOLERANCE_PCT, chance=chance)
+        spread_note = f"; one run against fp32's {len(fp32_all)} seeds"
     return studies.finding(
         f"{p} reaches the accuracy of fp32 (error no more than {TOLERANCE_PCT:g} points above)",
         verdict,

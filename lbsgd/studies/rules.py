@@ -5,6 +5,7 @@ sources in words, and the selections of a table. A study module reads them as ``
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,8 +43,15 @@ def lower(a: Sequence[float], b: Sequence[float], **kw: Any) -> Verdict:
 
 
 def within(a: Sequence[float], b: Sequence[float], points: float, **kw: Any) -> Verdict:
-    """The claim "a's error is no more than ``points`` above b's" (mean over seeds)."""
-    return fs.verdict(a, b, at_most=points, **kw)
+    """The closeness claim "a's error is within ``points`` of b's", an equivalence test: the
+    interval of the difference inside ±``points`` (:func:`lbsgd.findings.verdict`)."""
+    return fs.verdict(a, b, within=points, **kw)
+
+
+def no_worse(a: Sequence[float], b: Sequence[float], points: float, **kw: Any) -> Verdict:
+    """The one-sided closeness claim "a reaches b": a's error no more than ``points`` above b's
+    (non-inferiority: the interval of the difference wholly below ``points``)."""
+    return fs.verdict(a, b, less_than=points, **kw)
 
 
 def worse_by(a: Sequence[float], b: Sequence[float], points: float, **kw: Any) -> Verdict:
@@ -51,10 +59,28 @@ def worse_by(a: Sequence[float], b: Sequence[float], points: float, **kw: Any) -
     return fs.verdict(a, b, more_than=points, **kw)
 
 
-def finding(claim: str, verdict: Verdict, evidence: str, *, paper: str = "") -> Finding:
-    """A finding whose evidence ends with the reason when the verdict is undecided; ``paper``:
-    what the paper reports for the claim, with its source (:class:`lbsgd.findings.Finding`)."""
-    return Finding(claim, verdict.replayed, evidence + verdict.text(), paper)
+def finding(
+    claim: str,
+    verdict: Verdict,
+    evidence: str,
+    *,
+    paper: str = "",
+    budget: fs.Budget | None = None,
+) -> Finding:
+    """A finding whose evidence ends with the test and, when undecided or invalid, the reason;
+    ``budget``: a large-minibatch claim's arms and their optimizer steps (the session adds the
+    profile's S_min and the budget's words: :func:`lbsgd.findings.with_s_min`); ``paper``: what
+    the paper reports for the claim, with its source (:class:`lbsgd.findings.Finding`)."""
+    return Finding(
+        claim,
+        verdict.replayed,
+        evidence + verdict.text(),
+        paper,
+        verdict.invalid,
+        verdict.p_for,
+        verdict.p_against,
+        budget,
+    )
 
 
 # The papers of the reference table's ``source`` column (``<paper>:<part>``), short as the
@@ -95,6 +121,46 @@ def cite(*sources: str) -> str:
     )
 
 
+# The one rule mapping a profile's k to a paper's minibatch: Goyal's k workers of n = 32 images
+# at his reference of 256 per 0.1 lr, so k = 32 is 8k and k = 16 is 4k, in every study.
+PAPER_REFERENCE_BATCH = 256
+# ImageNet-1k's training images and Goyal's epochs: his run at batch B takes 90 · 1,281,167 / B
+# optimizer steps, rounded up (8k: 14,076; 64k: 1,760).
+IMAGENET_TRAIN = 1_281_167
+GOYAL_EPOCHS = 90
+
+
+def paper_batch(k: float) -> int:
+    """The paper's minibatch that a profile's ``k`` stands for: k · 256 (k = 16 is 4k)."""
+    return int(round(k * PAPER_REFERENCE_BATCH))
+
+
+def goyal_steps(batch: float) -> int:
+    """The optimizer steps of Goyal's 90-epoch ImageNet run at minibatch ``batch``."""
+    return math.ceil(GOYAL_EPOCHS * IMAGENET_TRAIN / batch)
+
+
+def steps_of(df, **where: Any) -> int:
+    """The optimizer steps (``total_steps``) of the runs of ``df`` matching ``where``: the runs of
+    one arm share them."""
+    sel = df
+    for k, v in where.items():
+        sel = sel[sel[k] == v]
+    return int(sel["total_steps"].iloc[0])
+
+
+def budget(df, ks: Sequence[float], paper: str | None = None, **where: Any) -> fs.Budget:
+    """The budget of a claim comparing runs at the minibatches ``ks`` (each as k; of the runs
+    matching ``where``): their optimizer steps, and the paper's run in words (default: Goyal's
+    at the largest of ``ks``, mapped by :func:`paper_batch`). The session adds the profile's
+    S_min."""
+    steps = {f"k={k:g}": steps_of(df, k=k, **where) for k in ks}
+    if paper is None:
+        b = paper_batch(max(ks))
+        paper = f"Goyal's {kilo(b)} run: {goyal_steps(b):,}"
+    return fs.Budget(steps, None, paper)
+
+
 def kilo(batch: float) -> str:
     """A published minibatch as the papers write it: 8192 is "8k", 256 is "256"."""
     b = int(batch)
@@ -126,12 +192,23 @@ Metrics = Mapping[str, Any] | Callable[[str], Any] | None
 
 
 def every(*verdicts: Verdict) -> Verdict:
-    """The verdict of a claim that holds when each comparison does: not replayed when one is not,
-    replayed when all are, else undecided for the first undecided one's reason."""
-    if any(v.replayed is False for v in verdicts):
-        return Verdict(False)
-    undecided = [v for v in verdicts if v.replayed is None]
-    return undecided[0] if undecided else Verdict(True)
+    """The verdict of a claim that holds when each comparison does (intersection–union): invalid
+    when one is, replayed when every test replays it, not replayed when one test does not, else
+    undecided for the first undecided one's reason. A part without a test counts as undecided:
+    it can never replay the whole (its p_for counts as 1)."""
+    p_for, p_against, tests, why = 0.0, 1.0, [], ""
+    for v in verdicts:
+        if v.invalid:
+            return v
+        why = why or (v.why if v.replayed is None else "")
+        if v.p is None:
+            p_for = 1.0
+            continue
+        p_for, p_against = max(p_for, v.p_for), min(p_against, v.p_against)
+        tests.append(v.test)
+    if not tests:
+        return Verdict(None, why) if why else Verdict(True)
+    return fs.decide(p_for, p_against, " and ".join(tests), why)
 
 
 def curves(metrics: Metrics) -> Callable[[str], Any]:

@@ -44,6 +44,11 @@ class Profile:
     # "anchors", each optimizer's lr per reference batch, the centre of its tuning grid (scaled
     # to k by the linear rule for nesterov and lars, the square-root rule for lamb and adamw)
     tuning: Mapping[str, Any] = field(default_factory=dict)
+    # S_min: the fewest optimizer steps any batch needs to reach study 11's target loss at this
+    # profile, from that study's committed fit (results/<profile>/critical_batch/fit.csv; a test
+    # holds the two equal). A large-minibatch verdict from an arm with fewer steps is
+    # budget-bound (lbsgd.findings.Budget). None: not measured at this profile.
+    s_min: float | None = None
 
     def alexnet_k(self, ks: list[float] | None = None) -> float:
         """The minibatch (as k) of the AlexNet comparisons: ks["alexnet"], else the largest LARS k."""
@@ -196,6 +201,7 @@ PROFILES: dict[str, Profile] = {
         alexnet={},
         alexnet_lars={"base_lr": 0.25},
         tuning={"holdout": 4_000, "anchors": _CPU_ANCHORS, "centres": _CPU_CENTRES},
+        s_min=55.1,
     ),
     "fashion": Profile(
         name="fashion",
@@ -223,6 +229,7 @@ PROFILES: dict[str, Profile] = {
             "anchors": {**_CPU_ANCHORS, "nesterov": 0.025},
             "centres": {16: {**_CPU_CENTRES[16], "nesterov": 0.8}},
         },
+        s_min=61.1,
         studies=(
             "quickstart",
             "warmup",

@@ -85,7 +85,7 @@ class Session:
     def findings(self, findings: Iterable[Finding], seeds: Sequence[int] | None = None) -> None:
         """Write ``findings.json``, print each verdict, and log the study (table, figures,
         findings) to W&B as one run of the study's group."""
-        findings = list(findings)
+        findings = [fs.with_s_min(f, self.profile.s_min) for f in findings]
         used = list(self.seeds if seeds is None else seeds)
         study_dir = ex.study_dir(self.out, self.study)
         fs.write(study_dir, self.study, self.profile.name, used, findings, title=self.title)
@@ -229,6 +229,6 @@ def _finding_row(f: Any) -> list[str]:
     """A finding (a dict or a Finding) as W&B's findings table shows it: claim, verdict, evidence."""
     d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
     replayed = d.get("replayed")
-    word = fs.LABELS.get(replayed, str(replayed))
+    word = d.get("outcome") or fs.LABELS.get(replayed, str(replayed))
     verdict = d.get("verdict") or word
     return [str(d.get("claim", "")), str(verdict), str(d.get("evidence", ""))]

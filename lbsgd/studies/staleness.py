@@ -304,7 +304,7 @@ def _amplified(sim, chance: float | None, x: list[float], y: list[float]) -> Ver
         r: mean(list(_by_seed(sim, lr_scaling=r, staleness=0).values())) for r in ("linear", "none")
     }
     if studies.at_chance(list(sim["final_top1_error_pct"]), chance):
-        return Verdict(None, f"every run is at chance ({chance:.0f}% error)")
+        return Verdict(None, f"every run is at chance ({chance:.0f}% error)", invalid=True)
     if abs(base["linear"] - base["none"]) > BASE_GAP_PTS:
         return Verdict(
             None,
@@ -313,6 +313,7 @@ def _amplified(sim, chance: float | None, x: list[float], y: list[float]) -> Ver
                 f"points (linear {base['linear']:.1f}%, none {base['none']:.1f}%): one of them "
                 "hardly trains in this budget, so their growths do not compare"
             ),
+            invalid=True,
         )
     return studies.verdict(x, y, more_than=0.0, paired=True)
 
@@ -341,10 +342,7 @@ def _server_beside_simulation(sim, ps, w: _Sweep) -> Finding:
             paper=PS_AGAINST_SIM,
         )
     x, y = [a[s] for s in common], [b[s] for s in common]
-    v3 = studies.every(
-        studies.within(x, y, NEAR_PTS, chance=w.chance, paired=True),
-        studies.within(y, x, NEAR_PTS, chance=w.chance, paired=True),
-    )
+    v3 = studies.within(x, y, NEAR_PTS, chance=w.chance, paired=True)
     ev3 = (
         f"{head}: PS {mean(x):.2f}% vs simulated {mean(y):.2f}% (seeds "
         f"{', '.join(map(str, common))}; Δ {mean(x) - mean(y):+.2f} points)"

@@ -1,0 +1,222 @@
+"""The statistics behind a verdict: intervals of a mean difference over seeds, their tests
+against a claim's threshold or margin, false-discovery control and the seeds a claim needs.
+
+Every distribution comes from scipy (``scipy.stats``): the t tests and their intervals
+(``ttest_rel`` for seed-paired arms, ``ttest_ind(equal_var=False)``, Welch's, for unpaired ones),
+Benjamini–Hochberg's adjustment (``false_discovery_control``) and the noncentral t of a test's
+power. Nothing here knows about runs or papers: :mod:`lbsgd.findings` builds the verdicts on it.
+
+A claim's test gives two numbers (:class:`Test`): ``p_for``, the smallest α at which its
+two-sided (1 − α) interval lies wholly on the claim's side (the claim replayed), and
+``p_against``, the smallest α at which it lies wholly on the other side (not replayed); 1 where
+the mean is not on that side. At most one is below 1, and the claim is decided at level α when
+the smaller, :attr:`Test.p`, is below α: the interval/test duality, so the verdict and the
+printed interval always agree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+# The level of every verdict's interval (two-sided 95%) and of the report's false-discovery rate.
+ALPHA = 0.05
+# The power a seed plan asks for at the effect it is planned for.
+POWER = 0.80
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean difference ``mean(x) − mean(y)`` over seeds with its two-sided (1 − α) interval:
+    ``test`` is "paired t" (the mean of the per-seed differences, Student), "Welch t", or, with
+    a lone run in one arm, Student's pooled t."""
+
+    test: str
+    n: int  # seeds (pairs when paired; the smaller arm when not)
+    diff: float
+    low: float
+    high: float
+
+    def text(self, unit: str = "points") -> str:
+        level = round(100 * (1 - ALPHA))
+        return (
+            f"{self.diff:+.2f} {unit}, {level}% CI [{self.low:+.2f}, {self.high:+.2f}] "
+            f"({self.test}, n = {self.n})"
+        )
+
+
+@dataclass(frozen=True)
+class Test:
+    """A claim's test: the interval it reads and the two p-values of its decision."""
+
+    interval: Interval
+    p_for: float
+    p_against: float
+
+    @property
+    def p(self) -> float:
+        return min(self.p_for, self.p_against)
+
+
+def _result(x: np.ndarray, y: np.ndarray, paired: bool, alternative: str = "two-sided"):
+    if paired:
+        return sps.ttest_rel(x, y, alternative=alternative)
+    # Welch's; with a lone run in an arm, Student's pooled t (the lone run has no spread of its
+    # own: it is taken to share the other arm's), which Welch's cannot give
+    pooled = min(len(x), len(y)) < 2
+    return sps.ttest_ind(x, y, equal_var=pooled, alternative=alternative)
+
+
+def _arrays(x: Sequence[float], y: Sequence[float], paired: bool) -> tuple[np.ndarray, np.ndarray]:
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if paired and len(a) != len(b):
+        raise ValueError(f"paired arms need one value per seed each ({len(a)} vs {len(b)})")
+    if paired and len(a) < 2:
+        raise ValueError("a paired interval needs two seeds (pairs)")
+    if not paired and (min(len(a), len(b)) < 1 or max(len(a), len(b)) < 2):
+        raise ValueError("an unpaired interval needs two runs in one arm and one in the other")
+    return a, b
+
+
+def interval(
+    x: Sequence[float], y: Sequence[float], *, paired: bool, alpha: float = ALPHA
+) -> Interval:
+    """``mean(x) − mean(y)`` and its two-sided (1 − ``alpha``) interval: Student's on the
+    per-seed differences when ``paired`` (``x[i]``, ``y[i]`` from seed i), else Welch's (Student's
+    pooled with a lone run in an arm). Where the
+    differences have no spread at all (identical runs) the interval is the point itself."""
+    a, b = _arrays(x, y, paired)
+    diff = float(a.mean() - b.mean())
+    if _no_spread(a, b, paired):
+        return Interval(_name(paired, a, b), _n(a, b), diff, diff, diff)
+    ci = _result(a, b, paired).confidence_interval(1 - alpha)
+    return Interval(_name(paired, a, b), _n(a, b), diff, float(ci.low), float(ci.high))
+
+
+def _name(paired: bool, a: np.ndarray, b: np.ndarray) -> str:
+    if paired:
+        return "paired t"
+    return "Welch t" if min(len(a), len(b)) >= 2 else "pooled t, a lone run"
+
+
+def _n(a: np.ndarray, b: np.ndarray) -> int:
+    return int(min(len(a), len(b)))
+
+
+def _no_spread(a: np.ndarray, b: np.ndarray, paired: bool) -> bool:
+    if paired:
+        return bool(np.ptp(a - b) == 0)
+    return bool(np.ptp(a) == 0 and np.ptp(b) == 0)
+
+
+def p_at(
+    x: Sequence[float], y: Sequence[float], value: float, *, paired: bool, alternative="two-sided"
+) -> float:
+    """The t test's p of ``mean(x) − mean(y) = value`` (the null), ``alternative`` as scipy's:
+    "greater" asks whether the difference exceeds ``value``."""
+    a, b = _arrays(x, y, paired)
+    if _no_spread(a, b, paired):  # a point interval: certain on either side, undecidable on it
+        d = float(a.mean() - b.mean()) - value
+        side = {"two-sided": d != 0, "greater": d > 0, "less": d < 0}[alternative]
+        return 0.0 if side else 1.0
+    return float(_result(a, b + value, paired, alternative).pvalue)
+
+
+def above(x: Sequence[float], y: Sequence[float], threshold: float, *, paired: bool) -> Test:
+    """The claim ``mean(x) − mean(y) > threshold`` (a direction, e.g. "a's error is lower")."""
+    iv = interval(x, y, paired=paired)
+    p = p_at(x, y, threshold, paired=paired)
+    if iv.diff > threshold:
+        return Test(iv, p, 1.0)
+    if iv.diff < threshold:
+        return Test(iv, 1.0, p)
+    return Test(iv, 1.0, 1.0)
+
+
+def below(x: Sequence[float], y: Sequence[float], threshold: float, *, paired: bool) -> Test:
+    """The claim ``mean(x) − mean(y) < threshold``."""
+    t = above(x, y, threshold, paired=paired)
+    return Test(t.interval, t.p_against, t.p_for)
+
+
+def equivalent(x: Sequence[float], y: Sequence[float], margin: float, *, paired: bool) -> Test:
+    """The closeness claim ``|mean(x) − mean(y)| < margin``: replayed when the whole (1 − α)
+    interval lies inside ``(−margin, margin)`` (two one-sided tests, each at α/2: ``p_for`` is
+    twice the larger of their p's), not replayed when it lies wholly outside (``p_against``: the
+    two-sided test against the nearer bound, when the mean lies beyond it)."""
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin must be > 0, not {margin}")
+    iv = interval(x, y, paired=paired)
+    below_upper = p_at(x, y, margin, paired=paired, alternative="less")
+    above_lower = p_at(x, y, -margin, paired=paired, alternative="greater")
+    p_for = min(1.0, 2 * max(below_upper, above_lower))
+    if abs(iv.diff) > margin:
+        p_against = p_at(x, y, math.copysign(margin, iv.diff), paired=paired)
+    else:
+        p_against = 1.0
+    return Test(iv, p_for, p_against)
+
+
+def all_of(tests: Sequence[Test]) -> tuple[float, float]:
+    """``(p_for, p_against)`` of a claim that holds when every one of ``tests`` does
+    (intersection–union): replayed at α when each is, not replayed when any one is not."""
+    return max(t.p_for for t in tests), min(t.p_against for t in tests)
+
+
+def bh_adjusted(ps: Sequence[float]) -> list[float]:
+    """Benjamini–Hochberg adjusted p-values (scipy's ``false_discovery_control``): a claim is
+    decided at false-discovery rate α when its adjusted p is below α."""
+    if not ps:
+        return []
+    return [float(q) for q in sps.false_discovery_control(np.asarray(ps, dtype=float), method="bh")]
+
+
+def power(effect: float, sd: float, n: int, *, paired: bool = True, alpha: float = ALPHA) -> float:
+    """The power of the two-sided t test at level ``alpha`` to detect a true mean difference
+    ``effect`` at per-seed standard deviation ``sd`` (of the differences when ``paired``, of each
+    arm when not) with ``n`` seeds (pairs; per arm when not paired): the noncentral t's mass
+    beyond the critical values."""
+    if sd <= 0:
+        return 1.0 if effect != 0 else alpha
+    d = abs(effect) / sd
+    if paired:
+        df, nc = n - 1, d * math.sqrt(n)
+    else:
+        df, nc = 2 * (n - 1), d * math.sqrt(n / 2)
+    crit = sps.t.ppf(1 - alpha / 2, df)
+    return float(sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc))
+
+
+def seeds_to_decide(
+    effect: float,
+    sd: float,
+    *,
+    paired: bool = True,
+    alpha: float = ALPHA,
+    target: float = POWER,
+    most: int = 10_000,
+) -> int | None:
+    """The fewest seeds (pairs; per arm when not paired) for which the two-sided t test at
+    ``alpha`` has power ``target`` (80%) to decide a true ``effect`` (the distance of the mean
+    difference from the claim's threshold) at per-seed spread ``sd``; None when no number up to
+    ``most`` does (an effect of 0)."""
+    if effect == 0:
+        return None
+
+    def enough(n: int) -> bool:
+        return power(effect, sd, n, paired=paired, alpha=alpha) >= target
+
+    hi = 2
+    while not enough(hi):  # power grows with n: double, then bisect
+        if hi >= most:
+            return None
+        hi = min(2 * hi, most)
+    lo = max(2, hi // 2)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
+    return lo
