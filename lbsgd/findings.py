@@ -311,7 +311,7 @@ def _held(arm: Sequence[float], name: str, chance: float | None, may_fail: str) 
 
 
 def _check_arms(x: Sequence[float], y: Sequence[float], paired: bool) -> None:
-    if not x or not y:
+    if len(x) == 0 or len(y) == 0:
         raise ValueError("verdict: each arm needs at least one value")
     if paired and len(x) != len(y):
         raise ValueError(

@@ -210,13 +210,23 @@ def seeds_to_decide(
     def enough(n: int) -> bool:
         return power(effect, sd, n, paired=paired, alpha=alpha) >= target
 
-    hi = 2
-    while not enough(hi):  # power grows with n: double, then bisect
-        if hi >= most:
+    # start from the normal approximation with Guenther's correction for the t's heavier tails
+    # (n ≈ ((z_{1−α/2} + z_power) / d)² + z²_{1−α/2} / 2, twice that per arm unpaired), then step
+    # to the exact answer: power grows with n
+    z = sps.norm.ppf(1 - alpha / 2)
+    d = abs(effect) / sd if sd > 0 else math.inf
+    per = 1 if paired else 2
+    n = (
+        max(2, math.ceil(per * ((z + sps.norm.ppf(target)) / d) ** 2 + z * z / 2))
+        if d < math.inf
+        else 2
+    )
+    if n > most:
+        return None
+    while n > 2 and enough(n - 1):
+        n -= 1
+    while not enough(n):
+        if n >= most:
             return None
-        hi = min(2 * hi, most)
-    lo = max(2, hi // 2)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
-    return lo
+        n += 1
+    return n

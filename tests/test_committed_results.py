@@ -3,12 +3,17 @@ finished under the profile's instruction-set cap, its folder is the name its con
 report is the one `lbsgd report` builds from the study files (no number edited by hand)."""
 
 import json
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from lbsgd import config, report
+from lbsgd import config, report, verify
+from lbsgd.studies import scales
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 CPU = RESULTS / "cpu"
@@ -85,3 +90,48 @@ def test_readmes_table_of_verdicts_is_the_one_the_report_command_prints():
     assert SIDE_BY_SIDE in readme, "README lacks the side-by-side table's marker line"
     table = readme.split(SIDE_BY_SIDE + "\n", 1)[1].split("<!-- end -->", 1)[0]
     assert table == report.side_by_side([RESULTS / "cpu", RESULTS / "fashion"], verdicts_only=True)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_committed_run_names_the_clean_commit_that_made_it(profile):
+    """A committed result comes from a clean commit: its git_commit is a full hash without
+    ``-dirty`` (a copy carries its twin's)."""
+    for run in _runs(profile):
+        commit = json.loads((run / "summary.json").read_text())["environment"]["git_commit"]
+        assert re.fullmatch(r"[0-9a-f]{40}", commit or ""), f"{run}: git_commit {commit!r}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_committed_finding_is_what_the_code_computes_from_the_committed_runs(
+    profile, tmp_path
+):
+    """Every notebook the profile replays, executed (papermill, W&B off) over a copy of the
+    committed runs, where every run is complete so nothing trains, writes the committed
+    findings.json and table.csv, and the report built from them is the committed REPORT.md."""
+    _runs(profile)
+    root = tmp_path / "results"
+    shutil.copytree(RESULTS / profile, root / profile, ignore=verify.RECORDS_ONLY)
+    if (RESULTS / "benchmarks").is_dir():  # what notebooks 10 and 12 read beside the runs
+        shutil.copytree(RESULTS / "benchmarks", root / "benchmarks")
+    for study in root.glob(f"{profile}/*/"):
+        for name in ("findings.json", "table.csv"):
+            (study / name).unlink(missing_ok=True)
+    notebooks = sorted(str(p) for p in (RESULTS.parent / "notebooks").glob("[0-9]*_*.ipynb"))
+    for nb in scales.notebooks(profile, notebooks):
+        study = Path(nb).stem.split("_", 1)[1]
+        cmd = [
+            *(sys.executable, "-m", "papermill", "--no-progress-bar", nb),
+            str(root / profile / study / Path(nb).name),
+            *("-p", "profile", profile, "-p", "out_dir", str(root)),
+            *("-p", "wandb", "disabled", "-p", "parallel", "1"),
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, f"{nb}: {done.stderr[-2000:]}"
+        for name in ("findings.json", "table.csv"):
+            committed = RESULTS / profile / study / name
+            if committed.exists():
+                assert (root / profile / study / name).read_text() == committed.read_text(), (
+                    f"{profile}/{study}/{name} is not what the code computes"
+                )
+    assert report.build(root / profile) == (RESULTS / profile / "REPORT.md").read_text()

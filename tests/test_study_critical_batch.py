@@ -300,6 +300,8 @@ def test_every_finding_replayed_when_b_noise_sits_at_the_knee_and_b_crit_and_gro
     )
     assert "B_simple early (step 60) 20, 22, 25, at the end 100, 120, 110" in fs[1].evidence
     assert "from 2 to 1" in fs[1].evidence
+    # log2 of end over early per seed: 2.32, 2.45, 2.14: paired, in log2 B, wholly above 0
+    assert "Δ +2.30 in log2 B, 95% CI [+1.9" in fs[1].evidence and "paired t" in fs[1].evidence
     assert "B_crit = E_min/S_min = 64" in fs[2].evidence
 
 
@@ -323,7 +325,9 @@ def test_findings_undecided_when_the_seeds_disagree():
     )
     assert verdicts(fs) == [None, None, None], [f.evidence for f in fs]
     assert fs[0].evidence.endswith("undecided: 2 of 3 seeds inside the band")
-    assert "undecided: the margin" in fs[1].evidence and "in log2 B" in fs[1].evidence
+    # log2 of end over early per seed: +1, −1, +0.32: the paired interval reaches across 0
+    assert "undecided: the interval reaches across the threshold +0" in fs[1].evidence
+    assert "Δ +0.11 in log2 B, 95% CI [" in fs[1].evidence and "(paired t, n = 3)" in fs[1].evidence
     assert fs[2].evidence.endswith("undecided: 2 of 3 seeds inside the band")
 
 

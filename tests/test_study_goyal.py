@@ -1,14 +1,21 @@
 """Studies 1-5, Goyal et al.'s (lbsgd.studies.quickstart … bn_gamma_init), on hand-made numbers:
-each finding replayed, not replayed and undecided (smoke: every run at chance), the run lists of
-the cpu and smoke profiles, and the paper's numbers on the right rows of each table."""
+each finding replayed, not replayed, undecided (its 95% interval across the threshold, or one run
+per arm) and invalid (an arm at chance, e.g. every run at the smoke profile, or a diverged run),
+the budgets the large-minibatch findings carry, the run lists of the cpu and smoke profiles, and
+the paper's numbers on the right rows of each table.
+
+The expected intervals come from scipy directly (:func:`ci`), not from lbsgd.stats: Student's
+paired t on the per-seed differences, Student's pooled t against a lone run."""
 
 import math
 
 import pandas as pd
 import pytest
 from helpers import verdicts
+from scipy import stats as sps
 
 from lbsgd import config
+from lbsgd.findings import Budget
 from lbsgd.studies import batch_scaling, bn_gamma_init, lr_scaling_rule, quickstart, scales, warmup
 
 CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
@@ -39,7 +46,34 @@ def arms(values, **keys):
 
 
 def undecided_by(findings, reason):
-    return all(f.replayed is None and f"undecided: {reason}" in f.evidence for f in findings)
+    return all(
+        f.replayed is None and not f.invalid and f"undecided: {reason}" in f.evidence
+        for f in findings
+    )
+
+
+def invalid_by(findings, reason):
+    """Every finding invalid (no verdict, no test) because an arm did not train for ``reason``."""
+    return all(
+        f.invalid
+        and f.replayed is None
+        and f.outcome == "invalid"
+        and f.p is None
+        and f"invalid: an arm did not train ({reason}" in f.evidence
+        for f in findings
+    )
+
+
+def ci(x, y, paired=True):
+    """The 95% interval of mean(x) - mean(y) as a finding's evidence prints it, from scipy:
+    Student's paired t (``ttest_rel``) or, against a lone run, Student's pooled t."""
+    r = sps.ttest_rel(x, y) if paired else sps.ttest_ind(x, y, equal_var=True)
+    c = r.confidence_interval(0.95)
+    return f"95% CI [{c.low:+.2f}, {c.high:+.2f}]"
+
+
+def diffs(x, y):
+    return [a - b for a, b in zip(x, y, strict=True)]
 
 
 def experiment(keys, study):
@@ -61,15 +95,24 @@ def test_quickstart_runs_one_run_at_k16_with_the_first_seed():
     ("err", "verdict", "why"),
     [
         (3.9, True, None),
+        (69.0, True, None),  # 21 points below chance
+        (71.0, None, "one run, 19.0 points below chance (the claim: over 20)"),
         (75.0, None, "one run, 15.0 points below chance (the claim: over 20)"),
-        (88.0, None, "every run is at chance (90% error)"),
-    ],  # smoke: the run ends at chance
+        (88.0, None, "one run, 2.0 points below chance (the claim: over 20)"),
+    ],  # smoke: the run ends at chance, short of the allowance like any other: undecided
 )
 def test_quickstart_learns_when_twenty_points_below_chance(err, verdict, why):
+    # one run against a number: no interval, so no test; the allowance decides, and a run short
+    # of it is undecided, never "not replayed" nor invalid
     (f,) = quickstart.findings(frame(arms([err], k=16)))
     assert f.replayed is verdict, f
+    assert not f.invalid and f.p_for is None and f.p_against is None
     assert f.evidence.startswith(f"top-1 error {err:.1f}% vs chance 90%")
-    assert why is None or f"undecided: {why}" in f.evidence
+    assert "CI" not in f.evidence
+    if why is None:
+        assert "undecided" not in f.evidence
+    else:
+        assert f.evidence.endswith(f"; undecided: {why}: no seed spread to judge it by")
 
 
 def test_quickstart_a_diverged_run_has_not_learned():
@@ -141,13 +184,39 @@ def test_warmup_runs_pair_the_seeds_of_the_baseline_and_each_warmup():
     assert [r["batch_size"] for r in warmup.runs(CPU, [0], ks=[2, 8])] == [32, 128, 128, 128]
 
 
-def test_warmup_replayed_when_every_margin_exceeds_the_seed_spread():
-    df = warmup_df([2.0, 2.1, 2.2], [6.0, 6.1, 6.2], [9.0, 9.1, 9.2], [3.0, 3.1, 3.2])
+# The cpu profile's large k = 16 is 4k by k · 256; Table 1 reports 8k only.
+MAPPED = "; k=16 is 4k by k · 256, Table 1 reports 8k only"
+# Seeds 0-2 of the large minibatch with tight, unequal per-seed differences to the baseline
+# BASE: none +4.0 (gradual 3.9 better), constant 3.0 above none, gradual +0.1 to +0.15.
+BASE, NONE, CONSTANT, GRADUAL = [2.0, 2.1, 2.2], [6.0, 6.2, 6.1], [9.0, 9.1, 9.3], [2.1, 2.25, 2.3]
+
+
+def test_warmup_replayed_when_every_interval_lies_on_the_claims_side():
+    df = warmup_df(BASE, NONE, CONSTANT, GRADUAL)
     fs = warmup.findings(df, metrics={})  # the curves are read only to explain a claim not shown
     assert verdicts(fs) == [True, True, True]
-    assert fs[0].evidence == "3.1% vs 6.1% (mean of 3; paper 23.74 vs 24.84)"
-    assert fs[1].evidence == "constant 9.1%, none 6.1%, gradual 3.1% (paper 25.88 worst)"
-    assert fs[2].evidence == "3.1% vs baseline 2.1% (paper 23.74 vs 23.60)"
+    # gradual beats none: none - gradual [3.9, 3.95, 3.8], its interval wholly above 0
+    assert fs[0].evidence.startswith(
+        f"2.2% vs 6.1% (mean of 3; paper 23.74 vs 24.84{MAPPED}); Δ +3.88 points, "
+        f"{ci(NONE, GRADUAL)} (paired t, n = 3), p = "
+    )
+    # constant worst: above none and above gradual, both intervals wholly above 0
+    assert fs[1].evidence.startswith(
+        "constant 9.1%, none 6.1%, gradual 2.2% (paper 25.88 worst); Δ +3.03 points, "
+        f"{ci(CONSTANT, NONE)} (paired t, n = 3)"
+    )
+    assert f" and Δ +6.92 points, {ci(CONSTANT, GRADUAL)} (paired t, n = 3)" in fs[1].evidence
+    # close: gradual - baseline [0.1, 0.15, 0.1], its interval [+0.04, +0.19] inside ±1
+    assert ci(GRADUAL, BASE) == "95% CI [+0.04, +0.19]"
+    assert fs[2].evidence.startswith(
+        f"2.2% vs baseline 2.1% (paper 23.74 vs 23.60{MAPPED}); Δ +0.12 points, "
+        f"{ci(GRADUAL, BASE)} (paired t, n = 3)"
+    )
+    assert all(f.p_for < 0.05 and f.p_against == 1.0 for f in fs)
+    assert not any("undecided" in f.evidence or f.invalid for f in fs)
+    # at k = 32, 8k by k · 256 as in Table 1, no mapping is named
+    f = warmup.findings(warmup_df(BASE, NONE, CONSTANT, GRADUAL, large_k=32), metrics={})[0]
+    assert f.evidence.startswith("2.2% vs 6.1% (mean of 3; paper 23.74 vs 24.84); Δ")
 
 
 def test_warmup_not_replayed_says_why_at_this_scale_from_the_curves():
@@ -169,22 +238,92 @@ def test_warmup_not_replayed_says_why_at_this_scale_from_the_curves():
     assert "barely disturbs training here (the loss after the jump peaks at 1.05x" in f.evidence
 
 
-def test_warmup_undecided_when_the_margins_are_inside_the_seed_spread():
-    df = warmup_df([2.0, 4.0, 6.0], [9.0, 3.0, 6.0], [4.0, 10.0, 7.0], [5.0, 8.0, 2.0])
-    fs = warmup.findings(df, metrics={})
+def test_warmup_undecided_when_the_intervals_reach_across_their_thresholds():
+    # means in the claims' direction (none 6.0 > gradual 4.8; constant 7.0 the worst; gradual
+    # 0.8 from the baseline) but per-seed differences of ±4 points: every interval is wide
+    base, none, constant, gradual = [2.0, 4.0, 6.0], [9.0, 3.0, 6.0], [4.0, 10.0, 7.0], [5.0, 7.5, 2.0]
+    fs = warmup.findings(warmup_df(base, none, constant, gradual), metrics={})
     assert verdicts(fs) == [None, None, None]
-    assert all("inside the seed spread" in f.evidence for f in fs)
+    assert not any(f.invalid for f in fs)
+    assert f"{ci(none, gradual)} (paired t, n = 3)" in fs[0].evidence
+    assert "undecided: the interval reaches across the threshold +0" in fs[0].evidence
+    assert "undecided: the interval reaches across the threshold +0" in fs[1].evidence
+    low, high = sps.ttest_rel(gradual, base).confidence_interval()
+    assert low < -1 < 1 < high  # across both bounds of the margin
+    assert "undecided: the interval reaches across the margin ±1" in fs[2].evidence
+    assert all("80% power would take" in f.evidence for f in fs)
     assert "not replayed" not in " ".join(f.evidence for f in fs)
 
 
-def test_warmup_at_smoke_scale_every_finding_is_undecided_never_replayed():
+def test_warmup_gradual_close_is_an_equivalence_within_one_point_of_the_baseline():
+    def close(gradual):
+        return warmup.findings(warmup_df(BASE, NONE, CONSTANT, gradual), metrics={})[2]
+
+    # Goyal's no-warmup gap, +1.24, with tight seeds: the interval [+1.19, +1.29] wholly outside
+    far = [3.22, 3.34, 3.46]  # +1.22, +1.24, +1.26
+    f = close(far)
+    assert ci(far, BASE) == "95% CI [+1.19, +1.29]"
+    assert f.replayed is False and f"Δ +1.24 points, {ci(far, BASE)}" in f.evidence
+    assert f.p_against < 0.05 and f.p_for == 1.0
+    assert "not replayed at this scale: the large minibatch gets 313 optimizer steps" in f.evidence
+    # Goyal's gradual-warmup gap, about +0.1, with tight seeds: the interval wholly inside ±1
+    near = [2.08, 2.2, 2.32]  # +0.08, +0.10, +0.12
+    f = close(near)
+    assert ci(near, BASE) == "95% CI [+0.05, +0.15]"
+    assert f.replayed is True and f"Δ +0.10 points, {ci(near, BASE)}" in f.evidence
+    # two-sided: 1.26 points below the baseline is not close either
+    assert close([0.78, 0.84, 0.9]).replayed is False
+    # the same +0.1 mean with seeds ±1 apart: the interval [-2.27, +2.47] reaches past ±1
+    wide = [1.1, 3.1, 2.4]  # -0.9, +1.0, +0.2
+    f = close(wide)
+    assert ci(wide, BASE) == "95% CI [-2.27, +2.47]"
+    assert f.replayed is None and "undecided: the interval reaches across the margin ±1" in f.evidence
+
+
+def test_warmup_an_arm_at_chance_or_a_diverged_run_makes_its_claims_invalid():
+    # no warmup at chance (mean 88%, 10 classes): the claims that compare it are invalid, the
+    # one that does not (gradual against the baseline) is decided
+    at_chance = [87.0, 88.0, 89.0]
+    df = warmup_df(BASE, at_chance, CONSTANT, GRADUAL)
+    fs = warmup.findings(df, metrics=constant_curves(df, peak=1.5))
+    assert invalid_by(fs[:2], "its mean error 88.0% is within 5 points of chance (90%)"), [
+        f.evidence for f in fs
+    ]
+    assert all("did not train" in f.evidence for f in fs[:2])
+    assert fs[2].replayed is True and not fs[2].invalid and "did not train" not in fs[2].evidence
+    # a diverged gradual-warmup run (no finite error): every claim reads gradual
+    fs = warmup.findings(warmup_df(BASE, NONE, CONSTANT, [2.1, math.nan, 2.3]), metrics={})
+    assert invalid_by(fs, "1 of its 3 runs diverged"), [f.evidence for f in fs]
+
+
+def test_warmup_at_smoke_scale_every_finding_is_invalid_never_replayed():
     # the issue's case: one seed, errors 86-91% on 10 classes; "constant is the worst" is no evidence
     df = warmup_df([90.2], [86.0], [91.0], [88.0], large_k=8, steps=(250, 32))
     fs = warmup.findings(df, metrics={})
-    assert undecided_by(fs, "every run is at chance (90% error)"), [f.evidence for f in fs]
-    # one seed but a run that learned: undecided for want of a seed spread
+    assert invalid_by(fs, "its mean error"), [f.evidence for f in fs]
+    assert all("within 5 points of chance (90%)" in f.evidence for f in fs)
+    # one seed but a run that learned: undecided, one run per arm gives no interval
     fs = warmup.findings(warmup_df([20.0], [40.0], [50.0], [30.0], large_k=8), metrics={})
-    assert undecided_by(fs, "one seed per arm"), [f.evidence for f in fs]
+    assert undecided_by(fs, "one run per arm: no interval to judge the difference by"), [
+        f.evidence for f in fs
+    ]
+    assert all(f.p is None for f in fs)
+
+
+def test_warmup_findings_carry_a_budget_of_their_arms_steps_from_total_steps():
+    df = warmup_df(BASE, NONE, CONSTANT, GRADUAL, steps=(4321, 271))
+    curves = paired_curves(
+        df, {"gradual": [1.1] * 3, "none": [1.5, 1.6, 1.7]}, {"gradual": [1.02] * 3, "none": [1.2] * 3}
+    )
+    fs = warmup.findings(df, metrics={}) + warmup.curve_findings(df, metrics=curves)
+    # k = 16 is 4k: Goyal's 90 epochs of ImageNet-1k at 4096 take ceil(90 · 1,281,167 / 4096)
+    budget = Budget({"k=1": 4321, "k=16": 271}, None, "Goyal's 4k run: 28,151")
+    assert [f.budget for f in fs] == [budget] * 5
+    assert not any(f.budget_bound for f in fs)  # S_min is the session's to add
+    # at k = 32, 8k: Goyal's run of Table 1
+    df = warmup_df(BASE, NONE, CONSTANT, GRADUAL, large_k=32, steps=(5000, 156))
+    (f, *_) = warmup.findings(df, metrics={})
+    assert f.budget == Budget({"k=1": 5000, "k=32": 156}, None, "Goyal's 8k run: 14,076")
 
 
 def flat_then(early, late, steps, epochs=4.0):
@@ -222,32 +361,68 @@ def paired_curves(df, early, late):
 
 
 def test_warmup_curve_findings_replayed_not_replayed_and_undecided():
-    df = warmup_df([2.0, 2.1, 2.2], [6.0, 6.1, 6.2], [9.0, 9.1, 9.2], [3.0, 3.1, 3.2])
+    df = warmup_df(BASE, NONE, CONSTANT, GRADUAL)
     match = {"gradual": [1.02, 1.03, 1.04], "none": [1.2, 1.2, 1.2]}  # late: +2, +3, +4%
     lag = {"gradual": [1.1, 1.1, 1.1], "none": [1.5, 1.6, 1.7]}  # early: +50, +60, +70%
-    fs = warmup.curve_findings(df, metrics=paired_curves(df, lag, match))
+    curves = paired_curves(df, lag, match)
+    g = warmup.curve_gaps(df, metrics=curves)
+    assert g["gradual"]["late"] == pytest.approx([2.0, 3.0, 4.0])
+    assert g["none"]["early"] == pytest.approx([50.0, 60.0, 70.0])
+    assert g["gradual"]["early"] == pytest.approx([10.0, 10.0, 10.0])
+    fs = warmup.curve_findings(df, metrics=curves)
     assert verdicts(fs) == [True, True]
-    assert fs[0].evidence == (
+    # matches: the late gap's interval, [+0.52, +5.48], wholly inside ±10%
+    assert ci(g["gradual"]["late"], [0.0] * 3) == "95% CI [+0.52, +5.48]"
+    assert fs[0].evidence.startswith(
         "gap +3.0% over the second half (mean of 3; no warmup +20.0%; paper Figs. 2c and 4: "
-        "the curves match closely after the warmup)"
+        "the curves match closely after the warmup); Δ +3.00 % of the loss, 95% CI [+0.52, "
+        "+5.48] (paired t, n = 3)"
     )
+    # lags: no warmup's early gap minus gradual warmup's, [+40, +50, +60]: wholly above 0
     assert fs[1].evidence.startswith(
-        "gap +60.0% over the first epoch (mean of 3; gradual warmup +10.0%"
+        "gap to the small minibatch over the first epoch: no warmup +60.0%, gradual warmup "
+        "+10.0% (mean of 3; paper Fig. 2a: without warmup the training error is higher early); "
+        f"Δ +50.00 % of the loss, {ci(g['none']['early'], g['gradual']['early'])} (paired t, n = 3)"
     )
-    # gradual 31% above over the second half (margin 21 > spread 1), no warmup 19% below early
+    # gradual 30-32% above over the second half: wholly outside ±10%; no warmup 18-20% below
+    # the small minibatch early while gradual warmup is 10% above: wholly below 0
     apart = {"gradual": [1.30, 1.31, 1.32], "none": [1.2, 1.2, 1.2]}
     ahead = {"gradual": [1.1, 1.1, 1.1], "none": [0.80, 0.81, 0.82]}
-    assert verdicts(warmup.curve_findings(df, metrics=paired_curves(df, ahead, apart))) == [
-        False,
-        False,
-    ]
-    # the per-seed gaps scatter more than their distance from the threshold
+    fs = warmup.curve_findings(df, metrics=paired_curves(df, ahead, apart))
+    assert verdicts(fs) == [False, False]
+    assert all(f.p_against < 0.05 for f in fs)
+    # the per-seed gaps scatter more than their distance from the margin or the threshold:
+    # gradual late -10, +10, +40%; early, no warmup minus gradual -20, -10, 0
     noisy = {"gradual": [0.9, 1.1, 1.4], "none": [0.7, 1.0, 1.4]}
     fs = warmup.curve_findings(df, metrics=paired_curves(df, noisy, noisy))
-    assert undecided_by(fs, "the margin"), [f.evidence for f in fs]
+    assert undecided_by(fs[:1], "the interval reaches across the margin ±10"), fs[0].evidence
+    assert undecided_by(fs[1:], "the interval reaches across the threshold +0"), fs[1].evidence
     one = warmup_df([2.0], [6.0], [9.0], [3.0])
     fs = warmup.curve_findings(one, metrics=paired_curves(one, lag, match))
-    assert undecided_by(fs, "one seed per arm"), [f.evidence for f in fs]
+    assert undecided_by(fs, "one run per arm"), [f.evidence for f in fs]
+
+
+def test_warmup_early_lag_compares_no_warmup_with_gradual_warmup_not_with_zero():
+    df = warmup_df(BASE, NONE, CONSTANT, GRADUAL)
+    late = {"gradual": [1.02, 1.03, 1.04], "none": [1.2, 1.2, 1.2]}
+
+    def lag(early):
+        curves = paired_curves(df, early, late)
+        return warmup.curve_gaps(df, metrics=curves), warmup.curve_findings(df, metrics=curves)[1]
+
+    # no warmup 20-22% above the small minibatch early, at every seed (against zero the claim
+    # would replay), but gradual warmup 50% above: no warmup does not lag gradual
+    g, f = lag({"gradual": [1.5, 1.5, 1.5], "none": [1.2, 1.21, 1.22]})
+    assert all(v > 0 for v in g["none"]["early"])
+    assert f.replayed is False
+    assert "no warmup +21.0%, gradual warmup +50.0%" in f.evidence
+    assert f"Δ -29.00 % of the loss, {ci(g['none']['early'], g['gradual']['early'])}" in f.evidence
+    # no warmup 3-5% below the small minibatch early, at every seed (against zero the claim
+    # would not replay), but gradual warmup 20% below: no warmup lags gradual
+    g, f = lag({"gradual": [0.8, 0.8, 0.8], "none": [0.95, 0.96, 0.97]})
+    assert all(v < 0 for v in g["none"]["early"])
+    assert f.replayed is True
+    assert f"Δ +16.00 % of the loss, {ci(g['none']['early'], g['gradual']['early'])}" in f.evidence
 
 
 def test_warmup_table_puts_table_1_beside_the_baseline_and_the_large_k():
@@ -290,42 +465,90 @@ def test_batch_scaling_runs_every_seed_up_to_the_large_k_then_the_first():
     assert [(r["batch_size"], r["seed"]) for r in smoke] == [(16, 0), (64, 0), (256, 0)]
 
 
+# Flat to k = 16 (each k's per-seed gaps to k = 1 tight: +0.2 to +0.25, +0.5 to +0.6), then
+# k = 64's lone run 37 points up.
+FLAT = {1: [3.0, 3.1, 3.2], 4: [3.25, 3.3, 3.4], 16: [3.5, 3.7, 3.7], 64: [40.0]}
+
+
 def test_batch_scaling_replayed_flat_to_the_large_k_then_rising():
-    df = scaling_df({1: [3.0, 3.1, 3.2], 4: [3.2, 3.3, 3.4], 16: [3.5, 3.6, 3.7], 64: [40.0]})
-    fs = batch_scaling.findings(df, large_k=16)
+    fs = batch_scaling.findings(scaling_df(FLAT), large_k=16)
     assert verdicts(fs) == [True, True]
-    assert fs[0].claim == "the error is flat (within 2 points) from k=1 to k=16"
-    assert fs[0].evidence == "spread 0.5 points (paper: flat from 128 to 8k, spread 0.3)"
-    assert fs[1].evidence == "k=64: 40.0% vs k=1: 3.1% (paper 64k: 33.96 vs 23.60)"
+    assert fs[0].claim == (
+        "the error is flat (each k within ±1 point of the baseline) from k=1 to k=16 (4k by k · 256)"
+    )
+    # flat: every k's paired interval against k = 1 inside ±1
+    assert fs[0].evidence.startswith(
+        "largest gap +0.5 points, at k=16 (paper: flat from 128 to 8k, spread 0.3; 16k +1.19); "
+        f"Δ +0.22 points, {ci(FLAT[4], FLAT[1])} (paired t, n = 3)"
+    )
+    assert f" and Δ +0.53 points, {ci(FLAT[16], FLAT[1])} (paired t, n = 3)" in fs[0].evidence
+    # rises: the lone run at k = 64 against k = 1's seeds, Student's pooled t, wholly above +2
+    assert ci(FLAT[64], FLAT[1], paired=False) == "95% CI [+36.40, +37.40]"
+    assert fs[1].evidence.startswith(
+        "k=64: 40.0% vs k=1: 3.1% (paper 64k: 33.96 vs 23.60); Δ +36.90 points, 95% CI [+36.40, "
+        "+37.40] (pooled t, a lone run, n = 1)"
+    )
 
 
 def test_batch_scaling_not_replayed_names_where_the_flat_region_ends():
-    df = scaling_df(
-        {1: [3.0, 3.1, 3.2], 4: [2.0, 2.1, 2.2], 8: [3.5, 3.6, 3.7], 16: [8.0, 8.1, 8.2], 64: [3.5]}
-    )
-    fs = batch_scaling.findings(df, large_k=16)
+    d = {1: [3.0, 3.1, 3.2], 4: [2.5, 2.65, 2.7], 8: [3.5, 3.55, 3.7], 16: [8.0, 8.2, 8.1], 64: [3.5]}
+    fs = batch_scaling.findings(scaling_df(d), large_k=16)
     assert verdicts(fs) == [False, False]
+    # k = 4 and k = 8 lie inside ±1, k = 16 wholly outside: one k outside is enough
+    assert f"{ci(d[16], d[1])} (paired t, n = 3)" in fs[0].evidence
     assert (
-        "not replayed at this scale: flat within 2 points up to k=8 (625 steps); k=16 (312 "
-        "steps; Goyal's 8k run: 14,076) is 6.0 points above the best, k=4" in fs[0].evidence
+        "not replayed at this scale: the means stay within 1 point of the baseline up to k=8 "
+        "(625 steps); k=16 (312 steps) is +5.0 points from it" in fs[0].evidence
     )
+    # k = 64 only 0.4 above: its pooled interval [-0.10, +0.90] lies wholly below +2
+    assert ci(d[64], d[1], paired=False) == "95% CI [-0.10, +0.90]"
+    assert "Δ +0.40 points, 95% CI [-0.10, +0.90] (pooled t, a lone run, n = 1)" in fs[1].evidence
 
 
-def test_batch_scaling_undecided_inside_the_seed_spread():
-    # flat: 5.5 - 3.0 = 2.5, 0.5 beyond 2, inside the spread 2.0 of k=16; rise: 5.5 - 3.0, 0.5
-    # beyond 2, inside the spread 1.0 of k=1
-    df = scaling_df({1: [2.0, 3.0, 4.0], 16: [3.5, 5.5, 7.5], 64: [5.5]})
-    fs = batch_scaling.findings(df, large_k=16)
+def test_batch_scaling_undecided_when_the_intervals_reach_across_the_thresholds():
+    # flat: k=16 - k=1 per seed +1.5, +2.5, +3.5, its interval [+0.02, +4.98] neither inside nor
+    # outside ±1; rise: 5.5 against 2, 3, 4, the pooled interval [-2.47, +7.47] across +2
+    d = {1: [2.0, 3.0, 4.0], 16: [3.5, 5.5, 7.5], 64: [5.5]}
+    fs = batch_scaling.findings(scaling_df(d), large_k=16)
     assert verdicts(fs) == [None, None]
-    assert all("inside the seed spread" in f.evidence for f in fs)
-    assert "; at this scale: flat within 2 points up to k=1" in fs[0].evidence
+    assert ci(d[16], d[1]) == "95% CI [+0.02, +4.98]" and ci(d[16], d[1]) in fs[0].evidence
+    assert ci(d[64], d[1], paired=False) == "95% CI [-2.47, +7.47]"
+    assert ci(d[64], d[1], paired=False) in fs[1].evidence
+    assert undecided_by(fs[:1], "the interval reaches across the margin ±1"), fs[0].evidence
+    assert undecided_by(fs[1:], "the interval reaches across the threshold +2"), fs[1].evidence
+    assert "; at this scale: the means stay within 1 point of the baseline up to k=1" in fs[0].evidence
 
 
-def test_batch_scaling_at_smoke_scale_is_undecided():
+def test_batch_scaling_at_smoke_scale_is_invalid():
     df = scaling_df({1: [88.0], 4: [89.5], 16: [90.4]})
     fs = batch_scaling.findings(df, large_k=SMOKE.large_k)
-    assert undecided_by(fs, "every run is at chance"), [f.evidence for f in fs]
+    assert invalid_by(fs, "its mean error"), [f.evidence for f in fs]
     assert "at this scale" not in fs[0].evidence  # nothing to explain when nothing learned
+
+
+def test_batch_scaling_an_arm_at_chance_makes_flat_invalid_but_the_largest_k_may_collapse():
+    # k = 16 at chance: "flat" compares it with the baseline, invalid
+    d = {1: [3.0, 3.1, 3.2], 4: [3.25, 3.3, 3.4], 16: [87.0, 88.0, 89.0], 64: [89.0]}
+    flat, rises = batch_scaling.findings(scaling_df(d), large_k=16)
+    assert invalid_by([flat], "its mean error 88.0% is within 5 points of chance (90%)")
+    assert "did not train" in flat.evidence
+    # the largest k ending at chance (the cpu profile's k=256: 89%) is the rise itself
+    assert rises.replayed is True and not rises.invalid
+    assert f"{ci(d[64], d[1], paired=False)} (pooled t, a lone run, n = 1)" in rises.evidence
+    # the baseline at chance: nothing rises or stays flat against it
+    d = {**FLAT, 1: [87.0, 88.0, 89.0]}
+    fs = batch_scaling.findings(scaling_df(d), large_k=16)
+    assert invalid_by(fs, "its mean error 88.0% is within 5 points of chance (90%)")
+
+
+def test_batch_scaling_findings_carry_the_steps_of_their_arms():
+    # scaling_df: 5000 / k steps at each k (total_steps)
+    flat, rises = batch_scaling.findings(scaling_df(FLAT), large_k=16)
+    assert flat.budget == Budget({"k=1": 5000, "k=4": 1250, "k=16": 312}, None, "Goyal's 4k run: 28,151")
+    # k = 64 is 16k: ceil(90 · 1,281,167 / 16384) steps in Goyal's recipe
+    assert rises.budget == Budget({"k=1": 5000, "k=64": 78}, None, "Goyal's 16k run: 7,038")
+    df = scaling_df(FLAT).assign(total_steps=lambda d: (d["k"] * 10).astype(int))
+    assert batch_scaling.findings(df, large_k=16)[1].budget.steps == {"k=1": 10, "k=64": 640}
 
 
 def test_batch_scaling_table_maps_figure_1_by_k_and_keeps_its_rows_we_did_not_run():

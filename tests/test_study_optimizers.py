@@ -1,16 +1,19 @@
 """Study 14, large-batch optimizers tuned on the same budget (lbsgd.studies.optimizers), on
 hand-made tables: the run lists (every trial valid, the same grid for every optimizer, the tuning
 seed none of the final runs'), the choice on held-out error alone, and each finding replayed, not
-replayed and undecided."""
+replayed, undecided and invalid (an arm that did not train) by the 95% t interval of its paired
+difference (the expected intervals computed here with scipy)."""
 
 import math
 
 import pandas as pd
 import pytest
 from helpers import verdicts
+from scipy import stats as sps
 
 from lbsgd import config
 from lbsgd.config import ConfigError
+from lbsgd.findings import Budget
 from lbsgd.studies import optimizers as opt
 from lbsgd.studies import scales
 
@@ -184,6 +187,7 @@ def final_frame(errors: dict[tuple[str, float], list[float]]) -> pd.DataFrame:
                     opt.VAL: e,
                     opt.TEST: e,
                     "wall_time_s": 60.0,
+                    "total_steps": int(4096 / k),  # k = 128: 32 steps, k = 16: 256
                     "run_dir": f"{arm}-{k}-{seed}",
                     "dataset": "synthetic",
                 }
@@ -192,49 +196,136 @@ def final_frame(errors: dict[tuple[str, float], list[float]]) -> pd.DataFrame:
 
 
 GOOD, BAD = [10.0, 11.0, 12.0], [20.0, 21.5, 23.0]
+CHANCE = "within 5 points of chance (90%)"  # synthetic data: 10 classes
 
 
 def four(lars, nesterov, lamb, adamw, small=(5.0, 5.0, 5.0, 5.0)):
+    """Test errors at k = 128 per seed, and at k = 16 ``s``, ``s + 1``, ``s + 2`` per optimizer
+    (``small`` in the order of opt.ARMS: Nesterov, LARS, LAMB, AdamW)."""
     errs = {(a, 128.0): e for a, e in zip(opt.ARMS, (nesterov, lars, lamb, adamw), strict=True)}
     errs |= {(a, 16.0): [s, s + 1, s + 2] for a, s in zip(opt.ARMS, small, strict=True)}
     return final_frame(errs)
 
 
+def paired(x, y) -> str:
+    """scipy's paired-t 95% interval of mean(x) − mean(y) in the words of the evidence."""
+    ci = sps.ttest_rel(x, y).confidence_interval(0.95)
+    d = sum(x) / len(x) - sum(y) / len(y)
+    return f"Δ {d:+.2f} points, 95% CI [{ci.low:+.2f}, {ci.high:+.2f}] (paired t, n = {len(x)})"
+
+
+def minus(x, y) -> list[float]:
+    return [a - b for a, b in zip(x, y, strict=True)]
+
+
+def test_findings_are_beats_then_parity_then_loses_less_with_their_budgets():
+    f = opt.findings(four(GOOD, BAD, GOOD, BAD))
+    assert [x.claim for x in f] == [
+        "at the largest minibatch LARS beats tuned Nesterov",
+        "at the largest minibatch LAMB beats tuned AdamW",
+        "at the largest minibatch tuned Nesterov matches LARS (within ±1 point: Nado et al.'s "
+        "parity)",
+        "at the largest minibatch tuned AdamW matches LAMB (within ±1 point: Nado et al.'s parity)",
+        "from k=16 to k=128 LARS loses less accuracy than tuned Nesterov",
+        "from k=16 to k=128 LAMB loses less accuracy than tuned AdamW",
+    ]
+    big = Budget({"k=128": 32}, None, opt.NADO_STEPS)
+    assert [x.budget for x in f] == [big] * 4 + [
+        Budget({"k=16": 256, "k=128": 32}, None, opt.NADO_STEPS)
+    ] * 2
+
+
 def test_layerwise_beats_tuned_plain_replayed_not_replayed_and_undecided():
     f = opt.findings(four(GOOD, BAD, GOOD, BAD))
     assert verdicts(f)[:2] == [True, True]
+    assert paired(BAD, GOOD) in f[0].evidence  # Nesterov's error less LARS's, paired by seed
+    assert f[0].p_for == pytest.approx(sps.ttest_rel(BAD, GOOD).pvalue)
     assert "supports You et al. 2017" in f[0].evidence
     assert "supports You et al. 2019" in f[1].evidence
     f = opt.findings(four(BAD, GOOD, BAD, GOOD))
     assert verdicts(f)[:2] == [False, False]
     assert all("supports Nado et al. 2021" in x.evidence for x in f[:2])
-    close = [10.5, 10.0, 12.5]
+    close = [10.5, 10.0, 12.5]  # per-seed differences +0.5, -1, +0.5
     f = opt.findings(four(GOOD, close, GOOD, close))
-    assert verdicts(f)[:2] == [None, None]
+    assert verdicts(f)[:2] == [None, None] and paired(close, GOOD) in f[0].evidence
     assert "supports neither paper (undecided)" in f[0].evidence
-    assert "undecided:" in f[0].evidence
+    assert "undecided: the interval reaches across the threshold +0" in f[0].evidence
+
+
+def test_tuned_plain_matches_layerwise_replayed_for_a_tiny_gap_and_not_for_five_points():
+    tight = [10.1, 11.1, 12.2]  # Nesterov and AdamW +0.1, +0.1, +0.2 over LARS and LAMB
+    f = opt.findings(four(GOOD, tight, GOOD, tight))[2:4]
+    assert verdicts(f) == [True, True]
+    ci = sps.ttest_rel(tight, GOOD).confidence_interval(0.95)
+    assert ci.low > -1 and ci.high < 1  # wholly inside ±1
+    assert paired(tight, GOOD) in f[0].evidence
+    # two one-sided tests at the margins, each at α/2
+    up = sps.ttest_rel(tight, [g + 1 for g in GOOD], alternative="less").pvalue
+    down = sps.ttest_rel(tight, [g - 1 for g in GOOD], alternative="greater").pvalue
+    assert f[0].p_for == pytest.approx(2 * max(up, down)) and f[0].p_against == 1
+    assert "k=128: Nesterov 11.1% vs LARS 11.0% test error (mean over 3 seeds)" in f[0].evidence
+    assert f[0].paper.startswith("Nado et al. 2021: tuned Nesterov reaches LARS's")
+
+    five = [15.0, 16.2, 16.9]  # +5.0, +5.2, +4.9
+    f = opt.findings(four(GOOD, five, GOOD, five))[2:4]
+    assert verdicts(f) == [False, False]
+    assert sps.ttest_rel(five, GOOD).confidence_interval(0.95).low > 1  # wholly outside
+    assert paired(five, GOOD) in f[0].evidence
+
+    close = [10.5, 10.0, 12.5]  # +0.5, -1, +0.5: the interval reaches past ±1
+    f = opt.findings(four(GOOD, close, GOOD, close))[2]
+    assert f.replayed is None and not f.invalid
+    assert "undecided: the interval reaches across the margin ±1" in f.evidence
 
 
 def test_loses_less_compares_each_seeds_change_from_the_small_k():
     # LARS: 10-12 at k=128 from 5-7 at 16 (+5 each); Nesterov: 20-23 from 5-7 (+15 or so)
     f = opt.findings(four(GOOD, BAD, GOOD, BAD))
-    assert verdicts(f)[2:] == [True, True]
-    assert "LARS +5.0 points, Nesterov +15.5 points" in f[2].evidence
+    assert verdicts(f)[4:] == [True, True]
+    assert "LARS +5.0 points, Nesterov +15.5 points" in f[4].evidence
+    small = [5.0, 6.0, 7.0]
+    assert paired(minus(BAD, small), minus(GOOD, small)) in f[4].evidence
     # the layer-wise optimizers start lower at k=16 but lose more
     f = opt.findings(four(GOOD, BAD, GOOD, BAD, small=(17.0, 1.0, 1.0, 17.0)))
-    assert verdicts(f)[2:] == [False, False]
+    assert verdicts(f)[4:] == [False, False]
 
 
-def test_every_run_at_chance_is_undecided():
+def test_an_arm_that_did_not_train_makes_its_comparisons_invalid():
     chance = [90.0, 90.5, 89.9]
     f = opt.findings(four(chance, chance, chance, chance, small=(89.0, 89.0, 89.0, 89.0)))
-    assert verdicts(f) == [None, None, None, None]
-    assert all("at chance" in x.evidence for x in f)
-
-
-def test_one_k_gives_the_two_comparisons_at_it():
+    assert [x.outcome for x in f] == ["invalid"] * 6 and verdicts(f) == [None] * 6
+    assert all(CHANCE in x.evidence and x.p is None for x in f)
+    # Nesterov at chance at k = 16 only: LARS's loss against it is invalid (not "not replayed"),
+    # the comparisons at k = 128 and LAMB's loss stand
+    f = opt.findings(four(GOOD, BAD, GOOD, BAD, small=(88.0, 5.0, 5.0, 5.0)))
+    assert [x.outcome for x in f] == [
+        "replayed",
+        "replayed",
+        "not replayed",
+        "not replayed",
+        "invalid",
+        "replayed",
+    ]
+    assert f"nesterov k=16: its mean error 89.0% is {CHANCE}" in f[4].evidence
+    # a diverged Nesterov run at k = 128 counts as 100% error: every comparison with it is invalid
     df = four(GOOD, BAD, GOOD, BAD)
-    assert len(opt.findings(df[df["k"] == 128.0])) == 2
+    df.loc[(df["optimizer"] == "sgd") & (df["k"] == 128.0) & (df["seed"] == 1), "status"] = (
+        "diverged"
+    )
+    f = opt.findings(df)
+    outcomes = ["invalid", "replayed", "invalid", "not replayed", "invalid", "replayed"]
+    assert [x.outcome for x in f] == outcomes
+    assert "Nesterov 47.7% vs LARS 11.0%" in f[2].evidence  # (20 + 100 + 23) / 3
+    assert all("1 of its 3 runs diverged" in f[i].evidence for i in (0, 2, 4))
+    # an invalid comparison supports neither paper, and its evidence does not call it undecided
+    assert "supports neither paper (invalid)" in f[0].evidence
+    assert "undecided" not in f[0].evidence and "undecided" not in f[4].evidence
+
+
+def test_one_k_gives_the_beats_and_parity_comparisons_at_it():
+    df = four(GOOD, BAD, GOOD, BAD)
+    f = opt.findings(df[df["k"] == 128.0])
+    assert len(f) == 4 and all(x.claim.startswith("at the largest minibatch") for x in f)
 
 
 def test_table_holds_the_chosen_settings_beside_their_test_error_and_the_papers():

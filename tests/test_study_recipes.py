@@ -1,20 +1,25 @@
 """Studies 6-9, the large-batch recipes (lbsgd.studies.lars, bn_decay, pool5_bn, mixed_precision),
-on hand-made tables: each finding replayed, not replayed and undecided (every run at chance among
-the ways), the run lists of the cpu and smoke profiles, and the papers' numbers on the right table
+on hand-made tables: each finding replayed, not replayed, undecided and invalid (an arm that did
+not train) by the 95% t interval of its difference (the expected intervals computed here with
+scipy), the run lists of the cpu and smoke profiles, and the papers' numbers on the right table
 rows."""
 
 import pandas as pd
 import pytest
 from helpers import verdicts
+from scipy import stats as sps
 
 from lbsgd import config
+from lbsgd.findings import Budget
 from lbsgd.studies import bn_decay, lars, mixed_precision, pool5_bn, scales
 
 CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
+CHANCE = "within 5 points of chance (90%)"  # synthetic data: 10 classes
 
 
 def frame(rows: list[dict], **common) -> pd.DataFrame:
-    """Runs as ``experiments.load_runs`` gives them: the columns the study modules read."""
+    """Runs as ``experiments.load_runs`` gives them: the columns the study modules read; a run at
+    k takes 4096 / k optimizer steps (k = 128: 32)."""
     base = {
         "dataset": "synthetic",
         "status": "completed",
@@ -26,6 +31,7 @@ def frame(rows: list[dict], **common) -> pd.DataFrame:
     }
     out = pd.DataFrame([{**base, **r} for r in rows])
     out["batch_size"] = (out["k"] * 16).astype(int)
+    out["total_steps"] = (4096 / out["k"]).astype(int)
     return out
 
 
@@ -38,15 +44,47 @@ def valid(runs: list[dict], study: str) -> None:
         config.from_dict({**r, "study": study})
 
 
+def mean(values) -> float:
+    return sum(values) / len(values)
+
+
+def words(x, y, ci, test: str, n: int) -> str:
+    """The verdict's interval in the words of the evidence."""
+    return (
+        f"Δ {mean(x) - mean(y):+.2f} points, 95% CI [{ci.low:+.2f}, {ci.high:+.2f}] "
+        f"({test}, n = {n})"
+    )
+
+
+def paired(x, y) -> str:
+    """scipy's paired-t 95% interval of mean(x) − mean(y), seed i of x with seed i of y."""
+    return words(x, y, sps.ttest_rel(x, y).confidence_interval(0.95), "paired t", len(x))
+
+
+def pooled(lone: float, y) -> str:
+    """scipy's Student's pooled-t 95% interval of a lone run less the mean of ``y``."""
+    ci = sps.ttest_ind([lone], y, equal_var=True).confidence_interval(0.95)
+    return words([lone], y, ci, "pooled t, a lone run", 1)
+
+
+def minus(x, y) -> list[float]:
+    return [a - b for a, b in zip(x, y, strict=True)]
+
+
 # -- 6. LARS -----------------------------------------------------------------------------------
 
 
-def lars_runs(resnet_lars, resnet_sgd, alex_lars, alex_sgd, small=(5.0, 3.0)) -> pd.DataFrame:
-    """ResNet at k = 4 (seed 0: LARS, SGD errors ``small``) and k = 128 (per seed), AlexNet-BN at
-    k = 64 (per seed)."""
+def lars_runs(
+    resnet_lars, resnet_sgd, alex_lars, alex_sgd, small=(5.0, 4.5), mid=None
+) -> pd.DataFrame:
+    """ResNet at k = 4 (seed 0: LARS, SGD errors ``small``, level by default), at k = 16 when
+    ``mid`` is given (seed 0 likewise) and at k = 128 (per seed), AlexNet-BN at k = 64 (per
+    seed)."""
+    starts = {4.0: small} if mid is None else {4.0: small, 16.0: mid}
     rows = [
-        {"model": "resnet", "optimizer": o, "k": 4.0, "seed": 0, "final_top1_error_pct": e}
-        for o, e in zip(("lars", "sgd"), small, strict=True)
+        {"model": "resnet", "optimizer": o, "k": k, "seed": 0, "final_top1_error_pct": e}
+        for k, pair in starts.items()
+        for o, e in zip(("lars", "sgd"), pair, strict=True)
     ]
     for model, k, opt, errs in (
         ("resnet", 128.0, "lars", resnet_lars),
@@ -58,51 +96,119 @@ def lars_runs(resnet_lars, resnet_sgd, alex_lars, alex_sgd, small=(5.0, 3.0)) ->
     return frame(rows)
 
 
-GOOD, BAD = [10.0, 11.0, 12.0], [30.0, 31.0, 32.0]
+# per-seed differences BAD − GOOD: +20, +21, +19 (a spread of 1 around 20)
+GOOD, BAD = [10.0, 11.0, 12.0], [30.0, 32.0, 31.0]
+GOYAL_32K = "Goyal's 32k run: 3,519"  # k = 128 stands for 32,768: ceil(90 · 1,281,167 / 32,768)
 
 
 def test_lars_beats_sgd_replayed_not_replayed_and_undecided_per_network():
-    assert verdicts(lars.findings(lars_runs(GOOD, BAD, GOOD, BAD)))[:2] == [True, True]
-    assert verdicts(lars.findings(lars_runs(BAD, GOOD, BAD, GOOD)))[:2] == [False, False]
-    # margin 2 inside the spread (10) of SGD's seeds
-    wide = [10.0, 20.0, 30.0]
-    f = lars.findings(lars_runs([17.0, 18.0, 19.0], wide, GOOD, BAD))
-    assert f[0].replayed is None and "inside the seed spread" in f[0].evidence
+    f = lars.findings(lars_runs(GOOD, BAD, GOOD, BAD))
+    assert verdicts(f)[:2] == [True, True]
+    assert f[0].claim == (
+        "at the largest minibatch LARS beats SGD at the linear rule's lr, untuned (resnet)"
+    )
+    assert lars.TUNED_ELSEWHERE in f[0].evidence  # SGD untuned here, tuned in study 14
+    # SGD's error less LARS's above 0, paired by seed
+    assert paired(BAD, GOOD) in f[0].evidence
+    assert f[0].p_for == pytest.approx(sps.ttest_rel(BAD, GOOD).pvalue) and f[0].p_against == 1
+    assert f[0].budget == Budget({"k=128": 32}, None, GOYAL_32K)
+    assert f[1].budget.steps == {"k=64": 64}
+
+    f = lars.findings(lars_runs(BAD, GOOD, BAD, GOOD))
+    assert verdicts(f)[:2] == [False, False]
+    assert f[0].p_against == pytest.approx(sps.ttest_rel(GOOD, BAD).pvalue) and f[0].p_for == 1
+
+    # per-seed differences SGD − LARS: -7, +2, +11: the interval reaches across 0
+    lars_, wide = [17.0, 18.0, 19.0], [10.0, 20.0, 30.0]
+    f = lars.findings(lars_runs(lars_, wide, GOOD, BAD))
+    assert f[0].replayed is None and not f[0].invalid
+    assert paired(wide, lars_) in f[0].evidence
+    assert "undecided: the interval reaches across the threshold +0" in f[0].evidence
     assert f[1].replayed is True
     assert (
         "LARS better in 3 of 3 seeds" in f[1].evidence and "You et al. AlexNet-BN" in f[1].evidence
     )
 
 
-def test_lars_findings_at_chance_or_on_one_seed_are_undecided():
+def test_lars_findings_with_an_arm_at_chance_are_invalid_and_on_one_seed_undecided():
     chance = [89.0, 90.0, 91.0]
     f = lars.findings(lars_runs(chance, chance, chance, chance, small=(90.0, 89.5)))
-    assert verdicts(f) == [None, None, None]
-    assert all("every run is at chance (90% error)" in x.evidence for x in f)
+    assert [x.outcome for x in f] == ["invalid"] * 3 and verdicts(f) == [None] * 3
+    assert all("invalid: an arm did not train" in x.evidence for x in f)
+    assert all(CHANCE in x.evidence and x.p is None for x in f)
+    # SGD at chance at k = 128, LARS trained: a win over an arm that did not train says nothing
+    f = lars.findings(lars_runs(GOOD, [86.0, 88.0, 90.0], GOOD, BAD))
+    assert [x.outcome for x in f] == ["invalid", "replayed", "invalid"]
+    assert f"an arm did not train (its mean error 88.0% is {CHANCE})" in f[0].evidence
+    assert f"sgd k=128: its mean error 88.0% is {CHANCE}" in f[2].evidence
+    # the level k's runs at chance: the loss from there is invalid
+    f = lars.findings(lars_runs(GOOD, BAD, GOOD, BAD, small=(90.0, 89.5)))
+    assert f[2].outcome == "invalid" and f"lars k=4: its mean error 90.0% is {CHANCE}" in (
+        f[2].evidence
+    )
+
     one = lars.findings(lars_runs([10.0], [30.0], [10.0], [30.0]))
-    assert verdicts(one) == [None, None, None]
-    assert all("one seed per arm" in x.evidence for x in one)
+    assert verdicts(one) == [None, None, None] and not any(x.invalid for x in one)
+    assert all("undecided: one run per arm" in x.evidence for x in one)
 
 
-def test_a_diverged_lars_run_counts_as_full_error():
+def test_a_diverged_lars_run_counts_as_full_error_and_makes_the_comparison_invalid():
     df = lars_runs(GOOD, BAD, GOOD, BAD)
-    df.loc[(df["optimizer"] == "lars") & (df["k"] == 128.0), "status"] = "diverged"
+    seed1 = (df["model"] == "resnet") & (df["optimizer"] == "lars") & (df["k"] == 128.0)
+    df.loc[seed1 & (df["seed"] == 1), "status"] = "diverged"
     f = lars.findings(df)
-    assert f[0].replayed is False and "LARS 100.0% vs SGD 31.0%" in f[0].evidence
+    assert f[0].outcome == "invalid" and f[0].replayed is None
+    assert "LARS 40.7% vs SGD 31.0%" in f[0].evidence  # (10 + 100 + 12) / 3
+    assert "invalid: an arm did not train (1 of its 3 runs diverged)" in f[0].evidence
+    assert f[1].replayed is True  # AlexNet-BN's runs all trained
+    assert f[2].outcome == "invalid" and "lars k=128: 1 of its 3 runs diverged" in f[2].evidence
 
 
-def test_lars_loses_less_from_the_smallest_to_the_largest_k():
-    # change: LARS +6 (5 -> 11), SGD +28 (3 -> 31); spread at k = 128 is 1
+def test_lars_loses_less_from_the_level_k_to_the_largest_k():
+    # level at k = 4 (5.0 vs 4.5): change LARS +5, +6, +7; SGD +25.5, +27.5, +26.5
     f = lars.findings(lars_runs(GOOD, BAD, GOOD, BAD))[2]
-    assert f.claim == "from k=4 to k=128 LARS loses less accuracy than SGD (resnet)"
-    assert f.replayed is True and "LARS +6.0 points, SGD +28.0 points" in f.evidence
+    assert f.claim == (
+        "from the smallest k where both start level (within 1 point) to k=128 LARS loses less "
+        "accuracy than SGD (resnet)"
+    )
+    assert f.replayed is True
+    assert "from k=4: error change LARS +6.0 points, SGD +26.5 points" in f.evidence
+    d_lars, d_sgd = minus(GOOD, [5.0] * 3), minus(BAD, [4.5] * 3)
+    assert paired(d_sgd, d_lars) in f.evidence
     assert "AlexNet-BN from 512 to 8192: LARS +0.1 points, SGD +2.2 points" in f.evidence
-    # LARS +36, SGD +28: it loses more
+    assert f.budget == Budget({"k=4": 1024, "k=128": 32}, None, GOYAL_32K)
+    # LARS +35 to +37, SGD +25.5 to +27.5: it loses more
     assert lars.findings(lars_runs([40.0, 41.0, 42.0], BAD, GOOD, BAD))[2].replayed is False
-    # LARS +30 vs SGD +28 on the same seeds, per-seed differences -7, +2, +11: spread 9
-    f = lars.findings(lars_runs([25.0, 35.0, 45.0], BAD, GOOD, BAD))[2]
-    assert f.replayed is None
-    assert "inside the seed spread (9.00 points, standard deviation of the per-seed" in f.evidence
+    # LARS +20, +30, +40 vs SGD's: per-seed differences +5.5, -2.5, -13.5 reach across 0
+    spread = [25.0, 35.0, 45.0]
+    f = lars.findings(lars_runs(spread, BAD, GOOD, BAD))[2]
+    assert f.replayed is None and not f.invalid
+    assert paired(d_sgd, minus(spread, [5.0] * 3)) in f.evidence
+    assert "undecided: the interval reaches across the threshold +0" in f.evidence
+
+
+def test_lars_loses_less_is_undecided_when_lars_and_sgd_never_start_level():
+    # 2 and 3 points apart at k = 4 and 16; from k = 4 LARS would lose +6 to SGD's +28
+    f = lars.findings(lars_runs(GOOD, BAD, GOOD, BAD, small=(5.0, 3.0), mid=(9.0, 6.0)))[2]
+    assert f.replayed is None and not f.invalid and f.p is None and f.budget is None
+    assert "k=4: LARS 5.0% vs SGD 3.0%; k=16: LARS 9.0% vs SGD 6.0%" in f.evidence
+    assert "undecided: LARS and SGD start level (within 1 point) at no smaller k" in f.evidence
+
+
+def test_lars_loses_less_is_measured_from_the_smallest_k_where_both_start_level():
+    # k = 4 is not level (LARS 30, SGD 3): from there LARS would lose +11, SGD +28 (replayed);
+    # k = 16 is (8.0 vs 7.5): from there LARS loses +32 to +34, SGD +22.5 to +24.5
+    big_lars = [40.0, 41.0, 42.0]
+    f = lars.findings(lars_runs(big_lars, BAD, GOOD, BAD, small=(30.0, 3.0), mid=(8.0, 7.5)))[2]
+    assert f.replayed is False
+    assert "from k=16: error change LARS +33.0 points, SGD +23.5 points (k=16: seed 0 only)" in (
+        f.evidence
+    )
+    assert paired(minus(BAD, [7.5] * 3), minus(big_lars, [8.0] * 3)) in f.evidence
+    assert f.budget.steps == {"k=16": 256, "k=128": 32}
+    # level at both: the smaller k
+    f = lars.findings(lars_runs(GOOD, BAD, GOOD, BAD, small=(5.0, 4.5), mid=(8.0, 7.5)))[2]
+    assert f.replayed is True and "from k=4: error change" in f.evidence
 
 
 def test_lars_runs_of_the_cpu_and_smoke_profiles():
@@ -174,7 +280,7 @@ def decay_runs(no_decay, decay, k=128.0) -> pd.DataFrame:
     )
 
 
-def test_bn_decay_finding_replayed_not_replayed_undecided():
+def test_bn_decay_finding_replayed_not_replayed_undecided_and_invalid_at_chance():
     (f,) = bn_decay.findings(decay_runs(GOOD, BAD))
     assert f.replayed is True
     assert (
@@ -182,10 +288,16 @@ def test_bn_decay_finding_replayed_not_replayed_undecided():
         in f.evidence
     )
     assert "ResNet-50 71.9 to 76.2 (error 28.1 to 23.8), AlexNet 55.8 to 57.1" in f.evidence
+    assert paired(BAD, GOOD) in f.evidence  # decay's error less no decay's, paired by seed
+    assert f.budget == Budget({"k=128": 32}, None, GOYAL_32K)
     assert bn_decay.findings(decay_runs(BAD, GOOD))[0].replayed is False
-    assert bn_decay.findings(decay_runs([10.0, 20.0, 30.0], [21.0, 22.0, 23.0]))[0].replayed is None
-    at_chance = bn_decay.findings(decay_runs([88.0, 89.0], [90.0, 91.0]))[0]
-    assert at_chance.replayed is None and "at chance" in at_chance.evidence
+    # per-seed differences decay − no decay: +11, +2, -7
+    no, yes = [10.0, 20.0, 30.0], [21.0, 22.0, 23.0]
+    (f,) = bn_decay.findings(decay_runs(no, yes))
+    assert f.replayed is None and not f.invalid and paired(yes, no) in f.evidence
+    (at_chance,) = bn_decay.findings(decay_runs([88.0, 89.0], [90.0, 91.0]))
+    assert at_chance.outcome == "invalid" and at_chance.replayed is None
+    assert f"an arm did not train (its mean error 90.5% is {CHANCE})" in at_chance.evidence
 
 
 def test_bn_decay_runs_and_table():
@@ -220,46 +332,48 @@ def test_bn_decay_runs_and_table():
 # -- 8. pool5-BN -------------------------------------------------------------------------------
 
 
-def pool5_runs(bn, none, decay, loss_none=0.5) -> pd.DataFrame:
+def pool5_runs(bn, none, decay) -> pd.DataFrame:
     rows = [
         *by_seed(bn, decay_bn_bias=False, pool5_bn=True),
-        *by_seed(none, decay_bn_bias=False, pool5_bn=False, final_train_loss=loss_none),
+        *by_seed(none, decay_bn_bias=False, pool5_bn=False),
         *by_seed(decay, decay_bn_bias=True, pool5_bn=False),
     ]
     return frame(rows, model="alexnet", optimizer="lars", k=64.0, lr=16.0)
 
 
-def test_pool5_bn_findings_replayed_not_replayed_undecided():
+def test_pool5_bn_finding_replayed_not_replayed_undecided():
     f = pool5_bn.findings(pool5_runs(GOOD, BAD, [50.0, 51.0, 52.0]))
-    assert verdicts(f) == [True, True]
+    # one claim: the no-decay claim concerns Jia et al.'s AlexNet with BN, not plain AlexNet
+    assert [x.claim for x in f] == [
+        "BN after pool5 improves AlexNet over no pool5-BN (no decay on bias and BN)"
+    ]
+    assert verdicts(f) == [True]
     assert "pool5-BN 11.0% vs none 31.0%" in f[0].evidence
     assert "Jia et al. accuracy 57.1 to 58.8" in f[0].evidence
-    assert "not replayed" not in f[1].evidence
+    assert paired(BAD, GOOD) in f[0].evidence
+    assert f[0].budget.steps == {"k=64": 64}
 
-    f = pool5_bn.findings(pool5_runs(BAD, GOOD, [1.0, 2.0, 3.0]))
-    assert verdicts(f) == [False, False]
-    # why the decay finding fails here, in words: the biases leave LARS
-    assert "not replayed at this scale: without decay the biases of plain AlexNet" in f[1].evidence
-    assert (
-        "raw global lr 16" in f[1].evidence and "training loss 0.50 without decay" in f[1].evidence
-    )
+    assert verdicts(pool5_bn.findings(pool5_runs(BAD, GOOD, [1.0, 2.0, 3.0]))) == [False]
 
-    f = pool5_bn.findings(pool5_runs([10.0, 20.0, 30.0], [19.0, 21.0, 23.0], [22.0, 18.0, 20.0]))
-    assert verdicts(f) == [None, None]
-    assert "inside the seed spread" in f[0].evidence and "inside the seed spread" in f[1].evidence
+    # per-seed differences none − pool5-BN: +9, +1, -7
+    bn, none = [10.0, 20.0, 30.0], [19.0, 21.0, 23.0]
+    (f,) = pool5_bn.findings(pool5_runs(bn, none, [22.0, 18.0, 20.0]))
+    assert f.replayed is None and not f.invalid
+    assert paired(none, bn) in f.evidence and "the interval reaches across" in f.evidence
 
 
-def test_pool5_bn_at_chance_is_undecided_and_says_the_runs_did_not_train():
+def test_pool5_bn_is_invalid_when_plain_alexnet_is_at_chance():
+    # the committed cpu replay: pool5-BN learned, plain AlexNet without decay stayed at chance
+    (f,) = pool5_bn.findings(pool5_runs([50.0, 55.0, 69.0], [90.0] * 3, [76.0, 84.0, 89.0]))
+    assert f.outcome == "invalid" and f.replayed is None and f.p is None
+    assert "pool5-BN 58.0% vs none 90.0%" in f.evidence
+    assert f"invalid: an arm did not train (its mean error 90.0% is {CHANCE})" in f.evidence
     chance = [89.0, 90.0, 91.0]
-    f = pool5_bn.findings(pool5_runs(chance, chance, chance, loss_none=2.31))
-    assert verdicts(f) == [None, None]
-    assert "did not train" in f[1].evidence and f[1].evidence.endswith("at chance (90% error)")
-    # the committed cpu replay: pool5-BN learned, the no-decay runs stayed at chance
-    f = pool5_bn.findings(
-        pool5_runs([50.0, 55.0, 69.0], [90.0] * 3, [76.0, 84.0, 89.0], loss_none=2.30)
-    )
-    assert f[0].replayed is True and f[1].replayed is False
-    assert "they did not train" in f[1].evidence
+    (f,) = pool5_bn.findings(pool5_runs(chance, chance, chance))
+    assert f.outcome == "invalid"
+    # the decayed arm is no part of the claim: at chance it changes nothing
+    (f,) = pool5_bn.findings(pool5_runs(GOOD, BAD, [90.0] * 3))
+    assert f.replayed is True
 
 
 def test_pool5_bn_runs_and_table():
@@ -290,22 +404,49 @@ def precision_runs(fp32, fp16, bf16, ran_on="cpu", ips=(1000.0, 300.0, 900.0)) -
     return frame(rows, model="resnet", optimizer="sgd", k=16.0, ran_on=ran_on)
 
 
-def test_half_precision_reaches_fp32_judged_by_fp32s_seed_spread():
-    fp32 = [4.0, 5.0, 6.0]  # spread 1
-    # one seed each (the cpu profile): 4.2 vs fp32's seed 0 (4.0): 0.2 above, 1.3 inside 1.5
-    f = mixed_precision.findings(precision_runs(fp32, [4.2], [8.0]))
-    assert f[0].claim.startswith("fp16") and f[1].claim.startswith("bf16")
+def test_a_lone_half_precision_run_is_judged_against_every_fp32_seed_by_pooled_t():
+    fp32 = [5.0, 5.1, 4.9]  # standard deviation 0.1
+    # one seed each (the cpu profile): fp16 1.0 below fp32's mean, bf16 3.0 above
+    f = mixed_precision.findings(precision_runs(fp32, [4.0], [8.0]))
+    assert f[0].claim == "fp16 reaches the accuracy of fp32 (error no more than 1 points above)"
+    assert f[1].claim.startswith("bf16")
     assert verdicts(f)[:2] == [True, False]
-    assert "fp16 4.2% vs fp32 4.0% error at k=16 (mean of the same 1 seeds" in f[0].evidence
-    assert "judged by fp32's seed spread over 3 seeds" in f[0].evidence
+    # the interval is Student's pooled t's, the lone run against all three fp32 seeds
+    assert pooled(4.0, fp32) in f[0].evidence and pooled(8.0, fp32) in f[1].evidence
+    margin = [v + mixed_precision.TOLERANCE_PCT for v in fp32]  # the null: 1 point above
+    assert f[0].p_for == pytest.approx(sps.ttest_ind([4.0], margin, equal_var=True).pvalue)
+    assert f[1].p_against == pytest.approx(sps.ttest_ind([8.0], margin, equal_var=True).pvalue)
+    assert "fp16 4.0% vs fp32 5.0% error at k=16 (mean of the same 1 seeds" in f[0].evidence
+    assert "one run against fp32's 3 seeds" in f[0].evidence
     assert "76.2% accuracy with LARS" in f[0].evidence
-    # 1.0 above: 0.5 from the threshold, inside fp32's spread
-    assert mixed_precision.findings(precision_runs(fp32, [5.0], [4.0]))[0].replayed is None
-    # fp32 on one seed too: no spread to judge by
+    # 0.8 above: its interval [+0.30, +1.30] reaches across the margin
+    f = mixed_precision.findings(precision_runs(fp32, [5.8], [4.0]))[0]
+    assert f.replayed is None and not f.invalid and pooled(5.8, fp32) in f.evidence
+    assert "undecided: the interval reaches across the threshold +1" in f.evidence
+    # fp32 on one seed too: no interval
     one = mixed_precision.findings(precision_runs([4.0], [4.2], [4.1]))
-    assert verdicts(one)[:2] == [None, None] and "one seed per arm" in one[0].evidence
+    assert verdicts(one)[:2] == [None, None] and "undecided: one run per arm" in one[0].evidence
     chance = mixed_precision.findings(precision_runs([89.0, 90.0, 91.0], [90.5], [89.5]))
-    assert verdicts(chance)[:2] == [None, None] and "at chance" in chance[0].evidence
+    assert [x.outcome for x in chance[:2]] == ["invalid", "invalid"]
+    assert f"an arm did not train (its mean error 90.5% is {CHANCE})" in chance[0].evidence
+
+
+def test_half_precision_on_common_seeds_reaches_fp32_by_a_paired_non_inferiority_test():
+    # seeds far apart, each half-precision run close to its own seed's fp32 run
+    fp32 = [3.0, 6.0, 9.0]
+    fp16 = [3.2, 6.1, 9.2]  # +0.2, +0.1, +0.2
+    bf16 = [5.0, 8.2, 10.9]  # +2.0, +2.2, +1.9
+    f = mixed_precision.findings(precision_runs(fp32, fp16, bf16))
+    assert verdicts(f)[:2] == [True, False]
+    assert paired(fp16, fp32) in f[0].evidence and paired(bf16, fp32) in f[1].evidence
+    assert "(mean of the same 3 seeds; within 1 points in 3 of 3" in f[0].evidence
+    assert "one run against" not in f[0].evidence
+    # unpaired, the seeds' own spread would hide it: Welch's interval reaches past the margin
+    assert sps.ttest_ind(fp16, fp32, equal_var=False).confidence_interval(0.95).high > 1
+    # +0.2, +2.2, +0.8: a mean 1.07 above whose interval reaches across the margin
+    f = mixed_precision.findings(precision_runs(fp32, [3.2, 8.2, 9.8], fp16))
+    assert verdicts(f)[:2] == [None, True]
+    assert "undecided: the interval reaches across the threshold +1" in f[0].evidence
 
 
 def test_mixed_precision_is_faster_only_decided_on_a_gpu():
@@ -370,8 +511,6 @@ def test_every_finding_of_studies_6_to_9_carries_the_papers_numbers_and_source()
     assert [f.paper for f in pool5_bn.findings(pool5_runs(GOOD, BAD, [50.0, 51.0, 52.0]))] == [
         "Jia et al. (talk): AlexNet accuracy 57.1% without vs 58.8% with BN after pool5 (no decay "
         "on bias and BN; 64k, LARS)",
-        "Jia et al. (talk): AlexNet accuracy 55.8% with vs 57.1% without weight decay on bias and "
-        "BN (no pool5-BN; 64k, LARS)",
     ]
     reached = (
         "Jia et al. (talk) Table 1: no fp32 counterpart published; mixed-precision ResNet-50 at "

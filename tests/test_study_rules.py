@@ -7,119 +7,108 @@ from pathlib import Path
 import pytest
 
 from lbsgd import studies
-from lbsgd.config import ConfigError
 
 
-def test_lower_is_replayed_when_the_margin_exceeds_the_seed_spread():
-    # means 4.0 vs 6.0: margin 2.0; spread = max(stdev) = stdev([5.5, 6, 6.5]) = 0.5
+def test_lower_is_replayed_when_the_whole_interval_lies_on_its_side():
+    # Welch: means 2.0 apart, each arm sd 0.5 (se 0.41, 4 df, t 2.78): the interval [0.87, 3.13]
     v = studies.lower([3.5, 4.0, 4.5], [5.5, 6.0, 6.5])
     assert v.replayed is True and v.why == ""
+    assert "95% CI [+0.87, +3.13]" in v.test and "Welch t" in v.test
 
 
-def test_lower_is_not_replayed_when_the_other_arm_is_clearly_lower():
+def test_lower_is_not_replayed_when_the_interval_lies_wholly_on_the_other_side():
     assert studies.lower([5.5, 6.0, 6.5], [3.5, 4.0, 4.5]).replayed is False
 
 
-def test_a_margin_inside_the_seed_spread_is_undecided_and_says_both_numbers():
-    # means 4.0 vs 4.5: margin 0.5; stdev([2, 4, 6]) = 2.0
+def test_an_interval_across_the_threshold_is_undecided_and_says_the_seeds_for_80_percent_power():
+    # means 4.5 vs 4.0, arm sd 2.0: the interval reaches far across 0
     v = studies.lower([2.0, 4.0, 6.0], [4.0, 4.5, 5.0])
-    assert v.replayed is None
-    assert "margin (0.50 points)" in v.why and "seed spread (2.00 points" in v.why
+    assert v.replayed is None and v.p_against == 1.0 and v.p_for > 0.05
+    assert "reaches across the threshold +0" in v.why
+    n = studies.seeds_to_decide(0.5, 2.0, paired=False)
+    assert f"80% power would take {n} seeds per arm" in v.why
 
 
-def test_one_seed_per_arm_is_undecided_unless_a_spread_is_given():
-    assert studies.lower([3.0], [6.0]).replayed is None
-    assert "one seed per arm" in studies.lower([3.0], [6.0]).why
-    # the baseline's spread, measured with three seeds elsewhere in the study, decides it
-    assert studies.lower([3.0], [6.0], seed_spread=1.0).replayed is True
-    assert studies.lower([3.0], [6.0], seed_spread=3.0).replayed is None
+def test_one_run_per_arm_is_undecided():
+    v = studies.lower([3.0], [6.0])
+    assert v.replayed is None and "one run per arm" in v.why and v.p is None
 
 
-def test_every_run_at_chance_is_undecided_whatever_the_order():
-    # smoke: errors 86-91% on 10 classes (chance 90%): "constant warmup is the worst" is no evidence
-    v = studies.worse_by([91.0], [86.0], 0.0, chance=90.0, seed_spread=0.1)
-    assert v.replayed is None and "at chance (90% error)" in v.why
-    # one arm learned: decidable
-    assert studies.lower([58.0, 57.0], [90.0, 90.2], chance=90.0).replayed is True
+def test_an_arm_at_chance_makes_the_comparison_invalid_whatever_the_other_arm_did():
+    # pool5-BN 43% against a plain AlexNet at chance (90%): no evidence about pool5-BN
+    v = studies.lower([43.0, 44.0, 42.5], [90.0, 90.08, 89.0], chance=90.0)
+    assert v.invalid and v.replayed is None and "did not train" in v.why
+    # an arm whose mean is 6 points from chance trained
+    assert not studies.lower([43.0, 44.0, 42.5], [84.0, 84.0, 84.2], chance=90.0).invalid
 
 
-def test_within_is_a_threshold_on_the_difference():
-    # 4.7 vs 2.7: 2.0 above; within 1.5 is false by 0.5 > spread 0.1
-    assert studies.within([4.6, 4.7, 4.8], [2.6, 2.7, 2.8], 1.5).replayed is False
-    assert studies.within([3.6, 3.7, 3.8], [2.6, 2.7, 2.8], 1.5).replayed is True
-    assert studies.within([4.0, 4.2, 4.4], [2.6, 2.7, 2.8], 1.5).replayed is None  # 1.5 vs 1.5
+def test_a_diverged_run_makes_the_comparison_invalid_and_may_fail_spares_a_collapse_claim():
+    # a diverged run counts as 100% error (diverged_as_failed)
+    v = studies.lower([5.0, 5.5, 6.0], [20.0, 100.0, 21.0], paired=True)
+    assert v.invalid and "1 of its 3 runs diverged" in v.why
+    # "without scaling the run collapses": the collapsing arm is the claim, not a failure of it
+    v = studies.worse_by([89.5, 90.0, 89.8], [20.0, 21.0, 20.5], 5.0, chance=90.0, may_fail="x")
+    assert v.replayed is True and not v.invalid
 
 
-def test_worse_by_needs_the_gap_beyond_the_threshold():
-    assert studies.worse_by([80.0, 79.0], [5.0, 4.0], 5.0).replayed is True
-    assert studies.worse_by([8.0, 9.0], [5.0, 4.0], 5.0).replayed is False
+def test_within_is_an_equivalence_margin_on_both_sides():
+    # +2.0 with tight seeds: the interval lies wholly above +1.5
+    assert studies.within([4.6, 4.7, 4.8], [2.6, 2.7, 2.8], 1.5, paired=True).replayed is False
+    # -2.0: wholly below -1.5, not "within" either (the old one-sided rule replayed this)
+    assert studies.within([0.6, 0.7, 0.8], [2.6, 2.7, 2.8], 1.5, paired=True).replayed is False
+    # +1.0 with tight seeds: wholly inside ±1.5
+    assert studies.within([3.6, 3.7, 3.85], [2.6, 2.7, 2.8], 1.5, paired=True).replayed is True
+    # +1.5 on the margin: undecided
+    assert studies.within([4.0, 4.2, 4.4], [2.6, 2.7, 2.8], 1.5, paired=True).replayed is None
 
 
-def test_a_non_finite_result_is_undecided():
-    assert studies.lower([math.nan, 3.0], [5.0, 6.0]).replayed is None
+def test_no_worse_is_a_one_sided_margin():
+    # 2 points better: "no more than 1 point worse" holds (two-sided within would not)
+    assert studies.no_worse([0.6, 0.7, 0.8], [2.6, 2.7, 2.8], 1.0, paired=True).replayed is True
+    assert studies.no_worse([4.6, 4.7, 4.8], [2.6, 2.7, 2.8], 1.0, paired=True).replayed is False
+
+
+def test_worse_by_needs_the_interval_beyond_the_threshold():
+    assert studies.worse_by([80.0, 79.0, 81.0], [5.0, 4.0, 4.5], 5.0).replayed is True
+    assert studies.worse_by([8.0, 9.0, 8.5], [5.0, 4.0, 4.5], 10.0).replayed is False
+
+
+def test_a_non_finite_result_is_invalid_as_a_diverged_run():
+    v = studies.lower([math.nan, 3.0], [5.0, 6.0])
+    assert v.replayed is None and v.invalid
 
 
 def test_a_verdict_needs_exactly_one_threshold():
     with pytest.raises(ValueError, match="exactly one"):
         studies.verdict([1.0], [2.0])
     with pytest.raises(ValueError, match="exactly one"):
-        studies.verdict([1.0], [2.0], more_than=0.0, at_most=1.0)
+        studies.verdict([1.0], [2.0], more_than=0.0, within=1.0)
 
 
-def test_finding_appends_the_reason_only_when_undecided():
+def test_finding_appends_the_test_and_the_reason_when_undecided_or_invalid():
     decided = studies.finding("c", studies.Verdict(True), "4% vs 6%")
     undecided = studies.finding("c", studies.Verdict(None, "why"), "4% vs 6%")
+    invalid = studies.finding("c", studies.Verdict(None, "dead arm", invalid=True), "4% vs 6%")
     assert decided.evidence == "4% vs 6%" and decided.replayed is True
     assert undecided.evidence == "4% vs 6%; undecided: why" and undecided.replayed is None
+    assert invalid.evidence == "4% vs 6%; invalid: dead arm" and invalid.outcome == "invalid"
+    tested = studies.finding("c", studies.lower([3.5, 4.0, 4.5], [5.5, 6.0, 6.5]), "e")
+    assert tested.evidence.startswith("e; Δ +2.00 points, 95% CI [+0.87, +3.13] (Welch t, n = 3)")
+    assert tested.p == tested.p_for < 0.05 and tested.p_against == 1.0
 
 
-def test_chance_error_of_ten_classes_is_ninety_percent():
-    assert studies.chance_error_pct(10) == pytest.approx(90.0)
-
-
-def test_chance_of_runs_follows_their_dataset_and_is_none_when_unknown():
-    import pandas as pd
-
-    assert studies.chance_of(pd.DataFrame({"dataset": ["synthetic"] * 2})) == pytest.approx(90.0)
-    assert studies.chance_of(pd.DataFrame({"dataset": ["imagenet"]})) == pytest.approx(99.9)
-    fake = pd.DataFrame({"dataset": ["fake"], "fake_classes": [4]})
-    assert studies.chance_of(fake) == pytest.approx(75.0)
-    assert studies.chance_of(pd.DataFrame({"dataset": ["synthetic", "imagenet"]})) is None
-    assert studies.chance_of(pd.DataFrame({"dataset": ["plugin_data"]})) is None
-    assert studies.chance_of(pd.DataFrame({"seed": [0]})) is None
-
-
-def test_results_root_is_the_repository_results_whatever_the_working_directory(
-    tmp_path, monkeypatch
-):
-    repo = Path(studies.__file__).resolve().parents[2]
-    monkeypatch.chdir(tmp_path)  # a kernel started elsewhere (JupyterLab runs it in notebooks/)
-    assert studies.results_root(None) == repo / "results"
-    assert studies.results_root("results") == repo / "results"
-    assert studies.results_root(tmp_path / "r") == tmp_path / "r"
-
-
-def test_a_session_writes_under_its_profile(tmp_path):
-    s = studies.start("warmup", title="2. Warmup", profile="smoke", out_dir=tmp_path)
-    assert s.dir == tmp_path / "smoke" / "warmup" and s.out == tmp_path / "smoke"
-    assert s.seeds == list(s.profile.seeds)
-
-
-@pytest.mark.parametrize(
-    ("key", "kw"),
-    [
-        ("study", {"study": "../warmup"}),
-        ("profile", {"profile": "huge"}),
-        ("seeds", {"seeds": []}),
-        ("wandb", {"wandb": "yes"}),
-        ("parallel", {"parallel": 0}),
-    ],
-)
-def test_a_session_refuses_bad_parameters_naming_them_before_writing(tmp_path, key, kw):
-    args = {"study": "warmup", "title": "t", "out_dir": tmp_path, **kw}
-    with pytest.raises(ConfigError, match=key):
-        studies.start(args.pop("study"), **args)
-    assert list(tmp_path.iterdir()) == []
+def test_every_replays_only_when_each_part_does_and_fails_when_one_fails():
+    yes = studies.lower([3.5, 4.0, 4.5], [5.5, 6.0, 6.5])
+    no = studies.lower([5.5, 6.0, 6.5], [3.5, 4.0, 4.5])
+    open_ = studies.lower([2.0, 4.0, 6.0], [4.0, 4.5, 5.0])
+    both = studies.every(yes, yes)
+    assert both.replayed is True and both.p_for == yes.p_for
+    assert studies.every(yes, no).replayed is False
+    assert studies.every(yes, open_).replayed is None
+    # a part without a test (a gate) never lets the whole replay
+    assert studies.every(yes, studies.Verdict(None, "no run")).replayed is None
+    dead = studies.Verdict(None, "an arm did not train", invalid=True)
+    assert studies.every(yes, dead).invalid
 
 
 def test_a_diverged_run_counts_as_full_error_and_the_input_is_untouched():
@@ -132,29 +121,28 @@ def test_a_diverged_run_counts_as_full_error_and_the_input_is_untouched():
     assert list(df["final_top1_error_pct"]) == [4.0, 12.0] and "diverged" not in df
 
 
-def test_paired_seeds_judge_the_margin_by_the_spread_of_their_differences():
+def test_paired_seeds_judge_the_difference_by_the_spread_of_their_differences():
     # every seed 1.0-2.0 points better, though each arm alone spreads 2 points: decided when paired
     a, b = [2.0, 4.0, 6.0], [3.5, 5.0, 8.0]
     assert studies.lower(a, b).replayed is None
     v = studies.lower(a, b, paired=True)  # differences -1.5, -1, -2: mean -1.5, stdev 0.5
-    assert v.replayed is True
+    assert v.replayed is True and "paired t, n = 3" in v.test
     # the same means with the seeds shuffled: the differences scatter, undecided
     v = studies.lower(a, [8.0, 3.5, 5.0], paired=True)  # -6, 0.5, 1
-    assert v.replayed is None and "of the per-seed differences" in v.why
+    assert v.replayed is None and "pairs of seeds" in v.why
     with pytest.raises(ValueError, match="one value per seed"):
         studies.lower([1.0, 2.0], [1.0], paired=True)
 
 
-def test_an_undecided_verdict_names_the_seeds_a_test_of_the_mean_would_need():
-    # differences -6, 0.5, 1: margin 1.5, spread sqrt(30.5 / 2) = 3.905; 2·3.905/√n < 1.5 first
-    # at n = 28 (√27 gives 1.503, √28 gives 1.476)
+def test_an_undecided_verdict_names_the_seeds_a_paired_t_test_needs_for_80_percent_power():
+    # differences -6, 0.5, 1: an effect of 1.5 at sd sqrt(30.5 / 2) = 3.905 (Cohen's d 0.384)
     v = studies.lower([2.0, 4.0, 6.0], [8.0, 3.5, 5.0], paired=True)
-    assert v.replayed is None and "a two-standard-error test of the mean: 28 seeds" in v.why
-    assert studies.seeds_to_decide(1.5, 3.905) == 28 and studies.seeds_to_decide(1.5, 3.91) == 28
-    assert studies.seeds_to_decide(1.0, 1.0) == 5  # n > 4: five seeds decide a margin of one spread
+    n = studies.seeds_to_decide(1.5, 3.905)
+    assert v.replayed is None and f"80% power would take {n} pairs of seeds" in v.why
+    assert n == 56  # statsmodels' TTestPower: 55.2 pairs for d = 0.384 at α = 0.05, two-sided
     # equal means: no number of seeds separates them
     v = studies.lower([2.0, 4.0, 6.0], [3.0, 3.0, 6.0], paired=True)
-    assert v.replayed is None and "test of the mean: no number of seeds" in v.why
+    assert v.replayed is None and "no number of seeds decides" in v.why
 
 
 # -- which notebooks a profile replays (make reproduce) ------------------------------------------

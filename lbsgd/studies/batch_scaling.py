@@ -160,12 +160,14 @@ def _flat_up_to(err: dict[float, float], small: list[float]) -> float:
 
 def _rises(s: _Sweep, df) -> Finding:
     """The error at the largest k more than RISE_PCT above the baseline's (its one run against the
-    baseline's seeds: Student's pooled t)."""
+    baseline's seeds: Student's pooled t). The largest k is not held to training: a run there
+    that ends at chance or diverges is the rise the claim is about (the cpu profile's k=256 ends
+    at 89%), so only the baseline must have trained."""
     e, err, p = s.e, s.err, s.p
     base, top = (1.0 if 1.0 in e else s.ks[0]), s.ks[-1]
     return studies.finding(
         "the error rises at the largest minibatches",
-        studies.worse_by(e[top], e[base], RISE_PCT, chance=s.chance),
+        studies.worse_by(e[top], e[base], RISE_PCT, chance=s.chance, may_fail="x"),
         f"k={top:g}: {err[top]:.1f}% vs k={base:g}: {err[base]:.1f}% (paper 64k: "
         f"{p[65536]:.2f} vs {p[256]:.2f})",
         paper=f"{s.src}: {p[65536]:.2f}% error at 64k vs {p[256]:.2f}% at 256 ({p[16384]:.2f}% at "

@@ -353,8 +353,11 @@ _PAPER = {
 }
 
 
-def supports(replayed: bool | None, layerwise: str) -> str:
-    """Which paper a verdict on "the layer-wise optimizer wins" supports."""
+def supports(replayed: bool | None, layerwise: str, invalid: bool = False) -> str:
+    """Which paper a verdict on "the layer-wise optimizer wins" supports (neither when it is
+    undecided or ``invalid``)."""
+    if invalid:
+        return "supports neither paper (invalid)"
     if replayed is None:
         return "supports neither paper (undecided)"
     return f"supports {_CLAIMED[layerwise]}" if replayed else "supports Nado et al. 2021"
@@ -377,7 +380,7 @@ def _beats(df, a: str, b: str, k: float, chance: float | None) -> Finding:
         f"k={k:g}: {_NAMES[a]} {studies.mean(ea):.1f}% vs {_NAMES[b]} {studies.mean(eb):.1f}% "
         f"test error (mean over seeds; {_NAMES[a]} better in {wins} of {len(ea)}); "
         f"chosen on held-out images: {_NAMES[a]} {_chosen(df, a, k)}, {_NAMES[b]} "
-        f"{_chosen(df, b, k)}; {supports(v.replayed, a)}",
+        f"{_chosen(df, b, k)}; {supports(v.replayed, a, v.invalid)}",
         paper=_PAPER[a],
     )
 
@@ -405,6 +408,6 @@ def _loses_less(df, a: str, b: str, kmin: float, kmax: float, chance: float | No
         f"test error change: {_NAMES[a]} {studies.mean(la):+.1f} points, {_NAMES[b]} "
         f"{studies.mean(lb):+.1f} points (mean over {len(la)} seed(s), each optimizer tuned at "
         f"both k); "
-        f"{supports(v.replayed, a)}",
+        f"{supports(v.replayed, a, v.invalid)}",
         paper=_PAPER[a],
     )

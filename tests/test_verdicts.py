@@ -1,0 +1,183 @@
+"""The verdict as a test (lbsgd.stats, lbsgd.findings): its intervals and p-values are scipy's,
+its false-verdict rate is α when nothing is there and its power is what the seed plan says, the
+seeds it asks for are statsmodels' power solver's, closeness is an equivalence test, and a
+report's claims are held together by Benjamini–Hochberg."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+from statsmodels.stats.power import TTestIndPower, TTestPower
+
+from lbsgd import findings as fs
+from lbsgd import stats
+
+X = [5.1, 6.3, 4.8, 5.9, 6.6]
+Y = [4.0, 4.4, 4.1, 5.2, 4.9]
+
+
+def test_the_paired_interval_and_p_are_scipys_ttest_rel():
+    ref = sps.ttest_rel(X, Y)
+    ci = ref.confidence_interval(0.95)
+    iv = stats.interval(X, Y, paired=True)
+    assert (iv.low, iv.high) == pytest.approx((ci.low, ci.high), abs=1e-12)
+    assert iv.diff == pytest.approx(np.mean(X) - np.mean(Y), abs=1e-12)
+    assert stats.p_at(X, Y, 0.0, paired=True) == pytest.approx(ref.pvalue, abs=1e-12)
+    # against a threshold t: the test of the differences minus t (scipy's popmean)
+    ref1 = sps.ttest_1samp(np.subtract(X, Y), popmean=0.7)
+    assert stats.p_at(X, Y, 0.7, paired=True) == pytest.approx(ref1.pvalue, abs=1e-12)
+
+
+def test_the_unpaired_interval_and_p_are_scipys_welch_test():
+    y = [4.0, 4.4, 4.1]  # unequal sizes and spreads
+    ref = sps.ttest_ind(X, y, equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    iv = stats.interval(X, y, paired=False)
+    assert iv.test == "Welch t"
+    assert (iv.low, iv.high) == pytest.approx((ci.low, ci.high), abs=1e-12)
+    assert stats.p_at(X, y, 0.0, paired=False) == pytest.approx(ref.pvalue, abs=1e-12)
+
+
+def test_a_lone_run_is_judged_by_students_pooled_t_against_the_other_arms_spread():
+    ref = sps.ttest_ind([7.5], Y, equal_var=True)
+    ci = ref.confidence_interval(0.95)
+    iv = stats.interval([7.5], Y, paired=False)
+    assert iv.test.startswith("pooled t")
+    assert (iv.low, iv.high) == pytest.approx((ci.low, ci.high), abs=1e-12)
+    # by hand: the prediction interval 7.5 − ȳ ± t(0.975, 4) · s_y · √(1 + 1/5)
+    half = sps.t.ppf(0.975, 4) * np.std(Y, ddof=1) * math.sqrt(1 + 1 / 5)
+    assert iv.high - iv.low == pytest.approx(2 * half, abs=1e-12)
+
+
+def test_a_claims_verdict_follows_its_interval_and_its_p():
+    v = fs.verdict(X, Y, more_than=0.0, paired=True)
+    lo = stats.interval(X, Y, paired=True).low
+    assert lo > 0 and v.replayed is True and v.p == pytest.approx(sps.ttest_rel(X, Y).pvalue)
+    # a threshold above the interval: wholly on the other side
+    v = fs.verdict(X, Y, more_than=3.0, paired=True)
+    assert v.replayed is False and v.p_against < 0.05 and v.p_for == 1.0
+
+
+def test_equivalence_p_is_twice_the_larger_one_sided_p_and_matches_the_interval():
+    x, y = [3.1, 3.0, 3.2, 3.05], [3.0, 3.1, 3.0, 3.0]
+    t = stats.equivalent(x, y, 0.5, paired=True)
+    d = np.subtract(x, y)
+    lower = sps.ttest_1samp(d, -0.5, alternative="greater").pvalue
+    upper = sps.ttest_1samp(d, 0.5, alternative="less").pvalue
+    assert t.p_for == pytest.approx(2 * max(lower, upper), abs=1e-12)
+    iv = t.interval
+    assert iv.low > -0.5 and iv.high < 0.5 and t.p_for < 0.05  # inside ±0.5: equivalent
+    # the interval at level 1 − p_for just touches the margin
+    ci = sps.ttest_rel(x, y).confidence_interval(1 - t.p_for)
+    assert max(-ci.low, ci.high) == pytest.approx(0.5, abs=1e-9)
+
+
+def test_closeness_rejects_goyals_no_warmup_gap_and_accepts_his_gradual_gap():
+    # Goyal Table 1: gradual 8k +0.14 over the baseline, no warmup +1.24, sds about 0.1-0.4
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 0.1, 5)
+    base = 23.6 + noise
+    assert fs.verdict(base + 0.14, base, within=1.0, paired=True).replayed is True
+    assert (
+        fs.verdict(base + 1.24 + noise[::-1] * 0.5, base, within=1.0, paired=True).replayed is False
+    )
+
+
+def _decided_share(effect: float, sd: float, n: int, claims: int, seed: int) -> float:
+    """The share of ``claims`` synthetic paired claims "x − y > 0" with a true difference
+    ``effect`` and per-seed sd ``sd`` over ``n`` seeds that the verdict decides either way."""
+    rng = np.random.default_rng(seed)
+    decided = 0
+    for _ in range(claims):
+        y = rng.normal(10.0, 3.0, n)  # the seed's own luck, shared by both arms
+        x = y + effect + rng.normal(0.0, sd, n)
+        decided += fs.verdict(list(x), list(y), more_than=0.0, paired=True).replayed is not None
+    return decided / claims
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_with_no_true_effect_five_percent_of_claims_are_decided(n):
+    # 4,000 claims: the share's standard error is 0.34%, so ±1% is about three of them
+    share = _decided_share(0.0, 1.0, n, 4000, seed=n)
+    assert abs(share - stats.ALPHA) <= 0.01
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("effect", [0.8, 1.5])
+def test_at_the_planned_effect_at_least_eighty_percent_of_claims_are_decided(effect):
+    n = stats.seeds_to_decide(effect, 1.0)
+    share = _decided_share(effect, 1.0, n, 4000, seed=int(10 * effect))
+    # the plan's power is at least 80% (its integer n overshoots a little); Monte Carlo: 0.6%
+    assert share >= stats.POWER - 0.02
+    assert share == pytest.approx(stats.power(effect, 1.0, n), abs=0.025)
+
+
+@pytest.mark.parametrize("d", [0.3, 0.5, 0.8, 1.0, 1.2, 2.0, 3.0])
+def test_seeds_to_decide_is_statsmodels_power_solver_rounded_up(d):
+    paired = TTestPower().solve_power(effect_size=d, alpha=0.05, power=0.8)
+    unpaired = TTestIndPower().solve_power(effect_size=d, alpha=0.05, power=0.8, ratio=1.0)
+    assert stats.seeds_to_decide(d * 2.0, 2.0) == max(2, math.ceil(paired))
+    assert stats.seeds_to_decide(d * 2.0, 2.0, paired=False) == max(2, math.ceil(unpaired))
+    n = stats.seeds_to_decide(d, 1.0)
+    assert stats.power(d, 1.0, n) == pytest.approx(TTestPower().power(d, n, 0.05), abs=1e-9)
+
+
+def test_no_number_of_seeds_decides_a_zero_effect():
+    assert stats.seeds_to_decide(0.0, 1.0) is None
+
+
+def _finding(p_for: float, p_against: float = 1.0, invalid: bool = False) -> fs.Finding:
+    replayed = None if invalid else (True if p_for < 0.05 else False if p_against < 0.05 else None)
+    return fs.Finding("c", replayed, "e", invalid=invalid, p_for=p_for, p_against=p_against)
+
+
+def test_the_report_controls_false_discoveries_with_scipys_benjamini_hochberg():
+    found = [_finding(0.001), _finding(0.04), _finding(1.0, 0.03), _finding(0.5), _finding(0.02)]
+    q = sps.false_discovery_control([0.001, 0.04, 0.03, 0.5, 0.02], method="bh")
+    out = fs.controlled(found)
+    for f, qi in zip(out, q, strict=True):
+        assert f"BH q = {qi:.3g} over 5 tested claims" in f.evidence
+    # q = 0.005, 0.05, 0.05, 0.5, 0.05: only the first stays decided
+    assert [f.replayed for f in out] == [True, None, None, None, None]
+    assert "undecided after false-discovery control" in out[1].evidence
+
+
+def test_invalid_claims_and_claims_without_a_test_stay_out_of_the_family():
+    found = [
+        _finding(0.01),
+        _finding(0.001, invalid=True),
+        fs.Finding("model", True, "a cost model's number"),
+    ]
+    out = fs.controlled(found)
+    assert "over 1 tested claims" in out[0].evidence and out[0].replayed is True
+    assert out[1] == found[1] and out[2] == found[2]
+
+
+def test_a_verdict_under_s_min_is_budget_bound_and_counted_apart():
+    b = fs.Budget({"k=1": 3750, "k=128": 30}, None, "Goyal's 32k run: 3,519")
+    f = fs.Finding("c", True, "e", budget=b)
+    assert not f.budget_bound  # no S_min at this profile
+    g = fs.with_s_min(f, 61.0)
+    assert g.budget_bound and g.evidence == (
+        "e; optimizer steps: k=1 3,750, k=128 30; S_min 61; Goyal's 32k run: 3,519; "
+        "budget-bound: an arm has fewer steps than S_min"
+    )
+    assert not fs.with_s_min(fs.Finding("c", True, "e", budget=b), 25.0).budget_bound
+    counted = fs.counts([g, fs.Finding("d", None, "e"), _finding(0.5, invalid=True)])
+    assert counted == (
+        "3 claims: 1 replayed, 0 not replayed, 1 undecided, 1 invalid; "
+        "1 of the 1 decided are budget-bound (an arm under S_min)"
+    )
+
+
+def test_a_finding_round_trips_through_its_dict_with_outcome_test_and_budget():
+    b = fs.Budget({"k=16": 235}, 61.1, "Goyal's 4k run: 28,151")
+    f = fs.Finding("c", None, "e", "paper", True, 0.2, 1.0, b)
+    d = f.to_dict()
+    assert d["outcome"] == "invalid" and d["budget"]["s_min"] == 61.1
+    assert fs.Finding.from_dict(d) == f
+    # a findings.json written before outcomes: no test, no budget
+    old = fs.Finding.from_dict({"claim": "c", "replayed": False, "evidence": "e"})
+    assert old.outcome == "not replayed" and old.p is None and old.budget is None
