@@ -387,6 +387,17 @@ class AdamW(_Adam):
         super().add_param_group({**param_group, "adapt": False})
 
 
+def _bn_bias_name(weight_decay: float, adapt: bool) -> str:
+    """The name of the biases' and BN's group: "no_decay" as before adapt_bn_bias existed."""
+    if weight_decay == 0.0 and not adapt:
+        return "no_decay"
+    return (
+        ("decay" if weight_decay else "no_decay")
+        + ("_adapt" if adapt else "_no_adapt")
+        + "_bn_bias"
+    )
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set the lr of every group (call before ``step()``; the correction reads the previous one)."""
     for group in optimizer.param_groups:
@@ -398,9 +409,13 @@ def param_groups(model: nn.Module, cfg: Config) -> list[dict[str, Any]]:
 
     With ``decay_bn_bias=false`` a parameter goes to the no-decay group when a normalisation module
     (:data:`NORM_TYPES`) owns it or it has ndim <= 1 (biases and any other per-channel vector).
+    ``adapt_bn_bias`` (null: as ``decay_bn_bias``) says whether those biases and BN parameters
+    take part in LARS's and LAMB's trust ratio, so that the decay alone can change (Jia et al.'s
+    slide) without moving them to the raw global lr.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.decay_bn_bias:
+    adapt = cfg.decay_bn_bias if cfg.adapt_bn_bias is None else cfg.adapt_bn_bias
+    if cfg.decay_bn_bias and adapt:
         groups = [
             {"params": params, "weight_decay": cfg.weight_decay, "adapt": True, "name": "all"}
         ]
@@ -411,12 +426,18 @@ def param_groups(model: nn.Module, cfg: Config) -> list[dict[str, Any]]:
             if isinstance(module, NORM_TYPES)
             for p in module.parameters(recurse=False)
         }
-        no_decay = [p for p in params if id(p) in norm_ids or p.ndim <= 1]
-        no_ids = {id(p) for p in no_decay}
-        decay = [p for p in params if id(p) not in no_ids]
+        bn_bias = [p for p in params if id(p) in norm_ids or p.ndim <= 1]
+        bn_ids = {id(p) for p in bn_bias}
+        decay = [p for p in params if id(p) not in bn_ids]
+        wd = cfg.weight_decay if cfg.decay_bn_bias else 0.0
         groups = [
             {"params": decay, "weight_decay": cfg.weight_decay, "adapt": True, "name": "decay"},
-            {"params": no_decay, "weight_decay": 0.0, "adapt": False, "name": "no_decay"},
+            {
+                "params": bn_bias,
+                "weight_decay": wd,
+                "adapt": adapt,
+                "name": _bn_bias_name(wd, adapt),
+            },
         ]
     groups = [g for g in groups if g["params"]]
     seen = [id(p) for g in groups for p in g["params"]]

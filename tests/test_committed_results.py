@@ -2,6 +2,7 @@
 finished under the profile's instruction-set cap, its folder is the name its config gives, and the
 report is the one `lbsgd report` builds from the study files (no number edited by hand)."""
 
+import csv
 import json
 import re
 import shutil
@@ -135,3 +136,12 @@ def test_every_committed_finding_is_what_the_code_computes_from_the_committed_ru
                     f"{profile}/{study}/{name} is not what the code computes"
                 )
     assert report.build(root / profile) == (RESULTS / profile / "REPORT.md").read_text()
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_each_profiles_s_min_is_its_committed_critical_batch_fit(profile):
+    """The budget-bound mark reads Profile.s_min: study 11's fitted S_min at that profile."""
+    _runs(profile)
+    with (RESULTS / profile / "critical_batch" / "fit.csv").open() as f:
+        (fit,) = list(csv.DictReader(f))
+    assert scales.get(profile).s_min == round(float(fit["s_min"]), 1)

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from lbsgd import models, optim
-from lbsgd.config import Config
+from lbsgd import config, models, optim
+from lbsgd.config import Config, ConfigError
 from lbsgd.optim import (
     LAMB,
     LARS,
@@ -395,6 +395,45 @@ def test_decay_bn_bias_true_gives_one_group_with_everything():
     (group,) = param_groups(model, Config(decay_bn_bias=True, weight_decay=5e-4))
     assert [id(p) for p in group["params"]] == [id(p) for p in model.parameters()]
     assert (group["weight_decay"], group["adapt"]) == (5e-4, True)
+
+
+@pytest.mark.parametrize(
+    ("decay_bn_bias", "adapt_bn_bias", "bn_bias_group"),
+    [
+        (False, True, (0.0, True)),  # Jia's slide: only the decay changes, LARS keeps adapting
+        (True, False, (5e-4, False)),  # decayed, but stepping at the raw global lr
+        (False, None, (0.0, False)),  # the default: as decay_bn_bias (today's no-decay group)
+    ],
+)
+def test_adapt_bn_bias_decides_the_trust_ratio_apart_from_the_decay(
+    decay_bn_bias, adapt_bn_bias, bn_bias_group
+):
+    model = ScaledConv()
+    cfg = Config(
+        optimizer="lars",
+        decay_bn_bias=decay_bn_bias,
+        adapt_bn_bias=adapt_bn_bias,
+        weight_decay=5e-4,
+    )
+    decay, bn_bias = param_groups(model, cfg)
+    assert [id(p) for p in decay["params"]] == [id(model.conv.weight)]
+    assert (decay["weight_decay"], decay["adapt"]) == (5e-4, True)
+    assert (bn_bias["weight_decay"], bn_bias["adapt"]) == bn_bias_group
+    # the default changes no run's name; set, it does
+    if adapt_bn_bias is None:
+        assert cfg.experiment_id() == Config(optimizer="lars", weight_decay=5e-4).experiment_id()
+    else:
+        assert (
+            cfg.experiment_id()
+            != Config(
+                optimizer="lars", decay_bn_bias=decay_bn_bias, weight_decay=5e-4
+            ).experiment_id()
+        )
+
+
+def test_adapt_bn_bias_is_refused_without_a_trust_ratio():
+    with pytest.raises(ConfigError, match="adapt_bn_bias=True is a key of the trust ratio"):
+        config.from_dict({"optimizer": "sgd", "adapt_bn_bias": True})
 
 
 def test_empty_group_is_dropped_and_frozen_parameters_left_out():

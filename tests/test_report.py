@@ -108,8 +108,10 @@ def two_profiles(root: Path) -> tuple[Path, Path]:
 def test_side_by_side_matches_claims_by_study_and_their_text_with_numbers_masked(tmp_path):
     cpu, fashion = two_profiles(tmp_path)
     assert report.side_by_side([cpu, fashion]) == (
-        "- `cpu`: 4 claims: 2 replayed, 1 not replayed, 1 undecided.\n"
-        "- `fashion`: 4 claims: 2 replayed, 0 not replayed, 2 undecided.\n"
+        "- `cpu`: 4 claims: 2 replayed, 1 not replayed, 1 undecided, 0 invalid; 0 of the 3 decided "
+        "are budget-bound (an arm under S_min).\n"
+        "- `fashion`: 4 claims: 2 replayed, 0 not replayed, 2 undecided, 0 invalid; 0 of the 2 "
+        "decided are budget-bound (an arm under S_min).\n"
         "\n"
         "| study | claim | paper | `cpu` | `fashion` | agree |\n"
         "|---|---|---|---|---|---|\n"
@@ -126,8 +128,10 @@ def test_side_by_side_matches_claims_by_study_and_their_text_with_numbers_masked
     # the other order: fashion's claim texts, fashion's columns first
     rows = report.side_by_side([fashion, cpu]).splitlines()
     assert rows[:2] == [
-        "- `fashion`: 4 claims: 2 replayed, 0 not replayed, 2 undecided.",
-        "- `cpu`: 4 claims: 2 replayed, 1 not replayed, 1 undecided.",
+        "- `fashion`: 4 claims: 2 replayed, 0 not replayed, 2 undecided, 0 invalid; 0 of the 2 "
+        "decided are budget-bound (an arm under S_min).",
+        "- `cpu`: 4 claims: 2 replayed, 1 not replayed, 1 undecided, 0 invalid; 0 of the 3 decided "
+        "are budget-bound (an arm under S_min).",
     ]
     # fashion's order within a study: the curves first, then the claims cpu also makes
     assert rows[5].startswith("| 1. Quickstart | a run learns |  | — | yes: ")
@@ -208,3 +212,37 @@ def test_each_display_of_a_verdict_is_one_of_the_findings_modules_words():
     assert [fs.answer(v) for v in (True, False, None)] == ["yes", "**no**", "undecided"]
     assert [fs.loud(v) for v in (True, False, None)] == ["replayed", "NOT replayed", "undecided"]
     assert list(fs.LABELS) == [True, False, None]  # the order of the report's counts
+
+
+def test_the_report_shows_verdicts_after_false_discovery_control_invalid_and_budget_bound_apart(
+    tmp_path,
+):
+    """findings.json keeps each claim's own verdict at 5%; REPORT.md controls the false-discovery
+    rate over the folder's tested claims (BH), counts invalid claims apart, and marks a decided
+    verdict from an arm under S_min as budget-bound."""
+    cpu = tmp_path / "cpu"
+    bound = fs.Budget({"k=1": 3750, "k=128": 30}, 55.1, "Goyal's 32k run: 3,519")
+    claims = [
+        fs.Finding("a strong effect", True, "e1", p_for=0.001, p_against=1.0),
+        fs.Finding("a weak effect", True, "e2", p_for=0.04, p_against=1.0),  # q = 0.04·4/3
+        fs.Finding("no effect", None, "e6; undecided: across", p_for=0.5, p_against=1.0),
+        fs.Finding("an arm at chance", None, "e3; invalid: an arm did not train", invalid=True),
+        fs.Finding("a few steps", True, "e4", p_for=0.002, p_against=1.0, budget=bound),
+        fs.Finding("a cost model", False, "e5"),  # no test: not in the family
+    ]
+    write_study(cpu, "warmup", "2. Warmup", [f.to_dict() for f in claims])
+    text = report.build(cpu)
+    assert "6 claims: 3 replayed" not in text  # the count before the control
+    assert (
+        "6 claims: 2 replayed, 1 not replayed, 2 undecided, 1 invalid; "
+        "1 of the 3 decided are budget-bound (an arm under S_min)."
+    ) in text
+    row = {line.split(" | ")[2]: line for line in text.splitlines() if line.startswith("| [2.")}
+    assert (
+        "| undecided | e2; undecided after false-discovery control: BH q = 0.0533"
+        in row["a weak effect"]
+    )
+    assert "| yes | e1; BH q = 0.004 over 3 tested claims |" in row["a strong effect"]
+    assert "| invalid | e3; invalid: an arm did not train |" in row["an arm at chance"]
+    assert "| yes, budget-bound | e4; BH q = 0.004" in row["a few steps"]
+    assert "| **no** | e5 |" in row["a cost model"]

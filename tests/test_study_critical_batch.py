@@ -331,11 +331,11 @@ def test_findings_undecided_when_the_seeds_disagree():
     assert fs[2].evidence.endswith("undecided: 2 of 3 seeds inside the band")
 
 
-def test_findings_undecided_at_chance_with_one_seed_or_without_a_measurement():
+def test_findings_invalid_at_chance_and_undecided_with_one_seed_or_without_a_measurement():
     at_chance = {1: 88.0, 2: 89.0, 4: 90.0, 8: 91.0}
     fs = cb.findings(study(b_target=(60.0, 70.0, 80.0), errors=at_chance))
-    assert all("undecided: every run is at chance (90% error)" in f.evidence for f in fs)
-    assert verdicts(fs) == [None, None, None]
+    assert all("invalid: every run is at chance (90% error)" in f.evidence for f in fs)
+    assert verdicts(fs) == [None, None, None] and all(f.invalid for f in fs)
     fs = cb.findings(study(b_target=(60.0,), b_early=(20.0,), b_end=(100.0,), seeds=(0,)))
     assert verdicts(fs) == [None, None, None]
     assert all("undecided: fewer than 2 seeds" in f.evidence for f in fs)

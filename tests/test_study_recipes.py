@@ -300,7 +300,7 @@ def test_bn_decay_finding_replayed_not_replayed_undecided_and_invalid_at_chance(
     assert f"an arm did not train (its mean error 90.5% is {CHANCE})" in at_chance.evidence
 
 
-def test_bn_decay_runs_and_table():
+def test_bn_decay_runs_change_the_decay_alone_and_the_table():
     runs = bn_decay.runs(CPU, [0, 1, 2])
     assert [(r["decay_bn_bias"], r["seed"]) for r in runs] == [
         (True, 0),
@@ -311,15 +311,17 @@ def test_bn_decay_runs_and_table():
         (False, 2),
     ]
     assert {r["batch_size"] for r in runs} == {2048} and {r["optimizer"] for r in runs} == {"lars"}
-    # the no-decay runs are notebook 6's LARS runs at that k (the same experiment keys)
+    # both arms are notebook 6's LARS runs at that k with BN and biases in the trust ratio:
+    # the two arms differ in decay_bn_bias alone
     six = [
         r
         for r in lars.runs(CPU, [0, 1, 2])
         if r.get("optimizer") == "lars" and r["batch_size"] == 2048
     ]
-    assert [{**r, "decay_bn_bias": False} for r in six] == [
-        r for r in runs if not r["decay_bn_bias"]
-    ]
+    for d in (True, False):
+        assert [{**r, "decay_bn_bias": d, "adapt_bn_bias": True} for r in six] == [
+            r for r in runs if r["decay_bn_bias"] is d
+        ]
     assert len(bn_decay.runs(SMOKE, [0])) == 2
     valid(runs, "bn_decay")
 
@@ -408,7 +410,7 @@ def test_a_lone_half_precision_run_is_judged_against_every_fp32_seed_by_pooled_t
     fp32 = [5.0, 5.1, 4.9]  # standard deviation 0.1
     # one seed each (the cpu profile): fp16 1.0 below fp32's mean, bf16 3.0 above
     f = mixed_precision.findings(precision_runs(fp32, [4.0], [8.0]))
-    assert f[0].claim == "fp16 reaches the accuracy of fp32 (error no more than 1 points above)"
+    assert f[0].claim == "fp16 reaches the accuracy of fp32 (error no more than 1 point above)"
     assert f[1].claim.startswith("bf16")
     assert verdicts(f)[:2] == [True, False]
     # the interval is Student's pooled t's, the lone run against all three fp32 seeds

@@ -627,7 +627,7 @@ def test_report_per_profile_from_a_results_root_and_from_one_profile(tmp_path, c
     assert row.count(" | ") == 4
     row = next(ln for ln in cpu.splitlines() if "a run trains" in ln)
     assert "**no**" in row and "error 89% \\| chance 90%" in row
-    assert "3 claims: 1 replayed, 1 not replayed, 1 undecided." in cpu
+    assert "3 claims: 1 replayed, 1 not replayed, 1 undecided, 0 invalid;" in cpu
     # links relative to the profile's folder: they work where REPORT.md lies
     for target in re.findall(r"\]\(([^)#]+)\)", cpu):
         assert (tmp_path / "cpu" / target).exists(), target

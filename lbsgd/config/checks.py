@@ -378,6 +378,11 @@ def _check_gradient_rules(c: Config) -> None:
             f"adamw, not optimizer={c.optimizer}",
         )
     _need(
+        c.adapt_bn_bias is None or c.optimizer in ("lars", "lamb"),
+        f"adapt_bn_bias={c.adapt_bn_bias} is a key of the trust ratio: it needs optimizer=lars "
+        f"or lamb, not optimizer={c.optimizer}",
+    )
+    _need(
         not c.noise_scale or c.local_sgd == 0,
         f"noise_scale=true needs the all-reduced gradient of every step: not with "
         f"local_sgd={c.local_sgd} (valid: local_sgd=0)",

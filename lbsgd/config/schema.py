@@ -152,8 +152,13 @@ class Config:
     )
     decay_bn_bias: bool = _exp(
         False,
-        "weight decay (and the trust ratio of lars and lamb) also on biases and BN gamma/beta; "
-        "false: Jia",
+        "weight decay also on biases and BN gamma/beta (false: Jia); with lars and lamb it also "
+        "decides their trust ratio unless adapt_bn_bias says otherwise",
+    )
+    adapt_bn_bias: bool | None = _exp(
+        None,
+        "biases and BN gamma/beta take part in the trust ratio of lars and lamb; null: as "
+        "decay_bn_bias (decayed ones are adapted, the no-decay group steps at the raw global lr)",
     )
     # --- experiment keys: numerics -----------------------------------------------------------
     precision: Literal["fp32", "fp16", "bf16"] = _exp(
@@ -359,6 +364,7 @@ HASHED_ONLY_OFF_DEFAULT += ("fashion_size", "fashion_train")  # lbsgd.data.fashi
 HASHED_ONLY_OFF_DEFAULT += ("switch_step",)  # lbsgd.comm: PowerSGD, local SGD and BMUF
 HASHED_ONLY_OFF_DEFAULT += ("adam_beta1", "adam_beta2", "adam_eps")  # lbsgd.optim: LAMB, AdamW
 HASHED_ONLY_OFF_DEFAULT += ("holdout",)  # lbsgd.data.hold_out: the validation split
+HASHED_ONLY_OFF_DEFAULT += ("adapt_bn_bias",)  # lbsgd.optim.param_groups
 
 
 _HINTS: dict[str, Any] = {}

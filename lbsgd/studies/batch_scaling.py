@@ -77,6 +77,7 @@ def table(df):
 def findings(df, large_k: float) -> list[Finding]:
     """The error is flat up to ``large_k`` (the profile's; Goyal: 8k) and rises at the largest k.
     Decided over seeds (:mod:`lbsgd.studies`)."""
+    df = studies.diverged_as_failed(df)
     s = _sweep(df, large_k)
     return [_flat(s, df), _rises(s, df)]
 
@@ -160,14 +161,14 @@ def _flat_up_to(err: dict[float, float], small: list[float]) -> float:
 
 def _rises(s: _Sweep, df) -> Finding:
     """The error at the largest k more than RISE_PCT above the baseline's (its one run against the
-    baseline's seeds: Student's pooled t). The largest k is not held to training: a run there
-    that ends at chance or diverges is the rise the claim is about (the cpu profile's k=256 ends
-    at 89%), so only the baseline must have trained."""
+    baseline's seeds: Student's pooled t). Both arms must have trained: Goyal's 64k run trained
+    to 34% error, and a run that ends at chance in a budget of a few steps (the cpu profile's
+    k=256 after 20 steps) says what the budget allows, not what the batch size does."""
     e, err, p = s.e, s.err, s.p
     base, top = (1.0 if 1.0 in e else s.ks[0]), s.ks[-1]
     return studies.finding(
         "the error rises at the largest minibatches",
-        studies.worse_by(e[top], e[base], RISE_PCT, chance=s.chance, may_fail="x"),
+        studies.worse_by(e[top], e[base], RISE_PCT, chance=s.chance),
         f"k={top:g}: {err[top]:.1f}% vs k={base:g}: {err[base]:.1f}% (paper 64k: "
         f"{p[65536]:.2f} vs {p[256]:.2f})",
         paper=f"{s.src}: {p[65536]:.2f}% error at 64k vs {p[256]:.2f}% at 256 ({p[16384]:.2f}% at "

@@ -338,10 +338,11 @@ def _band(values: Sequence[float], lo: float, hi: float | None) -> Verdict:
 
 
 def _gate(m, base: float | None, seeds: Sequence[float]) -> Verdict | None:
-    """Undecided before any rule: every run at chance, no baseline, or fewer than two seeds."""
+    """Before any rule: invalid when every run is at chance (nothing trained to measure);
+    undecided without a baseline or with fewer than two seeds."""
     chance = studies.chance_of(m)
     if at_chance([float(v) for v in m["final_top1_error_pct"]], chance):
-        return Verdict(None, f"every run is at chance ({chance:.0f}% error)")
+        return Verdict(None, f"every run is at chance ({chance:.0f}% error)", invalid=True)
     if base is None:
         return Verdict(None, "no k measured B_simple at the target with every seed")
     if len(seeds) < 2:

@@ -169,7 +169,7 @@ def _reaches_fp32(df, p: str, o, j) -> Finding:
         verdict = studies.no_worse(e, fp32_all, TOLERANCE_PCT, chance=chance)
         spread_note = f"; one run against fp32's {len(fp32_all)} seeds"
     return studies.finding(
-        f"{p} reaches the accuracy of fp32 (error no more than {TOLERANCE_PCT:g} points above)",
+        f"{p} reaches the accuracy of fp32 (error no more than {TOLERANCE_PCT:g} point above)",
         verdict,
         f"{p} {sum(e) / n:.1f}% vs fp32 {sum(e32) / n:.1f}% error at k={k:g} (mean of the same "
         f"{n} seeds; within {TOLERANCE_PCT:g} points in {ok} of {n}; {skipped[p]:.0f} skipped "

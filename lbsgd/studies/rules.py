@@ -229,7 +229,10 @@ def at_chance(values: Sequence[float], chance: float | None) -> bool:
 def note(verdict: Verdict, against: bool, text: str) -> str:
     """The explanation of a claim this scale does not show: after "not replayed at this scale" when
     not replayed, after "at this scale" when undecided with the means against the claim (callers
-    pass ``against`` false when every run is at chance: then there is nothing to explain)."""
+    pass ``against`` false when every run is at chance: then there is nothing to explain); nothing
+    for an invalid comparison, whose reason is that an arm did not train."""
+    if verdict.invalid:
+        return ""
     if verdict.replayed is False:
         return "; not replayed at this scale: " + text
     if verdict.replayed is None and against:

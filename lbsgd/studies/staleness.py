@@ -247,12 +247,16 @@ def _error_grows(sim, w: _Sweep) -> Finding:
     curves = "; ".join(f"{r}: {_curve(sim, r)}" for r in rules)
     div = int(sim["diverged"].sum())
     div_txt = f"; {div} diverged run(s) counted as 100%" if div else ""
-    e0 = list(_by_seed(sim, lr_scaling=w.lin, staleness=0).values())
-    et = list(_by_seed(sim, lr_scaling=w.lin, staleness=w.top).values())
+    a0 = _by_seed(sim, lr_scaling=w.lin, staleness=0)
+    at = _by_seed(sim, lr_scaling=w.lin, staleness=w.top)
+    common = sorted(set(a0) & set(at))  # paired by seed; unpaired (Welch) when they share none
+    paired = len(common) >= 2
+    e0 = [a0[s] for s in common] if paired else list(a0.values())
+    et = [at[s] for s in common] if paired else list(at.values())
     if w.top == 0 or not e0 or not et:
         v1 = Verdict(None, "no run at τ = 0 and at a τ > 0")
     else:
-        v1 = studies.lower(e0, et, chance=w.chance, paired=len(e0) == len(et))
+        v1 = studies.lower(e0, et, chance=w.chance, paired=paired)
     note1 = studies.note(
         v1,
         bool(e0 and et) and mean(et) <= mean(e0),

@@ -96,6 +96,7 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
     :data:`CLOSE_PCT` of the baseline (equivalence). Decided over seeds, paired
     (:mod:`lbsgd.studies`); each carries the arms' optimizer steps (its budget); ``metrics`` gives
     the constant runs' training curves (read only to explain a claim not shown)."""
+    df = studies.diverged_as_failed(df)
     w = _arms(df)
     b = studies.budget(df, [w.base_k, w.large_k])
     return [
