@@ -242,7 +242,7 @@ def test_the_report_shows_verdicts_after_false_discovery_control_invalid_and_bud
         "| undecided | e2; undecided after false-discovery control: BH q = 0.0533"
         in row["a weak effect"]
     )
-    assert "| yes | e1; BH q = 0.004 over 3 tested claims |" in row["a strong effect"]
+    assert "| yes | e1; BH q = 0.004 over 4 tested claims |" in row["a strong effect"]
     assert "| invalid | e3; invalid: an arm did not train |" in row["an arm at chance"]
     assert "| yes, budget-bound | e4; BH q = 0.004" in row["a few steps"]
     assert "| **no** | e5 |" in row["a cost model"]
