@@ -4,12 +4,14 @@ not train) by the 95% t interval of its difference (the expected intervals compu
 scipy), the run lists of the cpu and smoke profiles, and the papers' numbers on the right table
 rows."""
 
+from types import SimpleNamespace
+
 import pandas as pd
 import pytest
 from helpers import verdicts
 from scipy import stats as sps
 
-from lbsgd import config
+from lbsgd import config, models, optim
 from lbsgd.findings import Budget
 from lbsgd.studies import bn_decay, lars, mixed_precision, pool5_bn, scales
 
@@ -311,17 +313,28 @@ def test_bn_decay_runs_change_the_decay_alone_and_the_table():
         (False, 2),
     ]
     assert {r["batch_size"] for r in runs} == {2048} and {r["optimizer"] for r in runs} == {"lars"}
-    # both arms are notebook 6's LARS runs at that k with BN and biases in the trust ratio:
-    # the two arms differ in decay_bn_bias alone
+    # both arms are notebook 6's LARS runs at that k with BN and biases in the trust ratio (the
+    # decayed arm by default), so their optimizers' groups differ in the decay alone
     six = [
         r
         for r in lars.runs(CPU, [0, 1, 2])
         if r.get("optimizer") == "lars" and r["batch_size"] == 2048
     ]
-    for d in (True, False):
-        assert [{**r, "decay_bn_bias": d, "adapt_bn_bias": True} for r in six] == [
-            r for r in runs if r["decay_bn_bias"] is d
+    assert [{**r, "decay_bn_bias": True} for r in six] == [r for r in runs if r["decay_bn_bias"]]
+    assert [{**r, "decay_bn_bias": False, "adapt_bn_bias": True} for r in six] == [
+        r for r in runs if not r["decay_bn_bias"]
+    ]
+    model = models.build(
+        SimpleNamespace(model="resnet", depth=8, width=8, zero_init_residual=False), 10, 16
+    )
+    groups = [
+        [
+            (g["weight_decay"] > 0, g["adapt"], len(g["params"]))
+            for g in optim.param_groups(model, config.from_dict(r))
         ]
+        for r in (runs[0], runs[3])
+    ]
+    assert groups == [[(True, True, 29)], [(True, True, 10), (False, True, 19)]]
     assert len(bn_decay.runs(SMOKE, [0])) == 2
     valid(runs, "bn_decay")
 

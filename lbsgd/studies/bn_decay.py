@@ -32,11 +32,14 @@ def runs(
     epochs: float | None = None,
 ) -> list[dict[str, Any]]:
     """LARS at the largest k (of ``ks``, else the profile's LARS list) with and without weight
-    decay on BN γ/β and biases, both arms adapting them (``adapt_bn_bias=true``), every seed."""
+    decay on BN γ/β and biases, both arms adapting them, every seed: the decayed arm adapts them
+    by default (``adapt_bn_bias`` null: as ``decay_bn_bias``, the runs made before the key), the
+    other says ``adapt_bn_bias=true``."""
     kmax = max(ks or profile.ks["lars"])
     keys = lars.lars_keys(profile, lars_base_lr=lars_base_lr, epochs=epochs)
+    adapted = {True: {}, False: {"adapt_bn_bias": True}}
     return [
-        profile.keys(k=kmax, **{**keys, "decay_bn_bias": d, "adapt_bn_bias": True, "seed": s})
+        profile.keys(k=kmax, **{**keys, "decay_bn_bias": d, **adapted[d], "seed": s})
         for d in (True, False)
         for s in seeds
     ]
