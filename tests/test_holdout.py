@@ -50,6 +50,14 @@ def test_the_split_is_disjoint_covers_the_train_split_and_ignores_seed_batch_and
     assert set(data.holdout_indices(len(x), 64)[0].tolist()) < set(val_idx.tolist())
 
 
+@pytest.mark.parametrize("holdout", [0, HOLDOUT])
+def test_train_size_from_the_keys_is_the_built_train_split(holdout):
+    cfg = Config(**{**TINY, "holdout": holdout})
+    assert data.train_size(cfg) == len(data.build(cfg, torch.device("cpu")).train)
+    fake = Config(dataset="fake", fake_train=96, fake_test=32, holdout=holdout // 8)
+    assert data.train_size(fake) == len(data.build(fake, torch.device("cpu")).train)
+
+
 def test_holdout_0_leaves_the_train_split_and_every_run_name_as_they_were():
     assert Config(holdout=0).experiment_id() == "7e6ebad0"  # the default's id before the key
     assert Config(**TINY, holdout=0).run_name() == Config(**TINY).run_name()

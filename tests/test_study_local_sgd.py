@@ -24,9 +24,11 @@ T, W = 313, 39  # the cpu profile at k = 16: ceil(4 · 20,000 / 256) steps, roun
 def test_local_sgd_runs_are_valid_on_their_processes_and_named_by_k(profile):
     seeds = list(profile.seeds)
     sync = ls.sync_runs(profile, seeds)
-    # synchronous SGD: notebook 3's runs at large_k (copied, not trained again)
+    # synchronous SGD: notebook 3's runs at large_k with the study's step schedule (Lin et al.)
     same = batch_scaling.runs(profile, seeds, [profile.large_k])
-    assert [run_name(r) for r in sync] == [run_name(r) for r in same]
+    epochs = profile.base["epochs"]
+    assert sync == [{**r, **ls.step_schedule(profile)} for r in same]
+    assert ls.step_schedule(profile)["milestones"] == [epochs / 2, epochs * 3 / 4]
     for r in sync:
         assert valid_layout(r, 1).world_size == 1 and r.get("local_sgd", 0) == 0
     for k in ls.NPROCS:
@@ -42,6 +44,20 @@ def test_local_sgd_runs_are_valid_on_their_processes_and_named_by_k(profile):
         for r in runs:
             d = valid_layout(r, k)
             assert d.world_size == k and r["batch_size"] == profile.large_k * 16
+            # the local phase starts at the first lr decay: round(epochs/2 · N / B) steps
+            n = profile.base["synthetic_train"]
+            assert (
+                r["switch_step"] == d.milestone_steps[0] == round(epochs / 2 * n / r["batch_size"])
+            )
+
+
+def test_post_local_sgd_switches_at_the_first_decay_of_a_step_schedule_only():
+    keys = CPU.keys(k=16, seed=0, **ls.step_schedule(CPU))
+    # 20,000 images at batch 256: 78.125 steps an epoch; ÷10 at epochs 2 and 3
+    assert ls.first_decay_step(keys) == 156
+    assert ls.first_decay_step({**keys, "milestones": [1.0, 3.0]}) == 78
+    with pytest.raises(config.ConfigError, match="schedule='cosine': post-local SGD switches"):
+        ls.first_decay_step(CPU.keys(k=16, seed=0))
 
 
 def test_local_sgd_runs_of_two_process_counts_never_share_a_folder():

@@ -111,6 +111,19 @@ def shape_of(cfg) -> tuple[int, int] | None:
     }.get(cfg.dataset)
 
 
+def train_size(cfg) -> int:
+    """The training images a run of ``cfg`` steps over (its ``holdout`` taken out): from the keys
+    for the generated and Fashion-MNIST datasets, else by building the splits on the host."""
+    known = {
+        "synthetic": cfg.synthetic_train,
+        "fake": cfg.fake_train,
+        "fashion_mnist": cfg.fashion_train,
+    }.get(cfg.dataset)
+    if known is None:
+        return len(build(cfg, torch.device("cpu")).train)
+    return known - cfg.holdout
+
+
 # In-memory splits move to a GPU only when together they take at most this share of its free
 # memory: the rest is for the model, its activations and the optimizer state (ResNet-50 at
 # micro-batch 256 in bf16 needs ~25 GB), and for other processes sharing the GPU (each holds its

@@ -3,8 +3,11 @@ Large Mini-Batches, Use Local SGD", ICLR) and BMUF (Chen & Huo 2016, "Scalable t
 learning machines by incremental block training with intra-block parallel optimization and
 blockwise model-update filtering", ICASSP) at equal numbers of all-reduces, on K gloo processes.
 
-The three modes at one global batch B and T optimizer steps, the first W synchronous (W:
-``switch_step``, by default the warmup's steps):
+The three modes at one global batch B and T optimizer steps, the first W synchronous. As Lin et
+al. define post-local SGD, the local phase starts at the first learning-rate decay of a step
+schedule: every run of the study (synchronous ones too) takes the profile's keys with
+``schedule=step``, the lr ÷10 at half and at three quarters of the epochs (Lin et al.'s ResNet
+on CIFAR-10: at epochs 150 and 225 of 300), and W = ``switch_step`` is the first decay's step:
 
 - synchronous SGD: every step all-reduces the gradient: A = T all-reduces;
 - post-local SGD (``local_sgd`` = n): from step W each process steps on its own B/K samples
@@ -87,10 +90,32 @@ def named(keys: Mapping[str, Any], nproc: int) -> dict[str, Any]:
     return {**keys, "name": f"{config.from_dict(dict(keys)).run_name()}-K{nproc}"}
 
 
+def step_schedule(profile: Profile) -> dict[str, Any]:
+    """The study's schedule: the profile's warmup, then the lr ÷10 at 1/2 and 3/4 of its epochs
+    (Lin et al. 2020: ÷10 at epochs 150 and 225 of 300)."""
+    epochs = float(profile.base["epochs"])
+    return {"schedule": "step", "milestones": [epochs / 2, epochs * 3 / 4], "decay_factor": 0.1}
+
+
+def first_decay_step(keys: Mapping[str, Any]) -> int:
+    """The optimizer step of the first lr decay of a step schedule: where post-local SGD's local
+    phase starts (Lin et al. 2020, §3)."""
+    from lbsgd import data
+
+    cfg = config.from_dict(dict(keys))
+    if cfg.schedule != "step":
+        raise config.ConfigError(
+            f"schedule={cfg.schedule!r}: post-local SGD switches at the first decay of a step "
+            "schedule (valid: schedule=step)"
+        )
+    d = config.derive(cfg, 1, data.train_size(cfg))
+    return d.milestone_steps[0]  # milestones are increasing (config checks)
+
+
 def sync_runs(profile: Profile, seeds: Sequence[int], k: float | None = None) -> list[dict]:
-    """Synchronous SGD at the study's batch, one per seed (the keys of notebook 3's runs at that k:
-    a sweep copies them when notebook 3 has trained them). Launched on one process."""
-    return [profile.keys(k=batch_k(profile, k), seed=s) for s in seeds]
+    """Synchronous SGD at the study's batch and step schedule, one per seed. Launched on one
+    process."""
+    return [profile.keys(k=batch_k(profile, k), seed=s, **step_schedule(profile)) for s in seeds]
 
 
 def runs(
@@ -103,15 +128,17 @@ def runs(
     block_lr: float = 1.0,
     block_nesterov: bool = True,
 ) -> list[dict[str, Any]]:
-    """Post-local SGD and BMUF on ``nproc`` processes, each period n of ``periods`` and seed;
-    BMUF's block momentum None: :func:`block_momentum_for` ``nproc``."""
+    """Post-local SGD and BMUF on ``nproc`` processes, each period n of ``periods`` and seed, the
+    local phase from the first lr decay (:func:`first_decay_step`); BMUF's block momentum None:
+    :func:`block_momentum_for` ``nproc``."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2:
         raise config.ConfigError(f"nproc={nproc!r} must be an integer >= 2 (K processes)")
     eta = block_momentum_for(nproc) if block_momentum is None else block_momentum
     out = []
     for n in periods:
         for s in seeds:
-            local = {**profile.keys(k=batch_k(profile, k), seed=s), "local_sgd": n}
+            keys = profile.keys(k=batch_k(profile, k), seed=s, **step_schedule(profile))
+            local = {**keys, "local_sgd": n, "switch_step": first_decay_step(keys)}
             bmuf = {
                 **local,
                 "block_momentum": eta,
