@@ -278,6 +278,22 @@ def _claim_rows(per: list[dict[str, dict]], verdicts_only: bool) -> list[str]:
 
 
 def _profile_count(profile_dir: Path, studies: dict[str, dict]) -> str:
-    """A profile's line above the side-by-side table: its claims and the count of each outcome."""
+    """A profile's line above the side-by-side table: its runs and their run time, its claims and
+    the count of each outcome."""
     found = [f for s in studies.values() for f in s["findings"]]
-    return f"- `{profile_dir.name}`: {fs.counts(found)}."
+    return f"- `{profile_dir.name}`: {runs_line(profile_dir)}; {fs.counts(found)}."
+
+
+def runs_line(profile_dir: str | os.PathLike) -> str:
+    """ "245 runs (208 trained here, 37 copies of another study's), 327 minutes of run time": the
+    runs of a profile's folder from their summary.json files; run time is the trained runs' wall
+    time added up (several ran at a time, so it is no wall clock of the replay)."""
+    records = [
+        json.loads(p.read_text()) for p in sorted(Path(profile_dir).glob("*/*/summary.json"))
+    ]
+    trained = [r for r in records if not r.get("copied_from")]
+    minutes = sum(r.get("wall_time_s") or 0 for r in trained) / 60
+    return (
+        f"{len(records)} runs ({len(trained)} trained here, {len(records) - len(trained)} copies "
+        f"of another study's), {minutes:.0f} minutes of run time"
+    )

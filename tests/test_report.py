@@ -108,9 +108,11 @@ def two_profiles(root: Path) -> tuple[Path, Path]:
 def test_side_by_side_matches_claims_by_study_and_their_text_with_numbers_masked(tmp_path):
     cpu, fashion = two_profiles(tmp_path)
     assert report.side_by_side([cpu, fashion]) == (
-        "- `cpu`: 4 claims: 2 replayed, 1 not replayed, 1 undecided, 0 invalid; 0 of the 3 decided "
+        "- `cpu`: 0 runs (0 trained here, 0 copies of another study's), 0 minutes of run time; "
+        "4 claims: 2 replayed, 1 not replayed, 1 undecided, 0 invalid; 0 of the 3 decided "
         "are budget-bound (an arm under S_min).\n"
-        "- `fashion`: 4 claims: 2 replayed, 0 not replayed, 2 undecided, 0 invalid; 0 of the 2 "
+        "- `fashion`: 0 runs (0 trained here, 0 copies of another study's), 0 minutes of run time; "
+        "4 claims: 2 replayed, 0 not replayed, 2 undecided, 0 invalid; 0 of the 2 "
         "decided are budget-bound (an arm under S_min).\n"
         "\n"
         "| study | claim | paper | `cpu` | `fashion` | agree |\n"
@@ -128,9 +130,11 @@ def test_side_by_side_matches_claims_by_study_and_their_text_with_numbers_masked
     # the other order: fashion's claim texts, fashion's columns first
     rows = report.side_by_side([fashion, cpu]).splitlines()
     assert rows[:2] == [
-        "- `fashion`: 4 claims: 2 replayed, 0 not replayed, 2 undecided, 0 invalid; 0 of the 2 "
+        "- `fashion`: 0 runs (0 trained here, 0 copies of another study's), 0 minutes of run time; "
+        "4 claims: 2 replayed, 0 not replayed, 2 undecided, 0 invalid; 0 of the 2 "
         "decided are budget-bound (an arm under S_min).",
-        "- `cpu`: 4 claims: 2 replayed, 1 not replayed, 1 undecided, 0 invalid; 0 of the 3 decided "
+        "- `cpu`: 0 runs (0 trained here, 0 copies of another study's), 0 minutes of run time; "
+        "4 claims: 2 replayed, 1 not replayed, 1 undecided, 0 invalid; 0 of the 3 decided "
         "are budget-bound (an arm under S_min).",
     ]
     # fashion's order within a study: the curves first, then the claims cpu also makes
@@ -246,3 +250,16 @@ def test_the_report_shows_verdicts_after_false_discovery_control_invalid_and_bud
     assert "| invalid | e3; invalid: an arm did not train |" in row["an arm at chance"]
     assert "| yes, budget-bound | e4; BH q = 0.004" in row["a few steps"]
     assert "| **no** | e5 |" in row["a cost model"]
+
+
+def test_a_profiles_runs_line_counts_copies_apart_and_adds_up_the_trained_runs_wall_time(tmp_path):
+    for study, run, record in [
+        ("warmup", "a", {"wall_time_s": 90.0}),
+        ("warmup", "b", {"wall_time_s": 150.0}),
+        ("lars", "a", {"wall_time_s": 90.0, "copied_from": "warmup/a"}),
+    ]:
+        (tmp_path / study / run).mkdir(parents=True)
+        (tmp_path / study / run / "summary.json").write_text(json.dumps(record))
+    assert report.runs_line(tmp_path) == (
+        "3 runs (2 trained here, 1 copies of another study's), 4 minutes of run time"
+    )
