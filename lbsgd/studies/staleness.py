@@ -241,18 +241,25 @@ def _sweep(sim) -> _Sweep:
     return _Sweep(studies.chance_of(sim), max(int(t) for t in sim["staleness"]), lin)
 
 
+def _arms_by_seed(a: dict[int, float], b: dict[int, float]) -> tuple[list, list, bool]:
+    """Two arms' errors paired by seed when they share two seeds or more, else each arm whole
+    (unpaired: Welch's interval); and whether they are paired."""
+    common = sorted(set(a) & set(b))
+    if len(common) >= 2:
+        return [a[s] for s in common], [b[s] for s in common], True
+    return list(a.values()), list(b.values()), False
+
+
 def _error_grows(sim, w: _Sweep) -> Finding:
     """Claim 1: the error grows with τ (linear rule)."""
     rules = sorted(set(sim["lr_scaling"]))
     curves = "; ".join(f"{r}: {_curve(sim, r)}" for r in rules)
     div = int(sim["diverged"].sum())
     div_txt = f"; {div} diverged run(s) counted as 100%" if div else ""
-    a0 = _by_seed(sim, lr_scaling=w.lin, staleness=0)
-    at = _by_seed(sim, lr_scaling=w.lin, staleness=w.top)
-    common = sorted(set(a0) & set(at))  # paired by seed; unpaired (Welch) when they share none
-    paired = len(common) >= 2
-    e0 = [a0[s] for s in common] if paired else list(a0.values())
-    et = [at[s] for s in common] if paired else list(at.values())
+    e0, et, paired = _arms_by_seed(
+        _by_seed(sim, lr_scaling=w.lin, staleness=0),
+        _by_seed(sim, lr_scaling=w.lin, staleness=w.top),
+    )
     if w.top == 0 or not e0 or not et:
         v1 = Verdict(None, "no run at τ = 0 and at a τ > 0")
     else:
