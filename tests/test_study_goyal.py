@@ -446,6 +446,10 @@ def test_warmup_table_puts_table_1_beside_the_baseline_and_the_large_k():
     assert paper == {"none": 24.84, "constant": 25.88, "gradual": 23.74}
     assert t.loc[(16, "constant"), "final_top1_error_pct_mean"] == pytest.approx(9.1)
     assert (t["runs"] == 3).all()
+    # one rule maps k to the paper's batch (k · 256): k = 16 is 4k, beside Table 1's 8k row
+    assert t.loc[(16, "gradual"), "k_as_paper_batch"] == 4096
+    assert t.loc[(16, "gradual"), "paper_batch"] == 8192
+    assert t.loc[(1, "none"), "k_as_paper_batch"] == 256
 
 
 # -- 3. batch_scaling --------------------------------------------------------------------------

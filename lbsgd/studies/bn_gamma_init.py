@@ -111,7 +111,8 @@ def table(df, metrics: Metrics = None):
     t = t.sort_values(
         ["arch", "k", "gamma_init"], key=lambda c: c != main if c.name == "arch" else c
     )
-    return t.reset_index(drop=True).astype({c: "Int64" for c in t if c in INT_COLUMNS})
+    t = studies.k_as_paper_batch(t.reset_index(drop=True))
+    return t.astype({c: "Int64" for c in t if c in INT_COLUMNS})
 
 
 def _paired(df, arch: str, k: float):

@@ -77,6 +77,7 @@ def table(df):
     order = {r: i for i, r in enumerate(RULES)}
     t = t.sort_values("lr_scaling", key=lambda c: c.map(order)).reset_index(drop=True)
     t = t[["lr_scaling", *(c for c in t if c != "lr_scaling")]]
+    t = studies.k_as_paper_batch(t)
     return t.astype({c: "Int64" for c in t if c in INT_COLUMNS})
 
 

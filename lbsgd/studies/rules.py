@@ -135,6 +135,15 @@ def paper_batch(k: float) -> int:
     return int(round(k * PAPER_REFERENCE_BATCH))
 
 
+def k_as_paper_batch(table):
+    """``table`` with the column ``k_as_paper_batch`` after ``k``: the paper's minibatch each k
+    stands for by :func:`paper_batch` (beside ``paper_batch``, the batch of the paper's row it is
+    compared with, which may differ: Goyal's Table 1 has 8k only)."""
+    t = table.copy()
+    t.insert(t.columns.get_loc("k") + 1, "k_as_paper_batch", [paper_batch(k) for k in t["k"]])
+    return t.astype({"k_as_paper_batch": "Int64"})
+
+
 def goyal_steps(batch: float) -> int:
     """The optimizer steps of Goyal's 90-epoch ImageNet run at minibatch ``batch``."""
     return math.ceil(GOYAL_EPOCHS * IMAGENET_TRAIN / batch)

@@ -70,6 +70,7 @@ def table(df):
     paper["paper_gpus"] = paper["paper_batch"] // PAPER_IMAGES_PER_GPU
     cols = ["k", "warmup", "paper_top1_error_pct", "paper_std", "paper_variant", "paper_batch"]
     t = ours.merge(paper[[*cols, "paper_gpus"]], on=["k", "warmup"], how="left")
+    t = studies.k_as_paper_batch(t)
     return t.astype({"paper_batch": "Int64", "paper_gpus": "Int64"})  # no 8.2e+03
 
 
