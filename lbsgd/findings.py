@@ -252,17 +252,19 @@ def decide(p_for: float, p_against: float, test: str, why: str = "") -> Verdict:
     return Verdict(None, why, test=test, p_for=p_for, p_against=p_against)
 
 
-def diverged(value: float) -> bool:
-    """A run that diverged: no finite result, or counted as 100% error
-    (:func:`lbsgd.studies.rules.diverged_as_failed`)."""
-    return not math.isfinite(value) or value >= 100.0
+def diverged(value: float, chance: float | None = None) -> bool:
+    """A run that diverged: no finite result or, for top-1 errors (``chance`` given), one counted
+    as 100% error (:func:`lbsgd.studies.rules.diverged_as_failed`). Other values (a loss gap in %,
+    a change in points) can exceed 100 without anything having diverged."""
+    return not math.isfinite(value) or (chance is not None and value >= 100.0)
 
 
 def untrained(arm: Sequence[float], chance: float | None) -> str | None:
     """Why an arm did not train (a run diverged, or its mean is within
     :data:`CHANCE_MARGIN_PCT` of ``chance``), or None when it trained."""
-    if any(diverged(v) for v in arm):
-        return f"{sum(diverged(v) for v in arm)} of its {len(arm)} runs diverged"
+    failed = sum(diverged(v, chance) for v in arm)
+    if failed:
+        return f"{failed} of its {len(arm)} runs diverged"
     if chance is not None and statistics.fmean(arm) >= chance - CHANCE_MARGIN_PCT:
         return (
             f"its mean error {statistics.fmean(arm):.1f}% is within {CHANCE_MARGIN_PCT:g} "

@@ -43,9 +43,12 @@ def test_an_arm_at_chance_makes_the_comparison_invalid_whatever_the_other_arm_di
 
 
 def test_a_diverged_run_makes_the_comparison_invalid_and_may_fail_spares_a_collapse_claim():
-    # a diverged run counts as 100% error (diverged_as_failed)
-    v = studies.lower([5.0, 5.5, 6.0], [20.0, 100.0, 21.0], paired=True)
+    # a diverged run counts as 100% error (diverged_as_failed) where the values are errors
+    v = studies.lower([5.0, 5.5, 6.0], [20.0, 100.0, 21.0], paired=True, chance=90.0)
     assert v.invalid and "1 of its 3 runs diverged" in v.why
+    # other values may pass 100 (a loss gap of +120%): not a divergence
+    v = studies.lower([5.0, 5.5, 6.0], [120.0, 130.0, 125.0], paired=True)
+    assert v.replayed is True and not v.invalid
     # "without scaling the run collapses": the collapsing arm is the claim, not a failure of it
     v = studies.worse_by([89.5, 90.0, 89.8], [20.0, 21.0, 20.5], 5.0, chance=90.0, may_fail="x")
     assert v.replayed is True and not v.invalid
