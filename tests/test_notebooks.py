@@ -208,6 +208,7 @@ def test_verify_recomputes_a_studys_findings_with_a_replay_standing_in(
     findings = json.loads((altered / "smoke" / "warmup" / "findings.json").read_text())
     first = findings["findings"][0]
     first["replayed"] = {True: False, False: True, None: True}[first["replayed"]]
+    first["outcome"] = {True: "replayed", False: "not replayed"}[first["replayed"]]
     (altered / "smoke" / "warmup" / "findings.json").write_text(json.dumps(findings))
     moved = next(r for r in verify.find_runs(altered / "smoke") if r.name == run.name)
     changed = verify.recompute_findings(altered / "smoke", moved, run.dir, tmp_path / "b")
