@@ -72,8 +72,30 @@ def answer_of(f: Finding) -> str:
 # -- a finding and its file --------------------------------------------------------------------
 
 
+class _Decided:
+    """What a :class:`Finding` and a :class:`Verdict` both say from their fields ``replayed``,
+    ``invalid``, ``p_for`` and ``p_against``: the outcome in words and the claim's p."""
+
+    replayed: bool | None
+    invalid: bool
+    p_for: float | None
+    p_against: float | None
+
+    @property
+    def outcome(self) -> str:
+        """ "replayed", "not replayed", "undecided" or "invalid"."""
+        return "invalid" if self.invalid else LABELS[self.replayed]
+
+    @property
+    def p(self) -> float | None:
+        """The claim's p: the smallest level at which its interval decides it (None: no test)."""
+        if self.p_for is None or self.p_against is None:
+            return None
+        return min(self.p_for, self.p_against)
+
+
 @dataclass
-class Finding:
+class Finding(_Decided):
     """A qualitative claim of a paper, and whether this replay shows it (None: not decided).
     ``paper``: what the paper reports for the claim, with its source (table, figure), e.g.
     "Goyal Table 1: gradual 23.74% vs none 24.84% (8k)"; "" where not given. ``invalid``: a
@@ -90,17 +112,6 @@ class Finding:
     p_for: float | None = None
     p_against: float | None = None
     budget: Budget | None = None
-
-    @property
-    def outcome(self) -> str:
-        """ "replayed", "not replayed", "undecided" or "invalid"."""
-        return "invalid" if self.invalid else LABELS[self.replayed]
-
-    @property
-    def p(self) -> float | None:
-        if self.p_for is None or self.p_against is None:
-            return None
-        return min(self.p_for, self.p_against)
 
     @property
     def budget_bound(self) -> bool:
@@ -208,7 +219,7 @@ def files(profile_dir: str | os.PathLike) -> list[Path]:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(_Decided):
     """Whether the evidence shows a claim: ``replayed`` True or False when its test decides it at
     :data:`lbsgd.stats.ALPHA`, None when it does not, or when the comparison is ``invalid`` (an
     arm did not train); ``why`` says why in both cases. ``test``: the interval(s) in words;
@@ -221,17 +232,6 @@ class Verdict:
     test: str = ""
     p_for: float | None = None
     p_against: float | None = None
-
-    @property
-    def outcome(self) -> str:
-        return "invalid" if self.invalid else LABELS[self.replayed]
-
-    @property
-    def p(self) -> float | None:
-        """The claim's p: the smallest level at which its interval decides it (None: no test)."""
-        if self.p_for is None or self.p_against is None:
-            return None
-        return min(self.p_for, self.p_against)
 
     def text(self) -> str:
         """What to append to a finding's evidence: the test, then the reason when undecided or
