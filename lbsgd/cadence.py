@@ -40,6 +40,8 @@ class Cadence:
     checkpoint: bool  # whether checkpoints are written at all
     checkpoint_every: int  # optimizer steps between checkpoints besides epoch ends (0: none)
     epoch_of: Callable[[int], float]  # epochs completed after a number of steps (StepSampler's)
+    # steps of the extra evaluations at log-spaced steps (:func:`log_steps`; empty: none)
+    probe_steps: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, cfg: Config, total_steps: int, epoch_of: Callable[[int], float]) -> Cadence:
@@ -50,7 +52,23 @@ class Cadence:
             cfg.checkpoint,
             cfg.checkpoint_every,
             epoch_of,
+            frozenset(log_steps(total_steps, cfg.eval_per_octave)),
         )
+
+
+def log_steps(total_steps: int, per_octave: int) -> list[int]:
+    """The steps ⌈2^(j/per_octave)⌉, j = 0, 1, ..., up to ``total_steps``, each once: the
+    evaluations of ``eval_per_octave`` (Shallue et al.'s steps to a target error, read on a log
+    scale to a ratio of 2^(1/per_octave) at most). Empty when ``per_octave`` is 0."""
+    if per_octave <= 0:
+        return []
+    out: list[int] = []
+    j = 0
+    while (s := math.ceil(2.0 ** (j / per_octave))) <= total_steps:
+        if not out or s != out[-1]:
+            out.append(s)
+        j += 1
+    return out
 
 
 class Decision(NamedTuple):
@@ -61,6 +79,9 @@ class Decision(NamedTuple):
     evaluate: bool  # evaluate on the test split
     checkpoint: bool  # write a checkpoint
     stop: bool  # leave the loop, asked to stop (status "interrupted")
+    # evaluate the held-out split alone (the test split without one): a step of ``probe_steps``
+    # that is not a full evaluation's, where the processes' models agree
+    probe: bool = False
 
 
 def decide(
@@ -78,7 +99,8 @@ def decide(
     checkpoint where the processes' models agree (``in_sync``: not inside a local SGD block); every
     step before a checkpoint is flushed first, so a resumed run's metrics miss none. A stop agreed
     at a flush (``stop_agreed``) ends the run there, with a checkpoint where the models agree; at
-    the last step the run completes instead.
+    the last step the run completes instead. At a step of ``probe_steps`` (``eval_per_octave``)
+    that evaluates nothing else, a probe: the held-out split alone, where the models agree.
     """
     last = done == cadence.total_steps
     # epochs completed: epoch_of is steps·batch/N, exact at whole epochs (integers far below 2^53)
@@ -94,6 +116,7 @@ def decide(
         evaluate=evaluate,
         checkpoint=cadence.checkpoint and (boundary or save_due or (stop and in_sync)),
         stop=stop,
+        probe=done in cadence.probe_steps and in_sync and not evaluate,
     )
 
 

@@ -28,10 +28,11 @@ METRICS = {
 }
 
 
-def evaluated(splits: data.Splits) -> dict[str, Dataset]:
+def evaluated(splits: data.Splits, only: str | None = None) -> dict[str, Dataset]:
     """The splits an evaluation measures, by name (:data:`METRICS`), test first: the test split,
-    and the held-out one when the run has it."""
-    return {"test": splits.test, **({"val": splits.val} if splits.val is not None else {})}
+    and the held-out one when the run has it; ``only`` ("test" or "val"): that split alone."""
+    named = {"test": splits.test, **({"val": splits.val} if splits.val is not None else {})}
+    return named if only is None else {only: named[only]}
 
 
 @torch.no_grad()
@@ -44,14 +45,16 @@ def evaluation_sums(
     precision: Precision,
     rank: int = 0,
     world_size: int = 1,
+    only: str | None = None,
 ) -> torch.Tensor:
-    """One row per evaluated split (:func:`evaluated`, in its order) of [summed loss, top-1 hits,
-    top-5 hits, count] (float64, on ``device``) of ``net`` in eval mode over this process's shard
-    of each (:func:`lbsgd.data.shard` of ``rank`` among ``world_size``; 0 of 1: the whole split),
-    in batches of ``batch``; the net is left in train mode."""
+    """One row per evaluated split (:func:`evaluated`, in its order; ``only``: that split alone)
+    of [summed loss, top-1 hits, top-5 hits, count] (float64, on ``device``) of ``net`` in eval
+    mode over this process's shard of each (:func:`lbsgd.data.shard` of ``rank`` among
+    ``world_size``; 0 of 1: the whole split), in batches of ``batch``; the net is left in train
+    mode."""
     net.eval()
     rows = []
-    for split in evaluated(splits).values():
+    for split in evaluated(splits, only).values():
         shard = data.shard(len(split), rank, world_size)  # type: ignore[arg-type]
         idx = torch.tensor(shard, dtype=torch.long)
         rows.append(_sums(net, split, idx, splits.num_classes, batch, cfg, device, precision))
@@ -86,15 +89,16 @@ def _sums(
     return sums
 
 
-def evaluation_record(step: int, epoch: float, sums: torch.Tensor) -> dict[str, Any]:
+def evaluation_record(
+    step: int, epoch: float, sums: torch.Tensor, only: str | None = None
+) -> dict[str, Any]:
     """The metrics.jsonl record of an evaluation after ``step`` steps (``epoch`` epochs) from
-    :func:`evaluation_sums` (summed over the processes that shared the splits): each split's
-    metrics under its names (:data:`METRICS`)."""
+    :func:`evaluation_sums` (summed over the processes that shared the splits; ``only``: the
+    split it measured alone): each split's metrics under its names (:data:`METRICS`)."""
     rec: dict[str, Any] = {"kind": "eval", "step": step, "epoch": epoch}
     rows = sums.cpu().tolist()
-    for (top1_key, top5_key, loss_key), (loss, top1, top5, count) in zip(
-        METRICS.values(), rows, strict=False
-    ):
+    names = list(METRICS.values()) if only is None else [METRICS[only]]
+    for (top1_key, top5_key, loss_key), (loss, top1, top5, count) in zip(names, rows, strict=False):
         rec[top1_key] = 100.0 * (1 - top1 / count)
         rec[top5_key] = 100.0 * (1 - top5 / count)
         rec[loss_key] = loss / count

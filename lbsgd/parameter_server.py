@@ -57,6 +57,7 @@ from lbsgd.cadence import (
     StopSignals,
     WindowClock,
     decide,
+    log_steps,
 )
 from lbsgd.config import Config, Derived
 from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
@@ -256,7 +257,13 @@ class Run:
         self.bn_stats = ghost_bn.RunningStats(self.ghost, groups=d.bn_groups)
         # flushes and evaluations as a synchronous run's; the one checkpoint: at the end
         self.cadence = Cadence(
-            d.total_steps, cfg.log_every, cfg.eval_every, False, 0, self.sampler.epoch_of
+            d.total_steps,
+            cfg.log_every,
+            cfg.eval_every,
+            False,
+            0,
+            self.sampler.epoch_of,
+            frozenset(log_steps(d.total_steps, cfg.eval_per_octave)),
         )
         self.tracker = open_run_dir(cfg, d)
         self._announce()
@@ -372,9 +379,12 @@ class Run:
         if plan.flush:
             self._close_window(clock, progress)
         top1_error = None
-        if plan.evaluate:
+        if plan.evaluate or plan.probe:
             with clock.set_aside():  # evaluation is not training time
-                top1_error = self.evaluate(self.step)["top1_error_pct"]
+                if plan.evaluate:
+                    top1_error = self.evaluate(self.step)["top1_error_pct"]
+                else:
+                    self.evaluate(self.step, "val" if self.splits.val is not None else "test")
         self.summary["steps"] = self.step
         progress.report(self.step, plan.boundary, top1_error)
 
@@ -440,9 +450,10 @@ class Run:
         self.tracker.log_wandb({**pending[-1], "loss": sum(losses) / len(losses)})
         self.summary.setdefault("final", {})["train_loss"] = losses[-1]
 
-    def evaluate(self, step: int) -> dict[str, Any]:
+    def evaluate(self, step: int, only: str | None = None) -> dict[str, Any]:
         """Top-1/top-5 error (%) and loss on the whole test split (and the whole held-out split,
-        with ``holdout``), on the server alone; the evaluation's record."""
+        with ``holdout``; ``only``: that split alone), on the server alone; the evaluation's
+        record."""
         sums = evaluation_sums(
             self.net,
             self.splits,
@@ -450,8 +461,9 @@ class Run:
             self.cfg,
             self.ctx.device,
             self.precision,
+            only=only,
         )
-        rec = evaluation_record(step, self.sampler.epoch_of(step), sums)
+        rec = evaluation_record(step, self.sampler.epoch_of(step), sums, only)
         self.tracker.log(rec)
         note_evaluation(self.summary, rec)
         return rec

@@ -390,8 +390,8 @@ class Run:
             if plan.boundary:
                 for f in self.features:
                     f.at_boundary()
-            if plan.evaluate:
-                top1_error = self.evaluate(done)["top1_error_pct"]
+            if plan.evaluate or plan.probe:
+                top1_error = self.evaluate_as_planned(done, plan.evaluate)
             if plan.checkpoint:
                 self.save(done)
         self.summary["steps"] = done
@@ -478,10 +478,18 @@ class Run:
             self.tracker.log(rec, wandb=False)
         self.tracker.log_wandb({**rec, "loss": sum(losses) / len(losses)})
 
-    def evaluate(self, step: int) -> dict[str, Any]:
+    def evaluate_as_planned(self, step: int, full: bool) -> float | None:
+        """The full evaluation (``full``; its test top-1 error) or a probe of the held-out split
+        alone (the test split's without one: ``eval_per_octave``; None)."""
+        if full:
+            return self.evaluate(step)["top1_error_pct"]
+        self.evaluate(step, only="val" if self.splits.val is not None else "test")
+        return None
+
+    def evaluate(self, step: int, only: str | None = None) -> dict[str, Any]:
         """Top-1/top-5 error (%) and loss on the test split (and the held-out split, with
-        ``holdout``), each rank a disjoint shard of each, the sums added in one all-reduce; the
-        evaluation's record."""
+        ``holdout``; ``only``: that split alone), each rank a disjoint shard of each, the sums
+        added in one all-reduce; the evaluation's record."""
         ctx = self.ctx
         # Ghost BN keeps BN buffers equal on every rank; this also covers a user model's own
         # normalisation layers, which lbsgd does not convert.
@@ -495,9 +503,10 @@ class Run:
             self.precision,
             rank=ctx.rank,
             world_size=ctx.world_size,
+            only=only,
         )
         epoch = self.sampler.epoch_of(step)
-        rec = evaluation_record(step, epoch, distributed.all_reduce_sum(sums))
+        rec = evaluation_record(step, epoch, distributed.all_reduce_sum(sums), only)
         if self.tracker is not None:
             self.tracker.log(rec)
         note_evaluation(self.summary, rec)

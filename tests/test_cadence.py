@@ -1,7 +1,7 @@
 """The per-step decisions (lbsgd.cadence.decide), hand-computed on a 10-step run: when a run
 flushes its metrics, evaluates, checkpoints and stops. A pure function: no torch, no run."""
 
-from lbsgd.cadence import Cadence, Decision, decide
+from lbsgd.cadence import Cadence, Decision, decide, log_steps
 
 # 100 samples, batch 32: epochs after s steps = 0.32 s, so epochs end after steps 4 (1.28),
 # 7 (2.24) and 10 (3.2, the last step).
@@ -11,8 +11,8 @@ def cadence(log_every=5, eval_every=2, checkpoint=True, checkpoint_every=3):
     return Cadence(10, log_every, eval_every, checkpoint, checkpoint_every, lambda s: s * 32 / 100)
 
 
-def plan(flush=False, boundary=False, evaluate=False, checkpoint=False, stop=False):
-    return Decision(flush, boundary, evaluate, checkpoint, stop)
+def plan(flush=False, boundary=False, evaluate=False, checkpoint=False, stop=False, probe=False):
+    return Decision(flush, boundary, evaluate, checkpoint, stop, probe)
 
 
 def simulate(c):
@@ -87,3 +87,24 @@ def test_a_stop_agreed_at_a_flush_stops_there_with_a_checkpoint_where_the_models
 def test_a_stop_agreed_at_the_last_step_completes_the_run():
     want = plan(flush=True, boundary=True, evaluate=True, checkpoint=True)
     assert decide(cadence(), 10, 1, stop_agreed=True) == want
+
+
+def test_log_steps_are_the_ceilings_of_powers_of_two_to_the_jth_over_per_octave_each_once():
+    # per_octave 2: ceil(2^(j/2)) = 1, 2 (1.414), 2, 3 (2.83), 4, 6 (5.66), 8, 12 (11.3), 16
+    assert log_steps(16, 2) == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert log_steps(5, 1) == [1, 2, 4]
+    assert log_steps(100, 0) == []
+    steps = log_steps(10_000, 4)
+    # consecutive probes are 2^(1/4) apart in step, less the rounding up to an integer
+    assert all(b / a <= 2**0.25 * (1 + 1 / a) for a, b in zip(steps, steps[1:], strict=False))
+
+
+def test_a_probe_evaluates_the_held_out_split_at_log_steps_where_nothing_else_evaluates():
+    c = Cadence(10, 5, 2, True, 3, lambda s: s * 32 / 100, frozenset(log_steps(10, 1)))
+    assert decide(c, 2, 2) == plan(probe=True)
+    assert decide(c, 8, 1) == plan(probe=True)
+    assert decide(c, 5, 1) == plan()
+    assert decide(c, 8, 1, in_sync=False) == plan()  # inside a local SGD block: no probe
+    # step 4 ends epoch 1 (no evaluation at eval_every=2): a probe; step 10 is the full one
+    assert decide(c, 4, 4) == plan(flush=True, boundary=True, checkpoint=True, probe=True)
+    assert decide(c, 10, 2).probe is False and decide(c, 10, 2).evaluate is True

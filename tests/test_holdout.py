@@ -162,3 +162,22 @@ def test_a_sweep_line_shows_the_held_out_error_of_a_run_that_has_one(tmp_path):
     del final["val_top1_error_pct"]
     (tmp_path / "summary.json").write_text(json.dumps({"final": final, "img_per_s": 1000.4}))
     assert experiments.result_text(tmp_path) == ", top-1 error 12.3%, 1000 img/s"
+
+
+def test_eval_per_octave_probes_the_held_out_split_at_log_steps_and_changes_no_training_digit(
+    holdout_run, tmp_path
+):
+    cfg, run_dir = holdout_run
+    probed = Config(**{**cfg.to_dict(), "eval_per_octave": 1, "out_dir": str(tmp_path)})
+    train(probed)
+    got = tmp_path / "runs" / "h"
+    evals = _records(got, "eval")
+    # steps 1, 2, 4 of 6 (2^j): the held-out split alone; step 6, the end: both splits
+    assert [r["step"] for r in evals] == [1, 2, 4, 6]
+    assert all("val_top1_error_pct" in r and "top1_error_pct" not in r for r in evals[:3])
+    assert evals[-1] == _records(run_dir, "eval")[-1]
+    # the probes read the model in eval mode and leave every step's loss as it was
+    train_losses = [(r["step"], r["loss"]) for r in _records(got, "train")]
+    assert train_losses == [(r["step"], r["loss"]) for r in _records(run_dir, "train")]
+    summary = json.loads((got / "summary.json").read_text())
+    assert summary["final"] == json.loads((run_dir / "summary.json").read_text())["final"]

@@ -150,6 +150,7 @@ NON_NEGATIVE_KEYS = (
     "workers",
     "threads",
     "eval_every",
+    "eval_per_octave",
     "bucket_cap_mb",
     "local_sgd",
     "switch_step",

@@ -267,6 +267,12 @@ class Config:
     )
     resume: bool = _run(False, "continue the run in out_dir/study/name from its last checkpoint")
     eval_every: int = _run(1, "evaluate every this many epochs (0: only at the end)")
+    eval_per_octave: int = _run(
+        0,
+        "also evaluate the held-out split (holdout; else the test split) at the steps "
+        "ceil(2^(j/eval_per_octave)): this many per doubling of the step count, for the steps "
+        "to a target error (0: none)",
+    )
     log_every: int = _run(10, "optimizer steps between metric flushes (one collective per flush)")
     checkpoint: bool = _run(
         True,
