@@ -230,3 +230,64 @@ def seeds_to_decide(
             return None
         n += 1
     return n
+
+
+# -- the slope of a line ------------------------------------------------------------------------
+
+
+def slope(x: Sequence[float], y: Sequence[float], *, alpha: float = ALPHA) -> Interval:
+    """The least-squares slope of ``y`` on ``x`` (scipy's ``linregress``) and its two-sided
+    (1 − ``alpha``) interval, Student's t on n − 2 degrees of freedom: e.g. log2 steps on log2
+    batch, −1 where the steps halve as the batch doubles. Needs three points and two x values."""
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(a) != len(b) or len(a) < 3 or np.ptp(a) == 0:
+        raise ValueError(
+            f"a slope's interval needs three points over two x values ({len(a)} given)"
+        )
+    r = sps.linregress(a, b)
+    half = float(sps.t.ppf(1 - alpha / 2, len(a) - 2) * r.stderr)
+    s = float(r.slope)
+    return Interval("OLS slope", len(a), s, s - half, s + half)
+
+
+def _slope_p(x, y, value: float, alternative: str) -> float:
+    """The t test's p of ``slope = value`` against ``alternative`` (scipy's words)."""
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    r = sps.linregress(a, b)
+    if r.stderr == 0:  # the points on one line: certain on either side, undecidable on it
+        d = r.slope - value
+        return 0.0 if {"two-sided": d != 0, "greater": d > 0, "less": d < 0}[alternative] else 1.0
+    t = (r.slope - value) / r.stderr
+    dist = sps.t(len(a) - 2)
+    return float(
+        {"two-sided": 2 * dist.sf(abs(t)), "greater": dist.sf(t), "less": dist.cdf(t)}[alternative]
+    )
+
+
+def slope_above(x: Sequence[float], y: Sequence[float], threshold: float) -> Test:
+    """The claim ``slope > threshold``."""
+    iv = slope(x, y)
+    p = _slope_p(x, y, threshold, "two-sided")
+    if iv.diff > threshold:
+        return Test(iv, p, 1.0)
+    if iv.diff < threshold:
+        return Test(iv, 1.0, p)
+    return Test(iv, 1.0, 1.0)
+
+
+def slope_within(x: Sequence[float], y: Sequence[float], centre: float, margin: float) -> Test:
+    """The claim ``|slope − centre| < margin`` (equivalence, as :func:`equivalent`): replayed when
+    the (1 − α) interval lies inside ``centre ± margin``, not replayed when wholly outside."""
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin must be > 0, not {margin}")
+    iv = slope(x, y)
+    below_upper = _slope_p(x, y, centre + margin, "less")
+    above_lower = _slope_p(x, y, centre - margin, "greater")
+    p_for = min(1.0, 2 * max(below_upper, above_lower))
+    off = iv.diff - centre
+    p_against = (
+        _slope_p(x, y, centre + math.copysign(margin, off), "two-sided")
+        if abs(off) > margin
+        else 1.0
+    )
+    return Test(iv, p_for, p_against)

@@ -39,6 +39,7 @@ from lbsgd.studies.rules import (
     every,
     finding,
     goyal_steps,
+    grid_edge,
     k_as_paper_batch,
     kilo,
     lower,
@@ -73,6 +74,7 @@ __all__ = [
     "every",
     "goyal_steps",
     "finding",
+    "grid_edge",
     "k_as_paper_batch",
     "kilo",
     "log_study",
@@ -108,4 +110,5 @@ STUDIES: tuple[str, ...] = (
     "local_sgd",
     "staleness",
     "optimizers",
+    "steps_to_target",
 )

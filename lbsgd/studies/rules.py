@@ -170,6 +170,16 @@ def budget(df, ks: Sequence[float], paper: str | None = None, **where: Any) -> f
     return fs.Budget(steps, None, paper)
 
 
+def grid_edge(values: Sequence[float], chosen: float) -> str:
+    """Where ``chosen`` sits on a tuning grid's ``values`` (e.g. lrs): "low" or "high" at its
+    smallest or largest value, "" inside it. A choice on an edge is not a tuned choice (the best
+    may lie beyond the grid): a claim that reads it is invalid (studies 14 and 15)."""
+    lo, hi = min(values), max(values)
+    if len(set(values)) < 3:
+        raise ValueError(f"a grid needs three values to have an inside ({sorted(values)})")
+    return "low" if chosen == lo else "high" if chosen == hi else ""
+
+
 def kilo(batch: float) -> str:
     """A published minibatch as the papers write it: 8192 is "8k", 256 is "256"."""
     b = int(batch)

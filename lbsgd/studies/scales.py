@@ -51,6 +51,10 @@ class Profile:
     # holds the two equal). A large-minibatch verdict from an arm with fewer steps is
     # budget-bound (lbsgd.findings.Budget). None: not measured at this profile.
     s_min: float | None = None
+    # study 15 (lbsgd.studies.steps_to_target): "ks", the batch sizes as k; "target", the held-out
+    # top-1 error (%) every one of them reaches; "holdout", the images held out to read it on;
+    # "seeds", each trial's
+    ladder: Mapping[str, Any] = field(default_factory=dict)
 
     def alexnet_k(self, ks: list[float] | None = None) -> float:
         """The minibatch (as k) of the AlexNet comparisons: ks["alexnet"], else the largest LARS k."""
@@ -200,6 +204,13 @@ PROFILES: dict[str, Profile] = {
         lars={"base_lr": 0.25, "schedule": "poly", "lars_eta": 0.001, "warmup_epochs": 0.5},
         alexnet={"synthetic_difficulty": "easy"},
         tuning={"holdout": 200, "anchors": _CPU_ANCHORS},
+        ladder={
+            "ks": (1, 4, 16),
+            "target": 85.0,
+            "holdout": 200,
+            "seeds": (0, 1),
+            "keys": {"epochs": 4, "base_lr": 0.1},
+        },
     ),
     "cpu": Profile(
         name="cpu",
@@ -347,7 +358,7 @@ PROFILES: dict[str, Profile] = {
 
 
 # studies that need a profile's own settings: a profile without them does not replay the study
-NEEDS = {"optimizers": "tuning"}
+NEEDS = {"optimizers": "tuning", "steps_to_target": "ladder"}
 
 
 def replays(profile: Profile, study: str) -> bool:

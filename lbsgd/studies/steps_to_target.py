@@ -1,0 +1,375 @@
+"""15. Steps to a target error (Shallue et al. 2018; McCandlish et al. 2018): what a batch size buys,
+free of the epoch budget.
+
+Shallue et al. ("Measuring the Effects of Data Parallelism on Neural Network Training",
+arXiv:1811.03600; Fashion-MNIST is one of their workloads) count the optimizer steps a batch size
+needs to reach a target out-of-sample error, each batch size at its own best learning rate. On a
+log-log plot of steps against batch they find three regions: perfect scaling (doubling the batch
+halves the steps: slope −1), diminishing returns, and maximal data parallelism (no steps saved).
+McCandlish et al.'s S = S_min (1 + B_crit/B) is the same curve (:func:`critical_batch.fit`), with the
+critical batch B_crit predicted by the gradient noise scale. Goyal's "the error is flat up to 8k"
+restated in steps: the steps halve as the batch doubles up to k* (the profile's ``large_k``, which
+plays Goyal's 8k).
+
+The ladder (``profile.ladder``): each k of ``ks`` at the lrs ``base_lr × k × f`` for f in
+:data:`LR_FACTORS` (the linear rule's lr and ×2 either side: the same three trials for every size),
+each with the ``seeds`` (two), on the training split less ``holdout`` held-out images, evaluating the
+held-out images at log-spaced steps (``eval_per_octave`` = :data:`PER_OCTAVE`). Per run, the steps to
+the ``target`` held-out top-1 error (:func:`steps_to_error`, the first crossing); per k, the lr whose
+seeds need the fewest steps (mean of log2 steps; never reaching counts as never); a best lr on an
+edge of the grid (:func:`lbsgd.studies.rules.grid_edge`) is not a tuned choice, and the claims that
+read that k are invalid. Each run also measures the gradient noise scale (study 11's probe).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lbsgd import findings as fs
+from lbsgd import stats
+from lbsgd.config import ConfigError
+from lbsgd.findings import Finding
+from lbsgd.studies import Metrics, batch_scaling, critical_batch, curves
+from lbsgd.studies.rules import finding, grid_edge
+from lbsgd.studies.scales import PROFILES, Profile
+
+STUDY = "steps_to_target"
+TITLE = "15. Steps to a target error (Shallue et al. 2018)"
+LR_FACTORS = (0.5, 1.0, 2.0)  # the lr grid at every k: the linear rule's lr and x2 either side
+PER_OCTAVE = 4  # held-out evaluations per doubling of the step count (a ratio of 2^(1/4) apart)
+ERROR = "val_top1_error_pct"
+# "the steps halve as the batch doubles": the slope of log2 steps on log2 batch within −1 ± 0.25,
+# i.e. each doubling saves a factor between 2^0.75 = 1.68 and 2^1.25 = 2.38 of the steps
+PERFECT = -1.0
+SLOPE_MARGIN = 0.25
+FACTOR = critical_batch.FACTOR  # "agrees": B_crit within x2 of B_noise (McCandlish Fig. 4)
+PAPER = (
+    "Shallue et al. 2018 (Figs. 1-2): steps to a target error fall as 1/B up to a workload's "
+    "critical batch, then level off; Goyal Fig. 1: error flat up to 8k"
+)
+
+
+# -- the runs ----------------------------------------------------------------------------------
+
+
+def check(profile: Profile) -> None:
+    """One line naming the profile when it has no ladder."""
+    if not profile.ladder:
+        have = ", ".join(n for n, p in PROFILES.items() if p.ladder)
+        raise ConfigError(
+            f"profile={profile.name!r} has no ladder for study 15 (profile.ladder; valid: {have})"
+        )
+
+
+def base_lr(profile: Profile) -> float:
+    """The linear rule's lr per reference batch of the ladder: its own ``keys``' base_lr, else the
+    profile's; the lr grid is this times :data:`LR_FACTORS`."""
+    return float({**profile.base, **profile.ladder.get("keys", {})}["base_lr"])
+
+
+def _run(profile: Profile, k: float, factor: float, seed: int) -> dict[str, Any]:
+    """One run of the ladder: lr base_lr x factor per reference batch (x k by the linear rule), the
+    held-out images set aside and probed at log-spaced steps, the noise scale measured (off where
+    the batch is B_small: nothing to compare)."""
+    b_small = batch_scaling.small_batch(profile)
+    keys = profile.keys(
+        k=k,
+        **{
+            **profile.ladder.get("keys", {}),
+            "base_lr": base_lr(profile) * factor,
+            "holdout": profile.ladder["holdout"],
+            "eval_per_octave": PER_OCTAVE,
+            "seed": seed,
+        },
+    )
+    on = keys["batch_size"] > b_small
+    return {**keys, "noise_scale": on, "noise_scale_batch": b_small if on else None}
+
+
+def lr_grid(lr_factors: Sequence[float] | None = None) -> tuple[float, ...]:
+    """The notebook's lr factors (None: :data:`LR_FACTORS`): three or more distinct numbers > 0,
+    so that the grid has an inside; else one line."""
+    grid = tuple(LR_FACTORS if lr_factors is None else lr_factors)
+    good = all(isinstance(f, int | float) and not isinstance(f, bool) and f > 0 for f in grid)
+    if len(grid) < 3 or not good or len(set(grid)) != len(grid):
+        raise ConfigError(
+            f"lr_factors={list(grid)!r} must be three or more distinct numbers > 0 (a grid "
+            "with an inside: a best lr on its edge is no tuned choice)"
+        )
+    return tuple(sorted(grid))
+
+
+def target_of(profile: Profile, target: float | None = None) -> float:
+    """The held-out top-1 error (%) to reach: ``target``, else the ladder's; one line if it is
+    not a percentage strictly between 0 and 100."""
+    t = profile.ladder["target"] if target is None else target
+    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < 100:
+        raise ConfigError(f"target={t!r} must be a held-out top-1 error in % (0 < target < 100)")
+    return float(t)
+
+
+def trials(
+    profile: Profile,
+    ks: Sequence[float] | None = None,
+    lr_factors: Sequence[float] = LR_FACTORS,
+    seed: int | None = None,
+) -> list[dict[str, Any]]:
+    """The tuning runs: every k of ``ks`` (default the ladder's) at every lr factor, with
+    ``seed`` (default the ladder's first: the tuning seed)."""
+    check(profile)
+    s = profile.ladder["seeds"][0] if seed is None else seed
+    return [_run(profile, k, f, s) for k in ks or profile.ladder["ks"] for f in lr_factors]
+
+
+def confirmations(profile: Profile, chosen, seeds: Sequence[int] | None = None) -> list[dict]:
+    """Each k's chosen lr factor (``chosen``: :func:`choose`) with the other seeds (default the
+    ladder's after the first): the runs the claims read beside the tuning seed's."""
+    check(profile)
+    rest = list(seeds if seeds is not None else profile.ladder["seeds"][1:])
+    return [_run(profile, r.k, r.lr_factor, s) for r in chosen.itertuples() for s in rest]
+
+
+# -- one run: the steps to the target ------------------------------------------------------------
+
+
+def steps_to_error(evals, target: float, key: str = ERROR) -> float | None:
+    """The first step at which the error ``key`` of the evaluations ``evals`` (records with
+    ``step``; those without the key skipped) reaches ``target`` (≤), interpolated between that
+    evaluation and the one before it linearly in log step (they lie 2^(1/PER_OCTAVE) apart); the
+    first evaluation's step if it is already there; None if the error never reaches it. A noisy
+    curve that crosses twice counts its first crossing."""
+    import pandas as pd
+
+    if "kind" in evals:
+        evals = evals[evals["kind"] == "eval"]
+    if key not in evals:
+        return None
+    e = evals[["step", key]].assign(**{key: pd.to_numeric(evals[key], errors="coerce")})
+    e = e.dropna().sort_values("step")
+    steps, err = e["step"].to_numpy(dtype=float), e[key].to_numpy(dtype=float)
+    hit = np.flatnonzero(err <= target)
+    if len(hit) == 0:
+        return None
+    i = int(hit[0])
+    if i == 0:
+        return float(steps[0])
+    frac = (err[i - 1] - target) / (err[i - 1] - err[i])
+    return float(2 ** (math.log2(steps[i - 1]) + frac * math.log2(steps[i] / steps[i - 1])))
+
+
+def records(run_dir):
+    """A run's ``metrics.jsonl`` records of every kind (train and eval) as one DataFrame."""
+    import pandas as pd
+
+    lines = Path(run_dir, "metrics.jsonl").read_text().splitlines()
+    return pd.DataFrame(list(map(json.loads, lines)))
+
+
+def measure(df, target: float, base_lr: float, metrics: Metrics = None):
+    """``df`` (the runs) with ``lr_factor`` (the run's base_lr over the profile's ``base_lr``),
+    ``steps_to_target`` (NaN: never reached) and ``b_noise_target`` (B_simple there).
+    ``metrics``: run_dir → its records of both kinds (None: read metrics.jsonl)."""
+    load = curves(metrics) if metrics is not None else records
+    out = df.copy().reset_index(drop=True)
+    out["k"] = out["k"].astype(float)
+    out["lr_factor"] = [round(float(b) / base_lr, 6) for b in out["base_lr"]]
+    steps, noise = [], []
+    for d in out["run_dir"]:
+        rec = load(d)
+        s = steps_to_error(rec, target)
+        steps.append(math.nan if s is None else s)
+        noise.append(math.nan if s is None else critical_batch.b_noise_at(rec, math.ceil(s)))
+    out["target_error"] = target
+    out["steps_to_target"] = steps
+    out["b_noise_target"] = noise
+    return out
+
+
+# -- per batch size: the best lr ------------------------------------------------------------------
+
+
+def choose(m, tuning_seed: int):
+    """Per k, the lr factor whose tuning-seed run reaches the target in the fewest steps (never
+    reaching counts as infinitely many), ties to the smaller lr; with ``lr_at_grid_edge`` ("low",
+    "high" or ""), and over every seed run at that factor: ``steps_to_target`` (their geometric
+    mean; NaN unless every one reached the target), ``reached``, ``seeds``."""
+    import pandas as pd
+
+    rows = []
+    for k, g in m.groupby("k", sort=True):
+        tuning = g[g["seed"] == tuning_seed]
+        cost = {
+            float(r.lr_factor): (
+                r.steps_to_target if math.isfinite(r.steps_to_target) else math.inf
+            )
+            for r in tuning.itertuples()
+        }
+        if not cost:
+            continue
+        best = min(sorted(cost), key=lambda f: cost[f])
+        sel = g[g["lr_factor"] == best]
+        steps = sel["steps_to_target"].to_numpy(dtype=float)
+        reached = bool(np.isfinite(steps).all())
+        rows.append(
+            {
+                "k": k,
+                "batch_size": int(sel["batch_size"].iloc[0]),
+                "lr_factor": best,
+                "peak_lr": float(sel["lr"].iloc[0]),
+                "lr_at_grid_edge": grid_edge(sorted(cost), best) if len(cost) >= 3 else "",
+                "reached": int(np.isfinite(steps).sum()),
+                "seeds": len(sel),
+                "steps_to_target": float(2 ** np.log2(steps).mean()) if reached else math.nan,
+                "b_noise_target": float(sel["b_noise_target"].mean()),
+                "final_val_top1_error_pct": float(sel["final_val_top1_error_pct"].mean()),
+                "total_steps": int(sel["total_steps"].iloc[0]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def trial_table(m):
+    """Every run: k, lr factor, seed, steps to the target (NaN: never), final held-out error."""
+    cols = ["k", "batch_size", "lr_factor", "lr", "seed", "steps_to_target", "total_steps"]
+    cols += ["final_val_top1_error_pct", "b_noise_target"]
+    return m[cols].sort_values(["k", "lr_factor", "seed"]).reset_index(drop=True)
+
+
+def chosen_runs(m, c):
+    """The runs of ``m`` at each k's chosen lr factor (``c``: :func:`choose`)."""
+    pick = dict(zip(c["k"], c["lr_factor"], strict=True))
+    return m[[pick.get(k) == f for k, f in zip(m["k"], m["lr_factor"], strict=True)]]
+
+
+def fit(c) -> critical_batch.Fit | None:
+    """S(B) = S_min (1 + B_crit/B) fitted to each k's steps at its chosen lr (:func:`choose`)."""
+    ok = c.dropna(subset=["steps_to_target"])
+    return critical_batch.fit(ok["batch_size"], ok["steps_to_target"])
+
+
+def table(c, f: critical_batch.Fit | None):
+    """Per k: the chosen lr, the steps to the target, the steps perfect scaling from the smallest
+    k would give, and the fit's; the fit's S_min, E_min, B_crit in every row."""
+    t = c.copy()
+    first = t.dropna(subset=["steps_to_target"]).head(1)
+    if len(first):
+        b0, s0 = float(first["batch_size"].iloc[0]), float(first["steps_to_target"].iloc[0])
+        t["perfect_scaling_steps"] = s0 * b0 / t["batch_size"].astype(float)
+    else:
+        t["perfect_scaling_steps"] = math.nan
+    t["fit_steps"] = f.steps(t["batch_size"].astype(float)) if f else math.nan
+    t["s_min"] = f.s_min if f else math.nan
+    t["e_min"] = f.e_min if f else math.nan
+    t["b_crit"] = f.b_crit if f else math.nan
+    return t
+
+
+# -- the findings -------------------------------------------------------------------------------
+
+
+def findings(m, large_k: float, tuning_seed: int) -> list[Finding]:
+    """Perfect scaling up to ``large_k`` (Goyal's 8k in steps), diminishing returns beyond it, and
+    B_crit within x2 of the noise scale at the target (``tuning_seed``: :func:`choose`'s)."""
+    c = choose(m, tuning_seed)
+    f = fit(c)
+    return [_halves_up_to(m, c, large_k), _diminishing_beyond(m, c, large_k), _b_crit(c, f)]
+
+
+def _edge_bound(c, ks: Sequence[float]) -> str | None:
+    """Why the claim over ``ks`` is invalid: a k whose best lr sits on the grid's edge, or one
+    whose chosen runs never reach the target."""
+    sel = c[c["k"].isin(list(ks))]
+    edge = sel[sel["lr_at_grid_edge"] != ""]
+    if len(edge):
+        r = edge.iloc[0]
+        return f"k={r['k']:g}'s best lr sits on the {r['lr_at_grid_edge']} edge of its grid"
+    never = sel[sel["steps_to_target"].isna()]
+    if len(never):
+        return f"k={never['k'].iloc[0]:g} does not reach the target with every seed"
+    return None
+
+
+def _slope_points(m, c, ks: Sequence[float]) -> tuple[list[float], list[float]]:
+    runs_ = chosen_runs(m, c)
+    runs_ = runs_[runs_["k"].isin(list(ks))]
+    x = [math.log2(float(b)) for b in runs_["batch_size"]]
+    y = [math.log2(float(s)) for s in runs_["steps_to_target"]]
+    return x, y
+
+
+def _slope_verdict(test: stats.Test, claim_words: str) -> fs.Verdict:
+    iv = test.interval
+    words = (
+        f"slope of log2 steps on log2 batch {iv.diff:+.2f}, 95% CI [{iv.low:+.2f}, {iv.high:+.2f}] "
+        f"({iv.test}, n = {iv.n} runs), p = {test.p:.3g}"
+    )
+    return fs.decide(
+        test.p_for, test.p_against, words, f"the interval reaches across {claim_words}"
+    )
+
+
+def _halves_up_to(m, c, large_k: float) -> Finding:
+    ks = [k for k in c["k"] if k <= large_k]
+    claim = f"the steps to the target halve as the batch doubles up to k={large_k:g}"
+    steps = _steps_text(c, ks)
+    why = _edge_bound(c, ks)
+    if why is not None or len(ks) < 2:
+        v = fs.Verdict(None, why or "fewer than two batch sizes", invalid=why is not None)
+        return finding(claim, v, steps, paper=PAPER)
+    x, y = _slope_points(m, c, ks)
+    t = stats.slope_within(x, y, PERFECT, SLOPE_MARGIN)
+    v = _slope_verdict(t, f"the margin {PERFECT:g} ± {SLOPE_MARGIN:g}")
+    return finding(claim, v, f"{steps}; ", paper=PAPER)
+
+
+def _diminishing_beyond(m, c, large_k: float) -> Finding:
+    ks = [k for k in c["k"] if k >= large_k]
+    claim = f"beyond k={large_k:g} a doubling saves less than the perfect-scaling halving"
+    steps = _steps_text(c, ks)
+    why = _edge_bound(c, ks)
+    if why is not None or len(ks) < 2:
+        v = fs.Verdict(None, why or "fewer than two batch sizes", invalid=why is not None)
+        return finding(claim, v, steps, paper=PAPER)
+    x, y = _slope_points(m, c, ks)
+    t = stats.slope_above(x, y, PERFECT + SLOPE_MARGIN)
+    v = _slope_verdict(t, f"the threshold {PERFECT + SLOPE_MARGIN:+g}")
+    return finding(claim, v, f"{steps}; ", paper=PAPER)
+
+
+def _b_crit(c, f: critical_batch.Fit | None) -> Finding:
+    claim = (
+        f"the fitted B_crit = E_min/S_min agrees with B_noise at the target (within x{FACTOR:g})"
+    )
+    paper = "McCandlish et al. 2018 Fig. 4: B_crit tracks B_noise to about x2"
+    if f is None or not 0 < f.b_crit < math.inf:
+        v = fs.Verdict(None, "no finite critical batch from the fit")
+        return finding(claim, v, "", paper=paper)
+    base = c.dropna(subset=["b_noise_target"])
+    if not len(base):
+        v = fs.Verdict(None, "no run measured the noise scale at the target")
+        return finding(claim, v, "", paper=paper)
+    b_noise = float(base["b_noise_target"].iloc[0])  # the smallest k that measured it
+    ratio = f.b_crit / b_noise
+    ok = 1 / FACTOR <= ratio <= FACTOR
+    evidence = (
+        f"fit S_min {f.s_min:.3g}, E_min {f.e_min:.4g}, B_crit {f.b_crit:.4g} (rms residual "
+        f"{f.rms:.2f}, {f.points} points); B_noise {b_noise:.4g} at k={base['k'].iloc[0]:g}: "
+        f"ratio {ratio:.2f}"
+    )
+    return finding(claim, fs.Verdict(ok, ""), evidence, paper=paper)
+
+
+def _steps_text(c, ks: Sequence[float]) -> str:
+    sel = c[c["k"].isin(list(ks))]
+    parts = []
+    for r in sel.itertuples():
+        steps = f"{r.steps_to_target:.0f}" if math.isfinite(r.steps_to_target) else "never"
+        edge = f", {r.lr_at_grid_edge} edge" if r.lr_at_grid_edge else ""
+        parts.append(f"k={r.k:g} {steps} (lr x{r.lr_factor:g}{edge}; {r.reached}/{r.seeds} seeds)")
+    return "steps to the target: " + ", ".join(parts)

@@ -1,0 +1,228 @@
+"""Study 15 (lbsgd.studies.steps_to_target): the steps to a target error on hand-made curves with
+known answers, the per-k choice of lr with the grid-edge rule, the slope test against scipy's
+textbook formulas, and the findings on ladders whose answer is known."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from lbsgd import stats
+from lbsgd.config import ConfigError
+from lbsgd.studies import grid_edge, scales
+from lbsgd.studies import steps_to_target as stt
+
+SMOKE, LONG, CPU = scales.get("smoke"), scales.get("fashion-long"), scales.get("cpu")
+
+
+def evals(points, key=stt.ERROR):
+    """Evaluation records at (step, error) points, with a train record between that has no error."""
+    rows = [{"kind": "eval", "step": s, key: e} for s, e in points]
+    rows.insert(1, {"kind": "train", "step": 1, "loss": 2.0})
+    return pd.DataFrame(rows)
+
+
+# -- one run's steps to the target -------------------------------------------------------------
+
+
+def test_the_crossing_is_interpolated_linearly_in_log_step_between_the_two_evaluations():
+    curve = evals([(1, 90.0), (2, 50.0), (4, 30.0), (8, 10.0)])
+    # 40 lies halfway from 50 (step 2) to 30 (step 4): log2 step 1.5
+    assert stt.steps_to_error(curve, 40.0) == pytest.approx(2**1.5)
+    # exactly at an evaluation's value: that step
+    assert stt.steps_to_error(curve, 30.0) == pytest.approx(4.0)
+    # 20 lies halfway from 30 (step 4) to 10 (step 8): 2^2.5
+    assert stt.steps_to_error(curve, 20.0) == pytest.approx(2**2.5)
+
+
+def test_a_target_the_first_evaluation_already_meets_is_that_step():
+    assert stt.steps_to_error(evals([(3, 20.0), (6, 10.0)]), 25.0) == 3.0
+
+
+def test_a_target_never_reached_is_none():
+    assert stt.steps_to_error(evals([(1, 90.0), (2, 50.0), (4, 30.0)]), 29.9) is None
+    assert stt.steps_to_error(pd.DataFrame([{"kind": "train", "step": 1, "loss": 1.0}]), 50) is None
+
+
+def test_a_noisy_curve_that_crosses_twice_counts_its_first_crossing():
+    # down through 40 between steps 2 and 4, back up at 8, down again at 16
+    curve = evals([(1, 90.0), (2, 60.0), (4, 20.0), (8, 55.0), (16, 15.0)])
+    # from 60 to 20, 40 is half way: 2^1.5, not the second crossing between 8 and 16
+    assert stt.steps_to_error(curve, 40.0) == pytest.approx(2**1.5)
+
+
+def test_evaluations_without_the_held_out_error_are_skipped_and_order_does_not_matter():
+    rows = [
+        {"kind": "eval", "step": 8, stt.ERROR: 10.0},
+        {"kind": "eval", "step": 4, "top1_error_pct": 5.0},  # a test-only record: not read
+        {"kind": "eval", "step": 2, stt.ERROR: 50.0},
+    ]
+    assert stt.steps_to_error(pd.DataFrame(rows), 30.0) == pytest.approx(2 ** (1 + 2 * 0.5))
+
+
+# -- the grid-edge rule ------------------------------------------------------------------------
+
+
+def test_a_choice_on_the_grid_edge_is_named_and_one_inside_it_is_not():
+    grid = [0.5, 1.0, 2.0]
+    assert grid_edge(grid, 0.5) == "low"
+    assert grid_edge(grid, 2.0) == "high"
+    assert grid_edge(grid, 1.0) == ""
+    assert grid_edge([4, 1, 2, 0.5, 0.25], 0.25) == "low"  # in any order
+    with pytest.raises(ValueError, match="three values"):
+        grid_edge([1.0, 2.0], 1.0)
+
+
+def test_the_lr_grid_needs_an_inside_and_bad_targets_are_one_line():
+    assert stt.lr_grid(None) == stt.LR_FACTORS
+    assert stt.lr_grid([2, 0.5, 1]) == (0.5, 1, 2)
+    for bad in ([1, 2], [1, 1, 2], [0.5, 1, -2], [0.5, 1, True]):
+        with pytest.raises(ConfigError, match=r"^lr_factors=.*three or more distinct"):
+            stt.lr_grid(bad)
+    assert stt.target_of(SMOKE) == SMOKE.ladder["target"]
+    for bad in (0, 100, -1, True, "10"):
+        with pytest.raises(ConfigError, match=r"^target=.*0 < target < 100"):
+            stt.target_of(SMOKE, bad)
+    with pytest.raises(ConfigError, match=r"^profile='cpu' has no ladder.*valid: smoke"):
+        stt.trials(CPU)
+
+
+# -- the runs ----------------------------------------------------------------------------------
+
+
+def test_the_trials_are_every_k_at_every_lr_factor_with_the_tuning_seed_and_probes_on():
+    t = stt.trials(SMOKE)
+    lad = SMOKE.ladder
+    assert len(t) == len(lad["ks"]) * len(stt.LR_FACTORS)
+    base = stt.base_lr(SMOKE)
+    assert sorted({r["base_lr"] for r in t}) == [base * f for f in stt.LR_FACTORS]
+    assert {r["seed"] for r in t} == {lad["seeds"][0]}
+    assert {r["holdout"] for r in t} == {lad["holdout"]}
+    assert {r["eval_per_octave"] for r in t} == {stt.PER_OCTAVE}
+    assert {r["epochs"] for r in t} == {lad["keys"]["epochs"]}
+    assert {r["batch_size"] for r in t} == {k * SMOKE.base["reference_batch"] for k in lad["ks"]}
+    # the noise probe wherever the batch exceeds B_small (16)
+    assert all(r["noise_scale"] == (r["batch_size"] > 16) for r in t)
+
+
+# -- per k: the choice, and the findings on known ladders ----------------------------------------
+
+
+def ladder(steps_of, ks=(1, 2, 4, 8, 16, 32), seeds=(0, 1), factors=stt.LR_FACTORS):
+    """A measured ladder: steps_of(k, factor, seed) -> steps (None: never), batch 16 k."""
+    rows = []
+    for k in ks:
+        for f in factors:
+            for s in seeds:
+                steps = steps_of(k, f, s)
+                if steps is False:  # this run does not exist (a confirmation not made)
+                    continue
+                rows.append(
+                    {
+                        "k": float(k),
+                        "batch_size": 16 * k,
+                        "lr_factor": f,
+                        "lr": 0.05 * k * f,
+                        "seed": s,
+                        "steps_to_target": math.nan if steps is None else float(steps),
+                        "b_noise_target": 400.0 if 16 * k > 16 else math.nan,
+                        "final_val_top1_error_pct": 15.0,
+                        "total_steps": 30_000 // k,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def perfect_then_flat(k, f, s):
+    """Steps 4000/k up to k = 8, then 500 · 2^(-0.2·log2(k/8)) (a doubling saves 13%); the lr
+    factor 1 fastest, 0.5 and 2 x1.5 slower; seed 1 x1.05 slower than seed 0."""
+    steps = 4000 / k if k <= 8 else 500 * (k / 8) ** -0.2
+    return steps * (1.0 if f == 1.0 else 1.5) * (1.05 if s == 1 else 1.0)
+
+
+def test_each_k_chooses_the_fewest_steps_of_the_tuning_seed_ties_to_the_smaller_lr():
+    c = stt.choose(ladder(perfect_then_flat), tuning_seed=0)
+    assert list(c["lr_factor"]) == [1.0] * 6 and set(c["lr_at_grid_edge"]) == {""}
+    # the steps of the choice: the geometric mean over both seeds
+    assert c["steps_to_target"].iloc[0] == pytest.approx(4000 * math.sqrt(1.05))
+    tie = stt.choose(ladder(lambda k, f, s: 100.0), tuning_seed=0)
+    assert set(tie["lr_factor"]) == {0.5} and set(tie["lr_at_grid_edge"]) == {"low"}
+    # a factor whose tuning run never reaches the target loses to any that does
+    never = stt.choose(ladder(lambda k, f, s: None if f == 1.0 else 10.0 * f), tuning_seed=0)
+    assert set(never["lr_factor"]) == {0.5}
+
+
+def test_the_choice_reads_the_tuning_seed_alone_and_needs_every_seed_for_its_steps():
+    # seed 1 only at the chosen factor (the confirmations); there it never reaches the target
+    def steps(k, f, s):
+        if s == 1:
+            return None if f == 1.0 else False
+        return 100.0 if f == 1.0 else 200.0
+
+    c = stt.choose(ladder(steps), tuning_seed=0)
+    assert set(c["lr_factor"]) == {1.0} and set(c["reached"]) == {1} and set(c["seeds"]) == {2}
+    assert c["steps_to_target"].isna().all()
+
+
+def test_perfect_scaling_up_to_k_star_and_diminishing_returns_beyond_replay():
+    found = stt.findings(ladder(perfect_then_flat), large_k=8, tuning_seed=0)
+    halves, beyond, b_crit = found
+    assert halves.replayed is True and "slope of log2 steps on log2 batch -1.00" in halves.evidence
+    assert beyond.replayed is True  # slope -0.2 > -0.75
+    assert b_crit.paper.startswith("McCandlish")
+
+
+def test_steps_that_fall_as_one_over_root_b_do_not_halve():
+    def sqrt_rule(k, f, s):
+        return 4000 / math.sqrt(k) * (1.0 if f == 1.0 else 1.5) * (1.02 if s else 1.0)
+
+    halves, beyond, _ = stt.findings(ladder(sqrt_rule), large_k=8, tuning_seed=0)
+    assert halves.replayed is False and "-0.50" in halves.evidence
+    assert beyond.replayed is True
+
+
+def test_a_k_whose_best_lr_sits_on_the_edge_makes_the_claims_that_read_it_invalid():
+    def edge_at_4(k, f, s):
+        return perfect_then_flat(k, f, s) * ((0.5 if f == 2.0 else 1.0) if k == 4 else 1.0)
+
+    halves, beyond, _ = stt.findings(ladder(edge_at_4), large_k=8, tuning_seed=0)
+    assert halves.invalid and halves.replayed is None
+    assert "k=4's best lr sits on the high edge of its grid" in halves.evidence
+    assert not beyond.invalid and beyond.replayed is True  # k = 4 is not beyond k* = 8
+
+
+def test_the_fit_recovers_a_known_s_min_and_b_crit():
+    # S(B) = 100 (1 + 1600/B): S_min 100, B_crit 1600, E_min 160,000
+    def model(k, f, s):
+        return 100 * (1 + 1600 / (16 * k)) * (1.0 if f == 1.0 else 2.0)
+
+    c = stt.choose(ladder(model, seeds=(0,)), tuning_seed=0)
+    f = stt.fit(c)
+    assert f.s_min == pytest.approx(100) and f.b_crit == pytest.approx(1600)
+    t = stt.table(c, f)
+    assert t["perfect_scaling_steps"].iloc[1] == pytest.approx(t["steps_to_target"].iloc[0] / 2)
+    assert t["fit_steps"].to_numpy() == pytest.approx(t["steps_to_target"].to_numpy())
+
+
+# -- the slope's interval and tests --------------------------------------------------------------
+
+
+def test_the_slope_interval_is_the_textbook_t_interval_on_n_minus_2_degrees_of_freedom():
+    x = np.array([0.0, 0.0, 1.0, 1.0, 2.0, 3.0])
+    y = np.array([10.0, 10.3, 8.8, 9.1, 8.2, 6.9])
+    sxx = ((x - x.mean()) ** 2).sum()
+    b = ((x - x.mean()) * (y - y.mean())).sum() / sxx
+    resid = y - (y.mean() + b * (x - x.mean()))
+    se = math.sqrt((resid**2).sum() / (len(x) - 2) / sxx)
+    half = sps.t.ppf(0.975, len(x) - 2) * se
+    iv = stats.slope(x, y)
+    assert (iv.diff, iv.low, iv.high, iv.n) == pytest.approx((b, b - half, b + half, 6))
+    # the p of slope = b - half against "greater" is 2.5%: the interval's lower end
+    t = stats.slope_above(x, y, b - half)
+    assert t.p_for == pytest.approx(0.05)
+    w = stats.slope_within(x, y, b, half * 1.0001)
+    assert w.p_for == pytest.approx(0.05, rel=1e-3)
+    with pytest.raises(ValueError, match="three points"):
+        stats.slope([0.0, 1.0], [1.0, 2.0])
