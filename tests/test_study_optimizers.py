@@ -4,6 +4,7 @@ seed none of the final runs'), the choice on held-out error alone, and each find
 replayed, undecided and invalid (an arm that did not train) by the 95% t interval of its paired
 difference (the expected intervals computed here with scipy)."""
 
+import dataclasses
 import math
 
 import pandas as pd
@@ -145,6 +146,49 @@ def test_choice_is_the_least_held_out_error_and_ties_go_to_the_smaller_lr():
     assert list(chosen["lr_at_grid_edge"]) == ["", "low", "high"]
     assert list(chosen["trials"]) == [6, 6, 6]
     assert opt.TEST not in chosen.columns  # the test error of a trial is not shown
+
+
+def test_two_tuning_seeds_are_chosen_by_their_mean_and_each_trial_counts():
+    one = trial_frame({("lars", 128.0): [30, 31, 20, 25, 40, 41]})
+    two = trial_frame({("lars", 128.0): [30, 31, 26, 25, 10, 41]})  # seed 1001
+    two["seed"], two["run_dir"] = opt.TUNING_SEED + 1, two["run_dir"] + "-s1"
+    chosen = opt.choose(pd.concat([one, two]))
+    # means 30, 31, 23, 25, 25, 41: lr x 1 with warmup 0.25 (seed 1000 alone chose the same; seed
+    # 1001 alone would choose lr x 3, warmup 0.25)
+    assert chosen.loc[0, "peak_lr"] == pytest.approx(opt.anchor(CPU, "lars", 128))
+    assert chosen.loc[0, opt.VAL] == 23.0
+    assert (chosen.loc[0, "trials"], chosen.loc[0, "tuning_seeds"]) == (12, 2)
+
+
+def test_a_profile_gives_its_own_grid_and_the_notebook_may_override_it():
+    own = {"lr_factors": (0.25, 0.5, 1.0, 2.0, 4.0), "warmups": (0.25,), "seeds": (1000, 1001)}
+    profile = dataclasses.replace(CPU, tuning={**CPU.tuning, "grid": own})
+    grid = opt.Grid.of(None, None, profile)
+    assert (grid.lr_factors, grid.warmups, grid.seeds) == tuple(own.values())
+    assert grid.trials == 5 * 1 * 2
+    runs = valid(opt.trials(profile, grid))
+    assert len(runs) == grid.trials * len(opt.ARMS) * len(opt.ks(profile))
+    assert sorted({r.seed for r in runs}) == [1000, 1001]
+    assert opt.Grid.of([1, 2, 3], None, profile).lr_factors == (1, 2, 3)
+    assert opt.Grid.of(None, None, CPU) == opt.Grid()  # cpu and fashion: the study's grid
+
+
+def test_a_claim_on_an_optimizer_whose_lr_sits_on_its_grid_edge_is_invalid():
+    df = four(GOOD, BAD, GOOD, BAD)
+    chosen = pd.DataFrame(
+        [
+            {"arm": a, "k": k, "lr_at_grid_edge": "high" if (a, k) == ("nesterov", 128.0) else ""}
+            for a in opt.ARMS
+            for k in (16.0, 128.0)
+        ]
+    )
+    f = opt.findings(df, chosen)
+    # LARS vs Nesterov (beats, parity, loses less): invalid; LAMB vs AdamW: as before
+    for i in (0, 2, 4):
+        assert f[i].invalid and f[i].replayed is None and f[i].p_for is None, f[i].evidence
+        assert "Nesterov's chosen lr at k=128 sits on the high edge of its grid" in f[i].evidence
+        assert "undecided:" not in f[i].evidence
+    assert [g.outcome for g in f[1::2]] == [g.outcome for g in opt.findings(df)[1::2]]
 
 
 def test_a_diverged_trial_counts_as_full_error_in_the_choice():
@@ -347,6 +391,8 @@ def test_table_holds_the_chosen_settings_beside_their_test_error_and_the_papers(
     assert big["nesterov"] == pytest.approx(24.1) and big["lars"] == pytest.approx(24.1)
     assert t[t["k"] == 16.0]["paper_top1_error_pct"].isna().all()
     text = opt.budget(trials, finals)
-    assert text.startswith("6 trials per optimizer and k (3 peak lrs x 2 warmups) x 4 optimizers")
+    assert text.startswith(
+        "6 trials per optimizer and k (3 peak lrs x 2 warmups x 1 tuning seed) x 4 optimizers"
+    )
     assert "48 tuning runs, then 24 runs of the chosen settings (3 seeds)" in text
     assert "72 minutes of run time in all (72 runs)" in text

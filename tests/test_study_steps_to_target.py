@@ -76,7 +76,8 @@ def test_a_choice_on_the_grid_edge_is_named_and_one_inside_it_is_not():
 
 
 def test_the_lr_grid_needs_an_inside_and_bad_targets_are_one_line():
-    assert stt.lr_grid(None) == stt.LR_FACTORS
+    assert stt.lr_grid(None) == stt.lr_grid(None, SMOKE) == stt.LR_FACTORS
+    assert stt.lr_grid(None, LONG) == LONG.ladder["lr_factors"]
     assert stt.lr_grid([2, 0.5, 1]) == (0.5, 1, 2)
     for bad in ([1, 2], [1, 1, 2], [0.5, 1, -2], [0.5, 1, True]):
         with pytest.raises(ConfigError, match=r"^lr_factors=.*three or more distinct"):
@@ -85,11 +86,19 @@ def test_the_lr_grid_needs_an_inside_and_bad_targets_are_one_line():
     for bad in (0, 100, -1, True, "10"):
         with pytest.raises(ConfigError, match=r"^target=.*0 < target < 100"):
             stt.target_of(SMOKE, bad)
-    with pytest.raises(ConfigError, match=r"^profile='cpu' has no ladder.*valid: smoke"):
+    with pytest.raises(ConfigError, match=r"^profile='cpu' has no ladder.*valid: smoke, fashion"):
         stt.trials(CPU)
 
 
 # -- the runs ----------------------------------------------------------------------------------
+
+
+def test_fashion_long_ladder_runs_a_constant_lr_past_its_warmup_at_most_4_epochs():
+    t = stt.trials(LONG)
+    assert len(t) == len(LONG.ladder["ks"]) * len(LONG.ladder["lr_factors"])
+    assert {(r["schedule"], tuple(r["milestones"]), r["epochs"]) for r in t} == {("step", (), 4)}
+    # the grid brackets x 0.5 (k = 64's probe) and the linear rule
+    assert sorted(LONG.ladder["lr_factors"]) == [0.25, 0.5, 1.0, 2.0]
 
 
 def test_the_trials_are_every_k_at_every_lr_factor_with_the_tuning_seed_and_probes_on():

@@ -132,18 +132,28 @@ def _check_axis(name: str, values: tuple, ok, valid: str) -> None:
 
 @dataclass(frozen=True)
 class Grid:
-    """The tuning grid: peak lrs as factors of the optimizer's anchor, warmup lengths in epochs.
-    Every optimizer at every k gets ``trials`` runs."""
+    """The tuning grid: peak lrs as factors of the optimizer's anchor, warmup lengths in epochs,
+    and the tuning seeds every setting is trained with (the choice reads their mean). Every
+    optimizer at every k gets ``trials`` runs."""
 
     lr_factors: tuple[float, ...] = LR_FACTORS
     warmups: tuple[float, ...] = WARMUPS
+    seeds: tuple[int, ...] = (TUNING_SEED,)
 
     @classmethod
-    def of(cls, lr_factors: Sequence[float] | None, warmups: Sequence[float] | None) -> Grid:
-        """The notebook's parameters (None: the study's grid); one-line ConfigError if bad."""
+    def of(
+        cls,
+        lr_factors: Sequence[float] | None,
+        warmups: Sequence[float] | None,
+        profile: Profile | None = None,
+    ) -> Grid:
+        """The notebook's parameters (None: the profile's ``tuning["grid"]``, else the study's
+        grid); one-line ConfigError if bad."""
+        own = (profile.tuning.get("grid", {}) if profile is not None else {}) or {}
         grid = cls(
-            tuple(LR_FACTORS if lr_factors is None else lr_factors),
-            tuple(WARMUPS if warmups is None else warmups),
+            tuple(own.get("lr_factors", LR_FACTORS) if lr_factors is None else lr_factors),
+            tuple(own.get("warmups", WARMUPS) if warmups is None else warmups),
+            tuple(own.get("seeds", (TUNING_SEED,))),
         )
         _check_axis("lr_factors", grid.lr_factors, lambda v: v > 0, "numbers > 0")
         _check_axis("warmups", grid.warmups, lambda v: v >= 0, "epochs >= 0")
@@ -151,18 +161,20 @@ class Grid:
 
     @property
     def trials(self) -> int:
-        return len(self.lr_factors) * len(self.warmups)
+        return len(self.lr_factors) * len(self.warmups) * len(self.seeds)
 
 
 def trials(profile: Profile, grid: Grid, ks_: Sequence[float] | None = None) -> list[dict]:
-    """The tuning runs: every optimizer at every k, the whole grid, seed :data:`TUNING_SEED`."""
+    """The tuning runs: every optimizer at every k, the whole grid, each with the grid's tuning
+    seeds (:data:`TUNING_SEED` and on: none of the profile's)."""
     check(profile)
     return [
-        _run(profile, arm, k, anchor(profile, arm, k) * f / k, w, TUNING_SEED)
+        _run(profile, arm, k, anchor(profile, arm, k) * f / k, w, seed)
         for k in ks(profile, ks_)
         for arm in ARMS
         for f in grid.lr_factors
         for w in grid.warmups
+        for seed in grid.seeds
     ]
 
 
@@ -207,27 +219,25 @@ def with_factor(df, profile: Profile):
 
 
 def choose(trial_df):
-    """Per optimizer and k, the trial of least validation error (ties: the smaller lr, then the
-    shorter warmup): columns arm, k, peak_lr, warmup_epochs, val error, and the grid's edges."""
-    df = prepare(trial_df).sort_values(["arm", "k", VAL, "peak_lr", "warmup_epochs"])
-    best = df.groupby(["arm", "k"], sort=False).head(1).copy()
-    lrs = df.groupby(["arm", "k"])["peak_lr"].agg(["min", "max"])
-    edge = [
-        "low"
-        if r.peak_lr == lrs.loc[(r.arm, r.k), "min"]
-        else "high"
-        if r.peak_lr == lrs.loc[(r.arm, r.k), "max"]
-        else ""
+    """Per optimizer and k, the setting of least validation error, the mean over its tuning
+    seeds (ties: the smaller lr, then the shorter warmup): columns arm, k, peak_lr,
+    warmup_epochs, the mean val error, where its lr sits on the grid (``lr_at_grid_edge``:
+    :func:`lbsgd.studies.rules.grid_edge`), the trials and tuning seeds it cost."""
+    df = prepare(trial_df)
+    mean = df.groupby([*SETTING, "peak_lr"], as_index=False)[VAL].mean()
+    mean = mean.sort_values(["arm", "k", VAL, "peak_lr", "warmup_epochs"])
+    best = mean.groupby(["arm", "k"], sort=False).head(1).copy()
+    lrs = df.groupby(["arm", "k"])["peak_lr"].agg(lambda v: sorted(set(v)))
+    best["lr_at_grid_edge"] = [
+        studies.grid_edge(lrs.loc[(r.arm, r.k)], r.peak_lr)
+        if len(lrs.loc[(r.arm, r.k)]) >= 3
+        else "low"  # a grid of one or two lrs has no inside: every choice is on its edge
         for r in best.itertuples()
     ]
-    best["lr_at_grid_edge"] = edge
-    best["trials"] = (
-        df.groupby(["arm", "k"])["run_dir"]
-        .count()
-        .reindex(list(zip(best["arm"], best["k"], strict=True)))
-        .to_numpy()
-    )
-    cols = [*SETTING, "peak_lr", VAL, "lr_at_grid_edge", "trials"]
+    idx = list(zip(best["arm"], best["k"], strict=True))
+    best["trials"] = df.groupby(["arm", "k"])["run_dir"].count().reindex(idx).to_numpy()
+    best["tuning_seeds"] = df.groupby(["arm", "k"])["seed"].nunique().reindex(idx).to_numpy()
+    cols = [*SETTING, "peak_lr", VAL, "lr_at_grid_edge", "trials", "tuning_seeds"]
     order = {a: i for i, a in enumerate(ARMS)}
     best = best.sort_values(["k", "arm"], key=lambda c: c.map(order) if c.name == "arm" else c)
     return best[cols].reset_index(drop=True)
@@ -242,7 +252,7 @@ def grid_table(trial_df, profile: Profile):
         index=["k", "arm", "anchor_lr", "warmup_epochs"],
         columns="factor",
         values=VAL,
-        aggfunc="first",
+        aggfunc="mean",  # over the tuning seeds
     )
     t.columns = [f"lr x {f:.3g}" for f in t.columns]
     return t.reset_index()
@@ -290,9 +300,11 @@ def budget(trial_df, final_df) -> str:
     df = prepare(trial_df)
     per = df.groupby(["arm", "k"]).size()
     lrs, warm = df.groupby(["arm", "k"])["peak_lr"].nunique(), df["warmup_epochs"].nunique()
+    seeds = df["seed"].nunique()
     minutes = (trial_df["wall_time_s"].sum() + final_df["wall_time_s"].sum()) / 60
     return (
-        f"{per.min()} trials per optimizer and k ({lrs.min()} peak lrs x {warm} warmups) x "
+        f"{per.min()} trials per optimizer and k ({lrs.min()} peak lrs x {warm} warmups x "
+        f"{seeds} tuning seed{'s' if seeds > 1 else ''}) x "
         f"{df['arm'].nunique()} optimizers x {df['k'].nunique()} minibatches = {len(df)} tuning "
         f"runs, then {len(final_df)} runs of the chosen settings ({final_df['seed'].nunique()} "
         f"seeds); {minutes:.0f} minutes of run time in all ({len(df) + len(final_df)} runs)"
@@ -302,19 +314,54 @@ def budget(trial_df, final_df) -> str:
 # -- the findings ------------------------------------------------------------------------------
 
 
-def findings(final_df) -> list[Finding]:
+def findings(final_df, chosen=None) -> list[Finding]:
     """At the largest k: LARS vs tuned Nesterov, LAMB vs tuned AdamW; from the smallest k to the
-    largest: does each layer-wise optimizer lose less than its plain one. Paired over seeds."""
+    largest: does each layer-wise optimizer lose less than its plain one. Paired over seeds.
+    ``chosen`` (:func:`choose`): a claim that reads an optimizer whose chosen lr sits on an edge
+    of its grid is invalid (the grid did not bracket its best lr: no tuned arm)."""
     df = prepare(final_df)
     chance = studies.chance_of(df)
     kmin, kmax = float(df["k"].min()), float(df["k"].max())
     big = studies.budget(df, [kmax], NADO_STEPS)
-    out = [replace(_beats(df, a, b, kmax, chance), budget=big) for a, b in PAIRS]
-    out += [replace(_parity(df, a, b, kmax, chance), budget=big) for a, b in PAIRS]
+    out = [_untuned(_beats(df, a, b, kmax, chance), chosen, (a, b), [kmax]) for a, b in PAIRS]
+    out += [_untuned(_parity(df, a, b, kmax, chance), chosen, (a, b), [kmax]) for a, b in PAIRS]
+    out = [replace(f, budget=big) for f in out]
     if kmin < kmax:
         both = studies.budget(df, [kmin, kmax], NADO_STEPS)
-        out += [replace(_loses_less(df, a, b, kmin, kmax, chance), budget=both) for a, b in PAIRS]
+        out += [
+            replace(
+                _untuned(_loses_less(df, a, b, kmin, kmax, chance), chosen, (a, b), [kmin, kmax]),
+                budget=both,
+            )
+            for a, b in PAIRS
+        ]
     return out
+
+
+def _untuned(f: Finding, chosen, arms: Sequence[str], ks_: Sequence[float]) -> Finding:
+    """``f`` made invalid when one of ``arms`` at one of ``ks_`` chose an lr on its grid's edge
+    (``chosen``: :func:`choose`; None: not checked)."""
+    if chosen is None or f.invalid:
+        return f
+    for arm in arms:
+        for k in ks_:
+            r = chosen[(chosen["arm"] == arm) & (chosen["k"] == k)]
+            if len(r) and r["lr_at_grid_edge"].iloc[0]:
+                why = (
+                    f"{_NAMES[arm]}'s chosen lr at k={k:g} sits on the "
+                    f"{r['lr_at_grid_edge'].iloc[0]} edge of its grid: no tuned arm"
+                )
+                # the test stays in the evidence (as an invalid verdict's does), not its reason
+                evidence = f.evidence.split("; undecided: ")[0]
+                return replace(
+                    f,
+                    replayed=None,
+                    invalid=True,
+                    p_for=None,
+                    p_against=None,
+                    evidence=f"{evidence}; invalid: {why}",
+                )
+    return f
 
 
 # Nado et al. 2021's parity margin, in points of top-1 error: their tuned Nesterov reaches

@@ -287,7 +287,22 @@ PROFILES: dict[str, Profile] = {
         seeds=tuple(range(8)),
         ks={},
         large_k=16,
-        studies=("warmup",),
+        # study 15's ladder: a constant lr after the gradual warmup (no decay: the steps to a target
+        # would otherwise read the schedule's fixed decay epochs), at most 4 epochs, 5,000 images
+        # held out and probed 4 times per doubling of the steps. Probes (seed 1000, held-out error
+        # %): k = 64 at lr x 1 (3.2) 26.3 at its last step (215) and as high as 44.9 on the way;
+        # at x 0.5 (1.6) 22.3 at step 153, 17.7 at 215; k = 1 at x 1 (0.05): 24.0 after 2,436
+        # steps (stopped there). Hence the target 22% (every size reaches it) and a grid from
+        # x 0.25 (k = 64 prefers x 0.5, which a grid starting there would leave on its edge).
+        ladder={
+            "ks": (1, 2, 4, 8, 16, 32, 64),
+            "target": 22.0,
+            "holdout": 5_000,
+            "seeds": (0, 1),
+            "lr_factors": (0.25, 0.5, 1.0, 2.0),
+            "keys": {"epochs": 4, "milestones": []},
+        },
+        studies=("warmup", "steps_to_target"),
     ),
     "cifar10": Profile(
         name="cifar10",

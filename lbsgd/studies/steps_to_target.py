@@ -92,10 +92,13 @@ def _run(profile: Profile, k: float, factor: float, seed: int) -> dict[str, Any]
     return {**keys, "noise_scale": on, "noise_scale_batch": b_small if on else None}
 
 
-def lr_grid(lr_factors: Sequence[float] | None = None) -> tuple[float, ...]:
-    """The notebook's lr factors (None: :data:`LR_FACTORS`): three or more distinct numbers > 0,
-    so that the grid has an inside; else one line."""
-    grid = tuple(LR_FACTORS if lr_factors is None else lr_factors)
+def lr_grid(
+    lr_factors: Sequence[float] | None = None, profile: Profile | None = None
+) -> tuple[float, ...]:
+    """The notebook's lr factors (None: the ladder's ``lr_factors``, else :data:`LR_FACTORS`):
+    three or more distinct numbers > 0, so that the grid has an inside; else one line."""
+    own = profile.ladder.get("lr_factors", LR_FACTORS) if profile is not None else LR_FACTORS
+    grid = tuple(own if lr_factors is None else lr_factors)
     good = all(isinstance(f, int | float) and not isinstance(f, bool) and f > 0 for f in grid)
     if len(grid) < 3 or not good or len(set(grid)) != len(grid):
         raise ConfigError(
@@ -117,14 +120,15 @@ def target_of(profile: Profile, target: float | None = None) -> float:
 def trials(
     profile: Profile,
     ks: Sequence[float] | None = None,
-    lr_factors: Sequence[float] = LR_FACTORS,
+    lr_factors: Sequence[float] | None = None,
     seed: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The tuning runs: every k of ``ks`` (default the ladder's) at every lr factor, with
-    ``seed`` (default the ladder's first: the tuning seed)."""
+    """The tuning runs: every k of ``ks`` (default the ladder's) at every lr factor (default the
+    ladder's grid, :func:`lr_grid`), with ``seed`` (default the ladder's first: the tuning seed)."""
     check(profile)
     s = profile.ladder["seeds"][0] if seed is None else seed
-    return [_run(profile, k, f, s) for k in ks or profile.ladder["ks"] for f in lr_factors]
+    grid = lr_grid(lr_factors, profile)
+    return [_run(profile, k, f, s) for k in ks or profile.ladder["ks"] for f in grid]
 
 
 def confirmations(profile: Profile, chosen, seeds: Sequence[int] | None = None) -> list[dict]:
