@@ -79,7 +79,56 @@ def build(profile_dir: str | os.PathLike) -> str:
     out += [_claim_line(s, f) for s in studies for f in s["findings"]]
     for s in studies:
         out += _section(s)
+    out += _beside(root)
     return "\n".join(out) + "\n"
+
+
+def beside_dirs(profile_dir: Path) -> list[Path]:
+    """The folders next to ``profile_dir`` of the profiles its profile sets beside its own
+    (:attr:`lbsgd.studies.scales.Profile.beside`), those that hold findings."""
+    from lbsgd.studies import scales
+
+    profile = scales.PROFILES.get(profile_dir.name)
+    names = profile.beside if profile is not None else ()
+    return [d for d in (profile_dir.parent / n for n in names) if fs.files(d)]
+
+
+def _beside(root: Path) -> list[str]:
+    """The section that sets this profile's verdicts beside its ``beside`` profiles' (every
+    claim), then each claim whose decided verdict or validity differs, with each profile's
+    budget: the optimizer steps of its arms against its S_min."""
+    others = beside_dirs(root)
+    if not others:
+        return []
+    dirs = [root, *others]
+    names = ", ".join(f"`{d.name}`" for d in dirs)
+    out = [
+        "",
+        f"## Beside {', '.join(f'`{d.name}`' for d in others)}",
+        "",
+        f"The verdicts of {names} side by side (`lbsgd report --side-by-side "
+        f"{' '.join(str(d) for d in dirs)} --verdicts`; without `--verdicts`, with every "
+        "evidence):",
+        "",
+        side_by_side(dirs, verdicts_only=True),
+        "Where the outcome differs, each profile's budget (its arms' optimizer steps beside its "
+        "S_min) says whether the budget is why:",
+        "",
+    ]
+    per = [_profile_studies(d) for d in dirs]
+    names_by = {name: s for studies in reversed(per) for name, s in studies.items()}
+    for name in sorted(names_by, key=lambda n: _order(names_by[n])):
+        found = [studies.get(name) for studies in per]
+        for row in _matched(found):
+            have = [(d, f) for d, f in zip(dirs, row, strict=True) if f is not None]
+            if len(have) < 2 or len({f.outcome for _, f in have}) == 1:
+                continue
+            parts = [
+                f"`{d.name}` {fs.answer_of(f)} ({f.budget.text() if f.budget else 'no budget'})"
+                for d, f in have
+            ]
+            out.append(f"- {_cell(have[0][1].claim)}: " + "; ".join(parts))
+    return out
 
 
 def _head(studies: list[dict]) -> list[str]:

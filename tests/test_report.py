@@ -263,3 +263,38 @@ def test_a_profiles_runs_line_counts_copies_apart_and_adds_up_the_trained_runs_w
     assert report.runs_line(tmp_path) == (
         "3 runs (2 trained here, 1 copies of another study's), 4 minutes of run time"
     )
+
+
+def test_a_profiles_report_sets_its_beside_profiles_verdicts_and_differing_budgets_beside_it(
+    tmp_path,
+):
+    cpu, fashion = two_profiles(tmp_path)
+    long = tmp_path / "fashion-long"  # beside=("fashion", "cpu")
+    budget = fs.Budget({"k=1": 30_000, "k=16": 1_875}, 61.1, "Goyal's 4k run: 28,152")
+    write_study(
+        long,
+        "warmup",
+        "2. Warmup (Goyal Table 1)",
+        [
+            {
+                "claim": "gradual beats none at k=16",
+                "replayed": False,
+                "evidence": "12.9% vs 12.1%",
+                "budget": budget.to_dict(),
+            }
+        ],
+    )
+    text = report.build(long)
+    section = text.split("## Beside `fashion`, `cpu`\n", 1)[1]
+    assert report.side_by_side([long, fashion, cpu], verdicts_only=True) in section
+    # the claim decided three ways: each profile's verdict and budget (cpu's and fashion's files
+    # carry none)
+    line = next(x for x in section.splitlines() if x.startswith("- gradual beats none"))
+    assert "`fashion-long` **no** (optimizer steps: k=1 30,000, k=16 1,875; S_min 61" in line
+    assert "`fashion` yes (no budget)" in line and "`cpu` yes (no budget)" in line
+    # a profile without beside profiles (or without their folders) has no such section
+    assert "## Beside" not in report.build(cpu)
+    (tmp_path / "elsewhere").mkdir()
+    moved = tmp_path / "elsewhere" / "fashion-long"
+    long.rename(moved)
+    assert "## Beside" not in report.build(moved)

@@ -55,6 +55,9 @@ class Profile:
     # top-1 error (%) every one of them reaches; "holdout", the images held out to read it on;
     # "seeds", each trial's
     ladder: Mapping[str, Any] = field(default_factory=dict)
+    # the profiles whose replays this one's REPORT.md sets beside its own (their folders next to
+    # its own: results/<name>), with each differing verdict's budget
+    beside: tuple[str, ...] = ()
 
     def alexnet_k(self, ks: list[float] | None = None) -> float:
         """The minibatch (as k) of the AlexNet comparisons: ks["alexnet"], else the largest LARS k."""
@@ -303,6 +306,7 @@ PROFILES: dict[str, Profile] = {
             "keys": {"epochs": 4, "milestones": []},
         },
         studies=("warmup", "steps_to_target"),
+        beside=("fashion", "cpu"),
     ),
     "cifar10": Profile(
         name="cifar10",
