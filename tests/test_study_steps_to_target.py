@@ -215,6 +215,18 @@ def test_the_fit_recovers_a_known_s_min_and_b_crit():
     assert t["fit_steps"].to_numpy() == pytest.approx(t["steps_to_target"].to_numpy())
 
 
+def test_each_doubling_is_named_by_the_steps_it_saves():
+    c = stt.choose(ladder(perfect_then_flat, ks=(1, 2, 4, 8, 16, 64)), tuning_seed=0)
+    t = stt.table(c, stt.fit(c))
+    saved = list(t["saved_by_doubling"])
+    assert saved[:3] == pytest.approx([2.0, 2.0, 2.0])
+    # 8 -> 16: 4000/8 = 500 to 500·2^-0.2; 16 -> 64 (two doublings): 2^0.2 per doubling
+    assert saved[3] == pytest.approx(500 / (500 * 2**-0.2)) and saved[4] == pytest.approx(2**0.2)
+    assert math.isnan(saved[5])
+    assert list(t["region"]) == ["perfect scaling"] * 3 + ["maximal data parallelism"] * 2 + [""]
+    assert stt.region(1.5) == "diminishing returns" and stt.region(2**0.75) == "perfect scaling"
+
+
 # -- the slope's interval and tests --------------------------------------------------------------
 
 

@@ -257,9 +257,38 @@ def fit(c) -> critical_batch.Fit | None:
     return critical_batch.fit(ok["batch_size"], ok["steps_to_target"])
 
 
+def saved_by_doubling(c) -> list[float]:
+    """Per k, the factor by which its steps exceed the next k's, per doubling of the batch
+    ((S(B)/S(B'))^(1/log2(B'/B)): 2 where the steps halve); NaN for the last k or a k that never
+    reached the target."""
+    b = c["batch_size"].astype(float).to_numpy()
+    st = c["steps_to_target"].astype(float).to_numpy()
+    out = [
+        (st[i] / st[i + 1]) ** (1 / math.log2(b[i + 1] / b[i]))
+        if math.isfinite(st[i]) and math.isfinite(st[i + 1])
+        else math.nan
+        for i in range(len(b) - 1)
+    ]
+    return [*out, math.nan]
+
+
+def region(saved: float) -> str:
+    """Shallue et al.'s region of a doubling that saves ``saved`` x the steps: "perfect scaling"
+    when it saves at least 2^(1 − SLOPE_MARGIN) (the claim's margin), "maximal data parallelism"
+    when at most 2^SLOPE_MARGIN, "diminishing returns" between; "" without a value."""
+    if not math.isfinite(saved):
+        return ""
+    if saved >= 2 ** (-PERFECT - SLOPE_MARGIN):
+        return "perfect scaling"
+    if saved <= 2**SLOPE_MARGIN:
+        return "maximal data parallelism"
+    return "diminishing returns"
+
+
 def table(c, f: critical_batch.Fit | None):
     """Per k: the chosen lr, the steps to the target, the steps perfect scaling from the smallest
-    k would give, and the fit's; the fit's S_min, E_min, B_crit in every row."""
+    k would give, the factor the next doubling saves and its region (:func:`region`), the fit's
+    steps; the fit's S_min, E_min, B_crit in every row."""
     t = c.copy()
     first = t.dropna(subset=["steps_to_target"]).head(1)
     if len(first):
@@ -267,6 +296,8 @@ def table(c, f: critical_batch.Fit | None):
         t["perfect_scaling_steps"] = s0 * b0 / t["batch_size"].astype(float)
     else:
         t["perfect_scaling_steps"] = math.nan
+    t["saved_by_doubling"] = saved_by_doubling(t)
+    t["region"] = [region(x) for x in t["saved_by_doubling"]]
     t["fit_steps"] = f.steps(t["batch_size"].astype(float)) if f else math.nan
     t["s_min"] = f.s_min if f else math.nan
     t["e_min"] = f.e_min if f else math.nan
