@@ -101,6 +101,12 @@ def test_fashion_long_ladder_runs_a_constant_lr_past_its_warmup_at_most_4_epochs
     assert sorted(LONG.ladder["lr_factors"]) == [0.25, 0.5, 1.0, 2.0]
 
 
+def test_the_notebooks_epochs_shorten_the_ladder_as_every_other_run():
+    short = scales.get("fashion-long", epochs=2)
+    assert {r["epochs"] for r in stt.trials(short)} == {2}
+    assert short.base["epochs"] == 2 and LONG.ladder["keys"]["epochs"] == 4
+
+
 def test_the_trials_are_every_k_at_every_lr_factor_with_the_tuning_seed_and_probes_on():
     t = stt.trials(SMOKE)
     lad = SMOKE.ladder

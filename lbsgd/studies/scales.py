@@ -400,7 +400,7 @@ def _study_of(path: str) -> str:
 
 
 def get(name: str, epochs: float | None = None) -> Profile:
-    """The profile ``name``; ``epochs`` overrides the length of every run."""
+    """The profile ``name``; ``epochs`` overrides the length of every run (the ladder's too)."""
     if name not in PROFILES:
         raise ConfigError(f"profile={name!r} is not one of {', '.join(PROFILES)}")
     p = PROFILES[name]
@@ -408,4 +408,7 @@ def get(name: str, epochs: float | None = None) -> Profile:
         if epochs <= 0:
             raise ConfigError(f"epochs={epochs} must be > 0")
         p = dataclasses.replace(p, base={**p.base, "epochs": epochs})
+        if "epochs" in p.ladder.get("keys", {}):  # the ladder's own length, overridden too
+            keys = {**p.ladder["keys"], "epochs": epochs}
+            p = dataclasses.replace(p, ladder={**p.ladder, "keys": keys})
     return p
