@@ -59,7 +59,7 @@ from lbsgd.cadence import (
     decide,
     log_steps,
 )
-from lbsgd.config import Config, Derived
+from lbsgd.config import Config, Derived, warmup_warning
 from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
 from lbsgd.models import ghost_bn
 from lbsgd.network import build_net, memory_format
@@ -284,6 +284,8 @@ class Run:
 
     def _announce(self) -> None:
         cfg, d = self.cfg, self.d
+        if (warning := warmup_warning(cfg, d)) is not None:
+            print(warning, flush=True)
         print(
             f"lbsgd: run {self.run_dir} | {cfg.model} on {cfg.dataset}, async_ps: server rank 0, "
             f"{d.world_size - 1} worker(s); one update = one worker's batch_size={cfg.batch_size}"

@@ -31,7 +31,7 @@ from lbsgd.cadence import (
     WindowClock,
     decide,
 )
-from lbsgd.config import Config, ConfigError, Derived
+from lbsgd.config import Config, ConfigError, Derived, warmup_warning
 from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
 from lbsgd.features import Pending, Reduced, pack_flush, unpack_flush
 from lbsgd.models import ghost_bn
@@ -226,6 +226,8 @@ class Run:
 
     def _announce(self) -> None:
         cfg, d = self.cfg, self.d
+        if (warning := warmup_warning(cfg, d)) is not None:
+            print(warning, flush=True)
         print(
             f"lbsgd: run {self.run_dir} | {cfg.model} on {cfg.dataset}, "
             f"world_size={d.world_size} x micro_batch={d.micro_batch} x accum_steps={d.accum_steps}"

@@ -707,3 +707,11 @@ def test_the_command_line_names_a_bad_value_by_its_key_in_one_line_and_writes_no
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.startswith(f"lbsgd: error: {line}") and r.stderr.count("\n") == 1, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)  # nothing written
+
+
+def test_an_out_dir_in_a_folder_that_refuses_new_folders_is_one_line_before_any_work(capsys):
+    # /proc refuses mkdir even to root, whom os.access lets write anywhere: the check asks the
+    # file system itself
+    message = _exit_2(capsys, ["train", *TINY_ARGS, "out_dir=/proc/lbsgd-nowhere"])
+    assert message.startswith("lbsgd: error: out_dir='/proc/lbsgd-nowhere': '/proc' cannot be")
+    assert not os.path.lexists("/proc/lbsgd-nowhere")

@@ -106,3 +106,20 @@ def test_schedule_is_a_pure_function_of_the_step():
     forward = [learning_rate(t, cfg, d) for t in range(0, TOTAL, 97)]
     backward = [learning_rate(t, cfg, d) for t in reversed(range(0, TOTAL, 97))]
     assert forward == backward[::-1]
+
+
+def test_a_warmup_longer_than_the_run_is_named_in_one_warning_line_and_trains():
+    from lbsgd.config import Config, derive, warmup_warning
+
+    # 512 images, batch 64: 8 steps per epoch; 3 warmup epochs are 24 steps of a 1-epoch run's 8
+    cfg = Config(synthetic_train=512, batch_size=64, epochs=1, warmup_epochs=3)
+    line = warmup_warning(cfg, derive(cfg, 1, 512))
+    assert line == (
+        "lbsgd: warning: warmup_epochs=3 is longer than the run (epochs=1: 24 warmup steps of 8): "
+        "the lr never reaches its peak 0.025"
+    )
+    for fits in (
+        Config(**{**cfg.to_dict(), "epochs": 3}),
+        Config(**{**cfg.to_dict(), "warmup": "none"}),
+    ):
+        assert warmup_warning(fits, derive(fits, 1, 512)) is None

@@ -36,6 +36,7 @@ from lbsgd.config.derived import (
     micro_batch,
     micro_batch_candidates,
     noise_batch,
+    warmup_warning,
     world_size_key,
 )
 from lbsgd.config.load import (
@@ -72,6 +73,7 @@ __all__ = [
     "derive",
     "accum_steps",
     "check_world",
+    "warmup_warning",
     "world_size_key",
     "micro_batch",
     "micro_batch_candidates",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,8 +73,9 @@ PLACE_VALID = {
 def check_place(out_dir: str | os.PathLike, study: str, name: str | None = None) -> None:
     """ConfigError (one line naming the key) unless the folder ``out_dir/study[/name]`` can be
     made: every path on the way that exists is a folder (``mkdir`` ends in a traceback on a file),
-    and where folders are still to be made, the deepest existing one can be written in. Reads only;
-    a run folder that exists is not asked for write access (a completed run is read, not written)."""
+    and where folders are still to be made, a folder can be made in the deepest existing one (one
+    is made there and removed: :func:`_cannot_make_in`); a run folder that exists is not asked for
+    write access (a completed run is read, not written)."""
     _need(
         isinstance(out_dir, (str, os.PathLike)),
         f"out_dir={out_dir!r} must be a folder path (valid: a str or os.PathLike; got "
@@ -89,11 +91,11 @@ def check_place(out_dir: str | os.PathLike, study: str, name: str | None = None)
     made = None  # the deepest folder on the way that exists
     for key, path in steps:
         if not os.path.lexists(path):
+            why = None if made is None else _cannot_make_in(made)
             _need(
-                made is None or os.access(made, os.W_OK | os.X_OK),
-                f"out_dir={str(out_dir)!r}: {str(made)!r} cannot be written in (permission "
-                f"denied), where {str(steps[-1][1])!r} would be made (valid: a folder you can "
-                "write in)",
+                why is None,
+                f"out_dir={str(out_dir)!r}: {str(made)!r} cannot be written in ({why}), where "
+                f"{str(steps[-1][1])!r} would be made (valid: a folder you can write in)",
                 ConfigError,
             )
             return
@@ -104,6 +106,19 @@ def check_place(out_dir: str | os.PathLike, study: str, name: str | None = None)
             ConfigError,
         )
         made = path
+
+
+def _cannot_make_in(folder: Path) -> str | None:
+    """Why no folder can be made in ``folder`` (None: one can): asked of the file system itself, a
+    folder made and removed at once, since permission bits do not tell (root passes ``os.access``
+    everywhere, and /proc, /sys or a read-only mount refuse it anyway)."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "permission denied"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".lbsgd-check-", dir=folder))
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
 
 
 # -- each key alone: checked before anything is derived from it ----------------------------------

@@ -187,6 +187,18 @@ def derive(c: Config, world_size: int, num_train: int, micro: int | None = None)
     )
 
 
+def warmup_warning(c: Config, d: Derived) -> str | None:
+    """The line printed before training when the warmup outlasts the run (short test runs are
+    common, so it trains): its lr never reaches the peak ``d.lr``; None otherwise."""
+    if d.warmup_steps <= d.total_steps:
+        return None
+    return (
+        f"lbsgd: warning: warmup_epochs={c.warmup_epochs:g} is longer than the run "
+        f"(epochs={c.epochs:g}: {d.warmup_steps} warmup steps of {d.total_steps}): the lr never "
+        f"reaches its peak {d.lr:.6g}"
+    )
+
+
 def lr_scale(lr_scaling: str, ratio: float) -> float:
     """f(kn / reference_batch) of the learning-rate rule ``lr_scaling`` at ``ratio``."""
     if lr_scaling == "sqrt":
