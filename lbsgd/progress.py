@@ -128,10 +128,16 @@ def ending_line(summary: dict[str, Any], run_dir: Path | str, written: bool = Tr
     if best.get("top1_error_pct") is not None:
         best_text = f"{best['top1_error_pct']:.2f}% (step {best['step']})"
     wall = summary.get("wall_time_s")
+    wall_text = "n/a" if wall is None else hms(wall, 1)
+    if (summary.get("attempts") or 1) > 1 and summary.get("total_wall_time_s") is not None:
+        wall_text += (
+            f" (this attempt; {hms(summary['total_wall_time_s'], 1)} over "
+            f"{summary['attempts']} attempts)"
+        )
     return (
         f"lbsgd: {summary.get('status', 'unknown')}: final top-1 error "
         f"{'n/a' if final is None else f'{final:.2f}%'}, best {best_text}, "
         f"{summary.get('steps', '?')}/{summary.get('total_steps', '?')} steps, wall time "
-        f"{'n/a' if wall is None else hms(wall, 1)}, "
+        f"{wall_text}, "
         + (f"summary {Path(run_dir) / 'summary.json'}" if written else f"no summary in {run_dir}")
     )

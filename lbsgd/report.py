@@ -176,7 +176,7 @@ def _section(s: dict) -> list[str]:
     table and figures."""
     name = s["dir"].name
     runs = [json.loads(p.read_text()) for p in sorted(s["dir"].glob("*/summary.json"))]
-    cost = sum(r.get("wall_time_s") or 0 for r in runs) / 60
+    cost = sum(run_cost_s(r) for r in runs) / 60
     notebooks = "".join(
         f"; executed notebook [`{nb.name}`]({name}/{nb.name})"
         for nb in sorted(s["dir"].glob("*.ipynb"))
@@ -333,6 +333,12 @@ def _profile_count(profile_dir: Path, studies: dict[str, dict]) -> str:
     return f"- `{profile_dir.name}`: {runs_line(profile_dir)}; {fs.counts(found)}."
 
 
+def run_cost_s(summary: dict) -> float:
+    """A run's wall time over all its attempts (a resumed run's ``total_wall_time_s``; a run
+    made before that key: its ``wall_time_s``, its last attempt's); 0 if none is recorded."""
+    return float(summary.get("total_wall_time_s") or summary.get("wall_time_s") or 0)
+
+
 def runs_line(profile_dir: str | os.PathLike) -> str:
     """ "245 runs (208 trained here, 37 copies of another study's), 327 minutes of run time": the
     runs of a profile's folder from their summary.json files; run time is the trained runs' wall
@@ -341,7 +347,7 @@ def runs_line(profile_dir: str | os.PathLike) -> str:
         json.loads(p.read_text()) for p in sorted(Path(profile_dir).glob("*/*/summary.json"))
     ]
     trained = [r for r in records if not r.get("copied_from")]
-    minutes = sum(r.get("wall_time_s") or 0 for r in trained) / 60
+    minutes = sum(run_cost_s(r) for r in trained) / 60
     return (
         f"{len(records)} runs ({len(trained)} trained here, {len(records) - len(trained)} copies "
         f"of another study's), {minutes:.0f} minutes of run time"

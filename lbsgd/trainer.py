@@ -61,6 +61,9 @@ class Run:
     ctx: distributed.Context
     run_dir: Path  # cfg.run_dir(): rank 0 writes there
     t_start: float  # perf_counter() when run() began (summary's wall_time_s)
+    # the wall time of the run's earlier attempts (a resumed run's) and how many there were
+    earlier_wall_s: float = 0.0
+    earlier_attempts: int = 0
     stop: StopSignals  # a stop signal this process caught (acted on at the next flush)
     stop_agreed: bool  # set by each flush: some process was asked to stop
     # build
@@ -217,12 +220,38 @@ class Run:
         """Rank 0: the run directory, its config.yaml, the tracker (on resume: metrics after the
         checkpoint's step dropped). Every rank: the summary, with ``resumed``'s evaluations."""
         cfg, ctx, d = self.cfg, self.ctx, self.d
+        resumed = dict(resumed)
+        saved = {k: resumed.pop(k) for k in ("total_wall_time_s", "attempts") if k in resumed}
+        if truncate and ctx.is_main:
+            self._count_earlier_attempts(saved)
         if ctx.is_main:
             self.tracker = open_run_dir(cfg, d, self.start_step if truncate else None)
             self._announce()
             print(f"lbsgd: {optim.describe_groups(self.opt)}", flush=True)
         self.summary = {**new_summary(cfg, ctx, d, self.splits, self.start_step), **resumed}
         self._write_summary()
+
+    def _count_earlier_attempts(self, saved: dict[str, Any]) -> None:
+        """The wall time and number of the run's earlier attempts: the larger of what the
+        checkpoint saved (up to its step) and what the last attempt's summary.json says (up to its
+        end, when it ended cleanly; a killed attempt wrote no time)."""
+        try:
+            last = rundir.read_summary(self.run_dir)
+        except (OSError, ValueError):
+            last = {}
+        wall = last.get("total_wall_time_s", last.get("wall_time_s")) or 0.0
+        attempts = last.get("attempts", 1 if "wall_time_s" in last else 0)
+        self.earlier_wall_s = max(float(saved.get("total_wall_time_s", 0.0)), float(wall))
+        self.earlier_attempts = max(int(saved.get("attempts", 1)), int(attempts))
+
+    def _walls(self) -> dict[str, Any]:
+        """This attempt's wall time so far, the total over every attempt, and their number."""
+        wall = time.perf_counter() - self.t_start
+        return {
+            "wall_time_s": wall,
+            "total_wall_time_s": self.earlier_wall_s + wall,
+            "attempts": self.earlier_attempts + 1,
+        }
 
     def _announce(self) -> None:
         cfg, d = self.cfg, self.d
@@ -245,7 +274,8 @@ class Run:
         rank 0's last line says how the run ended (a failed run's: before its error propagates)."""
         self.summary["status"] = status
         # a failed run's loop did not time itself: its wall time still goes in
-        self.summary.setdefault("wall_time_s", time.perf_counter() - self.t_start)
+        if "wall_time_s" not in self.summary:
+            self.summary.update(self._walls())
         self._write_summary()
         if self.tracker is not None:
             self.tracker.summary(self.summary)
@@ -429,7 +459,7 @@ class Run:
         steady_steps = steps_run - settling
         self.summary.update(
             epochs=self.sampler.epoch_of(steps),
-            wall_time_s=time.perf_counter() - self.t_start,
+            **self._walls(),
             train_time_s=train_time,
             # steady training throughput: the settling steps left out (all steps when the
             # run is too short to have a steady part)
@@ -537,7 +567,10 @@ class Run:
                 "world_size": self.ctx.world_size,
                 "ranks": ranks,
                 "config": self.cfg.to_dict(),
-                "summary": {k: self.summary[k] for k in ("best", "final") if k in self.summary},
+                "summary": {
+                    **{k: self.summary[k] for k in ("best", "final") if k in self.summary},
+                    **{k: v for k, v in self._walls().items() if k != "wall_time_s"},
+                },
                 **shared,
             },
         )

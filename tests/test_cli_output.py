@@ -93,6 +93,24 @@ def test_ending_line_of_a_run_without_evaluation_says_n_a():
     )
 
 
+def test_ending_line_of_a_resumed_run_gives_the_total_over_its_attempts_beside_the_last():
+    summary = {
+        "status": "completed",
+        "steps": 16,
+        "total_steps": 16,
+        "wall_time_s": 38.04,
+        "total_wall_time_s": 82.46,
+        "attempts": 2,
+    }
+    assert ending_line(summary, Path("out/runs/r")) == (
+        "lbsgd: completed: final top-1 error n/a, best n/a, 16/16 steps, wall time 0:00:38.0 "
+        "(this attempt; 0:01:22.5 over 2 attempts), "
+        f"summary {Path('out/runs/r/summary.json')}"
+    )
+    # one attempt: the line as before
+    assert "attempt" not in ending_line({**summary, "attempts": 1}, Path("r"))
+
+
 def test_ending_line_of_a_run_that_wrote_no_summary_names_its_run_folder():
     summary = {"status": "interrupted", "steps": 0, "total_steps": "?", "wall_time_s": 1.04}
     assert ending_line(summary, Path("out/runs/r"), written=False) == (

@@ -68,7 +68,13 @@ def test_one_process_killed_mid_epoch_resumes_to_bitwise_equal_weights(tmp_path,
     r = run_fault_worker(args)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resuming from" in r.stdout and "at step 9" in r.stdout
-    assert _status(run_dir)["status"] == "completed"
+    done = _status(run_dir)
+    assert done["status"] == "completed"
+    # the killed attempt wrote no time: its wall up to the checkpoint's step counts, from there
+    assert done["attempts"] == 2 and "over 2 attempts" in r.stdout
+    assert done["total_wall_time_s"] == pytest.approx(
+        done["wall_time_s"] + saved["summary"]["total_wall_time_s"]
+    )
     assert_bitwise(final_weights(run_dir), reference["one"])
     assert train_steps(run_dir) == list(range(1, 17))  # steps 10-11 logged once, not twice
 

@@ -79,13 +79,20 @@ def test_resume_continues_from_the_last_checkpoint_to_the_same_weights(tiny, mon
     monkeypatch.setattr(Run, "evaluate", crash_at_epoch_2)
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(cfg)
-    assert json.loads((cfg.run_dir() / "summary.json").read_text())["status"] == "failed"
+    failed = json.loads((cfg.run_dir() / "summary.json").read_text())
+    assert failed["status"] == "failed" and failed["attempts"] == 1
+    assert failed["total_wall_time_s"] == failed["wall_time_s"] > 0
     assert checkpoint.load(cfg.run_dir())["step"] == 8  # 512 / 64 = 8 steps per epoch
     monkeypatch.setattr(Run, "evaluate", real_evaluate)
 
     # ... and resumed: it finishes with bitwise the weights of the uninterrupted run
     summary = train(cfg.replace(resume=True))
     assert summary["status"] == "completed"
+    # its wall time: this attempt's, and the total over both (the failed one's as it ended)
+    assert summary["attempts"] == 2
+    assert summary["total_wall_time_s"] == pytest.approx(
+        failed["wall_time_s"] + summary["wall_time_s"]
+    )
     want = checkpoint.load(reference.run_dir())["model"]
     got = checkpoint.load(cfg.run_dir())["model"]
     assert want.keys() == got.keys()
