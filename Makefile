@@ -84,7 +84,7 @@ bench: setup
 
 # What cpu_isa=portable costs against avx2: the committed cpu profile's k = 16 run (warmup study,
 # gradual, seed 0) for half an epoch under each cap, each run a fresh process, alternating 3 times;
-# written to results/benchmarks/caps_cpu.json (README: "The same digits on any machine").
+# written to results/benchmarks/caps_cpu.json (docs/portability.md).
 CAPS_RUN := $(firstword $(wildcard results/cpu/warmup/resnet8-synthetic-b256-gradual-s0-*/config.yaml))
 bench-caps: setup
 	$(VENV)/bin/lbsgd bench caps --caps avx2,portable --repeats 3 -c $(CAPS_RUN) epochs=0.5 --out results/benchmarks/caps_cpu.json

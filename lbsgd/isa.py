@@ -26,7 +26,7 @@ oneDNN's choice of blocking, hence of summation order, which follows the CPU's c
 Hence the cap ``portable``: ATen at AVX2, oneDNN's convolutions off (ATen's own convolutions, an
 im2col and an MKL GEMM each) and MKL's COMPATIBLE branch, the one MKL documents as reproducible
 across Intel and compatible CPUs. Its digits were measured equal on the AMD EPYC and on an Intel
-CPU emulated by QEMU (README, "The same digits on any machine"; ``tests/test_portable.py``).
+CPU emulated by QEMU (docs/portability.md; ``tests/test_portable.py``).
 
 The cap is a hardware key (``cpu_isa``): it changes the rounding, not the mathematics. Values
 (:data:`CAPS`): ``native`` (no cap, each library picks the best path of this CPU), ``portable``

@@ -12,7 +12,7 @@ spread of the run's group (the standard deviation of final top-1 over the seeds 
 experiment in the same study). Each line also says whether this machine's CPU and caps (lbsgd.isa)
 are those the committed run recorded.
 
-Each replay gets one of three levels (:func:`level`; README: "The same digits on any machine"):
+Each replay gets one of three levels (:func:`level`; docs/portability.md):
 
 - *bitwise equal*: every compared value equal;
 - *consistent*: it differs, its final top-1 error lies within :data:`SPREADS` seed spreads of the

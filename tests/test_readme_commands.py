@@ -2,9 +2,10 @@
 into folders git ignores, and `git status` stays empty.
 
 The commands are read from README.md itself (so README and this test cannot drift): every
-``.venv/bin/lbsgd train`` line of its code blocks, and the headless papermill example. They run in
-a fresh repository holding this checkout's files (tracked, and untracked ones git does not ignore:
-what a clone of it would hold once committed), with only smoke-size overrides appended.
+``.venv/bin/lbsgd train`` line of its code blocks and of docs/training.md's, and README's headless
+papermill example. They run in a fresh repository holding this checkout's files (tracked, and
+untracked ones git does not ignore: what a clone of it would hold once committed), with only
+smoke-size overrides appended.
 """
 
 import os
@@ -20,6 +21,7 @@ from conftest import TINY, as_args, subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+TRAINING = (REPO / "docs" / "training.md").read_text()  # the training page README links to
 
 pytestmark = pytest.mark.skipif(
     shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout"
@@ -35,8 +37,9 @@ GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
 
 
 def train_commands() -> list[list[str]]:
-    """README's ``.venv/bin/lbsgd train …`` lines, as argument lists (comments dropped)."""
-    lines = re.findall(r"^\.venv/bin/lbsgd train .*$", README, re.MULTILINE)
+    """README's and docs/training.md's ``.venv/bin/lbsgd train …`` lines, as argument lists
+    (comments dropped)."""
+    lines = re.findall(r"^\.venv/bin/lbsgd train .*$", README + TRAINING, re.MULTILINE)
     return [shlex.split(line, comments=True) for line in lines]
 
 
@@ -74,8 +77,8 @@ def fresh_copy(dest: Path) -> Path:
 
 def test_readme_holds_the_commands_this_test_runs():
     assert [c[:4] for c in train_commands()] == [
-        [".venv/bin/lbsgd", "train", "batch_size=8192", "warmup=gradual"],
         [".venv/bin/lbsgd", "train", "-c", "configs/quickstart.yaml"],
+        [".venv/bin/lbsgd", "train", "batch_size=8192", "warmup=gradual"],
     ]
     assert [c[0] for c in headless_commands()] == ["mkdir", ".venv/bin/papermill"]
 

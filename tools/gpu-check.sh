@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements and tests of lbsgd on a node that keeps its own torch and may have no
-# network (README, "Checking a GPU node"). Each step is one command, a few minutes long:
+# network (docs/gpu.md, "Checking a GPU node"). Each step is one command, a few minutes long:
 #
 #   tools/gpu-check.sh setup        install lbsgd (no dependencies) and pydantic into this Python,
 #                                   from .whl/ when it exists (`make wheels` fills it elsewhere)
@@ -29,7 +29,7 @@ need_out() {
   mkdir -p "$out"
 }
 
-# the matrix's layouts, model and data (README "Benchmark"): ResNet-50, micro-batch 256
+# the matrix's layouts, model and data (docs/benchmarks.md): ResNet-50, micro-batch 256
 common=(--layouts plain,ghost_bn,accum --accum 4 --steps 50 device=cuda model=resnet50 dataset=fake
   channels_last=true micro_batch=256 bn_batch=32 batch_size=256 threads=0)
 

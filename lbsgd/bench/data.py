@@ -122,7 +122,7 @@ def bench_data(
         "dataset": dataset,
         "data_dir": str(data_dir),
         "workers": workers,
-        "decoder": "pil",  # nvJPEG decoding is not implemented (see the README's data section)
+        "decoder": "pil",  # nvJPEG decoding is not implemented (docs/datasets.md)
         "micro_batch": mb,
         "image_size": size,
         "num_classes": classes,

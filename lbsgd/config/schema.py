@@ -213,7 +213,7 @@ class Config:
     micro_batch: int | Literal["auto"] | None = _hw(
         None,
         "samples per process per forward/backward; null = bn_batch; auto = the largest multiple "
-        "of bn_batch dividing the per-process share that fits the device (probed; see README)",
+        "of bn_batch dividing the per-process share that fits the device (probed; docs/gpu.md)",
     )
     workers: int = _hw(
         0,
