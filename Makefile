@@ -34,7 +34,8 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The main job: every study notebook executed through papermill at one scale (a profile), each
+# The main job: every study notebook executed through papermill (lbsgd execute: one line on a bad
+# parameter or Ctrl-C, which stops the runs with a checkpoint) at one scale (a profile), each
 # executed copy saved beside its results in $(OUT)/$(PROFILE)/<study>/, then
 # $(OUT)/$(PROFILE)/REPORT.md. Each profile has its own folder: no profile overwrites another's.
 # Runs already complete there are skipped, so an interrupted `make reproduce` resumes;
@@ -50,7 +51,7 @@ reproduce: setup
 	@set -e; nbs=$$($(VENV)/bin/lbsgd notebooks $(PROFILE) $(NOTEBOOKS)); for nb in $$nbs; do \
 	  name=$$(basename $$nb .ipynb); study=$${name#*_}; mkdir -p $(OUT)/$(PROFILE)/$$study; \
 	  echo "== $$name (profile=$(PROFILE))"; \
-	  $(VENV)/bin/papermill --log-output --no-progress-bar $$nb \
+	  $(VENV)/bin/lbsgd execute --log-output $$nb \
 	    $(OUT)/$(PROFILE)/$$study/$$name.ipynb -p profile $(PROFILE) -p nproc_per_node $(NPROC) \
 	    -p parallel $(PARALLEL) -p out_dir $(OUT); \
 	done

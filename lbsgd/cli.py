@@ -79,6 +79,23 @@ def parser() -> argparse.ArgumentParser:
     )
     n.add_argument("profile", help="a profile of lbsgd.studies.scales (cpu, fashion, ...)")
     n.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="notebooks/NN_<study>.ipynb")
+    e = sub.add_parser(
+        "execute",
+        help="execute a study notebook through papermill, quietly (make reproduce runs this): "
+        "one line on a bad parameter or an interrupt",
+    )
+    e.add_argument("notebook", metavar="NOTEBOOK", help="notebooks/NN_<study>.ipynb")
+    e.add_argument("output", metavar="OUTPUT", help="where the executed copy is saved")
+    e.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help="a notebook parameter, as papermill's -p (a value in [] or {} read as YAML)",
+    )
+    e.add_argument("--log-output", action="store_true", help="print the cells' output as they run")
     bench.add_parser(sub)
     _data_parser(sub)
     return p
@@ -188,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         return _fake_files(args) if args.data == "fake" else _fetch(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "execute":
+        from lbsgd import execute
+
+        parameters = {k: execute.parameter(v) for k, v in args.parameter}
+        return execute.execute(args.notebook, args.output, parameters, args.log_output)
     try:
         if args.command == "notebooks":
             from lbsgd.studies import scales

@@ -39,7 +39,7 @@ BANDS = [
     ("entry", {"entry"}),
     ("harness", {"experiments", "bench", "__init__"}),
     ("studies", {"stats", "findings", "studies"}),
-    ("reports", {"verify", "report"}),
+    ("reports", {"verify", "report", "execute"}),
     ("command line", {"cli", "__main__"}),
 ]
 BAND = {unit: i for i, (_, units) in enumerate(BANDS) for unit in units}

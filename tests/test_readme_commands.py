@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(
 # The scale of the test appended to README's training commands: TINY's seconds-long run, on any
 # CPU (README's quickstart caps the kernels to AVX2), no W&B server.
 SMALL_RUN = [*as_args(TINY), "epochs=0.5", "cpu_isa=native"]
-# ... and to its papermill example (already at the smoke profile)
+# ... and to its notebook example (already at the smoke profile)
 SMALL_NOTEBOOK = ["-p", "wandb", "disabled"]
 # git as a fresh machine has it: no user-wide or system-wide ignore rules that could hide a file
 GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
@@ -80,7 +80,10 @@ def test_readme_holds_the_commands_this_test_runs():
         [".venv/bin/lbsgd", "train", "-c", "configs/quickstart.yaml"],
         [".venv/bin/lbsgd", "train", "batch_size=8192", "warmup=gradual"],
     ]
-    assert [c[0] for c in headless_commands()] == ["mkdir", ".venv/bin/papermill"]
+    assert [c[:2] for c in headless_commands()] == [
+        ["mkdir", "-p"],
+        [".venv/bin/lbsgd", "execute"],
+    ]
 
 
 @pytest.mark.slow
@@ -91,7 +94,7 @@ def test_readmes_training_and_notebook_commands_leave_git_status_empty(tmp_path)
     env = subprocess_env(CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join([str(clone), env.get("PYTHONPATH", "")])
     commands = [[*c, *SMALL_RUN] for c in train_commands()]
-    commands += [c + SMALL_NOTEBOOK if "papermill" in c[0] else c for c in headless_commands()]
+    commands += [c + SMALL_NOTEBOOK if "execute" in c else c for c in headless_commands()]
     for argv in commands:
         r = subprocess.run(
             runnable(argv), cwd=clone, env=env, capture_output=True, text=True, timeout=600

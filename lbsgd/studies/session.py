@@ -101,6 +101,32 @@ class Session:
             )
 
 
+def one_line_errors() -> bool:
+    """In an IPython kernel (JupyterLab, papermill): a ConfigError (a bad notebook parameter,
+    a bad key) shows as its one line, ``lbsgd: error: …``, in the cell and in papermill's
+    report, as on the command line, instead of a traceback through lbsgd; an interrupt as its
+    one line (the sweep's summary); other errors keep theirs. Returns whether a kernel was there
+    to set it in."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+
+    def one_line(shell, etype, value, tb, tb_offset=None):
+        if issubclass(etype, KeyboardInterrupt):  # an interrupt: the sweep's summary, or this
+            line = f"{etype.__name__}: {value}" if str(value) else "KeyboardInterrupt: interrupted"
+        else:
+            line = f"lbsgd: error: {value}"
+        shell._showtraceback(etype, value, [line])  # the cell's error output: this line alone
+        return [line]
+
+    shell.set_custom_exc((ex.config.ConfigError, KeyboardInterrupt), one_line)
+    return True
+
+
 def start(
     study: str,
     *,
@@ -115,7 +141,9 @@ def start(
     parallel: int = 1,
     wandb: str = "auto",
 ) -> Session:
-    """A study's session from its notebook's parameters; bad values fail here, one line each."""
+    """A study's session from its notebook's parameters; bad values fail here, one line each
+    (in a notebook too: :func:`one_line_errors`)."""
+    one_line_errors()
     if study not in studies.STUDIES:
         raise ex.config.ConfigError(f"study={study!r} is not one of {', '.join(studies.STUDIES)}")
     if wandb not in ("auto", "online", "offline", "disabled"):

@@ -1,0 +1,152 @@
+"""``lbsgd execute``: one study notebook executed through papermill the way ``make reproduce``
+runs it, quiet on the terminal.
+
+papermill's own command line, when a cell fails, prints its CLI's traceback after the cell's; on
+Ctrl-C it tears the kernel down mid-message (a ZMQ traceback from ipykernel, "Aborted!", and the
+saved notebook without the sweep's summary); its kernels listen on TCP, which ipykernel warns
+about at every start. Here:
+
+- the kernel listens on IPC sockets in a private temporary folder (no TCP, no warning);
+- SIGINT (Ctrl-C) and SIGTERM are passed on to the kernel as an interrupt of the running cell
+  (a second SIGINT as a second interrupt): the sweep stops its runs with a checkpoint
+  (:func:`lbsgd.experiments.sweep`), the cell ends with the sweep's one-line summary, papermill
+  saves the notebook, and this prints that line and exits 130;
+- a failing cell is one line on the terminal: ``lbsgd: error: …`` for a bad parameter or key
+  (a ConfigError, exit 2; the cell holds the same line: :func:`lbsgd.studies.session.one_line_errors`),
+  else the error's type and message and where the executed notebook is (exit 1).
+
+Parameters (``-p KEY VALUE``) read as papermill's ``-p`` does (True, False, None, integers,
+floats, else a string), and a value in brackets or braces as YAML (``-p ks [1,16]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
+INTERRUPTS = ("KeyboardInterrupt", "RunInterrupted")
+
+
+def parameter(value: str) -> Any:
+    """A ``-p`` value: papermill's rules (True, False, None, int, float, else str), and YAML for
+    a value in brackets or braces."""
+    if value[:1] in "[{":
+        import yaml
+
+        return yaml.safe_load(value)
+    if value in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[value]
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def _kernel_manager(folder: Path):
+    """A kernel manager whose kernel talks over IPC sockets in ``folder``."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    return AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(folder / "kernel"))
+
+
+class _Forward:
+    """While installed: SIGINT and SIGTERM to this process become an interrupt of the kernel's
+    running cell (SIGINT to the kernel's process group); remembers that one came."""
+
+    def __init__(self, km) -> None:
+        self.km = km
+        self.came: list[int] = []
+        self.before: dict[int, Any] = {}
+
+    def __enter__(self) -> _Forward:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self.before[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.before.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.came.append(signum)
+        provisioner = getattr(self.km, "provisioner", None)
+        pgid = getattr(provisioner, "pgid", None)
+        if pgid:
+            with contextlib.suppress(OSError):  # the kernel has just ended
+                os.killpg(pgid, signal.SIGINT)
+
+
+def execute(
+    notebook: str | os.PathLike,
+    output: str | os.PathLike,
+    parameters: Mapping[str, Any],
+    log_output: bool = False,
+) -> int:
+    """Execute ``notebook`` into ``output`` with ``parameters``; the exit code (0, or
+    :data:`EXIT_FAILED`, :data:`EXIT_BAD_INPUT`, :data:`EXIT_INTERRUPTED`) after at most one line
+    on stderr. ``log_output``: the cells' output on stdout as they run."""
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    if log_output:  # papermill logs the cells' output at INFO on its logger
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log = logging.getLogger("papermill")
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    with tempfile.TemporaryDirectory(prefix="lbsgd-kernel-") as folder:
+        km = _kernel_manager(Path(folder))
+        with _Forward(km) as forward:
+            try:
+                pm.execute_notebook(
+                    str(notebook),
+                    str(output),
+                    parameters=dict(parameters),
+                    log_output=log_output,
+                    progress_bar=False,
+                    km=km,
+                )
+            except PapermillExecutionError as e:
+                return _failed(e, output, bool(forward.came))
+            except KeyboardInterrupt:  # before the kernel ran a cell: nothing to save
+                print("lbsgd: interrupted before the notebook started", file=sys.stderr)
+                return EXIT_INTERRUPTED
+            finally:
+                _shut_down(km)
+    return 0
+
+
+def _shut_down(km) -> None:
+    """The kernel shut down (papermill leaves a kernel manager it was given running)."""
+    from jupyter_core.utils import run_sync
+
+    if km.has_kernel:
+        run_sync(km.shutdown_kernel)(now=False)
+
+
+def _failed(e, output: str | os.PathLike, interrupted: bool) -> int:
+    """The one line of a failed cell and its exit code."""
+    value = str(e.evalue).strip().splitlines()[0] if str(e.evalue).strip() else e.ename
+    if e.ename in INTERRUPTS or interrupted:
+        print(f"lbsgd: {value} (executed notebook: {output})", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    if e.ename == "ConfigError":
+        print(f"lbsgd: error: {value}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    print(
+        f"lbsgd: {e.ename}: {value} (in cell {e.exec_count}; its traceback is in {output})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return EXIT_FAILED
