@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test lint format reproduce verify lab train-quickstart bench bench-gpu bench-comm bench-noise bench-caps wheels clean
+.PHONY: setup test lint format reproduce verify lab lab-copies train-quickstart bench bench-gpu bench-comm bench-noise bench-caps wheels clean
 
 setup: $(STAMP)
 
@@ -68,8 +68,15 @@ verify: setup
 
 # JupyterLab on notebooks/ with the project's environment as its kernel. The kernels run in
 # notebooks/; the studies still write to the repository's results/<profile>/ (lbsgd.studies).
-lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
+lab: setup lab-copies
+	$(VENV)/bin/jupyter lab --notebook-dir=lab $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# JupyterLab works on copies of the study notebooks in lab/, which git ignores: a tweaked
+# parameter, the outputs of a run and Lab's autosaves stay there, and notebooks/ stays as
+# committed. A copy already in lab/ is kept (your edits); delete it to start again from notebooks/.
+lab-copies:
+	@mkdir -p lab && for nb in notebooks/*.ipynb; do \
+	  [ -e lab/$$(basename $$nb) ] || cp $$nb lab/; done
 
 # One run of configs/quickstart.yaml with the CLI (no notebook), in $(OUT)/cli/quickstart/: the
 # command line's folder of results, which git ignores.

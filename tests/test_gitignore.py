@@ -58,3 +58,29 @@ def test_what_is_not_a_result_is_ignored(path):
 )
 def test_results_are_not_ignored(path):
     assert not ignored(path)
+
+
+def test_make_lab_works_on_ignored_copies_and_keeps_an_edited_one(tmp_path):
+    """make lab-copies (what make lab runs first): every notebook copied into lab/, which git
+    ignores; a copy already there (a user's edits) kept; notebooks/ untouched."""
+    repo = Path(__file__).resolve().parents[1]
+    for name in ("Makefile", ".gitignore"):
+        shutil.copy2(repo / name, tmp_path / name)
+    shutil.copytree(repo / "notebooks", tmp_path / "notebooks")
+    run = {"cwd": tmp_path, "check": True, "capture_output": True, "text": True}
+    subprocess.run(["git", "init", "-q"], **run)
+    subprocess.run(["git", "add", "-A"], **run)
+    who = ["-c", "user.name=lbsgd", "-c", "user.email=lbsgd@localhost"]
+    subprocess.run(["git", *who, "commit", "-qm", "notebooks"], **run)
+    (tmp_path / "lab").mkdir()
+    edited = tmp_path / "lab" / "02_warmup.ipynb"
+    edited.write_text("{}")  # a copy the user changed
+    subprocess.run(["make", "-s", "lab-copies"], **run)
+    committed = sorted(p.name for p in (tmp_path / "notebooks").glob("*.ipynb"))
+    assert sorted(p.name for p in (tmp_path / "lab").glob("*.ipynb")) == committed
+    assert edited.read_text() == "{}"
+    assert (tmp_path / "lab" / "01_quickstart.ipynb").read_bytes() == (
+        repo / "notebooks" / "01_quickstart.ipynb"
+    ).read_bytes()
+    status = subprocess.run(["git", "status", "--porcelain", "--ignored=no"], **run).stdout
+    assert status.strip() == "", status  # lab/ ignored; nothing else changed

@@ -149,8 +149,9 @@ def test_jupyterlab_serves_the_notebooks_and_runs_one_through_a_kernel(tmp_path)
         f"--port={port}",
         "--ServerApp.port_retries=0",
         f"--IdentityProvider.token={token}",
-        "--notebook-dir=notebooks",
+        "--notebook-dir=lab",  # make lab's: its working copies of notebooks/
     ]
+    subprocess.run(["make", "-s", "lab-copies"], cwd=REPO, check=True)
     if os.geteuid() == 0:  # containers: jupyter refuses root without it
         cmd.append("--allow-root")
     log = tmp_path / "lab.log"
@@ -192,7 +193,7 @@ def test_jupyterlab_serves_the_notebooks_and_runs_one_through_a_kernel(tmp_path)
         i = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
         code = "\n".join([cells[i].source, cells[i + 1].source, "print('study', S.dir)"])
         out, reply = lab.execute(kernel_id, code)
-        # the kernel runs in notebooks/; the study still writes to the repository's results/cpu/
+        # the kernel runs in lab/; the study still writes to the repository's results/cpu/
         assert reply["status"] == "ok", (reply, out)
         assert f"study {REPO / 'results' / 'cpu' / 'quickstart'}\n" in out, out
 
