@@ -193,3 +193,23 @@ def test_the_profile_check_finds_a_profile_left_out():
     assert profile_problems("y.md", "`smoke`, `cpu`, `cifar10`, `imagenet`\n") == [
         f"y.md:1: a list of profiles without {PROFILES_MARKER}"
     ]
+
+
+def test_each_notebooks_profile_help_names_every_profile_that_replays_its_study():
+    import nbformat
+
+    from lbsgd.studies import scales
+
+    for nb in sorted((REPO / "notebooks").glob("[0-9]*_*.ipynb")):
+        study = nb.stem.split("_", 1)[1]
+        (cell,) = [
+            c
+            for c in nbformat.read(nb, as_version=4).cells
+            if "parameters" in c.metadata.get("tags", [])
+        ]
+        line = next(x for x in cell.source.splitlines() if x.startswith("profile: str"))
+        if "# scale:" not in line:  # notebook 10: its own measurement sizes, not the scales
+            continue
+        named = set(re.findall(r"[\w-]+(?= \()", line.split("# scale:", 1)[1]))
+        want = {p for p, prof in scales.PROFILES.items() if scales.replays(prof, study)}
+        assert want <= named, f"{nb.name}: the profile help lacks {sorted(want - named)}"
