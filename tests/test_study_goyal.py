@@ -452,6 +452,18 @@ def test_warmup_table_puts_table_1_beside_the_baseline_and_the_large_k():
     assert t.loc[(1, "none"), "k_as_paper_batch"] == 256
 
 
+def test_warmup_above_baseline_puts_each_arm_over_its_own_baseline_for_us_and_goyal():
+    # baseline 2.1, none 6.1, constant 9.1, gradual 3.1 (means); Table 1: 23.60, 24.84, 25.88, 23.74
+    df = warmup_df([2.0, 2.1, 2.2], [6.0, 6.1, 6.2], [9.0, 9.1, 9.2], [3.0, 3.1, 3.2])
+    gap = warmup.above_baseline(warmup.table(df)).set_index("warmup")
+    assert list(gap.index) == list(warmup.WARMUPS)
+    assert gap["ours"].to_dict() == pytest.approx({"none": 4.0, "constant": 7.0, "gradual": 1.0})
+    assert gap["paper"].to_dict() == pytest.approx(
+        {"none": 1.24, "constant": 2.28, "gradual": 0.14}
+    )
+    assert gap["ours_std"].to_numpy() == pytest.approx([0.1, 0.1, 0.1])
+
+
 # -- 3. batch_scaling --------------------------------------------------------------------------
 
 
@@ -891,3 +903,15 @@ def test_every_finding_of_studies_1_to_5_carries_the_papers_numbers_and_source()
         "Goyal Table 2b: γ=0 23.74% vs γ=1 24.11% error (8k)",
         "Goyal Table 2b (ResNet-50): γ=0 23.74% vs γ=1 24.11% error (8k)",
     ]
+
+
+def test_batch_scaling_above_baseline_is_each_sides_error_over_its_k_1():
+    df = scaling_df({1: [2.0, 2.2, 2.4], 16: [3.0, 3.2, 3.4], 128: [40.0]})
+    gap = batch_scaling.above_baseline(batch_scaling.table(df)).set_index("k")
+    assert gap.loc[1, "ours"] == 0 and gap.loc[16, "ours"] == pytest.approx(1.0)
+    assert gap.loc[128, "ours"] == pytest.approx(37.8)
+    # Goyal Fig. 1 over his 256 (k = 1): 8k (k = 32) +0.14, 64k (k = 256) +10.36
+    assert gap.loc[32, "paper"] == pytest.approx(0.14) and gap.loc[256, "paper"] == pytest.approx(
+        10.36
+    )
+    assert math.isnan(gap.loc[32, "ours"])  # no run of ours there

@@ -396,3 +396,16 @@ def test_table_holds_the_chosen_settings_beside_their_test_error_and_the_papers(
     )
     assert "48 tuning runs, then 24 runs of the chosen settings (3 seeds)" in text
     assert "72 minutes of run time in all (72 runs)" in text
+
+
+def test_parity_gaps_are_the_paired_differences_beside_nados_published_one():
+    df = four(GOOD, [x + 1.5 for x in GOOD], GOOD, [12.0, 11.0, 15.0])
+    gaps = opt.parity_gaps(df).set_index("pair")
+    assert gaps.loc["Nesterov - LARS", "ours"] == pytest.approx(1.5)
+    assert gaps.loc["Nesterov - LARS", "ours_std"] == pytest.approx(0.0, abs=1e-12)
+    # AdamW - LAMB: 2, 0, 3 (mean 5/3, sd of 2, 0, 3)
+    assert gaps.loc["AdamW - LAMB", "ours"] == pytest.approx(5 / 3)
+    assert gaps.loc["AdamW - LAMB", "ours_std"] == pytest.approx(1.527525, rel=1e-6)
+    # Nado et al.: Nesterov and LARS both 75.9% top-1 at 32k; nothing published for Adam vs LAMB
+    assert gaps.loc["Nesterov - LARS", "paper"] == pytest.approx(0.0)
+    assert math.isnan(gaps.loc["AdamW - LAMB", "paper"])

@@ -74,6 +74,19 @@ def table(df):
     return t.astype(dict.fromkeys(("batch_size", "runs", "paper_batch"), "Int64"))  # no 4.1e+03
 
 
+def above_baseline(t):
+    """Per k of :func:`table`: our mean top-1 error above our k = 1's with its seed spread, and
+    Goyal Fig. 1's above his 256 (k = 1), in points, NaN where a side has no row: the one
+    quantity that compares across the scales (their errors lie ten times apart)."""
+    ours0 = t.loc[t["k"] == 1, "final_top1_error_pct_mean"]
+    paper0 = t.loc[t["k"] == 1, "paper_top1_error_pct"]
+    out = t[["k"]].copy()
+    out["ours"] = t["final_top1_error_pct_mean"] - (ours0.iloc[0] if len(ours0) else float("nan"))
+    out["ours_std"] = t["final_top1_error_pct_std"]
+    out["paper"] = t["paper_top1_error_pct"] - (paper0.iloc[0] if len(paper0) else float("nan"))
+    return out
+
+
 def findings(df, large_k: float) -> list[Finding]:
     """The error is flat up to ``large_k`` (the profile's; Goyal: 8k) and rises at the largest k.
     Decided over seeds (:mod:`lbsgd.studies`)."""

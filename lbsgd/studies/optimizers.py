@@ -38,6 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.config import ConfigError
@@ -281,6 +283,34 @@ def paper():
             "paper_variant": list(p["variant"]),
         }
     )
+
+
+def parity_gaps(final_df):
+    """At the largest k, per pair (:data:`PAIRS`): the plain optimizer's test error above the
+    layer-wise one's, the mean of the paired (by seed) differences and their spread, beside the
+    paper's (Nado et al.'s ResNet-50 at 32k, NaN where it publishes no number), in points."""
+    import pandas as pd
+
+    df = prepare(final_df)
+    k = float(df["k"].max())
+    published = dict(zip(paper()["arm"], paper()["paper_top1_error_pct"], strict=True))
+    rows = []
+    for a, b in PAIRS:
+        d = [
+            y - x
+            for x, y in zip(
+                studies.errors(df, arm=a, k=k), studies.errors(df, arm=b, k=k), strict=True
+            )
+        ]
+        rows.append(
+            {
+                "pair": f"{_NAMES[b]} - {_NAMES[a]}",
+                "ours": float(np.mean(d)),
+                "ours_std": float(np.std(d, ddof=1)) if len(d) > 1 else math.nan,
+                "paper": published.get(b, math.nan) - published.get(a, math.nan),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def table(trial_df, final_df):

@@ -74,6 +74,26 @@ def table(df):
     return t.astype({"paper_batch": "Int64", "paper_gpus": "Int64"})  # no 8.2e+03
 
 
+def above_baseline(t):
+    """Per warmup at the large k (rows of :func:`table`): our mean top-1 error above our
+    baseline's, its seed spread, and the paper's above its baseline (Goyal Table 1, 8k against
+    256), in points: the one quantity that compares across the scales."""
+    import pandas as pd
+
+    base = t[t["k"] == t["k"].min()].iloc[0]
+    big = t[t["k"] == t["k"].max()].set_index("warmup").reindex(list(WARMUPS))
+    return pd.DataFrame(
+        {
+            "warmup": list(WARMUPS),
+            "ours": (
+                big["final_top1_error_pct_mean"] - base["final_top1_error_pct_mean"]
+            ).to_numpy(),
+            "ours_std": big["final_top1_error_pct_std"].to_numpy(),
+            "paper": (big["paper_top1_error_pct"] - base["paper_top1_error_pct"]).to_numpy(),
+        }
+    )
+
+
 # -- the findings ------------------------------------------------------------------------------
 
 
