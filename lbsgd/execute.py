@@ -11,6 +11,10 @@ about at every start. Here:
   (a second SIGINT as a second interrupt): the sweep stops its runs with a checkpoint
   (:func:`lbsgd.experiments.sweep`), the cell ends with the sweep's one-line summary, papermill
   saves the notebook, and this prints that line and exits 130;
+- the executed copy is written without what differs from one execution to the next (times,
+  durations, message timestamps, the injected cell's random id: :func:`normalise`), and a sweep's
+  lines name logs relative to the working directory, so executing a study over complete runs
+  again leaves its committed copy as it was;
 - a failing cell is one line on the terminal: ``lbsgd: error: …`` for a bad parameter or key
   (a ConfigError, exit 2; the cell holds the same line: :func:`lbsgd.studies.session.one_line_errors`),
   else the error's type and message and where the executed notebook is (exit 1).
@@ -124,7 +128,36 @@ def execute(
                 return EXIT_INTERRUPTED
             finally:
                 _shut_down(km)
+                if Path(output).is_file():
+                    normalise(output)
     return 0
+
+
+# what papermill and nbclient record of one execution: times, durations, the kernel's messages'
+# timestamps; the executed copy keeps its parameters, cells and outputs, not these
+VOLATILE_NOTEBOOK = ("start_time", "end_time", "duration")
+VOLATILE_CELL = ("execution",)
+INJECTED_ID = "injected-parameters"
+
+
+def normalise(path: str | os.PathLike) -> None:
+    """The executed notebook at ``path`` without what differs between two executions that print
+    the same: papermill's start and end times and durations (of the notebook and of each cell),
+    nbclient's message timestamps, and the random id of papermill's injected parameters cell; so
+    that executing a study over complete runs again leaves its committed copy as it was."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    for key in VOLATILE_NOTEBOOK:
+        nb.metadata.get("papermill", {}).pop(key, None)
+    for cell in nb.cells:
+        for key in VOLATILE_CELL:
+            cell.metadata.pop(key, None)
+        for key in VOLATILE_NOTEBOOK:
+            cell.metadata.get("papermill", {}).pop(key, None)
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            cell.id = INJECTED_ID
+    nbformat.write(nb, str(path))
 
 
 def _shut_down(km) -> None:

@@ -121,6 +121,16 @@ class _Run:
 _Job = jobs.Job[_Run]
 
 
+def shown(path: Path) -> str:
+    """``path`` as a sweep's line shows it: relative to the working directory when it lies under
+    it (``make reproduce`` runs in the repository: results/<profile>/<study>/<run>.log, the same
+    on every machine, so an executed notebook holds no machine's absolute path), else absolute."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 @dataclass
 class _Progress:
     """The sweep's lines: each names its run by its one number, ``[i/N]``."""
@@ -376,7 +386,7 @@ class _Sweep(jobs.Policy[_Run]):
         return _start(job.item, self.command)
 
     def started(self, job: _Job) -> None:
-        self.progress.line(job, f"{job.item.how} (log: {job.item.log})")
+        self.progress.line(job, f"{job.item.how} (log: {shown(job.item.log)})")
 
     def may_start(self) -> bool:
         return not self.failed
@@ -471,10 +481,10 @@ def _ended(job: _Job, failed: list[str], progress: _Progress) -> None:
         progress.end(job, f"{status} in {secs:.0f} s{result_text(run.cfg.run_dir())}")
         return
     failed.append(
-        f"run {run.cfg.run_name()} failed (exit code {rc}); log: {run.log}; "
+        f"run {run.cfg.run_name()} failed (exit code {rc}); log: {shown(run.log)}; "
         f"error: {_error_line(run.log)}"
     )
-    progress.end(job, f"FAILED, see {run.log}")
+    progress.end(job, f"FAILED, see {shown(run.log)}")
 
 
 def _interrupted(
@@ -487,7 +497,7 @@ def _interrupted(
     killed = _stop(running, progress.say)
     for job in running:
         job.item.handle.close()
-        progress.line(job, f"{_stop_text(job.item.cfg.run_dir())} (log: {job.item.log})")
+        progress.line(job, f"{_stop_text(job.item.cfg.run_dir())} (log: {shown(job.item.log)})")
     for job in todo:
         progress.line(job, "not started")
     parts = [f"{_runs(len(running))} {'killed' if killed else 'stopped'}"] if running else []

@@ -101,6 +101,17 @@ def test_readmes_training_and_notebook_commands_leave_git_status_empty(tmp_path)
         )
         assert r.returncode == 0, f"{shlex.join(argv)}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
 
+    # the main job over a committed study (every run complete: skipped), as make reproduce
+    # executes it, re-writes its executed notebook, table, findings and figure as committed
+    study = ["notebooks/01_quickstart.ipynb", "results/cpu/quickstart/01_quickstart.ipynb"]
+    params = ["-p", "profile", "cpu", "-p", "nproc_per_node", "1", "-p", "parallel", "2"]
+    main_job = [".venv/bin/lbsgd", "execute", "--log-output", *study, *params, "-p", "out_dir"]
+    r = subprocess.run(
+        runnable([*main_job, "results"]), cwd=clone, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "skipped" in r.stdout, r.stdout[-2000:]
+
     assert git(clone, "status", "--porcelain", "--untracked-files=all") == ""
     # ... because each wrote where its results go (not nowhere): the command line's runs in
     # results/cli/<study>/, the executed notebook beside its study's results
