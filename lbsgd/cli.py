@@ -69,6 +69,14 @@ def parser() -> argparse.ArgumentParser:
         "results/fashion), one markdown table with the paper's numbers; writes nothing",
     )
     r.add_argument(
+        "--headline",
+        nargs="+",
+        metavar="PROFILE_DIR",
+        default=None,
+        help="instead: print one row per profile folder (runs, each outcome's count, a link to "
+        "its REPORT.md): README's table; writes nothing",
+    )
+    r.add_argument(
         "--verdicts",
         action="store_true",
         help="with --side-by-side: the verdicts alone, no evidence and no paper column "
@@ -180,6 +188,9 @@ def _report(args: argparse.Namespace) -> int:
     try:
         if args.side_by_side is not None:
             print(report.side_by_side(args.side_by_side, args.verdicts), end="")
+            return 0
+        if args.headline is not None:
+            print(report.headline(args.headline), end="")
             return 0
         for path in report.write_all(args.results):
             print(f"wrote {path}")

@@ -333,6 +333,32 @@ def _profile_count(profile_dir: Path, studies: dict[str, dict]) -> str:
     return f"- `{profile_dir.name}`: {runs_line(profile_dir)}; {fs.counts(found)}."
 
 
+def headline(profile_dirs: Sequence[str | os.PathLike], link_from: str | os.PathLike = ".") -> str:
+    """One row per profile folder: its runs and their run time, its claims and the count of each
+    outcome, the decided verdicts that are budget-bound, and a link to its REPORT.md (relative to
+    ``link_from``, the folder of the page that shows the table). From the study files only."""
+    dirs = [Path(d) for d in profile_dirs]
+    per = [_profile_studies(d) for d in dirs]  # every folder checked before any output
+    out = [
+        "| profile | runs | claims | replayed | not replayed | undecided | invalid | "
+        "budget-bound | report |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for d, studies in zip(dirs, per, strict=True):
+        found = [f for s in studies.values() for f in s["findings"]]
+        outcomes = [f.outcome for f in found]
+        decided = [f for f in found if f.replayed is not None]
+        records = [json.loads(p.read_text()) for p in sorted(d.glob("*/*/summary.json"))]
+        minutes = sum(run_cost_s(r) for r in records if not r.get("copied_from")) / 60
+        link = Path(os.path.relpath(d / "REPORT.md", link_from)).as_posix()
+        out.append(
+            f"| `{d.name}` | {len(records)} ({minutes:.0f} min) | {len(found)} | "
+            + " | ".join(str(outcomes.count(o)) for o in fs.OUTCOMES)
+            + f" | {sum(f.budget_bound for f in decided)} of {len(decided)} | [REPORT.md]({link}) |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def run_cost_s(summary: dict) -> float:
     """A run's wall time over all its attempts (a resumed run's ``total_wall_time_s``; a run
     made before that key: its ``wall_time_s``, its last attempt's); 0 if none is recorded."""

@@ -83,14 +83,29 @@ def test_the_fashion_replay_measured_the_noise_scale_in_notebook_3s_own_runs():
 
 
 SIDE_BY_SIDE = "<!-- lbsgd report --side-by-side results/cpu results/fashion --verdicts -->"
+HEADLINE = "<!-- lbsgd report --headline results/cpu results/fashion -->"
 
 
-def test_readmes_table_of_verdicts_is_the_one_the_report_command_prints():
+def _block(text: str, marker: str) -> str:
+    assert marker in text, f"no marker line {marker!r}"
+    return text.split(marker + "\n", 1)[1].split("<!-- end -->", 1)[0]
+
+
+def test_the_docs_table_of_verdicts_is_the_one_the_report_command_prints():
+    _runs("cpu"), _runs("fashion")
+    page = (RESULTS.parent / "docs" / "results.md").read_text()
+    want = report.side_by_side([RESULTS / "cpu", RESULTS / "fashion"], verdicts_only=True)
+    assert _block(page, SIDE_BY_SIDE) == want
+
+
+def test_readmes_headline_table_is_the_one_the_report_command_prints():
     _runs("cpu"), _runs("fashion")
     readme = (RESULTS.parent / "README.md").read_text()
-    assert SIDE_BY_SIDE in readme, "README lacks the side-by-side table's marker line"
-    table = readme.split(SIDE_BY_SIDE + "\n", 1)[1].split("<!-- end -->", 1)[0]
-    assert table == report.side_by_side([RESULTS / "cpu", RESULTS / "fashion"], verdicts_only=True)
+    assert _block(readme, HEADLINE) == report.headline(
+        [Path("results/cpu"), Path("results/fashion")]
+    )
+    # its links are the reports themselves
+    assert "[REPORT.md](results/cpu/REPORT.md)" in _block(readme, HEADLINE)
 
 
 @pytest.mark.parametrize("profile", PROFILES)

@@ -298,3 +298,16 @@ def test_a_profiles_report_sets_its_beside_profiles_verdicts_and_differing_budge
     moved = tmp_path / "elsewhere" / "fashion-long"
     long.rename(moved)
     assert "## Beside" not in report.build(moved)
+
+
+def test_the_headline_counts_each_profiles_outcomes_and_links_its_report(tmp_path):
+    cpu, fashion = two_profiles(tmp_path)
+    text = report.headline([cpu, fashion], link_from=tmp_path)
+    rows = text.splitlines()
+    assert rows[0].startswith("| profile | runs | claims | replayed | not replayed | undecided |")
+    # cpu: a run learns (yes), gradual beats none (yes), constant worst (no), model (undecided)
+    assert (
+        rows[2] == "| `cpu` | 0 (0 min) | 4 | 2 | 1 | 1 | 0 | 0 of 3 | [REPORT.md](cpu/REPORT.md) |"
+    )
+    assert rows[3].startswith("| `fashion` | 0 (0 min) | 4 | 2 | 0 | 2 | 0 |")
+    assert rows[3].endswith("[REPORT.md](fashion/REPORT.md) |")
