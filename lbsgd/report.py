@@ -95,40 +95,52 @@ def beside_dirs(profile_dir: Path) -> list[Path]:
 
 def _beside(root: Path) -> list[str]:
     """The section that sets this profile's verdicts beside its ``beside`` profiles' (every
-    claim), then each claim whose decided verdict or validity differs, with each profile's
-    budget: the optimizer steps of its arms against its S_min."""
+    claim), then each claim whose outcome differs, with each profile's budget: the optimizer
+    steps of its arms against its S_min."""
     others = beside_dirs(root)
     if not others:
         return []
     dirs = [root, *others]
-    names = ", ".join(f"`{d.name}`" for d in dirs)
     out = [
         "",
         f"## Beside {', '.join(f'`{d.name}`' for d in others)}",
         "",
-        f"The verdicts of {names} side by side (`lbsgd report --side-by-side "
-        f"{' '.join(str(d) for d in dirs)} --verdicts`; without `--verdicts`, with every "
-        "evidence):",
+        f"The verdicts of {', '.join(f'`{d.name}`' for d in dirs)} side by side (`lbsgd report "
+        f"--side-by-side {' '.join(str(d) for d in dirs)} --verdicts`; without `--verdicts`, "
+        "with every evidence):",
         "",
         side_by_side(dirs, verdicts_only=True),
         "Where the outcome differs, each profile's budget (its arms' optimizer steps beside its "
         "S_min) says whether the budget is why:",
         "",
     ]
+    return out + [_differing(dirs, row) for row in _rows(dirs) if _differs(row)]
+
+
+def _rows(dirs: list[Path]) -> list[list[Finding | None]]:
+    """Every claim across the profile folders ``dirs``, matched as the side-by-side table does."""
     per = [_profile_studies(d) for d in dirs]
-    names_by = {name: s for studies in reversed(per) for name, s in studies.items()}
-    for name in sorted(names_by, key=lambda n: _order(names_by[n])):
-        found = [studies.get(name) for studies in per]
-        for row in _matched(found):
-            have = [(d, f) for d, f in zip(dirs, row, strict=True) if f is not None]
-            if len(have) < 2 or len({f.outcome for _, f in have}) == 1:
-                continue
-            parts = [
-                f"`{d.name}` {fs.answer_of(f)} ({f.budget.text() if f.budget else 'no budget'})"
-                for d, f in have
-            ]
-            out.append(f"- {_cell(have[0][1].claim)}: " + "; ".join(parts))
-    return out
+    names = {name: s for studies in reversed(per) for name, s in studies.items()}
+    return [
+        row
+        for name in sorted(names, key=lambda n: _order(names[n]))
+        for row in _matched([studies.get(name) for studies in per])
+    ]
+
+
+def _differs(row: list[Finding | None]) -> bool:
+    have = [f for f in row if f is not None]
+    return len(have) >= 2 and len({f.outcome for f in have}) > 1
+
+
+def _differing(dirs: list[Path], row: list[Finding | None]) -> str:
+    """A claim whose outcome differs across the profiles: each one's verdict and budget."""
+    have = [(d, f) for d, f in zip(dirs, row, strict=True) if f is not None]
+    parts = [
+        f"`{d.name}` {fs.answer_of(f)} ({f.budget.text() if f.budget else 'no budget'})"
+        for d, f in have
+    ]
+    return f"- {_cell(have[0][1].claim)}: " + "; ".join(parts)
 
 
 def _head(studies: list[dict]) -> list[str]:
@@ -344,19 +356,33 @@ def headline(profile_dirs: Sequence[str | os.PathLike], link_from: str | os.Path
         "budget-bound | report |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for d, studies in zip(dirs, per, strict=True):
-        found = [f for s in studies.values() for f in s["findings"]]
-        outcomes = [f.outcome for f in found]
-        decided = [f for f in found if f.replayed is not None]
-        records = [json.loads(p.read_text()) for p in sorted(d.glob("*/*/summary.json"))]
-        minutes = sum(run_cost_s(r) for r in records if not r.get("copied_from")) / 60
-        link = Path(os.path.relpath(d / "REPORT.md", link_from)).as_posix()
-        out.append(
-            f"| `{d.name}` | {len(records)} ({minutes:.0f} min) | {len(found)} | "
-            + " | ".join(str(outcomes.count(o)) for o in fs.OUTCOMES)
-            + f" | {sum(f.budget_bound for f in decided)} of {len(decided)} | [REPORT.md]({link}) |"
-        )
+    out += [_headline_row(d, s, link_from) for d, s in zip(dirs, per, strict=True)]
     return "\n".join(out) + "\n"
+
+
+def _headline_row(d: Path, studies: dict[str, dict], link_from: str | os.PathLike) -> str:
+    found = [f for s in studies.values() for f in s["findings"]]
+    outcomes = [f.outcome for f in found]
+    decided = [f for f in found if f.replayed is not None]
+    records = _summaries(d)
+    minutes = _trained_minutes(records)
+    link = Path(os.path.relpath(d / "REPORT.md", link_from)).as_posix()
+    counts = " | ".join(str(outcomes.count(o)) for o in fs.OUTCOMES)
+    bound = sum(f.budget_bound for f in decided)
+    return (
+        f"| `{d.name}` | {len(records)} ({minutes:.0f} min) | {len(found)} | {counts} | "
+        f"{bound} of {len(decided)} | [REPORT.md]({link}) |"
+    )
+
+
+def _summaries(profile_dir: Path) -> list[dict]:
+    """The summary.json of every run of a profile's folder."""
+    return [json.loads(p.read_text()) for p in sorted(Path(profile_dir).glob("*/*/summary.json"))]
+
+
+def _trained_minutes(records: list[dict]) -> float:
+    """The run time of the runs trained here (not copies), over all their attempts, in minutes."""
+    return sum(run_cost_s(r) for r in records if not r.get("copied_from")) / 60
 
 
 def run_cost_s(summary: dict) -> float:

@@ -36,7 +36,7 @@ from lbsgd import stats
 from lbsgd.config import ConfigError
 from lbsgd.findings import Finding
 from lbsgd.studies import Metrics, batch_scaling, critical_batch, curves
-from lbsgd.studies.rules import finding, grid_edge
+from lbsgd.studies.rules import finding, goyal_steps, grid_edge, paper_batch
 from lbsgd.studies.scales import PROFILES, Profile
 
 STUDY = "steps_to_target"
@@ -299,6 +299,10 @@ def table(c, f: critical_batch.Fit | None):
     t["saved_by_doubling"] = saved_by_doubling(t)
     t["region"] = [region(x) for x in t["saved_by_doubling"]]
     t["fit_steps"] = f.steps(t["batch_size"].astype(float)) if f else math.nan
+    # Goyal's side: the minibatch a k stands for (k · 256) and the steps of his 90 ImageNet
+    # epochs there (he reports the error flat up to 8k, 14,076 steps)
+    t["paper_batch"] = [paper_batch(k) for k in t["k"]]
+    t["paper_goyal_steps"] = [goyal_steps(b) for b in t["paper_batch"]]
     t["s_min"] = f.s_min if f else math.nan
     t["e_min"] = f.e_min if f else math.nan
     t["b_crit"] = f.b_crit if f else math.nan
