@@ -106,7 +106,8 @@ def _beside(root: Path) -> list[str]:
         f"## Beside {', '.join(f'`{d.name}`' for d in others)}",
         "",
         f"The verdicts of {', '.join(f'`{d.name}`' for d in dirs)} side by side (`lbsgd report "
-        f"--side-by-side {' '.join(str(d) for d in dirs)} --verdicts`; without `--verdicts`, "
+        f"--side-by-side {' '.join(f'{d.parent.name}/{d.name}' for d in dirs)} --verdicts`; "
+        "without `--verdicts`, "
         "with every evidence):",
         "",
         side_by_side(dirs, verdicts_only=True),
