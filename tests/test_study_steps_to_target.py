@@ -185,6 +185,7 @@ def test_perfect_scaling_up_to_k_star_and_diminishing_returns_beyond_replay():
     found = stt.findings(ladder(perfect_then_flat), large_k=8, tuning_seed=0)
     halves, beyond, b_crit = found
     assert halves.replayed is True and "slope of log2 steps on log2 batch -1.00" in halves.evidence
+    assert "; ;" not in halves.evidence and halves.evidence.startswith("steps to the target: k=1")
     assert beyond.replayed is True  # slope -0.2 > -0.75
     assert b_crit.paper.startswith("McCandlish")
 

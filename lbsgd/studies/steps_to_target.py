@@ -354,31 +354,37 @@ def _slope_verdict(test: stats.Test, claim_words: str) -> fs.Verdict:
 
 
 def _halves_up_to(m, c, large_k: float) -> Finding:
-    ks = [k for k in c["k"] if k <= large_k]
     claim = f"the steps to the target halve as the batch doubles up to k={large_k:g}"
-    steps = _steps_text(c, ks)
-    why = _edge_bound(c, ks)
-    if why is not None or len(ks) < 2:
-        v = fs.Verdict(None, why or "fewer than two batch sizes", invalid=why is not None)
-        return finding(claim, v, steps, paper=PAPER)
-    x, y = _slope_points(m, c, ks)
-    t = stats.slope_within(x, y, PERFECT, SLOPE_MARGIN)
-    v = _slope_verdict(t, f"the margin {PERFECT:g} ± {SLOPE_MARGIN:g}")
-    return finding(claim, v, f"{steps}; ", paper=PAPER)
+    ks = [k for k in c["k"] if k <= large_k]
+
+    def test(x, y):
+        t = stats.slope_within(x, y, PERFECT, SLOPE_MARGIN)
+        return _slope_verdict(t, f"the margin {PERFECT:g} ± {SLOPE_MARGIN:g}")
+
+    return _slope_claim(m, c, ks, claim, test)
 
 
 def _diminishing_beyond(m, c, large_k: float) -> Finding:
-    ks = [k for k in c["k"] if k >= large_k]
     claim = f"beyond k={large_k:g} a doubling saves less than the perfect-scaling halving"
+    ks = [k for k in c["k"] if k >= large_k]
+
+    def test(x, y):
+        t = stats.slope_above(x, y, PERFECT + SLOPE_MARGIN)
+        return _slope_verdict(t, f"the threshold {PERFECT + SLOPE_MARGIN:+g}")
+
+    return _slope_claim(m, c, ks, claim, test)
+
+
+def _slope_claim(m, c, ks: Sequence[float], claim: str, test) -> Finding:
+    """A claim on the slope over the batch sizes ``ks``: invalid when one of them is untuned or
+    never reaches the target, undecided with fewer than two, else ``test(x, y)``'s verdict."""
     steps = _steps_text(c, ks)
     why = _edge_bound(c, ks)
     if why is not None or len(ks) < 2:
         v = fs.Verdict(None, why or "fewer than two batch sizes", invalid=why is not None)
-        return finding(claim, v, steps, paper=PAPER)
-    x, y = _slope_points(m, c, ks)
-    t = stats.slope_above(x, y, PERFECT + SLOPE_MARGIN)
-    v = _slope_verdict(t, f"the threshold {PERFECT + SLOPE_MARGIN:+g}")
-    return finding(claim, v, f"{steps}; ", paper=PAPER)
+    else:
+        v = test(*_slope_points(m, c, ks))
+    return finding(claim, v, steps, paper=PAPER)
 
 
 def _b_crit(c, f: critical_batch.Fit | None) -> Finding:
