@@ -14,7 +14,9 @@
 #                                   JPEGs at 8 and 15 workers (lbsgd data fake): OUT/data_*.json
 #   tools/gpu-check.sh noise OUT    what noise_scale=true costs on the GPU: OUT/noise_scale_<gpu>.json
 #
-# PYTHON (default python3) is the node's interpreter, the one holding its torch.
+# PYTHON (default python3) is the node's interpreter, the one holding its torch. STEPS and
+# REPEATS shorten train and compiled (default 50 and 2), NOISE_STEPS and NOISE_REPEATS noise
+# (default 100 and 9), for a node lent by the minute; the JSON records what was run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -30,7 +32,7 @@ need_out() {
 }
 
 # the matrix's layouts, model and data (docs/benchmarks.md): ResNet-50, micro-batch 256
-common=(--layouts plain,ghost_bn,accum --accum 4 --steps 50 device=cuda model=resnet50 dataset=fake
+common=(--layouts plain,ghost_bn,accum --accum 4 --steps "${STEPS:-50}" device=cuda model=resnet50 dataset=fake
   channels_last=true micro_batch=256 bn_batch=32 batch_size=256 threads=0)
 
 gpu_slug() {
@@ -50,9 +52,13 @@ case "$step" in
     ;;
   tests)
     need_out
-    # the CUDA tests start lbsgd in subprocesses: they use the Python that setup installed into
+    # the CUDA tests start lbsgd in subprocesses: they use the Python that setup installed into.
+    # Only the files that hold CUDA tests are collected: others import what a node need not have
+    # (nbformat, papermill, radon)
+    mapfile -t files < <(grep -l "pytest.mark.cuda" tests/test_*.py)
     set +e
-    "$PY" -m pytest -m cuda -q -p no:cacheprovider --durations=0 tests 2>&1 | tee "$out/cuda_tests.txt"
+    "$PY" -m pytest -m cuda -q -p no:cacheprovider --durations=0 "${files[@]}" 2>&1 |
+      tee "$out/cuda_tests.txt"
     rc=${PIPESTATUS[0]}
     set -e
     exit "$rc"
@@ -61,12 +67,12 @@ case "$step" in
     need_out
     gpu=$(gpu_slug)
     "$PY" -m lbsgd bench train --matrix --precisions fp32,bf16,fp16 --compile false \
-      --repeats 2 "${common[@]}" --out "$out/train_$gpu.json"
+      --repeats "${REPEATS:-2}" "${common[@]}" --out "$out/train_$gpu.json"
     ;;
   compiled)
     need_out
     gpu=$(gpu_slug)
-    "$PY" -m lbsgd bench train --matrix --precisions bf16 --compile true --repeats 1 \
+    "$PY" -m lbsgd bench train --matrix --precisions bf16 --compile true --repeats "${REPEATS:-1}" \
       "${common[@]}" --out "$out/train_compiled_$gpu.json"
     ;;
   data)
@@ -85,11 +91,12 @@ case "$step" in
   noise)
     need_out
     gpu=$(gpu_slug)
-    "$PY" -m lbsgd bench noise --steps 100 --repeats 9 channels_last=true device=cuda \
+    "$PY" -m lbsgd bench noise --steps "${NOISE_STEPS:-100}" --repeats "${NOISE_REPEATS:-9}" \
+      channels_last=true device=cuda \
       --out "$out/noise_scale_$gpu.json"
     ;;
   *)
-    sed -n '2,17p' "$0" >&2
+    sed -n '2,19p' "$0" >&2
     exit 2
     ;;
 esac
