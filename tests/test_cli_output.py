@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import as_args, start, tiny_keys
+from conftest import as_args, start, tiny_keys, used_keys
 from helpers import EIGHT_STEP_EPOCHS, PROGRESS, assert_ends_with_its_summary
 
 from lbsgd.progress import PLAIN_EVERY_S, Flushed, Progress, ending_line
@@ -22,7 +22,7 @@ KEYS = tiny_keys(**EIGHT_STEP_EPOCHS, epochs=2)
 
 def _run(out: Path, name: str, nproc: int | None = None, **extra) -> subprocess.Popen:
     """``lbsgd train`` with stdout and stderr into one pipe (no terminal), in the order written."""
-    keys = {**KEYS, "out_dir": str(out), "name": name, **extra}
+    keys = used_keys({**KEYS, "out_dir": str(out), "name": name, **extra})
     return start(
         ["train", *as_args(keys)],
         nproc,

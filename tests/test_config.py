@@ -56,7 +56,7 @@ def test_config_is_frozen():
         (["optimizer=adam"], "optimizer", "'sgd', 'lars', 'lamb' or 'adamw'"),
         (["optimizer=lamb", "adam_beta2=1"], "adam_beta2", "must be in [0, 1)"),
         (["optimizer=adamw", "adam_eps=0"], "adam_eps", "must be > 0"),
-        (["adam_beta1=0.8"], "adam_beta1", "needs optimizer=lamb or adamw, not optimizer=sgd"),
+        (["adam_beta1=0.8"], "adam_beta1", "has no effect unless optimizer=lamb or adamw"),
         (["precision=fp8"], "precision", "'fp32', 'fp16' or 'bf16'"),
         (["lars_eta=0"], "lars_eta", "must be > 0"),
     ],
@@ -328,10 +328,89 @@ def test_switch_step_is_where_local_sgd_and_powersgd_take_over_and_null_the_warm
     # the run's name is the one it had before the key existed, until the key is set
     assert local.replace(switch_step=977).run_name() != local.run_name()
     for keys, match in [
-        ({"switch_step": 5}, r"^switch_step=5 is the step where .* not local_sgd=0 with comm_hook"),
+        ({"switch_step": 5}, r"^switch_step=5 has no effect unless local_sgd > 0 or comm_hook=powersgd"),
         ({"local_sgd": 2, "switch_step": -1}, r"^switch_step=-1 must be >= 0$"),
         ({"local_sgd": 2, "switch_step": 1.5}, r"^switch_step=1.5: "),
     ]:
         with pytest.raises(ConfigError, match=match) as err:
             config.from_dict(keys)
         assert "\n" not in str(err.value)
+
+
+# a value other than the default of every key that only one setting reads, and that setting
+_IGNORED_EXAMPLES = {
+    "lars_eta": ("0.002", "optimizer=lars"),
+    "adam_beta1": ("0.8", "optimizer=adamw"),
+    "adam_beta2": ("0.99", "optimizer=lamb"),
+    "adam_eps": ("1e-8", "optimizer=adamw"),
+    "momentum": ("0.8", "optimizer=sgd"),
+    "nesterov": ("false", "optimizer=sgd"),
+    "momentum_correction": ("false", "optimizer=sgd"),
+    "milestones": ("10,20", "schedule=step"),
+    "decay_factor": ("0.5", "schedule=step"),
+    "poly_power": ("3", "schedule=poly"),
+    "warmup_epochs": ("1", "warmup=gradual"),
+    "warmup_lr": ("0.01", "warmup=constant"),
+    "loss_scale": ("1024", "precision=fp16"),
+    "staleness_dist": ("uniform", "staleness=2"),
+    "powersgd_rank": ("2", "comm_hook=powersgd"),
+    "adapt_bn_bias": ("true", "optimizer=lamb"),
+    "block_momentum": ("0.5", "local_sgd=2"),
+    "block_lr": ("0.5", "local_sgd=2"),
+    "block_nesterov": ("false", "local_sgd=2"),
+    "switch_step": ("5", "comm_hook=powersgd"),
+    "noise_scale_batch": ("16", "noise_scale=true"),
+    "noise_scale_ema": ("0.9", "noise_scale=true"),
+    "synthetic_train": ("1000", "dataset=synthetic"),
+    "synthetic_test": ("100", "dataset=synthetic"),
+    "synthetic_difficulty": ("easy", "dataset=synthetic"),
+    "synthetic_noise": ("0.1", "dataset=synthetic"),
+    "fake_train": ("100", "dataset=fake"),
+    "fake_test": ("10", "dataset=fake"),
+    "fake_image_size": ("64", "dataset=fake"),
+    "fake_classes": ("10", "dataset=fake"),
+    "fashion_size": ("14", "dataset=fashion_mnist"),
+    "fashion_train": ("1000", "dataset=fashion_mnist"),
+}
+# a setting under which each key above is ignored
+_OFF = {
+    "optimizer=lars": "optimizer=sgd",
+    "optimizer=adamw": "optimizer=sgd",
+    "optimizer=lamb": "optimizer=sgd",
+    "optimizer=sgd": "optimizer=adamw",
+    "schedule=step": "schedule=cosine",
+    "schedule=poly": "schedule=step",
+    "warmup=gradual": "warmup=none",
+    "warmup=constant": "warmup=none",
+    "precision=fp16": "precision=fp32",
+    "staleness=2": "staleness=0",
+    "comm_hook=powersgd": "comm_hook=none",
+    "local_sgd=2": "local_sgd=0",
+    "noise_scale=true": "noise_scale=false",
+    "dataset=synthetic": "dataset=fake",
+    "dataset=fake": "dataset=synthetic",
+    "dataset=fashion_mnist": "dataset=synthetic",
+}
+
+
+def test_a_key_its_setting_ignores_is_refused_in_one_line_and_accepted_where_it_is_read():
+    from lbsgd.config.checks import USED_ONLY_WHEN
+
+    listed = {k for keys, _, _, _ in USED_ONLY_WHEN for k in keys}
+    assert listed == set(_IGNORED_EXAMPLES)  # every rule's key has an example here
+    defaults = config.load().to_dict()
+    for key, (value, on) in _IGNORED_EXAMPLES.items():
+        c = config.load(overrides=[on, f"{key}={value}"])  # read there: accepted
+        assert c.to_dict()[key] != defaults[key], key
+        with pytest.raises(ConfigError) as err:
+            config.load(overrides=[_OFF[on], f"{key}={value}"])
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith(f"{key}=") and "has no effect unless" in msg, msg
+        # its default, given explicitly where the key is ignored, changes nothing: accepted
+        default = defaults[key]
+        if isinstance(default, list | tuple):
+            shown = ",".join(map(str, default))
+        else:
+            shown = "null" if default is None else default
+            shown = str(default).lower() if isinstance(default, bool) else shown
+        assert config.load(overrides=[_OFF[on], f"{key}={shown}"]).to_dict()[key] == default

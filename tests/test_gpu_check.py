@@ -57,7 +57,16 @@ def test_each_step_runs_valid_lbsgd_command_lines_into_its_out_folder(tmp_path):
     r, lines = _step(tmp_path, "tests", str(out))
     assert r.returncode == 0, r.stderr
     assert len(lines) == 1 and lines[0][:4] == ["-m", "pytest", "-m", "cuda"]
-    assert lines[0][-1] == "tests"  # every file's CUDA tests (test_cuda, test_bench, the pipeline)
+    # the files holding CUDA tests, and only these: the others import what a GPU node need not have
+    held = sorted(
+        f"tests/{p.name}"
+        for p in (ROOT / "tests").glob("test_*.py")
+        if "pytest.mark.cuda" in p.read_text()
+    )
+    files = [a for a in lines[0] if a.startswith("tests/")]
+    assert (
+        files == held and "tests/test_cuda.py" in files and "tests/test_notebooks.py" not in files
+    )
     assert (out / "cuda_tests.txt").exists()
 
 

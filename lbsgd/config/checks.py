@@ -12,7 +12,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -387,17 +387,8 @@ def _check_derived(c: Config) -> None:
 def _check_gradient_rules(c: Config) -> None:
     """Which gradient exchanges combine: the noise scale, local SGD, BMUF and staleness."""
     _need(not c.nesterov or c.momentum > 0, "nesterov=true needs momentum > 0")
-    for key in ("adam_beta1", "adam_beta2", "adam_eps"):
-        _need(
-            c.optimizer in ("lamb", "adamw") or getattr(c, key) == FIELDS[key].default,
-            f"{key}={getattr(c, key)} is a key of Adam's moments: it needs optimizer=lamb or "
-            f"adamw, not optimizer={c.optimizer}",
-        )
-    _need(
-        c.adapt_bn_bias is None or c.optimizer in ("lars", "lamb"),
-        f"adapt_bn_bias={c.adapt_bn_bias} is a key of the trust ratio: it needs optimizer=lars "
-        f"or lamb, not optimizer={c.optimizer}",
-    )
+    problems = ignored_keys(c, always=True)
+    _need(not problems, "; ".join(problems))
     _need(
         not c.noise_scale or c.local_sgd == 0,
         f"noise_scale=true needs the all-reduced gradient of every step: not with "
@@ -412,19 +403,6 @@ def _check_gradient_rules(c: Config) -> None:
         c.local_sgd == 0 or c.comm_hook == "none",
         f"local_sgd={c.local_sgd} averages parameters itself: it needs comm_hook=none, "
         f"not comm_hook={c.comm_hook}",
-    )
-    # -- BMUF (lbsgd.comm.BMUF) --
-    for key, default in (("block_momentum", 0.0), ("block_lr", 1.0), ("block_nesterov", True)):
-        _need(
-            c.local_sgd > 0 or getattr(c, key) == default,
-            f"{key}={getattr(c, key)} filters the blocks of local SGD: it needs local_sgd > 0 "
-            f"(the block length n), not local_sgd=0",
-        )
-    _need(
-        c.switch_step is None or c.local_sgd > 0 or c.comm_hook == "powersgd",
-        f"switch_step={c.switch_step} is the step where local SGD or PowerSGD take over: it needs "
-        f"local_sgd > 0 or comm_hook=powersgd, not local_sgd=0 with comm_hook={c.comm_hook} "
-        "(valid: null)",
     )
     # -- simulated asynchronous SGD (lbsgd.staleness) --
     _need(
@@ -559,3 +537,100 @@ def check_world(
         )
     if c.noise_scale:
         noise_batch(c, world_size, m)
+
+
+# -- keys that a setting ignores -----------------------------------------------------------------
+
+# Keys that only one setting reads, each with that setting: the one place the rule lives. Set to
+# other than its default where its setting is off, such a key trains as if it were absent and
+# still changes the run's id, so it is refused in one line. The rules marked "always" hold for
+# every Config (check_config); the others for the keys a user gives explicitly, in a YAML file or
+# a key=value (:func:`check_ignored`, from :func:`lbsgd.config.load`): the studies build their
+# runs from whole profiles (the none arm of a warmup study keeps the profile's warmup_epochs).
+USED_ONLY_WHEN: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool], bool], ...] = (
+    (("lars_eta",), "optimizer=lars", lambda c: c.optimizer == "lars", False),
+    (
+        ("adam_beta1", "adam_beta2", "adam_eps"),
+        "optimizer=lamb or adamw",
+        lambda c: c.optimizer in ("lamb", "adamw"),
+        True,
+    ),
+    (("adapt_bn_bias",), "optimizer=lars or lamb", lambda c: c.optimizer in ("lars", "lamb"), True),
+    (
+        ("momentum", "nesterov", "momentum_correction"),
+        "optimizer=sgd or lars",
+        lambda c: c.optimizer in ("sgd", "lars"),
+        False,
+    ),
+    (("milestones", "decay_factor"), "schedule=step", lambda c: c.schedule == "step", False),
+    (("poly_power",), "schedule=poly", lambda c: c.schedule == "poly", False),
+    (
+        ("warmup_epochs", "warmup_lr"),
+        "warmup=gradual or constant",
+        lambda c: c.warmup != "none",
+        False,
+    ),
+    (("loss_scale",), "precision=fp16", lambda c: c.precision == "fp16", False),
+    (("staleness_dist",), "staleness > 0", lambda c: c.staleness > 0, False),
+    (("powersgd_rank",), "comm_hook=powersgd", lambda c: c.comm_hook == "powersgd", False),
+    (
+        ("block_momentum", "block_lr", "block_nesterov"),
+        "local_sgd > 0 (BMUF filters local SGD's blocks)",
+        lambda c: c.local_sgd > 0,
+        True,
+    ),
+    (
+        ("switch_step",),
+        "local_sgd > 0 or comm_hook=powersgd",
+        lambda c: c.local_sgd > 0 or c.comm_hook == "powersgd",
+        True,
+    ),
+    (
+        ("noise_scale_batch", "noise_scale_ema"),
+        "noise_scale=true",
+        lambda c: c.noise_scale,
+        False,
+    ),
+    (
+        ("synthetic_train", "synthetic_test", "synthetic_difficulty", "synthetic_noise"),
+        "dataset=synthetic",
+        lambda c: c.dataset == "synthetic",
+        False,
+    ),
+    (
+        ("fake_train", "fake_test", "fake_image_size", "fake_classes"),
+        "dataset=fake",
+        lambda c: c.dataset == "fake",
+        False,
+    ),
+    (
+        ("fashion_size", "fashion_train"),
+        "dataset=fashion_mnist",
+        lambda c: c.dataset == "fashion_mnist",
+        False,
+    ),
+)
+
+
+def ignored_keys(c: Any, given: Mapping[str, Any] | None = None, always: bool = False) -> list[str]:
+    """One line per key that ``c``'s setting ignores (:data:`USED_ONLY_WHEN`) while set to other
+    than its default: of the "always" rules (``always``), else of every rule for the keys of
+    ``given``."""
+    problems = []
+    for keys, setting, used, rule_always in USED_ONLY_WHEN:
+        if (always and not rule_always) or used(c):
+            continue
+        for key in keys:
+            if (always or key in (given or {})) and getattr(c, key) != FIELDS[key].default:
+                problems.append(
+                    f"{key}={_shown(getattr(c, key))} has no effect unless {setting}: drop it"
+                )
+    return problems
+
+
+def check_ignored(c: Any, given: Mapping[str, Any]) -> None:
+    """One ConfigError line naming every key of ``given`` (the keys set explicitly) that ``c``'s
+    setting ignores (:data:`USED_ONLY_WHEN`) while set to other than its default."""
+    problems = ignored_keys(c, given)
+    if problems:
+        raise ConfigError("; ".join(problems))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 import yaml
 
-from lbsgd.config.checks import check_values
+from lbsgd.config.checks import check_ignored, check_values
 from lbsgd.config.derived import DERIVED_KEYS, RECORD_KEYS
 from lbsgd.config.schema import FIELDS, Config, hints, unknown_key_message
 from lbsgd.registry import ConfigError, import_plugins
@@ -138,10 +138,13 @@ def read_values(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str
 
 def load(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> Config:
     """Defaults, then each YAML file in order, then ``key=value`` overrides; each key checked
-    alone first, then the plugins imported, then the rules across keys."""
+    alone first, then the plugins imported, then the rules across keys, then the keys given that
+    the setting ignores (:func:`~lbsgd.config.checks.check_ignored`)."""
     values = read_values(files, overrides)
     import_plugins(values.get("plugins", ()))
-    return from_dict(values)
+    c = from_dict(values)
+    check_ignored(c, values)
+    return c
 
 
 def dump(c: Config, d: Derived | None = None) -> str:
