@@ -328,7 +328,10 @@ def test_switch_step_is_where_local_sgd_and_powersgd_take_over_and_null_the_warm
     # the run's name is the one it had before the key existed, until the key is set
     assert local.replace(switch_step=977).run_name() != local.run_name()
     for keys, match in [
-        ({"switch_step": 5}, r"^switch_step=5 has no effect unless local_sgd > 0 or comm_hook=powersgd"),
+        (
+            {"switch_step": 5},
+            r"^switch_step=5 has no effect unless local_sgd > 0 or comm_hook=powersgd",
+        ),
         ({"local_sgd": 2, "switch_step": -1}, r"^switch_step=-1 must be >= 0$"),
         ({"local_sgd": 2, "switch_step": 1.5}, r"^switch_step=1.5: "),
     ]:
