@@ -78,7 +78,13 @@ def arm_keys(profile: Profile, arm: str) -> dict[str, Any]:
         "lamb": {"optimizer": "lamb", "nesterov": False, "weight_decay": ADAM_WEIGHT_DECAY},
         "adamw": {"optimizer": "adamw", "nesterov": False, "weight_decay": ADAM_WEIGHT_DECAY},
     }[arm]
-    return {**schedule, **keys, "holdout": profile.tuning["holdout"]}
+    # the profile's own keys of this study (a shorter run, fewer images), under the optimizer's
+    return {
+        **profile.tuning.get("keys", {}),
+        **schedule,
+        **keys,
+        "holdout": profile.tuning["holdout"],
+    }
 
 
 def check(profile: Profile) -> None:

@@ -44,7 +44,9 @@ class Profile:
     noise_in_batch_scaling: bool = False
     # study 14 (lbsgd.studies.optimizers): "holdout", the training images held out for tuning;
     # "anchors", each optimizer's lr per reference batch, the centre of its tuning grid (scaled
-    # to k by the linear rule for nesterov and lars, the square-root rule for lamb and adamw)
+    # to k by the linear rule for nesterov and lars, the square-root rule for lamb and adamw);
+    # "centres", calibrated centres per k that replace the anchors; "grid", the grid's own axes
+    # (lr_factors, warmups, the tuning seeds); "keys", config keys of every run of the study
     tuning: Mapping[str, Any] = field(default_factory=dict)
     # S_min: the fewest optimizer steps any batch needs to reach study 11's target loss at this
     # profile, from that study's committed fit (results/<profile>/critical_batch/fit.csv; a test
@@ -55,6 +57,9 @@ class Profile:
     # top-1 error (%) every one of them reaches; "holdout", the images held out to read it on;
     # "seeds", each trial's
     ladder: Mapping[str, Any] = field(default_factory=dict)
+    # a study's own seeds where they differ from ``seeds`` (chosen for the power of that study's
+    # claims); a notebook's ``seeds`` parameter overrides both
+    study_seeds: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     # the profiles whose replays this one's REPORT.md sets beside its own (their folders next to
     # its own: results/<name>), with each differing verdict's budget
     beside: tuple[str, ...] = ()
