@@ -409,3 +409,29 @@ def test_parity_gaps_are_the_paired_differences_beside_nados_published_one():
     # Nado et al.: Nesterov and LARS both 75.9% top-1 at 32k; nothing published for Adam vs LAMB
     assert gaps.loc["Nesterov - LARS", "paper"] == pytest.approx(0.0)
     assert math.isnan(gaps.loc["AdamW - LAMB", "paper"])
+
+
+def test_a_profiles_own_seeds_and_keys_of_a_study_are_used_and_the_notebooks_override_them(
+    monkeypatch, tmp_path
+):
+    import dataclasses
+
+    from lbsgd import studies
+    from lbsgd.studies import scales
+
+    own = dataclasses.replace(
+        scales.PROFILES["smoke"],
+        study_seeds={"optimizers": (7, 8)},
+        tuning={**scales.PROFILES["smoke"].tuning, "keys": {"epochs": 3, "fashion_size": 14}},
+    )
+    monkeypatch.setitem(scales.PROFILES, "smoke", own)
+    start = dict(title="t", profile="smoke", out_dir=tmp_path, wandb="disabled")
+    assert studies.start("optimizers", **start).seeds == [7, 8]  # the study's own
+    assert studies.start("warmup", **start).seeds == list(
+        own.seeds
+    )  # another study's: the profile's
+    assert studies.start("optimizers", seeds=[3], **start).seeds == [3]  # the notebook's
+    run = opt.arm_keys(own, "lamb")
+    assert run["epochs"] == 3 and run["optimizer"] == "lamb"  # the study's keys, then the arm's
+    # the notebook's epochs replace the study's own length too
+    assert opt.arm_keys(scales.get("smoke", epochs=1), "lamb")["epochs"] == 1

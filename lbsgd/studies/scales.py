@@ -416,7 +416,9 @@ def get(name: str, epochs: float | None = None) -> Profile:
         if epochs <= 0:
             raise ConfigError(f"epochs={epochs} must be > 0")
         p = dataclasses.replace(p, base={**p.base, "epochs": epochs})
-        if "epochs" in p.ladder.get("keys", {}):  # the ladder's own length, overridden too
-            keys = {**p.ladder["keys"], "epochs": epochs}
-            p = dataclasses.replace(p, ladder={**p.ladder, "keys": keys})
+        for own in ("ladder", "tuning"):  # study 15's and study 14's own lengths, overridden too
+            settings = getattr(p, own)
+            if "epochs" in settings.get("keys", {}):
+                keys = {**settings["keys"], "epochs": epochs}
+                p = dataclasses.replace(p, **{own: {**settings, "keys": keys}})
     return p
