@@ -425,7 +425,7 @@ def test_a_profiles_own_seeds_and_keys_of_a_study_are_used_and_the_notebooks_ove
         tuning={**scales.PROFILES["smoke"].tuning, "keys": {"epochs": 3, "fashion_size": 14}},
     )
     monkeypatch.setitem(scales.PROFILES, "smoke", own)
-    start = dict(title="t", profile="smoke", out_dir=tmp_path, wandb="disabled")
+    start = {"title": "t", "profile": "smoke", "out_dir": tmp_path, "wandb": "disabled"}
     assert studies.start("optimizers", **start).seeds == [7, 8]  # the study's own
     assert studies.start("warmup", **start).seeds == list(
         own.seeds
