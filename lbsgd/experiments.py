@@ -298,7 +298,13 @@ def sweep(
         "resume": True,
         "profile": profile,
     }
-    cfgs = [config.from_dict({**base, **r}) for r in config.run_list(runs)]  # before any work
+    runs = config.run_list(runs)
+    cfgs = [config.from_dict({**base, **r}) for r in runs]  # before any work
+    if (
+        profile is None
+    ):  # a user's own runs: no key their setting ignores (a study's: whole profiles)
+        for c, r in zip(cfgs, runs, strict=True):
+            config.check_ignored(c, r)
     if cfgs:
         varied = varied_keys(cfgs)
         cfgs = [c.replace(varied=varied) for c in cfgs]

@@ -61,14 +61,9 @@ def used_keys(keys: Mapping) -> dict:
     """``keys`` less those that their own setting ignores (lbsgd.config.checks.USED_ONLY_WHEN:
     the synthetic sizes once the dataset is another, warmup_epochs under warmup=none), which
     ``lbsgd train`` refuses: for a test that changes the setting of the tiny run."""
-    from types import SimpleNamespace
+    from lbsgd.config.checks import without_ignored
 
-    from lbsgd.config.checks import USED_ONLY_WHEN
-    from lbsgd.config.schema import FIELDS
-
-    c = SimpleNamespace(**{**{k: f.default for k, f in FIELDS.items()}, **keys})
-    ignored = {k for names, _, used in USED_ONLY_WHEN if not used(c) for k in names}
-    return {k: v for k, v in keys.items() if k not in ignored}
+    return without_ignored(keys)
 
 
 def tiny_subset(names: Sequence[str], **overrides) -> dict:

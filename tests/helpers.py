@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from conftest import as_args, lbsgd, tiny_keys
+from conftest import as_args, lbsgd, tiny_keys, used_keys
 
 from lbsgd import checkpoint, config
 from lbsgd.data.fake_files import dump_py2
@@ -82,7 +82,7 @@ KILL_AT = 11  # killed before step 11: the newest checkpoint is step 9, mid-epoc
 
 def resume_args(out: Path, name: str, **extra) -> list[str]:
     """``lbsgd train``'s arguments of the 16-step run ``name`` (RESUME_KEYS and ``extra``)."""
-    keys = {**RESUME_KEYS, "out_dir": str(out), "name": name, **extra}
+    keys = used_keys({**RESUME_KEYS, "out_dir": str(out), "name": name, **extra})
     return [f"{k}={v}" for k, v in keys.items()]
 
 

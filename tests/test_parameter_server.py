@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import lbsgd
+from conftest import lbsgd, used_keys
 from helpers import PROGRESS, RESUME_KEYS, assert_ends_with_its_summary, initial_weights
 
 from lbsgd import checkpoint, entry, parameter_server
@@ -36,7 +36,8 @@ KEYS |= {"bn_batch": 16, "warmup_epochs": 0.25}
 
 
 def _args(out: Path, name: str, **extra) -> list[str]:
-    return [f"{k}={v}" for k, v in {**KEYS, "out_dir": str(out), "name": name, **extra}.items()]
+    keys = used_keys({**KEYS, "out_dir": str(out), "name": name, **extra})
+    return [f"{k}={v}" for k, v in keys.items()]
 
 
 def _records(run_dir: Path, kind: str) -> list[dict]:

@@ -12,7 +12,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -612,24 +612,35 @@ USED_ONLY_WHEN: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool], bool], 
 )
 
 
-def ignored_keys(c: Any, given: Mapping[str, Any] | None = None, always: bool = False) -> list[str]:
+def ignored_keys(c: Any, given: Iterable[str] = (), always: bool = False) -> list[str]:
     """One line per key that ``c``'s setting ignores (:data:`USED_ONLY_WHEN`) while set to other
     than its default: of the "always" rules (``always``), else of every rule for the keys of
     ``given``."""
-    problems = []
+    problems, given = [], set(given)
     for keys, setting, used, rule_always in USED_ONLY_WHEN:
         if (always and not rule_always) or used(c):
             continue
         for key in keys:
-            if (always or key in (given or {})) and getattr(c, key) != FIELDS[key].default:
+            if (always or key in given) and getattr(c, key) != FIELDS[key].default:
                 problems.append(
                     f"{key}={_shown(getattr(c, key))} has no effect unless {setting}: drop it"
                 )
     return problems
 
 
-def check_ignored(c: Any, given: Mapping[str, Any]) -> None:
-    """One ConfigError line naming every key of ``given`` (the keys set explicitly) that ``c``'s
+def without_ignored(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` less the keys that their own setting (with the defaults) ignores: the keys to
+    give a run made from another's."""
+    from types import SimpleNamespace
+
+    typed = {k: _typed(k, v)[0] for k, v in values.items() if k in FIELDS}  # bad ones: as given
+    c = SimpleNamespace(**{**{k: f.default for k, f in FIELDS.items()}, **typed})
+    ignored = {k for names, _, used, _ in USED_ONLY_WHEN if not used(c) for k in names}
+    return {k: v for k, v in values.items() if k not in ignored}
+
+
+def check_ignored(c: Any, given: Iterable[str]) -> None:
+    """One ConfigError line naming every key in ``given`` (the keys set explicitly) that ``c``'s
     setting ignores (:data:`USED_ONLY_WHEN`) while set to other than its default."""
     problems = ignored_keys(c, given)
     if problems:

@@ -139,12 +139,26 @@ def read_values(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str
 def load(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> Config:
     """Defaults, then each YAML file in order, then ``key=value`` overrides; each key checked
     alone first, then the plugins imported, then the rules across keys, then the keys given that
-    the setting ignores (:func:`~lbsgd.config.checks.check_ignored`)."""
+    the setting ignores (:func:`~lbsgd.config.checks.check_ignored`, :func:`given_keys`), unless
+    the run is a study's (``profile`` set)."""
     values = read_values(files, overrides)
     import_plugins(values.get("plugins", ()))
     c = from_dict(values)
-    check_ignored(c, values)
+    if c.profile is None:  # a study's run (lbsgd.experiments.sweep) is built from a whole profile
+        check_ignored(c, given_keys(files, overrides))
     return c
+
+
+def given_keys(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> set[str]:
+    """The keys a user chose: every key=value, and the keys of each YAML file except a whole
+    config (every key, as a run's config.yaml holds it: a run given back to ``lbsgd train -c``
+    keeps the keys it was made with)."""
+    given = set(parse_overrides(overrides))
+    for f in files:
+        keys = set(read_yaml(f))
+        if not keys >= set(FIELDS) - set(DERIVED_KEYS) - set(RECORD_KEYS):
+            given |= keys
+    return given
 
 
 def dump(c: Config, d: Derived | None = None) -> str:
