@@ -303,13 +303,15 @@ PROFILES: dict[str, Profile] = {
         # steps (stopped there). Hence the target 22% (every size reaches it) and a grid from
         # x 0.25 (k = 64 prefers x 0.5, which a grid starting there would leave on its edge).
         # Batch sizes x4 apart (1, 4, 16, 64): 20 runs, about 35 minutes on 2 cores; every
-        # doubling would take 35 runs.
+        # doubling would take 35 runs. The replay's first grid (x 0.25 to x 2, at cbc0999) chose
+        # x 0.25 at k = 16 and 64, its low edge (k = 16: 284 steps at x 0.25, 329 at x 0.5; k = 64
+        # reached the target at x 0.25 alone), so the grid goes down to x 0.125 (4 runs more).
         ladder={
             "ks": (1, 4, 16, 64),
             "target": 22.0,
             "holdout": 5_000,
             "seeds": (0, 1),
-            "lr_factors": (0.25, 0.5, 1.0, 2.0),
+            "lr_factors": (0.125, 0.25, 0.5, 1.0, 2.0),
             "keys": {"epochs": 4, "milestones": []},
         },
         # the studies it replays so far (study 14's redo here is still to be calibrated)
