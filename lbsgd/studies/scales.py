@@ -305,13 +305,15 @@ PROFILES: dict[str, Profile] = {
         # Batch sizes x4 apart (1, 4, 16, 64): 20 runs, about 35 minutes on 2 cores; every
         # doubling would take 35 runs. The replay's first grid (x 0.25 to x 2, at cbc0999) chose
         # x 0.25 at k = 16 and 64, its low edge (k = 16: 284 steps at x 0.25, 329 at x 0.5; k = 64
-        # reached the target at x 0.25 alone), so the grid goes down to x 0.125 (4 runs more).
+        # reached the target at x 0.25 alone), so the grid went down to x 0.125 (4 runs more, at
+        # d8a458d): k = 16 kept x 0.25 (x 0.125: 393 steps), k = 64 chose x 0.125 (148 steps, both
+        # seeds; x 0.25: 164, one seed of two), the edge again, hence x 0.0625 (4 runs more).
         ladder={
             "ks": (1, 4, 16, 64),
             "target": 22.0,
             "holdout": 5_000,
             "seeds": (0, 1),
-            "lr_factors": (0.125, 0.25, 0.5, 1.0, 2.0),
+            "lr_factors": (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0),
             "keys": {"epochs": 4, "milestones": []},
         },
         # the studies it replays so far (study 14's redo here is still to be calibrated)
