@@ -316,6 +316,9 @@ PROFILES: dict[str, Profile] = {
             "lr_factors": (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0),
             "keys": {"epochs": 4, "milestones": []},
         },
+        # study 15's fit (results/fashion-long/steps_to_target/table.csv): the large minibatch's
+        # 1,875 steps are 20.5x S_min
+        s_min=91.4,
         # the studies it replays so far (study 14's redo here is still to be calibrated)
         studies=("warmup", "steps_to_target"),
         beside=("fashion", "cpu"),
