@@ -84,7 +84,7 @@ def test_the_fashion_replay_measured_the_noise_scale_in_notebook_3s_own_runs():
 
 
 SIDE_BY_SIDE = "<!-- lbsgd report --side-by-side results/cpu results/fashion --verdicts -->"
-HEADLINE = "<!-- lbsgd report --headline results/cpu results/fashion -->"
+HEADLINE = "<!-- lbsgd report --headline results/cpu results/fashion results/fashion-long -->"
 
 
 def _block(text: str, marker: str) -> str:
@@ -100,10 +100,10 @@ def test_the_docs_table_of_verdicts_is_the_one_the_report_command_prints():
 
 
 def test_readmes_headline_table_is_the_one_the_report_command_prints():
-    _runs("cpu"), _runs("fashion")
+    _runs("cpu"), _runs("fashion"), _runs("fashion-long")
     readme = (RESULTS.parent / "README.md").read_text()
     assert _block(readme, HEADLINE) == report.headline(
-        [Path("results/cpu"), Path("results/fashion")]
+        [Path("results/cpu"), Path("results/fashion"), Path("results/fashion-long")]
     )
     # its links are the reports themselves
     assert "[REPORT.md](results/cpu/REPORT.md)" in _block(readme, HEADLINE)
