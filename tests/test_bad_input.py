@@ -364,7 +364,8 @@ def _sweep(root: Path, given: dict) -> None:
     given = dict(given)
     study, runs = given.pop("study", "runs"), given.pop("runs", [{}])
     if isinstance(runs, list) and all(isinstance(run, dict) for run in runs):
-        runs = [used_keys({**TINY, **run}) for run in runs]
+        # the tiny run's keys less those the given setting ignores; the given keys as they are
+        runs = [{**used_keys({**TINY, **run}), **run} for run in runs]
     out_dir = given.pop("out_dir", str(root / "results"))
     experiments.sweep(study, runs, out_dir=out_dir, quiet=True, **given)
 
