@@ -293,7 +293,6 @@ PROFILES: dict[str, Profile] = {
         # difference gradual − none (0.93 over its five seeds): 8 seeds for 1.10, 9 for 1.04,
         # 12 for 0.86. Eight, the first claim's; the other two have 77% and 61% power at that sd.
         seeds=tuple(range(8)),
-        ks={},
         large_k=16,
         # study 15's ladder: a constant lr after the gradual warmup (no decay: the steps to a target
         # would otherwise read the schedule's fixed decay epochs), at most 4 epochs, 5,000 images
@@ -315,6 +314,28 @@ PROFILES: dict[str, Profile] = {
             "seeds": (0, 1),
             "lr_factors": (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0),
             "keys": {"epochs": 4, "milestones": []},
+        },
+        # Study 14 (calibrated, not yet replayed): at k = 16 on 30,000 images (3,000 held out), 4
+        # epochs: 422 steps, 4.6x S_min, about 65 s a run two at a time. poly(2), 0.25 warmup
+        # epochs. Probes (seed 1000, one run each, held-out top-1 error %, peak lr):
+        # - Nesterov 0.4 -> 20.7, 0.8 -> 21.5, 1.6 -> 18.6;
+        # - LARS 2 -> 26.4, 6 -> 21.2, 18 -> 20.6;
+        # - LAMB 0.02 -> 19.7, 0.056 -> 19.6, 0.16 -> 24.5;
+        # - AdamW 0.005 -> 22.3, 0.014 -> 20.5, 0.042 -> 20.4.
+        # Each grid is centred on its best probe, 5 peak lrs x2 apart (x 0.25 to x 4), two tuning
+        # seeds: 40 trials, then the 8 seeds of each choice, 72 runs in all (about 40 minutes).
+        ks={"optimizers": (16,)},
+        lars={"schedule": "poly", "poly_power": 2.0, "lars_eta": 0.001},
+        tuning={
+            "holdout": 3_000,
+            "anchors": {"nesterov": 0.1, "lars": 1.125, "lamb": 0.014, "adamw": 0.0105},
+            "centres": {16: {"nesterov": 1.6, "lars": 18.0, "lamb": 0.056, "adamw": 0.042}},
+            "grid": {
+                "lr_factors": (0.25, 0.5, 1.0, 2.0, 4.0),
+                "warmups": (0.25,),
+                "seeds": (1000, 1001),
+            },
+            "keys": {"fashion_train": 30_000, "epochs": 4},
         },
         # study 15's fit (results/fashion-long/steps_to_target/table.csv): the large minibatch's
         # 1,875 steps are 20.5x S_min
