@@ -300,9 +300,8 @@ def sweep(
     }
     runs = config.run_list(runs)
     cfgs = [config.from_dict({**base, **r}) for r in runs]  # before any work
-    if (
-        profile is None
-    ):  # a user's own runs: no key their setting ignores (a study's: whole profiles)
+    # a user's own runs: no key that their setting ignores (a study's are whole profiles)
+    if profile is None:
         for c, r in zip(cfgs, runs, strict=True):
             config.check_ignored(c, r)
     if cfgs:

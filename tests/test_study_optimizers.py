@@ -411,27 +411,20 @@ def test_parity_gaps_are_the_paired_differences_beside_nados_published_one():
     assert math.isnan(gaps.loc["AdamW - LAMB", "paper"])
 
 
-def test_a_profiles_own_seeds_and_keys_of_a_study_are_used_and_the_notebooks_override_them(
-    monkeypatch, tmp_path
+def test_a_profiles_own_keys_of_study_14_are_used_and_a_notebooks_epochs_override_them(
+    monkeypatch,
 ):
     import dataclasses
 
-    from lbsgd import studies
     from lbsgd.studies import scales
 
     own = dataclasses.replace(
         scales.PROFILES["smoke"],
-        study_seeds={"optimizers": (7, 8)},
         tuning={**scales.PROFILES["smoke"].tuning, "keys": {"epochs": 3, "fashion_size": 14}},
     )
     monkeypatch.setitem(scales.PROFILES, "smoke", own)
-    start = {"title": "t", "profile": "smoke", "out_dir": tmp_path, "wandb": "disabled"}
-    assert studies.start("optimizers", **start).seeds == [7, 8]  # the study's own
-    assert studies.start("warmup", **start).seeds == list(
-        own.seeds
-    )  # another study's: the profile's
-    assert studies.start("optimizers", seeds=[3], **start).seeds == [3]  # the notebook's
     run = opt.arm_keys(own, "lamb")
-    assert run["epochs"] == 3 and run["optimizer"] == "lamb"  # the study's keys, then the arm's
+    assert run["epochs"] == 3 and run["fashion_size"] == 14 and run["optimizer"] == "lamb"
+    assert "epochs" not in opt.arm_keys(scales.PROFILES["cpu"], "lamb")  # none: the profile's
     # the notebook's epochs replace the study's own length too
     assert opt.arm_keys(scales.get("smoke", epochs=1), "lamb")["epochs"] == 1

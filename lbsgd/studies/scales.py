@@ -57,9 +57,6 @@ class Profile:
     # top-1 error (%) every one of them reaches; "holdout", the images held out to read it on;
     # "seeds", each trial's
     ladder: Mapping[str, Any] = field(default_factory=dict)
-    # a study's own seeds where they differ from ``seeds`` (chosen for the power of that study's
-    # claims); a notebook's ``seeds`` parameter overrides both
-    study_seeds: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     # the profiles whose replays this one's REPORT.md sets beside its own (their folders next to
     # its own: results/<name>), with each differing verdict's budget
     beside: tuple[str, ...] = ()

@@ -154,7 +154,7 @@ def start(
         nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, parallel=parallel
     )
     p = scales.get(profile, epochs=epochs)
-    chosen = list(seeds) if seeds is not None else list(p.study_seeds.get(study, p.seeds))
+    chosen = list(seeds) if seeds is not None else list(p.seeds)
     if not chosen or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in chosen):
         raise ex.config.ConfigError(f"seeds={seeds!r} must be a non-empty list of integers >= 0")
     launch = {
