@@ -15,13 +15,17 @@ SCRIPT = ROOT / "tools" / "gpu-check.sh"
 STAND_IN = Path(__file__).parent / "gpu_check_python.py"
 
 
-def _step(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+def _step(
+    tmp_path: Path, *args: str, **env: str
+) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     python = tmp_path / "python3"
     python.write_text(f'#!/bin/sh\nexec {sys.executable} {STAND_IN} "$@"\n')
     python.chmod(0o755)
     log = tmp_path / "lines.jsonl"
     log.write_text("")
-    env = subprocess_env(PYTHON=str(python), GPU_CHECK_LOG=str(log), DATA=str(tmp_path / "data"))
+    env = subprocess_env(
+        PYTHON=str(python), GPU_CHECK_LOG=str(log), DATA=str(tmp_path / "data"), **env
+    )
     r = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env)
     return r, [json.loads(line) for line in log.read_text().splitlines()]
 
@@ -76,3 +80,24 @@ def test_a_step_without_its_out_folder_or_an_unknown_step_is_refused(tmp_path):
     assert lines == []  # nothing ran
     r, lines = _step(tmp_path, "bench")
     assert r.returncode == 2 and "tools/gpu-check.sh setup" in r.stderr and lines == []
+
+
+def test_studies_runs_each_committed_config_on_cuda_smallest_batch_first(tmp_path):
+    configs = tmp_path / "configs"
+    for name, batch in (("big", 256), ("small", 16), ("middle", 64)):
+        (configs / "warmup" / name).mkdir(parents=True)
+        (configs / "warmup" / name / "config.yaml").write_text(f"batch_size: {batch}\nseed: 0\n")
+    out = tmp_path / "out"
+    r, lines = _step(
+        tmp_path, "studies", str(out), CONFIGS=str(configs), JOBS="1", EXTRA="micro_batch=auto"
+    )
+    assert r.returncode == 0, r.stderr
+    runs = [a for a in lines if a[:4] == ["-m", "lbsgd", "train", "-c"]]
+    # one line per config, the smallest batch first (it runs longest), each onto the GPU
+    assert [Path(a[4]).parent.name for a in runs] == ["small", "middle", "big"]
+    assert all(a[5:] == ["device=cuda", f"out_dir={out}/studies", "micro_batch=auto"] for a in runs)
+    assert sorted(p.name for p in (out / "studies").glob("*.log")) == [
+        "big.log",
+        "middle.log",
+        "small.log",
+    ]

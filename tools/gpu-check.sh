@@ -13,6 +13,11 @@
 #   tools/gpu-check.sh data OUT     loaders against compute: CIFAR-10 (on the device) and ImageNet
 #                                   JPEGs at 8 and 15 workers (lbsgd data fake): OUT/data_*.json
 #   tools/gpu-check.sh noise OUT    what noise_scale=true costs on the GPU: OUT/noise_scale_<gpu>.json
+#   tools/gpu-check.sh studies OUT  a profile's committed runs again on the GPU, from their own
+#                                   config.yaml (PROFILE, default fashion-long; CONFIGS, the folder
+#                                   holding them, default results/PROFILE), JOBS at a time (default
+#                                   cores - 2), smallest batch first, EXTRA's key=value pairs added
+#                                   (e.g. micro_batch=auto): OUT/studies/<study>/<run>/
 #
 # PYTHON (default python3) is the node's interpreter, the one holding its torch. STEPS and
 # REPEATS shorten train and compiled (default 50 and 2), NOISE_STEPS and NOISE_REPEATS noise
@@ -57,7 +62,7 @@ case "$step" in
     # (nbformat, papermill, radon)
     mapfile -t files < <(grep -l "pytest.mark.cuda" tests/test_*.py)
     set +e
-    "$PY" -m pytest -m cuda -q -p no:cacheprovider --durations=0 "${files[@]}" 2>&1 |
+    "$PY" -m pytest -m cuda -v -p no:cacheprovider --durations=0 "${files[@]}" 2>&1 |
       tee "$out/cuda_tests.txt"
     rc=${PIPESTATUS[0]}
     set -e
@@ -95,8 +100,19 @@ case "$step" in
       channels_last=true device=cuda \
       --out "$out/noise_scale_$gpu.json"
     ;;
+  studies)
+    need_out
+    profile=${PROFILE:-fashion-long}
+    configs=${CONFIGS:-results/$profile}
+    jobs=${JOBS:-$(($(nproc) - 2))}
+    mkdir -p "$out/studies"
+    # the smallest batches run longest: started first, they set the wall time
+    find "$configs" -name config.yaml -exec grep -H '^batch_size:' {} + | sort -t: -k3n | cut -d: -f1 |
+      PY="$PY" OUT="$out/studies" EXTRA="${EXTRA:-}" xargs -P "$jobs" -I{} sh -c \
+        '"$PY" -m lbsgd train -c "$1" device=cuda out_dir="$OUT" $EXTRA >"$OUT/$(basename "$(dirname "$1")").log" 2>&1' _ {}
+    ;;
   *)
-    sed -n '2,19p' "$0" >&2
+    sed -n '2,23p' "$0" >&2
     exit 2
     ;;
 esac
