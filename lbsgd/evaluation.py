@@ -105,6 +105,13 @@ def evaluation_record(
     return rec
 
 
+def target_reached(target: float | None, rec: dict[str, Any]) -> bool:
+    """Whether an evaluation's record meets ``stop_at_error``'s ``target``: its held-out top-1
+    error (the held-out split's, else the test split's) at or below it; never when None."""
+    error = rec.get("val_top1_error_pct", rec.get("top1_error_pct"))
+    return target is not None and error is not None and error <= target
+
+
 def note_evaluation(summary: dict[str, Any], rec: dict[str, Any]) -> None:
     """An evaluation into summary.json's ``final``, and into ``best`` where its top-1 error is
     lower than the best before: the test split's (``top1_error_pct``, ``step``) and, apart, the

@@ -32,7 +32,7 @@ from lbsgd.cadence import (
     decide,
 )
 from lbsgd.config import Config, ConfigError, Derived, warmup_warning
-from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
+from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation, target_reached
 from lbsgd.features import Pending, Reduced, pack_flush, unpack_flush
 from lbsgd.models import ghost_bn
 from lbsgd.network import backward_without_trace, build_net, memory_format
@@ -417,15 +417,12 @@ class Run:
                 return Status.DIVERGED
             if self.stop_agreed:  # agreed at this flush: the step's decisions with it
                 plan = decide(self.cadence, done, 0, in_sync, stop_agreed=True)
-        top1_error = None  # this step's evaluation's, if it has one
         with clock.set_aside():  # evaluation and checkpoints are not training time
-            if plan.boundary:
-                for f in self.features:
-                    f.at_boundary()
-            if plan.evaluate or plan.probe:
-                top1_error = self.evaluate_as_planned(done, plan.evaluate)
+            top1_error, reached = self._evaluate_as_planned(done, plan)
             if plan.checkpoint:
                 self.save(done)
+        if reached:
+            return self._end_at_target(done, pending, clock, progress, plan, in_sync)
         self.summary["steps"] = done
         progress.report(done, plan.boundary, top1_error)
         if not plan.stop:
@@ -510,13 +507,44 @@ class Run:
             self.tracker.log(rec, wandb=False)
         self.tracker.log_wandb({**rec, "loss": sum(losses) / len(losses)})
 
-    def evaluate_as_planned(self, step: int, full: bool) -> float | None:
-        """The full evaluation (``full``; its test top-1 error) or a probe of the held-out split
-        alone (the test split's without one: ``eval_per_octave``; None)."""
-        if full:
-            return self.evaluate(step)["top1_error_pct"]
-        self.evaluate(step, only="val" if self.splits.val is not None else "test")
-        return None
+    def _evaluate_as_planned(self, done: int, plan) -> tuple[float | None, bool]:
+        """The step's evaluation as planned: its test top-1 error (None without a full
+        evaluation) and whether it reached ``stop_at_error`` before the last step (then also the
+        test split, where the planned evaluation was a probe of the held-out split alone)."""
+        if plan.boundary:
+            for f in self.features:
+                f.at_boundary()
+        rec: dict[str, Any] = {}
+        if plan.evaluate or plan.probe:
+            rec = self.evaluate(done, only=None if plan.evaluate else self.held_out)
+        reached = target_reached(self.cfg.stop_at_error, rec) and done < self.d.total_steps
+        if reached and not plan.evaluate and self.held_out == "val":
+            rec = {**rec, **self.evaluate(done, only="test")}  # the run ends here
+        return rec.get("top1_error_pct"), reached
+
+    def _end_at_target(self, done, pending, clock, progress, plan, in_sync) -> Status:
+        """A run that reached ``stop_at_error`` at step ``done``: its steps flushed, a checkpoint
+        (where the processes' models agree), "completed"."""
+        if pending and not self._close_window(pending, clock, progress):
+            self.summary["steps"] = done
+            return Status.DIVERGED
+        if self.cfg.checkpoint and in_sync and not plan.checkpoint:
+            with clock.set_aside():
+                self.save(done)
+        self.summary["steps"] = self.summary["stopped_at_target"] = done
+        progress.report(done, True, self.summary["final"].get("top1_error_pct"))
+        if self.ctx.is_main:
+            print(
+                f"lbsgd: held-out top-1 error at or below stop_at_error="
+                f"{self.cfg.stop_at_error:g}% after step {done}: the run ends here",
+                flush=True,
+            )
+        return Status.COMPLETED
+
+    @property
+    def held_out(self) -> str:
+        """The split a probe (``eval_per_octave``) measures: the held-out one, else the test split."""
+        return "val" if self.splits.val is not None else "test"
 
     def evaluate(self, step: int, only: str | None = None) -> dict[str, Any]:
         """Top-1/top-5 error (%) and loss on the test split (and the held-out split, with

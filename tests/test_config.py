@@ -157,6 +157,7 @@ def test_keys_added_later_leave_earlier_run_ids_unchanged_until_set():
         "adam_beta2": {"optimizer": "lamb", "adam_beta2": 0.99},
         "adam_eps": {"optimizer": "adamw", "adam_eps": 1e-8},
         "adapt_bn_bias": {"optimizer": "lars", "adapt_bn_bias": True},
+        "stop_at_error": {"stop_at_error": 20.0},
     }
     for key in config.HASHED_ONLY_OFF_DEFAULT:
         keys = off_default[key] if key in off_default else {key: getattr(Config(), key) + 1}

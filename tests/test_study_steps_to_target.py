@@ -123,6 +123,12 @@ def test_the_trials_are_every_k_at_every_lr_factor_with_the_tuning_seed_and_prob
     assert {r["batch_size"] for r in t} == {k * SMOKE.base["reference_batch"] for k in lad["ks"]}
     # the noise probe wherever the batch exceeds B_small (16)
     assert all(r["noise_scale"] == (r["batch_size"] > 16) for r in t)
+    # each ends at the ladder's target (stop_at_error), or at the notebook's own
+    assert {r["stop_at_error"] for r in t} == {lad["target"]}
+    assert {r["stop_at_error"] for r in stt.trials(SMOKE, target=12.5)} == {12.5}
+    chosen = pd.DataFrame({"k": [lad["ks"][0]], "lr_factor": [1.0]})
+    confirm = stt.confirmations(SMOKE, chosen, [7, 8], target=12.5)
+    assert [(r["seed"], r["stop_at_error"]) for r in confirm] == [(7, 12.5), (8, 12.5)]
 
 
 # -- per k: the choice, and the findings on known ladders ----------------------------------------

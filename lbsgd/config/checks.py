@@ -233,6 +233,11 @@ KEY_RULES: tuple[tuple[str, Any, Any], ...] = (
     ),
     ("holdout", lambda v: v >= 0, "must be >= 0 (0 = no held-out validation split)"),
     (
+        "stop_at_error",
+        lambda v: 0 < v < 100,
+        "must be a top-1 error in %, 0 < stop_at_error < 100 (or null: every step)",
+    ),
+    (
         "milestones",
         lambda v: all(m >= 0 for m in v) and list(v) == sorted(v),
         "must be non-negative epochs in increasing order",
@@ -435,6 +440,11 @@ def _check_async_ps(c: Config) -> None:
         f"staleness={c.staleness} (valid: staleness=0)",
     )
     _need(
+        c.stop_at_error is None,
+        f"async_ps=true keeps updating while gradients are in flight, so a run cannot end at "
+        f"its target's step: not with stop_at_error={c.stop_at_error} (valid: stop_at_error=null)",
+    )
+    _need(
         c.precision != "fp16",
         "async_ps=true has no dynamic loss scaling (one scale for "
         "asynchronous workers): precision=fp16 is refused (valid: fp32, bf16)",
@@ -590,6 +600,12 @@ USED_ONLY_WHEN: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool], bool], 
         "noise_scale=true",
         lambda c: c.noise_scale,
         False,
+    ),
+    (
+        ("stop_at_error",),
+        "eval_every > 0 or eval_per_octave > 0 (an evaluation before the end)",
+        lambda c: c.eval_every > 0 or c.eval_per_octave > 0,
+        True,
     ),
     (
         ("synthetic_train", "synthetic_test", "synthetic_difficulty", "synthetic_noise"),

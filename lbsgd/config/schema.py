@@ -105,6 +105,13 @@ class Config:
         "train split (the same images whatever seed, batch and layout); the run trains on the "
         "rest and also evaluates the held-out images at every evaluation; 0 = none",
     )
+    stop_at_error: float | None = _exp(
+        None,
+        "end the run at the first evaluation (eval_every, eval_per_octave) whose held-out top-1 "
+        "error (holdout's split; the test split's without one) is at or below this (%), with a "
+        "full evaluation and a checkpoint there: the steps to a target error without the steps "
+        "after it (Shallue et al. 2018); null: every step",
+    )
     seed: int = _exp(
         0, "seeds the initialisation, the data order and fake's images (same across batch sizes)"
     )
@@ -371,6 +378,7 @@ HASHED_ONLY_OFF_DEFAULT += ("switch_step",)  # lbsgd.comm: PowerSGD, local SGD a
 HASHED_ONLY_OFF_DEFAULT += ("adam_beta1", "adam_beta2", "adam_eps")  # lbsgd.optim: LAMB, AdamW
 HASHED_ONLY_OFF_DEFAULT += ("holdout",)  # lbsgd.data.hold_out: the validation split
 HASHED_ONLY_OFF_DEFAULT += ("adapt_bn_bias",)  # lbsgd.optim.param_groups
+HASHED_ONLY_OFF_DEFAULT += ("stop_at_error",)  # lbsgd.trainer: a run ended at its target
 
 
 _HINTS: dict[str, Any] = {}

@@ -14,8 +14,9 @@ plays Goyal's 8k).
 The ladder (``profile.ladder``): each k of ``ks`` at the lrs ``base_lr × k × f`` for f in
 :data:`LR_FACTORS` (the linear rule's lr and ×2 either side: the same three trials for every size),
 each with the ``seeds`` (two), on the training split less ``holdout`` held-out images, evaluating the
-held-out images at log-spaced steps (``eval_per_octave`` = :data:`PER_OCTAVE`). Per run, the steps to
-the ``target`` held-out top-1 error (:func:`steps_to_error`, the first crossing); per k, the lr whose
+held-out images at log-spaced steps (``eval_per_octave`` = :data:`PER_OCTAVE`) and ending at the
+first that reaches the target (``stop_at_error``: the steps after it measure nothing here). Per run,
+the steps to the ``target`` held-out top-1 error (:func:`steps_to_error`, the first crossing); per k, the lr whose
 seeds need the fewest steps (mean of log2 steps; never reaching counts as never); a best lr on an
 edge of the grid (:func:`lbsgd.studies.rules.grid_edge`) is not a tuned choice, and the claims that
 read that k are invalid. Each run also measures the gradient noise scale (study 11's probe).
@@ -73,10 +74,11 @@ def base_lr(profile: Profile) -> float:
     return float({**profile.base, **profile.ladder.get("keys", {})}["base_lr"])
 
 
-def _run(profile: Profile, k: float, factor: float, seed: int) -> dict[str, Any]:
+def _run(profile: Profile, k: float, factor: float, seed: int, target: float) -> dict[str, Any]:
     """One run of the ladder: lr base_lr x factor per reference batch (x k by the linear rule), the
     held-out images set aside and probed at log-spaced steps, the noise scale measured (off where
-    the batch is B_small: nothing to compare)."""
+    the batch is B_small: nothing to compare), ended at the first probe that reaches ``target``
+    (``stop_at_error``: the steps after it measure nothing here)."""
     b_small = batch_scaling.small_batch(profile)
     keys = profile.keys(
         k=k,
@@ -86,6 +88,7 @@ def _run(profile: Profile, k: float, factor: float, seed: int) -> dict[str, Any]
             "holdout": profile.ladder["holdout"],
             "eval_per_octave": PER_OCTAVE,
             "seed": seed,
+            "stop_at_error": target,
         },
     )
     on = keys["batch_size"] > b_small
@@ -122,21 +125,27 @@ def trials(
     ks: Sequence[float] | None = None,
     lr_factors: Sequence[float] | None = None,
     seed: int | None = None,
+    target: float | None = None,
 ) -> list[dict[str, Any]]:
     """The tuning runs: every k of ``ks`` (default the ladder's) at every lr factor (default the
-    ladder's grid, :func:`lr_grid`), with ``seed`` (default the ladder's first: the tuning seed)."""
+    ladder's grid, :func:`lr_grid`), with ``seed`` (default the ladder's first: the tuning seed),
+    each ended at ``target`` (:func:`target_of`)."""
     check(profile)
     s = profile.ladder["seeds"][0] if seed is None else seed
-    grid = lr_grid(lr_factors, profile)
-    return [_run(profile, k, f, s) for k in ks or profile.ladder["ks"] for f in grid]
+    grid, goal = lr_grid(lr_factors, profile), target_of(profile, target)
+    return [_run(profile, k, f, s, goal) for k in ks or profile.ladder["ks"] for f in grid]
 
 
-def confirmations(profile: Profile, chosen, seeds: Sequence[int] | None = None) -> list[dict]:
+def confirmations(
+    profile: Profile, chosen, seeds: Sequence[int] | None = None, target: float | None = None
+) -> list[dict]:
     """Each k's chosen lr factor (``chosen``: :func:`choose`) with the other seeds (default the
-    ladder's after the first): the runs the claims read beside the tuning seed's."""
+    ladder's after the first), ended at ``target`` (:func:`target_of`): the runs the claims read
+    beside the tuning seed's."""
     check(profile)
     rest = list(seeds if seeds is not None else profile.ladder["seeds"][1:])
-    return [_run(profile, r.k, r.lr_factor, s) for r in chosen.itertuples() for s in rest]
+    goal = target_of(profile, target)
+    return [_run(profile, r.k, r.lr_factor, s, goal) for r in chosen.itertuples() for s in rest]
 
 
 # -- one run: the steps to the target ------------------------------------------------------------
@@ -239,7 +248,8 @@ def choose(m, tuning_seed: int):
 
 
 def trial_table(m):
-    """Every run: k, lr factor, seed, steps to the target (NaN: never), final held-out error."""
+    """Every run: k, lr factor, seed, steps to the target (NaN: never), final held-out error (a
+    run that ended at its target: the error there)."""
     cols = ["k", "batch_size", "lr_factor", "lr", "seed", "steps_to_target", "total_steps"]
     cols += ["final_val_top1_error_pct", "b_noise_target"]
     return m[cols].sort_values(["k", "lr_factor", "seed"]).reset_index(drop=True)
