@@ -4,11 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+KERNEL_CONFIG := $(VENV)/etc/ipython/ipython_kernel_config.py
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: setup test lint format reproduce verify lab lab-copies train-quickstart bench bench-gpu bench-comm bench-noise bench-caps wheels clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(KERNEL_CONFIG)
 
 # constraints.txt pins the tested versions of everything (torch/torchvision included).
 $(STAMP): pyproject.toml constraints.txt
@@ -16,6 +17,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,notebooks]'
 	touch $(STAMP)
+
+# read by every IPython kernel started from .venv: no unencrypted-TCP warning, no ZMQ traceback
+# after an interrupt (lbsgd/kernel_log.py)
+$(KERNEL_CONFIG): tools/ipython_kernel_config.py $(STAMP)
+	mkdir -p $(dir $@)
+	cp $< $@
 
 # The suite on every core (pytest-xdist), a test file per worker at a time: a file's module
 # fixtures (the smoke notebooks' shared results, a resume study) are built once. TEST_WORKERS=0

@@ -83,3 +83,46 @@ def test_ctrl_c_stops_the_sweep_with_its_summary_alone_and_no_traceback(tmp_path
     assert err["ename"] == "RunInterrupted" and len(err["traceback"]) == 1
     saved = (tmp_path / "out.ipynb").read_text()
     assert not [word for word in NOISE if word in saved]
+
+
+@pytest.mark.slow
+def test_papermills_own_command_line_interrupted_prints_no_traceback_nor_transport_warning(
+    tmp_path,
+):
+    """papermill's command line (not lbsgd execute: its kernels on TCP, its own Ctrl-C) with the
+    kernel configuration make setup installs (tools/ipython_kernel_config.py, read here from an
+    IPython folder of the test's own): each run's line and papermill's "Aborted!", no ZMQ
+    traceback, no warning about the transport."""
+    config = REPO / "tools" / "ipython_kernel_config.py"
+    installed = Path(sys.prefix) / "etc" / "ipython" / "ipython_kernel_config.py"
+    if installed.exists():  # this Python is make setup's .venv: it holds the same file
+        assert installed.read_text() == config.read_text()
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "ipython_kernel_config.py").write_text(config.read_text())
+    out_dir = tmp_path / "results"
+    args = ["--log-output", str(WARMUP), str(tmp_path / "out.ipynb"), "-p", "profile", "smoke"]
+    args += ["-p", "wandb", "disabled", "-p", "out_dir", str(out_dir), "-p", "parallel", "1"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "papermill", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=subprocess_env(IPYTHONDIR=str(tmp_path / "ipython")),
+        start_new_session=True,
+    )
+    study = out_dir / "smoke" / "warmup"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not list(study.glob("*.log")):
+        time.sleep(0.5)
+    assert list(study.glob("*.log")), "no run started"
+    time.sleep(2)
+    os.killpg(p.pid, signal.SIGINT)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode != 0, out
+    assert not [
+        w for w in ("Traceback", "ZMQError", "Logging error", "without encryption") if w in out
+    ], out
+    # each run's line, stopped or not started; papermill itself leaves before the sweep's summary
+    # (lbsgd execute waits for it)
+    assert "stopped" in out and "not started" in out, out

@@ -38,7 +38,7 @@ BANDS = [
     ("loops", {"cadence", "features", "parameter_server", "trainer"}),
     ("entry", {"entry"}),
     ("harness", {"experiments", "bench", "__init__"}),
-    ("studies", {"stats", "findings", "studies"}),
+    ("studies", {"stats", "findings", "kernel_log", "studies"}),
     ("reports", {"verify", "report", "execute"}),
     ("command line", {"cli", "__main__"}),
 ]

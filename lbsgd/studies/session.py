@@ -4,6 +4,7 @@ study's group."""
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -13,7 +14,7 @@ from typing import Any
 
 from lbsgd import experiments as ex
 from lbsgd import findings as fs
-from lbsgd import studies
+from lbsgd import kernel_log, studies
 from lbsgd.findings import Finding
 from lbsgd.studies import scales
 
@@ -124,6 +125,9 @@ def one_line_errors() -> bool:
         return [line]
 
     shell.set_custom_exc((ex.config.ConfigError, KeyboardInterrupt), one_line)
+    log = getattr(getattr(shell, "kernel", None), "log", None)
+    if isinstance(log, logging.Logger):  # a kernel not started from .venv: quiet it too
+        kernel_log.install(log)
     return True
 
 
