@@ -126,3 +126,65 @@ def test_papermills_own_command_line_interrupted_prints_no_traceback_nor_transpo
     # each run's line, stopped or not started; papermill itself leaves before the sweep's summary
     # (lbsgd execute waits for it)
     assert "stopped" in out and "not started" in out, out
+
+
+@pytest.mark.slow
+def test_an_interrupt_from_a_jupyter_client_leaves_the_sweeps_summary_and_one_line(tmp_path):
+    """JupyterLab's Kernel > Interrupt (jupyter_client's interrupt_kernel: SIGINT to the kernel)
+    during notebook 02's sweep cell, with the kernel configuration make setup installs: the
+    cell's output holds one line per run, its error is the sweep's one-line summary, and the
+    kernel writes nothing on its own stderr (no ZMQ traceback, no TCP warning)."""
+    from jupyter_client.manager import KernelManager
+
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    config = (REPO / "tools" / "ipython_kernel_config.py").read_text()
+    (profile / "ipython_kernel_config.py").write_text(config)
+    cells = [c for c in json.loads(WARMUP.read_text())["cells"] if c["cell_type"] == "code"]
+    setup, sweep = "".join(cells[1]["source"]), "".join(cells[2]["source"])
+    params = "profile, ks, seeds, epochs = 'smoke', None, None, None\n"
+    params += "nproc_per_node, nnodes, rdzv_endpoint, parallel = 1, 1, None, 1\n"
+    params += f"wandb, out_dir = 'disabled', {str(tmp_path / 'results')!r}\n"
+    km = KernelManager(kernel_name="python3")
+    log = tmp_path / "kernel.txt"
+    with log.open("w") as f:
+        km.start_kernel(
+            stdout=f, stderr=f, env=subprocess_env(IPYTHONDIR=str(tmp_path / "ipython"))
+        )
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        for code in (params, setup):
+            assert kc.execute_interactive(code, timeout=300)["content"]["status"] == "ok"
+        msg_id = kc.execute(sweep)
+        study = tmp_path / "results" / "smoke" / "warmup"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not list(study.glob("*.log")):
+            time.sleep(0.5)
+        assert list(study.glob("*.log")), "no run started"
+        time.sleep(2)
+        km.interrupt_kernel()
+        streams, errors = [], []
+        while True:
+            msg = kc.get_iopub_msg(timeout=300)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                streams.append(content["text"])
+            elif kind == "error":
+                errors.append(content)
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    out = "".join(streams)
+    for i in range(1, 5):  # each run's line: stopped, or not started
+        assert any(line.startswith(f"[{i}/4] ") for line in out.splitlines()[1:]), out
+    (err,) = errors  # the cell's error: the sweep's summary, one line
+    assert err["traceback"] == [f"RunInterrupted: {err['evalue']}"], err
+    assert err["evalue"].startswith("sweep of study 'warmup' interrupted"), err
+    assert err["evalue"].endswith("run the same sweep again to resume"), err
+    assert not [w for w in NOISE if w in log.read_text()], log.read_text()
