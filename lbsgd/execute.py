@@ -35,6 +35,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lbsgd import kernel_log
+
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 INTERRUPTS = ("KeyboardInterrupt", "RunInterrupted")
 
@@ -109,6 +111,8 @@ def execute(
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+    # the kernel leaves an interrupt's summary to this process (lbsgd.kernel_log)
+    os.environ[kernel_log.SUMMARY_PRINTED_BY_CLIENT] = "1"
     with tempfile.TemporaryDirectory(prefix="lbsgd-kernel-") as folder:
         km = _kernel_manager(Path(folder))
         with _Forward(km) as forward:

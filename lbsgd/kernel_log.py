@@ -21,6 +21,9 @@ import errno
 import logging
 
 UNENCRYPTED_TCP = "Kernel is running over TCP without encryption"
+# Set by ``lbsgd execute`` for the kernels it starts: it prints an interrupt's summary itself, so
+# the kernel does not (:func:`lbsgd.studies.session.one_line_errors`).
+SUMMARY_PRINTED_BY_CLIENT = "LBSGD_EXECUTE"
 
 
 class QuietKernel(logging.Filter):

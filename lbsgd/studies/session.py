@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -106,8 +107,8 @@ def one_line_errors() -> bool:
     """In an IPython kernel (JupyterLab, papermill): a ConfigError (a bad notebook parameter,
     a bad key) shows as its one line, ``lbsgd: error: …``, in the cell and in papermill's
     report, as on the command line, instead of a traceback through lbsgd; an interrupt as its
-    one line (the sweep's summary); other errors keep theirs. Returns whether a kernel was there
-    to set it in."""
+    one line (the sweep's summary, also on the kernel's own stderr unless ``lbsgd execute``
+    prints it); other errors keep theirs. Returns whether a kernel was there to set it in."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -119,6 +120,10 @@ def one_line_errors() -> bool:
     def one_line(shell, etype, value, tb, tb_offset=None):
         if issubclass(etype, KeyboardInterrupt):  # an interrupt: the sweep's summary, or this
             line = f"{etype.__name__}: {value}" if str(value) else "KeyboardInterrupt: interrupted"
+            if str(value) and not os.environ.get(kernel_log.SUMMARY_PRINTED_BY_CLIENT):
+                # also on the kernel's own stderr: the terminal of papermill's command line (which
+                # leaves at Ctrl-C without showing the cell's error) or of JupyterLab's server
+                print(f"lbsgd: {value}", file=sys.__stderr__, flush=True)
         else:
             line = f"lbsgd: error: {value}"
         shell._showtraceback(etype, value, [line])  # the cell's error output: this line alone
