@@ -128,6 +128,10 @@ def test_papermills_own_command_line_interrupted_prints_no_traceback_nor_transpo
     assert "stopped" in out and "not started" in out, out
     summary = [line for line in out.splitlines() if line.startswith("lbsgd: sweep of study")]
     assert len(summary) == 1 and summary[0].endswith("run the same sweep again to resume"), out
+    # the saved notebook: the runs' lines
+    cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
+    saved = "".join(t for c in cells for o in c.get("outputs", []) for t in o.get("text", []))
+    assert "[1/4] " in saved and "not started" in saved, saved
 
 
 @pytest.mark.slow
