@@ -516,7 +516,7 @@ class Run:
                 f.at_boundary()
         rec: dict[str, Any] = {}
         if plan.evaluate or plan.probe:
-            rec = self.evaluate(done, only=None if plan.evaluate else self.held_out)
+            rec = self.evaluate(done) if plan.evaluate else self.evaluate(done, self.held_out)
         reached = target_reached(self.cfg.stop_at_error, rec) and done < self.d.total_steps
         if reached and not plan.evaluate and self.held_out == "val":
             rec = {**rec, **self.evaluate(done, only="test")}  # the run ends here

@@ -110,6 +110,9 @@ def test_papermills_own_command_line_interrupted_prints_no_traceback_nor_transpo
         text=True,
         env=subprocess_env(IPYTHONDIR=str(tmp_path / "ipython")),
         start_new_session=True,
+        # Ctrl-C's default, as at a terminal: a test worker (pytest-xdist) may ignore SIGINT, and
+        # papermill, which installs no handler of its own, would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     study = out_dir / "smoke" / "warmup"
     deadline = time.monotonic() + 240
