@@ -118,6 +118,20 @@ def test_every_committed_run_names_the_clean_commit_that_made_it(profile):
         assert re.fullmatch(r"[0-9a-f]{40}", commit or ""), f"{run}: git_commit {commit!r}"
 
 
+def test_no_committed_run_anywhere_under_results_records_a_dirty_tree():
+    """Beyond the profiles' folders too (a GPU check's runs, a benchmark's): every summary.json
+    under results/ names a clean commit, as a result must."""
+    summaries = sorted(RESULTS.rglob("summary.json"))
+    if not summaries:
+        pytest.skip("no committed results/ in this checkout")
+    dirty = [
+        str(p.parent.relative_to(RESULTS))
+        for p in summaries
+        if str(json.loads(p.read_text())["environment"].get("git_commit")).endswith("-dirty")
+    ]
+    assert not dirty, f"runs made from a dirty tree: {dirty}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_committed_finding_is_what_the_code_computes_from_the_committed_runs(

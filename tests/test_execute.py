@@ -47,6 +47,16 @@ def _execute(out: Path, *extra: str, log_output: bool = False) -> subprocess.Pop
     )
 
 
+def _wait_for_a_run(study: Path) -> None:
+    """Until the sweep of ``study`` (its folder) has started a run (its log is there), and 2 s
+    more: the moment a user interrupts a sweep under way."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not list(study.glob("*.log")):
+        time.sleep(0.5)
+    assert list(study.glob("*.log")), "no run started"
+    time.sleep(2)
+
+
 def _errors(notebook: Path) -> list[dict]:
     cells = json.loads(notebook.read_text())["cells"]
     return [o for c in cells for o in c.get("outputs", []) if o["output_type"] == "error"]
@@ -67,11 +77,7 @@ def test_a_bad_parameter_is_one_line_on_the_terminal_and_in_the_cell(tmp_path):
 def test_ctrl_c_stops_the_sweep_with_its_summary_alone_and_no_traceback(tmp_path):
     p = _execute(tmp_path, log_output=True)
     study = tmp_path / "smoke" / "warmup"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not list(study.glob("*.log")):
-        time.sleep(0.5)
-    assert list(study.glob("*.log")), "no run started"
-    time.sleep(2)
+    _wait_for_a_run(study)
     os.killpg(p.pid, signal.SIGINT)  # Ctrl-C at a terminal: the whole foreground group
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 130, out
@@ -115,11 +121,7 @@ def test_papermills_own_command_line_interrupted_prints_no_traceback_nor_transpo
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     study = out_dir / "smoke" / "warmup"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not list(study.glob("*.log")):
-        time.sleep(0.5)
-    assert list(study.glob("*.log")), "no run started"
-    time.sleep(2)
+    _wait_for_a_run(study)
     os.killpg(p.pid, signal.SIGINT)
     out, _ = p.communicate(timeout=300)
     assert p.returncode != 0, out
@@ -168,11 +170,7 @@ def test_an_interrupt_from_a_jupyter_client_leaves_the_sweeps_summary_and_one_li
             assert kc.execute_interactive(code, timeout=300)["content"]["status"] == "ok"
         msg_id = kc.execute(sweep)
         study = tmp_path / "results" / "smoke" / "warmup"
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not list(study.glob("*.log")):
-            time.sleep(0.5)
-        assert list(study.glob("*.log")), "no run started"
-        time.sleep(2)
+        _wait_for_a_run(study)
         km.interrupt_kernel()
         streams, errors = [], []
         while True:
