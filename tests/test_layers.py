@@ -38,7 +38,7 @@ BANDS = [
     ("loops", {"cadence", "features", "parameter_server", "trainer"}),
     ("entry", {"entry"}),
     ("harness", {"experiments", "bench", "__init__"}),
-    ("studies", {"stats", "findings", "kernel_log", "studies"}),
+    ("studies", {"stats", "findings", "kernel_log", "kernel", "studies"}),
     ("reports", {"verify", "report", "execute"}),
     ("command line", {"cli", "__main__"}),
 ]

@@ -123,7 +123,10 @@ def one_line_errors() -> bool:
             if str(value) and not os.environ.get(kernel_log.SUMMARY_PRINTED_BY_CLIENT):
                 # also on the kernel's own stderr: the terminal of papermill's command line (which
                 # leaves at Ctrl-C without showing the cell's error) or of JupyterLab's server
-                print(f"lbsgd: {value}", file=sys.__stderr__, flush=True)
+                # in one write, the newline with it: papermill writes the cells' output to the
+                # same terminal, and print's two writes let a line of its in between
+                sys.__stderr__.write(f"lbsgd: {value}\n")
+                sys.__stderr__.flush()
         else:
             line = f"lbsgd: error: {value}"
         shell._showtraceback(etype, value, [line])  # the cell's error output: this line alone
