@@ -10,28 +10,92 @@ or ``lbsgd execute`` run and of an interrupted one alike.
 
 :class:`Kernel` queues, ahead of that stop, a wait on the main loop for the control thread to
 finish the request (at most :data:`CONTROL_WAIT_S`), so IOPub closes after its last message.
-``make setup`` names it in the kernel configuration (tools/ipython_kernel_config.py), so every
-kernel started from ``.venv`` is one; nothing else about the kernel changes.
+Its client's death interrupts the running cell before the kernel ends. ipykernel's parent poller
+``os._exit`` ends a kernel whose client has gone (papermill's command line sent SIGTERM, a
+JupyterLab server killed), logging "Parent appears to have exited, shutting down."; a sweep under
+way ends without its summary (its runs, told by the system, still stop with a checkpoint).
+:class:`ParentWatch` polls the same way and interrupts the cell instead: the sweep stops its runs
+with a checkpoint, the kernel prints the sweep's one-line summary on its stderr (the client's
+terminal: :func:`lbsgd.studies.session.one_line_errors`), and the kernel ends (exit status 1, as
+ipykernel's); an idle kernel ends at once. One still there :data:`PARENT_GRACE_S` later ends then.
+
+``make setup`` names :class:`Kernel` in the kernel configuration (tools/ipython_kernel_config.py),
+so every kernel started from ``.venv`` is one; nothing else about the kernel changes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
+from ipykernel.parentpoller import ParentPollerUnix
 
 # the longest the main thread waits for the control thread's end of a shutdown request: ipykernel
 # ends the kernel's children first (a few seconds at most), and the client kills the kernel
 # after its own wait (jupyter_client's shutdown_wait_time, 5 s by default)
 CONTROL_WAIT_S = 10.0
+# how long a kernel whose client has gone has for its cell to end (a sweep waits for its runs' next
+# metric flush) before it ends regardless
+PARENT_GRACE_S = 300.0
+POLL_S = 1.0  # ipykernel's poller's period
+
+
+def _end() -> None:
+    """The kernel's process ended, as ipykernel ends one whose client has gone (exit status 1),
+    its stderr flushed."""
+    with contextlib.suppress(Exception):
+        sys.__stderr__.flush()
+    os._exit(1)
+
+
+class ParentWatch(ParentPollerUnix):
+    """ipykernel's parent poller (its checks, its period) that calls ``gone`` instead of ending the
+    process when the client has gone, and ends it :data:`PARENT_GRACE_S` later if still there."""
+
+    def __init__(self, parent_pid: int, gone: Callable[[], None]) -> None:
+        super().__init__(parent_pid=parent_pid)
+        self.gone = gone
+
+    def run(self) -> None:
+        if os.getppid() != self.parent_pid:  # as ipykernel's: a parent not the launcher's
+            self.parent_pid = 0
+        while not self._parent_gone():
+            time.sleep(POLL_S)
+        self.gone()
+        time.sleep(PARENT_GRACE_S)
+        os._exit(1)
+
+    def _parent_gone(self) -> bool:
+        ppid = os.getppid()
+        return ppid != self.parent_pid if self.parent_pid else ppid == 1
 
 
 class Kernel(IPythonKernel):
     """IPython's kernel, which closes its sockets only after the control thread has answered a
-    shutdown request whole (module docstring)."""
+    shutdown request whole, and interrupts its cell when its client has gone (module docstring)."""
 
     _control_done: threading.Event | None = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        app = self.parent  # the IPKernelApp, which starts its poller after making this kernel
+        poller = getattr(app, "poller", None)
+        if type(poller) is ParentPollerUnix:
+            app.poller = ParentWatch(poller.parent_pid, self._client_gone)
+
+    def _client_gone(self) -> None:
+        """From the watch's thread: the running cell interrupted (a sweep stops its runs with a
+        checkpoint and the kernel prints its summary on stderr), then the kernel ended once the
+        main thread is free (at once when idle: it ignores SIGINT between cells)."""
+        os.kill(os.getpid(), signal.SIGINT)
+        self.io_loop.add_callback(_end)
 
     async def shutdown_request(self, stream: Any, ident: Any, parent: Any) -> None:
         # ahead of the loop stop ipykernel queues from the request's handler

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import subprocess_env
 
+from lbsgd import checkpoint
 from lbsgd.execute import parameter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,14 +92,11 @@ def test_ctrl_c_stops_the_sweep_with_its_summary_alone_and_no_traceback(tmp_path
     assert not [word for word in NOISE if word in saved]
 
 
-@pytest.mark.slow
-def test_papermills_own_command_line_interrupted_prints_no_traceback_nor_transport_warning(
-    tmp_path,
-):
-    """papermill's command line (not lbsgd execute: its kernels on TCP, its own Ctrl-C) with the
-    kernel configuration make setup installs (tools/ipython_kernel_config.py, read here from an
-    IPython folder of the test's own): each run's line, the sweep's summary and papermill's
-    "Aborted!", no ZMQ traceback, no warning about the transport."""
+def _papermill(tmp_path: Path) -> subprocess.Popen:
+    """papermill's command line (not lbsgd execute: its kernels on TCP, no handler of its own
+    for Ctrl-C or SIGTERM) on notebook 02 at the smoke profile, ``--log-output``, with the kernel
+    configuration make setup installs (tools/ipython_kernel_config.py, read here from an IPython
+    folder of the test's own), its results under ``tmp_path/results``."""
     config = REPO / "tools" / "ipython_kernel_config.py"
     installed = Path(sys.prefix) / "etc" / "ipython" / "ipython_kernel_config.py"
     if installed.exists():  # this Python is make setup's .venv: it holds the same file
@@ -109,18 +107,29 @@ def test_papermills_own_command_line_interrupted_prints_no_traceback_nor_transpo
     out_dir = tmp_path / "results"
     args = ["--log-output", str(WARMUP), str(tmp_path / "out.ipynb"), "-p", "profile", "smoke"]
     args += ["-p", "wandb", "disabled", "-p", "out_dir", str(out_dir), "-p", "parallel", "1"]
-    p = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "papermill", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=subprocess_env(IPYTHONDIR=str(tmp_path / "ipython")),
         start_new_session=True,
-        # Ctrl-C's default, as at a terminal: a test worker (pytest-xdist) may ignore SIGINT, and
-        # papermill, which installs no handler of its own, would inherit that
+        # Ctrl-C's and SIGTERM's defaults, as at a terminal: a test worker (pytest-xdist) may
+        # ignore SIGINT, and papermill, which installs no handler of its own, would inherit that
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    study = out_dir / "smoke" / "warmup"
+
+
+@pytest.mark.slow
+def test_papermills_own_command_line_interrupted_prints_no_traceback_nor_transport_warning(
+    tmp_path,
+):
+    """papermill's command line (not lbsgd execute: its kernels on TCP, its own Ctrl-C) with the
+    kernel configuration make setup installs (tools/ipython_kernel_config.py, read here from an
+    IPython folder of the test's own): each run's line, the sweep's summary and papermill's
+    "Aborted!", no ZMQ traceback, no warning about the transport."""
+    p = _papermill(tmp_path)
+    study = tmp_path / "results" / "smoke" / "warmup"
     _wait_for_a_run(study)
     os.killpg(p.pid, signal.SIGINT)
     out, _ = p.communicate(timeout=300)
@@ -137,6 +146,44 @@ def test_papermills_own_command_line_interrupted_prints_no_traceback_nor_transpo
     cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
     saved = "".join(t for c in cells for o in c.get("outputs", []) for t in o.get("text", []))
     assert "[1/4] " in saved and "not started" in saved, saved
+
+
+@pytest.mark.slow
+def test_sigterm_to_papermills_command_line_stops_the_runs_and_prints_the_summary(tmp_path):
+    """SIGTERM to papermill's process alone (a scheduler, ``kill``): papermill ends at once; its
+    kernel (lbsgd.kernel.ParentWatch) interrupts the sweep, whose runs stop with a checkpoint,
+    prints the sweep's one-line summary on the terminal and ends. No traceback, no
+    "Parent appears to have exited", no run left running."""
+    p = _papermill(tmp_path)
+    study = tmp_path / "results" / "smoke" / "warmup"
+    _wait_for_a_run(study)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=300)  # until the kernel, which holds the terminal too, ends
+    assert p.returncode == -signal.SIGTERM, out
+    assert not [w for w in (*NOISE, "Parent appears") if w in out], out
+    summary = [line for line in out.splitlines() if line.startswith("lbsgd: sweep of study")]
+    assert len(summary) == 1 and "runs not started" in summary[0], out  # it did not go on
+    for run in (d for d in study.iterdir() if (d / "summary.json").exists()):
+        status = json.loads((run / "summary.json").read_text())["status"]
+        # a smoke run is seconds long: the one in flight may end before its next flush
+        assert status == "completed" or (
+            status == "interrupted" and (run / checkpoint.NAME).is_file()
+        ), (run.name, status, out)
+    time.sleep(2)  # the runs' agents leave after their workers
+    assert not _processes_naming(tmp_path), out
+
+
+def _processes_naming(path: Path) -> list[str]:
+    """The command lines of this machine's processes that name ``path`` (Linux /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # it has just ended
+            continue
+        if str(path) in line:
+            found.append(line)
+    return found
 
 
 @pytest.mark.slow
