@@ -10,7 +10,9 @@ about at every start. Here:
 - SIGINT (Ctrl-C) and SIGTERM are passed on to the kernel as an interrupt of the running cell
   (a second SIGINT as a second interrupt): the sweep stops its runs with a checkpoint
   (:func:`lbsgd.experiments.sweep`), the cell ends with the sweep's one-line summary, papermill
-  saves the notebook, and this prints that line and exits 130;
+  saves the notebook, and this prints that line and exits 130; the death of this process's
+  parent counts as a SIGTERM (Linux: make's recipe shell, ended when make is sent SIGTERM alone,
+  would otherwise leave the sweep running on, unseen);
 - the executed copy is written without what differs from one execution to the next (times,
   durations, message timestamps, the injected cell's random id: :func:`normalise`), and a sweep's
   lines name logs relative to the working directory, so executing a study over complete runs
@@ -65,9 +67,21 @@ def _kernel_manager(folder: Path):
     return AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(folder / "kernel"))
 
 
+def _signal_when_the_parent_ends(signum: int) -> None:
+    """Linux: the system sends this process ``signum`` when its parent ends (PR_SET_PDEATHSIG;
+    0: none), as the sweep's runs are sent SIGTERM when the sweep's process ends
+    (lbsgd.experiments)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # 1: PR_SET_PDEATHSIG
+
+
 class _Forward:
     """While installed: SIGINT and SIGTERM to this process become an interrupt of the kernel's
-    running cell (SIGINT to the kernel's process group); remembers that one came."""
+    running cell (SIGINT to the kernel's process group), and so does the end of this process's
+    parent (a SIGTERM then); remembers that one came."""
 
     def __init__(self, km) -> None:
         self.km = km
@@ -77,9 +91,11 @@ class _Forward:
     def __enter__(self) -> _Forward:
         for s in (signal.SIGINT, signal.SIGTERM):
             self.before[s] = signal.signal(s, self._handle)
+        _signal_when_the_parent_ends(signal.SIGTERM)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        _signal_when_the_parent_ends(0)
         for s, handler in self.before.items():
             signal.signal(s, handler)
 

@@ -4,6 +4,7 @@ that line, and no warning about the kernel's transport."""
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -90,6 +91,32 @@ def test_ctrl_c_stops_the_sweep_with_its_summary_alone_and_no_traceback(tmp_path
     assert err["ename"] == "RunInterrupted" and len(err["traceback"]) == 1
     saved = (tmp_path / "out.ipynb").read_text()
     assert not [word for word in NOISE if word in saved]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_end_of_its_parent_stops_the_sweep_as_a_sigterm_does(tmp_path):
+    """make sent SIGTERM alone ends its recipe's shell, not lbsgd execute under it: lbsgd execute,
+    its parent gone, stops the sweep as on SIGTERM (the runs stop with a checkpoint), prints the
+    summary where its output goes and ends."""
+    args = [sys.executable, "-m", "lbsgd", "execute", "--log-output", str(WARMUP)]
+    args += [str(tmp_path / "out.ipynb"), "-p", "profile", "smoke", "-p", "wandb", "disabled"]
+    args += ["-p", "out_dir", str(tmp_path), "-p", "parallel", "1"]
+    # "; true": a command after it, so that the shell waits for lbsgd execute rather than
+    # becoming it (a shell may exec its last command)
+    script = f"exec >{tmp_path / 'terminal.txt'} 2>&1; {shlex.join(args)}; true"
+    shell = subprocess.Popen(["sh", "-c", script], env=subprocess_env(), start_new_session=True)
+    _wait_for_a_run(tmp_path / "smoke" / "warmup")
+    shell.send_signal(signal.SIGTERM)  # as make, sent SIGTERM, sends its recipe's shell
+    shell.wait(timeout=30)
+    deadline = time.monotonic() + 240
+    while _processes_naming(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    out = (tmp_path / "terminal.txt").read_text()
+    assert not _processes_naming(tmp_path), out  # lbsgd execute, its kernel and the runs: gone
+    assert not [word for word in NOISE if word in out], out
+    summary = [line for line in out.splitlines() if line.startswith("lbsgd: sweep of study")]
+    assert len(summary) == 1 and "runs not started" in summary[0], out
 
 
 def _papermill(tmp_path: Path) -> subprocess.Popen:
