@@ -5,11 +5,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 KERNEL_CONFIG := $(VENV)/etc/ipython/ipython_kernel_config.py
+PAPERMILL_HOOK := $(VENV)/.papermill-hook
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: setup test lint format reproduce verify lab lab-copies train-quickstart bench bench-gpu bench-comm bench-noise bench-caps wheels clean
 
-setup: $(STAMP) $(KERNEL_CONFIG)
+setup: $(STAMP) $(KERNEL_CONFIG) $(PAPERMILL_HOOK)
 
 # constraints.txt pins the tested versions of everything (torch/torchvision included).
 $(STAMP): pyproject.toml constraints.txt
@@ -23,6 +24,12 @@ $(STAMP): pyproject.toml constraints.txt
 $(KERNEL_CONFIG): tools/ipython_kernel_config.py $(STAMP)
 	mkdir -p $(dir $@)
 	cp $< $@
+
+# imported by every interpreter started from .venv; in papermill's command line alone, a bad
+# notebook parameter as its one line instead of papermill's traceback (tools/_lbsgd_papermill.py)
+$(PAPERMILL_HOOK): tools/_lbsgd_papermill.py tools/lbsgd_papermill.pth $(STAMP)
+	$(PY) -c 'import shutil, sys, sysconfig; [shutil.copy(f, sysconfig.get_paths()["purelib"]) for f in sys.argv[1:]]' $(filter-out $(STAMP),$^)
+	touch $@
 
 # The suite on every core (pytest-xdist), a test file per worker at a time: a file's module
 # fixtures (the smoke notebooks' shared results, a resume study) are built once. TEST_WORKERS=0
