@@ -25,8 +25,9 @@ $(KERNEL_CONFIG): tools/ipython_kernel_config.py $(STAMP)
 	mkdir -p $(dir $@)
 	cp $< $@
 
-# imported by every interpreter started from .venv; in papermill's command line alone, a bad
-# notebook parameter as its one line instead of papermill's traceback (tools/_lbsgd_papermill.py)
+# imported by every interpreter started from .venv; in papermill's command line alone: a bad
+# notebook parameter as its one line, Ctrl-C and SIGTERM as an interrupt of the kernel's cell
+# (tools/_lbsgd_papermill.py)
 $(PAPERMILL_HOOK): tools/_lbsgd_papermill.py tools/lbsgd_papermill.pth $(STAMP)
 	$(PY) -c 'import shutil, sys, sysconfig; [shutil.copy(f, sysconfig.get_paths()["purelib"]) for f in sys.argv[1:]]' $(filter-out $(STAMP),$^)
 	touch $@

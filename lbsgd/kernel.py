@@ -37,6 +37,8 @@ from typing import Any
 from ipykernel.ipkernel import IPythonKernel
 from ipykernel.parentpoller import ParentPollerUnix
 
+from lbsgd import kernel_log
+
 # the longest the main thread waits for the control thread's end of a shutdown request: ipykernel
 # ends the kernel's children first (a few seconds at most), and the client kills the kernel
 # after its own wait (jupyter_client's shutdown_wait_time, 5 s by default)
@@ -94,6 +96,7 @@ class Kernel(IPythonKernel):
         """From the watch's thread: the running cell interrupted (a sweep stops its runs with a
         checkpoint and the kernel prints its summary on stderr), then the kernel ended once the
         main thread is free (at once when idle: it ignores SIGINT between cells)."""
+        os.environ.pop(kernel_log.SUMMARY_PRINTED_BY_CLIENT, None)  # the client can no longer
         os.kill(os.getpid(), signal.SIGINT)
         self.io_loop.add_callback(_end)
 

@@ -21,8 +21,10 @@ import errno
 import logging
 
 UNENCRYPTED_TCP = "Kernel is running over TCP without encryption"
-# Set by ``lbsgd execute`` for the kernels it starts: it prints an interrupt's summary itself, so
-# the kernel does not (:func:`lbsgd.studies.session.one_line_errors`).
+# Set by ``lbsgd execute`` and by papermill's command line (tools/_lbsgd_papermill.py) for the
+# kernels they start: they print an interrupt's summary themselves, so the kernel does not
+# (:func:`lbsgd.studies.session.one_line_errors`); a kernel whose client has gone drops it
+# (:class:`lbsgd.kernel.Kernel`).
 SUMMARY_PRINTED_BY_CLIENT = "LBSGD_EXECUTE"
 
 

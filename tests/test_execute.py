@@ -119,11 +119,13 @@ def test_the_end_of_its_parent_stops_the_sweep_as_a_sigterm_does(tmp_path):
     assert len(summary) == 1 and "runs not started" in summary[0], out
 
 
-def _papermill(tmp_path: Path) -> subprocess.Popen:
-    """papermill's command line (not lbsgd execute: its kernels on TCP, no handler of its own
-    for Ctrl-C or SIGTERM) on notebook 02 at the smoke profile, ``--log-output``, with the kernel
-    configuration make setup installs (tools/ipython_kernel_config.py, read here from an IPython
-    folder of the test's own), its results under ``tmp_path/results``."""
+def _papermill(tmp_path: Path, log_output: bool = True) -> subprocess.Popen:
+    """papermill's command line (not lbsgd execute: its kernels on TCP) on notebook 02 at the
+    smoke profile, with what make setup installs: the kernel configuration
+    (tools/ipython_kernel_config.py, read here from an IPython folder of the test's own) and the
+    hook on papermill's command line (tools/_lbsgd_papermill.py, installed here by hand: make
+    setup's .pth file installs it in a process started as ``papermill``); its results under
+    ``tmp_path/results``."""
     config = REPO / "tools" / "ipython_kernel_config.py"
     installed = Path(sys.prefix) / "etc" / "ipython" / "ipython_kernel_config.py"
     if installed.exists():  # this Python is make setup's .venv: it holds the same file
@@ -132,61 +134,74 @@ def _papermill(tmp_path: Path) -> subprocess.Popen:
     profile.mkdir(parents=True)
     (profile / "ipython_kernel_config.py").write_text(config.read_text())
     out_dir = tmp_path / "results"
-    args = ["--log-output", str(WARMUP), str(tmp_path / "out.ipynb"), "-p", "profile", "smoke"]
-    args += ["-p", "wandb", "disabled", "-p", "out_dir", str(out_dir), "-p", "parallel", "1"]
+    args = [*(["--log-output"] if log_output else []), str(WARMUP), str(tmp_path / "out.ipynb")]
+    args += ["-p", "profile", "smoke", "-p", "wandb", "disabled", "-p", "out_dir", str(out_dir)]
+    args += ["-p", "parallel", "1", "--no-progress-bar"]
+    start = (
+        f"import runpy, sys; sys.path.insert(0, {str(REPO / 'tools')!r}); import _lbsgd_papermill"
+        f"; _lbsgd_papermill.install(); sys.argv = ['papermill', *{args!r}]"
+        "; runpy.run_module('papermill', run_name='__main__', alter_sys=True)"
+    )
     return subprocess.Popen(
-        [sys.executable, "-m", "papermill", *args],
+        [sys.executable, "-c", start],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=subprocess_env(IPYTHONDIR=str(tmp_path / "ipython")),
         start_new_session=True,
         # Ctrl-C's and SIGTERM's defaults, as at a terminal: a test worker (pytest-xdist) may
-        # ignore SIGINT, and papermill, which installs no handler of its own, would inherit that
+        # ignore SIGINT, and the process would inherit that
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
 @pytest.mark.slow
-def test_papermills_own_command_line_interrupted_prints_no_traceback_nor_transport_warning(
-    tmp_path,
+@pytest.mark.parametrize(
+    "signum, log_output",
+    [(signal.SIGINT, True), (signal.SIGINT, False), (signal.SIGTERM, True)],
+    ids=["ctrl-c", "ctrl-c-quiet", "sigterm"],
+)
+def test_papermills_command_line_interrupted_prints_the_runs_and_the_summary_alone(
+    tmp_path, signum, log_output
 ):
-    """papermill's command line (not lbsgd execute: its kernels on TCP, its own Ctrl-C) with the
-    kernel configuration make setup installs (tools/ipython_kernel_config.py, read here from an
-    IPython folder of the test's own): each run's line, the sweep's summary and papermill's
-    "Aborted!", no ZMQ traceback, no warning about the transport."""
-    p = _papermill(tmp_path)
-    study = tmp_path / "results" / "smoke" / "warmup"
-    _wait_for_a_run(study)
-    os.killpg(p.pid, signal.SIGINT)
+    """papermill's command line, Ctrl-C (SIGINT to its process group, as a terminal sends) or
+    SIGTERM (to its process: a scheduler, ``kill``) mid-sweep: the sweep stops its runs, each
+    run's line (with ``--log-output``) and then the sweep's summary once, as the last line; exit
+    1; no traceback, ZMQ or logging error, TCP warning or click's "Aborted!". The saved notebook
+    holds the runs' lines and the summary as the cell's one-line error."""
+    p = _papermill(tmp_path, log_output)
+    _wait_for_a_run(tmp_path / "results" / "smoke" / "warmup")
+    if signum == signal.SIGINT:
+        os.killpg(p.pid, signum)
+    else:
+        p.send_signal(signum)
     out, _ = p.communicate(timeout=300)
-    assert p.returncode != 0, out
-    assert not [
-        w for w in ("Traceback", "ZMQError", "Logging error", "without encryption") if w in out
-    ], out
-    # each run's line, stopped or not started, and the sweep's summary once (from the kernel's own
-    # stderr: papermill leaves before the cell's error reaches it)
-    assert "stopped" in out and "not started" in out, out
+    assert p.returncode == 1, out
+    assert not [word for word in NOISE if word in out], out
     summary = [line for line in out.splitlines() if line.startswith("lbsgd: sweep of study")]
     assert len(summary) == 1 and summary[0].endswith("run the same sweep again to resume"), out
-    # the saved notebook: the runs' lines
+    assert out.strip().splitlines()[-1] == summary[0], out
+    assert ("[4/4] " in out and "not started" in out) == log_output, out
+    (err,) = _errors(tmp_path / "out.ipynb")
+    assert err["ename"] == "RunInterrupted" and len(err["traceback"]) == 1, err
+    assert summary[0] == f"lbsgd: {err['evalue']}", err
     cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
     saved = "".join(t for c in cells for o in c.get("outputs", []) for t in o.get("text", []))
-    assert "[1/4] " in saved and "not started" in saved, saved
+    assert "[4/4] " in saved and "not started" in saved, saved
 
 
 @pytest.mark.slow
-def test_sigterm_to_papermills_command_line_stops_the_runs_and_prints_the_summary(tmp_path):
-    """SIGTERM to papermill's process alone (a scheduler, ``kill``): papermill ends at once; its
-    kernel (lbsgd.kernel.ParentWatch) interrupts the sweep, whose runs stop with a checkpoint,
-    prints the sweep's one-line summary on the terminal and ends. No traceback, no
-    "Parent appears to have exited", no run left running."""
+def test_a_kernel_whose_papermill_is_killed_stops_the_runs_and_prints_the_summary(tmp_path):
+    """papermill's command line killed (SIGKILL: nothing of it runs on): its kernel
+    (lbsgd.kernel.ParentWatch) interrupts the sweep, whose runs stop with a checkpoint, prints
+    the sweep's one-line summary on the terminal and ends. No traceback, no "Parent appears to
+    have exited", no run left running."""
     p = _papermill(tmp_path)
     study = tmp_path / "results" / "smoke" / "warmup"
     _wait_for_a_run(study)
-    p.send_signal(signal.SIGTERM)
+    p.send_signal(signal.SIGKILL)
     out, _ = p.communicate(timeout=300)  # until the kernel, which holds the terminal too, ends
-    assert p.returncode == -signal.SIGTERM, out
+    assert p.returncode == -signal.SIGKILL, out
     assert not [w for w in (*NOISE, "Parent appears") if w in out], out
     summary = [line for line in out.splitlines() if line.startswith("lbsgd: sweep of study")]
     assert len(summary) == 1 and "runs not started" in summary[0], out  # it did not go on

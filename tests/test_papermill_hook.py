@@ -1,9 +1,12 @@
 """tools/_lbsgd_papermill.py: papermill's own command line prints a notebook's bad parameter as
-its one line, ``lbsgd: error: …``, instead of papermill's traceback; every other error keeps that
-traceback, and no other process is touched."""
+its one line, ``lbsgd: error: …``, and an interrupted sweep as its summary, instead of papermill's
+traceback; every other error keeps that traceback, and no other process is touched. (Its
+interrupts, end to end: tests/test_execute.py.)"""
 
 import importlib.util
 import io
+import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -34,25 +37,57 @@ def test_only_papermills_command_line_is_papermills():
     assert not hook.is_papermill([], [py])
 
 
-def test_a_config_error_is_its_line_and_every_other_error_passes_on(monkeypatch):
+def _install_for_this_test(hook, monkeypatch) -> None:
+    """``hook.install()`` in pytest's process: it tells the kernels that it prints an interrupt's
+    summary, and takes SIGINT and SIGTERM where they had Python's defaults; the variable and the
+    handlers are put back (the handlers are tested end to end in tests/test_execute.py)."""
+    monkeypatch.delenv(hook.SUMMARY_PRINTED_BY_CLIENT, raising=False)
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    hook.install()
+    try:
+        assert os.environ[hook.SUMMARY_PRINTED_BY_CLIENT] == "1"
+        defaults = (signal.default_int_handler, signal.SIG_DFL)
+        for signum, handler in before.items():
+            now = signal.getsignal(signum)
+            assert now is (hook.interrupt if handler in defaults else handler), signum
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def test_a_config_error_and_an_interrupt_are_their_line_and_every_other_error_passes_on(
+    monkeypatch,
+):
     from papermill.exceptions import PapermillExecutionError
 
     hook = _hook_module()
     passed = []
     monkeypatch.setattr(sys, "excepthook", lambda *exc: passed.append(exc))
-    hook.install()
+    _install_for_this_test(hook, monkeypatch)
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
     tb = ["lbsgd: error: epochs=-1 must be > 0"]
     bad = PapermillExecutionError(2, 3, "check()", "ConfigError", "epochs=-1 must be > 0", tb)
     sys.excepthook(type(bad), bad, None)
     assert err.getvalue() == "lbsgd: error: epochs=-1 must be > 0\n" and not passed
+    summary = "sweep of study 'warmup' interrupted: 1 run stopped; run the same sweep again"
+    stopped = PapermillExecutionError(4, 5, "sweep()", "RunInterrupted", summary, [])
+    sys.excepthook(type(stopped), stopped, None)
+    assert err.getvalue().splitlines()[-1] == f"lbsgd: {summary}" and not passed
     other = PapermillExecutionError(2, 3, "1 / 0", "ZeroDivisionError", "division by zero", [])
     sys.excepthook(type(other), other, None)
     plain = ValueError("not papermill's")
     sys.excepthook(ValueError, plain, None)
     assert [exc[1] for exc in passed] == [other, plain]
-    assert err.getvalue() == "lbsgd: error: epochs=-1 must be > 0\n"
+    assert len(err.getvalue().splitlines()) == 2  # nothing said of the two passed on
+
+
+def test_the_hook_and_the_kernels_name_the_same_variable():
+    """The hook tells papermill's kernels that it prints an interrupt's summary (so they do not)
+    through the variable lbsgd's kernels read."""
+    from lbsgd import kernel_log
+
+    assert _hook_module().SUMMARY_PRINTED_BY_CLIENT == kernel_log.SUMMARY_PRINTED_BY_CLIENT
 
 
 INSTALLED = Path(sysconfig.get_paths()["purelib"]) / "lbsgd_papermill.pth"

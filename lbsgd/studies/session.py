@@ -107,7 +107,7 @@ def one_line_errors() -> bool:
     """In an IPython kernel (JupyterLab, papermill): a ConfigError (a bad notebook parameter,
     a bad key) shows as its one line, ``lbsgd: error: …``, in the cell and in papermill's
     report, as on the command line, instead of a traceback through lbsgd; an interrupt as its
-    one line (the sweep's summary, also on the kernel's own stderr unless ``lbsgd execute``
+    one line (the sweep's summary, also on the kernel's own stderr unless its client
     prints it); other errors keep theirs. Returns whether a kernel was there to set it in."""
     try:
         from IPython import get_ipython
