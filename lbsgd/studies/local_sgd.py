@@ -167,7 +167,8 @@ def sweep(S, runs: Sequence[Mapping[str, Any]], nproc: int):
 
 def allreduce_fit(root: str | Path, fallback: str | Path | None = None):
     """The all-reduce measurements of notebook 10 (``<root>/benchmarks/allreduce_cpu.json``, else
-    the repository's committed ones): (the record, its path)."""
+    the repository's committed ones): (the record, its path as a sweep's lines show one: relative
+    to the working directory when under it, so an executed notebook names no machine's folder)."""
     paths = [Path(root) / "benchmarks" / "allreduce_cpu.json"]
     paths.append(
         Path(fallback)
@@ -176,7 +177,7 @@ def allreduce_fit(root: str | Path, fallback: str | Path | None = None):
     )
     for p in paths:
         if p.is_file():
-            return json.loads(p.read_text()), p
+            return json.loads(p.read_text()), Path(ex.shown(p))
     raise FileNotFoundError(
         f"no all-reduce measurements in {', '.join(map(str, paths))}: run "
         "notebook 10 (or make bench) first"
