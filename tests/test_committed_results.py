@@ -188,3 +188,19 @@ def test_each_profiles_s_min_is_its_committed_critical_batch_fit(profile):
         assert scales.get(profile).s_min == round(float(rows[0]["s_min"]), 1)
     else:
         assert scales.get(profile).s_min is None
+
+
+# a folder of the machine that executed a notebook: an absolute path under a usual root
+MACHINE_FOLDER = re.compile(r"(?<![\w.~/-])/(?:tmp|work|home|root|Users|check|mnt|scratch)/[\w.-]")
+
+
+def test_no_committed_notebook_names_a_folder_of_the_machine_that_executed_it():
+    """The executed notebooks under results/ name files relative to the repository, so that
+    ``make reproduce`` in any clone leaves them as committed (their cells' outputs, parameters
+    and metadata read as text)."""
+    named = {
+        str(nb.relative_to(RESULTS)): MACHINE_FOLDER.findall(nb.read_text())
+        for nb in sorted(RESULTS.rglob("*.ipynb"))
+    }
+    assert len(named) > 20  # every profile's notebooks are read
+    assert not {nb: found for nb, found in named.items() if found}
