@@ -6,8 +6,10 @@ points of the step, in the order of registration:
 
 - :meth:`~StepFeature.before_step`, then per micro-batch :meth:`~StepFeature.before_micro_batch`
   and :meth:`~StepFeature.after_backward`; :meth:`~StepFeature.after_accumulate` once the step's
-  gradients are in ``.grad`` (it may hand values to the flush's all-reduce), and
-  :meth:`~StepFeature.after_optimizer_step`;
+  gradients are in ``.grad`` (reduced, still multiplied by fp16's loss scale),
+  :meth:`~StepFeature.before_optimizer_step` once they are unscaled (the true gradients, before
+  the optimizer steps), and :meth:`~StepFeature.after_optimizer_step`; a feature may hand values
+  to the flush's all-reduce from ``after_accumulate`` or from ``before_optimizer_step``;
 - :meth:`~StepFeature.local_step` (this step's gradients are not all-reduced) and
   :meth:`~StepFeature.models_agree` (where a checkpoint may be written), :meth:`~StepFeature.at_boundary`
   (an epoch's end);
@@ -20,7 +22,8 @@ sit at the checkpoint's top level (the same on every rank), those named by ``ran
 rank's own part.
 
 The features: :class:`NoiseProbe` (``noise_scale=true``), :class:`Staleness` (``staleness`` > 0),
-:class:`PowerSGDState` (``comm_hook=powersgd``), :class:`LocalSGD` (``local_sgd`` > 0, BMUF).
+:class:`GradClip` (``grad_clip``), :class:`PowerSGDState` (``comm_hook=powersgd``),
+:class:`LocalSGD` (``local_sgd`` > 0, BMUF).
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ class StepFeature:
     name = "feature"
     checkpoint_keys: tuple[str, ...] = ()  # its entries at the checkpoint's top level
     rank_keys: tuple[str, ...] = ()  # its entries in each rank's part of the checkpoint
-    flush_width = 0  # values per step it hands to the flush's all-reduce (after_accumulate)
+    # values per step it hands to the flush's all-reduce (after_accumulate or before_optimizer_step)
+    flush_width = 0
 
     def state_dict(self) -> dict[str, Any]:
         """Its checkpointed state: one value per key of ``checkpoint_keys`` and ``rank_keys``."""
@@ -65,6 +69,12 @@ class StepFeature:
     def after_accumulate(self, loss_scale: torch.Tensor) -> torch.Tensor | None:
         """The step's gradients are accumulated (not unscaled yet); ``flush_width`` values per
         step for the flush's all-reduce (its mean over the processes), or None."""
+        return None
+
+    def before_optimizer_step(self) -> torch.Tensor | None:
+        """The step's gradients are unscaled in ``.grad`` (all-reduced; under fp16 inf/NaN when
+        the step overflowed, and then skipped); the optimizer steps next. ``flush_width``
+        values per step for the flush's all-reduce, or None (then after_accumulate's)."""
         return None
 
     def after_optimizer_step(self) -> None:
@@ -163,6 +173,30 @@ class Staleness(StepFeature):
 
     def after_accumulate(self, loss_scale: torch.Tensor) -> None:
         self.ring.restore()  # the optimizer steps W_t with the stale gradient
+
+
+class GradClip(StepFeature):
+    """``grad_clip``: the step's gradient rescaled to a global L2 norm of at most ``max_norm``
+    before the optimizer steps (``torch.nn.utils.clip_grad_norm_`` after unscaling, as PyTorch's
+    AMP recipe, timm's ``--clip-grad`` and nanoGPT's ``grad_clip`` do). The gradient is the
+    all-reduced one, the same on every process, so every process clips by the same factor; the
+    loss gradient alone (the optimizers add weight decay inside their step). Its norm before
+    clipping travels with the flush as the step's ``grad_norm`` (inf or nan on an fp16 step that
+    overflowed: that step is skipped, so its clipped gradient is never used, as in the plain
+    recipe, where GradScaler.step skips the optimizer's step)."""
+
+    name = "grad_clip"
+    flush_width = 1
+
+    def __init__(self, *, max_norm: float, params: list[torch.Tensor]):
+        self.max_norm, self.params = max_norm, params
+
+    def before_optimizer_step(self) -> torch.Tensor:
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        return norm.detach().double().reshape(1)
+
+    def flush_record(self, values: list[float]) -> dict[str, Any]:
+        return {"grad_norm": values[0]}
 
 
 class PowerSGDState(StepFeature):
@@ -301,6 +335,8 @@ def before_wrap(*, cfg: Config, d: Derived, params: list[torch.Tensor], rank: in
         table.append(NoiseProbe(cfg=cfg, d=d, params=params))
     if cfg.staleness:  # this rank's first global micro-batch: rank · accum_steps
         table.append(Staleness(cfg=cfg, params=params, first_micro_batch=rank * d.accum_steps))
+    if cfg.grad_clip is not None:
+        table.append(GradClip(max_norm=cfg.grad_clip, params=params))
     return table
 
 
@@ -391,7 +427,7 @@ class Pending(NamedTuple):
     lr: float
     loss: torch.Tensor  # the step's mean loss over this rank's micro-batches
     loss_scale: torch.Tensor | float  # the loss scaler's scale after the step
-    extra: list[torch.Tensor]  # the features' values for the flush (after_accumulate)
+    extra: list[torch.Tensor]  # the features' values for the flush, in the features' order
 
 
 class Reduced(NamedTuple):

@@ -8,8 +8,11 @@ One code path for all three (the trainer never branches on precision):
   forward/backward, fp32 master copy updated by the optimizer).
 - ``backward(loss)``: for fp16 the loss is multiplied by the loss scale S before backward, so small
   gradients survive fp16's range (2^-24 … 65504); otherwise a plain backward.
-- ``step(optimizer)``: for fp16 the gradients are unscaled (÷S, in fp32) *before* the optimizer
-  runs, so LARS trust ratios and weight decay see the true gradients; a step whose gradients hold
+- ``unscale(optimizer)``: for fp16 the gradients are unscaled (÷S, in fp32) in place, inf/NaN
+  noted for the step; a no-op otherwise. The step's hook between the two (gradient clipping:
+  lbsgd.features.GradClip) sees the true gradients.
+- ``step(optimizer)``: for fp16 the gradients are unscaled (unless ``unscale`` did) *before* the
+  optimizer runs, so LARS trust ratios and weight decay see the true gradients; a step whose gradients hold
   inf/NaN is skipped and S halves; after 2000 clean steps S doubles (dynamic loss scaling,
   ``torch.amp.GradScaler``, the only GradScaler in lbsgd). fp32/bf16 step directly (bf16 has fp32's
   range: no scaling needed).
@@ -64,12 +67,18 @@ class Precision:
         """Optimizer steps skipped because fp16 gradients overflowed. Reads the device."""
         return self._skipped_before + int(self._skipped.item())
 
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """fp16: ``optimizer``'s gradients divided by the loss scale in place (inf/NaN noted: the
+        step is then skipped), once per step, before :meth:`step`; otherwise nothing."""
+        if self.scaler.is_enabled():
+            self.scaler.unscale_(optimizer)
+
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """Unscale, step unless the gradients overflowed, update the scale; no host read."""
         if not self.scaler.is_enabled():
             optimizer.step()
             return
-        self.scaler.step(optimizer)  # unscales first, skips on inf/NaN
+        self.scaler.step(optimizer)  # unscales first unless unscale() did, skips on inf/NaN
         before = self.scaler._scale.detach().clone()
         self.scaler.update()
         self._skipped += self.scaler._scale < before  # the scale only drops after an overflow

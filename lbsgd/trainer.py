@@ -368,7 +368,10 @@ class Run:
         loss_sum = self._accumulate(step, stream)
         scale = prec.loss_scale_tensor() if self.features else 1.0  # before the step unscales
         extra = [f.after_accumulate(scale) for f in self.features]
-        prec.step(self.opt)  # unscaled gradients; skipped if fp16 gradients overflowed
+        prec.unscale(self.opt)  # fp16: the true gradients from here on
+        late = [f.before_optimizer_step() for f in self.features]  # e.g. clipping
+        extra = [a if b is None else b for a, b in zip(extra, late, strict=True)]
+        prec.step(self.opt)  # skipped if fp16 gradients overflowed
         for f in self.features:  # before zero_grad
             f.after_optimizer_step()
         self.opt.zero_grad(set_to_none=True)

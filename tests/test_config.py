@@ -158,6 +158,7 @@ def test_keys_added_later_leave_earlier_run_ids_unchanged_until_set():
         "adam_eps": {"optimizer": "adamw", "adam_eps": 1e-8},
         "adapt_bn_bias": {"optimizer": "lars", "adapt_bn_bias": True},
         "stop_at_error": {"stop_at_error": 20.0},
+        "grad_clip": {"grad_clip": 1.0},
     }
     for key in config.HASHED_ONLY_OFF_DEFAULT:
         keys = off_default[key] if key in off_default else {key: getattr(Config(), key) + 1}

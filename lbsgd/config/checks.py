@@ -233,6 +233,11 @@ KEY_RULES: tuple[tuple[str, Any, Any], ...] = (
     ),
     ("holdout", lambda v: v >= 0, "must be >= 0 (0 = no held-out validation split)"),
     (
+        "grad_clip",
+        lambda v: v > 0,
+        "must be a global L2 norm > 0 (or null: no clipping)",
+    ),
+    (
         "stop_at_error",
         lambda v: 0 < v < 100,
         "must be a top-1 error in %, 0 < stop_at_error < 100 (or null: every step)",
@@ -409,6 +414,11 @@ def _check_gradient_rules(c: Config) -> None:
         f"local_sgd={c.local_sgd} averages parameters itself: it needs comm_hook=none, "
         f"not comm_hook={c.comm_hook}",
     )
+    _need(
+        c.grad_clip is None or c.local_sgd == 0,
+        f"grad_clip={c.grad_clip} clips the all-reduced gradient of every step: local_sgd="
+        f"{c.local_sgd} reduces none within a block (valid: local_sgd=0, or grad_clip=null)",
+    )
     # -- simulated asynchronous SGD (lbsgd.staleness) --
     _need(
         c.staleness == 0 or c.local_sgd == 0,
@@ -438,6 +448,11 @@ def _check_async_ps(c: Config) -> None:
         c.staleness == 0,
         f"async_ps=true measures real staleness: not with the simulated "
         f"staleness={c.staleness} (valid: staleness=0)",
+    )
+    _need(
+        c.grad_clip is None,
+        f"async_ps=true applies each worker's gradient as it arrives, with no step-level "
+        f"features: not with grad_clip={c.grad_clip} (valid: grad_clip=null)",
     )
     _need(
         c.stop_at_error is None,

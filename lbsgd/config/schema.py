@@ -167,6 +167,13 @@ class Config:
         "biases and BN gamma/beta take part in the trust ratio of lars and lamb; null: as "
         "decay_bn_bias (decayed ones are adapted, the no-decay group steps at the raw global lr)",
     )
+    grad_clip: float | None = _exp(
+        None,
+        "clip each step's gradient to this global L2 norm before the optimizer steps (the loss "
+        "gradient, all-reduced and unscaled, before weight decay: torch.nn.utils."
+        "clip_grad_norm_, as timm's --clip-grad); its norm before clipping is logged per step "
+        "as grad_norm; null: no clipping",
+    )
     # --- experiment keys: numerics -----------------------------------------------------------
     precision: Literal["fp32", "fp16", "bf16"] = _exp(
         "fp32", "fp32; fp16 (autocast, fp32 master weights, dynamic loss scaling); bf16 (autocast)"
@@ -379,6 +386,7 @@ HASHED_ONLY_OFF_DEFAULT += ("adam_beta1", "adam_beta2", "adam_eps")  # lbsgd.opt
 HASHED_ONLY_OFF_DEFAULT += ("holdout",)  # lbsgd.data.hold_out: the validation split
 HASHED_ONLY_OFF_DEFAULT += ("adapt_bn_bias",)  # lbsgd.optim.param_groups
 HASHED_ONLY_OFF_DEFAULT += ("stop_at_error",)  # lbsgd.trainer: a run ended at its target
+HASHED_ONLY_OFF_DEFAULT += ("grad_clip",)  # lbsgd.features.GradClip
 
 
 _HINTS: dict[str, Any] = {}
