@@ -2,7 +2,7 @@
 one protocol (:class:`StepFeature`), and the step's pending record with the flush's packing.
 
 A feature registers with the run (:meth:`lbsgd.trainer.Run.attach`) and is called at named hook
-points of the step, in the order of registration:
+points of the step, in the order :data:`ORDER` declares:
 
 - :meth:`~StepFeature.before_step`, then per micro-batch :meth:`~StepFeature.before_micro_batch`
   and :meth:`~StepFeature.after_backward`; :meth:`~StepFeature.after_accumulate` once the step's
@@ -56,6 +56,12 @@ class StepFeature:
 
     def announce(self) -> None:
         """Rank 0's lines about it once it is attached and restored."""
+
+    def bucket_reader(self) -> Any | None:
+        """What DDP's comm hook hands each process's gradient bucket to before the bucket's
+        all-reduce (:func:`lbsgd.comm.register`'s ``noise``), or None. Asked before DDP wraps
+        the network, of the features registered then."""
+        return None
 
     def before_step(self, step: int) -> None:
         """Optimizer step ``step`` (0-based) starts."""
@@ -123,6 +129,9 @@ class NoiseProbe(StepFeature):
     def load_state_dict(self, saved: dict[str, Any], where: str) -> None:
         if saved["noise_scale"] is not None:
             self.probe.smoother.load_state_dict(saved["noise_scale"])
+
+    def bucket_reader(self) -> noise_scale.Probe:
+        return self.probe
 
     def before_step(self, step: int) -> None:
         self.probe.start()
@@ -325,7 +334,26 @@ class LocalSGD(StepFeature):
         self.averager.sync(self.params)
 
 
-# -- the table: built, checkpointed, flushed ------------------------------------------------------
+# -- the table: built, ordered, checkpointed, flushed ---------------------------------------------
+
+# The order in which a run calls its features at every hook (and packs their flush values),
+# declared here rather than left to the order of their registration. Why this one:
+# - noise_scale reads each micro-batch's gradient as the backward leaves it (after_backward) and
+#   the accumulated one (after_accumulate) before any other feature acts on the step;
+# - staleness puts the current weights back (after_accumulate) before the optimizer steps them;
+# - grad_clip acts on the unscaled, all-reduced gradient (before_optimizer_step);
+# - powersgd only keeps its state (checkpointed per rank);
+# - local_sgd averages the parameters once the optimizer has stepped (after_optimizer_step), after
+#   everything else has acted on the step.
+ORDER = ("noise_scale", "staleness", "grad_clip", "powersgd", "local_sgd")
+
+
+def in_order(table: list[StepFeature]) -> list[StepFeature]:
+    """``table`` in the declared :data:`ORDER` (a feature missing from it is a programming error)."""
+    missing = [f.name for f in table if f.name not in ORDER]
+    if missing:
+        raise ValueError(f"step features without a place in features.ORDER: {missing}")
+    return sorted(table, key=lambda f: ORDER.index(f.name))
 
 
 def before_wrap(*, cfg: Config, d: Derived, params: list[torch.Tensor], rank: int) -> list:

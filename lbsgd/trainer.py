@@ -178,13 +178,15 @@ class Run:
 
     def attach(self, state: dict[str, Any] | None) -> None:
         """What the step carries besides the network: the step features (lbsgd.features), in the
-        order they are called, and DDP with the run's comm hook; each feature's state restored
-        from ``state`` if given."""
+        order they are called (features.ORDER), and DDP with the run's comm hook, which hands its
+        buckets to a feature's bucket reader; each feature's state restored from ``state`` if
+        given."""
         cfg, ctx, d, params = self.cfg, self.ctx, self.d, list(self.net.parameters())
         self.features = features.before_wrap(cfg=cfg, d=d, params=params, rank=ctx.rank)
-        probe = next((f for f in self.features if isinstance(f, features.NoiseProbe)), None)
-        self._wrap(probe)
-        self.features += features.after_wrap(
+        readers = [r for f in self.features if (r := f.bucket_reader()) is not None]
+        assert len(readers) <= 1, "DDP's comm hook hands its buckets to one reader"
+        self._wrap(readers[0] if readers else None)
+        after = features.after_wrap(
             cfg=cfg,
             d=d,
             params=params,
@@ -195,14 +197,17 @@ class Run:
             rebuild=self._throwaway_backward,
             ctx=ctx,
         )
+        self.features = features.in_order(self.features + after)
         if state is not None:
             mine = checkpoint.rank_state(state, ctx) or {}
             features.restore(self.features, state, mine, state.get("file", "checkpoint"))
         for f in self.features:
             f.announce()
 
-    def _wrap(self, probe: features.NoiseProbe | None) -> None:
-        """torch.compile, then DDP with the run's comm hook (the noise probe reads its buckets)."""
+    def _wrap(self, reader: Any | None) -> None:
+        """torch.compile, then DDP with the run's comm hook, which hands each bucket to
+        ``reader`` (a feature's :meth:`~lbsgd.features.StepFeature.bucket_reader`: the noise
+        probe's) before its all-reduce."""
         cfg, d = self.cfg, self.d
         self.eval_model = torch.compile(self.net) if cfg.compile else self.net
         self.model = distributed.wrap(
@@ -212,7 +217,7 @@ class Run:
             cfg.comm_hook,
             cfg.powersgd_rank,
             d.switch_step,
-            None if probe is None else probe.probe,
+            reader,
         )
         self.comm_state = getattr(self.model, "comm_state", None)
 
