@@ -29,12 +29,13 @@ The features: :class:`NoiseProbe` (``noise_scale=true``), :class:`Staleness` (``
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
 from lbsgd import comm, distributed, noise_scale
-from lbsgd.config import Config, Derived
+from lbsgd.config import Config, Derived, step_features
 from lbsgd.staleness import StaleWeights
 
 
@@ -281,13 +282,6 @@ class LocalSGD(StepFeature):
         else:
             self.averager = comm.LocalSGD(cfg.local_sgd, start=d.switch_step, step=start_step)
 
-    @classmethod
-    def wanted(cls, cfg: Config, world_size: int) -> bool:
-        """Local SGD on more than one process; BMUF's filter on any number."""
-        if not cfg.local_sgd:
-            return False
-        return world_size > 1 or comm.BMUF.filters(cfg.block_momentum, cfg.block_lr)
-
     def state_dict(self) -> dict[str, Any]:
         state = {"optimizer": self.opt.state_dict()}  # this process's own momentum
         if self.bmuf:  # W and Delta, the same on every rank
@@ -356,56 +350,60 @@ def in_order(table: list[StepFeature]) -> list[StepFeature]:
     return sorted(table, key=lambda f: ORDER.index(f.name))
 
 
-def before_wrap(*, cfg: Config, d: Derived, params: list[torch.Tensor], rank: int) -> list:
-    """The features registered before DDP wraps the network (the noise probe reads its hook)."""
-    table: list[StepFeature] = []
-    if d.noise_batch:
-        table.append(NoiseProbe(cfg=cfg, d=d, params=params))
-    if cfg.staleness:  # this rank's first global micro-batch: rank · accum_steps
-        table.append(Staleness(cfg=cfg, params=params, first_micro_batch=rank * d.accum_steps))
-    if cfg.grad_clip is not None:
-        table.append(GradClip(max_norm=cfg.grad_clip, params=params))
-    return table
+@dataclass
+class Parts:
+    """What a feature is made from: the run's keys, derived values, parameters and processes;
+    once DDP wraps the network (the table's ``after_wrap`` stage) also the optimizer, the wrapped
+    model, its comm hook's state, the step the run starts from and a backward that leaves no
+    trace (PowerSGD's bucket rebuild)."""
+
+    cfg: Config
+    d: Derived
+    params: list[torch.Tensor]
+    ctx: distributed.Context
+    opt: torch.optim.Optimizer | None = None
+    model: torch.nn.Module | None = None
+    comm_state: Any = None
+    start_step: int = 0
+    rebuild: Callable[[], None] | None = None
 
 
-def after_wrap(
-    *,
-    cfg: Config,
-    d: Derived,
-    params: list[torch.Tensor],
-    opt: torch.optim.Optimizer,
-    model: torch.nn.Module,
-    comm_state: Any,
-    start_step: int,
-    rebuild: Callable[[], None],
-    ctx: distributed.Context,
-) -> list:
-    """The features registered once DDP wraps the network: its comm hook's state (PowerSGD), the
-    averaging of local SGD / BMUF."""
-    table: list[StepFeature] = []
-    if comm_state is not None:
-        table.append(
-            PowerSGDState(
-                state=comm_state,
-                model=model,
-                start_step=start_step,
-                rebuild=rebuild,
-                is_main=ctx.is_main,
-            )
-        )
-    if LocalSGD.wanted(cfg, ctx.world_size):
-        table.append(
-            LocalSGD(
-                cfg=cfg,
-                d=d,
-                params=params,
-                opt=opt,
-                start_step=start_step,
-                world_size=ctx.world_size,
-                is_main=ctx.is_main,
-            )
-        )
-    return table
+# How each feature of lbsgd.config.step_features's table is made (the table says when, and which)
+BUILDERS: dict[str, Callable[[Parts], StepFeature]] = {
+    "noise_scale": lambda p: NoiseProbe(cfg=p.cfg, d=p.d, params=p.params),
+    "staleness": lambda p: Staleness(  # this rank's first global micro-batch: rank · accum_steps
+        cfg=p.cfg, params=p.params, first_micro_batch=p.ctx.rank * p.d.accum_steps
+    ),
+    "grad_clip": lambda p: GradClip(max_norm=p.cfg.grad_clip, params=p.params),
+    "powersgd": lambda p: PowerSGDState(
+        state=p.comm_state,
+        model=p.model,
+        start_step=p.start_step,
+        rebuild=p.rebuild,
+        is_main=p.ctx.is_main,
+    ),
+    "local_sgd": lambda p: LocalSGD(
+        cfg=p.cfg,
+        d=p.d,
+        params=p.params,
+        opt=p.opt,
+        start_step=p.start_step,
+        world_size=p.ctx.world_size,
+        is_main=p.ctx.is_main,
+    ),
+}
+
+
+def made(stage: str, parts: Parts) -> list[StepFeature]:
+    """The features ``parts``'s run carries that are made at ``stage`` (``before_wrap``: before
+    DDP wraps the network, whose comm hook may read a feature's bucket reader; ``after_wrap``),
+    from lbsgd.config.step_features's table."""
+    rows = step_features.TABLE
+    return [
+        BUILDERS[r.name](parts)
+        for r in rows
+        if r.stage == stage and r.carried_by(parts.cfg, parts.d)
+    ]
 
 
 def checkpoint_entries(table: list[StepFeature]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -182,22 +182,14 @@ class Run:
         buckets to a feature's bucket reader; each feature's state restored from ``state`` if
         given."""
         cfg, ctx, d, params = self.cfg, self.ctx, self.d, list(self.net.parameters())
-        self.features = features.before_wrap(cfg=cfg, d=d, params=params, rank=ctx.rank)
-        readers = [r for f in self.features if (r := f.bucket_reader()) is not None]
+        parts = features.Parts(cfg=cfg, d=d, params=params, ctx=ctx)
+        before = features.made("before_wrap", parts)
+        readers = [r for f in before if (r := f.bucket_reader()) is not None]
         assert len(readers) <= 1, "DDP's comm hook hands its buckets to one reader"
         self._wrap(readers[0] if readers else None)
-        after = features.after_wrap(
-            cfg=cfg,
-            d=d,
-            params=params,
-            opt=self.opt,
-            model=self.model,
-            comm_state=self.comm_state,
-            start_step=self.start_step,
-            rebuild=self._throwaway_backward,
-            ctx=ctx,
-        )
-        self.features = features.in_order(self.features + after)
+        parts.opt, parts.model, parts.comm_state = self.opt, self.model, self.comm_state
+        parts.start_step, parts.rebuild = self.start_step, self._throwaway_backward
+        self.features = features.in_order(before + features.made("after_wrap", parts))
         if state is not None:
             mine = checkpoint.rank_state(state, ctx) or {}
             features.restore(self.features, state, mine, state.get("file", "checkpoint"))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 
+from lbsgd.config import step_features
 from lbsgd.config.derived import lr_scale, micro_batch, noise_batch
 from lbsgd.config.schema import FIELDS, KEYS, hints, unknown_key_message
 from lbsgd.registry import ConfigError
@@ -428,31 +429,14 @@ def _check_gradient_rules(c: Config) -> None:
 
 
 def _check_async_ps(c: Config) -> None:
-    """What an asynchronous parameter server (lbsgd.parameter_server) cannot combine with."""
-    _need(
-        c.local_sgd == 0,
-        f"async_ps=true applies each worker's gradient on the server as it "
-        f"arrives: not with local_sgd={c.local_sgd} (valid: local_sgd=0)",
-    )
+    """What an asynchronous parameter server (lbsgd.parameter_server) cannot combine with: every
+    step feature (its refusal from lbsgd.config.step_features's table), then the rest."""
+    for row in step_features.TABLE:
+        _need(not row.asked(c), row.async_ps_refusal(c))
     _need(
         c.comm_hook == "none",
         f"async_ps=true sends each gradient to the server point to "
         f"point: not with comm_hook={c.comm_hook} (valid: comm_hook=none)",
-    )
-    _need(
-        not c.noise_scale,
-        "noise_scale=true needs the all-reduced gradient of every step: "
-        "not with async_ps=true (valid: noise_scale=false)",
-    )
-    _need(
-        c.staleness == 0,
-        f"async_ps=true measures real staleness: not with the simulated "
-        f"staleness={c.staleness} (valid: staleness=0)",
-    )
-    _need(
-        c.grad_clip is None,
-        f"async_ps=true applies each worker's gradient as it arrives, with no step-level "
-        f"features: not with grad_clip={c.grad_clip} (valid: grad_clip=null)",
     )
     _need(
         c.stop_at_error is None,

@@ -1,0 +1,95 @@
+"""The step features (lbsgd.features) in one table: for each, the key that asks for it, whether a
+run carries it, when the run makes it, and why the asynchronous parameter server refuses it.
+
+:mod:`lbsgd.features` makes a run's features from this table (:data:`TABLE`, with a builder per
+name there) and :mod:`lbsgd.config.checks` its refusals under ``async_ps=true`` (the parameter
+server has no synchronous step, hence no step features). A new feature joins with one row here,
+one :class:`~lbsgd.features.StepFeature` and its builder in lbsgd.features, and its place in
+``features.ORDER``; tests/test_features.py holds the three together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from lbsgd.config.derived import Derived
+from lbsgd.config.schema import Config
+
+
+@dataclass(frozen=True)
+class StepFeatureRow:
+    name: str  # the feature's name (StepFeature.name, features.ORDER)
+    example: Mapping[str, Any]  # keys that ask for it (tests/test_features.py trains with them)
+    asked: Callable[[Config], bool]  # its keys ask for it
+    setting: Callable[[Config], str]  # how they read in a refusal: "noise_scale=true"
+    off: str  # the setting that asks for nothing: "noise_scale=false"
+    no_async_ps: str  # why async_ps=true refuses it (a clause)
+    # the run makes it before DDP wraps the network (its bucket reader is DDP's) or after (it
+    # needs DDP's comm state or the optimizer's final state)
+    stage: Literal["before_wrap", "after_wrap"] = "before_wrap"
+    # whether a run with these derived values carries it (by default: whenever asked)
+    carried: Callable[[Config, Derived], bool] | None = None
+
+    def carried_by(self, c: Config, d: Derived) -> bool:
+        return self.carried(c, d) if self.carried else self.asked(c)
+
+    def async_ps_refusal(self, c: Config) -> str:
+        return f"async_ps=true {self.no_async_ps}: not with {self.setting(c)} (valid: {self.off})"
+
+
+def _bmuf_filters(c: Config) -> bool:
+    """BMUF's filter changes the mathematics of periodic averaging (lbsgd.comm.BMUF.filters)."""
+    return c.block_momentum != 0 or c.block_lr != 1
+
+
+TABLE: tuple[StepFeatureRow, ...] = (
+    StepFeatureRow(
+        "noise_scale",
+        example={"noise_scale": True},
+        asked=lambda c: c.noise_scale,
+        setting=lambda c: "noise_scale=true",
+        off="noise_scale=false",
+        no_async_ps="has no all-reduced gradient of every step, which the noise scale needs",
+        carried=lambda c, d: d.noise_batch is not None,
+    ),
+    StepFeatureRow(
+        "staleness",
+        example={"staleness": 1},
+        asked=lambda c: c.staleness > 0,
+        setting=lambda c: f"the simulated staleness={c.staleness}",
+        off="staleness=0",
+        no_async_ps="measures real staleness",
+    ),
+    StepFeatureRow(
+        "grad_clip",
+        example={"grad_clip": 1.0},
+        asked=lambda c: c.grad_clip is not None,
+        setting=lambda c: f"grad_clip={c.grad_clip}",
+        off="grad_clip=null",
+        no_async_ps="applies each worker's gradient as it arrives, with no step to clip in",
+    ),
+    StepFeatureRow(
+        "powersgd",
+        example={"comm_hook": "powersgd"},
+        asked=lambda c: c.comm_hook == "powersgd",
+        setting=lambda c: "comm_hook=powersgd",
+        off="comm_hook=none",
+        no_async_ps="sends each gradient to the server point to point, with no all-reduce to "
+        "compress",
+        stage="after_wrap",
+        carried=lambda c, d: c.comm_hook == "powersgd" and d.world_size > 1,
+    ),
+    StepFeatureRow(
+        "local_sgd",
+        example={"local_sgd": 2},
+        asked=lambda c: c.local_sgd > 0,
+        setting=lambda c: f"local_sgd={c.local_sgd}",
+        off="local_sgd=0",
+        no_async_ps="applies each worker's gradient on the server as it arrives",
+        stage="after_wrap",
+        # local SGD on more than one process; BMUF's filter on any number
+        carried=lambda c, d: c.local_sgd > 0 and (d.world_size > 1 or _bmuf_filters(c)),
+    ),
+)
