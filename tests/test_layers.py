@@ -110,6 +110,18 @@ def test_the_import_graph_has_no_cycle():
     assert cycles == []
 
 
+def test_the_derived_values_import_nothing_of_the_checks():
+    """config/checks.py reads config/derived.py (lr_scale), and derived.py, lazily or not, reads
+    nothing of checks.py: the layout check (check_world) sits beside the values it checks."""
+    found = set()
+    for node in ast.walk(ast.parse((PACKAGE / "config" / "derived.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    assert "lbsgd.config.schema" in found  # the imports are read: the test can fail
+    assert not {m for m in found if m.startswith("lbsgd.config.checks")}
+
+
 def test_only_distributed_and_comm_import_torch_distributed():
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -2,14 +2,15 @@
 
 - :mod:`~lbsgd.config.schema`: the keys (:class:`Config`: kind, type, default, help) and a run's
   identity (name, experiment hash).
-- :mod:`~lbsgd.config.checks`: each key alone, the rules across keys, the place a run is written
-  and the layout of processes; each refusal one line naming the key and what would be valid.
+- :mod:`~lbsgd.config.checks`: each key alone, the rules across keys and the place a run is
+  written; each refusal one line naming the key and what would be valid.
 - :mod:`~lbsgd.config.load`: YAML files, ``key=value`` overrides and mappings into a Config; a
   run's config.yaml written back.
 - :mod:`~lbsgd.config.derived`: the values derived from the keys, the number of processes and the
   train split (micro-batch, accumulation steps, total steps, scaled lr, warmup steps, …), computed
   there and nowhere else (:func:`derive`), printed at the start of every run and dumped with the
-  config.
+  config; the layout of processes they need (:func:`check_world`).
+- :mod:`~lbsgd.config.step_features`: the step features' table (lbsgd.features).
 
 The plugins the ``plugins`` key names are imported by :func:`lbsgd.registry.import_plugins`, beside
 the registries they fill. Every name is imported from here: ``from lbsgd import config``.
@@ -24,7 +25,6 @@ from lbsgd.config.checks import (
     check_ignored,
     check_place,
     check_values,
-    check_world,
     key_problem,
 )
 from lbsgd.config.derived import (
@@ -32,6 +32,7 @@ from lbsgd.config.derived import (
     RECORD_KEYS,
     Derived,
     accum_steps,
+    check_world,
     derive,
     lr_scale,
     micro_batch,

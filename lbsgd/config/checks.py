@@ -1,9 +1,11 @@
-"""The checks: each key alone, then the rules across keys, the place a run is written and the
-layout of processes. Each refusal is one line naming the key and what would be valid.
+"""The checks: each key alone, then the rules across keys and the place a run is written. Each
+refusal is one line naming the key and what would be valid.
 
 Each key alone first (:func:`key_problem`, :func:`check_values`: before a plugin is imported or
-anything derived from it), then the rules across keys when a Config is made (:func:`check_config`),
-the place a run goes (:func:`check_place`) and the layout it runs on (:func:`check_world`).
+anything derived from it), then the rules across keys when a Config is made (:func:`check_config`)
+and the place a run goes (:func:`check_place`). The layout a run goes on is checked beside the
+values it derives (:func:`lbsgd.config.derived.check_world`), so that this module reads derived.py
+and derived.py reads nothing of this one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 
 from lbsgd.config import step_features
-from lbsgd.config.derived import lr_scale, micro_batch, noise_batch
+from lbsgd.config.derived import lr_scale
 from lbsgd.config.schema import FIELDS, KEYS, hints, unknown_key_message
 from lbsgd.registry import ConfigError
 
@@ -522,30 +524,6 @@ def check_folder_path(key: str, value: str | None, error: type[ValueError] = Con
     problem = key_problem(key, value)
     if problem:
         raise error(problem)
-
-
-def check_world(
-    c: Config, world_size: int, local_world_size: int | None = None, micro: int | None = None
-) -> None:
-    """One line saying why ``world_size`` processes (``local_world_size`` per node) cannot run
-    ``c`` with micro-batch ``micro`` (the key's by default; for ``auto``, the largest candidate),
-    else nothing. The accumulation steps they run: :func:`lbsgd.config.derived.accum_steps`."""
-    if c.async_ps:  # one update = one worker's whole batch (lbsgd.parameter_server)
-        world_size = 1
-    if c.comm_hook == "hierarchical" and local_world_size and world_size % local_world_size:
-        raise ConfigError(
-            f"comm_hook=hierarchical needs the same number of processes on every node: "
-            f"world_size={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_world_size}"
-        )
-    m = micro if micro is not None else micro_batch(c, world_size)
-    per_step = world_size * m
-    if c.batch_size % per_step:
-        raise ConfigError(
-            f"batch_size={c.batch_size} is not a multiple of world_size * micro_batch = "
-            f"{world_size} * {m} = {per_step}"
-        )
-    if c.noise_scale:
-        noise_batch(c, world_size, m)
 
 
 # -- keys that a setting ignores -----------------------------------------------------------------

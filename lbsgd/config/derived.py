@@ -4,7 +4,7 @@ start of every run and written to its config.yaml (:func:`lbsgd.config.load.dump
 
 Some are a value or one line saying why there is none (the micro-batch of ``micro_batch=auto``,
 the noise scale's small batch); :func:`derive` checks the layout first
-(:func:`lbsgd.config.checks.check_world`).
+(:func:`check_world`, here beside the values it checks).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def accum_steps(c: Config, world_size: int, micro: int | None = None) -> int:
     """Micro-batches per process per optimizer step on ``world_size`` processes with micro-batch
     ``micro`` (the key's by default; for ``auto``, the largest candidate): batch_size /
     (world_size * micro_batch), one worker's batch under ``async_ps``. A layout it does not
-    divide is refused by :func:`lbsgd.config.checks.check_world`."""
+    divide is refused by :func:`check_world`."""
     if c.async_ps:  # one update = one worker's whole batch (lbsgd.parameter_server)
         world_size = 1
     m = micro if micro is not None else micro_batch(c, world_size)
@@ -160,8 +160,6 @@ def noise_batch(c: Config, world_size: int, micro: int) -> int | None:
 
 def derive(c: Config, world_size: int, num_train: int, micro: int | None = None) -> Derived:
     """``micro``: the micro-batch chosen for ``micro_batch=auto`` (the largest candidate if None)."""
-    from lbsgd.config.checks import check_world  # the checks read the values of this module
-
     if micro is None:
         micro = micro_batch(c, world_size)
     check_world(c, world_size, micro=micro)
@@ -204,3 +202,27 @@ def lr_scale(lr_scaling: str, ratio: float) -> float:
     if lr_scaling == "sqrt":
         return math.sqrt(ratio)
     return ratio if lr_scaling == "linear" else 1.0
+
+
+def check_world(
+    c: Config, world_size: int, local_world_size: int | None = None, micro: int | None = None
+) -> None:
+    """One line saying why ``world_size`` processes (``local_world_size`` per node) cannot run
+    ``c`` with micro-batch ``micro`` (the key's by default; for ``auto``, the largest candidate),
+    else nothing. The accumulation steps they run: :func:`lbsgd.config.derived.accum_steps`."""
+    if c.async_ps:  # one update = one worker's whole batch (lbsgd.parameter_server)
+        world_size = 1
+    if c.comm_hook == "hierarchical" and local_world_size and world_size % local_world_size:
+        raise ConfigError(
+            f"comm_hook=hierarchical needs the same number of processes on every node: "
+            f"world_size={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_world_size}"
+        )
+    m = micro if micro is not None else micro_batch(c, world_size)
+    per_step = world_size * m
+    if c.batch_size % per_step:
+        raise ConfigError(
+            f"batch_size={c.batch_size} is not a multiple of world_size * micro_batch = "
+            f"{world_size} * {m} = {per_step}"
+        )
+    if c.noise_scale:
+        noise_batch(c, world_size, m)
