@@ -57,13 +57,14 @@ def _end() -> None:
     os._exit(1)
 
 
-class ParentWatch(ParentPollerUnix):
-    """ipykernel's parent poller (its checks, its period) that calls ``gone`` instead of ending the
-    process when the client has gone, and ends it :data:`PARENT_GRACE_S` later if still there."""
+class ParentWatch(threading.Thread):
+    """ipykernel's parent poller (its checks, its period: ParentPollerUnix) that calls ``gone``
+    instead of ending the process when the client has gone, and ends it :data:`PARENT_GRACE_S`
+    later if still there. ``parent_pid`` 0: the parent counts as gone once it is init (pid 1)."""
 
     def __init__(self, parent_pid: int, gone: Callable[[], None]) -> None:
-        super().__init__(parent_pid=parent_pid)
-        self.gone = gone
+        super().__init__(daemon=True)
+        self.parent_pid, self.gone = parent_pid, gone
 
     def run(self) -> None:
         if os.getppid() != self.parent_pid:  # as ipykernel's: a parent not the launcher's
@@ -89,8 +90,8 @@ class Kernel(IPythonKernel):
         super().__init__(**kwargs)
         app = self.parent  # the IPKernelApp, which starts its poller after making this kernel
         poller = getattr(app, "poller", None)
-        if type(poller) is ParentPollerUnix:
-            app.poller = ParentWatch(poller.parent_pid, self._client_gone)
+        if type(poller) is ParentPollerUnix:  # (ipykernel before 6.2x polls for pid 1 alone)
+            app.poller = ParentWatch(getattr(poller, "parent_pid", 0), self._client_gone)
 
     def _client_gone(self) -> None:
         """From the watch's thread: the running cell interrupted (a sweep stops its runs with a

@@ -10,4 +10,9 @@ except ImportError:  # lbsgd not installed in this environment: the kernel as it
     pass
 else:
     kernel_log.install(logging.getLogger("IPKernelApp"))
-    get_config().IPKernelApp.kernel_class = "lbsgd.kernel.Kernel"  # noqa: F821 (IPython's)
+    try:
+        import lbsgd.kernel  # noqa: F401
+    except Exception:  # an ipykernel whose classes lbsgd.kernel cannot extend: its own kernel
+        pass
+    else:
+        get_config().IPKernelApp.kernel_class = "lbsgd.kernel.Kernel"  # noqa: F821 (IPython's)
