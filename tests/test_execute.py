@@ -201,7 +201,6 @@ def test_a_kernel_whose_papermill_is_killed_stops_the_runs_and_prints_the_summar
     _wait_for_a_run(study)
     p.send_signal(signal.SIGKILL)
     out, _ = p.communicate(timeout=300)  # until the kernel, which holds the terminal too, ends
-    assert p.returncode == -signal.SIGKILL, out
     assert not [w for w in (*NOISE, "Parent appears") if w in out], out
     summary = [line for line in out.splitlines() if line.startswith("lbsgd: sweep of study")]
     assert len(summary) == 1 and "runs not started" in summary[0], out  # it did not go on

@@ -11,24 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import as_args, lbsgd, tiny_keys, used_keys
+from helpers import EIGHT_STEP_EPOCHS
 
 from lbsgd import checkpoint, config
 from lbsgd.config import Config, ConfigError
 
 CLIP_WORKER = str(Path(__file__).parent / "clip_worker.py")
 CLIP = 0.5  # below the tiny run's gradient norms (about 1 to 3): most steps are clipped
-# 8 steps (256 images, batch 32: one epoch), a flush every 2 steps
-KEYS = tiny_keys(
-    synthetic_train=256,
-    synthetic_test=128,
-    batch_size=32,
-    reference_batch=32,
-    bn_batch=8,
-    base_lr=0.2,
-    warmup_epochs=0.25,
-    epochs=1,
-    log_every=2,
-)
+# 8 steps (256 images, batch 32: one epoch), a flush every 2 steps, ghost BN groups of 8
+KEYS = tiny_keys(**EIGHT_STEP_EPOCHS, bn_batch=8, epochs=1)
 
 
 def _train(out: Path, name: str, nproc: int | None, plain: bool, **extra) -> Path:
