@@ -54,7 +54,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from lbsgd.config import Config
+from lbsgd.config import Config, optimizers
 
 # Modules whose parameters are scale/shift of a normalisation (BN γ/β and its relatives).
 NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -196,6 +196,12 @@ class SGD(_VelocitySGD):
             params, _defaults(lr, momentum, weight_decay, nesterov, momentum_correction)
         )
 
+    @classmethod
+    def from_config(cls, groups: list[dict[str, Any]], cfg: Config) -> SGD:
+        for g in groups:
+            g.pop("adapt", None)  # SGD never adapts; keep its groups free of a key it would ignore
+        return cls(groups, **_velocity_keys(cfg))
+
     def _directions(self, group, params, grads):
         wd = group["weight_decay"]
         d = torch._foreach_add(grads, params, alpha=wd) if wd != 0 else grads  # g + λ·w
@@ -246,6 +252,10 @@ class LARS(_VelocitySGD):
         defaults = _defaults(lr, momentum, weight_decay, nesterov, momentum_correction)
         defaults.update(trust_coefficient=trust_coefficient, adapt=adapt)
         super().__init__(params, defaults)
+
+    @classmethod
+    def from_config(cls, groups: list[dict[str, Any]], cfg: Config) -> LARS:
+        return cls(groups, trust_coefficient=cfg.lars_eta, **_velocity_keys(cfg))
 
     def _directions(self, group, params, grads):
         lr, wd = group["lr"], group["weight_decay"]
@@ -308,6 +318,16 @@ class _Adam(_PerGroup):
             "step": 0,
         }
         super().__init__(params, defaults)
+
+    @classmethod
+    def from_config(cls, groups: list[dict[str, Any]], cfg: Config) -> _Adam:
+        return cls(
+            groups,
+            lr=cfg.base_lr,  # overwritten before every step by set_lr
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        )
 
     def _moments(self, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         for p in params:
@@ -387,6 +407,21 @@ class AdamW(_Adam):
         super().add_param_group({**param_group, "adapt": False})
 
 
+# the classes the optimizers' table names (OptimizerInfo.cls)
+CLASSES: dict[str, type[_PerGroup]] = {c.__name__: c for c in (SGD, LARS, LAMB, AdamW)}
+
+
+def _velocity_keys(cfg: Config) -> dict[str, Any]:
+    """The keys of SGD and LARS: the lr inside a velocity."""
+    return {
+        "lr": cfg.base_lr,  # overwritten before every step by set_lr
+        "momentum": cfg.momentum,
+        "weight_decay": cfg.weight_decay,
+        "nesterov": cfg.nesterov,
+        "momentum_correction": cfg.momentum_correction,
+    }
+
+
 def _bn_bias_name(weight_decay: float, adapt: bool) -> str:
     """The name of the biases' and BN's group: "no_decay" as before adapt_bn_bias existed."""
     if weight_decay == 0.0 and not adapt:
@@ -446,34 +481,13 @@ def param_groups(model: nn.Module, cfg: Config) -> list[dict[str, Any]]:
 
 
 def build(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
-    """``cfg.optimizer``: sgd → :class:`SGD`, lars → :class:`LARS`, lamb → :class:`LAMB`, adamw →
-    :class:`AdamW`, over :func:`param_groups`."""
-    groups = param_groups(model, cfg)
-    if cfg.optimizer in ("lamb", "adamw"):
-        adam = {
-            "lr": cfg.base_lr,  # overwritten before every step by set_lr
-            "betas": (cfg.adam_beta1, cfg.adam_beta2),
-            "eps": cfg.adam_eps,
-            "weight_decay": cfg.weight_decay,
-        }
-        return LAMB(groups, **adam) if cfg.optimizer == "lamb" else AdamW(groups, **adam)
-    common: dict[str, Any] = {
-        "lr": cfg.base_lr,  # overwritten before every step by set_lr
-        "momentum": cfg.momentum,
-        "weight_decay": cfg.weight_decay,
-        "nesterov": cfg.nesterov,
-        "momentum_correction": cfg.momentum_correction,
-    }
-    if cfg.optimizer == "lars":
-        return LARS(groups, trust_coefficient=cfg.lars_eta, **common)
-    if cfg.optimizer == "sgd":
-        for g in groups:
-            del g["adapt"]  # SGD never adapts; keep its groups free of a key it would ignore
-        return SGD(groups, **common)
-    raise ValueError(f"optimizer={cfg.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}")
+    """The class of ``cfg.optimizer``'s row in the optimizers' table (:mod:`lbsgd.config.optimizers`:
+    sgd → :class:`SGD`, lars → :class:`LARS`, lamb → :class:`LAMB`, adamw → :class:`AdamW`) over
+    :func:`param_groups`, made from the keys it reads (its ``from_config``)."""
+    return CLASSES[optimizers.info(cfg.optimizer).cls].from_config(param_groups(model, cfg), cfg)
 
 
-OPTIMIZERS = ("sgd", "lars", "lamb", "adamw")
+OPTIMIZERS = optimizers.NAMES
 
 _LARS_LABELS = {  # (weight decay, adaptation) -> label
     (True, True): "decay+adapt",
@@ -485,7 +499,9 @@ _LARS_LABELS = {  # (weight decay, adaptation) -> label
 
 def describe_groups(optimizer: torch.optim.Optimizer) -> str:
     """One line: ``parameter groups: decay+adapt 9 tensors / 77,760 params; no decay/adapt …``."""
-    lars = isinstance(optimizer, LARS | LAMB)
+    lars = any(
+        row.adapts_per_layer and isinstance(optimizer, CLASSES[row.cls]) for row in optimizers.TABLE
+    )
     parts = []
     for g in optimizer.param_groups:
         decay = g["weight_decay"] != 0
@@ -503,6 +519,7 @@ def describe_groups(optimizer: torch.optim.Optimizer) -> str:
 __all__ = [
     "LAMB",
     "LARS",
+    "CLASSES",
     "NORM_TYPES",
     "OPTIMIZERS",
     "AdamW",

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lbsgd import config, models, optim
-from lbsgd.config import Config, ConfigError
+from lbsgd.config import Config, ConfigError, optimizers
 from lbsgd.optim import (
     LAMB,
     LARS,
@@ -479,6 +479,81 @@ def test_build_sets_adam_keys_from_config():
     ]
     assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
     assert type(build(cfg.replace(optimizer="adamw"), nn.Linear(3, 2))) is AdamW
+
+
+# -- the optimizers' table (lbsgd.config.optimizers) --------------------------------------------
+
+OTHER_VALUE = {  # a value other than the default for each optimizer-specific key
+    "momentum": 0.8,
+    "nesterov": False,
+    "momentum_correction": False,
+    "lars_eta": 0.01,
+    "adam_beta1": 0.8,
+    "adam_beta2": 0.99,
+    "adam_eps": 1e-8,
+    "adapt_bn_bias": True,
+}
+OPTIMIZER_KEYS = sorted(OTHER_VALUE)
+
+
+def test_optimizer_table_is_the_key_values_and_every_row_builds_its_own_class():
+    assert (
+        config.schema.hints()["optimizer"].__args__
+        == optimizers.NAMES
+        == ("sgd", "lars", "lamb", "adamw")
+    )
+    assert set(optim.CLASSES) == {row.cls for row in optimizers.TABLE}
+    assert {k for row in optimizers.TABLE for k in row.keys} | {"adapt_bn_bias"} == set(OTHER_VALUE)
+    for row in optimizers.TABLE:
+        assert type(build(Config(optimizer=row.name), nn.Linear(3, 2))) is optim.CLASSES[row.cls]
+    assert config.FIELDS["optimizer"].metadata["help"] == (
+        "sgd (lr inside the velocity, Goyal eq. 10), lars (You et al. 2017, Algorithm 1), lamb "
+        "(You et al. 2019, Algorithm 2) or adamw (Adam, decay w <- w - lr*lambda*w)"
+    )
+    with pytest.raises(
+        ValueError, match="^optimizer='adam' is not one of: sgd, lars, lamb, adamw$"
+    ):
+        optimizers.info("adam")
+
+
+@pytest.mark.parametrize("name", optimizers.NAMES)
+def test_optimizer_reads_exactly_the_keys_of_its_row_and_refuses_the_others(name):
+    """A key of the row changes the optimizer built; a key of another row changes nothing and is
+    refused in one line naming the optimizers that read it."""
+    row = optimizers.info(name)
+    base = Config(optimizer=name, decay_bn_bias=False)
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    made = build(base, net).state_dict()["param_groups"]
+    for key in OPTIMIZER_KEYS:
+        reads = key in row.keys or (key == "adapt_bn_bias" and row.adapts_per_layer)
+        assert (name in optimizers.readers(key)) is reads, key
+        refusal = f"^{key}=.* has no effect unless optimizer="
+        if not reads and key in optimizers.ALWAYS_REFUSED:  # refused in any Config
+            with pytest.raises(ConfigError, match=refusal):
+                base.replace(**{key: OTHER_VALUE[key]})
+            continue
+        other = build(base.replace(**{key: OTHER_VALUE[key]}), net).state_dict()
+        assert (other["param_groups"] != made) is reads, key
+        if not reads:  # refused where given explicitly (a YAML file, a key=value)
+            with pytest.raises(ConfigError, match=refusal):
+                config.check_ignored(base.replace(**{key: OTHER_VALUE[key]}), [key])
+
+
+@pytest.mark.parametrize("name", optimizers.NAMES)
+def test_adapts_per_layer_is_an_update_that_scales_with_the_tensor_norm(name):
+    """Two tensors with the same gradient, one ten times the other: a per-layer trust ratio
+    (LARS, LAMB) makes the larger one's first step ten times as long; the others step alike."""
+    w = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    a, b = nn.Parameter(w.clone()), nn.Parameter(10 * w)
+    cfg = Config(optimizer=name, weight_decay=0.0, nesterov=False)
+    opt = optim.CLASSES[optimizers.info(name).cls].from_config(
+        [{"params": [a, b], "weight_decay": 0.0, "adapt": True}], cfg
+    )
+    optim.set_lr(opt, 0.5)
+    a.grad, b.grad = torch.tensor([0.3, 0.4]).double(), torch.tensor([0.3, 0.4]).double()
+    opt.step()
+    ratio = float((b - 10 * w).norm() / (a - w).norm())
+    assert ratio == pytest.approx(10.0 if optimizers.info(name).adapts_per_layer else 1.0)
 
 
 # -- LAMB (You et al. 2019, Algorithm 2) and AdamW ---------------------------------------------

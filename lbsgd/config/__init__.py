@@ -11,6 +11,7 @@
   there and nowhere else (:func:`derive`), printed at the start of every run and dumped with the
   config; the layout of processes they need (:func:`check_world`).
 - :mod:`~lbsgd.config.step_features`: the step features' table (lbsgd.features).
+- :mod:`~lbsgd.config.optimizers`: the optimizers' table (lbsgd.optim).
 
 The plugins the ``plugins`` key names are imported by :func:`lbsgd.registry.import_plugins`, beside
 the registries they fill. Every name is imported from here: ``from lbsgd import config``.

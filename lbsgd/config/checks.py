@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 
-from lbsgd.config import step_features
+from lbsgd.config import optimizers, step_features
 from lbsgd.config.derived import lr_scale
 from lbsgd.config.schema import FIELDS, KEYS, hints, unknown_key_message
 from lbsgd.registry import ConfigError
@@ -528,27 +528,28 @@ def check_folder_path(key: str, value: str | None, error: type[ValueError] = Con
 
 # -- keys that a setting ignores -----------------------------------------------------------------
 
+
 # Keys that only one setting reads, each with that setting: the one place the rule lives. Set to
 # other than its default where its setting is off, such a key trains as if it were absent and
 # still changes the run's id, so it is refused in one line. The rules marked "always" hold for
 # every Config (check_config); the others for the keys a user gives explicitly, in a YAML file or
 # a key=value (:func:`check_ignored`, from :func:`lbsgd.config.load`): the studies build their
 # runs from whole profiles (the none arm of a warmup study keeps the profile's warmup_epochs).
+def _optimizer_rules() -> tuple[tuple[tuple[str, ...], str, Callable[[Any], bool], bool], ...]:
+    """The rules of the optimizer-specific keys, from the optimizers' table."""
+    return tuple(
+        (
+            keys,
+            "optimizer=" + " or ".join(names),
+            lambda c, names=names: c.optimizer in names,
+            any(k in optimizers.ALWAYS_REFUSED for k in keys),
+        )
+        for keys, names in optimizers.key_groups()
+    )
+
+
 USED_ONLY_WHEN: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool], bool], ...] = (
-    (("lars_eta",), "optimizer=lars", lambda c: c.optimizer == "lars", False),
-    (
-        ("adam_beta1", "adam_beta2", "adam_eps"),
-        "optimizer=lamb or adamw",
-        lambda c: c.optimizer in ("lamb", "adamw"),
-        True,
-    ),
-    (("adapt_bn_bias",), "optimizer=lars or lamb", lambda c: c.optimizer in ("lars", "lamb"), True),
-    (
-        ("momentum", "nesterov", "momentum_correction"),
-        "optimizer=sgd or lars",
-        lambda c: c.optimizer in ("sgd", "lars"),
-        False,
-    ),
+    *_optimizer_rules(),
     (("milestones", "decay_factor"), "schedule=step", lambda c: c.schedule == "step", False),
     (("poly_power",), "schedule=poly", lambda c: c.schedule == "poly", False),
     (

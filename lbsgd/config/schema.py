@@ -33,6 +33,11 @@ from typing import Any, Literal
 import pydantic
 from pydantic.dataclasses import dataclass
 
+from lbsgd.config import optimizers
+
+# the optimizer key's values: the names of the optimizers' table
+OptimizerName = Literal[optimizers.NAMES]  # type: ignore[valid-type]
+
 
 def _key(default: Any, kind: str, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"kind": kind, "help": help})
@@ -136,11 +141,7 @@ class Config:
     poly_power: float = _exp(2.0, "power of schedule=poly (2 for LARS, You et al. 2017)")
     epochs: float = _exp(90.0, "training length in epochs (passes over the train split)")
     # --- experiment keys: optimizer ------------------------------------------------------------
-    optimizer: Literal["sgd", "lars", "lamb", "adamw"] = _exp(
-        "sgd",
-        "sgd (lr inside the velocity, Goyal eq. 10), lars (You et al. 2017, Algorithm 1), lamb "
-        "(You et al. 2019, Algorithm 2) or adamw (Adam, decay w <- w - lr*lambda*w)",
-    )
+    optimizer: OptimizerName = _exp("sgd", optimizers.help_text())
     momentum: float = _exp(0.9, "momentum m of the velocity update (sgd, lars)")
     nesterov: bool = _exp(True, "Nesterov momentum (Goyal §5.1; sgd, lars)")
     weight_decay: float = _exp(
