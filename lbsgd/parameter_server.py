@@ -121,7 +121,7 @@ class Run:
         Cadence  # when to flush and evaluate (lbsgd.cadence.decide; one checkpoint, at the end)
     )
     tracker: Tracker
-    summary: dict[str, Any]
+    summary: rundir.Summary  # summary.json's content
     status: Status  # one of STATUSES
     step: int  # updates applied: the server step s
     next_task: int  # the next task to hand out

@@ -11,8 +11,12 @@ from __future__ import annotations
 import enum
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+import pydantic
+from typing_extensions import Required, TypedDict
 
 from lbsgd.config import Config, ConfigError, Derived, check_place, dump, read_yaml, world_size_key
 from lbsgd.tracking import Tracker
@@ -94,13 +98,120 @@ def read_status(run_dir: Path) -> str:
         return "unknown"
 
 
+# -- summary.json's declared shape --------------------------------------------------------------
+#
+# Both loops (lbsgd.trainer, lbsgd.parameter_server), the step features' after_flush and the sweep's
+# copies fill it; write_summary refuses a summary of another shape (a key not declared here, a
+# value of another type), so a new field is declared here before any run writes it.
+
+# a loss: a float, or the string summary.json holds for a non-finite one (a diverged run)
+Loss = float | Literal["nan", "inf", "-inf"]
+_FORBID = pydantic.ConfigDict(extra="forbid", strict=True)
+
+
+class Evaluated(TypedDict, total=False):
+    """``final``: the last flushed train loss and the last evaluation of each split."""
+
+    __pydantic_config__ = _FORBID  # type: ignore[misc]
+    train_loss: Loss
+    top1_error_pct: float
+    top5_error_pct: float
+    test_loss: Loss
+    val_top1_error_pct: float
+    val_top5_error_pct: float
+    val_loss: Loss
+
+
+class Best(TypedDict, total=False):
+    """``best``: the lowest top-1 error of the test split and, apart, of the held-out split."""
+
+    __pydantic_config__ = _FORBID  # type: ignore[misc]
+    top1_error_pct: float
+    step: int
+    val_top1_error_pct: float
+    val_step: int
+
+
+class NoiseScaleSummary(TypedDict):
+    """``noise_scale`` (noise_scale=true): the smoothed |G|², tr(Σ) and B_simple (None before the
+    first step) and the two batch sizes of the probe."""
+
+    __pydantic_config__ = _FORBID  # type: ignore[misc]
+    b_simple: float | None
+    g_sq: float | None
+    trace: float | None
+    b_small: int
+    b_big: int
+
+
+class AsyncPSSummary(TypedDict):
+    """``async_ps`` (async_ps=true): the workers, the staleness measured (histogram τ → count,
+    mean, max), the updates each worker sent and the gradients discarded."""
+
+    __pydantic_config__ = _FORBID  # type: ignore[misc]
+    workers: int
+    staleness: dict[str, Any]
+    updates_per_worker: dict[str, int]
+    discarded_gradients: int
+
+
+class Summary(TypedDict, total=False):
+    """summary.json: a run's identity, status and result, written at its start and its end."""
+
+    __pydantic_config__ = _FORBID  # type: ignore[misc]
+    # from the start (new_summary)
+    status: Required[str]  # a Status's value
+    run: Required[str]
+    study: Required[str | None]
+    experiment_id: Required[str]
+    steps: Required[int]  # steps done
+    total_steps: Required[int]
+    environment: Required[dict[str, Any]]  # lbsgd.environment.environment, backend, determinism
+    attempts: int  # a resumed run's attempts, this one included
+    total_wall_time_s: float  # over every attempt
+    # from the loop
+    final: Evaluated
+    best: Best
+    skipped_steps: int  # fp16 steps skipped for a non-finite gradient
+    epochs: float
+    wall_time_s: float  # this attempt's
+    train_time_s: float
+    img_per_s: float | None  # steady training throughput
+    warmup_steps_timed: int  # the settling steps timed apart
+    warmup_s: float | None
+    stopped_at_target: int  # the step where stop_at_error was reached
+    noise_scale: NoiseScaleSummary
+    async_ps: AsyncPSSummary
+    # from the sweep: a run copied from the study that trained it (<study>/<run>)
+    copied_from: str
+
+
+_SUMMARY = pydantic.TypeAdapter(Summary)
+
+
+def check_summary(summary: Mapping[str, Any]) -> None:
+    """A ValueError naming each field of ``summary`` that is not of :class:`Summary`'s shape."""
+    try:
+        _SUMMARY.validate_python(_plain_status(summary))
+    except pydantic.ValidationError as e:
+        problems = [f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
+        raise ValueError("summary.json of another shape: " + "; ".join(problems)) from None
+
+
+def _plain_status(summary: Mapping[str, Any]) -> dict[str, Any]:
+    status = summary.get("status")
+    return {**summary, "status": status.value} if isinstance(status, Status) else dict(summary)
+
+
 def read_summary(run_dir: Path) -> dict[str, Any]:
     """``run_dir/summary.json`` as written (a completed run's result)."""
     return json.loads((run_dir / "summary.json").read_text())
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    """``run_dir/summary.json``, replaced atomically (strict JSON: non-finite floats as strings)."""
+    """``run_dir/summary.json``, replaced atomically (strict JSON: non-finite floats as strings),
+    after :func:`check_summary`."""
+    check_summary(summary)
     path = run_dir / "summary.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(finite(summary), indent=2, default=str) + "\n")
@@ -141,7 +252,7 @@ def open_run_dir(cfg: Config, d: Derived, truncate_after_step: int | None = None
 
 def new_summary(
     cfg: Config, ctx: distributed.Context, d: Derived, splits: data.Splits, steps: int
-) -> dict[str, Any]:
+) -> Summary:
     """summary.json's content as a run starts (``steps`` done already): status "running", the
     run's identity and its environment (the training split's digest: rank 0's)."""
     # torch with them: imported here, so that reading a run directory (a sweep) does not

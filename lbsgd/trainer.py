@@ -84,7 +84,7 @@ class Run:
     comm_state: Any  # comm_hook's state (PowerSGD's memories), None without one
     # start
     tracker: Tracker | None  # metrics.jsonl and W&B: rank 0 only
-    summary: dict[str, Any]  # summary.json's content, rewritten at the start and at the end
+    summary: rundir.Summary  # summary.json's content, rewritten at the start and at the end
 
     def __init__(self, cfg: Config, ctx: distributed.Context) -> None:
         self.cfg, self.ctx = cfg, ctx

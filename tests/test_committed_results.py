@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lbsgd import config, report, verify
+from lbsgd import config, report, rundir, verify
 from lbsgd.studies import scales
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -130,6 +130,21 @@ def test_no_committed_run_anywhere_under_results_records_a_dirty_tree():
         if str(json.loads(p.read_text())["environment"].get("git_commit")).endswith("-dirty")
     ]
     assert not dirty, f"runs made from a dirty tree: {dirty}"
+
+
+def test_every_committed_summary_has_the_declared_shape():
+    """Every summary.json under results/ (both loops', the copies', a GPU check's) read back
+    against rundir.Summary: no field undeclared, none of another type."""
+    summaries = sorted(RESULTS.rglob("summary.json"))
+    if not summaries:
+        pytest.skip("no committed results/ in this checkout")
+    problems = []
+    for p in summaries:
+        try:
+            rundir.check_summary(json.loads(p.read_text()))
+        except ValueError as e:
+            problems.append(f"{p.parent.relative_to(RESULTS)}: {e}")
+    assert not problems, problems[:5]
 
 
 @pytest.mark.slow

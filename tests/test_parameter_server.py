@@ -18,7 +18,7 @@ import torch
 from conftest import lbsgd, used_keys
 from helpers import PROGRESS, RESUME_KEYS, assert_ends_with_its_summary, initial_weights
 
-from lbsgd import checkpoint, entry, parameter_server
+from lbsgd import checkpoint, entry, parameter_server, rundir
 from lbsgd.config import ConfigError, derive, from_dict, micro_batch_candidates
 
 HERE = Path(__file__).parent
@@ -59,6 +59,7 @@ def test_one_worker_is_synchronous_sgd_on_one_process(tmp_path):
     assert one.returncode == 0, one.stderr[-3000:]
     summary = json.loads((tmp_path / "runs" / "ps" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 6
+    rundir.check_summary(summary)  # the declared shape, which the synchronous loop fills too
     sync = json.loads((tmp_path / "runs" / "one" / "summary.json").read_text())
     for key in ("test_loss", "val_loss", "val_top1_error_pct"):
         assert summary["final"][key] == pytest.approx(sync["final"][key], rel=1e-5), key

@@ -12,7 +12,7 @@ import yaml
 from conftest import TINY, as_args, subprocess_env, tiny_subset
 from helpers import write_cifar
 
-from lbsgd import checkpoint
+from lbsgd import checkpoint, rundir
 from lbsgd.config import ConfigError, derive
 from lbsgd.entry import train
 from lbsgd.features import Pending, pack_flush, unpack_flush
@@ -42,11 +42,35 @@ def test_run_writes_config_metrics_and_summary_as_promised(tiny):
     assert [r["epoch"] for r in evals] == [1.0, 2.0]  # eval_every=1 epoch
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary))
+    rundir.check_summary(on_disk)  # summary.json's declared shape, read back
     assert on_disk["status"] == "completed" and on_disk["steps"] == d.total_steps
     assert on_disk["final"]["top1_error_pct"] == evals[-1]["top1_error_pct"]
     env = on_disk["environment"]
     assert env["torch"] == torch.__version__ and "git_commit" in env and env["world_size"] == 1
     assert on_disk["img_per_s"] > 0 and on_disk["wall_time_s"] >= on_disk["train_time_s"]
+
+
+def test_a_summary_of_another_shape_is_refused_and_the_file_before_it_kept(tmp_path):
+    start = {
+        "status": rundir.Status.RUNNING,
+        "run": "r",
+        "study": None,
+        "experiment_id": "0123abcd",
+        "steps": 0,
+        "total_steps": 8,
+        "environment": {},
+    }
+    rundir.write_summary(tmp_path, start)
+    before = (tmp_path / "summary.json").read_text()
+    for bad, field in (
+        ({"grad_norms": [1.0]}, "grad_norms: Extra inputs are not permitted"),
+        ({"steps": 2.5}, "steps: Input should be a valid integer"),
+        ({"final": {"top1_error": 3.0}}, "final.top1_error: Extra inputs are not permitted"),
+    ):
+        with pytest.raises(ValueError, match=f"^summary.json of another shape: {field}"):
+            rundir.write_summary(tmp_path, {**start, **bad})
+    assert (tmp_path / "summary.json").read_text() == before
+    assert json.loads(before)["status"] == "running"
 
 
 def test_existing_run_directory_is_never_overwritten(tiny):
