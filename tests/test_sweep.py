@@ -18,7 +18,7 @@ import pytest
 import yaml
 from conftest import TINY, as_args, start
 
-from lbsgd import checkpoint, cli, config, rundir
+from lbsgd import checkpoint, cli, config, rundir, tracking
 from lbsgd import experiments as ex
 from lbsgd.config import ConfigError
 
@@ -86,9 +86,8 @@ def _completed_twin(out: Path, study: str, keys: dict, world_size: int = 1) -> P
     d = config.derive(cfg, world_size, cfg.synthetic_train)
     (run_dir / "config.yaml").write_text(config.dump(cfg, d))
     summary = {"status": "completed", "run": cfg.run_name(), "study": study, "steps": 16}
-    (run_dir / "summary.json").write_text(
-        json.dumps({**summary, "experiment_id": cfg.experiment_id()})
-    )
+    summary.update(experiment_id=cfg.experiment_id(), total_steps=16, environment={})
+    rundir.write_summary(run_dir, summary)  # summary.json's declared shape
     (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 3, "loss": 2.0}\n')
     (run_dir / checkpoint.NAME).write_bytes(b"weights")
     (run_dir / "wandb_id").write_text("twin0001\n")
@@ -138,7 +137,7 @@ def test_a_twin_is_copied_within_its_profile_only_and_named_as_this_studys_run(
 ):
     logged = []
     monkeypatch.setattr(
-        ex.tracking, "log_copied_run", lambda run_dir, **kw: logged.append((run_dir, kw))
+        tracking, "log_copied_run", lambda run_dir, **kw: logged.append((run_dir, kw))
     )
     keys = {**TINY, "seed": 0}
     other_profile = _completed_twin(tmp_path / "cpu", "warmup", keys)
@@ -170,7 +169,7 @@ def test_a_twin_is_copied_within_its_profile_only_and_named_as_this_studys_run(
 def test_a_copied_run_says_the_same_in_its_config_and_summary_study_and_copied_from(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(ex.tracking, "log_copied_run", lambda run_dir, **kw: None)
+    monkeypatch.setattr(tracking, "log_copied_run", lambda run_dir, **kw: None)
     out, keys = tmp_path / "smoke", {**TINY, "seed": 0}
     twin = _completed_twin(out, "warmup", keys)
     ex.sweep("lr_scaling_rule", [keys], out_dir=out, profile="smoke", quiet=True)
@@ -244,7 +243,7 @@ def test_sweep_numbers_each_run_once_and_says_skipped_copied_or_started(
     """One number per run, its place in the run list, on each of its lines, and the first line
     says what the sweep does with it (a fresh run first: its end must not take the number of a
     run settled later)."""
-    monkeypatch.setattr(ex.tracking, "log_copied_run", lambda run_dir, **kw: None)
+    monkeypatch.setattr(tracking, "log_copied_run", lambda run_dir, **kw: None)
     out, keys = tmp_path / "smoke", {**TINY, "epochs": 1}
     runs = [{**keys, "seed": s} for s in (2, 0, 1)]
     fresh, done, copied = (

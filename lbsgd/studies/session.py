@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lbsgd import config, kernel_log, studies
 from lbsgd import experiments as ex
 from lbsgd import findings as fs
-from lbsgd import kernel_log, studies
 from lbsgd.findings import Finding
 from lbsgd.studies import scales
 
@@ -33,7 +33,7 @@ def results_root(out_dir: str | os.PathLike | None = None) -> Path:
     the repository root (not the kernel's working directory); an absolute path is itself."""
     if out_dir is None:
         return repo_root() / "results"
-    ex.config.check_folder_path("out_dir", str(out_dir))  # '' would be the repository itself
+    config.check_folder_path("out_dir", str(out_dir))  # '' would be the repository itself
     path = Path(out_dir).expanduser()
     return path if path.is_absolute() else repo_root() / path
 
@@ -132,7 +132,7 @@ def one_line_errors() -> bool:
         shell._showtraceback(etype, value, [line])  # the cell's error output: this line alone
         return [line]
 
-    shell.set_custom_exc((ex.config.ConfigError, KeyboardInterrupt), one_line)
+    shell.set_custom_exc((config.ConfigError, KeyboardInterrupt), one_line)
     log = getattr(getattr(shell, "kernel", None), "log", None)
     if isinstance(log, logging.Logger):  # a kernel not started from .venv: quiet it too
         kernel_log.install(log)
@@ -157,9 +157,9 @@ def start(
     (in a notebook too: :func:`one_line_errors`)."""
     one_line_errors()
     if study not in studies.STUDIES:
-        raise ex.config.ConfigError(f"study={study!r} is not one of {', '.join(studies.STUDIES)}")
+        raise config.ConfigError(f"study={study!r} is not one of {', '.join(studies.STUDIES)}")
     if wandb not in ("auto", "online", "offline", "disabled"):
-        raise ex.config.ConfigError(
+        raise config.ConfigError(
             f"wandb={wandb!r} must be one of auto, online, offline, disabled"
         )
     ex.check_launch(
@@ -168,7 +168,7 @@ def start(
     p = scales.get(profile, epochs=epochs)
     chosen = list(seeds) if seeds is not None else list(p.seeds)
     if not chosen or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in chosen):
-        raise ex.config.ConfigError(f"seeds={seeds!r} must be a non-empty list of integers >= 0")
+        raise config.ConfigError(f"seeds={seeds!r} must be a non-empty list of integers >= 0")
     launch = {
         "nproc_per_node": nproc_per_node,
         "nnodes": nnodes,

@@ -1,0 +1,146 @@
+"""A sweep interrupted (Ctrl-C, Jupyter's interrupt, SIGTERM): its runs asked to stop with a
+checkpoint (killed on a second interrupt), each one's place said, and one exception whose line
+sums up."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from lbsgd.experiments.commands import SweepJob
+from lbsgd.experiments.lines import Progress, shown
+from lbsgd.experiments.results import DONE
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A sweep was interrupted; its runs were stopped (checkpoint, status ``interrupted``).
+    ``runs``: the names of the runs it stopped or did not start."""
+
+    def __init__(self, message: str, runs: Sequence[str] = ()):
+        super().__init__(message)
+        self.runs = tuple(runs)
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython's hook (JupyterLab, papermill): the error's one line instead of a traceback
+        # through the sweep's loop; the sweep printed where each run stands
+        return [f"{type(self).__name__}: {self}"]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the sweep: an interrupt that asks the runs to stop, never to hurry."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM to the sweep's process (a scheduler, a kernel shut down by papermill or Jupyter) as
+    an interrupt while the sweep runs: the runs stop with a checkpoint and each is named; then the
+    signal goes on to the handler it had before (by default the process ends, exit status 143, as
+    it would have: a kernel being shut down sends no reply on its closed sockets). Yields the
+    signals caught (empty: none). Python lets only the main thread set a handler; elsewhere, or
+    where SIGTERM is ignored, it is left as it is."""
+    caught: list[int] = []
+    before = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or before == signal.SIG_IGN:
+        yield caught
+        return
+
+    def interrupt(signum, frame):
+        caught.append(signum)
+        raise Terminated(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+        if caught:
+            # a kernel's output leaves through a socket thread: time for the last lines to go
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def interrupted(
+    study: str, running: list[SweepJob], todo: list[SweepJob], failed: list[str], progress: Progress
+) -> RunInterrupted:
+    """Stop the runs in flight (``running``: each started, the last perhaps as the interrupt came)
+    as a scheduler would (SIGTERM: checkpoint at an agreed step, status interrupted), wait for
+    them, say where each stands and which of ``todo`` were not started, one line each; the
+    exception to raise, whose one line sums up."""
+    killed = _stop(running, progress.say)
+    for job in running:
+        job.item.handle.close()
+        progress.line(job, f"{_stop_text(job.item.cfg.run_dir())} (log: {shown(job.item.log)})")
+    for job in todo:
+        progress.line(job, "not started")
+    parts = [f"{_runs(len(running))} {'killed' if killed else 'stopped'}"] if running else []
+    parts += [f"{_runs(len(todo))} not started"] if todo else []
+    parts += [f"{_runs(len(failed))} failed before the interrupt"] if failed else []
+    return RunInterrupted(
+        f"sweep of study {study!r} interrupted: {', '.join(parts) or 'no run in flight'}; "
+        "run the same sweep again to resume",
+        [j.item.cfg.run_name() for j in (*running, *todo)],
+    )
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def _stop(running: list[SweepJob], say) -> bool:
+    """SIGTERM to every run in flight (torchrun's agent passes it on to its workers), then wait for
+    them; a second interrupt (not a SIGTERM: a kernel manager sends one a few seconds after its
+    interrupt) kills them (SIGKILL) instead. Whether they were killed."""
+    for job in running:
+        if job.proc.poll() is None:
+            job.proc.send_signal(signal.SIGTERM)
+    if running:
+        say(
+            f"[interrupt] asked {_runs(len(running))} to stop (SIGTERM): each stops at its next "
+            "metric flush with a checkpoint; interrupt again to kill them now"
+        )
+    while True:
+        try:
+            for job in running:
+                job.proc.wait()
+            return False
+        except Terminated:  # asked to end, not to hurry: the runs go on to their checkpoint
+            continue
+        except KeyboardInterrupt:  # asked twice: no waiting for the next flush
+            _kill(running)
+            return True
+
+
+def _kill(running: list[SweepJob]) -> None:
+    for job in running:
+        if job.proc.poll() is None:
+            try:
+                os.killpg(job.proc.pid, signal.SIGKILL)  # its own session: torchrun's workers
+            except OSError:
+                job.proc.kill()
+    for job in running:
+        job.proc.wait()
+
+
+def _stop_text(run_dir: Path) -> str:
+    """Where a stopped run stands, from its summary.json: status, step, checkpoint."""
+    from lbsgd import checkpoint  # torch: already imported by the sweep's checks
+
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return "stopped before training began"
+    status, steps = s.get("status"), s.get("steps")
+    kept = (run_dir / checkpoint.NAME).exists()
+    if status in DONE:
+        return f"{status} at step {steps}"
+    if status == "interrupted":
+        return f"interrupted at step {steps}, " + ("checkpoint kept" if kept else "no checkpoint")
+    return f"status {status} at step {steps}, " + (
+        "resumes from its last checkpoint" if kept else "no checkpoint: restarts"
+    )

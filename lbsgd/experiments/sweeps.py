@@ -1,0 +1,196 @@
+"""A study's sweep: its runs checked before any work, those done settled (skipped, copied), the
+others trained ``parallel`` at a time through :mod:`lbsgd.jobs`, each one's end said in a line
+(the module :mod:`lbsgd.experiments` describes it whole)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lbsgd import config, jobs, registry, rundir, tracking
+from lbsgd.config import Config
+from lbsgd.experiments.commands import (
+    SweepJob,
+    SweepRun,
+    check_launch,
+    command_line,
+    error_line,
+    start,
+)
+from lbsgd.experiments.copies import copy_run, find_identical
+from lbsgd.experiments.interrupts import RunInterrupted, interrupted, sigterm_as_interrupt
+from lbsgd.experiments.lines import Progress, result_text, shown
+from lbsgd.experiments.results import DONE, load_runs
+
+
+class RunFailed(RuntimeError):
+    """A run of a sweep ended with an error (not a divergence)."""
+
+
+def varied_keys(cfgs: Sequence[Config]) -> tuple[str, ...]:
+    """The keys whose values differ across ``cfgs``, sorted, ``k`` standing for ``batch_size``
+    (``name`` left out: a run's folder name, not a key it was trained with)."""
+    dicts = [c.to_dict() for c in cfgs]
+    keys = {
+        k
+        for k in dicts[0]
+        if k not in ("name", "varied") and any(d[k] != dicts[0][k] for d in dicts[1:])
+    }
+    if "batch_size" in keys:
+        keys = (keys - {"batch_size"}) | {"k"}
+    return tuple(sorted(keys))
+
+
+def sweep(
+    study: str,
+    runs: Sequence[Mapping[str, Any]],
+    *,
+    out_dir: str | os.PathLike = "results",
+    nproc_per_node: int = 1,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    parallel: int = 1,
+    wandb: str = "auto",
+    max_restarts: int = 0,
+    quiet: bool = False,
+    profile: str | None = None,
+):
+    """Train every run of ``runs`` (dicts of config keys) into ``out_dir/study``; see the module.
+
+    ``profile`` (the study's scale) is written into every run's config, as is ``varied``."""
+    config.check_folder_name("study", study)  # its folder is made even for no runs
+    config.check_place(out_dir, study)
+    check_launch(
+        nproc_per_node=nproc_per_node,
+        nnodes=nnodes,
+        rdzv_endpoint=rdzv_endpoint,
+        parallel=parallel,
+        max_restarts=max_restarts,
+    )
+    base = {
+        "study": study,
+        "out_dir": str(out_dir),
+        "wandb": wandb,
+        "resume": True,
+        "profile": profile,
+    }
+    runs = config.run_list(runs)
+    cfgs = [config.from_dict({**base, **r}) for r in runs]  # before any work
+    # a user's own runs: no key that their setting ignores (a study's are whole profiles)
+    if profile is None:
+        for c, r in zip(cfgs, runs, strict=True):
+            config.check_ignored(c, r)
+    if cfgs:
+        varied = varied_keys(cfgs)
+        cfgs = [c.replace(varied=varied) for c in cfgs]
+    names = [c.run_name() for c in cfgs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise config.ConfigError(f"runs of study {study!r} repeat the same experiment: {dup}")
+    from lbsgd import entry  # torch: imported once the cheap checks have passed
+
+    for c in cfgs:  # data directories, process layout, run directories: read only
+        registry.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
+        entry.check(c, nproc_per_node * nnodes, nproc_per_node)
+        # a finished run of other experiment keys (or of another K, under local SGD) is not "done"
+        rundir.check_run_dir(c, nproc_per_node * nnodes)
+    study_dir = Path(out_dir) / study
+    study_dir.mkdir(parents=True, exist_ok=True)
+    say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
+
+    with sigterm_as_interrupt() as terminated:
+        policy = _Sweep(
+            study,
+            Progress(len(cfgs), say),
+            command=lambda c: command_line(c, nproc_per_node, nnodes, rdzv_endpoint, max_restarts),
+            root=Path(out_dir),
+            world_size=nproc_per_node * nnodes,
+            wandb=wandb,
+            terminated=terminated,
+            parallel=parallel,
+        )
+        jobs.Runner([SweepRun(c, study_dir / f"{c.run_name()}.log") for c in cfgs], policy).run()
+    if policy.failed:
+        raise RunFailed(" | ".join(policy.failed))
+    return load_runs(study_dir, names=names)
+
+
+@dataclass
+class _Sweep(jobs.Policy[SweepRun]):
+    """The sweep's policy for its runner (:mod:`lbsgd.jobs`): runs settled first (skipped, copied),
+    the others started ``parallel`` at a time until one fails, each one's end said in a line (a
+    failure added to ``failed``), and on an interrupt every run in flight stopped and named."""
+
+    study: str
+    progress: Progress
+    command: Any  # a run's config -> its command line
+    root: Path  # the runs' out_dir: where a twin is looked for
+    world_size: int
+    wandb: str
+    terminated: list[int]  # the SIGTERMs the sweep caught (sigterm_as_interrupt)
+    parallel: int = 1
+    failed: list[str] = field(default_factory=list)
+
+    def prepare(self, runner: jobs.Runner[SweepRun]) -> None:
+        _settle(runner, self.progress, self.root, self.world_size, self.wandb)
+
+    def start(self, job: SweepJob) -> subprocess.Popen:
+        return start(job.item, self.command)
+
+    def started(self, job: SweepJob) -> None:
+        self.progress.line(job, f"{job.item.how} (log: {shown(job.item.log)})")
+
+    def may_start(self) -> bool:
+        return not self.failed
+
+    def ended(self, job: SweepJob) -> None:
+        _ended(job, self.failed, self.progress)
+
+    def interrupted(self, runner: jobs.Runner[SweepRun]) -> RunInterrupted:
+        error = interrupted(self.study, runner.running, runner.pending, self.failed, self.progress)
+        if self.terminated:  # the process ends before anyone shows the error: its line here
+            self.progress.say(f"{type(error).__name__}: {error}")
+        return error
+
+
+def _settle(
+    runner: jobs.Runner[SweepRun], progress: Progress, root: Path, world_size: int, wandb: str
+) -> None:
+    """Settle the runs already done here (skipped) and those another study of ``root`` completed
+    (copied), one line each."""
+    for job in runner.pending:
+        c, run_dir = job.item.cfg, job.item.cfg.run_dir()
+        status = rundir.read_status(run_dir)
+        if status in DONE:
+            runner.settle(job)
+            progress.end(job, f"skipped (already {status})", tally=False)
+            continue
+        twin = None if run_dir.exists() else find_identical(c, root, world_size)
+        if twin is not None:
+            copy_run(twin, c)
+            runner.settle(job)
+            progress.end(job, f"copied from {twin.parent.name}/ (identical run)", tally=False)
+            # W&B: the copy in this study's group too (never fails the sweep)
+            tracking.log_copied_run(run_dir, copied_from=twin, mode=wandb, project=c.wandb_project)
+
+
+def _ended(job: SweepJob, failed: list[str], progress: Progress) -> None:
+    """The line of a run that ended; a failure is added to ``failed``."""
+    run = job.item
+    run.handle.close()
+    rc, secs = job.proc.returncode, job.seconds
+    status = rundir.read_status(run.cfg.run_dir())
+    # torchrun reports any failed worker as exit code 1, so the run's own record decides:
+    # a diverged run (trainer exit code 3) is a result, not a failure
+    if status in DONE:
+        progress.end(job, f"{status} in {secs:.0f} s{result_text(run.cfg.run_dir())}")
+        return
+    failed.append(
+        f"run {run.cfg.run_name()} failed (exit code {rc}); log: {shown(run.log)}; "
+        f"error: {error_line(run.log)}"
+    )
+    progress.end(job, f"FAILED, see {shown(run.log)}")
