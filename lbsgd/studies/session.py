@@ -159,9 +159,7 @@ def start(
     if study not in studies.STUDIES:
         raise config.ConfigError(f"study={study!r} is not one of {', '.join(studies.STUDIES)}")
     if wandb not in ("auto", "online", "offline", "disabled"):
-        raise config.ConfigError(
-            f"wandb={wandb!r} must be one of auto, online, offline, disabled"
-        )
+        raise config.ConfigError(f"wandb={wandb!r} must be one of auto, online, offline, disabled")
     ex.check_launch(
         nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, parallel=parallel
     )
