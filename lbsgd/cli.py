@@ -222,28 +222,33 @@ def main(argv: list[str] | None = None) -> int:
         parameters = {k: execute.parameter(v) for k, v in args.parameter}
         return execute.execute(args.notebook, args.output, parameters, args.log_output)
     try:
-        if args.command == "notebooks":
-            from lbsgd.studies import scales
-
-            print(" ".join(scales.notebooks(args.profile, args.notebooks)))
-            return 0
-        if args.command == "verify":
-            from lbsgd import verify
-
-            return verify.main(args.results, args.sample, args.runs, args.out, args.parallel)
-        if args.command == "train":
-            _pin_cpu_isa(args.config, args.overrides)
-            cfg = config.load(args.config, args.overrides)
-            from lbsgd.entry import train
-            from lbsgd.rundir import STATUS_EXIT_CODE
-
-            summary = train(cfg)
-            return STATUS_EXIT_CODE.get(summary["status"], 1)
-        bench.run(args)
-        return 0
+        return _checked(args)
     except config.ConfigError as e:  # includes a checkpoint that cannot be used
         error(e)
         return EXIT_BAD_INPUT
+
+
+def _checked(args: argparse.Namespace) -> int:
+    """The commands whose bad input is a ConfigError (one line, exit code EXIT_BAD_INPUT)."""
+    if args.command == "notebooks":
+        from lbsgd.studies import scales
+
+        print(" ".join(scales.notebooks(args.profile, args.notebooks)))
+        return 0
+    if args.command == "verify":
+        from lbsgd import verify
+
+        return verify.main(args.results, args.sample, args.runs, args.out, args.parallel)
+    if args.command == "train":
+        _pin_cpu_isa(args.config, args.overrides)
+        cfg = config.load(args.config, args.overrides)
+        from lbsgd.entry import train
+        from lbsgd.rundir import STATUS_EXIT_CODE
+
+        summary = train(cfg)
+        return STATUS_EXIT_CODE.get(summary["status"], 1)
+    bench.run(args)
+    return 0
 
 
 def _pin_cpu_isa(files: list[str], overrides: list[str]) -> None:

@@ -193,14 +193,17 @@ def register(
     """
     if hook not in HOOKS:
         raise ValueError(f"comm_hook={hook!r} is not one of {', '.join(HOOKS)}")
-    state, fn = None, None
-    if hook == "none":
-        fn = default_hooks.allreduce_hook if noise is not None else None
-    elif hook == "fp16":
-        fn = default_hooks.fp16_compress_hook
-    elif hook == "bf16":
-        fn = default_hooks.bf16_compress_hook
-    elif hook == "powersgd":
+    state, fn = _hook(hook, local_world_size, powersgd_rank, switch_step)
+    if hook == "none" and noise is not None:
+        fn = default_hooks.allreduce_hook
+    if fn is not None:
+        ddp.register_comm_hook(state, fn if noise is None else noise.wrap(fn))
+    return state if hook == "powersgd" else None
+
+
+def _hook(hook: str, local_world_size: int, powersgd_rank: int, switch_step: int):
+    """``hook``'s (state, function): (None, None) for DDP's own all-reduce."""
+    if hook == "powersgd":
         state = PowerSGD(
             process_group=None,
             matrix_approximation_rank=powersgd_rank,
@@ -208,15 +211,16 @@ def register(
             use_error_feedback=True,
             warm_start=True,
         )
-        fn = powersgd_hook
-    elif hook == "hierarchical":
-        topo = Topology.of(dist.get_world_size(), local_world_size)
-        state, fn = Groups(topo), hierarchical_hook
-    else:
-        fn = parameter_server_hook
-    if fn is not None:
-        ddp.register_comm_hook(state, fn if noise is None else noise.wrap(fn))
-    return state if hook == "powersgd" else None
+        return state, powersgd_hook
+    if hook == "hierarchical":
+        return Groups(Topology.of(dist.get_world_size(), local_world_size)), hierarchical_hook
+    stateless = {
+        "none": None,
+        "fp16": default_hooks.fp16_compress_hook,
+        "bf16": default_hooks.bf16_compress_hook,
+        "parameter_server": parameter_server_hook,
+    }
+    return None, stateless[hook]
 
 
 class LocalSGD:

@@ -310,14 +310,10 @@ def sweep(
     ]
 
 
-def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> Link:
-    """Least-squares fit of t = α + n/β to per-message timings; α is clipped at 0.
-
-    The timings must be of one message over one link. For a collective, convert first: an
-    all-reduce costs steps × (α + message/β), so divide times and sizes by its factors
-    (:func:`fit_ring_allreduce` does this for the ring). When the unconstrained intercept is
-    negative, α = 0 and 1/β is refitted through the origin.
-    """
+def _timings(
+    sizes_bytes: Sequence[float], times_s: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The sizes and times of :func:`fit_alpha_beta` as arrays, one line for bad ones."""
     n = np.asarray(sizes_bytes, dtype=float)
     t = np.asarray(times_s, dtype=float)
     if n.ndim != 1 or n.size < 2 or not np.all(np.isfinite(n)) or np.any(n <= 0):
@@ -326,6 +322,18 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> Li
         raise ValueError(f"times_s: must be {n.size} finite times >= 0, one per size")
     if np.unique(n).size < 2:
         raise ValueError("sizes_bytes: must hold at least two distinct sizes to separate α and β")
+    return n, t
+
+
+def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> Link:
+    """Least-squares fit of t = α + n/β to per-message timings; α is clipped at 0.
+
+    The timings must be of one message over one link. For a collective, convert first: an
+    all-reduce costs steps × (α + message/β), so divide times and sizes by its factors
+    (:func:`fit_ring_allreduce` does this for the ring). When the unconstrained intercept is
+    negative, α = 0 and 1/β is refitted through the origin.
+    """
+    n, t = _timings(sizes_bytes, times_s)
     scale = n.max()  # fit on n/scale for a well-conditioned design matrix
     design = np.column_stack([np.ones_like(n), n / scale])
     (alpha, slope), *_ = np.linalg.lstsq(design, t, rcond=None)

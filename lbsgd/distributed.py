@@ -65,16 +65,22 @@ def check_layout(device: str, backend: str, local_world_size: int) -> None:
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but torch sees no CUDA device (valid here: auto, cpu)")
     kind, backend = resolve(device, backend)
-    if backend == "nccl" and device == "cpu":
+    if backend == "nccl":
+        _check_nccl(device, kind, local_world_size)
+
+
+def _check_nccl(device: str, kind: str, local_world_size: int) -> None:
+    """backend=nccl: GPUs, one per process of the node."""
+    if device == "cpu":
         raise ConfigError(
             "backend=nccl needs GPUs, not device=cpu (valid with device=cpu: auto, gloo)"
         )
-    if backend == "nccl" and kind != "cuda":
+    if kind != "cuda":
         raise ConfigError(
             "backend=nccl needs CUDA devices and torch sees none (valid here: auto, gloo)"
         )
-    gpus = torch.cuda.device_count() if kind == "cuda" else 0
-    if kind == "cuda" and backend == "nccl" and local_world_size > gpus:
+    gpus = torch.cuda.device_count()
+    if local_world_size > gpus:
         raise ConfigError(
             f"device={device}: {local_world_size} processes per node but {gpus} visible GPU(s): "
             f"NCCL needs one GPU per process (valid: --nproc-per-node <= {gpus}, or backend=gloo "

@@ -455,29 +455,42 @@ def param_groups(model: nn.Module, cfg: Config) -> list[dict[str, Any]]:
             {"params": params, "weight_decay": cfg.weight_decay, "adapt": True, "name": "all"}
         ]
     else:
-        norm_ids = {
-            id(p)
-            for module in model.modules()
-            if isinstance(module, NORM_TYPES)
-            for p in module.parameters(recurse=False)
-        }
-        bn_bias = [p for p in params if id(p) in norm_ids or p.ndim <= 1]
-        bn_ids = {id(p) for p in bn_bias}
-        decay = [p for p in params if id(p) not in bn_ids]
-        wd = cfg.weight_decay if cfg.decay_bn_bias else 0.0
-        groups = [
-            {"params": decay, "weight_decay": cfg.weight_decay, "adapt": True, "name": "decay"},
-            {
-                "params": bn_bias,
-                "weight_decay": wd,
-                "adapt": adapt,
-                "name": _bn_bias_name(wd, adapt),
-            },
-        ]
+        groups = _decay_and_bn_bias(model, params, cfg, adapt)
+    return _non_empty_partition(groups, params)
+
+
+def _non_empty_partition(groups: list[dict[str, Any]], params: list[Tensor]) -> list[dict]:
+    """``groups`` less the empty ones, each of ``params`` in exactly one of them."""
     groups = [g for g in groups if g["params"]]
     seen = [id(p) for g in groups for p in g["params"]]
     assert len(seen) == len(set(seen)) == len(params), "every parameter in exactly one group"
     return groups
+
+
+def _decay_and_bn_bias(
+    model: nn.Module, params: list[Tensor], cfg: Config, adapt: bool
+) -> list[dict[str, Any]]:
+    """The decay group and the group of biases and normalisation parameters (decayed with
+    ``decay_bn_bias``, adapted with ``adapt``)."""
+    decay, bn_bias = _split_bn_bias(model, params)
+    wd = cfg.weight_decay if cfg.decay_bn_bias else 0.0
+    return [
+        {"params": decay, "weight_decay": cfg.weight_decay, "adapt": True, "name": "decay"},
+        {"params": bn_bias, "weight_decay": wd, "adapt": adapt, "name": _bn_bias_name(wd, adapt)},
+    ]
+
+
+def _split_bn_bias(model: nn.Module, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+    """``params`` as (the rest, those of a normalisation module or with ndim <= 1), in order."""
+    norm_ids = {
+        id(p)
+        for module in model.modules()
+        if isinstance(module, NORM_TYPES)
+        for p in module.parameters(recurse=False)
+    }
+    bn_bias = [p for p in params if id(p) in norm_ids or p.ndim <= 1]
+    bn_ids = {id(p) for p in bn_bias}
+    return [p for p in params if id(p) not in bn_ids], bn_bias
 
 
 def build(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:

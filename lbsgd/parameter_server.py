@@ -220,11 +220,16 @@ class Run:
                 loss = torch.nn.functional.cross_entropy(model(x), y)
             (loss / d.accum_steps).backward()
             loss_sum += loss.detach().float()
+        return self._payload(loss_sum / d.accum_steps)
+
+    def _payload(self, loss: torch.Tensor) -> torch.Tensor:
+        """[mean loss, BN group sums, gradient] as one float32 CPU tensor; then the gradients and
+        the BN sums zeroed for the next task."""
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
         sums = [m.group_sums for m in self.ghost]
         payload = torch.cat(
             [
-                (loss_sum / d.accum_steps).reshape(1),
+                loss.reshape(1),
                 *(t.reshape(-1) for t in sums),
                 *(g.reshape(-1) for g in grads),
             ]

@@ -425,10 +425,12 @@ class Run:
             return self._end_at_target(done, pending, clock, progress, plan, in_sync)
         self.summary["steps"] = done
         progress.report(done, plan.boundary, top1_error)
-        if not plan.stop:
-            return None
+        return self._stopped(done, plan.checkpoint) if plan.stop else None
+
+    def _stopped(self, done: int, checkpointed: bool) -> Status:
+        """A run asked to stop, after step ``done``: rank 0's line, "interrupted"."""
         if self.ctx.is_main:
-            where = "checkpoint written" if plan.checkpoint else "no checkpoint written here"
+            where = "checkpoint written" if checkpointed else "no checkpoint written here"
             print(
                 f"lbsgd: asked to stop ({self.stop.caught or 'another process'}): "
                 f"stopped after step {done}, {where}; resume=true continues",

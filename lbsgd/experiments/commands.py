@@ -138,12 +138,17 @@ def _attempt_line(log: Path, how: str) -> str:
     return f"{ATTEMPT_MARK}{earlier + 1}, {when}: {how} ===="
 
 
+def _last_attempt(log: Path) -> list[str]:
+    """The non-blank lines of a run's log after its last attempt line, stripped."""
+    lines = log.read_text(errors="replace").splitlines()
+    marks = [i for i, ln in enumerate(lines) if ln.startswith(ATTEMPT_MARK)]
+    return [ln.strip() for ln in lines[marks[-1] + 1 if marks else 0 :] if ln.strip()]
+
+
 def error_line(log: Path) -> str:
     """The most telling line of a failed run's log (its last attempt): the last one naming an
     error."""
-    lines = log.read_text(errors="replace").splitlines()
-    marks = [i for i, ln in enumerate(lines) if ln.startswith(ATTEMPT_MARK)]
-    lines = [ln.strip() for ln in lines[marks[-1] + 1 if marks else 0 :] if ln.strip()]
+    lines = _last_attempt(log)
     for ln in reversed(lines):
         if ("Error" in ln or "error:" in ln) and not ln.startswith("torch.distributed"):
             return ln

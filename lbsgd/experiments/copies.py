@@ -26,22 +26,25 @@ def find_identical(cfg: Config, root: Path, world_size: int = 1) -> Path | None:
     the same measurements (:data:`MEASUREMENT_KEYS`, as its config.yaml has them) and, when the
     number of processes is part of the mathematics (:func:`lbsgd.config.world_size_key`), ran on
     ``world_size`` processes."""
-    name = cfg.run_name()
-    key = config.world_size_key(cfg)
-    want = {k: getattr(cfg, k) for k in MEASUREMENT_KEYS}
-    default = {k: config.FIELDS[k].default for k in MEASUREMENT_KEYS}
-    for other in sorted(root.glob(f"*/{name}")):
-        if other.parent.name != cfg.study and rundir.read_status(other) in DONE:
-            try:
-                theirs = json.loads((other / "summary.json").read_text()).get("experiment_id")
-                keys = config.read_yaml(other / "config.yaml", derived=True)
-            except (OSError, ValueError, config.ConfigError):
-                continue
-            recorded = {k: keys.get(k, default[k]) for k in MEASUREMENT_KEYS}
-            same_k = key is None or keys.get("world_size") == world_size
-            if theirs == cfg.experiment_id() and recorded == want and same_k:
-                return other
+    others = [p for p in sorted(root.glob(f"*/{cfg.run_name()}")) if p.parent.name != cfg.study]
+    for other in others:
+        if rundir.read_status(other) in DONE and _is_twin(other, cfg, world_size):
+            return other
     return None
+
+
+def _is_twin(other: Path, cfg: Config, world_size: int) -> bool:
+    """Whether the finished run ``other`` has ``cfg``'s experiment id, recorded its measurements
+    and, where the number of processes is part of the mathematics, ran on ``world_size``."""
+    try:
+        theirs = json.loads((other / "summary.json").read_text()).get("experiment_id")
+        keys = config.read_yaml(other / "config.yaml", derived=True)
+    except (OSError, ValueError, config.ConfigError):
+        return False
+    want = {k: getattr(cfg, k) for k in MEASUREMENT_KEYS}
+    recorded = {k: keys.get(k, config.FIELDS[k].default) for k in MEASUREMENT_KEYS}
+    same_k = config.world_size_key(cfg) is None or keys.get("world_size") == world_size
+    return theirs == cfg.experiment_id() and recorded == want and same_k
 
 
 def copy_run(twin: Path, cfg: Config) -> None:

@@ -78,19 +78,8 @@ def sweep(
         "resume": True,
         "profile": profile,
     }
-    runs = config.run_list(runs)
-    cfgs = [config.from_dict({**base, **r}) for r in runs]  # before any work
-    # a user's own runs: no key that their setting ignores (a study's are whole profiles)
-    if profile is None:
-        for c, r in zip(cfgs, runs, strict=True):
-            config.check_ignored(c, r)
-    if cfgs:
-        varied = varied_keys(cfgs)
-        cfgs = [c.replace(varied=varied) for c in cfgs]
+    cfgs = _configs(study, base, runs, profile)
     names = [c.run_name() for c in cfgs]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise config.ConfigError(f"runs of study {study!r} repeat the same experiment: {dup}")
     from lbsgd import entry  # torch: imported once the cheap checks have passed
 
     for c in cfgs:  # data directories, process layout, run directories: read only
@@ -117,6 +106,27 @@ def sweep(
     if policy.failed:
         raise RunFailed(" | ".join(policy.failed))
     return load_runs(study_dir, names=names)
+
+
+def _configs(
+    study: str, base: dict[str, Any], runs: Sequence[Mapping[str, Any]], profile: str | None
+) -> list[Config]:
+    """Each run's Config (``base`` under its keys) with ``varied``, before any work: a user's own
+    runs (no ``profile``) refused where a key is ignored, and two runs of one experiment refused."""
+    runs = config.run_list(runs)
+    cfgs = [config.from_dict({**base, **r}) for r in runs]
+    # a user's own runs: no key that their setting ignores (a study's are whole profiles)
+    if profile is None:
+        for c, r in zip(cfgs, runs, strict=True):
+            config.check_ignored(c, r)
+    if cfgs:
+        varied = varied_keys(cfgs)
+        cfgs = [c.replace(varied=varied) for c in cfgs]
+    names = [c.run_name() for c in cfgs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise config.ConfigError(f"runs of study {study!r} repeat the same experiment: {dup}")
+    return cfgs
 
 
 @dataclass
