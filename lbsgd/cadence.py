@@ -102,22 +102,44 @@ def decide(
     the last step the run completes instead. At a step of ``probe_steps`` (``eval_per_octave``)
     that evaluates nothing else, a probe: the held-out split alone, where the models agree.
     """
-    last = done == cadence.total_steps
-    # epochs completed: epoch_of is steps·batch/N, exact at whole epochs (integers far below 2^53)
-    epoch = math.floor(cadence.epoch_of(done))
-    boundary = last or epoch > math.floor(cadence.epoch_of(done - 1))
-    save_due = bool(cadence.checkpoint_every) and done % cadence.checkpoint_every == 0
-    save_due = save_due and cadence.checkpoint and in_sync and not boundary
+    last, epoch, boundary = _position(cadence, done)
+    save_due = not boundary and _checkpoint_due(cadence, done, in_sync)
     stop = stop_agreed and not last
-    evaluate = boundary and (last or (bool(cadence.eval_every) and epoch % cadence.eval_every == 0))
+    evaluate = _evaluates(cadence, boundary, last, epoch)
     return Decision(
-        flush=pending >= cadence.log_every or boundary or save_due,
+        flush=boundary or save_due or pending >= cadence.log_every,
         boundary=boundary,
         evaluate=evaluate,
-        checkpoint=cadence.checkpoint and (boundary or save_due or (stop and in_sync)),
+        checkpoint=_checkpoints(cadence, boundary or save_due, stop and in_sync),
         stop=stop,
         probe=done in cadence.probe_steps and in_sync and not evaluate,
     )
+
+
+def _position(cadence: Cadence, done: int) -> tuple[bool, int, bool]:
+    """After step ``done``: whether it is the last, the epochs completed, and whether it ends an
+    epoch (or the run)."""
+    last = done == cadence.total_steps
+    # epochs completed: epoch_of is steps·batch/N, exact at whole epochs (integers far below 2^53)
+    epoch = math.floor(cadence.epoch_of(done))
+    return last, epoch, last or epoch > math.floor(cadence.epoch_of(done - 1))
+
+
+def _checkpoint_due(cadence: Cadence, done: int, in_sync: bool) -> bool:
+    """A checkpoint of ``checkpoint_every`` after step ``done``, where the models agree."""
+    every = cadence.checkpoint_every
+    return bool(every) and done % every == 0 and cadence.checkpoint and in_sync
+
+
+def _checkpoints(cadence: Cadence, due: bool, stopping_in_sync: bool) -> bool:
+    """A checkpoint: at a boundary or when due, or at an agreed stop where the models agree."""
+    return cadence.checkpoint and (due or stopping_in_sync)
+
+
+def _evaluates(cadence: Cadence, boundary: bool, last: bool, epoch: int) -> bool:
+    """An evaluation at a boundary: the last step's, and every ``eval_every`` epochs."""
+    every = cadence.eval_every
+    return boundary and (last or (bool(every) and epoch % every == 0))
 
 
 # -- time -----------------------------------------------------------------------------------------

@@ -219,17 +219,35 @@ def probe(mkl: bool = False) -> dict[str, Any]:
         "mkl_cbwr": None,
         **_PROBED,
     }
+    lines = _verbose_lines(ask_onednn=out["onednn"] is None, ask_mkl=mkl)
+    out.update(_from_verbose(lines))
+    _PROBED.update(out)
+    return dict(out)
+
+
+def _verbose_lines(ask_onednn: bool, ask_mkl: bool) -> list[str]:
+    """The verbose lines of a float32 convolution through oneDNN and of an SGEMM through MKL
+    (each where asked and available)."""
+    import torch
+
     lines: list[str] = []
     with contextlib.suppress(Exception), _captured_stdout(lines):
-        if torch.backends.mkldnn.is_available() and out["onednn"] is None:
+        if torch.backends.mkldnn.is_available() and ask_onednn:
             # batch 2: ATen sends a batch of one to its own kernels, not to oneDNN
             x = torch.ones(2, 8, 8, 8).contiguous(memory_format=torch.channels_last)
             w = torch.ones(8, 8, 3, 3).contiguous(memory_format=torch.channels_last)
             with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
                 torch.nn.functional.conv2d(x, w)
-        if mkl and torch.backends.mkl.is_available():
+        if ask_mkl and torch.backends.mkl.is_available():
             with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
                 torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+    return lines
+
+
+def _from_verbose(lines: list[str]) -> dict[str, str]:
+    """What oneDNN's and MKL's verbose lines say: oneDNN's maximum ISA and convolution
+    implementation, MKL's CNR branch."""
+    out = {}
     for line in lines:
         if line.startswith("onednn_verbose") and ",info,cpu,isa:" in line:
             out["onednn_max"] = line.split(",info,cpu,isa:", 1)[1].strip()
@@ -238,8 +256,7 @@ def probe(mkl: bool = False) -> dict[str, Any]:
             out["onednn"] = impl.rpartition(":")[2] or impl
         elif line.startswith("MKL_VERBOSE") and (m := re.search(r"\bCNR:(\S+)", line)):
             out["mkl_cbwr"] = m.group(1)
-    _PROBED.update(out)
-    return dict(out)
+    return out
 
 
 def mkl_branch(cpu_isa: str, vendor: str | None) -> str | None:
@@ -274,16 +291,26 @@ def problems(
             return [f"this CPU lacks {', '.join(lacking)}"]
     if probed.get("aten") not in (None, ATEN[cpu_isa]):
         out.append(f"ATen's kernels use {probed.get('aten')}, not {ATEN[cpu_isa]}")
-    onednn = probed.get("onednn")
-    if cpu_isa in NO_ONEDNN and onednn is not None:
-        out.append(f"oneDNN's convolutions run ({onednn}), not ATen's")
-    rank = _ONEDNN_RANK.get(str(onednn))
-    if cpu_isa not in NO_ONEDNN and rank is not None and rank > _ONEDNN_RANK[cpu_isa]:
-        out.append(f"oneDNN's convolutions use {onednn}")
+    out += _onednn_problems(cpu_isa, probed.get("onednn"))
     mkl, want = probed.get("mkl_cbwr"), mkl_branch(cpu_isa, vendor)
     if mkl is not None and want is not None and mkl != want:
         out.append(f"MKL's branch is CNR:{mkl}, not {want}")
     return out
+
+
+def _onednn_problems(cpu_isa: str, onednn: str | None) -> list[str]:
+    """Why oneDNN's convolutions (``onednn``: the implementation it ran; None: not judged) do not
+    follow ``cpu_isa``: they run where ATen's should, or at a wider ISA."""
+    if onednn is None:
+        return []
+    if cpu_isa in NO_ONEDNN:
+        return [f"oneDNN's convolutions run ({onednn}), not ATen's"]
+    rank = _ONEDNN_RANK.get(str(onednn))
+    return (
+        [f"oneDNN's convolutions use {onednn}"]
+        if rank is not None and rank > _ONEDNN_RANK[cpu_isa]
+        else []
+    )
 
 
 def require(cpu_isa: str) -> None:

@@ -377,6 +377,40 @@ def init_after(mode: str, run_dir: Path, **kwargs: Any) -> Any:
         return run
 
 
+def _copy_config(
+    run_dir: Path, varied: Sequence[str] | None, profile: str | None
+) -> dict[str, Any]:
+    """A copied run's config.yaml as its W&B config: ``study`` the folder's, and this study's
+    ``varied`` and ``profile`` where given."""
+    import yaml
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    config["study"] = run_dir.parent.name
+    if varied is not None:
+        config["varied"] = list(varied)
+    if profile is not None:
+        config["profile"] = profile
+    return config
+
+
+def _replay_records(run: Any, run_dir: Path, log_every: int) -> None:
+    """A run's metrics.jsonl into W&B as the trainer logs it (a point per flush window, each
+    evaluation), then its summary.json."""
+    _define_epoch_axis(run)
+    records = [
+        json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()
+    ]
+    train = [r for r in records if r.get("kind", "train") == "train"]
+    points = window_means(train, log_every)
+    evals = [r for r in records if r.get("kind") == "eval"]
+    for r in sorted(points + evals, key=lambda r: (r["step"], r.get("kind") == "eval")):
+        run.log(_point(r), step=r["step"])
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        for k, v in flatten(json.loads(summary_path.read_text())).items():
+            run.summary[k] = v
+
+
 def log_copied_run(
     run_dir: str | os.PathLike,
     *,
@@ -393,15 +427,8 @@ def log_copied_run(
     ``copied_from_wandb_id``. ``varied``/``profile``: this study's, when they differ from the
     copied config's. Returns the W&B id, or None (disabled, or a failure: one RuntimeWarning)."""
     try:
-        import yaml
-
         run_dir, twin = Path(run_dir), Path(copied_from)
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-        config["study"] = run_dir.parent.name
-        if varied is not None:
-            config["varied"] = list(varied)
-        if profile is not None:
-            config["profile"] = profile
+        config = _copy_config(run_dir, varied, profile)
         cfg = {
             **wandb_config(config),
             "run_name": run_dir.name,
@@ -424,21 +451,7 @@ def log_copied_run(
             return None
         (run_dir / ID_FILE).write_text(run.id + "\n")  # this copy's own W&B run
         try:
-            _define_epoch_axis(run)
-            records = [
-                json.loads(x)
-                for x in (run_dir / "metrics.jsonl").read_text().splitlines()
-                if x.strip()
-            ]
-            train = [r for r in records if r.get("kind", "train") == "train"]
-            points = window_means(train, int(config.get("log_every") or 1))
-            evals = [r for r in records if r.get("kind") == "eval"]
-            for r in sorted(points + evals, key=lambda r: (r["step"], r.get("kind") == "eval")):
-                run.log(_point(r), step=r["step"])
-            summary_path = run_dir / "summary.json"
-            if summary_path.exists():
-                for k, v in flatten(json.loads(summary_path.read_text())).items():
-                    run.summary[k] = v
+            _replay_records(run, run_dir, int(config.get("log_every") or 1))
         finally:
             run.finish()
         return run.id
