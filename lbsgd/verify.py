@@ -182,17 +182,23 @@ def _metrics(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
     return out
 
 
+def _record_difference(key: tuple[str, int], a: dict | None, b: dict | None) -> str | None:
+    """Where the records of ``key`` (kind, step) differ, reference ``a`` and replay ``b``."""
+    if a is None or b is None:
+        return f"{key[0]} step {key[1]} is only in the {'replay' if a is None else 'reference'}"
+    for k in a:
+        if a[k] != b[k]:
+            return f"step {key[1]}: {key[0]} {k} {a[k]!r} vs {b[k]!r}"
+    return None
+
+
 def compare(reference: Path, replay: Path) -> str | None:
     """None when ``replay`` reproduces ``reference`` bitwise (metrics.jsonl's compared values at
     every step, and the summary's final metrics); else where they first differ."""
     ref, new = _metrics(reference / "metrics.jsonl"), _metrics(replay / "metrics.jsonl")
     for key in sorted(set(ref) | set(new), key=lambda k: (k[1], k[0])):
-        a, b = ref.get(key), new.get(key)
-        if a is None or b is None:
-            return f"{key[0]} step {key[1]} is only in the {'replay' if a is None else 'reference'}"
-        for k in a:
-            if a[k] != b[k]:
-                return f"step {key[1]}: {key[0]} {k} {a[k]!r} vs {b[k]!r}"
+        if (difference := _record_difference(key, ref.get(key), new.get(key))) is not None:
+            return difference
     fa = (_read_json(reference / "summary.json") or {}).get("final", {})
     fb = (_read_json(replay / "summary.json") or {}).get("final", {})
     for k in sorted(set(fa) | set(fb)):
@@ -338,13 +344,32 @@ def recompute_findings(root: Path, run: Run, replay: Path, scratch: Path) -> lis
     return changed_verdicts(committed, recomputed)
 
 
+def _print_difference(
+    run: Run, difference: str, top1: float | None, delta: float | None, spread, seeds: int
+) -> None:
+    """The lines of a replay that differs: where first, and its final error beside the seeds'."""
+    beside = (
+        f"seed spread of its group {spread:.2f} points ({seeds} seeds)"
+        if spread is not None
+        else "no seed spread (one seed in its group)"
+    )
+    shown = f"{delta:+.2f} points" if delta is not None else "n/a"
+    print(f"  differs, first at {difference}")
+    print(f"  final top-1 error {_pct(run.top1)} committed vs {_pct(top1)} here: {shown}; {beside}")
+
+
+def _failed(code: int, log: Path) -> str:
+    """The lines of a replay that did not complete (its log's last line); "inconsistent"."""
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+    print(f"  replay failed (exit code {code}): {tail[0] if tail else 'no output'}")
+    print("  level: inconsistent (the replay did not complete)")
+    return "inconsistent"
+
+
 def _report(run: Run, runs: list[Run], replay: Path, code: int, log: Path, root: Path) -> str:
     """Print the lines of one replay; its level (:data:`LEVELS`)."""
     if code != 0:
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        print(f"  replay failed (exit code {code}): {tail[0] if tail else 'no output'}")
-        print("  level: inconsistent (the replay did not complete)")
-        return "inconsistent"
+        return _failed(code, log)
     difference = compare(run.dir, replay)
     new = _read_json(replay / "summary.json") or {}
     top1 = new.get("final", {}).get("top1_error_pct")
@@ -354,17 +379,7 @@ def _report(run: Run, runs: list[Run], replay: Path, code: int, log: Path, root:
     if difference is None:
         print(f"  bitwise equal (final top-1 error {_pct(top1)})")
     else:
-        beside = (
-            f"seed spread of its group {spread:.2f} points ({seeds} seeds)"
-            if spread is not None
-            else "no seed spread (one seed in its group)"
-        )
-        shown = f"{delta:+.2f} points" if delta is not None else "n/a"
-        print(f"  differs, first at {difference}")
-        print(
-            f"  final top-1 error {_pct(run.top1)} committed vs {_pct(top1)} here: {shown}; "
-            f"{beside}"
-        )
+        _print_difference(run, difference, top1, delta, spread, seeds)
         if delta is not None and spread is not None and abs(delta) <= SPREADS * spread:
             with tempfile.TemporaryDirectory(prefix="lbsgd-verify-findings-") as scratch:
                 changed = recompute_findings(root, run, replay, Path(scratch))
@@ -393,25 +408,13 @@ def main(
     runs = find_runs(root)
     if not runs:
         return _bad(f"no completed CPU runs under {root} (expected {root}/<study>/<run>/)")
-    if names:
-        chosen = [r for r in runs if r.name in names or f"{r.study}/{r.name}" in names]
-        unknown = [
-            x for x in names if not any(x in (r.name, f"{r.study}/{r.name}") for r in chosen)
-        ]
-        if unknown:
-            return _bad(f"--runs: no completed CPU run named {', '.join(unknown)} under {root}")
-    else:
-        chosen = sample(runs, n)
+    chosen, problem = _choose(runs, names, n, root)
+    if problem := problem or _out_problem(out, root):
+        return _bad(problem)
     where = Path(out).resolve() if out else Path(tempfile.mkdtemp(prefix="lbsgd-verify-"))
-    if out:
-        if where == root.resolve() or root.resolve() in where.parents:
-            return _bad(f"--out={out} is inside the committed results {root}: choose another")
-        if where.exists() and any(where.iterdir()):
-            return _bad(f"--out={out} is not empty")
-    flags = [f for f in ("avx2", "avx512f", "amx_tile") if f in (isa.cpu_flags() or [])]
     print(
         f"lbsgd verify: {len(chosen)} of {len(runs)} runs under {root}, replayed in {where}\n"
-        f"this machine: {isa.cpu_model()} ({', '.join(flags) or 'no AVX2'})",
+        f"this machine: {_machine()}",
         flush=True,
     )
     try:
@@ -422,6 +425,39 @@ def main(
     finally:
         if not out:
             shutil.rmtree(where, ignore_errors=True)
+
+
+def _machine() -> str:
+    """This machine's CPU model and its widest vector extensions, in words."""
+    flags = [f for f in ("avx2", "avx512f", "amx_tile") if f in (isa.cpu_flags() or [])]
+    return f"{isa.cpu_model()} ({', '.join(flags) or 'no AVX2'})"
+
+
+def _choose(
+    runs: list[Run], names: list[str] | None, n: int, root: Path
+) -> tuple[list[Run], str | None]:
+    """The runs named (``names``: a run's name or ``study/name``), else a sample of ``n``; with
+    what is wrong with the names, if anything."""
+    if not names:
+        return sample(runs, n), None
+    chosen = [r for r in runs if r.name in names or f"{r.study}/{r.name}" in names]
+    unknown = [x for x in names if not any(x in (r.name, f"{r.study}/{r.name}") for r in chosen)]
+    if unknown:
+        return chosen, f"--runs: no completed CPU run named {', '.join(unknown)} under {root}"
+    return chosen, None
+
+
+def _out_problem(out: str | None, root: Path) -> str | None:
+    """What is wrong with ``--out`` (None: a temporary folder): inside the committed results, or
+    not empty."""
+    if not out:
+        return None
+    where = Path(out).resolve()
+    if where == root.resolve() or root.resolve() in where.parents:
+        return f"--out={out} is inside the committed results {root}: choose another"
+    if where.exists() and any(where.iterdir()):
+        return f"--out={out} is not empty"
+    return None
 
 
 def _replay_all(
