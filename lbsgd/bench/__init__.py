@@ -231,14 +231,7 @@ def _train(args: argparse.Namespace) -> None:
             args.overrides, steps=args.steps or 150, repeats=args.repeats or 3, out=out
         )
         return
-    precisions = train.parse_list(
-        "--precisions", args.precisions or ",".join(train.PRECISIONS), train.PRECISIONS
-    )
-    compiles = [
-        c == "true"
-        for c in train.parse_list("--compile", args.compiles or "false,true", ("false", "true"))
-    ]
-    layouts = train.parse_list("--layouts", args.layouts or ",".join(train.LAYOUTS), train.LAYOUTS)
+    precisions, compiles, layouts = _matrix_lists(args)
     out = args.out or train.default_out(args.overrides)
     train.bench_matrix(
         args.overrides,
@@ -250,6 +243,21 @@ def _train(args: argparse.Namespace) -> None:
         repeats=args.repeats or 2,
         out=out,
     )
+
+
+def _matrix_lists(args: argparse.Namespace) -> tuple[list[str], list[bool], list[str]]:
+    """The matrix's precisions, compile settings and layouts (each option's, else all)."""
+    from lbsgd.bench import train
+
+    precisions = train.parse_list(
+        "--precisions", args.precisions or ",".join(train.PRECISIONS), train.PRECISIONS
+    )
+    compiles = [
+        c == "true"
+        for c in train.parse_list("--compile", args.compiles or "false,true", ("false", "true"))
+    ]
+    layouts = train.parse_list("--layouts", args.layouts or ",".join(train.LAYOUTS), train.LAYOUTS)
+    return precisions, compiles, layouts
 
 
 def _breakdown(args: argparse.Namespace) -> None:

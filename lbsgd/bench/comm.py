@@ -58,11 +58,10 @@ def _time(fn, iters: int) -> float:
     return float(t.item())
 
 
-def worker(out: str, min_bytes: int, max_bytes: int, iters: int) -> None:
-    ctx = distributed.init("cpu")  # gloo
-    rank, world, local_world = ctx.rank, ctx.world_size, ctx.local_world_size
-    groups = comm.Groups(comm.Topology.of(world, local_world))
-
+def _allreduce_rows(
+    min_bytes: int, max_bytes: int, iters: int, groups: comm.Groups, rank: int, world: int
+) -> list[dict]:
+    """The flat and the hierarchical all-reduce timed at every size (rank 0 prints each)."""
     rows = []
     for n in sizes(min_bytes, max_bytes):
         t = torch.ones(n // 4)
@@ -86,36 +85,51 @@ def worker(out: str, min_bytes: int, max_bytes: int, iters: int) -> None:
                     f"{rows[-1]['bus_bandwidth_Bps'] / 1e9:7.3f} GB/s bus",
                     flush=True,
                 )
+    return rows
+
+
+def _fits(rows: list[dict], world: int) -> dict[str, dict]:
+    """The cost model fitted to each path's timings (its error where no bandwidth fits)."""
+    fits = {}
+    models = {
+        "flat_ring": (
+            "t = 2(p-1)*alpha + 2(p-1)/p * n/beta",
+            "flat",
+            lambda x, y: costmodel.fit_ring_allreduce(x, y, world),
+        ),
+        "hierarchical_effective": (
+            "t = alpha + n/beta",
+            "hierarchical",
+            costmodel.fit_alpha_beta,
+        ),
+    }
+    for key, (model, path, fit) in models.items():
+        sel = [r for r in rows if r["path"] == path]
+        try:
+            link = fit([r["bytes"] for r in sel], [r["seconds"] for r in sel])
+            fits[key] = {
+                "alpha_s": link.alpha_s,
+                "bandwidth_Bps": link.bandwidth_Bps,
+                "model": model,
+            }
+        except ValueError as e:  # e.g. sizes too small for the time to grow with them
+            fits[key] = {
+                "alpha_s": None,
+                "bandwidth_Bps": None,
+                "model": model,
+                "error": str(e),
+            }
+    return fits
+
+
+def worker(out: str, min_bytes: int, max_bytes: int, iters: int) -> None:
+    ctx = distributed.init("cpu")  # gloo
+    rank, world, local_world = ctx.rank, ctx.world_size, ctx.local_world_size
+    groups = comm.Groups(comm.Topology.of(world, local_world))
+
+    rows = _allreduce_rows(min_bytes, max_bytes, iters, groups, rank, world)
     if rank == 0:
-        fits = {}
-        models = {
-            "flat_ring": (
-                "t = 2(p-1)*alpha + 2(p-1)/p * n/beta",
-                "flat",
-                lambda x, y: costmodel.fit_ring_allreduce(x, y, world),
-            ),
-            "hierarchical_effective": (
-                "t = alpha + n/beta",
-                "hierarchical",
-                costmodel.fit_alpha_beta,
-            ),
-        }
-        for key, (model, path, fit) in models.items():
-            sel = [r for r in rows if r["path"] == path]
-            try:
-                link = fit([r["bytes"] for r in sel], [r["seconds"] for r in sel])
-                fits[key] = {
-                    "alpha_s": link.alpha_s,
-                    "bandwidth_Bps": link.bandwidth_Bps,
-                    "model": model,
-                }
-            except ValueError as e:  # e.g. sizes too small for the time to grow with them
-                fits[key] = {
-                    "alpha_s": None,
-                    "bandwidth_Bps": None,
-                    "model": model,
-                    "error": str(e),
-                }
+        fits = _fits(rows, world)
         result = {
             "benchmark": "allreduce",
             "backend": "gloo",
@@ -181,25 +195,11 @@ def step_worker(overrides: list[str], steps: int, out: str) -> None:
         distributed.shutdown()
 
 
-def _measure(ctx, overrides: list[str], steps: int) -> dict | None:
-    """:func:`step_worker`'s measurement: rank 0's row (the slowest rank's medians), else None."""
-    cfg = config.from_dict({**DEFAULTS, **config.parse_overrides(overrides)})
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    splits = data.build(cfg, ctx.device)  # the gloo breakdown runs on the host
-    mb = config.micro_batch(cfg)  # weak scaling: each process keeps its micro-batch
-    cfg = cfg.replace(batch_size=mb * ctx.world_size, micro_batch=mb)
-    config.check_world(cfg, ctx.world_size, ctx.local_world_size)
-    torch.manual_seed(cfg.seed)
-    net = models.build(cfg, splits.num_classes, splits.image_size)
-    fmt = memory_format(cfg)
-    net.to(memory_format=fmt).train()
-    opt = optim.build(cfg, net)
-    model = distributed.wrap(net, ctx, cfg.bucket_cap_mb, cfg.comm_hook, cfg.powersgd_rank, 0)
-    grad_bytes = sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad)
-    x_all, y_all = splits.train.tensors
-    g = torch.Generator().manual_seed(cfg.seed + ctx.rank)
-    times = {k: [] for k in PHASES}
+def _phase_times(model, opt, tensors, mb: int, fmt, g: torch.Generator, steps: int) -> dict:
+    """Each phase's seconds (data, forward, backward with its communication, optimizer) at each
+    of ``steps`` steps, after 3 untimed ones, every step starting together on every rank."""
+    x_all, y_all = tensors
+    times: dict[str, list[float]] = {k: [] for k in PHASES}
     warm = 3
     for i in range(warm + steps):
         distributed.barrier()
@@ -217,6 +217,27 @@ def _measure(ctx, overrides: list[str], steps: int) -> dict | None:
         if i >= warm:
             for k, v in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
                 times[k].append(v)
+    return times
+
+
+def _measure(ctx, overrides: list[str], steps: int) -> dict | None:
+    """:func:`step_worker`'s measurement: rank 0's row (the slowest rank's medians), else None."""
+    cfg = config.from_dict({**DEFAULTS, **config.parse_overrides(overrides)})
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    splits = data.build(cfg, ctx.device)  # the gloo breakdown runs on the host
+    mb = config.micro_batch(cfg)  # weak scaling: each process keeps its micro-batch
+    cfg = cfg.replace(batch_size=mb * ctx.world_size, micro_batch=mb)
+    config.check_world(cfg, ctx.world_size, ctx.local_world_size)
+    torch.manual_seed(cfg.seed)
+    net = models.build(cfg, splits.num_classes, splits.image_size)
+    fmt = memory_format(cfg)
+    net.to(memory_format=fmt).train()
+    opt = optim.build(cfg, net)
+    model = distributed.wrap(net, ctx, cfg.bucket_cap_mb, cfg.comm_hook, cfg.powersgd_rank, 0)
+    grad_bytes = sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad)
+    g = torch.Generator().manual_seed(cfg.seed + ctx.rank)
+    times = _phase_times(model, opt, splits.train.tensors, mb, fmt, g, steps)
     med = torch.tensor([statistics.median(times[k]) for k in PHASES], dtype=torch.float64)
     distributed.all_reduce_max(med)
     if not ctx.is_main:
@@ -235,6 +256,40 @@ def _measure(ctx, overrides: list[str], steps: int) -> dict | None:
     return row
 
 
+def _layouts(
+    nprocs: list[int], hooks: list[str], bucket_caps: list[float]
+) -> list[tuple[int, str, float]]:
+    """The (processes, comm_hook, bucket_cap_mb) layouts: 1 process once (its baseline), then every
+    combination; one line for a bad process count or hook."""
+    for n in nprocs:
+        if n < 1:
+            raise ValueError(f"--nproc={n}: every layout needs at least 1 process")
+    for h in hooks:
+        if h not in comm.HOOKS:
+            raise ValueError(f"--comm-hooks: {h!r} is not one of {', '.join(comm.HOOKS)}")
+    layouts = [(1, "none", bucket_caps[0])] if 1 in nprocs else []
+    return layouts + [(n, h, b) for n in nprocs if n > 1 for h in hooks for b in bucket_caps]
+
+
+def _layout_row(path: str, n: int, hook: str, cap: float, steps: int, overrides) -> dict:
+    """One layout measured under its own torchrun (hierarchical: 2 nodes of n/2 processes)."""
+    args = [
+        "bench",
+        "train",
+        "--step-worker",
+        f"--steps={steps}",
+        f"--out={path}",
+        *overrides,
+        f"comm_hook={hook}",
+        f"bucket_cap_mb={cap}",
+    ]
+    nodes = 2 if hook == "hierarchical" and n % 2 == 0 else 1  # 2 nodes of n/2 processes
+    torchrun(
+        nodes, n // nodes, args, what=f"lbsgd bench train: layout {n} x {hook} x {cap:g} MB failed"
+    )
+    return json.loads(Path(path).read_text())
+
+
 def bench_breakdown(
     overrides: list[str],
     nprocs: list[int],
@@ -251,43 +306,16 @@ def bench_breakdown(
     while there are cores for every process).
     """
     cfg = config.from_dict({**DEFAULTS, **config.parse_overrides(overrides)})  # refuse bad keys
-    for n in nprocs:
-        if n < 1:
-            raise ValueError(f"--nproc={n}: every layout needs at least 1 process")
-    for h in hooks:
-        if h not in comm.HOOKS:
-            raise ValueError(f"--comm-hooks: {h!r} is not one of {', '.join(comm.HOOKS)}")
-    layouts = [(1, "none", bucket_caps[0])] if 1 in nprocs else []
-    layouts += [(n, h, b) for n in nprocs if n > 1 for h in hooks for b in bucket_caps]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (n, hook, cap) in enumerate(layouts):
-            path = f"{tmp}/{i}.json"
-            args = [
-                "bench",
-                "train",
-                "--step-worker",
-                f"--steps={steps}",
-                f"--out={path}",
-                *overrides,
-                f"comm_hook={hook}",
-                f"bucket_cap_mb={cap}",
-            ]
-            nodes = 2 if hook == "hierarchical" and n % 2 == 0 else 1  # 2 nodes of n/2 processes
-            torchrun(
-                nodes,
-                n // nodes,
-                args,
-                what=f"lbsgd bench train: layout {n} x {hook} x {cap:g} MB failed",
-            )
-            rows.append(json.loads(Path(path).read_text()))
-            base = rows[0]["img_per_s"]
+        for i, (n, hook, cap) in enumerate(_layouts(nprocs, hooks, bucket_caps)):
+            rows.append(_layout_row(f"{tmp}/{i}.json", n, hook, cap, steps, overrides))
             r = rows[-1]
             print(
                 f"{n} proc  {hook:>16}  bucket {cap:>6g} MB | data {r['data'] * 1e3:7.2f}  fwd "
                 f"{r['forward'] * 1e3:7.2f}  bwd+comm {r['backward'] * 1e3:7.2f}  opt "
                 f"{r['optimizer'] * 1e3:6.2f} ms | {r['img_per_s']:8.1f} img/s, "
-                f"x{r['img_per_s'] / base:.2f} vs 1 process",
+                f"x{r['img_per_s'] / rows[0]['img_per_s']:.2f} vs 1 process",
                 flush=True,
             )
     result = {

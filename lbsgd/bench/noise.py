@@ -101,21 +101,11 @@ def trainer_torchrun(cfg: Config, steps: int, num_train: int, nproc: int, out_di
     return Timing(summary["img_per_s"], summary.get("warmup_s"))
 
 
-def _noise_row(
-    name: str,
-    what: str,
-    nproc: int,
-    off: Config,
-    on: Config,
-    num_train: int,
-    steps: int,
-    repeats: int,
-    tmp: str,
-) -> dict:
-    """One layout: the run without and with the measurement, alternating (off then on, on then
-    off, …); step time = global batch / the trainer's steady img/s. ``ratio``: the median over
-    the repeats of each repeat's step time with / without (neighbours in time, so drifts in the
-    machine's load cancel); the ratio of the median step times and of the best beside it."""
+def _alternating_runs(
+    name: str, nproc: int, off: Config, on: Config, num_train: int, steps: int, repeats: int, tmp
+) -> dict[bool, list[Timing]]:
+    """``repeats`` pairs of runs without and with the measurement, alternating which goes first;
+    their timings by whether they measured."""
     runs: dict[bool, list[Timing]] = {False: [], True: []}
     for r in range(repeats):
         for measure in (False, True) if r % 2 == 0 else (True, False):
@@ -131,11 +121,11 @@ def _noise_row(
             f"{runs[True][-1].img_per_s:8.1f} img/s",
             flush=True,
         )
-    ips = {k: [t.img_per_s for t in v] for k, v in runs.items()}
-    ms = {k: [1e3 * on.batch_size / x for x in v] for k, v in ips.items()}  # step times
-    # each repeat's two runs are neighbours in time: their ratio cancels drifts in machine load
-    paired = [a / b for a, b in zip(ms[True], ms[False], strict=True)]
-    ratio = statistics.median(paired)
+    return runs
+
+
+def _layout_fields(name: str, what: str, nproc: int, on: Config, num_train: int) -> dict:
+    """A layout's row: its processes, batch, micro-batches and the probe's small batch."""
     d = derive(on, nproc, num_train)
     return {
         "layout": name,
@@ -146,6 +136,32 @@ def _noise_row(
         "accum_steps": d.accum_steps,  # micro-batches per process per step
         "noise_scale_batch": d.noise_batch,
         "small_batches_per_process": d.accum_steps * d.micro_batch // d.noise_batch,
+    }
+
+
+def _noise_row(
+    name: str,
+    what: str,
+    nproc: int,
+    off: Config,
+    on: Config,
+    num_train: int,
+    steps: int,
+    repeats: int,
+    tmp: str,
+) -> dict:
+    """One layout: the run without and with the measurement, alternating (off then on, on then
+    off, …); step time = global batch / the trainer's steady img/s. ``ratio``: the median over
+    the repeats of each repeat's step time with / without (neighbours in time, so drifts in the
+    machine's load cancel); the ratio of the median step times and of the best beside it."""
+    runs = _alternating_runs(name, nproc, off, on, num_train, steps, repeats, tmp)
+    ips = {k: [t.img_per_s for t in v] for k, v in runs.items()}
+    ms = {k: [1e3 * on.batch_size / x for x in v] for k, v in ips.items()}  # step times
+    # each repeat's two runs are neighbours in time: their ratio cancels drifts in machine load
+    paired = [a / b for a, b in zip(ms[True], ms[False], strict=True)]
+    ratio = statistics.median(paired)
+    return {
+        **_layout_fields(name, what, nproc, on, num_train),
         "off_step_ms_median": statistics.median(ms[False]),
         "on_step_ms_median": statistics.median(ms[True]),
         "ratio": ratio,  # step time with / without, median over the repeats' pairs; 1 = free
@@ -160,6 +176,37 @@ def _noise_row(
         "off_warmup_s": [t.warmup_s for t in runs[False]],
         "on_warmup_s": [t.warmup_s for t in runs[True]],
     }
+
+
+def _measured_layouts(
+    base: Config, layouts: Sequence[str], nproc: int, device: torch.device
+) -> tuple[list, dict[str, str]]:
+    """The layouts of ``layouts`` this machine can measure, and why any was left out (ddp: fewer
+    GPUs than processes); a ConfigError when none is left."""
+    measured = [
+        lay for lay in noise_layouts(base, nproc if "ddp" in layouts else 0) if lay[0] in layouts
+    ]
+    left_out = {}
+    if "ddp" in layouts and device.type == "cuda" and torch.cuda.device_count() < nproc:
+        left_out["ddp"] = (
+            f"{nproc} processes need {nproc} GPUs, {torch.cuda.device_count()} visible"
+        )
+        print(f"ddp layout left out: {left_out['ddp']}", flush=True)
+        measured = [lay for lay in measured if lay[0] != "ddp"]
+    if not measured:
+        raise ConfigError(f"lbsgd bench noise: no layout to measure here ({left_out['ddp']})")
+    return measured, left_out
+
+
+def _print_noise_row(row: dict) -> None:
+    print(
+        f"{row['layout']:<6} {row['description']}\n       step {row['off_step_ms_median']:7.2f} "
+        f"ms without, {row['on_step_ms_median']:7.2f} ms with noise_scale | step time ratio "
+        f"{row['ratio']:.3f} (of medians {row['ratio_of_medians']:.3f}, best "
+        f"{row['ratio_best']:.3f}) = "
+        f"{row['overhead_pct']:+.1f}% (target <= {NOISE_TARGET_PCT:g}%)",
+        flush=True,
+    )
 
 
 def bench_noise(
@@ -182,19 +229,8 @@ def bench_noise(
             "B_small): leave both out"
         )
     values, base = setup(overrides, {**DEFAULTS, **NOISE_DEFAULTS})
-    measured = [
-        lay for lay in noise_layouts(base, nproc if "ddp" in layouts else 0) if lay[0] in layouts
-    ]
     device = bench_device(base)
-    left_out = {}
-    if "ddp" in layouts and device.type == "cuda" and torch.cuda.device_count() < nproc:
-        left_out["ddp"] = (
-            f"{nproc} processes need {nproc} GPUs, {torch.cuda.device_count()} visible"
-        )
-        print(f"ddp layout left out: {left_out['ddp']}", flush=True)
-        measured = [lay for lay in measured if lay[0] != "ddp"]
-    if not measured:
-        raise ConfigError(f"lbsgd bench noise: no layout to measure here ({left_out['ddp']})")
+    measured, left_out = _measured_layouts(base, layouts, nproc, device)
     pairs = [
         (
             config.from_dict({**values, **keys}),
@@ -215,16 +251,8 @@ def bench_noise(
         # the data, which would otherwise count against the first layout's first side
         trainer_run(pairs[0][0], min(steps, SETTLING_STEPS + 2), num_train, f"{tmp}/warm")
         for (name, what, n, _), (off, on) in zip(measured, pairs, strict=True):
-            row = _noise_row(name, what, n, off, on, num_train, steps, repeats, tmp)
-            rows.append(row)
-            print(
-                f"{name:<6} {what}\n       step {row['off_step_ms_median']:7.2f} ms without, "
-                f"{row['on_step_ms_median']:7.2f} ms with noise_scale | step time ratio "
-                f"{row['ratio']:.3f} (of medians {row['ratio_of_medians']:.3f}, best "
-                f"{row['ratio_best']:.3f}) = "
-                f"{row['overhead_pct']:+.1f}% (target <= {NOISE_TARGET_PCT:g}%)",
-                flush=True,
-            )
+            rows.append(_noise_row(name, what, n, off, on, num_train, steps, repeats, tmp))
+            _print_noise_row(rows[-1])
     result = {
         "benchmark": "noise_scale=true: trainer step time with / without",
         **header(base, steps, repeats, device, env),

@@ -83,14 +83,7 @@ def torchrun(
         try:
             runner.run()
         finally:
-            started = [j.proc for j in runner.jobs if j.proc is not None]
-            for a in started:  # nothing is left behind, on any exit (Ctrl-C included)
-                if a.poll() is None:
-                    _kill_workers(status)
-                    a.kill()
-                a.wait()
-            for t in agents.tails:
-                t.join(timeout=5)
+            started = _end_all(runner, agents, status)
         codes = [a.returncode for a in started]
         if agents.hung is None and not any(codes):
             return
@@ -105,6 +98,20 @@ def torchrun(
             grace_s,
         )
     raise SystemExit(f"{what}: {report}")
+
+
+def _end_all(runner: jobs.Runner, agents: _Agents, status: Path) -> list:
+    """Every agent started ended (killed with its workers where still running), their output
+    forwarded; the agents' processes."""
+    started = [j.proc for j in runner.jobs if j.proc is not None]
+    for a in started:  # nothing is left behind, on any exit (Ctrl-C included)
+        if a.poll() is None:
+            _kill_workers(status)
+            a.kill()
+        a.wait()
+    for t in agents.tails:
+        t.join(timeout=5)
+    return started
 
 
 class _Forward(threading.Thread):
@@ -277,36 +284,57 @@ def _report(
     if not started and not exits:
         return f"torchrun exited with {codes} before any worker started (its output is above)"
     failed = [r for r in range(world) if states[r] != "exited with 0"]
+    tails = _print_tails(logs, failed, states, per_node, hung)
+    if not failed:  # every worker exited 0, but an agent failed or did not exit
+        parts = ", ".join(f"rank {r} {states[r]}" for r in range(world))
+        return f"{parts}; torchrun agents exited with {codes}"
+    roots = {int(r) for r in _ROOT_CAUSE.findall(agent_err)}
+    first = min(failed, key=lambda r: _cause(r, exits, exited_at, roots, hung))
+    return _first_and_others(first, _telling(tails[first], first in hung), states)
+
+
+def _first_and_others(first: int, line: str, states: dict[int, str]) -> str:
+    """The first failure with its telling line, then every other rank's state."""
+    others = [f"rank {r} {s}" for r, s in states.items() if r != first]
+    return f"rank {first} {states[first]}{': ' + line if line else ''}" + (
+        f"; {', '.join(others)}" if others else ""
+    )
+
+
+def _print_tails(
+    logs: Path, failed: list[int], states: dict[int, str], per_node: int, hung: dict[int, int]
+) -> dict[int, list[str]]:
+    """Each failed rank's state and last stderr lines, to stderr; the lines, by rank."""
     tails = {r: _stderr_tail(logs, r, per_node, 25 if r in hung else 15) for r in failed}
     for rank in failed:
         print(f"--- rank {rank}: {states[rank]}; last stderr lines:", file=sys.stderr)
         for line in tails[rank] or ["(none)"]:
             print(f"  {line}", file=sys.stderr)
     sys.stderr.flush()
-    if not failed:  # every worker exited 0, but an agent failed or did not exit
-        parts = ", ".join(f"rank {r} {states[r]}" for r in range(world))
-        return f"{parts}; torchrun agents exited with {codes}"
-    roots = {int(r) for r in _ROOT_CAUSE.findall(agent_err)}
+    return tails
 
-    def cause(r: int) -> tuple:  # a crash, an error exit (the first), torchrun's root cause, a hang
-        crash = exits.get(r, 0) < 0 and -exits[r] not in _STOPS
-        error = r in exited_at and exits[r] != 0
-        rank = 0 if crash else 1 if error else 2 if r in roots else 3 if r in hung else 4
-        return rank, exited_at.get(r, 0.0), r
 
-    first = min(failed, key=cause)
-    line = _telling(tails[first], first in hung)
-    others = [f"rank {r} {states[r]}" for r in range(world) if r != first]
-    return f"rank {first} {states[first]}{': ' + line if line else ''}" + (
-        f"; {', '.join(others)}" if others else ""
-    )
+def _cause(
+    r: int, exits: dict[int, int], exited_at: dict[int, float], roots: set[int], hung: dict
+) -> tuple:
+    """Rank ``r``'s order as a failure's cause: a crash, an error exit (the first), torchrun's
+    root cause, a hang, the rest."""
+    crash = exits.get(r, 0) < 0 and -exits[r] not in _STOPS
+    error = r in exited_at and exits[r] != 0
+    rank = 0 if crash else 1 if error else 2 if r in roots else 3 if r in hung else 4
+    return rank, exited_at.get(r, 0.0), r
+
+
+def _innermost_frame(tail: list[str]) -> str:
+    """The frame after faulthandler's last "Current thread" line ("" when none)."""
+    starts = [i for i, t in enumerate(tail) if t.startswith("Current thread")]
+    return tail[starts[-1] + 1].strip() if starts and starts[-1] + 1 < len(tail) else ""
 
 
 def _telling(tail: list[str], hung: bool) -> str:
     """The line of a failed worker's stderr that says most: faulthandler's fatal error and the
     innermost frame, a hung worker's innermost frame, else the last line."""
-    starts = [i for i, t in enumerate(tail) if t.startswith("Current thread")]
-    frame = tail[starts[-1] + 1].strip() if starts and starts[-1] + 1 < len(tail) else ""
+    frame = _innermost_frame(tail)
     fatal = [t for t in tail if t.startswith("Fatal Python error")]
     if fatal:
         return fatal[-1].strip() + (f", at {frame}" if frame else "")

@@ -151,10 +151,7 @@ def resident(splits: Splits, device: torch.device) -> Splits:
     and a host device, unchanged."""
     if device.type == "cpu":
         return splits
-    held = [ds for ds in (splits.train, splits.test, splits.val) if ds is not None]
-    tensors = [t for ds in held if isinstance(ds, TensorDataset) for t in ds.tensors]
-    size = sum(t.numel() * t.element_size() for t in tensors)
-    size += sum(ds.nbytes for ds in held if isinstance(ds, DeviceImages))
+    size = _in_memory_bytes([splits.train, splits.test, splits.val])
     if device.type == "cuda" and size > RESIDENT_SHARE * torch.cuda.mem_get_info(device)[0]:
         return splits
 
@@ -167,6 +164,14 @@ def resident(splits: Splits, device: torch.device) -> Splits:
 
     val = None if splits.val is None else move(splits.val)
     return dataclasses.replace(splits, train=move(splits.train), test=move(splits.test), val=val)
+
+
+def _in_memory_bytes(splits: list[Dataset | None]) -> int:
+    """The bytes of the in-memory splits (TensorDataset, :class:`DeviceImages`) of ``splits``."""
+    held = [ds for ds in splits if ds is not None]
+    tensors = [t for ds in held if isinstance(ds, TensorDataset) for t in ds.tensors]
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    return size + sum(ds.nbytes for ds in held if isinstance(ds, DeviceImages))
 
 
 def holdout_indices(num_train: int, holdout: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,18 +295,46 @@ def batches(
     normalised on ``device`` (:meth:`DeviceImages.batch`); ``workers`` and ``pin`` do not apply.
     """
     if isinstance(dataset, DeviceImages):
-        seed_batches = seeds if seeds is not None else itertools.repeat(None)
-        for idx, s in zip(index_batches, seed_batches, strict=seeds is not None):
-            yield dataset.batch(idx, s, device)
-        return
+        return _image_batches(dataset, index_batches, seeds, device)
     if isinstance(dataset, TensorDataset):
-        x, y = dataset.tensors
-        for idx in index_batches:
-            if isinstance(idx, torch.Tensor) and idx.device != x.device:
-                # a blocking copy would wait for all queued GPU work (a host sync per micro-batch)
-                idx = idx.to(x.device, non_blocking=True)
-            yield x[idx], y[idx]
-        return
+        return _tensor_batches(dataset, index_batches)
+    return _loader_batches(dataset, index_batches, workers, pin, seeds, device)
+
+
+def _image_batches(
+    dataset: DeviceImages,
+    index_batches: Iterable[torch.Tensor],
+    seeds: Iterable[torch.Tensor] | None,
+    device: torch.device | None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """:class:`DeviceImages` batched by indexing, augmented with ``seeds`` and normalised on
+    ``device``."""
+    seed_batches = seeds if seeds is not None else itertools.repeat(None)
+    for idx, s in zip(index_batches, seed_batches, strict=seeds is not None):
+        yield dataset.batch(idx, s, device)
+
+
+def _tensor_batches(
+    dataset: TensorDataset, index_batches: Iterable[torch.Tensor]
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """An in-memory split indexed where it lives."""
+    x, y = dataset.tensors
+    for idx in index_batches:
+        if isinstance(idx, torch.Tensor) and idx.device != x.device:
+            # a blocking copy would wait for all queued GPU work (a host sync per micro-batch)
+            idx = idx.to(x.device, non_blocking=True)
+        yield x[idx], y[idx]
+
+
+def _loader_batches(
+    dataset: Dataset,
+    index_batches: Iterable[torch.Tensor],
+    workers: int,
+    pin: bool,
+    seeds: Iterable[torch.Tensor] | None,
+    device: torch.device | None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """A file dataset's batches through a DataLoader, to ``device`` one batch ahead."""
     # A file dataset's batch-level work (ImageNet: uint8 -> normalised float32) runs on `device`,
     # after the copy; the next batch is copied and finished while the current one trains.
     finish = getattr(dataset, "on_device", None)
