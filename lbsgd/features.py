@@ -426,6 +426,25 @@ def restore(table: list[StepFeature], state: dict[str, Any], mine: dict[str, Any
         f.load_state_dict(saved, where)
 
 
+def step_values(
+    table: list[StepFeature], early: list[Any], late: list[Any]
+) -> list[torch.Tensor | None]:
+    """Each feature's values for the flush of this step: from ``after_accumulate`` (``early``) or
+    from ``before_optimizer_step`` (``late``), never both (a feature that returns from both is a
+    programming error, refused naming it)."""
+    both = [
+        f.name
+        for f, a, b in zip(table, early, late, strict=True)
+        if a is not None and b is not None
+    ]
+    if both:
+        raise RuntimeError(
+            f"step features {both} return flush values from both after_accumulate and "
+            "before_optimizer_step: one hook carries them"
+        )
+    return [a if b is None else b for a, b in zip(early, late, strict=True)]
+
+
 def flush_records(
     table: list[StepFeature], extra: list[float], k: int, summary: dict[str, Any]
 ) -> list[dict[str, Any]]:

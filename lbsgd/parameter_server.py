@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from lbsgd import checkpoint, data, distributed, optim, rundir, seeding
+from lbsgd import checkpoint, data, distributed, lifecycle, optim, rundir, seeding
 from lbsgd.cadence import (
     Cadence,
     StopSignals,
@@ -59,12 +59,11 @@ from lbsgd.cadence import (
     decide,
     log_steps,
 )
-from lbsgd.config import Config, Derived, warmup_warning
-from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
+from lbsgd.config import Config, Derived
 from lbsgd.models import ghost_bn
-from lbsgd.network import build_net, memory_format
+from lbsgd.network import memory_format
 from lbsgd.precision import Precision
-from lbsgd.progress import Flushed, Progress, ending_line
+from lbsgd.progress import Flushed, Progress
 from lbsgd.rundir import Status, new_summary, open_run_dir
 from lbsgd.schedules import learning_rate
 from lbsgd.tracking import Tracker
@@ -104,6 +103,7 @@ class Run:
     run_dir: Path  # cfg.run_dir(): the server writes there
     t_start: float  # perf_counter() when run() began (summary's wall_time_s)
     stop: StopSignals  # a stop signal this process caught, or (server) one a worker reported
+    built: lifecycle.Built  # the data, network and sampler, made as a synchronous run's
     splits: data.Splits
     net: torch.nn.Module  # the raw module: the server's weights W, a worker's copy of W_v
     params: list[torch.Tensor]  # net's parameters, in the order of the messages
@@ -138,24 +138,14 @@ class Run:
 
     def run(self) -> dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
-        self.t_start = time.perf_counter()
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        self.t_start = lifecycle.begin(cfg)
         distributed.on_main(ctx, lambda: rundir.check_run_dir(cfg, ctx.world_size))  # no resume
-        self.splits = distributed.on_main(ctx, lambda: data.build(cfg), then_all=True)
         # the same initialisation as a synchronous run; micro_batch=auto: candidates of one
-        # worker's batch (config.check_world)
-        self.net, self.ghost, self.precision, self.d = build_net(cfg, ctx, self.splits)
+        # worker's batch (config.check_world); a one-process sampler: task j is step j's batch
+        self.built = b = lifecycle.build(cfg, ctx, rank=0, world_size=1)
+        self.splits, self.net, self.ghost, self.precision = b.splits, b.net, b.ghost, b.precision
+        self.d, self.sampler = b.d, b.sampler
         self.params = list(self.net.parameters())
-        self.sampler = data.StepSampler(
-            num_samples=len(self.splits.train),
-            batch_size=cfg.batch_size,
-            micro_batch=self.d.micro_batch,
-            rank=0,
-            world_size=1,
-            seed=cfg.seed,
-            total_steps=self.d.total_steps,
-        )
         self.group = distributed.p2p_group()
         # the messages' float32 payload: loss, BN group sums, gradients
         self.n_sums = sum(m.group_sums.numel() for m in self.ghost)
@@ -208,16 +198,12 @@ class Run:
             seeds=(seeding.augmentation(cfg.seed, p) for p in self.sampler.rank_positions(task)),
             device=device,
         )
-        first = task * d.accum_steps  # the global micro-batch: dropout as in a synchronous run
-        seeds = seeding.micro_batches(cfg.seed, torch.arange(first, first + d.accum_steps))
+        # the global micro-batches: dropout as in a synchronous run
+        seeds = lifecycle.micro_batch_seeds(cfg, d, task * d.accum_steps)
         loss_sum = torch.zeros((), device=device)
         for i in range(d.accum_steps):
             seeding.seed_generators(int(seeds[i]), device)
-            x, y = next(stream)
-            x = x.to(device, non_blocking=True, memory_format=fmt)
-            y = y.to(device, non_blocking=True)
-            with self.precision.autocast():
-                loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss = lifecycle.micro_batch_loss(model, stream, device, fmt, self.precision)
             (loss / d.accum_steps).backward()
             loss_sum += loss.detach().float()
         return self._payload(loss_sum / d.accum_steps)
@@ -278,28 +264,20 @@ class Run:
         try:
             status = self.loop()
         finally:
-            self.summary["status"] = status
             # a failed run's loop did not time itself: its wall time still goes in
-            self.summary.setdefault("wall_time_s", time.perf_counter() - self.t_start)
-            self._write_summary()
-            self.tracker.summary(self.summary)
-            self.tracker.close(exit_code=rundir.STATUS_EXIT_CODE.get(status, 1))
-            print(ending_line(self.summary, self.run_dir), flush=True)  # how the run ended
+            walls = {"wall_time_s": time.perf_counter() - self.t_start}
+            lifecycle.conclude(self.summary, status, self.run_dir, self.tracker, walls)
         return self.summary
 
     def _announce(self) -> None:
         cfg, d = self.cfg, self.d
-        if (warning := warmup_warning(cfg, d)) is not None:
-            print(warning, flush=True)
+        lifecycle.warn_warmup(cfg, d)
         print(
             f"lbsgd: run {self.run_dir} | {cfg.model} on {cfg.dataset}, async_ps: server rank 0, "
             f"{d.world_size - 1} worker(s); one update = one worker's batch_size={cfg.batch_size}"
             f" = micro_batch={d.micro_batch} x accum_steps={d.accum_steps}\n"
-            f"lbsgd: lr {cfg.base_lr} x {cfg.lr_scaling}({cfg.batch_size}/{cfg.reference_batch}) = "
-            f"{d.lr:.6g}; warmup={cfg.warmup} from {d.warmup_start_lr:.6g} over {d.warmup_steps} "
-            f"updates; schedule={cfg.schedule}; {d.total_steps} updates = {cfg.epochs:g} epochs x "
-            f"{d.steps_per_epoch:.4g} updates/epoch (N={d.num_train})\n"
-            f"lbsgd: {optim.describe_groups(self.opt)}",
+            + lifecycle.schedule_line(cfg, d, "updates")
+            + f"\nlbsgd: {optim.describe_groups(self.opt)}",
             flush=True,
         )
 
@@ -461,31 +439,19 @@ class Run:
         """Top-1/top-5 error (%) and loss on the whole test split (and the whole held-out split,
         with ``holdout``; ``only``: that split alone), on the server alone; the evaluation's
         record."""
-        sums = evaluation_sums(
-            self.net,
-            self.splits,
-            4 * self.d.micro_batch,
-            self.cfg,
-            self.ctx.device,
-            self.precision,
-            only=only,
+        rec = lifecycle.evaluate(
+            self.net, self.built, self.cfg, self.ctx, step, only, sharded=False
         )
-        rec = evaluation_record(step, self.sampler.epoch_of(step), sums, only)
-        self.tracker.log(rec)
-        note_evaluation(self.summary, rec)
-        return rec
+        return lifecycle.record_evaluation(rec, self.tracker, self.summary)
 
     def save(self, step: int) -> None:
         """The server's state after update ``step``: a record of the run's end (no resume)."""
         checkpoint.save(
             self.run_dir,
             {
-                "model": self.net.state_dict(),
-                "optimizer": self.opt.state_dict(),
-                "step": step,
-                "num_train": self.d.num_train,
-                "world_size": self.ctx.world_size,
-                "config": self.cfg.to_dict(),
+                **lifecycle.checkpoint_core(
+                    self.net, self.opt, step, self.d, self.ctx.world_size, self.cfg
+                ),
                 "summary": {
                     k: self.summary[k] for k in ("best", "final", "async_ps") if k in self.summary
                 },

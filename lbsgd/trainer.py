@@ -21,6 +21,7 @@ from lbsgd import (
     data,
     distributed,
     features,
+    lifecycle,
     optim,
     rundir,
     seeding,
@@ -31,11 +32,11 @@ from lbsgd.cadence import (
     WindowClock,
     decide,
 )
-from lbsgd.config import Config, ConfigError, Derived, warmup_warning
-from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation, target_reached
+from lbsgd.config import Config, ConfigError, Derived
+from lbsgd.evaluation import target_reached
 from lbsgd.features import Pending, Reduced, pack_flush, unpack_flush
 from lbsgd.models import ghost_bn
-from lbsgd.network import backward_without_trace, build_net, memory_format
+from lbsgd.network import backward_without_trace, memory_format
 from lbsgd.precision import Precision
 from lbsgd.progress import Flushed, Progress, ending_line
 from lbsgd.rundir import Status, new_summary, open_run_dir
@@ -67,6 +68,7 @@ class Run:
     stop: StopSignals  # a stop signal this process caught (acted on at the next flush)
     stop_agreed: bool  # set by each flush: some process was asked to stop
     # build
+    built: lifecycle.Built  # the data, network and sampler (lifecycle.build, as the server's)
     splits: data.Splits
     net: torch.nn.Module  # the raw module: its parameters, buffers and state_dict are the run's
     eval_model: torch.nn.Module  # net, compiled when cfg.compile: what evaluation calls (attach)
@@ -98,9 +100,7 @@ class Run:
     def run(self) -> dict[str, Any]:
         """Train to the end (or until it diverges or is asked to stop); returns the summary."""
         cfg, ctx = self.cfg, self.ctx
-        self.t_start = time.perf_counter()
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        self.t_start = lifecycle.begin(cfg)
         mode = distributed.on_main(ctx, lambda: rundir.check_run_dir(cfg, ctx.world_size))
         if mode == "completed":
             summary = rundir.read_summary(self.run_dir)
@@ -135,20 +135,11 @@ class Run:
         """Data (rank 0 fills the caches, then the others read them), the network initialised
         from the seed alone, the optimizer, the sampler and the cadences."""
         cfg, ctx = self.cfg, self.ctx
-        self.splits = distributed.on_main(ctx, lambda: data.build(cfg), then_all=True)
-        self.net, self.ghost, self.precision, self.d = build_net(cfg, ctx, self.splits)
+        self.built = b = lifecycle.build(cfg, ctx, ctx.rank, ctx.world_size)
+        self.splits, self.net, self.ghost, self.precision = b.splits, b.net, b.ghost, b.precision
+        self.d, self.sampler = b.d, b.sampler
         self.opt = optim.build(cfg, self.net)
-        d = self.d
-        self.sampler = data.StepSampler(
-            num_samples=len(self.splits.train),
-            batch_size=cfg.batch_size,
-            micro_batch=d.micro_batch,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            seed=cfg.seed,
-            total_steps=d.total_steps,
-        )
-        self.cadence = Cadence.of(cfg, d.total_steps, self.sampler.epoch_of)
+        self.cadence = Cadence.of(cfg, self.d.total_steps, self.sampler.epoch_of)
 
     def restore(self, state: dict[str, Any] | None) -> dict[str, Any]:
         """Network, optimizer, loss scaler and this rank's RNG states from ``state`` (None: a new
@@ -252,16 +243,12 @@ class Run:
 
     def _announce(self) -> None:
         cfg, d = self.cfg, self.d
-        if (warning := warmup_warning(cfg, d)) is not None:
-            print(warning, flush=True)
+        lifecycle.warn_warmup(cfg, d)
         print(
             f"lbsgd: run {self.run_dir} | {cfg.model} on {cfg.dataset}, "
             f"world_size={d.world_size} x micro_batch={d.micro_batch} x accum_steps={d.accum_steps}"
             f" = batch_size={cfg.batch_size}\n"
-            f"lbsgd: lr {cfg.base_lr} x {cfg.lr_scaling}({cfg.batch_size}/{cfg.reference_batch}) = "
-            f"{d.lr:.6g}; warmup={cfg.warmup} from {d.warmup_start_lr:.6g} over {d.warmup_steps} steps;"
-            f" schedule={cfg.schedule}; {d.total_steps} steps = {cfg.epochs:g} epochs x "
-            f"{d.steps_per_epoch:.4g} steps/epoch (N={d.num_train})"
+            + lifecycle.schedule_line(cfg, d)
             + (f"; resuming at step {self.start_step}" if self.start_step else ""),
             flush=True,
         )
@@ -269,16 +256,10 @@ class Run:
     def finish(self, status: Status) -> None:
         """The run's status into summary.json and the tracker, which closes with its exit code;
         rank 0's last line says how the run ended (a failed run's: before its error propagates)."""
-        self.summary["status"] = status
-        # a failed run's loop did not time itself: its wall time still goes in
-        if "wall_time_s" not in self.summary:
-            self.summary.update(self._walls())
-        self._write_summary()
-        if self.tracker is not None:
-            self.tracker.summary(self.summary)
-            self.tracker.close(exit_code=rundir.STATUS_EXIT_CODE.get(status, 1))
-        if self.ctx.is_main:
-            print(ending_line(self.summary, self.run_dir), flush=True)
+        walls = self._walls()  # a failed run's loop did not time itself: its wall time goes in
+        lifecycle.conclude(
+            self.summary, status, self.run_dir, self.tracker, walls, self.ctx.is_main
+        )
 
     def ended_before_training(self, status: Status) -> None:
         """A run that failed (or was interrupted) before its loop: its summary's status when
@@ -367,7 +348,7 @@ class Run:
         extra = [f.after_accumulate(scale) for f in self.features]
         prec.unscale(self.opt)  # fp16: the true gradients from here on
         late = [f.before_optimizer_step() for f in self.features]  # e.g. clipping
-        extra = [a if b is None else b for a, b in zip(extra, late, strict=True)]
+        extra = features.step_values(self.features, extra, late)
         prec.step(self.opt)  # skipped if fp16 gradients overflowed
         for f in self.features:  # before zero_grad
             f.after_optimizer_step()
@@ -384,19 +365,16 @@ class Run:
         local = any(f.local_step(step) for f in self.features)
         # randomness inside the step (dropout) drawn from a generator seeded by the global
         # micro-batch: the same on any layout, and after a resume
-        first = (step * ctx.world_size + ctx.rank) * d.accum_steps
-        seeds = seeding.micro_batches(cfg.seed, torch.arange(first, first + d.accum_steps))
+        seeds = lifecycle.micro_batch_seeds(
+            cfg, d, (step * ctx.world_size + ctx.rank) * d.accum_steps
+        )
         loss_sum = torch.zeros((), device=ctx.device)
         for i in range(d.accum_steps):
             seeding.seed_generators(int(seeds[i]), ctx.device)
             for f in self.features:
                 f.before_micro_batch(i)
-            x, y = next(stream)
-            x = x.to(ctx.device, non_blocking=True, memory_format=fmt)
-            y = y.to(ctx.device, non_blocking=True)
             with distributed.no_sync(self.model, skip=local or i < d.accum_steps - 1):
-                with prec.autocast():
-                    loss = torch.nn.functional.cross_entropy(self.model(x), y)
+                loss = lifecycle.micro_batch_loss(self.model, stream, ctx.device, fmt, prec)
                 prec.backward(loss / d.accum_steps)
             synced = ctx.world_size > 1 and i == d.accum_steps - 1  # DDP all-reduced this one
             for f in self.features:
@@ -552,27 +530,11 @@ class Run:
         """Top-1/top-5 error (%) and loss on the test split (and the held-out split, with
         ``holdout``; ``only``: that split alone), each rank a disjoint shard of each, the sums
         added in one all-reduce; the evaluation's record."""
-        ctx = self.ctx
         # Ghost BN keeps BN buffers equal on every rank; this also covers a user model's own
         # normalisation layers, which lbsgd does not convert.
         distributed.sync_buffers(self.net)
-        sums = evaluation_sums(
-            self.eval_model,
-            self.splits,
-            4 * self.d.micro_batch,
-            self.cfg,
-            ctx.device,
-            self.precision,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            only=only,
-        )
-        epoch = self.sampler.epoch_of(step)
-        rec = evaluation_record(step, epoch, distributed.all_reduce_sum(sums), only)
-        if self.tracker is not None:
-            self.tracker.log(rec)
-        note_evaluation(self.summary, rec)
-        return rec
+        rec = lifecycle.evaluate(self.eval_model, self.built, self.cfg, self.ctx, step, only)
+        return lifecycle.record_evaluation(rec, self.tracker, self.summary)
 
     # -- checkpoints ------------------------------------------------------------------------------
 
@@ -588,15 +550,12 @@ class Run:
         checkpoint.save(
             self.run_dir,
             {
-                "model": self.net.state_dict(),
-                "optimizer": self.opt.state_dict(),
+                **lifecycle.checkpoint_core(
+                    self.net, self.opt, step, self.d, self.ctx.world_size, self.cfg
+                ),
                 "precision": self.precision.state_dict(),
-                "step": step,
                 "sampler": self.sampler.position(step),
-                "num_train": self.d.num_train,
-                "world_size": self.ctx.world_size,
                 "ranks": ranks,
-                "config": self.cfg.to_dict(),
                 "summary": {
                     **{k: self.summary[k] for k in ("best", "final") if k in self.summary},
                     **{k: v for k, v in self._walls().items() if k != "wall_time_s"},

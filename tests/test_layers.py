@@ -35,7 +35,7 @@ BANDS = [
     ),
     ("components", {"data", "models", "optim", "network"}),
     ("run state", {"checkpoint", "tracking", "environment", "rundir", "evaluation", "progress"}),
-    ("loops", {"cadence", "features", "parameter_server", "trainer"}),
+    ("loops", {"cadence", "features", "lifecycle", "parameter_server", "trainer"}),
     ("entry", {"entry"}),
     ("harness", {"experiments", "bench", "__init__"}),
     ("studies", {"stats", "findings", "kernel_log", "kernel", "studies"}),

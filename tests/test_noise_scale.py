@@ -8,6 +8,8 @@
   processes (whose last small batch is read by the DDP hook before the all-reduce) log the same
   |G_small|² and |G_big|².
 - Measuring changes nothing: the weights are bitwise those of the same run without it.
+- A killed run resumes to the same noise-scale records: tests/test_features.py, as every step
+  feature of the table.
 """
 
 import json
@@ -16,7 +18,7 @@ import math
 import pytest
 import torch
 from conftest import TINY, lbsgd
-from helpers import SIX_STEP_ARGS, killed_and_resumed, offline_runs
+from helpers import SIX_STEP_ARGS, offline_runs
 
 from lbsgd import checkpoint, data, noise_scale
 from lbsgd.config import (
@@ -214,21 +216,6 @@ def test_measuring_changes_no_digit_of_training(tiny, tmp_path):
     assert (on["noise_scale"]["b_small"], on["noise_scale"]["b_big"]) == (32, 64)
     full = _train_records(tmp_path / "results" / "on" / on["run"])
     assert len(full) == on["steps"] and all(math.isfinite(r["gns_trace"]) for r in full)
-
-
-@pytest.mark.slow
-def test_a_killed_run_resumes_with_the_same_noise_scale_record(tmp_path):
-    """Killed (SIGKILL) before step 11, resumed from the checkpoint of step 9, which falls between
-    two metric flushes: the steps up to it are logged before it is written, its moving averages
-    are in it, and every step's record equals the uninterrupted run's."""
-    saved = killed_and_resumed(tmp_path, "gns", noise_scale=True)
-    assert saved["noise_scale"]["steps"] == 9  # every step up to the checkpoint, averaged
-    want = _train_records(tmp_path / "straight" / "runs" / "gns")
-    got = _train_records(tmp_path / "runs" / "gns")
-    assert [r["step"] for r in got] == list(range(1, 17))
-    for a, b in zip(want, got, strict=True):
-        assert {k: a[k] for k in noise_scale.FIELDS} == {k: b[k] for k in noise_scale.FIELDS}
-    assert checkpoint.load(tmp_path / "runs" / "gns")["noise_scale"]["steps"] == 16
 
 
 def test_fp16_measures_the_unscaled_gradients(tiny):

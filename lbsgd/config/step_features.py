@@ -31,6 +31,9 @@ class StepFeatureRow:
     stage: Literal["before_wrap", "after_wrap"] = "before_wrap"
     # whether a run with these derived values carries it (by default: whenever asked)
     carried: Callable[[Config, Derived], bool] | None = None
+    # the same mathematics on any layout (k processes = 1 process accumulating k micro-batches,
+    # up to float reordering) as a synchronous run's; false where the processes are part of it
+    layout_free: bool = True
 
     def carried_by(self, c: Config, d: Derived) -> bool:
         return self.carried(c, d) if self.carried else self.asked(c)
@@ -80,6 +83,7 @@ TABLE: tuple[StepFeatureRow, ...] = (
         "compress",
         stage="after_wrap",
         carried=lambda c, d: c.comm_hook == "powersgd" and d.world_size > 1,
+        layout_free=False,  # each process compresses its own gradient, with its own error
     ),
     StepFeatureRow(
         "local_sgd",
@@ -91,5 +95,6 @@ TABLE: tuple[StepFeatureRow, ...] = (
         stage="after_wrap",
         # local SGD on more than one process; BMUF's filter on any number
         carried=lambda c, d: c.local_sgd > 0 and (d.world_size > 1 or _bmuf_filters(c)),
+        layout_free=False,  # K models averaged (config.world_size_key)
     ),
 )
