@@ -85,6 +85,16 @@ def test_a_run_carries_a_feature_as_its_keys_and_processes_say():
     assert not rows["powersgd"].carried_by(hook, config.derive(hook, 1, 32_000))  # no DDP
 
 
+def test_the_processes_are_part_of_a_run_exactly_where_a_feature_of_it_is_not_layout_free():
+    """config.world_size_key (a run resumed, counted as done or copied only on as many processes
+    as trained it) follows the table: the key of each row that is not layout-free."""
+    for row in step_features.TABLE:
+        key = config.world_size_key(Config(**row.example))
+        assert key == (None if row.layout_free else row.key), row.name
+    assert config.world_size_key(Config(comm_hook="powersgd")) == "comm_hook"
+    assert config.world_size_key(Config()) is None
+
+
 def _train_records(run_dir) -> list[dict]:
     """Every train record of a run, less its clock (img_per_s)."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()

@@ -69,14 +69,19 @@ def _nearest(x: float) -> int:
 def world_size_key(c: Config) -> str | None:
     """The experiment key that makes the number of processes K part of the run's mathematics, or
     None. A synchronous run is the same on any layout (k processes x m = 1 process accumulating k
-    micro-batches of m); under ``local_sgd`` (and BMUF on its blocks) K models are averaged, and
+    micro-batches of m); a step feature that is not layout-free (the step features' table) makes
+    K part of it: under ``local_sgd`` (and BMUF on its blocks) K models are averaged, under
+    ``comm_hook=powersgd`` each of K processes compresses its own gradient with its own error;
     under ``async_ps`` the K - 1 workers set the staleness: a run of K processes is another
     experiment than one of K' (:func:`lbsgd.rundir.check_run_dir` and the sweep's identical-run
     search hold it)."""
     if c.async_ps:
         return "async_ps"
-    if c.local_sgd:
-        return "local_sgd"
+    from lbsgd.config import step_features  # its table reads Derived from here
+
+    for row in step_features.TABLE:
+        if not row.layout_free and row.asked(c):
+            return row.key
     return None
 
 

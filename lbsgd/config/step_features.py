@@ -35,6 +35,11 @@ class StepFeatureRow:
     # up to float reordering) as a synchronous run's; false where the processes are part of it
     layout_free: bool = True
 
+    @property
+    def key(self) -> str:
+        """The key that asks for it (its example's first)."""
+        return next(iter(self.example))
+
     def carried_by(self, c: Config, d: Derived) -> bool:
         return self.carried(c, d) if self.carried else self.asked(c)
 
@@ -83,7 +88,7 @@ TABLE: tuple[StepFeatureRow, ...] = (
         "compress",
         stage="after_wrap",
         carried=lambda c, d: c.comm_hook == "powersgd" and d.world_size > 1,
-        layout_free=False,  # each process compresses its own gradient, with its own error
+        layout_free=False,  # each of K processes compresses its own gradient, with its own error
     ),
     StepFeatureRow(
         "local_sgd",
@@ -95,6 +100,6 @@ TABLE: tuple[StepFeatureRow, ...] = (
         stage="after_wrap",
         # local SGD on more than one process; BMUF's filter on any number
         carried=lambda c, d: c.local_sgd > 0 and (d.world_size > 1 or _bmuf_filters(c)),
-        layout_free=False,  # K models averaged (config.world_size_key)
+        layout_free=False,  # K models averaged
     ),
 )
