@@ -123,6 +123,20 @@ def test_dump_then_load_round_trips_every_key_and_keeps_derived_values(tmp_path)
     assert raw["lr"] == pytest.approx(0.8) and raw["accum_steps"] == 32 and raw["world_size"] == 2
 
 
+def test_micro_batch_is_the_keys_in_a_file_and_in_a_runs_config_yaml(tmp_path):
+    """``micro_batch`` is a key and a derived value: a config file's micro_batch is kept (it was
+    once dropped as a derived value), and a run's config.yaml gives back its key (auto), not the
+    micro-batch derived from it (16), unless the derived values are asked for."""
+    f = tmp_path / "mine.yaml"
+    f.write_text("batch_size: 128\nbn_batch: 16\nmicro_batch: 32\n")
+    assert config.load([f]).micro_batch == 32
+    c = config.load(overrides=["batch_size=128", "bn_batch=16", "micro_batch=auto"])
+    run = tmp_path / "config.yaml"
+    run.write_text(config.dump(c, derive(c, world_size=2, num_train=1024, micro=16)))
+    assert config.load([run]) == c and config.load([run]).micro_batch == "auto"
+    assert config.read_yaml(run, derived=True)["micro_batch"] == 16
+
+
 def test_run_name_is_stable_and_tracks_experiment_keys_only():
     a = Config(batch_size=512)
     assert a.run_name() == Config(batch_size=512).run_name()

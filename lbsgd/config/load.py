@@ -103,13 +103,27 @@ def parse_overrides(args: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+DERIVED_MARKER = "# derived (lbsgd.config.derive)\n"  # :func:`dump`'s line before the derived
+
+
 def read_yaml(path: str | os.PathLike, derived: bool = False) -> dict[str, Any]:
     """A flat YAML mapping of keys. Derived values and :data:`RECORD_KEYS` in a run's config.yaml
     are accepted and left out, or kept with ``derived=True`` (what the run was: its world_size,
-    micro_batch, the run it was copied from, ...)."""
+    micro_batch, the run it was copied from, ...). A key that is also a derived value
+    (``micro_batch``) is the key's: the text above :data:`DERIVED_MARKER`, or a file without it."""
     p = Path(path)
+    data = _yaml_mapping(p, derived)
+    drop = (*(k for k in DERIVED_KEYS if k not in FIELDS), *RECORD_KEYS)
+    return data if derived else {k: v for k, v in data.items() if k not in drop}
+
+
+def _yaml_mapping(p: Path, derived: bool) -> dict[str, Any]:
+    """The file's mapping (without derived values: the text above the marker); one line if it
+    cannot be read or is not a mapping."""
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = p.read_text()
+        head, marker, _ = text.partition(DERIVED_MARKER)
+        data = yaml.safe_load(text if derived or not marker else head) or {}
     except OSError as e:
         raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
     except UnicodeDecodeError as e:
@@ -122,8 +136,7 @@ def read_yaml(path: str | os.PathLike, derived: bool = False) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a flat mapping of key: value")
-    drop = (*DERIVED_KEYS, *RECORD_KEYS)
-    return data if derived else {k: v for k, v in data.items() if k not in drop}
+    return data
 
 
 def read_values(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ()) -> dict:
@@ -166,5 +179,5 @@ def dump(c: Config, d: Derived | None = None) -> str:
     vocabulary)."""
     text = yaml.safe_dump(c.to_dict(), sort_keys=False)
     if d is not None:
-        text += "# derived (lbsgd.config.derive)\n" + yaml.safe_dump(d.to_dict(), sort_keys=False)
+        text += DERIVED_MARKER + yaml.safe_dump(d.to_dict(), sort_keys=False)
     return text
