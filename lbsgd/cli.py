@@ -1,6 +1,7 @@
 """Command line: ``lbsgd train key=value …`` (alone or under torchrun), ``lbsgd keys``, ``lbsgd bench``,
 ``lbsgd data fake {cifar10,imagenet} DIR`` (files to test and benchmark with, no download),
-``lbsgd data fetch fashion_mnist [DIR]`` (the real files, through torchvision: needs internet).
+``lbsgd data fetch fashion_mnist [DIR]`` (the real files, through torchvision: needs internet),
+``lbsgd plan -c CONFIG --target error=PCT`` (batch, lr, warmup and GPU count, predicted).
 
 Exit codes: 0 completed, 2 bad input (one line on stderr, nothing written), 3 diverged, 1 other errors.
 A run that started says how it ended in its last line, whatever the exit code (lbsgd.progress).
@@ -106,7 +107,54 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--log-output", action="store_true", help="print the cells' output as they run")
     bench.add_parser(sub)
     _data_parser(sub)
+    _plan_parser(sub)
     return p
+
+
+def _plan_parser(sub) -> None:
+    pl = sub.add_parser(
+        "plan",
+        help="the batch size, lr, warmup and GPU count worth using for a config, with predicted "
+        "steps and time to a target (docs/planning.md)",
+    )
+    pl.add_argument(
+        "-c", "--config", action="append", default=[], metavar="FILE", help="YAML file of keys"
+    )
+    pl.add_argument("overrides", nargs="*", metavar="key=value", help="see `lbsgd keys`")
+    pl.add_argument(
+        "--target",
+        required=True,
+        help="error=PCT (held-out top-1 error; the test split's without holdout) or loss=VALUE "
+        "(the training loss's moving average over a tenth of an epoch)",
+    )
+    pl.add_argument("--gpus", default="1,2,4,8", help="GPU counts to plan for (default 1,2,4,8)")
+    pl.add_argument(
+        "--interconnect",
+        default="nvlink",
+        help="bench:FILE (`lbsgd bench allreduce --out FILE` on your cluster) or a preset: "
+        "nvlink, pcie3, ethernet_10g, ethernet_50g, ethernet_100g, infiniband_edr (default nvlink)",
+    )
+    pl.add_argument("--out", default="plan", help="a new folder for plan.json, plan.png, the probe")
+    pl.add_argument(
+        "--reference",
+        default=None,
+        metavar="RUN_DIR",
+        help="a finished run at the config's batch with noise_scale=true to read instead of "
+        "training the probe",
+    )
+    pl.add_argument(
+        "--probe-epochs",
+        type=float,
+        default=None,
+        help="cap the probe run at these epochs (default: the config's); past its end the steps "
+        "to the target are extrapolated, and the plan says so",
+    )
+    pl.add_argument(
+        "--batches",
+        default=None,
+        metavar="LO:HI",
+        help="plan the powers of two in LO..HI (default: the config's batch to an 8-step epoch)",
+    )
 
 
 def _data_parser(sub) -> None:
@@ -239,6 +287,8 @@ def _checked(args: argparse.Namespace) -> int:
         from lbsgd import verify
 
         return verify.main(args.results, args.sample, args.runs, args.out, args.parallel)
+    if args.command == "plan":
+        return _plan(args)
     if args.command == "train":
         _pin_cpu_isa(args.config, args.overrides)
         cfg = config.load(args.config, args.overrides)
@@ -248,6 +298,17 @@ def _checked(args: argparse.Namespace) -> int:
         summary = train(cfg)
         return STATUS_EXIT_CODE.get(summary["status"], 1)
     bench.run(args)
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    _pin_cpu_isa(args.config, args.overrides)
+    from lbsgd import plan
+
+    r = plan.request(args)  # every option checked: one line before anything runs
+    doc = plan.plan(r)
+    print(plan.render(doc))
+    print(f"wrote {r.out / 'plan.json'}, {r.out / 'plan.png'}")
     return 0
 
 

@@ -98,7 +98,7 @@ def pick_micro_batch(
         fits = (
             m
             for m in candidates
-            if _probe(net, m, splits, cfg, ctx.device, precision) <= GPU_MEMORY_SHARE * total
+            if peak_memory(net, m, splits, cfg, ctx.device, precision) <= GPU_MEMORY_SHARE * total
         )
         choice = next(fits, 0)
         if not choice:
@@ -112,7 +112,9 @@ def pick_micro_batch(
     return choice
 
 
-def _probe(net, m: int, splits, cfg: Config, device: torch.device, precision: Precision) -> float:
+def peak_memory(
+    net, m: int, splits, cfg: Config, device: torch.device, precision: Precision
+) -> float:
     """Peak device memory (bytes) of one training forward/backward of ``m`` samples; inf when it
     does not fit."""
     fmt = memory_format(cfg)

@@ -37,7 +37,7 @@ BANDS = [
     ("run state", {"checkpoint", "tracking", "environment", "rundir", "evaluation", "progress"}),
     ("loops", {"cadence", "features", "lifecycle", "parameter_server", "trainer"}),
     ("entry", {"entry"}),
-    ("harness", {"experiments", "bench", "__init__"}),
+    ("harness", {"experiments", "bench", "plan", "__init__"}),
     ("studies", {"stats", "findings", "kernel_log", "kernel", "studies"}),
     ("reports", {"verify", "report", "execute"}),
     ("command line", {"cli", "__main__"}),

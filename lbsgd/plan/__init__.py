@@ -1,0 +1,354 @@
+"""``lbsgd plan``: for a config's model and data, the batch sizes worth using, their lr and warmup,
+the GPU count, and the predicted steps, epochs and wall time to a target; a recommended batch and
+GPU count with a config that ``lbsgd train`` runs (docs/planning.md).
+
+It measures on the machine at hand (:mod:`lbsgd.plan.measure`: a small-batch run to the target with
+the noise probe on, or one it is pointed at; a worker's compute; the largest micro-batch), takes
+the interconnect from ``lbsgd bench allreduce`` or a named preset, and predicts
+(:mod:`lbsgd.plan.model`). Every input is checked before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lbsgd import costmodel, data
+from lbsgd.config import Config, ConfigError, dump, load
+from lbsgd.plan import measure, model
+from lbsgd.plan.measure import Target
+
+DEFAULT_GPUS = (1, 2, 4, 8)
+MIN_STEPS_PER_EPOCH = 8  # the largest batch planned leaves at least this many steps an epoch
+EPOCHS_MARGIN = 2.0  # the recommended config's epochs: this times the predicted (it stops at an
+# error target; a loss target gets the predicted epochs)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What ``lbsgd plan`` was asked, checked (:func:`request`)."""
+
+    config: Config
+    files: tuple[str, ...]
+    overrides: tuple[str, ...]
+    target: Target
+    gpus: tuple[int, ...]
+    link: costmodel.Link
+    link_source: str
+    out: Path
+    reference: Path | None
+    probe_epochs: float | None
+    batches: tuple[int, ...]
+
+
+def interconnect(text: str) -> tuple[costmodel.Link, str]:
+    """A preset of :data:`lbsgd.costmodel.LINKS`, or ``bench:FILE`` (``lbsgd bench allreduce
+    --out FILE``: its ring fit); one line naming ``--interconnect`` otherwise."""
+    if text in costmodel.LINKS:
+        link = costmodel.LINKS[text]
+        return link, f"preset {text} (nominal: docs/planning.md#interconnect-presets)"
+    if text.startswith("bench:"):
+        path = Path(text.removeprefix("bench:"))
+        try:
+            doc = json.loads(path.read_text())
+            fit = doc["fits"]["flat_ring"]
+            link = costmodel.Link(float(fit["alpha_s"]), float(fit["bandwidth_Bps"]), "measured")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(
+                f"--interconnect={text}: not a readable `lbsgd bench allreduce --out` file with a "
+                f"ring fit ({type(e).__name__}: {e})"
+            ) from None
+        return link, (
+            f"measured: {path} (lbsgd bench allreduce, {doc.get('backend')}, "
+            f"{doc.get('world_size')} processes)"
+        )
+    raise ConfigError(
+        f"--interconnect={text!r}: expected a preset ({', '.join(costmodel.LINKS)}) or "
+        "bench:FILE (the JSON of `lbsgd bench allreduce --out FILE`)"
+    )
+
+
+def gpu_counts(text: str) -> tuple[int, ...]:
+    """``1,2,4,8`` → (1, 2, 4, 8); one line naming ``--gpus`` otherwise."""
+    try:
+        counts = tuple(sorted({int(t) for t in text.split(",")}))
+    except ValueError:
+        counts = ()
+    if not counts or counts[0] < 1:
+        raise ConfigError(f"--gpus={text!r}: expected GPU counts >= 1, comma-separated (1,2,4,8)")
+    return counts
+
+
+def batch_range(cfg: Config, text: str | None) -> tuple[int, ...]:
+    """The batch sizes planned: powers of two from the config's batch to the largest that leaves
+    :data:`MIN_STEPS_PER_EPOCH` steps an epoch, or ``LO:HI``."""
+    n = data.train_size(cfg)
+    lo, hi = cfg.batch_size, max(cfg.batch_size, n // MIN_STEPS_PER_EPOCH)
+    if text is not None:
+        try:
+            lo, hi = (int(v) for v in text.split(":"))
+        except ValueError:
+            lo = hi = 0
+    batches = model.powers_of_two(max(lo, 1), hi) if 0 < lo <= hi else []
+    if not batches:
+        raise ConfigError(
+            f"--batches={text!r}: expected LO:HI with 1 <= LO <= HI holding a power of two"
+        )
+    return tuple(batches)
+
+
+def request(args: Any) -> Request:
+    """The command line's options checked, each with one line naming it; nothing runs before."""
+    target = Target.parse(args.target)
+    gpus = gpu_counts(args.gpus)
+    link, source = interconnect(args.interconnect)
+    out = Path(args.out)
+    if (out / "plan.json").exists():
+        raise ConfigError(f"--out={out}: holds a plan already (plan.json); choose a new folder")
+    reference = Path(args.reference) if args.reference else None
+    if args.probe_epochs is not None and not args.probe_epochs > 0:
+        raise ConfigError(f"--probe-epochs={args.probe_epochs}: expected a number of epochs > 0")
+    cfg = load(args.config, args.overrides)
+    _check_reference(cfg, reference)
+    batches = batch_range(cfg, args.batches)
+    _check_split(cfg, args.gpus, gpus, batches)
+    if target.kind == "error" and reference is None and cfg.holdout == 0:
+        print(
+            "lbsgd plan: note: holdout=0, so the error target is read on the test split "
+            "(set holdout to keep the test split out of the plan)",
+            flush=True,
+        )
+    return Request(
+        cfg,
+        tuple(args.config),
+        tuple(args.overrides),
+        target,
+        gpus,
+        link,
+        source,
+        out,
+        reference,
+        args.probe_epochs,
+        batches,
+    )
+
+
+def _check_reference(cfg: Config, reference: Path | None) -> None:
+    """A run folder at the config's batch, else one line naming ``--reference``."""
+    if reference is None:
+        return
+    ref, _ = measure.read_run(reference)
+    if ref.batch_size != cfg.batch_size:
+        raise ConfigError(
+            f"--reference={reference}: its batch_size={ref.batch_size} is not the config's "
+            f"{cfg.batch_size} (the plan's small batch)"
+        )
+
+
+def _check_split(cfg: Config, text: str, gpus: Sequence[int], batches: Sequence[int]) -> None:
+    """Each GPU count splits some planned batch into shares of whole BN groups, else one line."""
+    for p in gpus:
+        if not any(b % (p * cfg.bn_batch) == 0 for b in batches):
+            raise ConfigError(
+                f"--gpus={text}: no batch of {batches[0]}..{batches[-1]} splits over {p} GPUs "
+                f"in BN groups of bn_batch={cfg.bn_batch} (each GPU's share a multiple of it)"
+            )
+
+
+def _say(text: str) -> None:
+    print(f"lbsgd plan: {text}", flush=True)
+
+
+def probe(r: Request) -> measure.Probe:
+    """The small-batch run: the one pointed at, else trained now into ``out/probe``."""
+    if r.reference is not None:
+        _say(f"1/3 reading the small-batch run {r.reference}")
+        return measure.read_probe(r.reference, r.target, "pointed at")
+    keys = measure.probe_keys(r.config, r.target, r.out, r.probe_epochs)
+    cfg = r.config.replace(**keys)
+    _say(
+        f"1/3 probe run: batch {cfg.batch_size} with the noise probe (B_small "
+        f"{cfg.noise_scale_batch}) to {r.target}, at most {cfg.epochs:g} epochs, in {cfg.run_dir()}"
+    )
+    return measure.read_probe(measure.run_probe(cfg), r.target, "ran")
+
+
+def inputs(r: Request, p: measure.Probe, compute: model.Compute, grad_bytes: float) -> model.Inputs:
+    c = r.config
+    b_crit = p.b_at_target
+    return model.Inputs(
+        b_crit=b_crit,
+        s_min=model.s_min_from(p.steps, p.batch, b_crit),
+        compute=compute,
+        link=r.link,
+        grad_bytes=grad_bytes,
+        train_samples=data.train_size(c),
+        optimizer=c.optimizer,
+        base_lr=c.base_lr,
+        reference_batch=c.reference_batch,
+        warmup_epochs=c.warmup_epochs if c.warmup != "none" else 0.0,
+        granule=c.bn_batch,
+    )
+
+
+def recommended_config(r: Request, best: model.Row) -> Config:
+    """The config of the recommended row: its batch, micro-batch and lr rule; epochs enough for
+    the predicted steps (twice them where the run stops at an error target)."""
+    rule, _ = model.lr_rule(r.config.optimizer)
+    epochs = best.epochs * (EPOCHS_MARGIN if r.target.kind == "error" else 1.0)
+    keys: dict[str, Any] = {
+        "batch_size": best.batch,
+        "micro_batch": best.micro_batch,
+        "lr_scaling": rule,
+        "epochs": math.ceil(epochs * 100) / 100,
+    }
+    if r.target.kind == "error":
+        keys["stop_at_error"] = r.target.value
+    return r.config.replace(**keys)
+
+
+def command(best: model.Row, path: Path) -> str:
+    if best.gpus == 1:
+        return f"lbsgd train -c {path}"
+    return f"torchrun --nproc-per-node {best.gpus} -m lbsgd train -c {path}"
+
+
+def plan(r: Request) -> dict[str, Any]:
+    """Measure, predict, write ``plan.json``, ``plan.png`` and ``recommended.yaml`` into
+    ``r.out``; the plan as a dict."""
+    p = probe(r)  # a run pointed at that does not approach the target: one line, nothing written
+    r.out.mkdir(parents=True, exist_ok=True)
+    _say("2/3 timing a worker's compute at two micro-batch sizes")
+    compute, timing = measure.time_compute(r.config)
+    x = inputs(r, p, compute, timing["grad_bytes"])
+    _say("3/3 predicting")
+    rows = model.table(x, r.batches, r.gpus)
+    best = model.recommend(rows)
+    doc = _document(r, p, x, timing, rows, best)
+    if best is not None:
+        path = r.out / "recommended.yaml"
+        path.write_text(dump(recommended_config(r, best)))
+        doc["recommended"]["config"] = str(path)
+        doc["recommended"]["command"] = command(best, path)
+    (r.out / "plan.json").write_text(json.dumps(doc, indent=2) + "\n")
+    draw(doc, r.out / "plan.png")
+    return doc
+
+
+def _document(r, p, x, timing, rows, best) -> dict[str, Any]:
+    rule, source = model.lr_rule(r.config.optimizer)
+    return {
+        "config": {"files": list(r.files), "overrides": list(r.overrides)},
+        "target": str(r.target),
+        "probe": asdict(p),
+        "b_crit": x.b_crit,
+        "b_crit_from": "B_simple (smoothed) at the target: McCandlish et al. 2018, B_crit ~ B_noise",
+        "s_min": x.s_min,
+        "e_min": x.s_min * x.b_crit,
+        "s_min_from": f"S_min = S_ref / (1 + B_crit/B_ref), S_ref of the run at B_ref = {p.batch} ({p.source})"
+        + (f"; {p.extrapolation}" if p.extrapolation else ""),
+        "compute": {**asdict(x.compute), **timing},
+        "interconnect": {
+            "alpha_s": r.link.alpha_s,
+            "bandwidth_Bps": r.link.bandwidth_Bps,
+            "source": r.link_source,
+        },
+        "lr_rule": {"rule": rule, "source": source},
+        "e_factor": model.E_FACTOR,
+        "rows": [row.as_dict() for row in rows],
+        "recommended": best.as_dict() if best is not None else {},
+    }
+
+
+def draw(doc: dict[str, Any], path: Path) -> None:
+    """Predicted steps to the target and wall time against the batch, one line per GPU count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    _draw_steps(a, doc)
+    _draw_wall(b, doc)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _draw_steps(ax, doc: dict[str, Any]) -> None:
+    rows = doc["rows"]
+    first = min(r["gpus"] for r in rows)
+    one = [r for r in rows if r["gpus"] == first]
+    ax.plot([r["batch"] for r in one], [r["steps"] for r in one], "o-", label="predicted")
+    ax.plot([doc["probe"]["batch"]], [doc["probe"]["steps"]], "k*", ms=12, label="probe run")
+    ax.axvline(doc["b_crit"], color="grey", ls="--", label=f"B_crit {doc['b_crit']:.0f}")
+    ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="steps to target")
+    ax.set_title(f"steps to {doc['target']}")
+    ax.legend(fontsize=8)
+
+
+def _draw_wall(ax, doc: dict[str, Any]) -> None:
+    rows = doc["rows"]
+    for g in sorted({r["gpus"] for r in rows}):
+        sel = [r for r in rows if r["gpus"] == g]
+        ax.plot([r["batch"] for r in sel], [r["wall_s"] for r in sel], "o-", label=f"{g} GPU(s)")
+    best = doc["recommended"]
+    if best:
+        ax.plot([best["batch"]], [best["wall_s"]], "r*", ms=14, label="recommended")
+    ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="predicted wall time (s)")
+    ax.legend(fontsize=8)
+
+
+def render(doc: dict[str, Any], gpus: Sequence[int] | None = None) -> str:
+    """The plan as text: its sources, the table and the recommendation."""
+    p = doc["probe"]
+    lines = [
+        f"target {doc['target']}; the small-batch run ({p['source']}) at batch {p['batch']}: "
+        f"{p['steps']:.0f} steps to the target"
+        + (f" ({p['extrapolation']})" if p["extrapolation"] else ""),
+        "B_simple over the probe: "
+        + ", ".join(f"step {s} {b:.0f}" for s, b in p["trend"])
+        + f"; x{p['growth']:.2f} per doubling of the steps (second half)",
+        f"B_crit {doc['b_crit']:.0f} (B_simple at the target), S_min {doc['s_min']:.0f}, "
+        f"E_min {doc['e_min']:.0f} samples ({doc['s_min_from']})",
+        f"lr: {doc['lr_rule']['rule']} rule ({doc['lr_rule']['source']})",
+        f"interconnect: alpha {doc['interconnect']['alpha_s'] * 1e6:.1f} us, beta "
+        f"{doc['interconnect']['bandwidth_Bps'] / 1e9:.3g} GB/s, {doc['interconnect']['source']}",
+        "",
+        f"{'batch':>6} {'gpus':>4} {'steps':>8} {'epochs':>7} {'lr':>8} {'warmup':>6} "
+        f"{'step ms':>8} {'wall':>9} {'stat eff':>8} {'sys eff':>7} {'E<=2Emin':>8}",
+    ]
+    for r in doc["rows"]:
+        if gpus is not None and r["gpus"] not in gpus:
+            continue
+        lines.append(
+            f"{r['batch']:>6} {r['gpus']:>4} {r['steps']:>8.0f} {r['epochs']:>7.2f} "
+            f"{r['lr']:>8.4g} {r['warmup_steps']:>6} {r['step_s'] * 1e3:>8.2f} "
+            f"{_duration(r['wall_s']):>9} {r['statistical_efficiency']:>8.2f} "
+            f"{r['system_efficiency']:>7.2f} {'yes' if r['within_factor'] else 'no':>8}"
+            + (f"  ! {r['warning']}" if r["warning"] else "")
+        )
+    best = doc["recommended"]
+    if best:
+        lines += [
+            "",
+            f"recommended: batch {best['batch']} on {best['gpus']} GPU(s), lr {best['lr']:.4g}, "
+            f"warmup {best['warmup_steps']} steps: {best['steps']:.0f} steps, "
+            f"{_duration(best['wall_s'])} predicted (the shortest with E <= "
+            f"{doc['e_factor']:g} E_min)",
+            f"run it: {best.get('command', '')}",
+        ]
+    else:
+        lines += ["", f"no row keeps E <= {doc['e_factor']:g} E_min: plan smaller batches"]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"

@@ -1,0 +1,362 @@
+"""What a plan measures on the machine at hand: a small-batch run to the target with the noise
+probe on (the steps it took, B_simple and its trend), a worker's compute per micro-batch and per
+sample, the backward's share of it, and the largest micro-batch that fits.
+
+The run is an ordinary ``lbsgd train`` run (``noise_scale=true``; for an error target
+``stop_at_error`` and ``eval_per_octave``, so it ends at the evaluation that reaches the target),
+or one already made that the plan is pointed at. Reading it needs only its ``config.yaml`` and
+``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lbsgd import data, distributed, models, network, optim
+from lbsgd.config import Config, ConfigError, load
+from lbsgd.plan.model import Compute
+
+ERROR_KEY = "val_top1_error_pct"  # the held-out error (the test split's without a holdout)
+PER_OCTAVE = 4  # the probe's evaluations per doubling of the step count (study 15's)
+LOSS_WINDOW_EPOCHS = 0.1  # a loss target reads the training loss's moving average over this
+EXTRAPOLATE_AT_MOST = 4.0  # a target past the probe's end by more than this factor is refused
+TREND_POINTS = (0.1, 0.25, 0.5, 0.75, 1.0)  # B_simple at these shares of the probe's steps
+
+
+@dataclass(frozen=True)
+class Target:
+    """``error`` (held-out top-1 error, %) or ``loss`` (the training loss's moving average)."""
+
+    kind: str
+    value: float
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        kind, _, value = text.partition("=")
+        try:
+            v = float(value)
+        except ValueError:
+            v = math.nan
+        ok = (kind == "error" and 0 < v < 100) or (kind == "loss" and v > 0)
+        if not ok:
+            raise ConfigError(
+                f"--target={text!r}: expected error=PCT (held-out top-1 error, 0 < PCT < 100) "
+                "or loss=VALUE (training loss, > 0)"
+            )
+        return cls(kind, v)
+
+    def __str__(self) -> str:
+        return f"{self.kind}={self.value:g}"
+
+
+@dataclass
+class Probe:
+    """What the small-batch run measured."""
+
+    run_dir: str
+    source: str  # "ran" (the plan trained it) or "pointed at" (--reference)
+    batch: int
+    steps: float  # to the target (measured, or extrapolated: ``extrapolation`` names how)
+    last_step: int
+    extrapolation: str | None
+    b_at_target: float  # the smoothed B_simple at the target (at the end when extrapolated)
+    trend: list[tuple[int, float]] = field(default_factory=list)  # (step, B_simple) over the run
+    growth: float = math.nan  # B_simple's growth per doubling of the steps (second half, fitted)
+    img_per_s: float = math.nan  # the run's own throughput, steady state (median of its flushes)
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+def probe_keys(cfg: Config, target: Target, out: Path, probe_epochs: float | None) -> dict:
+    """The keys over ``cfg`` of the probe run: the noise probe on at small batches of one
+    micro-batch (two at least per step), for an error target ending where it reaches it."""
+    micro = cfg.micro_batch if isinstance(cfg.micro_batch, int) else cfg.bn_batch
+    if cfg.batch_size < 2 * micro:
+        raise ConfigError(
+            f"batch_size={cfg.batch_size}: the plan's probe needs at least two micro-batches of "
+            f"{micro} per step to measure the noise scale; use batch_size >= {2 * micro}"
+        )
+    keys = {
+        "noise_scale": True,
+        "noise_scale_batch": micro,
+        "out_dir": str(out),
+        "study": "probe",
+        "resume": False,
+    }
+    if target.kind == "error":
+        keys |= {"stop_at_error": target.value, "eval_per_octave": PER_OCTAVE}
+    if probe_epochs is not None:
+        keys["epochs"] = probe_epochs
+    return keys
+
+
+def run_probe(cfg: Config) -> Path:
+    """Train the probe run (in this process); its folder."""
+    from lbsgd.entry import train
+
+    train(cfg)
+    return cfg.run_dir()
+
+
+# -- reading a run -------------------------------------------------------------------------------
+
+
+def read_run(run_dir: Path) -> tuple[Config, list[dict]]:
+    """(the config, metrics.jsonl's records) of a run; one line if it has none."""
+    cfg_file, metrics = Path(run_dir, "config.yaml"), Path(run_dir, "metrics.jsonl")
+    if not cfg_file.is_file() or not metrics.is_file():
+        raise ConfigError(
+            f"--reference={run_dir}: not a run folder (needs its config.yaml and metrics.jsonl)"
+        )
+    cfg = load([cfg_file])
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return cfg, records
+
+
+def first_crossing(points: Sequence[tuple[float, float]], target: float) -> float | None:
+    """The first step where the (step, value) curve reaches ``target`` (≤), interpolated between
+    that point and the one before linearly in log step; None if it never does."""
+    for i, (s, v) in enumerate(points):
+        if v <= target:
+            if i == 0:
+                return float(s)
+            s0, v0 = points[i - 1]
+            frac = (v0 - target) / (v0 - v)
+            return float(2 ** (math.log2(s0) + frac * math.log2(s / s0)))
+    return None
+
+
+def error_curve(records: Sequence[dict]) -> list[tuple[float, float]]:
+    """(step, held-out error) of the evaluations, by step."""
+    pts = {r["step"]: r[ERROR_KEY] for r in records if r.get("kind") == "eval" and ERROR_KEY in r}
+    return sorted((float(s), float(v)) for s, v in pts.items() if v is not None)
+
+
+def loss_curve(records: Sequence[dict], window: int) -> list[tuple[float, float]]:
+    """(step, moving average of the training loss over ``window`` steps), from the first full
+    window."""
+    train = sorted((r["step"], r["loss"]) for r in records if r.get("kind") == "train")
+    steps = [s for s, _ in train]
+    loss = np.array([math.nan if v is None else float(v) for _, v in train])
+    if len(loss) < window:
+        return []
+    avg = np.convolve(loss, np.ones(window) / window, mode="valid")
+    return list(zip((float(s) for s in steps[window - 1 :]), avg.tolist(), strict=True))
+
+
+def extrapolate(points: Sequence[tuple[float, float]], target: float) -> float | None:
+    """The step where a power law value = a·step^(−c), fitted (log-log least squares) to the
+    second half of the curve's steps, reaches ``target``; None when the curve does not fall."""
+    last = points[-1][0]
+    tail = [(s, v) for s, v in points if s >= last / 2 and v > 0]
+    if len(tail) < 3:
+        return None
+    x = np.log([s for s, _ in tail])
+    y = np.log([v for _, v in tail])
+    slope, intercept = np.polyfit(x, y, 1)
+    if slope >= 0:
+        return None
+    return float(math.exp((math.log(target) - intercept) / slope))
+
+
+def noise_trend(records: Sequence[dict], last: float) -> tuple[list[tuple[int, float]], float]:
+    """B_simple (smoothed) at :data:`TREND_POINTS` of the steps up to ``last``, and its growth
+    per doubling of the steps (2^slope of log2 B on log2 step over the second half)."""
+    pts = _noise_points(records, last)
+    trend = []
+    for share in TREND_POINTS:
+        at = max(1, round(share * pts[-1][0]))
+        trend.append(min(pts, key=lambda p: abs(p[0] - at)))
+    return [(int(s), float(b)) for s, b in trend], _growth(pts)
+
+
+def _noise_points(records: Sequence[dict], last: float) -> list[tuple[int, float]]:
+    pts = [
+        (r["step"], r["gns_b_simple_ema"])
+        for r in records
+        if r.get("kind") == "train" and r.get("gns_b_simple_ema") is not None
+    ]
+    pts = sorted(p for p in pts if p[0] <= math.ceil(last))
+    if not pts:
+        raise ConfigError(
+            "the probe run measured no noise scale (noise_scale=true with at least two small "
+            "batches per step)"
+        )
+    return pts
+
+
+def _growth(pts: Sequence[tuple[int, float]]) -> float:
+    """2^slope of log2 B_simple on log2 step over the second half of the steps; NaN with fewer
+    than three points there."""
+    tail = [(s, b) for s, b in pts if s >= pts[-1][0] / 2 and b > 0]
+    if len(tail) < 3 or tail[-1][0] <= tail[0][0]:
+        return math.nan
+    slope = np.polyfit(np.log2([s for s, _ in tail]), np.log2([b for _, b in tail]), 1)[0]
+    return float(2**slope)
+
+
+def _curve(cfg: Config, records: Sequence[dict], target: Target) -> list[tuple[float, float]]:
+    if target.kind == "error":
+        return error_curve(records)
+    window = max(1, round(LOSS_WINDOW_EPOCHS * data.train_size(cfg) / cfg.batch_size))
+    return loss_curve(records, window)
+
+
+def steps_to(curve: Sequence[tuple[float, float]], target: Target, last: int):
+    """(steps to the target, how they were extrapolated or None): the first crossing, else the
+    power law past the run's end; one line when the run is there at its first point or does not
+    approach the target (the power law reaching past :data:`EXTRAPOLATE_AT_MOST` × its steps)."""
+    steps = first_crossing(curve, target.value)
+    if steps is not None and steps <= curve[0][0]:
+        raise ConfigError(
+            f"--target={target}: the run is there at its first point (step {curve[0][0]:.0f}), "
+            "so its steps to the target say nothing; choose a harder target"
+        )
+    if steps is not None:
+        return steps, None
+    steps = extrapolate(curve, target.value)
+    if steps is None or steps > EXTRAPOLATE_AT_MOST * last:
+        raise ConfigError(
+            f"--target={target}: the probe's {target.kind} ends at {curve[-1][1]:.4g} after "
+            f"{last} steps and does not approach {target.value:g} (a power law through its "
+            f"second half reaches it {'never' if steps is None else f'at step {steps:.0f}'}; "
+            f"at most {EXTRAPOLATE_AT_MOST:g}x the probe's steps are extrapolated)"
+        )
+    return steps, (
+        f"extrapolated: a power law {target.kind} = a*step^-c fitted to the second half of the "
+        f"probe's {len(curve)} points, from its last step {last}"
+    )
+
+
+def read_probe(run_dir: Path, target: Target, source: str) -> Probe:
+    """The probe's measurements from a run's files; one line when the run does not approach the
+    target (:func:`steps_to`)."""
+    cfg, records = read_run(run_dir)
+    curve = _curve(cfg, records, target)
+    if not curve:
+        raise ConfigError(f"--target={target}: the run in {run_dir} has no {target.kind} curve")
+    last = int(max(r["step"] for r in records if "step" in r))
+    steps, how = steps_to(curve, target, last)
+    trend, growth = noise_trend(records, min(steps, last))
+    b_target = trend[-1][1]
+    if how is not None and math.isfinite(growth):  # B_simple carried on along its trend
+        b_target *= growth ** math.log2(steps / trend[-1][0])
+    rates = [r["img_per_s"] for r in records if r.get("kind") == "train" and r.get("img_per_s")]
+    return Probe(
+        run_dir=str(run_dir),
+        source=source,
+        batch=cfg.batch_size,
+        steps=float(steps),
+        last_step=last,
+        extrapolation=how,
+        b_at_target=float(b_target),
+        trend=trend,
+        growth=growth,
+        img_per_s=float(statistics.median(rates[len(rates) // 2 :])) if rates else math.nan,
+    )
+
+
+# -- compute -------------------------------------------------------------------------------------
+
+
+def largest_micro(cfg: Config, net, splits, device: torch.device, precision) -> tuple[int, str]:
+    """The largest micro-batch of bn_batch × 2^j that fits, and how it was found: on CUDA by a
+    peak-memory probe of one forward/backward (micro_batch=auto's), on a CPU by its rule."""
+    if device.type != "cuda":
+        return network.CPU_AUTO_MICRO_BATCH, "cpu rule of micro_batch=auto (no memory probe)"
+    total = torch.cuda.get_device_properties(device).total_memory
+    m, best = cfg.bn_batch, 0
+    while m <= 65_536:
+        if network.peak_memory(net, m, splits, cfg, device, precision) > (
+            network.GPU_MEMORY_SHARE * total
+        ):
+            break
+        best, m = m, 2 * m
+    if not best:
+        raise ConfigError(f"bn_batch={cfg.bn_batch}: not one BN group fits in {device}'s memory")
+    return best, f"peak-memory probe on {torch.cuda.get_device_name(device)}"
+
+
+def _timed(fn, repeats: int, device: torch.device) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after two untimed ones."""
+    times = []
+    for i in range(repeats + 2):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _step_times(net, opt, x, y, repeats: int, device) -> tuple[float, float, float]:
+    """(forward + backward + update, the training forward alone, the update alone) seconds of
+    one micro-batch."""
+    loss_fn = torch.nn.functional.cross_entropy
+
+    def full():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(net(x), y).backward()
+        opt.step()
+
+    def forward():
+        loss_fn(net(x), y)  # its graph dropped unused
+
+    t_full, t_fwd = _timed(full, repeats, device), _timed(forward, repeats, device)
+    return t_full, t_fwd, _timed(opt.step, repeats, device)  # the last step's gradients
+
+
+def time_compute(cfg: Config, repeats: int = 5) -> tuple[Compute, dict]:
+    """A worker's compute, fitted to timings of one training step at two micro-batch sizes (one
+    BN group and the largest that fits, up to 8 groups), on a copy of the network with random
+    inputs of the dataset's shape, at the config's threads; and what was timed."""
+    from lbsgd.precision import Precision
+
+    kind, _ = distributed.resolve(cfg.device, cfg.backend)
+    device = torch.device(kind)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    splits = data.build(cfg, torch.device("cpu"))
+    net = models.build(cfg, splits.num_classes, splits.image_size).to(device)
+    fmt = network.memory_format(cfg)
+    precision = Precision(cfg.precision, device, cfg.loss_scale)
+    max_micro, how = largest_micro(cfg, net, splits, device, precision)
+    sizes = (cfg.bn_batch, min(max_micro, 8 * cfg.bn_batch))
+    opt = optim.build(cfg, net)
+    timed = {}
+    for m in sizes:
+        x = torch.randn(m, 3, splits.image_size, splits.image_size, device=device)
+        x = x.contiguous(memory_format=fmt)
+        y = torch.randint(0, splits.num_classes, (m,), device=device)
+        with precision.autocast():
+            timed[m] = _step_times(net, opt, x, y, repeats, device)
+    (m1, (t1, _, _)), (m2, (t2, f2, u2)) = sorted(timed.items())
+    per_sample = max(0.0, (t2 - t1) / (m2 - m1)) if m2 > m1 else t1 / m1
+    per_micro = max(0.0, t1 - per_sample * m1)
+    backward = min(1.0, max(0.0, (t2 - f2 - u2) / t2))  # at the larger micro-batch
+    compute = Compute(per_micro, per_sample, backward, max_micro)
+    grad_bytes = 4 * models.parameter_count(cfg, splits.num_classes, splits.image_size)
+    info = {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "micro_batches_timed": {
+            str(m): {"step_s": t, "forward_s": f, "update_s": u} for m, (t, f, u) in timed.items()
+        },
+        "max_micro_batch": max_micro,
+        "max_micro_batch_from": how,
+        "grad_bytes": grad_bytes,
+    }
+    return compute, info

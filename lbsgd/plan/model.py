@@ -1,0 +1,271 @@
+"""The arithmetic of a plan: steps to a target against the batch size, the learning rate a batch
+gets, the time of a step on p GPUs, and the choice of batch and GPU count. Pure functions of
+measured numbers (:mod:`lbsgd.plan.measure` measures them); no torch.
+
+Steps to the target (McCandlish et al. 2018, arXiv:1812.06162, eq. 2.11): at batch B,
+
+    S(B) = S_min (1 + B_crit / B),   E(B) = B·S(B) = E_min (1 + B / B_crit),   E_min = S_min·B_crit
+
+with B_crit predicted by the gradient noise scale B_noise at the target (their §2.2; lbsgd reads
+B_simple, :mod:`lbsgd.noise_scale`). One run at batch B_ref that reaches the target in S_ref steps
+fixes S_min = S_ref / (1 + B_crit/B_ref).
+
+Three statements of the same statistical efficiency (samples at B_0 over samples at B for equal
+progress), each from its paper, agree (tests/test_plan.py):
+
+- McCandlish: E(B_0)/E(B) = (1 + B_0/B_noise) / (1 + B/B_noise);
+- AdaScale (Johnson et al. 2020, arXiv:2007.05105, eq. 4): the gain ratio
+  r = (σ² + μ²)/(σ²/s + μ²) with s = B/B_0, σ² = tr(Σ)/B_0, μ² = |G|², and efficiency r/s;
+- Pollux (Qiao et al. 2021, OSDI, eq. 6): EFFICIENCY(M) = (φ + M_0)/(φ + M), φ = tr(Σ)/|G|².
+
+Step time on p workers of b = B/p samples each (the α–β model of :mod:`lbsgd.costmodel`): the
+compute of a worker, c_0 per micro-batch plus c_1 per sample (fitted to timings at two micro-batch
+sizes), plus a ring all-reduce of the gradient that DDP overlaps with the backward pass of the last
+micro-batch (the others accumulate under ``no_sync``): t = t_c + max(0, T − f·t_last), f the
+backward's share of a micro-batch's compute (measured).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from lbsgd import costmodel
+
+# the learning-rate rule each optimizer gets, with its source
+LR_RULES: dict[str, tuple[str, str]] = {
+    "sgd": ("linear", "Goyal et al. 2017, §2.1: the linear scaling rule"),
+    "lars": ("linear", "You et al. 2017, §4: LARS with the linear rule and warmup"),
+    "lamb": ("sqrt", "You et al. 2020 (LAMB), §4: square-root scaling with warmup"),
+    "adamw": ("sqrt", "Malladi et al. 2022 (arXiv:2205.10287): the square-root rule for Adam"),
+}
+ADAM_FAMILY = ("lamb", "adamw")
+E_FACTOR = 2.0  # the recommendation: compute within this factor of E_min (B ≤ B_crit at 2)
+
+
+# -- steps ---------------------------------------------------------------------------------------
+
+
+def s_min_from(steps_ref: float, batch_ref: float, b_crit: float) -> float:
+    """S_min from one run at ``batch_ref`` that reached the target in ``steps_ref`` steps."""
+    return steps_ref / (1 + b_crit / batch_ref)
+
+
+def steps_to_target(batch: float, s_min: float, b_crit: float) -> float:
+    """S(B) = S_min (1 + B_crit/B)."""
+    return s_min * (1 + b_crit / batch)
+
+
+def samples_to_target(batch: float, s_min: float, b_crit: float) -> float:
+    """E(B) = B·S(B) = E_min (1 + B/B_crit)."""
+    return batch * steps_to_target(batch, s_min, b_crit)
+
+
+def largest_batch_within(factor: float, b_crit: float) -> float:
+    """The largest B with E(B) ≤ factor·E_min: B = (factor − 1)·B_crit (B_crit itself at 2)."""
+    return (factor - 1) * b_crit
+
+
+# -- statistical efficiency, three ways ----------------------------------------------------------
+
+
+def mccandlish_efficiency(batch: float, base: float, b_noise: float) -> float:
+    """E(base)/E(batch) = (1 + base/B_noise)/(1 + batch/B_noise)."""
+    return (1 + base / b_noise) / (1 + batch / b_noise)
+
+
+def adascale_gain(batch: float, base: float, g_sq: float, trace: float) -> float:
+    """AdaScale's gain ratio r = (σ² + μ²)/(σ²/s + μ²), s = batch/base, σ² = tr(Σ)/base: the
+    progress of one step at ``batch`` in steps at ``base``."""
+    s = batch / base
+    var = trace / base
+    return (var + g_sq) / (var / s + g_sq)
+
+
+def adascale_efficiency(batch: float, base: float, g_sq: float, trace: float) -> float:
+    """r/s: progress per sample at ``batch`` relative to ``base``."""
+    return adascale_gain(batch, base, g_sq, trace) / (batch / base)
+
+
+def pollux_efficiency(batch: float, base: float, phi: float) -> float:
+    """Pollux's EFFICIENCY(M) = (φ + M_0)/(φ + M) with the noise scale φ."""
+    return (phi + base) / (phi + batch)
+
+
+# -- learning rate -------------------------------------------------------------------------------
+
+
+def lr_rule(optimizer: str) -> tuple[str, str]:
+    """(rule, source) of ``optimizer``: linear for SGD and LARS, square root for LAMB and AdamW."""
+    return LR_RULES[optimizer]
+
+
+def peak_lr(optimizer: str, base_lr: float, batch: float, reference_batch: float) -> float:
+    """base_lr × (B/reference)^1 (linear) or ^½ (sqrt)."""
+    rule, _ = lr_rule(optimizer)
+    ratio = batch / reference_batch
+    return base_lr * (math.sqrt(ratio) if rule == "sqrt" else ratio)
+
+
+def lr_warning(optimizer: str, batch: float, b_noise: float) -> str | None:
+    """Above B_noise the square-root rule is outside the regime it was derived for (Malladi et
+    al. 2022 derive it from an SDE that holds while the gradient noise dominates)."""
+    if optimizer in ADAM_FAMILY and batch > b_noise:
+        return (
+            f"batch {batch:g} > B_noise {b_noise:.0f}: the square-root rule for {optimizer} is "
+            "derived where the gradient noise dominates; tune the lr here"
+        )
+    return None
+
+
+# -- time ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Compute:
+    """A worker's compute: ``per_micro_s`` + ``per_sample_s`` × m seconds for a micro-batch of m
+    (forward, backward and update), the backward's share ``backward_fraction`` of it, and the
+    largest micro-batch that fits, ``max_micro``."""
+
+    per_micro_s: float
+    per_sample_s: float
+    backward_fraction: float
+    max_micro: int
+
+    def micro_s(self, m: int) -> float:
+        return self.per_micro_s + self.per_sample_s * m
+
+
+def micro_batch(per_worker: int, max_micro: int, granule: int) -> int | None:
+    """The largest multiple of ``granule`` (bn_batch) that divides ``per_worker`` and is at most
+    ``max_micro``; None when ``per_worker`` is no multiple of ``granule``."""
+    if per_worker < granule or per_worker % granule:
+        return None
+    n = per_worker // granule
+    best = 1
+    for d in range(1, n + 1):
+        if n % d == 0 and d * granule <= max_micro:
+            best = d
+    return best * granule
+
+
+def compute_time(c: Compute, per_worker: int, micro: int) -> tuple[float, float]:
+    """(t_c, t_last): a worker's compute for ``per_worker`` samples in micro-batches of
+    ``micro``, and the last micro-batch's share."""
+    t_micro = c.micro_s(micro)
+    return (per_worker // micro) * t_micro, t_micro
+
+
+def step_time(
+    c: Compute, per_worker: int, micro: int, workers: int, grad_bytes: float, link: costmodel.Link
+) -> tuple[float, float, float]:
+    """(step, compute, all-reduce) seconds of one step at ``workers`` workers of ``per_worker``
+    samples: the ring all-reduce overlaps the last micro-batch's backward. At one worker the
+    step is the compute."""
+    t_c, t_last = compute_time(c, per_worker, micro)
+    t_comm = costmodel.ring_time(grad_bytes, workers, link)
+    hidden = c.backward_fraction * t_last
+    return t_c + max(0.0, t_comm - hidden), t_c, t_comm
+
+
+# -- the table and the choice --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a plan is made of: the measured noise scale and S_min, the compute, the link, the
+    dataset size and the config's lr and warmup."""
+
+    b_crit: float
+    s_min: float
+    compute: Compute
+    link: costmodel.Link
+    grad_bytes: float
+    train_samples: int
+    optimizer: str
+    base_lr: float
+    reference_batch: int
+    warmup_epochs: float
+    granule: int  # bn_batch: a worker's share is a multiple of it
+
+
+@dataclass(frozen=True)
+class Row:
+    batch: int
+    gpus: int
+    micro_batch: int
+    steps: float
+    epochs: float
+    lr: float
+    warmup_steps: int
+    compute_s: float
+    allreduce_s: float
+    step_s: float
+    wall_s: float
+    statistical_efficiency: float  # E_min / E(B)
+    system_efficiency: float  # one worker's compute of the whole batch over p × the step time
+    efficiency: float  # the product: the share of p workers' time that buys E_min's progress
+    within_factor: bool  # E(B) ≤ E_FACTOR · E_min
+    warning: str | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def row(x: Inputs, batch: int, gpus: int) -> Row | None:
+    """The plan's row for ``batch`` on ``gpus`` workers; None when the batch does not split."""
+    if batch % gpus:
+        return None
+    per = batch // gpus
+    micro = micro_batch(per, x.compute.max_micro, x.granule)
+    if micro is None:
+        return None
+    steps = steps_to_target(batch, x.s_min, x.b_crit)
+    step_s, t_c, t_comm = step_time(x.compute, per, micro, gpus, x.grad_bytes, x.link)
+    stat = x.s_min * x.b_crit / (batch * steps)
+    one = micro_batch(batch, x.compute.max_micro, x.granule) or micro
+    system = compute_time(x.compute, batch, one)[0] / (gpus * step_s)
+    return Row(
+        batch=batch,
+        gpus=gpus,
+        micro_batch=micro,
+        steps=steps,
+        epochs=steps * batch / x.train_samples,
+        lr=peak_lr(x.optimizer, x.base_lr, batch, x.reference_batch),
+        warmup_steps=math.ceil(x.warmup_epochs * x.train_samples / batch),
+        compute_s=t_c,
+        allreduce_s=t_comm,
+        step_s=step_s,
+        wall_s=steps * step_s,
+        statistical_efficiency=stat,
+        system_efficiency=system,
+        efficiency=stat * system,
+        within_factor=batch * steps <= E_FACTOR * x.s_min * x.b_crit * (1 + 1e-9),
+        warning=lr_warning(x.optimizer, batch, x.b_crit),
+    )
+
+
+def powers_of_two(lo: int, hi: int) -> list[int]:
+    """The powers of two from the smallest ≥ ``lo`` to the largest ≤ ``hi``."""
+    b = 1 << max(0, math.ceil(math.log2(lo)))
+    out = []
+    while b <= hi:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def table(x: Inputs, batches: Sequence[int], gpus: Sequence[int]) -> list[Row]:
+    """A row for every batch × GPU count whose batch splits into micro-batches of ``x.granule``."""
+    rows = (row(x, b, p) for b in batches for p in gpus)
+    return [r for r in rows if r is not None]
+
+
+def recommend(rows: Sequence[Row]) -> Row | None:
+    """The shortest predicted wall time among the rows whose compute stays within
+    :data:`E_FACTOR` of the minimum (fewer GPUs, then the smaller batch, on a tie)."""
+    ok = [r for r in rows if r.within_factor]
+    if not ok:
+        return None
+    return min(ok, key=lambda r: (round(r.wall_s, 9), r.gpus, r.batch))

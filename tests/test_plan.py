@@ -1,0 +1,318 @@
+"""``lbsgd plan`` (lbsgd.plan): known answers for its estimator, its efficiency formulas, its time
+model and its choice; its files read back; bad input refused in one line before anything runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+from conftest import LEARNING, TINY
+
+from lbsgd import cli, config, costmodel, noise_scale
+from lbsgd.config import dump, from_dict
+from lbsgd.plan import measure, model
+from lbsgd.plan.model import Compute, Inputs
+
+# -- the estimator on a problem whose noise scale is known in closed form --------------------------
+
+
+def linear_regression_noise_scale(delta: torch.Tensor, noise_sd: float) -> float:
+    """B_noise = tr(Σ)/|G|² of the loss ½(xᵀw − y)², y = xᵀw* + ε, x ~ N(0, I_d), ε ~ N(0, s²),
+    at w = w* + δ. The per-sample gradient is g = x xᵀδ − xε: G = E g = δ, and by Isserlis'
+    theorem E|g|² = E|x|²(xᵀδ)² + s² E|x|² = (d + 2)|δ|² + d s², so
+    tr(Σ) = E|g|² − |G|² = (d + 1)|δ|² + d s² and B_noise = d + 1 + d s²/|δ|²."""
+    d, dd = delta.numel(), float(delta.square().sum())
+    return d + 1 + d * noise_sd**2 / dd
+
+
+def test_the_closed_form_is_the_per_sample_gradients_noise_scale():
+    """The closed form against tr(Σ)/|G|² of 400,000 drawn per-sample gradients."""
+    gen = torch.Generator().manual_seed(0)
+    d, s = 10, 1.0
+    delta = torch.full((d,), 1 / math.sqrt(d), dtype=torch.float64)
+    x = torch.randn(400_000, d, generator=gen, dtype=torch.float64)
+    eps = s * torch.randn(400_000, generator=gen, dtype=torch.float64)
+    per_sample = x * (x @ delta - eps)[:, None]
+    _, _, b = noise_scale.exact(per_sample)
+    assert linear_regression_noise_scale(delta, s) == 21.0
+    assert b == pytest.approx(21.0, rel=0.02)
+
+
+def test_the_estimator_lands_within_10pct_of_the_exact_noise_scale():
+    """The trainer's estimator (noise_scale.Probe: small batches as the change of the accumulated
+    gradient over its micro-batches, then the smoothed ratio) at a fixed point of linear
+    regression with Gaussian inputs, fresh samples every step, lands within 10% of the closed
+    form B_noise = 21 (B_small 8, B_big 64)."""
+    gen = torch.Generator().manual_seed(1)
+    d, s, b_small, accum = 10, 1.0, 8, 8
+    w_star = torch.randn(d, generator=gen)
+    delta = torch.full((d,), 1 / math.sqrt(d))
+    w = torch.nn.Parameter(w_star + delta)
+    probe = noise_scale.Probe(
+        [w], micro_per_group=1, accum_steps=accum, b_small=b_small, b_big=b_small * accum,
+        decay=0.998,
+    )  # fmt: skip
+    for _ in range(2500):
+        w.grad = None
+        probe.start()
+        for i in range(accum):
+            x = torch.randn(b_small, d, generator=gen)
+            y = x @ w_star + s * torch.randn(b_small, generator=gen)
+            (0.5 * (x @ w - y).square().mean() / accum).backward()
+            probe.after_backward(i, synced=False)
+        small, big = probe.finish().tolist()
+        fields = probe.record(small, big)
+    exact = linear_regression_noise_scale(delta.double(), s)
+    assert fields["gns_b_simple_ema"] == pytest.approx(exact, rel=0.10)
+
+
+# -- the efficiency formulas ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", [16, 64, 256, 4096])
+@pytest.mark.parametrize(("g_sq", "trace"), [(1.0, 200.0), (0.05, 3.0), (2.0, 20_000.0)])
+def test_mccandlish_adascale_and_pollux_efficiencies_agree(batch, g_sq, trace):
+    """Samples at B_0 over samples at B for equal progress, from each paper's own formula, are one
+    number; and AdaScale's gain is McCandlish's ratio of steps S(B_0)/S(B)."""
+    base, phi = 16, trace / g_sq
+    m = model.mccandlish_efficiency(batch, base, phi)
+    assert model.adascale_efficiency(batch, base, g_sq, trace) == pytest.approx(m, rel=1e-12)
+    assert model.pollux_efficiency(batch, base, phi) == pytest.approx(m, rel=1e-12)
+    gain = model.adascale_gain(batch, base, g_sq, trace)
+    s_base = model.steps_to_target(base, 100.0, phi)
+    assert gain == pytest.approx(s_base / model.steps_to_target(batch, 100.0, phi), rel=1e-12)
+
+
+def test_steps_and_samples_are_mccandlish_eq_2_11_by_hand():
+    """S_min 100, B_crit 200: at B = 100, S = 100·(1 + 2) = 300 and E = 30,000 = E_min(1 + ½);
+    S_min back from that run; E(B) ≤ 2·E_min exactly up to B = B_crit."""
+    assert model.steps_to_target(100, 100, 200) == 300
+    assert model.samples_to_target(100, 100, 200) == 30_000 == 20_000 * (1 + 100 / 200)
+    assert model.s_min_from(300, 100, 200) == 100
+    assert model.largest_batch_within(2.0, 200) == 200
+    assert (model.samples_to_target(200, 100, 200) - 2 * 20_000) == 0
+
+
+# -- the time model -------------------------------------------------------------------------------
+
+LINK = costmodel.Link(1e-3, 1e9)
+COMPUTE = Compute(per_micro_s=1e-3, per_sample_s=1e-4, backward_fraction=0.5, max_micro=32)
+
+
+def test_the_step_time_is_compute_plus_the_all_reduce_past_the_last_backward_by_hand():
+    """Per worker 64 samples in micro-batches of 32: t_c = 2·(1 + 3.2) ms = 8.4 ms; the last
+    micro-batch's backward hides 0.5·4.2 = 2.1 ms; a ring of 2 over G = 4 MB costs
+    2·α + G/β = 2 + 4 = 6 ms; the step 8.4 + (6 − 2.1) = 12.3 ms."""
+    step, t_c, t_comm = model.step_time(COMPUTE, 64, 32, 2, 4e6, LINK)
+    assert t_c == pytest.approx(8.4e-3)
+    assert t_comm == pytest.approx(6e-3)
+    assert step == pytest.approx(12.3e-3)
+
+
+def test_at_one_process_the_time_model_is_the_measured_compute(tiny):
+    """Timed on the tiny config: the fitted compute reproduces both timed micro-batches, and one
+    worker's predicted step is that compute, with no all-reduce."""
+    cfg = tiny()
+    compute, info = measure.time_compute(cfg, repeats=3)
+    timed = info["micro_batches_timed"]
+    for m, t in timed.items():
+        assert compute.micro_s(int(m)) == pytest.approx(t["step_s"], rel=1e-9)
+    m = int(max(timed, key=int))
+    step, t_c, t_comm = model.step_time(compute, 2 * m, m, 1, info["grad_bytes"], LINK)
+    assert t_comm == 0.0 and step == t_c == pytest.approx(2 * timed[str(m)]["step_s"])
+    assert info["grad_bytes"] == 4 * sum(
+        p.numel() for p in torch.nn.Module.parameters(_tiny_net(cfg))
+    )
+
+
+def _tiny_net(cfg):
+    from lbsgd import data, models
+
+    splits = data.build(cfg, torch.device("cpu"))
+    return models.build(cfg, splits.num_classes, splits.image_size)
+
+
+# -- the choice -----------------------------------------------------------------------------------
+
+
+def _inputs(**kw) -> Inputs:
+    base = {
+        "b_crit": 256.0,
+        "s_min": 200.0,
+        "compute": Compute(2e-3, 2e-4, 0.6, 256),
+        "link": costmodel.Link(50e-6, 10e9),
+        "grad_bytes": 1e8,
+        "train_samples": 50_000,
+        "optimizer": "sgd",
+        "base_lr": 0.1,
+        "reference_batch": 256,
+        "warmup_epochs": 1.0,
+        "granule": 16,
+    }
+    return Inputs(**{**base, **kw})
+
+
+BATCHES, GPUS = model.powers_of_two(16, 4096), (1, 2, 4, 8, 16)
+
+
+def _best(x: Inputs) -> model.Row:
+    best = model.recommend(model.table(x, BATCHES, GPUS))
+    assert best is not None and best.within_factor
+    return best
+
+
+def test_the_recommendation_moves_as_it_must_with_alpha_beta_and_the_noise_scale():
+    """A slower link (larger α, smaller β) never buys more GPUs; a larger B_noise never a smaller
+    batch; a link with no cost takes the most GPUs that split the batch; the batch never exceeds
+    B_crit (E ≤ 2·E_min)."""
+    mid = _best(_inputs())
+    slow_alpha = _best(_inputs(link=costmodel.Link(50e-3, 10e9)))
+    slow_beta = _best(_inputs(link=costmodel.Link(50e-6, 1e8)))
+    free = _best(_inputs(link=costmodel.Link(0.0, 1e30)))
+    assert slow_alpha.gpus <= mid.gpus and slow_beta.gpus <= mid.gpus
+    assert slow_alpha.gpus < free.gpus
+    assert free.gpus == max(GPUS)
+    noisier = _best(_inputs(b_crit=1024.0))
+    quieter = _best(_inputs(b_crit=64.0))
+    assert quieter.batch <= mid.batch <= noisier.batch
+    assert quieter.batch < noisier.batch
+    for best, b_crit in ((mid, 256), (noisier, 1024), (quieter, 64)):
+        assert best.batch <= b_crit
+
+
+def test_the_lr_follows_each_optimizers_rule_and_warns_above_the_noise_scale_for_adam():
+    """Linear for SGD and LARS, square root for LAMB and AdamW (base 0.1 per 256 at 1024: 0.4 and
+    0.2); the Adam family is warned above B_noise, SGD never."""
+    x = _inputs()
+    assert model.row(x, 1024, 1).lr == pytest.approx(0.4)
+    lamb = model.row(_inputs(optimizer="lamb"), 1024, 1)
+    assert lamb.lr == pytest.approx(0.2) and "B_noise" in lamb.warning
+    assert model.row(_inputs(optimizer="adamw"), 128, 1).warning is None
+    assert model.row(x, 1024, 1).warning is None
+    assert model.row(x, 48, 2) is None  # 24 samples a GPU: no multiple of bn_batch 16
+
+
+# -- the probe's reading --------------------------------------------------------------------------
+
+
+def _run_folder(path, cfg, errors, b_simple=100.0):
+    """A run folder in the trainer's format: config.yaml, and metrics.jsonl with eval records of
+    the given (step, error) and train records carrying B_simple at every step."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(dump(cfg))
+    last = errors[-1][0]
+    recs = [
+        {"kind": "train", "step": s, "loss": 1.0, "img_per_s": 1000.0, "gns_b_simple_ema": b_simple}
+        for s in range(1, last + 1)
+    ]
+    recs += [{"kind": "eval", "step": s, "val_top1_error_pct": e} for s, e in errors]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def test_the_steps_to_the_target_are_the_first_crossing_interpolated_in_log_step(tmp_path):
+    """Errors 40 at step 64, 20 at step 128: the target 30 lies half-way, at 2^6.5 = 90.5. A
+    target met at the first point is refused: it measures no steps."""
+    cfg = from_dict({**TINY, "batch_size": 64})
+    run = _run_folder(tmp_path / "r", cfg, [(32, 50.0), (64, 40.0), (128, 20.0)])
+    p = measure.read_probe(run, measure.Target("error", 30.0), "pointed at")
+    assert p.steps == pytest.approx(2**6.5) and p.extrapolation is None
+    assert p.batch == 64 and p.b_at_target == 100.0
+    with pytest.raises(
+        config.ConfigError, match="--target=error=60: the run is there at its first"
+    ):
+        measure.read_probe(run, measure.Target("error", 60.0), "pointed at")
+
+
+def test_past_the_runs_end_the_steps_are_extrapolated_and_named(tmp_path):
+    """Error 80·(step/8)^(−½) at 4 steps an octave from 8 to 128 (20 at 128): the target
+    80/√32 is at 256 steps by the power law through the second half; the plan names the
+    extrapolation. A target past 4× the run's steps is refused."""
+    cfg = from_dict({**TINY, "batch_size": 64})
+    errors = [(round(8 * 2 ** (j / 4)), 80.0 * 2 ** (-j / 8)) for j in range(17)]
+    run = _run_folder(tmp_path / "r", cfg, errors)
+    p = measure.read_probe(run, measure.Target("error", 80 / 32**0.5), "pointed at")
+    assert p.steps == pytest.approx(256, rel=0.01)
+    assert p.extrapolation.startswith("extrapolated: a power law")
+    with pytest.raises(config.ConfigError, match="does not approach 5 .* at step 20"):
+        measure.read_probe(run, measure.Target("error", 5.0), "pointed at")
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def _plan(tmp_path, *options, keys=None):
+    files = tmp_path / "cfg.yaml"
+    files.write_text(yaml.safe_dump(keys or {**TINY, "out_dir": str(tmp_path / "results")}))
+    return cli.main(["plan", "-c", str(files), *options])
+
+
+@pytest.mark.parametrize(
+    ("options", "names"),
+    [
+        (["--target", "error=22", "--interconnect", "token_ring"], "--interconnect='token_ring'"),
+        (["--target", "accuracy=80"], "--target='accuracy=80'"),
+        (["--target", "error=22", "--gpus", "3"], "--gpus=3"),
+        (["--target", "error=22", "--gpus", "two"], "--gpus='two'"),
+        (["--target", "error=22", "--batches", "64:32"], "--batches='64:32'"),
+        (["--target", "error=22", "--reference", "nowhere"], "--reference=nowhere"),
+        (["--target", "error=22", "--probe-epochs", "0"], "--probe-epochs=0"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_option_and_nothing_is_written(
+    tmp_path, capsys, options, names
+):
+    out = tmp_path / "plan"
+    assert _plan(tmp_path, *options, "--out", str(out)) == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and names in err, err
+    assert not out.exists() and not (tmp_path / "results").exists()
+
+
+def test_a_target_the_probe_never_approaches_is_one_line(tmp_path, capsys):
+    """A run whose held-out error rises is pointed at: no power law reaches the target."""
+    cfg = from_dict(TINY)
+    run = _run_folder(tmp_path / "r", cfg, [(8, 60.0), (16, 62.0), (32, 64.0), (64, 66.0)])
+    out = tmp_path / "plan"
+    options = ["--target", "error=10", "--gpus", "1,2", "--reference", str(run), "--out", str(out)]
+    code = _plan(tmp_path, *options)
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_INPUT and err.count("\n") == 1
+    assert "--target=error=10" in err and "does not approach" in err
+    assert not out.exists()
+
+
+def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
+    """The whole command on the tiny run (its probe trained to the target): plan.json holds a row
+    per batch × GPU count that splits, the recommended row among them; recommended.yaml loads as
+    a config whose batch, micro-batch and lr rule are the row's and whose world splits it; a
+    second plan into the same folder is refused."""
+    out = tmp_path / "plan"
+    keys = {**TINY, **LEARNING, "out_dir": str(tmp_path / "results"), "holdout": 500}
+    args = ["--target", "error=75", "--gpus", "1,2", "--interconnect", "pcie3"]
+    assert _plan(tmp_path, *args, "--out", str(out), keys=keys) == 0
+    doc = json.loads((out / "plan.json").read_text())
+    assert {(r["batch"], r["gpus"]) for r in doc["rows"]} >= {(32, 1), (32, 2), (64, 2)}
+    best = doc["recommended"]
+    assert {k: best[k] for k in doc["rows"][0]} in doc["rows"] and best["within_factor"]
+    assert best["command"] == f"torchrun --nproc-per-node {best['gpus']} -m lbsgd train -c " + str(
+        out / "recommended.yaml"
+    ) or (best["gpus"] == 1 and best["command"].startswith("lbsgd train -c"))
+    assert best["wall_s"] == min(r["wall_s"] for r in doc["rows"] if r["within_factor"])
+    rec = config.load([out / "recommended.yaml"])
+    assert (rec.batch_size, rec.micro_batch, rec.lr_scaling) == (
+        best["batch"],
+        best["micro_batch"],
+        "linear",
+    )
+    assert rec.stop_at_error == 75
+    config.check_world(rec, best["gpus"])
+    assert (out / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert doc["interconnect"]["source"].startswith("preset pcie3")
+    assert doc["probe"]["source"] == "ran" and doc["probe"]["batch"] == 32
+    printed = capsys.readouterr().out
+    assert "recommended: batch" in printed and "B_simple over the probe" in printed
+    assert _plan(tmp_path, *args, "--out", str(out), keys=keys) == cli.EXIT_BAD_INPUT
