@@ -178,13 +178,20 @@ def probe(r: Request) -> measure.Probe:
 
 
 def inputs(r: Request, p: measure.Probe, compute: model.Compute, grad_bytes: float) -> model.Inputs:
-    c = r.config
+    return inputs_for(r.config, p, compute, r.link, grad_bytes)
+
+
+def inputs_for(
+    c: Config, p: measure.Probe, compute: model.Compute, link: costmodel.Link, grad_bytes: float
+) -> model.Inputs:
+    """The model's inputs: B_crit the probe's B_simple at the target, S_min from its steps there,
+    the config's dataset size, optimizer, lr and warmup."""
     b_crit = p.b_at_target
     return model.Inputs(
         b_crit=b_crit,
         s_min=model.s_min_from(p.steps, p.batch, b_crit),
         compute=compute,
-        link=r.link,
+        link=link,
         grad_bytes=grad_bytes,
         train_samples=data.train_size(c),
         optimizer=c.optimizer,

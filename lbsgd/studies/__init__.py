@@ -111,4 +111,5 @@ STUDIES: tuple[str, ...] = (
     "staleness",
     "optimizers",
     "steps_to_target",
+    "plan",
 )

@@ -339,7 +339,7 @@ PROFILES: dict[str, Profile] = {
         # study 15's fit (results/fashion-long/steps_to_target/table.csv): the large minibatch's
         # 1,875 steps are 20.5x S_min
         s_min=91.4,
-        studies=("warmup", "optimizers", "steps_to_target"),
+        studies=("warmup", "optimizers", "steps_to_target", "plan"),
         beside=("fashion", "cpu"),
     ),
     "cifar10": Profile(
@@ -411,7 +411,7 @@ PROFILES: dict[str, Profile] = {
 
 
 # studies that need a profile's own settings: a profile without them does not replay the study
-NEEDS = {"optimizers": "tuning", "steps_to_target": "ladder"}
+NEEDS = {"optimizers": "tuning", "steps_to_target": "ladder", "plan": "ladder"}
 
 
 def replays(profile: Profile, study: str) -> bool:

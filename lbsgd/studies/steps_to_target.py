@@ -74,7 +74,7 @@ def base_lr(profile: Profile) -> float:
     return float({**profile.base, **profile.ladder.get("keys", {})}["base_lr"])
 
 
-def _run(profile: Profile, k: float, factor: float, seed: int, target: float) -> dict[str, Any]:
+def run_keys(profile: Profile, k: float, factor: float, seed: int, target: float) -> dict[str, Any]:
     """One run of the ladder: lr base_lr x factor per reference batch (x k by the linear rule), the
     held-out images set aside and probed at log-spaced steps, the noise scale measured (off where
     the batch is B_small: nothing to compare), ended at the first probe that reaches ``target``
@@ -133,7 +133,7 @@ def trials(
     check(profile)
     s = profile.ladder["seeds"][0] if seed is None else seed
     grid, goal = lr_grid(lr_factors, profile), target_of(profile, target)
-    return [_run(profile, k, f, s, goal) for k in ks or profile.ladder["ks"] for f in grid]
+    return [run_keys(profile, k, f, s, goal) for k in ks or profile.ladder["ks"] for f in grid]
 
 
 def confirmations(
@@ -145,7 +145,7 @@ def confirmations(
     check(profile)
     rest = list(seeds if seeds is not None else profile.ladder["seeds"][1:])
     goal = target_of(profile, target)
-    return [_run(profile, r.k, r.lr_factor, s, goal) for r in chosen.itertuples() for s in rest]
+    return [run_keys(profile, r.k, r.lr_factor, s, goal) for r in chosen.itertuples() for s in rest]
 
 
 # -- one run: the steps to the target ------------------------------------------------------------

@@ -1,0 +1,427 @@
+"""16. ``lbsgd plan`` against measured runs: does the plan predict what the runs then measure?
+
+The plan (:mod:`lbsgd.plan`) reads a small-batch run to the target with the noise probe on and
+predicts, for every batch and process count, the steps to the target (McCandlish et al. 2018:
+S = S_min (1 + B_crit/B), B_crit ≈ B_noise), the step time (a worker's timed compute plus a ring
+all-reduce of α and β measured here, overlapped with the last backward) and so the training time,
+and recommends the batch and process count of the shortest time within 2·E_min. This study plans
+a profile with a steps-to-target ladder (study 15) and sets each prediction beside a measurement:
+
+1. the predicted critical batch (B_simple at the target of the probe run, one plan per ladder
+   seed) within ×3 of the one fitted to the ladder's steps at each batch's best lr (study 15);
+2. the predicted steps to the target within 25% of the ladder's (each batch at its best lr, each
+   seed) below the fitted B_crit, and within 50% above it;
+3. the predicted step time within 25% of the measured one (a short run's steady throughput) at
+   each of the five fixed batches, on 1 and on 2 processes;
+4. the recommended batch's measured training time to the target within 15% of the best of the five
+   fixed batches at the recommended process count: the steps its run at the plan's lr (the linear
+   rule) took to the target times the step time measured at that count.
+
+The probe is the ladder's run at k = :data:`PROBE_K` at the linear rule's lr (the plan's own probe
+keys: ``noise_scale_batch`` one micro-batch, ``stop_at_error``, ``eval_per_octave`` 4), copied
+from study 15 where it ran. Study 15's folder is read in place for claims 1 and 2.
+
+Rules: claims 1 and 2 hold for every seed's plan and run (replayed), for none (not replayed), or
+for some (undecided: the seeds disagree), as study 11 judges its ×2 bands; claims 3 and 4 are
+deterministic comparisons of a measurement with the model, as study 10's (no seeds: one timing
+each). Where a prediction misses, the evidence says by how much.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lbsgd import costmodel, studies
+from lbsgd import experiments as ex
+from lbsgd import plan as planner
+from lbsgd.config import ConfigError
+from lbsgd.findings import Finding
+from lbsgd.plan import measure, model
+from lbsgd.studies import steps_to_target as stt
+from lbsgd.studies.scales import Profile
+
+STUDY = "plan"
+TITLE = "16. lbsgd plan against measured runs (McCandlish et al. 2018)"
+PROBE_K = 4  # the probe's batch as k: the smallest ladder batch with two micro-batches a step
+FIXED_KS = (4, 8, 16, 32, 64)  # the five fixed batches of claims 3 and 4
+NPROC = (1, 2)  # process counts planned and timed
+TIMING_EPOCHS = 0.5  # a timing run's length
+B_CRIT_FACTOR = 3.0  # claim 1: "within x3" (the literature's factor of 2-3 on B_crit)
+STEPS_BELOW, STEPS_ABOVE = 0.25, 0.50  # claim 2's tolerances below and above B_crit
+STEP_TIME_TOL = 0.25  # claim 3
+WALL_TOL = 0.15  # claim 4
+PAPER = (
+    "McCandlish et al. 2018: B_noise an approximate predictor of B_crit; Pollux (Qiao et al. "
+    "2021) and AdaScale use the same efficiency; none publishes prediction errors"
+)
+
+
+# -- the runs ----------------------------------------------------------------------------------
+
+
+def probe_runs(profile: Profile, seeds: Sequence[int], target: float) -> list[dict[str, Any]]:
+    """The ladder's run at k = PROBE_K at the linear rule's lr, one per seed (the plan's probe)."""
+    stt.check(profile)
+    return [stt.run_keys(profile, PROBE_K, 1.0, s, target) for s in seeds]
+
+
+def to_target_runs(
+    profile: Profile, ks: Sequence[float], seed: int, target: float
+) -> list[dict[str, Any]]:
+    """Each k's run to the target at the linear rule's lr (the plan's), one seed."""
+    return [stt.run_keys(profile, k, 1.0, seed, target) for k in ks]
+
+
+def timing_runs(
+    profile: Profile, ks: Sequence[float], nproc: int, epochs: float = TIMING_EPOCHS
+) -> list[dict[str, Any]]:
+    """Short runs at each k for their steady step time on ``nproc`` processes: the ladder's keys,
+    no probe, no evaluation, named by their process count (the layout is no experiment key)."""
+    runs = []
+    for k in ks:
+        keys = profile.keys(
+            k=k,
+            **{
+                **profile.ladder.get("keys", {}),
+                "base_lr": stt.base_lr(profile),
+                "holdout": profile.ladder["holdout"],
+                "epochs": epochs,
+                "eval_every": 0,
+                "checkpoint": False,
+            },
+        )
+        runs.append({**keys, "name": f"timing-b{keys['batch_size']}-np{nproc}"})
+    return runs
+
+
+def sweep_on(session, runs: Sequence[dict[str, Any]], nproc: int):
+    """The runs on ``nproc`` processes each, one at a time (their timings share no core)."""
+    launch = {**session.launch, "nproc_per_node": nproc, "parallel": 1}
+    return ex.sweep(
+        session.study, runs, out_dir=session.out, profile=session.profile.name, **launch
+    )
+
+
+def link(study_dir: Path, small: bool = False) -> tuple[costmodel.Link, dict[str, Any]]:
+    """α and β of a 2-process ring all-reduce on this machine (``lbsgd bench allreduce``), measured
+    into the study's folder unless there already; ``small``: tiny sizes (smoke)."""
+    from lbsgd.bench import comm as bench_comm
+
+    out = Path(study_dir) / "allreduce_2proc.json"
+    if not out.exists():
+        bench_comm.bench_allreduce(
+            nproc=2,
+            nodes=1,
+            min_bytes=1024,
+            max_bytes=2**20 if small else 2**24,
+            iters=3 if small else 10,
+            out=str(out),
+        )
+    doc = json.loads(out.read_text())
+    fit = doc["fits"]["flat_ring"]
+    if fit.get("alpha_s") is None:
+        raise ConfigError(f"{out}: the all-reduce timings fit no ring ({fit.get('error')})")
+    return costmodel.Link(fit["alpha_s"], fit["bandwidth_Bps"], "this machine (gloo)"), doc
+
+
+# -- the plans -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    seed: int
+    probe: measure.Probe
+    inputs: model.Inputs
+    rows: list[model.Row]
+    best: model.Row | None
+
+    def row(self, batch: int, gpus: int) -> model.Row | None:
+        return next((r for r in self.rows if (r.batch, r.gpus) == (batch, gpus)), None)
+
+
+def make_plans(
+    probes, target: float, compute, link_, grad_bytes: float, gpus=NPROC
+) -> tuple[list[Plan], list[str]]:
+    """One plan per probe run (``probes``: the probe runs' DataFrame), planned over the powers of
+    two from the probe's batch to an 8-step epoch (``lbsgd plan``'s default range); and, for each
+    probe that cannot be planned from (it does not approach the target), ``lbsgd plan``'s line."""
+    plans, missing = [], []
+    for r in probes.sort_values("seed").itertuples():
+        try:
+            p = measure.read_probe(Path(r.run_dir), measure.Target("error", target), "pointed at")
+        except ConfigError as e:
+            missing.append(f"seed {r.seed}: {e}")
+            continue
+        cfg, _ = measure.read_run(Path(r.run_dir))
+        x = planner.inputs_for(cfg, p, compute, link_, grad_bytes)
+        rows = model.table(x, planner.batch_range(cfg, None), gpus)
+        plans.append(Plan(int(r.seed), p, x, rows, model.recommend(rows)))
+    return plans, missing
+
+
+def plan_table(plans: Sequence[Plan]):
+    """Every plan's rows, with its seed."""
+    import pandas as pd
+
+    return pd.DataFrame([{"seed": p.seed, **r.as_dict()} for p in plans for r in p.rows])
+
+
+# -- the ladder (study 15's folder, read in place) -------------------------------------------------
+
+
+def ladder(profile_dir: Path, profile: Profile, target: float):
+    """(the ladder's runs measured, each k's chosen lr, the fit) of study 15's folder; one line
+    when it has not run."""
+    folder = Path(profile_dir) / stt.STUDY
+    if not any(folder.glob("*/summary.json")):
+        raise ConfigError(
+            f"study 16 reads study 15's ladder, and {folder} holds no run: execute "
+            "notebooks/15_steps_to_target.ipynb first (make reproduce runs it before)"
+        )
+    m = stt.measure(ex.load_runs(folder), target, stt.base_lr(profile))
+    chosen = stt.choose(m, profile.ladder["seeds"][0])
+    return m, chosen, stt.fit(chosen)
+
+
+def chosen_steps(m, chosen) -> dict[tuple[int, int], float]:
+    """(batch, seed) → steps to the target of each k's run at its chosen lr (NaN: never)."""
+    runs = stt.chosen_runs(m, chosen)
+    return {(int(r.batch_size), int(r.seed)): float(r.steps_to_target) for r in runs.itertuples()}
+
+
+# -- measurements beside predictions -------------------------------------------------------------
+
+
+def step_times(timed) -> dict[tuple[int, int], float]:
+    """(batch, processes) → the measured steady step time: batch / img_per_s (summary.json)."""
+    return {
+        (int(r.batch_size), int(r.world_size)): float(r.batch_size) / float(r.img_per_s)
+        for r in timed.itertuples()
+        if r.img_per_s
+    }
+
+
+def to_target_steps(runs) -> dict[int, float]:
+    """batch → steps to the target of its run at the linear rule (NaN: never reached)."""
+    return {int(r.batch_size): float(r.steps_to_target) for r in runs.itertuples()}
+
+
+COLUMNS = [
+    "seed",
+    "batch_size",
+    "nproc",
+    "b_crit_plan",
+    "b_crit_fit",
+    "steps_plan",
+    "steps_ladder",
+    "step_ms_plan",
+    "step_ms_measured",
+    "train_s_plan",
+    "steps_linear_rule",
+    "train_s_measured",
+    "recommended",
+]
+
+
+def comparison_table(plans: Sequence[Plan], ladder_steps, times, wall_steps, b_crit_fit):
+    """Per seed's plan and batch: predicted and measured steps (the ladder's, at the best lr),
+    and per process count the predicted and measured step time and training time."""
+    import pandas as pd
+
+    rows = []
+    for p in plans:
+        for r in p.rows:
+            meas_t = times.get((r.batch, r.gpus), math.nan)
+            steps_lin = wall_steps.get(r.batch, math.nan)
+            rows.append(
+                {
+                    "seed": p.seed,
+                    "batch_size": r.batch,
+                    "nproc": r.gpus,
+                    "b_crit_plan": p.inputs.b_crit,
+                    "b_crit_fit": b_crit_fit,
+                    "steps_plan": r.steps,
+                    "steps_ladder": ladder_steps.get((r.batch, p.seed), math.nan),
+                    "step_ms_plan": 1e3 * r.step_s,
+                    "step_ms_measured": 1e3 * meas_t,
+                    "train_s_plan": r.wall_s,
+                    "steps_linear_rule": steps_lin,
+                    "train_s_measured": steps_lin * meas_t,
+                    "recommended": p.best is not None
+                    and (r.batch, r.gpus) == (p.best.batch, p.best.gpus),
+                }
+            )
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+# -- the findings -------------------------------------------------------------------------------
+
+
+def _band(inside: Sequence[bool]) -> studies.Verdict:
+    """Every point inside: replayed; none: not replayed; else undecided."""
+    if not inside:
+        return studies.Verdict(None, "nothing to compare")
+    if all(inside):
+        return studies.Verdict(True)
+    if not any(inside):
+        return studies.Verdict(False)
+    return studies.Verdict(None, f"{sum(inside)} of {len(inside)} inside")
+
+
+def findings(
+    plans, ladder_steps, fit, times, wall_steps, fixed: Sequence[int], missing=()
+) -> list[Finding]:
+    """The four claims (module docstring); every one invalid when a probe run could not be planned
+    from (``missing``: why): a plan from some seeds only would pick the seeds."""
+    if missing or not plans:
+        why = "; ".join(missing) or "no probe run"
+        v = studies.Verdict(None, f"the probe run does not plan: {why}", invalid=True)
+        return [studies.finding(c, v, "no plan", paper=PAPER) for c in CLAIMS]
+    return [
+        _critical_batch(plans, fit),
+        *_steps(plans, ladder_steps, fit),
+        *(_step_time(plans[0], times, fixed, p) for p in NPROC),
+        _recommended(plans[0], times, wall_steps, fixed),
+    ]
+
+
+CLAIMS = (
+    f"the predicted critical batch lands within x{B_CRIT_FACTOR:g} of the ladder's fitted one",
+    f"the predicted steps to the target lie within {100 * STEPS_BELOW:.0f}% of the measured ones "
+    "below B_crit",
+    f"the predicted steps to the target lie within {100 * STEPS_ABOVE:.0f}% of the measured ones "
+    "above B_crit",
+    *(
+        f"the predicted step time lies within {100 * STEP_TIME_TOL:.0f}% of the measured one on "
+        f"{n} process{'es' if n > 1 else ''}"
+        for n in NPROC
+    ),
+    f"the recommended batch trains to the target within {100 * WALL_TOL:.0f}% of the best of "
+    f"{len(FIXED_KS)} fixed batch sizes",
+)
+
+
+def _critical_batch(plans: Sequence[Plan], fit) -> Finding:
+    claim = CLAIMS[0]
+    if fit is None or not 0 < fit.b_crit < math.inf:
+        v = studies.Verdict(None, "the ladder's fit has no finite B_crit")
+        return studies.finding(claim, v, "no fit of the ladder", paper=PAPER)
+    ratios = [p.inputs.b_crit / fit.b_crit for p in plans]
+    inside = [1 / B_CRIT_FACTOR <= q <= B_CRIT_FACTOR for q in ratios]
+    ev = (
+        f"fitted B_crit {fit.b_crit:.0f} (S_min {fit.s_min:.0f}, {fit.points} batches); predicted "
+        + ", ".join(
+            f"{p.inputs.b_crit:.0f} (seed {p.seed}: x{q:.2f})"
+            for p, q in zip(plans, ratios, strict=True)
+        )
+        + _miss(ratios, inside, lambda q: f"x{max(q, 1 / q):.2f} off")
+    )
+    return studies.finding(claim, _band(inside), ev, paper=PAPER)
+
+
+def _steps(plans: Sequence[Plan], ladder_steps, fit) -> list[Finding]:
+    b_crit = fit.b_crit if fit is not None else math.nan
+    out = []
+    for side, tol in (("below", STEPS_BELOW), ("above", STEPS_ABOVE)):
+        pts = []
+        for p in plans:
+            for (batch, seed), meas in sorted(ladder_steps.items()):
+                r = p.row(batch, 1)
+                below = batch <= b_crit
+                if seed != p.seed or r is None or (side == "below") != below:
+                    continue
+                if batch == p.probe.batch:  # the plan's own input, no prediction
+                    continue
+                pts.append((batch, seed, r.steps, meas))
+        out.append(_steps_finding(side, tol, pts, b_crit))
+    return out
+
+
+def _steps_finding(side: str, tol: float, pts, b_crit: float) -> Finding:
+    claim = CLAIMS[1] if side == "below" else CLAIMS[2]
+    errs = [pred / meas - 1 if math.isfinite(meas) else math.inf for _, _, pred, meas in pts]
+    inside = [abs(e) <= tol for e in errs]
+    ev = (
+        f"B_crit {b_crit:.0f} (the ladder's fit); "
+        + (
+            "; ".join(
+                f"batch {b} seed {s}: {pred:.0f} predicted, {meas:.0f} measured ({_pct(e)})"
+                for (b, s, pred, meas), e in zip(pts, errs, strict=True)
+            )
+            or "no ladder batch on this side"
+        )
+        + _miss(errs, inside, lambda e: _pct(e))
+    )
+    return studies.finding(claim, _band(inside), ev, paper=PAPER)
+
+
+def _step_time(plan: Plan, times, fixed: Sequence[int], nproc: int) -> Finding:
+    claim = CLAIMS[3 + NPROC.index(nproc)]
+    pts = []
+    for b in fixed:
+        r, meas = plan.row(b, nproc), times.get((b, nproc))
+        if r is not None and meas is not None:
+            pts.append((b, r.step_s, meas, r.step_s / meas - 1))
+    errs = [e for *_, e in pts]
+    inside = [abs(e) <= STEP_TIME_TOL for e in errs]
+    ev = (
+        "; ".join(
+            f"batch {b}: {1e3 * pred:.1f} ms predicted, {1e3 * meas:.1f} ms measured ({_pct(e)})"
+            for b, pred, meas, e in pts
+        )
+        or "no timing run"
+    )
+    verdict = studies.Verdict(all(inside)) if pts else studies.Verdict(None, "no timing run")
+    return studies.finding(claim, verdict, ev + _miss(errs, inside, _pct), paper=PAPER)
+
+
+def _recommended(plan: Plan, times, wall_steps, fixed: Sequence[int]) -> Finding:
+    best = plan.best
+    if best is None:
+        v = studies.Verdict(None, "the plan recommends nothing (no batch within 2 E_min)")
+        return studies.finding(CLAIMS[-1], v, "no recommendation", paper=PAPER)
+    p = best.gpus
+    wall = {
+        b: wall_steps.get(b, math.nan) * times.get((b, p), math.nan)
+        for b in sorted({*fixed, best.batch})
+    }
+    reached = {b: w for b, w in wall.items() if b in fixed and math.isfinite(w)}
+    ours = wall.get(best.batch, math.nan)
+    head = (
+        f"recommended batch {best.batch} on {p} process{'es' if p > 1 else ''} (plan seed "
+        f"{plan.seed}); measured training time to the target at the linear rule's lr "
+        f"(steps of its run x the measured step time): "
+        + "; ".join(f"batch {b}: {_secs(w)}" for b, w in wall.items())
+    )
+    if not reached or not math.isfinite(ours):
+        v = studies.Verdict(None, "the recommended batch or every fixed one never reached it")
+        return studies.finding(CLAIMS[-1], v, head, paper=PAPER)
+    return _against_best(head, ours, reached)
+
+
+def _against_best(head: str, ours: float, reached: dict[int, float]) -> Finding:
+    top = min(reached, key=reached.get)
+    ratio = ours / reached[top]
+    ev = f"{head}; best fixed: batch {top}, the recommended one x{ratio:.2f} of it"
+    if ratio > 1 + WALL_TOL:
+        ev += f"; missed by {100 * (ratio - 1 - WALL_TOL):.0f} points beyond the 15%"
+    return studies.finding(CLAIMS[-1], studies.Verdict(ratio <= 1 + WALL_TOL), ev, paper=PAPER)
+
+
+def _pct(e: float) -> str:
+    return f"{100 * e:+.0f}%" if math.isfinite(e) else "never reached"
+
+
+def _secs(s: float) -> str:
+    return f"{s:.1f} s" if math.isfinite(s) else "never reached"
+
+
+def _miss(values, inside, fmt) -> str:
+    """ "; missed: …" listing the values outside the band."""
+    out = [fmt(v) for v, ok in zip(values, inside, strict=True) if not ok]
+    return f"; outside: {', '.join(out)}" if out else ""
