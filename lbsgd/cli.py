@@ -134,7 +134,12 @@ def _plan_parser(sub) -> None:
         help="bench:FILE (`lbsgd bench allreduce --out FILE` on your cluster) or a preset: "
         "nvlink, pcie3, ethernet_10g, ethernet_50g, ethernet_100g, infiniband_edr (default nvlink)",
     )
-    pl.add_argument("--out", default="plan", help="a new folder for plan.json, plan.png, the probe")
+    pl.add_argument(
+        "--out",
+        default=None,
+        help="a new folder for plan.json, plan.png, recommended.yaml and the probe run (default: "
+        "out_dir/plans/<the config's run name>, under results/cli: git ignores it)",
+    )
     pl.add_argument(
         "--reference",
         default=None,

@@ -113,16 +113,17 @@ def test_the_step_time_is_compute_plus_the_all_reduce_past_the_last_backward_by_
 
 
 def test_at_one_process_the_time_model_is_the_measured_compute(tiny):
-    """Timed on the tiny config: the fitted compute reproduces both timed micro-batches, and one
-    worker's predicted step is that compute, with no all-reduce."""
+    """Timed on the tiny config (in a fresh process, as lbsgd plan times it): the fitted compute
+    reproduces both timed micro-batches, and one worker's predicted step is that compute, with no
+    all-reduce."""
     cfg = tiny()
     compute, info = measure.time_compute(cfg, repeats=3)
-    timed = info["micro_batches_timed"]
+    timed = info["trainer_step_s"]
+    assert sorted(map(int, timed)) == [16, 128]  # one BN group, and 8 (the CPU's rule allows 256)
     for m, t in timed.items():
-        assert compute.micro_s(int(m)) == pytest.approx(t["step_s"], rel=1e-9)
-    m = int(max(timed, key=int))
-    step, t_c, t_comm = model.step_time(compute, 2 * m, m, 1, info["grad_bytes"], LINK)
-    assert t_comm == 0.0 and step == t_c == pytest.approx(2 * timed[str(m)]["step_s"])
+        assert compute.micro_s(int(m)) == pytest.approx(t, rel=1e-9)
+    step, t_c, t_comm = model.step_time(compute, 256, 128, 1, info["grad_bytes"], LINK)
+    assert t_comm == 0.0 and step == t_c == pytest.approx(2 * timed["128"])
     assert info["grad_bytes"] == 4 * sum(
         p.numel() for p in torch.nn.Module.parameters(_tiny_net(cfg))
     )
@@ -288,12 +289,13 @@ def test_a_target_the_probe_never_approaches_is_one_line(tmp_path, capsys):
 def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
     """The whole command on the tiny run (its probe trained to the target): plan.json holds a row
     per batch × GPU count that splits, the recommended row among them; recommended.yaml loads as
-    a config whose batch, micro-batch and lr rule are the row's and whose world splits it; a
-    second plan into the same folder is refused."""
-    out = tmp_path / "plan"
+    a config whose batch, micro-batch and lr rule are the row's and whose world splits it; the
+    files lie in out_dir/plans/<run name> by default; a second plan into the same folder is
+    refused."""
     keys = {**TINY, **LEARNING, "out_dir": str(tmp_path / "results"), "holdout": 500}
+    out = tmp_path / "results" / "plans" / from_dict(keys).run_name()
     args = ["--target", "error=75", "--gpus", "1,2", "--interconnect", "pcie3"]
-    assert _plan(tmp_path, *args, "--out", str(out), keys=keys) == 0
+    assert _plan(tmp_path, *args, keys=keys) == 0
     doc = json.loads((out / "plan.json").read_text())
     assert {(r["batch"], r["gpus"]) for r in doc["rows"]} >= {(32, 1), (32, 2), (64, 2)}
     best = doc["recommended"]
@@ -315,4 +317,4 @@ def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
     assert doc["probe"]["source"] == "ran" and doc["probe"]["batch"] == 32
     printed = capsys.readouterr().out
     assert "recommended: batch" in printed and "B_simple over the probe" in printed
-    assert _plan(tmp_path, *args, "--out", str(out), keys=keys) == cli.EXIT_BAD_INPUT
+    assert _plan(tmp_path, *args, keys=keys) == cli.EXIT_BAD_INPUT

@@ -13,6 +13,9 @@
 #   tools/gpu-check.sh data OUT     loaders against compute: CIFAR-10 (on the device) and ImageNet
 #                                   JPEGs at 8 and 15 workers (lbsgd data fake): OUT/data_*.json
 #   tools/gpu-check.sh noise OUT    what noise_scale=true costs on the GPU: OUT/noise_scale_<gpu>.json
+#   tools/gpu-check.sh plan OUT     lbsgd plan's predicted step time beside runs of ResNet-50 on fake
+#                                   ImageNet at batches 64, 128, 256 (target: within 15%):
+#                                   OUT/plan_step_time_<gpu>.json
 #   tools/gpu-check.sh studies OUT  a profile's committed runs again on the GPU, from their own
 #                                   config.yaml (PROFILE, default fashion-long; CONFIGS, the folder
 #                                   holding them, default results/PROFILE), JOBS at a time (default
@@ -100,6 +103,11 @@ case "$step" in
       channels_last=true device=cuda \
       --out "$out/noise_scale_$gpu.json"
     ;;
+  plan)
+    need_out
+    "$PY" tools/plan_step_time.py "$out" --batches "${PLAN_BATCHES:-64,128,256}" \
+      device=cuda model=resnet50 dataset=fake channels_last=true bn_batch=32 threads=0
+    ;;
   studies)
     need_out
     profile=${PROFILE:-fashion-long}
@@ -112,7 +120,7 @@ case "$step" in
         '"$PY" -m lbsgd train -c "$1" device=cuda out_dir="$OUT" $EXTRA >"$OUT/$(basename "$(dirname "$1")").log" 2>&1' _ {}
     ;;
   *)
-    sed -n '2,23p' "$0" >&2
+    sed -n '2,26p' "$0" >&2
     exit 2
     ;;
 esac

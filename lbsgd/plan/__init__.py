@@ -106,13 +106,13 @@ def request(args: Any) -> Request:
     target = Target.parse(args.target)
     gpus = gpu_counts(args.gpus)
     link, source = interconnect(args.interconnect)
-    out = Path(args.out)
-    if (out / "plan.json").exists():
-        raise ConfigError(f"--out={out}: holds a plan already (plan.json); choose a new folder")
     reference = Path(args.reference) if args.reference else None
     if args.probe_epochs is not None and not args.probe_epochs > 0:
         raise ConfigError(f"--probe-epochs={args.probe_epochs}: expected a number of epochs > 0")
     cfg = load(args.config, args.overrides)
+    out = Path(args.out) if args.out else Path(cfg.out_dir) / "plans" / cfg.run_name()
+    if (out / "plan.json").exists():
+        raise ConfigError(f"--out={out}: holds a plan already (plan.json); choose a new folder")
     _check_reference(cfg, reference)
     batches = batch_range(cfg, args.batches)
     _check_split(cfg, args.gpus, gpus, batches)

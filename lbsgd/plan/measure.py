@@ -23,6 +23,7 @@ import torch
 
 from lbsgd import data, distributed, models, network, optim
 from lbsgd.config import Config, ConfigError, load
+from lbsgd.models import ghost_bn
 from lbsgd.plan.model import Compute
 
 ERROR_KEY = "val_top1_error_pct"  # the held-out error (the test split's without a holdout)
@@ -319,10 +320,59 @@ def _step_times(net, opt, x, y, repeats: int, device) -> tuple[float, float, flo
     return t_full, t_fwd, _timed(opt.step, repeats, device)  # the last step's gradients
 
 
+# run in a fresh interpreter by :func:`time_compute`: the CPU kernels capped before torch loads
+_FRESH = """
+import dataclasses, json, sys
+from lbsgd import config, isa
+cfg = config.load([sys.argv[1]])
+isa.pin(cfg.cpu_isa)
+isa.require(cfg.cpu_isa)
+from lbsgd.plan import measure
+compute, info = measure.time_compute_here(cfg, int(sys.argv[2]))
+print(json.dumps({"compute": dataclasses.asdict(compute), "info": info}))
+"""
+
+
 def time_compute(cfg: Config, repeats: int = 5) -> tuple[Compute, dict]:
-    """A worker's compute, fitted to timings of one training step at two micro-batch sizes (one
-    BN group and the largest that fits, up to 8 groups), on a copy of the network with random
-    inputs of the dataset's shape, at the config's threads; and what was timed."""
+    """:func:`time_compute_here` in a fresh Python process, whose CPU kernels are the config's
+    (``cpu_isa``: pinned before torch loads, as a run's are; a process that has run torch already,
+    a notebook's kernel, keeps its own, and ``portable`` alone makes ResNet-8's step several times
+    slower)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from lbsgd.config import dump
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(dump(cfg))
+        done = subprocess.run(
+            [sys.executable, "-c", _FRESH, str(path), str(repeats)],
+            capture_output=True,
+            text=True,
+        )
+    if done.returncode:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"timing the compute failed: {tail}")
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    return Compute(**doc["compute"]), doc["info"]
+
+
+TIMED_SAMPLES = 4096  # each trainer timing run: at least this many samples (and 40 steps)
+
+
+def time_compute_here(cfg: Config, repeats: int = 5) -> tuple[Compute, dict]:
+    """A worker's compute, in this process as its CPU kernels are, at the config's threads:
+
+    - per micro-batch and per sample, fitted to the trainer's own steady step time (summary.json's
+      img_per_s: the sampler, ghost BN, the update and the metric flushes included) in two short
+      runs of one micro-batch a step, one BN group and the largest that fits (up to 8 groups);
+    - the backward's share of a micro-batch, from timings of the network's training forward,
+      forward + backward + update and the update alone (median of ``repeats``, ghost BN as runs
+      have it, random inputs of the dataset's shape).
+
+    Returns the compute and what was timed."""
     from lbsgd.precision import Precision
 
     kind, _ = distributed.resolve(cfg.device, cfg.backend)
@@ -331,32 +381,59 @@ def time_compute(cfg: Config, repeats: int = 5) -> tuple[Compute, dict]:
         torch.set_num_threads(cfg.threads)
     splits = data.build(cfg, torch.device("cpu"))
     net = models.build(cfg, splits.num_classes, splits.image_size).to(device)
-    fmt = network.memory_format(cfg)
+    ghost_bn.convert(net, cfg.bn_batch)
     precision = Precision(cfg.precision, device, cfg.loss_scale)
     max_micro, how = largest_micro(cfg, net, splits, device, precision)
     sizes = (cfg.bn_batch, min(max_micro, 8 * cfg.bn_batch))
-    opt = optim.build(cfg, net)
-    timed = {}
-    for m in sizes:
-        x = torch.randn(m, 3, splits.image_size, splits.image_size, device=device)
-        x = x.contiguous(memory_format=fmt)
-        y = torch.randint(0, splits.num_classes, (m,), device=device)
-        with precision.autocast():
-            timed[m] = _step_times(net, opt, x, y, repeats, device)
-    (m1, (t1, _, _)), (m2, (t2, f2, u2)) = sorted(timed.items())
+    steps = {m: _trainer_step_s(cfg, m) for m in sizes}
+    (m1, t1), (m2, t2) = sorted(steps.items())
     per_sample = max(0.0, (t2 - t1) / (m2 - m1)) if m2 > m1 else t1 / m1
     per_micro = max(0.0, t1 - per_sample * m1)
-    backward = min(1.0, max(0.0, (t2 - f2 - u2) / t2))  # at the larger micro-batch
-    compute = Compute(per_micro, per_sample, backward, max_micro)
-    grad_bytes = 4 * models.parameter_count(cfg, splits.num_classes, splits.image_size)
+    full, fwd, upd = _parts(cfg, net, splits, m2, device, precision, repeats)
+    backward = min(1.0, max(0.0, (full - fwd - upd) / full))
     info = {
         "device": str(device),
         "threads": torch.get_num_threads(),
-        "micro_batches_timed": {
-            str(m): {"step_s": t, "forward_s": f, "update_s": u} for m, (t, f, u) in timed.items()
-        },
+        "trainer_step_s": {str(m): t for m, t in steps.items()},
+        "parts_s": {"micro_batch": m2, "step": full, "forward": fwd, "update": upd},
         "max_micro_batch": max_micro,
         "max_micro_batch_from": how,
-        "grad_bytes": grad_bytes,
+        "grad_bytes": 4 * models.parameter_count(cfg, splits.num_classes, splits.image_size),
+        "cpu_isa": cfg.cpu_isa,
     }
-    return compute, info
+    return Compute(per_micro, per_sample, backward, max_micro), info
+
+
+def _trainer_step_s(cfg: Config, m: int) -> float:
+    """The trainer's steady seconds per step of one micro-batch of ``m`` (a short run, no probe,
+    no evaluation, nothing kept)."""
+    import tempfile
+
+    from lbsgd.bench.train import trainer_run
+
+    steps = max(40, math.ceil(TIMED_SAMPLES / m))
+    run = cfg.replace(
+        batch_size=m,
+        micro_batch=m,
+        noise_scale=False,
+        noise_scale_batch=None,
+        stop_at_error=None,
+        eval_every=0,
+        eval_per_octave=0,
+        checkpoint=False,
+        wandb="disabled",
+        study="timing",
+        resume=False,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        timing = trainer_run(run, steps, data.train_size(run), tmp)
+    return m / timing.img_per_s
+
+
+def _parts(cfg, net, splits, m: int, device, precision, repeats: int) -> tuple[float, ...]:
+    """(step, forward, update) seconds of one micro-batch of ``m`` random inputs."""
+    x = torch.randn(m, 3, splits.image_size, splits.image_size, device=device)
+    x = x.contiguous(memory_format=network.memory_format(cfg))
+    y = torch.randint(0, splits.num_classes, (m,), device=device)
+    with precision.autocast():
+        return _step_times(net, optim.build(cfg, net), x, y, repeats, device)

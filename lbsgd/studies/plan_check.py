@@ -78,10 +78,16 @@ def to_target_runs(
 
 
 def timing_runs(
-    profile: Profile, ks: Sequence[float], nproc: int, epochs: float = TIMING_EPOCHS
+    profile: Profile,
+    ks: Sequence[float],
+    nproc: int,
+    max_micro: int,
+    epochs: float = TIMING_EPOCHS,
 ) -> list[dict[str, Any]]:
-    """Short runs at each k for their steady step time on ``nproc`` processes: the ladder's keys,
-    no probe, no evaluation, named by their process count (the layout is no experiment key)."""
+    """Short runs at each k for their steady step time on ``nproc`` processes, each in the
+    micro-batches the plan times it in (the largest multiple of bn_batch up to ``max_micro`` that
+    divides a process's share): the ladder's keys, no probe, no evaluation, named by their layout
+    (no experiment key)."""
     runs = []
     for k in ks:
         keys = profile.keys(
@@ -95,7 +101,9 @@ def timing_runs(
                 "checkpoint": False,
             },
         )
-        runs.append({**keys, "name": f"timing-b{keys['batch_size']}-np{nproc}"})
+        b = keys["batch_size"]
+        micro = model.micro_batch(b // nproc, max_micro, keys["bn_batch"])
+        runs.append({**keys, "micro_batch": micro, "name": f"timing-b{b}-m{micro}-np{nproc}"})
     return runs
 
 
@@ -148,8 +156,9 @@ def make_plans(
     probes, target: float, compute, link_, grad_bytes: float, gpus=NPROC
 ) -> tuple[list[Plan], list[str]]:
     """One plan per probe run (``probes``: the probe runs' DataFrame), planned over the powers of
-    two from the probe's batch to an 8-step epoch (``lbsgd plan``'s default range); and, for each
-    probe that cannot be planned from (it does not approach the target), ``lbsgd plan``'s line."""
+    two from one BN group (the ladder's smallest batches lie below the probe's) to an 8-step epoch
+    (``lbsgd plan --batches``); and, for each probe that cannot be planned from (it does not
+    approach the target), ``lbsgd plan``'s line."""
     plans, missing = [], []
     for r in probes.sort_values("seed").itertuples():
         try:
@@ -159,7 +168,8 @@ def make_plans(
             continue
         cfg, _ = measure.read_run(Path(r.run_dir))
         x = planner.inputs_for(cfg, p, compute, link_, grad_bytes)
-        rows = model.table(x, planner.batch_range(cfg, None), gpus)
+        top = planner.batch_range(cfg, None)[-1]
+        rows = model.table(x, model.powers_of_two(cfg.bn_batch, top), gpus)
         plans.append(Plan(int(r.seed), p, x, rows, model.recommend(rows)))
     return plans, missing
 
