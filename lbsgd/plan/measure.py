@@ -412,9 +412,18 @@ def _trainer_step_s(cfg: Config, m: int) -> float:
     from lbsgd.bench.train import trainer_run
 
     steps = max(40, math.ceil(TIMED_SAMPLES / m))
-    run = cfg.replace(
-        batch_size=m,
-        micro_batch=m,
+    run = _timing_config(cfg, m, m)
+    with tempfile.TemporaryDirectory() as tmp:
+        timing = trainer_run(run, steps, data.train_size(run), tmp)
+    return m / timing.img_per_s
+
+
+def _timing_config(cfg: Config, batch: int, micro: int) -> Config:
+    """``cfg`` as a timing run: ``batch`` in micro-batches of ``micro``, no probe, no
+    evaluation, nothing kept."""
+    return cfg.replace(
+        batch_size=batch,
+        micro_batch=micro,
         noise_scale=False,
         noise_scale_batch=None,
         stop_at_error=None,
@@ -425,9 +434,6 @@ def _trainer_step_s(cfg: Config, m: int) -> float:
         study="timing",
         resume=False,
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        timing = trainer_run(run, steps, data.train_size(run), tmp)
-    return m / timing.img_per_s
 
 
 def _parts(cfg, net, splits, m: int, device, precision, repeats: int) -> tuple[float, ...]:
@@ -437,3 +443,48 @@ def _parts(cfg, net, splits, m: int, device, precision, repeats: int) -> tuple[f
     y = torch.randint(0, splits.num_classes, (m,), device=device)
     with precision.autocast():
         return _step_times(net, optim.build(cfg, net), x, y, repeats, device)
+
+
+SYNC_PROCESSES = 2  # the processes of the run that measures ``sync_s``
+
+
+def devices_here(cfg: Config) -> int:
+    """The workers this machine can run at once: its GPUs on CUDA, its cores on a CPU."""
+    import os
+
+    kind, _ = distributed.resolve(cfg.device, cfg.backend)
+    return torch.cuda.device_count() if kind == "cuda" else (os.cpu_count() or 1)
+
+
+def time_sync(cfg: Config, compute: Compute, link, grad_bytes: float) -> tuple[float, dict]:
+    """``sync_s``: the trainer's steady step at two processes of one BN group each (torchrun on
+    this machine), less the model's step there without it (compute plus the α–β all-reduce); 0
+    on a machine with one device (the plan says so). A fit as Pollux fits its throughput model to
+    observed steps: measured once here, at a batch the plan's check does not read."""
+    from lbsgd.bench.torchrun import torchrun
+    from lbsgd.config import dump
+    from lbsgd.plan.model import step_time
+
+    if devices_here(cfg) < SYNC_PROCESSES:
+        return 0.0, {"sync_s": 0.0, "sync_from": "not measured: one device here"}
+    m = cfg.bn_batch
+    run = _timing_config(cfg, SYNC_PROCESSES * m, m)
+    steps = max(40, math.ceil(TIMED_SAMPLES / run.batch_size))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = run.replace(
+            out_dir=tmp, name="sync", epochs=steps * run.batch_size / data.train_size(run)
+        )
+        path = Path(tmp) / "sync.yaml"
+        path.write_text(dump(run))
+        torchrun(1, SYNC_PROCESSES, ["train", "-c", str(path)], what="lbsgd plan")
+        summary = json.loads((run.run_dir() / "summary.json").read_text())
+    measured = run.batch_size / summary["img_per_s"]
+    predicted, _, _ = step_time(compute, m, m, SYNC_PROCESSES, grad_bytes, link)
+    sync = max(0.0, measured - predicted)
+    return sync, {
+        "sync_s": sync,
+        "sync_from": f"{SYNC_PROCESSES} processes of {m} samples: step {measured * 1e3:.2f} ms "
+        f"measured, {predicted * 1e3:.2f} ms by compute and all-reduce",
+    }

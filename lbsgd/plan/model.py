@@ -125,13 +125,16 @@ def lr_warning(optimizer: str, batch: float, b_noise: float) -> str | None:
 @dataclass(frozen=True)
 class Compute:
     """A worker's compute: ``per_micro_s`` + ``per_sample_s`` × m seconds for a micro-batch of m
-    (forward, backward and update), the backward's share ``backward_fraction`` of it, and the
-    largest micro-batch that fits, ``max_micro``."""
+    (forward, backward and update), the backward's share ``backward_fraction`` of it, the largest
+    micro-batch that fits, ``max_micro``; and ``sync_s``, what a step of several processes costs
+    beyond that and the α–β all-reduce (DDP's bookkeeping, waiting for the slowest process),
+    measured at two processes (0 where it was not)."""
 
     per_micro_s: float
     per_sample_s: float
     backward_fraction: float
     max_micro: int
+    sync_s: float = 0.0
 
     def micro_s(self, m: int) -> float:
         return self.per_micro_s + self.per_sample_s * m
@@ -161,12 +164,13 @@ def step_time(
     c: Compute, per_worker: int, micro: int, workers: int, grad_bytes: float, link: costmodel.Link
 ) -> tuple[float, float, float]:
     """(step, compute, all-reduce) seconds of one step at ``workers`` workers of ``per_worker``
-    samples: the ring all-reduce overlaps the last micro-batch's backward. At one worker the
-    step is the compute."""
+    samples: the ring all-reduce overlaps the last micro-batch's backward, and a step of several
+    workers costs ``c.sync_s`` more. At one worker the step is the compute."""
     t_c, t_last = compute_time(c, per_worker, micro)
     t_comm = costmodel.ring_time(grad_bytes, workers, link)
     hidden = c.backward_fraction * t_last
-    return t_c + max(0.0, t_comm - hidden), t_c, t_comm
+    sync = c.sync_s if workers > 1 else 0.0
+    return t_c + max(0.0, t_comm - hidden) + sync, t_c, t_comm
 
 
 # -- the table and the choice --------------------------------------------------------------------
