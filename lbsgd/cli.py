@@ -155,6 +155,13 @@ def _plan_parser(sub) -> None:
         "to the target are extrapolated, and the plan says so",
     )
     pl.add_argument(
+        "--timing-samples",
+        type=int,
+        default=4096,
+        help="samples (and at least 40 steps) of each short run that times the compute and a "
+        "2-process step (default 4096; fewer: a faster, noisier plan)",
+    )
+    pl.add_argument(
         "--batches",
         default=None,
         metavar="LO:HI",

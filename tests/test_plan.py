@@ -122,7 +122,7 @@ def test_at_one_process_the_time_model_is_the_measured_compute(tiny):
     reproduces both timed micro-batches, and one worker's predicted step is that compute, with no
     all-reduce."""
     cfg = tiny()
-    compute, info = measure.time_compute(cfg, repeats=3)
+    compute, info = measure.time_compute(cfg, repeats=3, samples=512)
     timed = info["trainer_step_s"]
     assert sorted(map(int, timed)) == [16, 128]  # one BN group, and 8 (the CPU's rule allows 256)
     for m, t in timed.items():
@@ -233,6 +233,24 @@ def test_the_steps_to_the_target_are_the_first_crossing_interpolated_in_log_step
         measure.read_probe(run, measure.Target("error", 60.0), "pointed at")
 
 
+def test_a_loss_target_reads_the_training_losss_moving_average(tmp_path):
+    """Training loss 2/√step at every step, batch 64 of 2,048 images: the window is a tenth of an
+    epoch, 3 steps, so the average at step s is the mean of 2/√(s−2 … s); the target 0.2 is first
+    reached where that mean falls to it (between the steps the interpolation places it)."""
+    cfg = from_dict({**TINY, "batch_size": 64, "synthetic_train": 2048})
+    run = _run_folder(tmp_path / "r", cfg, [(200, 30.0)])
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    recs = [json.loads(line) for line in lines]
+    for r in recs:
+        if r["kind"] == "train":
+            r["loss"] = 2 / math.sqrt(r["step"])
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    avg = {s: sum(2 / math.sqrt(t) for t in (s - 2, s - 1, s)) / 3 for s in range(3, 201)}
+    first = min(s for s, v in avg.items() if v <= 0.2)
+    p = measure.read_probe(run, measure.Target("loss", 0.2), "pointed at")
+    assert first - 1 < p.steps <= first and p.extrapolation is None
+
+
 def test_past_the_runs_end_the_steps_are_extrapolated_and_named(tmp_path):
     """Error 80·(step/8)^(−½) at 4 steps an octave from 8 to 128 (20 at 128): the target
     80/√32 is at 256 steps by the power law through the second half; the plan names the
@@ -266,6 +284,7 @@ def _plan(tmp_path, *options, keys=None):
         (["--target", "error=22", "--batches", "64:32"], "--batches='64:32'"),
         (["--target", "error=22", "--reference", "nowhere"], "--reference=nowhere"),
         (["--target", "error=22", "--probe-epochs", "0"], "--probe-epochs=0"),
+        (["--target", "error=22", "--timing-samples", "0"], "--timing-samples=0"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_option_and_nothing_is_written(
@@ -300,6 +319,7 @@ def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
     keys = {**TINY, **LEARNING, "out_dir": str(tmp_path / "results"), "holdout": 500}
     out = tmp_path / "results" / "plans" / from_dict(keys).run_name()
     args = ["--target", "error=75", "--gpus", "1,2", "--interconnect", "pcie3"]
+    args += ["--timing-samples", "512"]
     assert _plan(tmp_path, *args, keys=keys) == 0
     doc = json.loads((out / "plan.json").read_text())
     assert {(r["batch"], r["gpus"]) for r in doc["rows"]} >= {(32, 1), (32, 2), (64, 2)}

@@ -44,6 +44,7 @@ class Request:
     reference: Path | None
     probe_epochs: float | None
     batches: tuple[int, ...]
+    timing_samples: int
 
 
 def interconnect(text: str) -> tuple[costmodel.Link, str]:
@@ -110,6 +111,8 @@ def request(args: Any) -> Request:
     reference = Path(args.reference) if args.reference else None
     if args.probe_epochs is not None and not args.probe_epochs > 0:
         raise ConfigError(f"--probe-epochs={args.probe_epochs}: expected a number of epochs > 0")
+    if args.timing_samples < 1:
+        raise ConfigError(f"--timing-samples={args.timing_samples}: expected a number >= 1")
     cfg = load(args.config, args.overrides)
     out = Path(args.out) if args.out else Path(cfg.out_dir) / "plans" / cfg.run_name()
     if (out / "plan.json").exists():
@@ -135,6 +138,7 @@ def request(args: Any) -> Request:
         reference,
         args.probe_epochs,
         batches,
+        args.timing_samples,
     )
 
 
@@ -231,10 +235,12 @@ def plan(r: Request) -> dict[str, Any]:
     p = probe(r)  # a run pointed at that does not approach the target: one line, nothing written
     r.out.mkdir(parents=True, exist_ok=True)
     _say("2/3 timing a worker's compute at two micro-batch sizes")
-    compute, timing = measure.time_compute(r.config)
+    compute, timing = measure.time_compute(r.config, samples=r.timing_samples)
     if max(r.gpus) > 1:
         _say(f"2/3 timing a step of {measure.SYNC_PROCESSES} processes")
-        sync, info = measure.time_sync(r.config, compute, r.link, timing["grad_bytes"])
+        sync, info = measure.time_sync(
+            r.config, compute, r.link, timing["grad_bytes"], r.timing_samples
+        )
         compute, timing = dataclasses.replace(compute, sync_s=sync), {**timing, **info}
     x = inputs(r, p, compute, timing["grad_bytes"])
     _say("3/3 predicting")

@@ -328,12 +328,12 @@ cfg = config.load([sys.argv[1]])
 isa.pin(cfg.cpu_isa)
 isa.require(cfg.cpu_isa)
 from lbsgd.plan import measure
-compute, info = measure.time_compute_here(cfg, int(sys.argv[2]))
+compute, info = measure.time_compute_here(cfg, int(sys.argv[2]), int(sys.argv[3]))
 print(json.dumps({"compute": dataclasses.asdict(compute), "info": info}))
 """
 
 
-def time_compute(cfg: Config, repeats: int = 5) -> tuple[Compute, dict]:
+def time_compute(cfg: Config, repeats: int = 5, samples: int | None = None) -> tuple[Compute, dict]:
     """:func:`time_compute_here` in a fresh Python process, whose CPU kernels are the config's
     (``cpu_isa``: pinned before torch loads, as a run's are; a process that has run torch already,
     a notebook's kernel, keeps its own, and ``portable`` alone makes ResNet-8's step several times
@@ -348,7 +348,7 @@ def time_compute(cfg: Config, repeats: int = 5) -> tuple[Compute, dict]:
         path = Path(tmp) / "config.yaml"
         path.write_text(dump(cfg))
         done = subprocess.run(
-            [sys.executable, "-c", _FRESH, str(path), str(repeats)],
+            [sys.executable, "-c", _FRESH, str(path), str(repeats), str(samples or TIMED_SAMPLES)],
             capture_output=True,
             text=True,
         )
@@ -362,12 +362,15 @@ def time_compute(cfg: Config, repeats: int = 5) -> tuple[Compute, dict]:
 TIMED_SAMPLES = 4096  # each trainer timing run: at least this many samples (and 40 steps)
 
 
-def time_compute_here(cfg: Config, repeats: int = 5) -> tuple[Compute, dict]:
+def time_compute_here(
+    cfg: Config, repeats: int = 5, samples: int | None = None
+) -> tuple[Compute, dict]:
     """A worker's compute, in this process as its CPU kernels are, at the config's threads:
 
     - per micro-batch and per sample, fitted to the trainer's own steady step time (summary.json's
       img_per_s: the sampler, ghost BN, the update and the metric flushes included) in two short
-      runs of one micro-batch a step, one BN group and the largest that fits (up to 8 groups);
+      runs of one micro-batch a step, one BN group and the largest that fits (up to 8 groups),
+      each at least ``samples`` (default :data:`TIMED_SAMPLES`) and 40 steps long;
     - the backward's share of a micro-batch, from timings of the network's training forward,
       forward + backward + update and the update alone (median of ``repeats``, ghost BN as runs
       have it, random inputs of the dataset's shape).
@@ -385,7 +388,7 @@ def time_compute_here(cfg: Config, repeats: int = 5) -> tuple[Compute, dict]:
     precision = Precision(cfg.precision, device, cfg.loss_scale)
     max_micro, how = largest_micro(cfg, net, splits, device, precision)
     sizes = (cfg.bn_batch, min(max_micro, 8 * cfg.bn_batch))
-    steps = {m: _trainer_step_s(cfg, m) for m in sizes}
+    steps = {m: _trainer_step_s(cfg, m, samples or TIMED_SAMPLES) for m in sizes}
     (m1, t1), (m2, t2) = sorted(steps.items())
     per_sample = max(0.0, (t2 - t1) / (m2 - m1)) if m2 > m1 else t1 / m1
     per_micro = max(0.0, t1 - per_sample * m1)
@@ -404,14 +407,14 @@ def time_compute_here(cfg: Config, repeats: int = 5) -> tuple[Compute, dict]:
     return Compute(per_micro, per_sample, backward, max_micro), info
 
 
-def _trainer_step_s(cfg: Config, m: int) -> float:
+def _trainer_step_s(cfg: Config, m: int, samples: int) -> float:
     """The trainer's steady seconds per step of one micro-batch of ``m`` (a short run, no probe,
     no evaluation, nothing kept)."""
     import tempfile
 
     from lbsgd.bench.train import trainer_run
 
-    steps = max(40, math.ceil(TIMED_SAMPLES / m))
+    steps = max(40, math.ceil(samples / m))
     run = _timing_config(cfg, m, m)
     with tempfile.TemporaryDirectory() as tmp:
         timing = trainer_run(run, steps, data.train_size(run), tmp)
@@ -456,12 +459,18 @@ def devices_here(cfg: Config) -> int:
     return torch.cuda.device_count() if kind == "cuda" else (os.cpu_count() or 1)
 
 
-def time_sync(cfg: Config, compute: Compute, link, grad_bytes: float) -> tuple[float, dict]:
+def time_sync(
+    cfg: Config, compute: Compute, link, grad_bytes: float, samples: int | None = None
+) -> tuple[float, dict]:
     """``sync_s``: the trainer's steady step at two processes of one BN group each (torchrun on
-    this machine), less the model's step there without it (compute plus the α–β all-reduce); 0
-    on a machine with one device (the plan says so). A fit as Pollux fits its throughput model to
-    observed steps: measured once here, at a batch the plan's check does not read."""
-    from lbsgd.bench.torchrun import torchrun
+    this machine, its output kept out of this process's), less the model's step there without it
+    (compute plus the α–β all-reduce); 0 on a machine with one device (the plan says so). A fit as
+    Pollux fits its throughput model to observed steps: measured once here, at a batch the plan's
+    check does not read."""
+    import subprocess
+    import sys
+    import tempfile
+
     from lbsgd.config import dump
     from lbsgd.plan.model import step_time
 
@@ -469,16 +478,19 @@ def time_sync(cfg: Config, compute: Compute, link, grad_bytes: float) -> tuple[f
         return 0.0, {"sync_s": 0.0, "sync_from": "not measured: one device here"}
     m = cfg.bn_batch
     run = _timing_config(cfg, SYNC_PROCESSES * m, m)
-    steps = max(40, math.ceil(TIMED_SAMPLES / run.batch_size))
-    import tempfile
-
+    steps = max(40, math.ceil((samples or TIMED_SAMPLES) / run.batch_size))
     with tempfile.TemporaryDirectory() as tmp:
         run = run.replace(
             out_dir=tmp, name="sync", epochs=steps * run.batch_size / data.train_size(run)
         )
         path = Path(tmp) / "sync.yaml"
         path.write_text(dump(run))
-        torchrun(1, SYNC_PROCESSES, ["train", "-c", str(path)], what="lbsgd plan")
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        argv = [*torchrun, f"--nproc-per-node={SYNC_PROCESSES}", "-m", "lbsgd", "train"]
+        done = subprocess.run([*argv, "-c", str(path)], capture_output=True, text=True)
+        if done.returncode:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"timing a step of {SYNC_PROCESSES} processes failed: {tail}")
         summary = json.loads((run.run_dir() / "summary.json").read_text())
     measured = run.batch_size / summary["img_per_s"]
     predicted, _, _ = step_time(compute, m, m, SYNC_PROCESSES, grad_bytes, link)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from lbsgd import plan as planner
 from lbsgd.config import ConfigError
 from lbsgd.findings import Finding
 from lbsgd.plan import measure, model
+from lbsgd.studies import scaling
 from lbsgd.studies import steps_to_target as stt
 from lbsgd.studies.scales import Profile
 
@@ -117,7 +118,8 @@ def sweep_on(session, runs: Sequence[dict[str, Any]], nproc: int):
 
 def link(study_dir: Path, small: bool = False) -> tuple[costmodel.Link, dict[str, Any]]:
     """α and β of a 2-process ring all-reduce on this machine (``lbsgd bench allreduce``), measured
-    into the study's folder unless there already; ``small``: tiny sizes (smoke)."""
+    into the study's folder unless there already; ``small``: tiny sizes (smoke), where the timings
+    may not separate α and β (study 10's fallback then: α = 0, β from the largest message)."""
     from lbsgd.bench import comm as bench_comm
 
     out = Path(study_dir) / "allreduce_2proc.json"
@@ -131,10 +133,28 @@ def link(study_dir: Path, small: bool = False) -> tuple[costmodel.Link, dict[str
             out=str(out),
         )
     doc = json.loads(out.read_text())
-    fit = doc["fits"]["flat_ring"]
-    if fit.get("alpha_s") is None:
-        raise ConfigError(f"{out}: the all-reduce timings fit no ring ({fit.get('error')})")
-    return costmodel.Link(fit["alpha_s"], fit["bandwidth_Bps"], "this machine (gloo)"), doc
+    return scaling.link(doc), doc
+
+
+SMALL_TIMING = 512  # samples of each timing run at smoke scale (measure.TIMED_SAMPLES otherwise)
+
+
+def measured_compute(
+    study_dir: Path, probe_cfg, link_: costmodel.Link, small: bool = False
+) -> tuple[model.Compute, dict[str, Any]]:
+    """A worker's compute and a 2-process step's extra (``lbsgd plan``'s measurements,
+    :func:`lbsgd.plan.measure.time_compute` and :func:`~lbsgd.plan.measure.time_sync`), measured
+    into the study's ``compute.json`` unless there already: the findings are then a function of
+    the study's files, as study 10's of its benchmarks. ``small``: short timing runs (smoke)."""
+    out = Path(study_dir) / "compute.json"
+    if not out.exists():
+        samples = SMALL_TIMING if small else None
+        compute, info = measure.time_compute(probe_cfg, samples=samples)
+        sync, sync_info = measure.time_sync(probe_cfg, compute, link_, info["grad_bytes"], samples)
+        doc = {"compute": asdict(replace(compute, sync_s=sync)), "info": {**info, **sync_info}}
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+    doc = json.loads(out.read_text())
+    return model.Compute(**doc["compute"]), doc["info"]
 
 
 # -- the plans -----------------------------------------------------------------------------------
