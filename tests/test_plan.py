@@ -111,10 +111,15 @@ def test_the_step_time_is_compute_plus_the_all_reduce_past_the_last_backward_by_
     assert t_c == pytest.approx(8.4e-3)
     assert t_comm == pytest.approx(6e-3)
     assert step == pytest.approx(12.3e-3)
-    # a multi-process step's measured extra (sync_s) is added at 2 workers, never at one
+    # a multi-process step's measured extra (sync_s) is added at 2 workers, never at one; and
+    # among workers a sample costs parallel_per_sample_s (0.2 ms): t_c = 2·(1 + 6.4) = 14.8 ms,
+    # its last backward hides 0.5·7.4 = 3.7 ms of the 6 ms all-reduce: 14.8 + 2.3 + 1 = 18.1 ms
     synced = dataclasses.replace(COMPUTE, sync_s=1e-3)
     assert model.step_time(synced, 64, 32, 2, 4e6, LINK)[0] == pytest.approx(13.3e-3)
     assert model.step_time(synced, 64, 32, 1, 4e6, LINK)[0] == pytest.approx(8.4e-3)
+    crowded = dataclasses.replace(synced, parallel_per_sample_s=2e-4)
+    assert model.step_time(crowded, 64, 32, 2, 4e6, LINK)[0] == pytest.approx(18.1e-3)
+    assert model.step_time(crowded, 64, 32, 1, 4e6, LINK)[0] == pytest.approx(8.4e-3)
 
 
 def test_at_one_process_the_time_model_is_the_measured_compute(tiny):
@@ -342,6 +347,7 @@ def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
     assert doc["probe"]["source"] == "ran" and doc["probe"]["batch"] == 32
     # --gpus 1,2 on a machine of 2 cores or more: a 2-process step timed, its extra recorded
     assert doc["compute"]["sync_s"] >= 0 and doc["compute"]["sync_from"].startswith("2 processes")
+    assert doc["compute"]["parallel_per_sample_s"] > 0
     printed = capsys.readouterr().out
     assert "recommended: batch" in printed and "B_simple over the probe" in printed
     assert _plan(tmp_path, *args, keys=keys) == cli.EXIT_BAD_INPUT

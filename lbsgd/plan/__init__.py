@@ -10,7 +10,6 @@ the interconnect from ``lbsgd bench allreduce`` or a named preset, and predicts
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -238,10 +237,10 @@ def plan(r: Request) -> dict[str, Any]:
     compute, timing = measure.time_compute(r.config, samples=r.timing_samples)
     if max(r.gpus) > 1:
         _say(f"2/3 timing a step of {measure.SYNC_PROCESSES} processes")
-        sync, info = measure.time_sync(
+        compute, info = measure.time_sync(
             r.config, compute, r.link, timing["grad_bytes"], r.timing_samples
         )
-        compute, timing = dataclasses.replace(compute, sync_s=sync), {**timing, **info}
+        timing = {**timing, **info}
     x = inputs(r, p, compute, timing["grad_bytes"])
     _say("3/3 predicting")
     rows = model.table(x, r.batches, r.gpus)
@@ -337,8 +336,8 @@ def render(doc: dict[str, Any], gpus: Sequence[int] | None = None) -> str:
         f"{doc['interconnect']['bandwidth_Bps'] / 1e9:.3g} GB/s, {doc['interconnect']['source']}",
         f"compute: {doc['compute']['per_micro_s'] * 1e3:.2f} ms per micro-batch + "
         f"{doc['compute']['per_sample_s'] * 1e6:.1f} us per sample, backward share "
-        f"{doc['compute']['backward_fraction']:.2f}; a step of several processes "
-        f"{doc['compute']['sync_s'] * 1e3:.2f} ms more ({doc['compute'].get('sync_from', '-')})",
+        f"{doc['compute']['backward_fraction']:.2f}; among several processes: "
+        f"{doc['compute'].get('sync_from', 'not measured')}",
         "",
         f"{'batch':>6} {'gpus':>4} {'steps':>8} {'epochs':>7} {'lr':>8} {'warmup':>6} "
         f"{'step ms':>8} {'wall':>9} {'stat eff':>8} {'sys eff':>7} {'E<=2Emin':>8}",

@@ -10,6 +10,7 @@ or one already made that the plan is pointed at. Reading it needs only its ``con
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -459,26 +460,49 @@ def devices_here(cfg: Config) -> int:
     return torch.cuda.device_count() if kind == "cuda" else (os.cpu_count() or 1)
 
 
+PARALLEL_GROUPS = 6  # the larger share per process of the 2-process fit, in BN groups (the
+# smaller: one group); 6 groups a process is a batch (192 at bn_batch 16) study 16 does not time
+
+
 def time_sync(
     cfg: Config, compute: Compute, link, grad_bytes: float, samples: int | None = None
-) -> tuple[float, dict]:
-    """``sync_s``: the trainer's steady step at two processes of one BN group each (torchrun on
-    this machine, its output kept out of this process's), less the model's step there without it
-    (compute plus the α–β all-reduce); 0 on a machine with one device (the plan says so). A fit as
-    Pollux fits its throughput model to observed steps: measured once here, at a batch the plan's
-    check does not read."""
+) -> tuple[Compute, dict]:
+    """``compute`` with what two processes at once cost, fitted to the trainer's steady step in
+    two runs of two processes (torchrun on this machine, its output kept out of this process's),
+    one micro-batch of one BN group and of :data:`PARALLEL_GROUPS` groups each: the slope is a
+    sample's compute among workers (``parallel_per_sample_s``), the rest of the smaller step beyond
+    the model's compute and α–β all-reduce is ``sync_s``. Unchanged, and said so, on a machine
+    with one device. A fit as Pollux fits its throughput model to observed steps, at batches
+    study 16 does not check."""
+    from lbsgd.plan.model import step_time
+
+    if devices_here(cfg) < SYNC_PROCESSES:
+        return compute, {"sync_s": 0.0, "sync_from": "not measured: one device here"}
+    m1, m2 = cfg.bn_batch, PARALLEL_GROUPS * cfg.bn_batch
+    t1, t2 = (_parallel_step_s(cfg, m, samples or TIMED_SAMPLES) for m in (m1, m2))
+    among = max(0.0, (t2 - t1) / (m2 - m1))
+    fitted = dataclasses.replace(compute, parallel_per_sample_s=among, sync_s=0.0)
+    predicted, _, _ = step_time(fitted, m1, m1, SYNC_PROCESSES, grad_bytes, link)
+    sync = max(0.0, t1 - predicted)
+    return dataclasses.replace(fitted, sync_s=sync), {
+        "sync_s": sync,
+        "parallel_per_sample_s": among,
+        "sync_from": f"{SYNC_PROCESSES} processes of {m1} and {m2} samples: steps "
+        f"{t1 * 1e3:.2f} and {t2 * 1e3:.2f} ms measured; a sample {among * 1e6:.1f} us among "
+        f"them ({compute.per_sample_s * 1e6:.1f} alone), {sync * 1e3:.2f} ms a step beyond",
+    }
+
+
+def _parallel_step_s(cfg: Config, m: int, samples: int) -> float:
+    """The trainer's steady step of two processes of one micro-batch of ``m`` each."""
     import subprocess
     import sys
     import tempfile
 
     from lbsgd.config import dump
-    from lbsgd.plan.model import step_time
 
-    if devices_here(cfg) < SYNC_PROCESSES:
-        return 0.0, {"sync_s": 0.0, "sync_from": "not measured: one device here"}
-    m = cfg.bn_batch
     run = _timing_config(cfg, SYNC_PROCESSES * m, m)
-    steps = max(40, math.ceil((samples or TIMED_SAMPLES) / run.batch_size))
+    steps = max(40, math.ceil(samples / run.batch_size))
     with tempfile.TemporaryDirectory() as tmp:
         run = run.replace(
             out_dir=tmp, name="sync", epochs=steps * run.batch_size / data.train_size(run)
@@ -492,11 +516,4 @@ def time_sync(
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"timing a step of {SYNC_PROCESSES} processes failed: {tail}")
         summary = json.loads((run.run_dir() / "summary.json").read_text())
-    measured = run.batch_size / summary["img_per_s"]
-    predicted, _, _ = step_time(compute, m, m, SYNC_PROCESSES, grad_bytes, link)
-    sync = max(0.0, measured - predicted)
-    return sync, {
-        "sync_s": sync,
-        "sync_from": f"{SYNC_PROCESSES} processes of {m} samples: step {measured * 1e3:.2f} ms "
-        f"measured, {predicted * 1e3:.2f} ms by compute and all-reduce",
-    }
+    return run.batch_size / summary["img_per_s"]

@@ -27,6 +27,7 @@ backward's share of a micro-batch's compute (measured).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -126,15 +127,24 @@ def lr_warning(optimizer: str, batch: float, b_noise: float) -> str | None:
 class Compute:
     """A worker's compute: ``per_micro_s`` + ``per_sample_s`` × m seconds for a micro-batch of m
     (forward, backward and update), the backward's share ``backward_fraction`` of it, the largest
-    micro-batch that fits, ``max_micro``; and ``sync_s``, what a step of several processes costs
-    beyond that and the α–β all-reduce (DDP's bookkeeping, waiting for the slowest process),
-    measured at two processes (0 where it was not)."""
+    micro-batch that fits, ``max_micro``; and, fitted to steps of two processes (where the
+    machine has two devices), ``parallel_per_sample_s``, a sample's compute while every worker
+    computes at once (the workers of one machine share its memory bandwidth; None: as alone), and
+    ``sync_s``, what a step of several workers costs beyond compute and the α–β all-reduce (DDP's
+    bookkeeping, waiting for the slowest worker; 0 where not measured)."""
 
     per_micro_s: float
     per_sample_s: float
     backward_fraction: float
     max_micro: int
     sync_s: float = 0.0
+    parallel_per_sample_s: float | None = None
+
+    def among(self, workers: int) -> Compute:
+        """The compute of one of ``workers`` workers: alone, or among others."""
+        if workers == 1 or self.parallel_per_sample_s is None:
+            return self
+        return dataclasses.replace(self, per_sample_s=self.parallel_per_sample_s)
 
     def micro_s(self, m: int) -> float:
         return self.per_micro_s + self.per_sample_s * m
@@ -166,7 +176,7 @@ def step_time(
     """(step, compute, all-reduce) seconds of one step at ``workers`` workers of ``per_worker``
     samples: the ring all-reduce overlaps the last micro-batch's backward, and a step of several
     workers costs ``c.sync_s`` more. At one worker the step is the compute."""
-    t_c, t_last = compute_time(c, per_worker, micro)
+    t_c, t_last = compute_time(c.among(workers), per_worker, micro)
     t_comm = costmodel.ring_time(grad_bytes, workers, link)
     hidden = c.backward_fraction * t_last
     sync = c.sync_s if workers > 1 else 0.0

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +150,10 @@ def measured_compute(
     if not out.exists():
         samples = SMALL_TIMING if small else None
         compute, info = measure.time_compute(probe_cfg, samples=samples)
-        sync, sync_info = measure.time_sync(probe_cfg, compute, link_, info["grad_bytes"], samples)
-        doc = {"compute": asdict(replace(compute, sync_s=sync)), "info": {**info, **sync_info}}
+        compute, sync_info = measure.time_sync(
+            probe_cfg, compute, link_, info["grad_bytes"], samples
+        )
+        doc = {"compute": asdict(compute), "info": {**info, **sync_info}}
         out.write_text(json.dumps(doc, indent=2) + "\n")
     doc = json.loads(out.read_text())
     return model.Compute(**doc["compute"]), doc["info"]
