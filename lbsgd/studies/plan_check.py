@@ -262,33 +262,50 @@ COLUMNS = [
 
 def comparison_table(plans: Sequence[Plan], ladder_steps, times, wall_steps, b_crit_fit):
     """Per seed's plan and batch: predicted and measured steps (the ladder's, at the best lr),
-    and per process count the predicted and measured step time and training time."""
+    and per process count the predicted and measured step time and training time. Without a plan
+    (no probe reached the target), the measurements alone, one row per timed batch and count."""
     import pandas as pd
 
+    if not plans:
+        rows = [_measured_row(b, n, times, wall_steps, b_crit_fit) for b, n in sorted(times)]
+        return pd.DataFrame(rows, columns=COLUMNS)
     rows = []
     for p in plans:
         for r in p.rows:
-            meas_t = times.get((r.batch, r.gpus), math.nan)
-            steps_lin = wall_steps.get(r.batch, math.nan)
-            rows.append(
-                {
-                    "seed": p.seed,
-                    "batch_size": r.batch,
-                    "nproc": r.gpus,
-                    "b_crit_plan": p.inputs.b_crit,
-                    "b_crit_fit": b_crit_fit,
-                    "steps_plan": r.steps,
-                    "steps_ladder": ladder_steps.get((r.batch, p.seed), math.nan),
-                    "step_ms_plan": 1e3 * r.step_s,
-                    "step_ms_measured": 1e3 * meas_t,
-                    "train_s_plan": r.wall_s,
-                    "steps_linear_rule": steps_lin,
-                    "train_s_measured": steps_lin * meas_t,
-                    "recommended": p.best is not None
-                    and (r.batch, r.gpus) == (p.best.batch, p.best.gpus),
-                }
-            )
+            row = _measured_row(r.batch, r.gpus, times, wall_steps, b_crit_fit)
+            best = p.best is not None and (r.batch, r.gpus) == (p.best.batch, p.best.gpus)
+            row |= {
+                "seed": p.seed,
+                "b_crit_plan": p.inputs.b_crit,
+                "steps_plan": r.steps,
+                "steps_ladder": ladder_steps.get((r.batch, p.seed), math.nan),
+                "step_ms_plan": 1e3 * r.step_s,
+                "train_s_plan": r.wall_s,
+                "recommended": best,
+            }
+            rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _measured_row(batch: int, nproc: int, times, wall_steps, b_crit_fit) -> dict[str, Any]:
+    """A table row's measurements (the predictions NaN until a plan fills them)."""
+    meas_t = times.get((batch, nproc), math.nan)
+    steps_lin = wall_steps.get(batch, math.nan)
+    return {
+        "seed": math.nan,
+        "batch_size": batch,
+        "nproc": nproc,
+        "b_crit_plan": math.nan,
+        "b_crit_fit": b_crit_fit,
+        "steps_plan": math.nan,
+        "steps_ladder": math.nan,
+        "step_ms_plan": math.nan,
+        "step_ms_measured": 1e3 * meas_t,
+        "train_s_plan": math.nan,
+        "steps_linear_rule": steps_lin,
+        "train_s_measured": steps_lin * meas_t,
+        "recommended": False,
+    }
 
 
 # -- the findings -------------------------------------------------------------------------------
