@@ -31,7 +31,8 @@ ALL_NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*_*.ipynb"))
 # studies whose table has no paper_* column (critical_batch: McCandlish et al. publish B_crit of
 # other tasks, not of this model and data; its table holds our measurements and fit)
-NO_PUBLISHED_NUMBERS = {"quickstart", "critical_batch"}
+# plan: no paper publishes prediction errors of a planner (Pollux, AdaScale: job-time gains)
+NO_PUBLISHED_NUMBERS = {"quickstart", "critical_batch", "plan"}
 MEASURED = {"scaling"}  # notebooks that train nothing: they measure communication and model it
 SMOKE = {"profile": "smoke", "parallel": 2, "wandb": "disabled"}
 # The three longest sweeps on the smallest grid that keeps every arm of their tables and findings
