@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=float, default=2.0, help="length of each timed run")
     p.add_argument("--tolerance", type=float, default=0.15)
     p.add_argument("overrides", nargs="*", metavar="key=value")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     cfg = config.load([], [*args.overrides, "wandb=disabled", "checkpoint=false", "eval_every=0"])
     compute, info = measure.time_compute(cfg)
     link = costmodel.Link(0.0, 1e12)  # one process: no all-reduce
