@@ -351,3 +351,19 @@ def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "recommended: batch" in printed and "B_simple over the probe" in printed
     assert _plan(tmp_path, *args, keys=keys) == cli.EXIT_BAD_INPUT
+
+
+def test_the_probe_is_study_15s_run_at_its_batch(tmp_path):
+    """lbsgd plan's probe keys over a ladder run's config (noise probe off) give the experiment of
+    study 15's run at that batch and lr (noise probe on): study 16 reads the ladder's runs as the
+    plan's probes (docs/planning.md), so the two sets of keys must not drift apart."""
+    from lbsgd.studies import steps_to_target as stt
+    from lbsgd.studies.scales import PROFILES
+
+    profile = PROFILES["fashion-long"]
+    ladder = stt.run_keys(profile, 4, 1.0, 0, 22.0)
+    plain = {**ladder, "noise_scale": False, "noise_scale_batch": None}
+    plain.pop("stop_at_error")
+    cfg = from_dict(plain)
+    keys = measure.probe_keys(cfg, measure.Target("error", 22.0), tmp_path, None)
+    assert cfg.replace(**keys).experiment_id() == from_dict(ladder).experiment_id()
