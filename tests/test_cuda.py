@@ -288,9 +288,19 @@ def test_ghost_bn_on_cuda_equals_plain_bn_applied_per_group(dtype, fmt):
     tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 2e-2}
     torch.testing.assert_close(y.float(), ref.detach(), **tol)
     torch.testing.assert_close(xg.grad.float(), x_ref.grad, **tol)
-    # parameter gradients are accumulated in fp32 from the same (bf16-exact) values
-    torch.testing.assert_close(bn.weight.grad, w.grad, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(bn.bias.grad, b.grad, rtol=1e-4, atol=1e-4)
+    # parameter gradients: the native kernel on each group of the same dtype and layout, summed
+    # over groups, to fp32 rounding; against the fp32 reference, to the dtype's (on an H100 the
+    # bf16 contiguous kernel's weight gradient is 1.1% from fp32's: it reduces half-precision
+    # products)
+    w_k, b_k = (t.detach().clone().requires_grad_() for t in (bn.weight, bn.bias))
+    same = torch.cat(
+        [F.batch_norm(part, None, None, w_k, b_k, True, 0.0, bn.eps) for part in x.split(n)]
+    )
+    same.backward(upstream)
+    torch.testing.assert_close(bn.weight.grad, w_k.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(bn.bias.grad, b_k.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(bn.weight.grad, w.grad, **tol)
+    torch.testing.assert_close(bn.bias.grad, b.grad, **tol)
 
     groups = x.float().reshape(g, n, c, 25).transpose(1, 2).reshape(g, c, n * 25)
     torch.testing.assert_close(bn.group_mean_sum, groups.mean(-1).sum(0), rtol=1e-5, atol=1e-5)
@@ -326,8 +336,9 @@ def test_noise_scale_on_cuda_changes_no_weight_and_matches_the_cpu_measurement(t
     """Deterministic mode, fp32 without TF32: a CUDA run measuring the noise scale ends with the
     weights of the same run without it (the probe only reads gradients), and its first step's
     norms (same initial weights and batch) equal the CPU's up to the order of float additions."""
-    keys = {"micro_batch": 16, "noise_scale_batch": 32, "deterministic": True, "epochs": 1}
-    for name, extra in (("on", {"noise_scale": True}), ("off", {})):
+    keys = {"micro_batch": 16, "deterministic": True, "epochs": 1}
+    probe = {"noise_scale": True, "noise_scale_batch": 32}  # refused without noise_scale=true
+    for name, extra in (("on", probe), ("off", {})):
         r = lbsgd(["train", *_args(tmp_path, name, **keys, **extra)], env=FP32_ONLY)
         assert r.returncode == 0, r.stderr[-3000:]
         _ran_on_cuda(tmp_path / "runs" / name)
@@ -337,8 +348,7 @@ def test_noise_scale_on_cuda_changes_no_weight_and_matches_the_cpu_measurement(t
             *_args(
                 tmp_path,
                 "cpu",
-                **{**keys, "device": "cpu", "deterministic": False},
-                noise_scale=True,
+                **{**keys, **probe, "device": "cpu", "deterministic": False},
             ),
         ]
     )

@@ -233,7 +233,7 @@ def plan(r: Request) -> dict[str, Any]:
     ``r.out``; the plan as a dict."""
     p = probe(r)  # a run pointed at that does not approach the target: one line, nothing written
     r.out.mkdir(parents=True, exist_ok=True)
-    _say("2/3 timing a worker's compute at two micro-batch sizes")
+    _say("2/3 timing a worker's compute at three micro-batch sizes")
     compute, timing = measure.time_compute(r.config, samples=r.timing_samples)
     if max(r.gpus) > 1:
         _say(f"2/3 timing a step of {measure.SYNC_PROCESSES} processes")

@@ -25,7 +25,7 @@ import torch
 from lbsgd import data, distributed, models, network, optim
 from lbsgd.config import Config, ConfigError, load
 from lbsgd.models import ghost_bn
-from lbsgd.plan.model import Compute
+from lbsgd.plan.model import Compute, fit_compute
 
 ERROR_KEY = "val_top1_error_pct"  # the held-out error (the test split's without a holdout)
 PER_OCTAVE = 4  # the probe's evaluations per doubling of the step count (study 15's)
@@ -369,9 +369,10 @@ def time_compute_here(
     """A worker's compute, in this process as its CPU kernels are, at the config's threads:
 
     - per micro-batch and per sample, fitted to the trainer's own steady step time (summary.json's
-      img_per_s: the sampler, ghost BN, the update and the metric flushes included) in two short
-      runs of one micro-batch a step, one BN group and the largest that fits (up to 8 groups),
-      each at least ``samples`` (default :data:`TIMED_SAMPLES`) and 40 steps long;
+      img_per_s: the sampler, ghost BN, the update and the metric flushes included) in three
+      short runs of one micro-batch a step, of one BN group, two, and the largest that fits (up
+      to 8 groups), each at least ``samples`` (default :data:`TIMED_SAMPLES`) and 40 steps long:
+      the line through the two larger, the one-group step apart (:func:`fit_compute`);
     - the backward's share of a micro-batch, from timings of the network's training forward,
       forward + backward + update and the update alone (median of ``repeats``, ghost BN as runs
       have it, random inputs of the dataset's shape).
@@ -388,24 +389,25 @@ def time_compute_here(
     ghost_bn.convert(net, cfg.bn_batch)
     precision = Precision(cfg.precision, device, cfg.loss_scale)
     max_micro, how = largest_micro(cfg, net, splits, device, precision)
-    sizes = (cfg.bn_batch, min(max_micro, 8 * cfg.bn_batch))
+    top = min(max_micro, 8 * cfg.bn_batch)
+    sizes = sorted({m for m in (cfg.bn_batch, 2 * cfg.bn_batch, top) if m <= top})
     steps = {m: _trainer_step_s(cfg, m, samples or TIMED_SAMPLES) for m in sizes}
-    (m1, t1), (m2, t2) = sorted(steps.items())
-    per_sample = max(0.0, (t2 - t1) / (m2 - m1)) if m2 > m1 else t1 / m1
-    per_micro = max(0.0, t1 - per_sample * m1)
-    full, fwd, upd = _parts(cfg, net, splits, m2, device, precision, repeats)
+    per_micro, per_sample, one_group = fit_compute(steps, cfg.bn_batch)
+    full, fwd, upd = _parts(cfg, net, splits, top, device, precision, repeats)
     backward = min(1.0, max(0.0, (full - fwd - upd) / full))
     info = {
         "device": str(device),
         "threads": torch.get_num_threads(),
         "trainer_step_s": {str(m): t for m, t in steps.items()},
-        "parts_s": {"micro_batch": m2, "step": full, "forward": fwd, "update": upd},
+        "parts_s": {"micro_batch": top, "step": full, "forward": fwd, "update": upd},
         "max_micro_batch": max_micro,
         "max_micro_batch_from": how,
         "grad_bytes": 4 * models.parameter_count(cfg, splits.num_classes, splits.image_size),
         "cpu_isa": cfg.cpu_isa,
     }
-    return Compute(per_micro, per_sample, backward, max_micro), info
+    return Compute(
+        per_micro, per_sample, backward, max_micro, one_group_s=one_group, group=cfg.bn_batch
+    ), info
 
 
 def _trainer_step_s(cfg: Config, m: int, samples: int) -> float:
@@ -469,7 +471,8 @@ def time_sync(
 ) -> tuple[Compute, dict]:
     """``compute`` with what two processes at once cost, fitted to the trainer's steady step in
     two runs of two processes (torchrun on this machine, its output kept out of this process's),
-    one micro-batch of one BN group and of :data:`PARALLEL_GROUPS` groups each: the slope is a
+    one micro-batch of two BN groups and of :data:`PARALLEL_GROUPS` groups each (both past the
+    one-group step's own kernels, as :func:`time_compute_here`'s line): the slope is a
     sample's compute among workers (``parallel_per_sample_s``), the rest of the smaller step beyond
     the model's compute and α–β all-reduce is ``sync_s``. Unchanged, and said so, on a machine
     with one device. A fit as Pollux fits its throughput model to observed steps, at batches
@@ -478,7 +481,7 @@ def time_sync(
 
     if devices_here(cfg) < SYNC_PROCESSES:
         return compute, {"sync_s": 0.0, "sync_from": "not measured: one device here"}
-    m1, m2 = cfg.bn_batch, PARALLEL_GROUPS * cfg.bn_batch
+    m1, m2 = 2 * cfg.bn_batch, PARALLEL_GROUPS * cfg.bn_batch
     t1, t2 = (_parallel_step_s(cfg, m, samples or TIMED_SAMPLES) for m in (m1, m2))
     among = max(0.0, (t2 - t1) / (m2 - m1))
     fitted = dataclasses.replace(compute, parallel_per_sample_s=among, sync_s=0.0)

@@ -131,7 +131,11 @@ class Compute:
     machine has two devices), ``parallel_per_sample_s``, a sample's compute while every worker
     computes at once (the workers of one machine share its memory bandwidth; None: as alone), and
     ``sync_s``, what a step of several workers costs beyond compute and the α–β all-reduce (DDP's
-    bookkeeping, waiting for the slowest worker; 0 where not measured)."""
+    bookkeeping, waiting for the slowest worker; 0 where not measured). A micro-batch of one BN
+    group (``group`` samples) takes ``one_group_s`` where measured: one BN kernel per layer where
+    two or more groups loop over theirs (lbsgd.models.ghost_bn), a step the line through the larger
+    micro-batches does not hold (on an H100, ResNet-50 at groups of 32: 19.7 ms for one group,
+    52.3 ms for two, where the line through one and eight groups said 35 ms)."""
 
     per_micro_s: float
     per_sample_s: float
@@ -139,15 +143,37 @@ class Compute:
     max_micro: int
     sync_s: float = 0.0
     parallel_per_sample_s: float | None = None
+    one_group_s: float | None = None
+    group: int = 0
 
     def among(self, workers: int) -> Compute:
-        """The compute of one of ``workers`` workers: alone, or among others."""
+        """The compute of one of ``workers`` workers: alone, or among others (a sample's share
+        of the shared machine added to the one-group step as to the line)."""
         if workers == 1 or self.parallel_per_sample_s is None:
             return self
-        return dataclasses.replace(self, per_sample_s=self.parallel_per_sample_s)
+        extra = self.parallel_per_sample_s - self.per_sample_s
+        one = None if self.one_group_s is None else self.one_group_s + extra * self.group
+        return dataclasses.replace(self, per_sample_s=self.parallel_per_sample_s, one_group_s=one)
 
     def micro_s(self, m: int) -> float:
+        if self.one_group_s is not None and m == self.group:
+            return self.one_group_s
         return self.per_micro_s + self.per_sample_s * m
+
+
+def fit_compute(steps: dict[int, float], group: int) -> tuple[float, float, float | None]:
+    """(per_micro_s, per_sample_s, one_group_s) from measured steps of one micro-batch
+    ``{m: seconds}``: the line through the two largest, and the one-group step apart where the
+    two largest are both of two or more groups; a single size: all per sample."""
+    sizes = sorted(steps)
+    if len(sizes) == 1:
+        (m,) = sizes
+        return 0.0, steps[m] / m, None
+    (m1, t1), (m2, t2) = ((m, steps[m]) for m in sizes[-2:])
+    per_sample = max(0.0, (t2 - t1) / (m2 - m1))
+    per_micro = max(0.0, t1 - per_sample * m1)
+    one = steps[group] if group in steps and m1 > group else None
+    return per_micro, per_sample, one
 
 
 def micro_batch(per_worker: int, max_micro: int, granule: int) -> int | None:
