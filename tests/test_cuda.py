@@ -288,19 +288,18 @@ def test_ghost_bn_on_cuda_equals_plain_bn_applied_per_group(dtype, fmt):
     tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 2e-2}
     torch.testing.assert_close(y.float(), ref.detach(), **tol)
     torch.testing.assert_close(xg.grad.float(), x_ref.grad, **tol)
-    # parameter gradients: the native kernel on each group of the same dtype and layout, summed
-    # over groups, to fp32 rounding; against the fp32 reference, to the dtype's (on an H100 the
-    # bf16 contiguous kernel's weight gradient is 1.1% from fp32's: it reduces half-precision
-    # products)
-    w_k, b_k = (t.detach().clone().requires_grad_() for t in (bn.weight, bn.bias))
-    same = torch.cat(
-        [F.batch_norm(part, None, None, w_k, b_k, True, 0.0, bn.eps) for part in x.split(n)]
-    )
-    same.backward(upstream)
-    torch.testing.assert_close(bn.weight.grad, w_k.grad, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(bn.bias.grad, b_k.grad, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(bn.weight.grad, w.grad, **tol)
-    torch.testing.assert_close(bn.bias.grad, b.grad, **tol)
+    # parameter gradients against the fp32 reference: fp32 to 1e-4; bf16 within one bf16 rounding
+    # (2^-8) of the magnitude summed, per channel: on an H100 torch's own bf16 BN kernels reduce
+    # in half precision (contiguous: the bias gradient 0.20 from fp32's; F.batch_norm's own
+    # channels_last weight gradient 1.1% off), so no tighter bound holds for every kernel
+    if dtype == torch.float32:
+        torch.testing.assert_close(bn.weight.grad, w.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(bn.bias.grad, b.grad, rtol=1e-4, atol=1e-4)
+    else:
+        dy = upstream.float()
+        x_hat = (ref.detach() - b.detach()[:, None, None]) / w.detach()[:, None, None]
+        for grad, want, terms in ((bn.weight.grad, w.grad, dy * x_hat), (bn.bias.grad, b.grad, dy)):
+            assert ((grad - want).abs() <= 2**-8 * terms.abs().sum((0, 2, 3))).all()
 
     groups = x.float().reshape(g, n, c, 25).transpose(1, 2).reshape(g, c, n * 25)
     torch.testing.assert_close(bn.group_mean_sum, groups.mean(-1).sum(0), rtol=1e-5, atol=1e-5)

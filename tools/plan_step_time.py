@@ -27,10 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="64,128,256")
     p.add_argument("--epochs", type=float, default=2.0, help="length of each timed run")
     p.add_argument("--tolerance", type=float, default=0.15)
+    p.add_argument(
+        "--timing-samples",
+        type=int,
+        default=None,
+        help="samples of each compute timing run (default: lbsgd plan's, 4096)",
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_intermixed_args(argv)
     cfg = config.load([], [*args.overrides, "wandb=disabled", "checkpoint=false", "eval_every=0"])
-    compute, info = measure.time_compute(cfg)
+    compute, info = measure.time_compute(cfg, samples=args.timing_samples)
     link = costmodel.Link(0.0, 1e12)  # one process: no all-reduce
     rows = []
     for b in (int(v) for v in args.batches.split(",")):
@@ -63,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "plan_step_time",
         "overrides": args.overrides,
         "epochs": args.epochs,
+        "timing_samples": args.timing_samples or measure.TIMED_SAMPLES,
         "compute": info,
         "rows": rows,
         "worst_error": worst,
