@@ -14,7 +14,7 @@
 #                                   JPEGs at 8 and 15 workers (lbsgd data fake): OUT/data_*.json
 #   tools/gpu-check.sh noise OUT    what noise_scale=true costs on the GPU: OUT/noise_scale_<gpu>.json
 #   tools/gpu-check.sh plan OUT     lbsgd plan's predicted step time beside runs of ResNet-50 on fake
-#                                   ImageNet at batches 64, 128, 256 (target: within 15%):
+#                                   ImageNet at batches 32 to 512 (target: within 15%):
 #                                   OUT/plan_step_time_<gpu>.json
 #   tools/gpu-check.sh studies OUT  a profile's committed runs again on the GPU, from their own
 #                                   config.yaml (PROFILE, default fashion-long; CONFIGS, the folder
@@ -105,7 +105,7 @@ case "$step" in
     ;;
   plan)
     need_out
-    "$PY" tools/plan_step_time.py "$out" --batches "${PLAN_BATCHES:-64,128,256}" \
+    "$PY" tools/plan_step_time.py "$out" --batches "${PLAN_BATCHES:-32,64,128,256,512}" \
       device=cuda model=resnet50 dataset=fake channels_last=true bn_batch=32 threads=0
     ;;
   studies)

@@ -25,13 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
     p.add_argument("--batches", default="64,128,256")
-    p.add_argument("--epochs", type=float, default=2.0, help="length of each timed run")
+    p.add_argument("--epochs", type=float, default=4.0, help="length of each timed run")
     p.add_argument("--tolerance", type=float, default=0.15)
     p.add_argument(
         "--timing-samples",
         type=int,
         default=None,
-        help="samples of each compute timing run (default: lbsgd plan's, 4096)",
+        help="samples of each compute timing run (default: lbsgd plan's, measure.timed_samples)",
     )
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_intermixed_args(argv)
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "plan_step_time",
         "overrides": args.overrides,
         "epochs": args.epochs,
-        "timing_samples": args.timing_samples or measure.TIMED_SAMPLES,
+        "timing_samples": args.timing_samples or measure.timed_samples(cfg),
         "compute": info,
         "rows": rows,
         "worst_error": worst,

@@ -349,7 +349,14 @@ def time_compute(cfg: Config, repeats: int = 5, samples: int | None = None) -> t
         path = Path(tmp) / "config.yaml"
         path.write_text(dump(cfg))
         done = subprocess.run(
-            [sys.executable, "-c", _FRESH, str(path), str(repeats), str(samples or TIMED_SAMPLES)],
+            [
+                sys.executable,
+                "-c",
+                _FRESH,
+                str(path),
+                str(repeats),
+                str(samples or timed_samples(cfg)),
+            ],
             capture_output=True,
             text=True,
         )
@@ -361,6 +368,17 @@ def time_compute(cfg: Config, repeats: int = 5, samples: int | None = None) -> t
 
 
 TIMED_SAMPLES = 4096  # each trainer timing run: at least this many samples (and 40 steps)
+# on a GPU: runs of 4,096 samples of ResNet-50 (launch-bound at one BN group of 32) timed the same
+# step 19.7 and 30.2 ms on one H100 in two calls, so the plan missed its runs by up to 33%; at
+# 16,384 it came within 7% (results/gpu/h100-plan/)
+TIMED_SAMPLES_CUDA = 16384
+
+
+def timed_samples(cfg: Config) -> int:
+    """The samples of each timing run by default: :data:`TIMED_SAMPLES`, on a GPU
+    :data:`TIMED_SAMPLES_CUDA`."""
+    kind, _ = distributed.resolve(cfg.device, cfg.backend)
+    return TIMED_SAMPLES_CUDA if kind == "cuda" else TIMED_SAMPLES
 
 
 def time_compute_here(
@@ -371,7 +389,7 @@ def time_compute_here(
     - per micro-batch and per sample, fitted to the trainer's own steady step time (summary.json's
       img_per_s: the sampler, ghost BN, the update and the metric flushes included) in three
       short runs of one micro-batch a step, of one BN group, two, and the largest that fits (up
-      to 8 groups), each at least ``samples`` (default :data:`TIMED_SAMPLES`) and 40 steps long:
+      to 8 groups), each at least ``samples`` (default :func:`timed_samples`) and 40 steps long:
       the line through the two larger, the one-group step apart (:func:`fit_compute`);
     - the backward's share of a micro-batch, from timings of the network's training forward,
       forward + backward + update and the update alone (median of ``repeats``, ghost BN as runs
@@ -391,7 +409,7 @@ def time_compute_here(
     max_micro, how = largest_micro(cfg, net, splits, device, precision)
     top = min(max_micro, 8 * cfg.bn_batch)
     sizes = sorted({m for m in (cfg.bn_batch, 2 * cfg.bn_batch, top) if m <= top})
-    steps = {m: _trainer_step_s(cfg, m, samples or TIMED_SAMPLES) for m in sizes}
+    steps = {m: _trainer_step_s(cfg, m, samples or timed_samples(cfg)) for m in sizes}
     per_micro, per_sample, one_group = fit_compute(steps, cfg.bn_batch)
     full, fwd, upd = _parts(cfg, net, splits, top, device, precision, repeats)
     backward = min(1.0, max(0.0, (full - fwd - upd) / full))
@@ -482,7 +500,7 @@ def time_sync(
     if devices_here(cfg) < SYNC_PROCESSES:
         return compute, {"sync_s": 0.0, "sync_from": "not measured: one device here"}
     m1, m2 = 2 * cfg.bn_batch, PARALLEL_GROUPS * cfg.bn_batch
-    t1, t2 = (_parallel_step_s(cfg, m, samples or TIMED_SAMPLES) for m in (m1, m2))
+    t1, t2 = (_parallel_step_s(cfg, m, samples or timed_samples(cfg)) for m in (m1, m2))
     among = max(0.0, (t2 - t1) / (m2 - m1))
     fitted = dataclasses.replace(compute, parallel_per_sample_s=among, sync_s=0.0)
     predicted, _, _ = step_time(fitted, m1, m1, SYNC_PROCESSES, grad_bytes, link)
