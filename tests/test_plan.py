@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -388,3 +389,37 @@ def test_the_probe_is_study_15s_run_at_its_batch(tmp_path):
     cfg = from_dict(plain)
     keys = measure.probe_keys(cfg, measure.Target("error", 22.0), tmp_path, None)
     assert cfg.replace(**keys).experiment_id() == from_dict(ladder).experiment_id()
+
+
+# -- study 16's reference on a profile without a ladder --------------------------------------------
+
+
+def test_study_16_checks_fashion_against_study_11s_committed_sweep_read_in_place():
+    """On fashion (no ladder) study 16's reference is study 11's sweep: its target loss, fitted
+    B_crit and baseline k are study 11's own (its committed fit.csv), each (batch, seed)'s steps its
+    runs'; the probe and to-target runs are study 11's experiments (copied, never trained again),
+    and the timing runs measure the profile's keys without the noise probe."""
+    import pandas as pd
+
+    from lbsgd.experiments import copies
+    from lbsgd.studies import plan_check as pc
+    from lbsgd.studies import scales
+
+    root = Path(__file__).resolve().parents[1] / "results" / "fashion"
+    profile = scales.get("fashion")
+    ref = pc.reference(root, profile)
+    fit = pd.read_csv(root / "critical_batch" / "fit.csv").iloc[0]
+    assert (ref.source, ref.target.kind, ref.probe_k) == (pc.SWEEP, "loss", fit["baseline_k"])
+    assert ref.target.value == pytest.approx(fit["target_loss"], rel=1e-5)  # 6 digits
+    assert ref.b_crit == pytest.approx(fit["b_crit"], rel=1e-5)
+    assert ref.seeds == (0, 1, 2, 3, 4) and ref.fixed_ks == pc.SWEEP_KS
+    assert sorted({b for b, _ in ref.steps}) == [16, 32, 64, 128, 256, 512, 1024, 2048]
+    runs = [*pc.probe_runs(profile, ref, [0, 1]), *pc.to_target_runs(profile, ref, [1, 16], 0)]
+    for r in runs:
+        cfg = config.from_dict({**r, "study": pc.STUDY, "out_dir": str(root), "profile": "fashion"})
+        twin = copies.find_identical(cfg, root)
+        # study 11's runs, themselves study 3's on fashion (one sweep for both)
+        assert twin is not None and twin.parent.name in ("critical_batch", "batch_scaling"), r
+    (timing,) = pc.timing_runs(profile, ref, [4], 2, 256)
+    assert (timing["batch_size"], timing["micro_batch"]) == (64, 32)
+    assert timing["name"] == "timing-b64-m32-np2" and not timing.get("noise_scale")

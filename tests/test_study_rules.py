@@ -181,6 +181,7 @@ def test_a_profile_replays_its_own_studies_in_notebook_order(capsys):
         "08_pool5_bn",
         "11_critical_batch",
         "14_optimizers",
+        "16_plan",
     ]
     # every study a profile names has its notebook (a misspelt study would silently drop one)
     studies_of = {Path(p).stem.split("_", 1)[1] for p in NOTEBOOKS}

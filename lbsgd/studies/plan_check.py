@@ -5,12 +5,15 @@ predicts, for every batch and process count, the steps to the target (McCandlish
 S = S_min (1 + B_crit/B), B_crit ≈ B_noise), the step time (a worker's timed compute plus a ring
 all-reduce of α and β measured here, overlapped with the last backward) and so the training time,
 and recommends the batch and process count of the shortest time within 2·E_min. This study plans
-a profile with a steps-to-target ladder (study 15) and sets each prediction beside a measurement:
+a profile from its measured steps to a target, its *reference* (:func:`reference`): study 15's
+ladder where the profile has one (``fashion-long``: a held-out error, each batch at its best lr),
+else study 11's sweep (``fashion``: a training loss, every batch at the linear rule's lr), and sets
+each prediction beside a measurement:
 
-1. the predicted critical batch (B_simple at the target of the probe run, one plan per ladder
-   seed) within ×3 of the one fitted to the ladder's steps at each batch's best lr (study 15);
-2. the predicted steps to the target within 25% of the ladder's (each batch at its best lr, each
-   seed) below the fitted B_crit, and within 50% above it;
+1. the predicted critical batch (B_simple at the target of the probe run, one plan per seed)
+   within ×3 of the one fitted to the reference's steps;
+2. the predicted steps to the target within 25% of the reference's (each seed) below the fitted
+   B_crit, and within 50% above it;
 3. the predicted step time within 25% of the measured one (a short run's steady throughput) at
    each of the five fixed batches, on 1 and on 2 processes;
 4. the recommended batch's measured training time to the target within 15% of the best of the five
@@ -18,8 +21,10 @@ a profile with a steps-to-target ladder (study 15) and sets each prediction besi
    rule) took to the target times the step time measured at that count.
 
 The probe is the ladder's run at k = :data:`PROBE_K` at the linear rule's lr (the plan's own probe
-keys: ``noise_scale_batch`` one micro-batch, ``stop_at_error``, ``eval_per_octave`` 4), copied
-from study 15 where it ran. Study 15's folder is read in place for claims 1 and 2.
+keys: ``noise_scale_batch`` one micro-batch, ``stop_at_error``, ``eval_per_octave`` 4), or study
+11's run at its baseline k (the smallest whose every seed measured B_simple at the target), copied
+from the reference's study where it ran. The reference's folder is read in place for claims 1
+and 2.
 
 Rules: claims 1 and 2 hold for every seed's plan and run (replayed), for none (not replayed), or
 for some (undecided: the seeds disagree), as study 11 judges its ×2 bands; claims 3 and 4 are
@@ -42,6 +47,7 @@ from lbsgd import plan as planner
 from lbsgd.config import ConfigError
 from lbsgd.findings import Finding
 from lbsgd.plan import measure, model
+from lbsgd.studies import critical_batch as cb
 from lbsgd.studies import scaling
 from lbsgd.studies import steps_to_target as stt
 from lbsgd.studies.scales import Profile
@@ -49,7 +55,8 @@ from lbsgd.studies.scales import Profile
 STUDY = "plan"
 TITLE = "16. lbsgd plan against measured runs (McCandlish et al. 2018)"
 PROBE_K = 4  # the probe's batch as k: the smallest ladder batch with two micro-batches a step
-FIXED_KS = (4, 8, 16, 32, 64)  # the five fixed batches of claims 3 and 4
+FIXED_KS = (4, 8, 16, 32, 64)  # the five fixed batches of claims 3 and 4 (the ladder's)
+SWEEP_KS = (1, 2, 4, 8, 16)  # the same from study 11's sweep: the k every seed ran (to large_k)
 NPROC = (1, 2)  # process counts planned and timed
 TIMING_EPOCHS = 0.5  # a timing run's length
 B_CRIT_FACTOR = 3.0  # claim 1: "within x3" (the literature's factor of 2-3 on B_crit)
@@ -65,21 +72,81 @@ PAPER = (
 # -- the runs ----------------------------------------------------------------------------------
 
 
-def probe_runs(profile: Profile, seeds: Sequence[int], target: float) -> list[dict[str, Any]]:
-    """The ladder's run at k = PROBE_K at the linear rule's lr, one per seed (the plan's probe)."""
-    stt.check(profile)
-    return [stt.run_keys(profile, PROBE_K, 1.0, s, target) for s in seeds]
+LADDER, SWEEP = "study 15's ladder", "study 11's sweep"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The measured steps to a target a plan is checked against (:func:`reference`): ``source``
+    (:data:`LADDER` or :data:`SWEEP`), the ``target``, each (batch, seed)'s measured ``steps``
+    (NaN: never reached), the ``fit`` of S(B) = S_min (1 + B_crit/B) to them, the probe's k, the
+    fixed batches' ks and the seeds."""
+
+    source: str
+    target: measure.Target
+    steps: dict[tuple[int, int], float]
+    fit: Any
+    probe_k: float
+    fixed_ks: tuple[float, ...]
+    seeds: tuple[int, ...]
+
+    @property
+    def b_crit(self) -> float:
+        return self.fit.b_crit if self.fit is not None else math.nan
+
+
+def reference(profile_dir: Path, profile: Profile) -> Reference:
+    """The profile's reference, its study's folder read in place: study 15's ladder (each k's
+    steps at its chosen lr) where the profile has one, else study 11's sweep (its target loss,
+    window and fit); one line when that study has not run."""
+    if profile.ladder:
+        goal = stt.target_of(profile)
+        m, chosen, fit = ladder(profile_dir, profile, goal)
+        seeds = tuple(profile.ladder["seeds"])
+        target = measure.Target("error", goal)
+        return Reference(LADDER, target, chosen_steps(m, chosen), fit, PROBE_K, FIXED_KS, seeds)
+    folder = Path(profile_dir) / cb.STUDY
+    if not any(folder.glob("*/summary.json")):
+        raise ConfigError(
+            f"study 16 reads study 11's sweep on a profile without a ladder, and {folder} holds "
+            "no run: execute notebooks/11_critical_batch.ipynb first (make reproduce runs it before)"
+        )
+    m = cb.measure(ex.load_runs(folder), profile.large_k)
+    steps = {(int(r.batch_size), int(r.seed)): float(r.steps_to_target) for r in m.itertuples()}
+    target = measure.Target("loss", float(m["target_loss"].iloc[0]))
+    base = cb.baseline_k(m)
+    probe_k = base if base is not None else float(min(m["k"].astype(float)))
+    return Reference(SWEEP, target, steps, cb.fit_runs(m), probe_k, SWEEP_KS, tuple(profile.seeds))
+
+
+def probe_runs(profile: Profile, ref: Reference, seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """The reference's run at its probe k at the linear rule's lr, one per seed (the plan's
+    probe)."""
+    if ref.source == LADDER:
+        return [stt.run_keys(profile, ref.probe_k, 1.0, s, ref.target.value) for s in seeds]
+    return cb.runs(profile, seeds, [ref.probe_k])
 
 
 def to_target_runs(
-    profile: Profile, ks: Sequence[float], seed: int, target: float
+    profile: Profile, ref: Reference, ks: Sequence[float], seed: int
 ) -> list[dict[str, Any]]:
     """Each k's run to the target at the linear rule's lr (the plan's), one seed."""
-    return [stt.run_keys(profile, k, 1.0, seed, target) for k in ks]
+    if ref.source == LADDER:
+        return [stt.run_keys(profile, k, 1.0, seed, ref.target.value) for k in ks]
+    return cb.runs(profile, [seed], ks)
+
+
+def wall_steps(profile: Profile, ref: Reference, runs) -> dict[int, float]:
+    """batch → steps to the target of ``runs`` (:func:`to_target_runs`' DataFrame), measured as
+    the reference measures them (NaN: never reached)."""
+    if ref.source == LADDER:
+        return to_target_steps(stt.measure(runs, ref.target.value, stt.base_lr(profile)))
+    return to_target_steps(cb.measure(runs, profile.large_k, target=ref.target.value))
 
 
 def timing_runs(
     profile: Profile,
+    ref: Reference,
     ks: Sequence[float],
     nproc: int,
     max_micro: int,
@@ -87,21 +154,15 @@ def timing_runs(
 ) -> list[dict[str, Any]]:
     """Short runs at each k for their steady step time on ``nproc`` processes, each in the
     micro-batches the plan times it in (the largest multiple of bn_batch up to ``max_micro`` that
-    divides a process's share): the ladder's keys, no probe, no evaluation, named by their layout
-    (no experiment key)."""
+    divides a process's share): the reference's keys, no probe, no evaluation, named by their
+    layout (no experiment key)."""
+    own = {"epochs": epochs, "eval_every": 0, "checkpoint": False}
+    if ref.source == LADDER:
+        ladder_keys = {"base_lr": stt.base_lr(profile), "holdout": profile.ladder["holdout"]}
+        own = {**profile.ladder.get("keys", {}), **ladder_keys, **own}
     runs = []
     for k in ks:
-        keys = profile.keys(
-            k=k,
-            **{
-                **profile.ladder.get("keys", {}),
-                "base_lr": stt.base_lr(profile),
-                "holdout": profile.ladder["holdout"],
-                "epochs": epochs,
-                "eval_every": 0,
-                "checkpoint": False,
-            },
-        )
+        keys = profile.keys(k=k, **own)
         b = keys["batch_size"]
         micro = model.micro_batch(b // nproc, max_micro, keys["bn_batch"])
         runs.append({**keys, "micro_batch": micro, "name": f"timing-b{b}-m{micro}-np{nproc}"})
@@ -175,7 +236,7 @@ class Plan:
 
 
 def make_plans(
-    probes, target: float, compute, link_, grad_bytes: float, gpus=NPROC
+    probes, target: measure.Target, compute, link_, grad_bytes: float, gpus=NPROC
 ) -> tuple[list[Plan], list[str]]:
     """One plan per probe run (``probes``: the probe runs' DataFrame), planned over the powers of
     two from one BN group (the ladder's smallest batches lie below the probe's) to an 8-step epoch
@@ -184,7 +245,7 @@ def make_plans(
     plans, missing = [], []
     for r in probes.sort_values("seed").itertuples():
         try:
-            p = measure.read_probe(Path(r.run_dir), measure.Target("error", target), "pointed at")
+            p = measure.read_probe(Path(r.run_dir), target, "pointed at")
         except ConfigError as e:
             missing.append(f"seed {r.seed}: {e}")
             continue
@@ -250,7 +311,7 @@ COLUMNS = [
     "b_crit_plan",
     "b_crit_fit",
     "steps_plan",
-    "steps_ladder",
+    "steps_reference",
     "step_ms_plan",
     "step_ms_measured",
     "train_s_plan",
@@ -260,8 +321,8 @@ COLUMNS = [
 ]
 
 
-def comparison_table(plans: Sequence[Plan], ladder_steps, times, wall_steps, b_crit_fit):
-    """Per seed's plan and batch: predicted and measured steps (the ladder's, at the best lr),
+def comparison_table(plans: Sequence[Plan], ref_steps, times, wall_steps, b_crit_fit):
+    """Per seed's plan and batch: predicted and measured steps (the reference's),
     and per process count the predicted and measured step time and training time. Without a plan
     (no probe reached the target), the measurements alone, one row per timed batch and count."""
     import pandas as pd
@@ -278,7 +339,7 @@ def comparison_table(plans: Sequence[Plan], ladder_steps, times, wall_steps, b_c
                 "seed": p.seed,
                 "b_crit_plan": p.inputs.b_crit,
                 "steps_plan": r.steps,
-                "steps_ladder": ladder_steps.get((r.batch, p.seed), math.nan),
+                "steps_reference": ref_steps.get((r.batch, p.seed), math.nan),
                 "step_ms_plan": 1e3 * r.step_s,
                 "train_s_plan": r.wall_s,
                 "recommended": best,
@@ -298,7 +359,7 @@ def _measured_row(batch: int, nproc: int, times, wall_steps, b_crit_fit) -> dict
         "b_crit_plan": math.nan,
         "b_crit_fit": b_crit_fit,
         "steps_plan": math.nan,
-        "steps_ladder": math.nan,
+        "steps_reference": math.nan,
         "step_ms_plan": math.nan,
         "step_ms_measured": 1e3 * meas_t,
         "train_s_plan": math.nan,
@@ -323,7 +384,7 @@ def _band(inside: Sequence[bool]) -> studies.Verdict:
 
 
 def findings(
-    plans, ladder_steps, fit, times, wall_steps, fixed: Sequence[int], missing=()
+    plans, ref: Reference, times, wall_steps, fixed: Sequence[int], missing=()
 ) -> list[Finding]:
     """The four claims (module docstring); every one invalid when a probe run could not be planned
     from (``missing``: why): a plan from some seeds only would pick the seeds."""
@@ -332,15 +393,16 @@ def findings(
         v = studies.Verdict(None, f"the probe run does not plan: {why}", invalid=True)
         return [studies.finding(c, v, "no plan", paper=PAPER) for c in CLAIMS]
     return [
-        _critical_batch(plans, fit),
-        *_steps(plans, ladder_steps, fit),
+        _critical_batch(plans, ref),
+        *_steps(plans, ref),
         *(_step_time(plans[0], times, fixed, p) for p in NPROC),
         _recommended(plans[0], times, wall_steps, fixed),
     ]
 
 
 CLAIMS = (
-    f"the predicted critical batch lands within x{B_CRIT_FACTOR:g} of the ladder's fitted one",
+    f"the predicted critical batch lands within x{B_CRIT_FACTOR:g} of the one fitted to the "
+    "measured steps to the target",
     f"the predicted steps to the target lie within {100 * STEPS_BELOW:.0f}% of the measured ones "
     "below B_crit",
     f"the predicted steps to the target lie within {100 * STEPS_ABOVE:.0f}% of the measured ones "
@@ -355,15 +417,16 @@ CLAIMS = (
 )
 
 
-def _critical_batch(plans: Sequence[Plan], fit) -> Finding:
-    claim = CLAIMS[0]
+def _critical_batch(plans: Sequence[Plan], ref: Reference) -> Finding:
+    claim, fit = CLAIMS[0], ref.fit
     if fit is None or not 0 < fit.b_crit < math.inf:
-        v = studies.Verdict(None, "the ladder's fit has no finite B_crit")
-        return studies.finding(claim, v, "no fit of the ladder", paper=PAPER)
+        v = studies.Verdict(None, f"{ref.source}'s fit has no finite B_crit")
+        return studies.finding(claim, v, f"no fit of {ref.source}", paper=PAPER)
     ratios = [p.inputs.b_crit / fit.b_crit for p in plans]
     inside = [1 / B_CRIT_FACTOR <= q <= B_CRIT_FACTOR for q in ratios]
     ev = (
-        f"fitted B_crit {fit.b_crit:.0f} (S_min {fit.s_min:.0f}, {fit.points} batches); predicted "
+        f"B_crit {fit.b_crit:.0f} fitted to {ref.source} (S_min {fit.s_min:.0f}, {fit.points} "
+        f"batches, to {ref.target}); predicted "
         + ", ".join(
             f"{p.inputs.b_crit:.0f} (seed {p.seed}: x{q:.2f})"
             for p, q in zip(plans, ratios, strict=True)
@@ -373,13 +436,13 @@ def _critical_batch(plans: Sequence[Plan], fit) -> Finding:
     return studies.finding(claim, _band(inside), ev, paper=PAPER)
 
 
-def _steps(plans: Sequence[Plan], ladder_steps, fit) -> list[Finding]:
-    b_crit = fit.b_crit if fit is not None else math.nan
+def _steps(plans: Sequence[Plan], ref: Reference) -> list[Finding]:
+    b_crit = ref.b_crit
     out = []
     for side, tol in (("below", STEPS_BELOW), ("above", STEPS_ABOVE)):
         pts = []
         for p in plans:
-            for (batch, seed), meas in sorted(ladder_steps.items()):
+            for (batch, seed), meas in sorted(ref.steps.items()):
                 r = p.row(batch, 1)
                 below = batch <= b_crit
                 if seed != p.seed or r is None or (side == "below") != below:
@@ -387,22 +450,22 @@ def _steps(plans: Sequence[Plan], ladder_steps, fit) -> list[Finding]:
                 if batch == p.probe.batch:  # the plan's own input, no prediction
                     continue
                 pts.append((batch, seed, r.steps, meas))
-        out.append(_steps_finding(side, tol, pts, b_crit))
+        out.append(_steps_finding(side, tol, pts, b_crit, ref.source))
     return out
 
 
-def _steps_finding(side: str, tol: float, pts, b_crit: float) -> Finding:
+def _steps_finding(side: str, tol: float, pts, b_crit: float, source: str) -> Finding:
     claim = CLAIMS[1] if side == "below" else CLAIMS[2]
     errs = [pred / meas - 1 if math.isfinite(meas) else math.inf for _, _, pred, meas in pts]
     inside = [abs(e) <= tol for e in errs]
     ev = (
-        f"B_crit {b_crit:.0f} (the ladder's fit); "
+        f"B_crit {b_crit:.0f} ({source}'s fit); "
         + (
             "; ".join(
                 f"batch {b} seed {s}: {pred:.0f} predicted, {meas:.0f} measured ({_pct(e)})"
                 for (b, s, pred, meas), e in zip(pts, errs, strict=True)
             )
-            or "no ladder batch on this side"
+            or f"no batch of {source} on this side"
         )
         + _miss(errs, inside, lambda e: _pct(e))
     )

@@ -279,6 +279,7 @@ PROFILES: dict[str, Profile] = {
             "pool5_bn",
             "critical_batch",
             "optimizers",
+            "plan",
         ),
     ),
     "fashion-long": Profile(
