@@ -164,16 +164,18 @@ class Compute:
 def fit_compute(steps: dict[int, float], group: int) -> tuple[float, float, float | None]:
     """(per_micro_s, per_sample_s, one_group_s) from measured steps of one micro-batch
     ``{m: seconds}``: the line through the two largest, and the one-group step apart where the
-    two largest are both of two or more groups; a single size: all per sample."""
+    two largest are both of two or more groups. A single size, or a line that would start below
+    zero (the smaller step timed slow against the larger, as on a loaded machine): all per sample,
+    through the largest."""
     sizes = sorted(steps)
-    if len(sizes) == 1:
-        (m,) = sizes
-        return 0.0, steps[m] / m, None
-    (m1, t1), (m2, t2) = ((m, steps[m]) for m in sizes[-2:])
+    one = steps[group] if group in steps and len(sizes) > 2 else None
+    m2, t2 = sizes[-1], steps[sizes[-1]]
+    m1 = sizes[-2] if len(sizes) > 1 else m2
+    t1 = steps[m1]
+    if m1 == m2 or t1 * m2 < t2 * m1:  # one size, or an intercept below zero
+        return 0.0, t2 / m2, one
     per_sample = max(0.0, (t2 - t1) / (m2 - m1))
-    per_micro = max(0.0, t1 - per_sample * m1)
-    one = steps[group] if group in steps and m1 > group else None
-    return per_micro, per_sample, one
+    return t1 - per_sample * m1, per_sample, one
 
 
 def micro_batch(per_worker: int, max_micro: int, granule: int) -> int | None:
