@@ -157,9 +157,16 @@ def _plan_parser(sub) -> None:
     pl.add_argument(
         "--timing-samples",
         type=int,
-        default=4096,
+        default=None,
         help="samples (and at least 40 steps) of each short run that times the compute and a "
-        "2-process step (default 4096; fewer: a faster, noisier plan)",
+        "2-process step (default 4096, on a GPU 16384; fewer: a faster, noisier plan)",
+    )
+    pl.add_argument(
+        "--timing-runs",
+        type=int,
+        default=3,
+        help="short runs per timed size, their median taken (default 3; 1: faster, and open to "
+        "a slow spell of the machine)",
     )
     pl.add_argument(
         "--batches",

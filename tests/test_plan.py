@@ -150,7 +150,7 @@ def test_at_one_process_the_time_model_is_the_measured_compute(tiny):
     reproduces the three timed micro-batches, and one worker's predicted step is that compute,
     with no all-reduce."""
     cfg = tiny()
-    compute, info = measure.time_compute(cfg, repeats=3, samples=512)
+    compute, info = measure.time_compute(cfg, repeats=3, samples=512, runs=1)
     timed = info["trainer_step_s"]
     # one BN group, two, and 8 (the CPU's rule allows 256)
     assert sorted(map(int, timed)) == [16, 32, 128]
@@ -317,6 +317,7 @@ def _plan(tmp_path, *options, keys=None):
         (["--target", "error=22", "--reference", "nowhere"], "--reference=nowhere"),
         (["--target", "error=22", "--probe-epochs", "0"], "--probe-epochs=0"),
         (["--target", "error=22", "--timing-samples", "0"], "--timing-samples=0"),
+        (["--target", "error=22", "--timing-runs", "0"], "--timing-runs=0"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_option_and_nothing_is_written(
@@ -351,7 +352,7 @@ def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
     keys = {**TINY, **LEARNING, "out_dir": str(tmp_path / "results"), "holdout": 500}
     out = tmp_path / "results" / "plans" / from_dict(keys).run_name()
     args = ["--target", "error=75", "--gpus", "1,2", "--interconnect", "pcie3"]
-    args += ["--timing-samples", "512"]
+    args += ["--timing-samples", "512", "--timing-runs", "1"]
     assert _plan(tmp_path, *args, keys=keys) == 0
     doc = json.loads((out / "plan.json").read_text())
     assert {(r["batch"], r["gpus"]) for r in doc["rows"]} >= {(32, 1), (32, 2), (64, 2)}

@@ -33,10 +33,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="samples of each compute timing run (default: lbsgd plan's, measure.timed_samples)",
     )
+    p.add_argument(
+        "--timing-runs", type=int, default=None, help="timing runs per size (default: lbsgd plan's)"
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_intermixed_args(argv)
     cfg = config.load([], [*args.overrides, "wandb=disabled", "checkpoint=false", "eval_every=0"])
-    compute, info = measure.time_compute(cfg, samples=args.timing_samples)
+    compute, info = measure.time_compute(cfg, samples=args.timing_samples, runs=args.timing_runs)
     link = costmodel.Link(0.0, 1e12)  # one process: no all-reduce
     rows = []
     for b in (int(v) for v in args.batches.split(",")):

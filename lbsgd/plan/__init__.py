@@ -43,7 +43,8 @@ class Request:
     reference: Path | None
     probe_epochs: float | None
     batches: tuple[int, ...]
-    timing_samples: int
+    timing_samples: int | None
+    timing_runs: int = measure.TIMING_RUNS
 
 
 def interconnect(text: str) -> tuple[costmodel.Link, str]:
@@ -110,8 +111,10 @@ def request(args: Any) -> Request:
     reference = Path(args.reference) if args.reference else None
     if args.probe_epochs is not None and not args.probe_epochs > 0:
         raise ConfigError(f"--probe-epochs={args.probe_epochs}: expected a number of epochs > 0")
-    if args.timing_samples < 1:
+    if args.timing_samples is not None and args.timing_samples < 1:
         raise ConfigError(f"--timing-samples={args.timing_samples}: expected a number >= 1")
+    if args.timing_runs < 1:
+        raise ConfigError(f"--timing-runs={args.timing_runs}: expected a number >= 1")
     cfg = load(args.config, args.overrides)
     out = Path(args.out) if args.out else Path(cfg.out_dir) / "plans" / cfg.run_name()
     if (out / "plan.json").exists():
@@ -138,6 +141,7 @@ def request(args: Any) -> Request:
         args.probe_epochs,
         batches,
         args.timing_samples,
+        args.timing_runs,
     )
 
 
@@ -234,11 +238,11 @@ def plan(r: Request) -> dict[str, Any]:
     p = probe(r)  # a run pointed at that does not approach the target: one line, nothing written
     r.out.mkdir(parents=True, exist_ok=True)
     _say("2/3 timing a worker's compute at three micro-batch sizes")
-    compute, timing = measure.time_compute(r.config, samples=r.timing_samples)
+    compute, timing = measure.time_compute(r.config, samples=r.timing_samples, runs=r.timing_runs)
     if max(r.gpus) > 1:
         _say(f"2/3 timing a step of {measure.SYNC_PROCESSES} processes")
         compute, info = measure.time_sync(
-            r.config, compute, r.link, timing["grad_bytes"], r.timing_samples
+            r.config, compute, r.link, timing["grad_bytes"], r.timing_samples, r.timing_runs
         )
         timing = {**timing, **info}
     x = inputs(r, p, compute, timing["grad_bytes"])

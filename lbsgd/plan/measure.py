@@ -329,12 +329,14 @@ cfg = config.load([sys.argv[1]])
 isa.pin(cfg.cpu_isa)
 isa.require(cfg.cpu_isa)
 from lbsgd.plan import measure
-compute, info = measure.time_compute_here(cfg, int(sys.argv[2]), int(sys.argv[3]))
+compute, info = measure.time_compute_here(cfg, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
 print(json.dumps({"compute": dataclasses.asdict(compute), "info": info}))
 """
 
 
-def time_compute(cfg: Config, repeats: int = 5, samples: int | None = None) -> tuple[Compute, dict]:
+def time_compute(
+    cfg: Config, repeats: int = 5, samples: int | None = None, runs: int | None = None
+) -> tuple[Compute, dict]:
     """:func:`time_compute_here` in a fresh Python process, whose CPU kernels are the config's
     (``cpu_isa``: pinned before torch loads, as a run's are; a process that has run torch already,
     a notebook's kernel, keeps its own, and ``portable`` alone makes ResNet-8's step several times
@@ -356,6 +358,7 @@ def time_compute(cfg: Config, repeats: int = 5, samples: int | None = None) -> t
                 str(path),
                 str(repeats),
                 str(samples or timed_samples(cfg)),
+                str(runs or TIMING_RUNS),
             ],
             capture_output=True,
             text=True,
@@ -372,6 +375,10 @@ TIMED_SAMPLES = 4096  # each trainer timing run: at least this many samples (and
 # step 19.7 and 30.2 ms on one H100 in two calls, so the plan missed its runs by up to 33%; at
 # 16,384 it came within 7% (results/gpu/h100-plan/)
 TIMED_SAMPLES_CUDA = 16384
+# short runs per timed size, their median taken: on the 2-core development machine two timings of
+# the same ResNet-8 step at 128, a minute apart, read 49.9 and 71.1 ms (a slow spell of seconds),
+# and one such spell put every 1-process prediction of a sitting 40-57% high
+TIMING_RUNS = 3
 
 
 def timed_samples(cfg: Config) -> int:
@@ -382,15 +389,16 @@ def timed_samples(cfg: Config) -> int:
 
 
 def time_compute_here(
-    cfg: Config, repeats: int = 5, samples: int | None = None
+    cfg: Config, repeats: int = 5, samples: int | None = None, runs: int | None = None
 ) -> tuple[Compute, dict]:
     """A worker's compute, in this process as its CPU kernels are, at the config's threads:
 
     - per micro-batch and per sample, fitted to the trainer's own steady step time (summary.json's
       img_per_s: the sampler, ghost BN, the update and the metric flushes included) in three
       short runs of one micro-batch a step, of one BN group, two, and the largest that fits (up
-      to 8 groups), each at least ``samples`` (default :func:`timed_samples`) and 40 steps long:
-      the line through the two larger, the one-group step apart (:func:`fit_compute`);
+      to 8 groups), each at least ``samples`` (default :func:`timed_samples`) and 40 steps long,
+      the median of ``runs`` (default :data:`TIMING_RUNS`) such runs per size: the line through
+      the two larger, the one-group step apart (:func:`fit_compute`);
     - the backward's share of a micro-batch, from timings of the network's training forward,
       forward + backward + update and the update alone (median of ``repeats``, ghost BN as runs
       have it, random inputs of the dataset's shape).
@@ -409,7 +417,9 @@ def time_compute_here(
     max_micro, how = largest_micro(cfg, net, splits, device, precision)
     top = min(max_micro, 8 * cfg.bn_batch)
     sizes = sorted({m for m in (cfg.bn_batch, 2 * cfg.bn_batch, top) if m <= top})
-    steps = {m: _trainer_step_s(cfg, m, samples or timed_samples(cfg)) for m in sizes}
+    n = samples or timed_samples(cfg)
+    each = {m: [_trainer_step_s(cfg, m, n) for _ in range(runs or TIMING_RUNS)] for m in sizes}
+    steps = {m: statistics.median(ts) for m, ts in each.items()}
     per_micro, per_sample, one_group = fit_compute(steps, cfg.bn_batch)
     full, fwd, upd = _parts(cfg, net, splits, top, device, precision, repeats)
     backward = min(1.0, max(0.0, (full - fwd - upd) / full))
@@ -417,6 +427,7 @@ def time_compute_here(
         "device": str(device),
         "threads": torch.get_num_threads(),
         "trainer_step_s": {str(m): t for m, t in steps.items()},
+        "trainer_step_runs_s": {str(m): ts for m, ts in each.items()},
         "parts_s": {"micro_batch": top, "step": full, "forward": fwd, "update": upd},
         "max_micro_batch": max_micro,
         "max_micro_batch_from": how,
@@ -485,7 +496,12 @@ PARALLEL_GROUPS = 6  # the larger share per process of the 2-process fit, in BN 
 
 
 def time_sync(
-    cfg: Config, compute: Compute, link, grad_bytes: float, samples: int | None = None
+    cfg: Config,
+    compute: Compute,
+    link,
+    grad_bytes: float,
+    samples: int | None = None,
+    runs: int | None = None,
 ) -> tuple[Compute, dict]:
     """``compute`` with what two processes at once cost, fitted to the trainer's steady step in
     two runs of two processes (torchrun on this machine, its output kept out of this process's),
@@ -500,7 +516,8 @@ def time_sync(
     if devices_here(cfg) < SYNC_PROCESSES:
         return compute, {"sync_s": 0.0, "sync_from": "not measured: one device here"}
     m1, m2 = 2 * cfg.bn_batch, PARALLEL_GROUPS * cfg.bn_batch
-    t1, t2 = (_parallel_step_s(cfg, m, samples or timed_samples(cfg)) for m in (m1, m2))
+    n, r = samples or timed_samples(cfg), runs or TIMING_RUNS
+    t1, t2 = (statistics.median(_parallel_step_s(cfg, m, n) for _ in range(r)) for m in (m1, m2))
     among = max(0.0, (t2 - t1) / (m2 - m1))
     fitted = dataclasses.replace(compute, parallel_per_sample_s=among, sync_s=0.0)
     predicted, _, _ = step_time(fitted, m1, m1, SYNC_PROCESSES, grad_bytes, link)

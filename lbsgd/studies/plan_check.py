@@ -154,8 +154,8 @@ def timing_runs(
 ) -> list[dict[str, Any]]:
     """Short runs at each k for their steady step time on ``nproc`` processes, each in the
     micro-batches the plan times it in (the largest multiple of bn_batch up to ``max_micro`` that
-    divides a process's share): the reference's keys, no probe, no evaluation, named by their
-    layout (no experiment key)."""
+    divides a process's share; none where a process would hold less than one BN group): the
+    reference's keys, no probe, no evaluation, named by their layout (no experiment key)."""
     own = {"epochs": epochs, "eval_every": 0, "checkpoint": False}
     if ref.source == LADDER:
         ladder_keys = {"base_lr": stt.base_lr(profile), "holdout": profile.ladder["holdout"]}
@@ -165,6 +165,8 @@ def timing_runs(
         keys = profile.keys(k=k, **own)
         b = keys["batch_size"]
         micro = model.micro_batch(b // nproc, max_micro, keys["bn_batch"])
+        if micro is None:  # fewer samples a process than one BN group: no such layout
+            continue
         runs.append({**keys, "micro_batch": micro, "name": f"timing-b{b}-m{micro}-np{nproc}"})
     return runs
 
@@ -197,7 +199,7 @@ def link(study_dir: Path, small: bool = False) -> tuple[costmodel.Link, dict[str
     return scaling.link(doc), doc
 
 
-SMALL_TIMING = 512  # samples of each timing run at smoke scale (measure.TIMED_SAMPLES otherwise)
+SMALL_TIMING = 512  # samples of each timing run at smoke scale, one run a size (else lbsgd plan's)
 
 
 def measured_compute(
@@ -209,10 +211,10 @@ def measured_compute(
     the study's files, as study 10's of its benchmarks. ``small``: short timing runs (smoke)."""
     out = Path(study_dir) / "compute.json"
     if not out.exists():
-        samples = SMALL_TIMING if small else None
-        compute, info = measure.time_compute(probe_cfg, samples=samples)
+        samples, runs = (SMALL_TIMING, 1) if small else (None, None)
+        compute, info = measure.time_compute(probe_cfg, samples=samples, runs=runs)
         compute, sync_info = measure.time_sync(
-            probe_cfg, compute, link_, info["grad_bytes"], samples
+            probe_cfg, compute, link_, info["grad_bytes"], samples, runs
         )
         doc = {"compute": asdict(compute), "info": {**info, **sync_info}}
         out.write_text(json.dumps(doc, indent=2) + "\n")
