@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,8 @@ class Reference:
     """The measured steps to a target a plan is checked against (:func:`reference`): ``source``
     (:data:`LADDER` or :data:`SWEEP`), the ``target``, each (batch, seed)'s measured ``steps``
     (NaN: never reached), the ``fit`` of S(B) = S_min (1 + B_crit/B) to them, the probe's k, the
-    fixed batches' ks and the seeds."""
+    fixed batches' ks, the seeds, and the steps each run trained (``ran``: a run that never
+    reached the target says only that it takes more)."""
 
     source: str
     target: measure.Target
@@ -89,6 +90,7 @@ class Reference:
     probe_k: float
     fixed_ks: tuple[float, ...]
     seeds: tuple[int, ...]
+    ran: dict[tuple[int, int], int] = field(default_factory=dict)
 
     @property
     def b_crit(self) -> float:
@@ -104,7 +106,10 @@ def reference(profile_dir: Path, profile: Profile) -> Reference:
         m, chosen, fit = ladder(profile_dir, profile, goal)
         seeds = tuple(profile.ladder["seeds"])
         target = measure.Target("error", goal)
-        return Reference(LADDER, target, chosen_steps(m, chosen), fit, PROBE_K, FIXED_KS, seeds)
+        runs = stt.chosen_runs(m, chosen)
+        ran = {(int(r.batch_size), int(r.seed)): int(r.total_steps) for r in runs.itertuples()}
+        steps = chosen_steps(m, chosen)
+        return Reference(LADDER, target, steps, fit, PROBE_K, FIXED_KS, seeds, ran)
     folder = Path(profile_dir) / cb.STUDY
     if not any(folder.glob("*/summary.json")):
         raise ConfigError(
@@ -113,10 +118,12 @@ def reference(profile_dir: Path, profile: Profile) -> Reference:
         )
     m = cb.measure(ex.load_runs(folder), profile.large_k)
     steps = {(int(r.batch_size), int(r.seed)): float(r.steps_to_target) for r in m.itertuples()}
+    ran = {(int(r.batch_size), int(r.seed)): int(r.total_steps) for r in m.itertuples()}
     target = measure.Target("loss", float(m["target_loss"].iloc[0]))
     base = cb.baseline_k(m)
     probe_k = base if base is not None else float(min(m["k"].astype(float)))
-    return Reference(SWEEP, target, steps, cb.fit_runs(m), probe_k, SWEEP_KS, tuple(profile.seeds))
+    fit, seeds = cb.fit_runs(m), tuple(profile.seeds)
+    return Reference(SWEEP, target, steps, fit, probe_k, SWEEP_KS, seeds, ran)
 
 
 def probe_runs(profile: Profile, ref: Reference, seeds: Sequence[int]) -> list[dict[str, Any]]:
@@ -442,7 +449,7 @@ def _steps(plans: Sequence[Plan], ref: Reference) -> list[Finding]:
     b_crit = ref.b_crit
     out = []
     for side, tol in (("below", STEPS_BELOW), ("above", STEPS_ABOVE)):
-        pts = []
+        pts, short = [], []
         for p in plans:
             for (batch, seed), meas in sorted(ref.steps.items()):
                 r = p.row(batch, 1)
@@ -451,27 +458,39 @@ def _steps(plans: Sequence[Plan], ref: Reference) -> list[Finding]:
                     continue
                 if batch == p.probe.batch:  # the plan's own input, no prediction
                     continue
-                pts.append((batch, seed, r.steps, meas))
-        out.append(_steps_finding(side, tol, pts, b_crit, ref.source))
+                ran = ref.ran.get((batch, seed), 0)
+                if not math.isfinite(meas) and ran < (1 + tol) * r.steps:
+                    # never reached, but stopped before the band's edge: no comparison
+                    short.append(f"batch {batch} seed {seed} never reached it in its {ran} steps")
+                    continue
+                pts.append((batch, seed, r.steps, meas, ran))
+        out.append(_steps_finding(side, tol, pts, b_crit, ref.source, short))
     return out
 
 
-def _steps_finding(side: str, tol: float, pts, b_crit: float, source: str) -> Finding:
+def _steps_finding(side: str, tol: float, pts, b_crit: float, source: str, short) -> Finding:
     claim = CLAIMS[1] if side == "below" else CLAIMS[2]
-    errs = [pred / meas - 1 if math.isfinite(meas) else math.inf for _, _, pred, meas in pts]
+    errs = [pred / meas - 1 if math.isfinite(meas) else math.inf for _, _, pred, meas, _ in pts]
     inside = [abs(e) <= tol for e in errs]
     ev = (
         f"B_crit {b_crit:.0f} ({source}'s fit); "
         + (
             "; ".join(
-                f"batch {b} seed {s}: {pred:.0f} predicted, {meas:.0f} measured ({_pct(e)})"
-                for (b, s, pred, meas), e in zip(pts, errs, strict=True)
+                f"batch {b} seed {s}: {pred:.0f} predicted, "
+                + (
+                    f"{meas:.0f} measured ({_pct(e)})"
+                    if math.isfinite(meas)
+                    else f"never reached in its {ran} steps (over {100 * tol:.0f}% more)"
+                )
+                for (b, s, pred, meas, ran), e in zip(pts, errs, strict=True)
             )
             or f"no batch of {source} on this side"
         )
         + _miss(errs, inside, lambda e: _pct(e))
+        + (f"; not compared: {', '.join(short)}, short of the band's edge" if short else "")
     )
-    return studies.finding(claim, _band(inside), ev, paper=PAPER)
+    verdict = _band(inside) if pts else studies.Verdict(None, "nothing to compare")
+    return studies.finding(claim, verdict, ev, paper=PAPER)
 
 
 def _step_time(plan: Plan, times, fixed: Sequence[int], nproc: int) -> Finding:
@@ -510,7 +529,7 @@ def _recommended(plan: Plan, times, wall_steps, fixed: Sequence[int]) -> Finding
         f"recommended batch {best.batch} on {p} process{'es' if p > 1 else ''} (plan seed "
         f"{plan.seed}); measured training time to the target at the linear rule's lr "
         f"(steps of its run x the measured step time): "
-        + "; ".join(f"batch {b}: {_secs(w)}" for b, w in wall.items())
+        + "; ".join(f"batch {b}: {_wall_text(b, w, wall_steps, times, p)}" for b, w in wall.items())
     )
     if not reached or not math.isfinite(ours):
         v = studies.Verdict(None, "the recommended batch or every fixed one never reached it")
@@ -533,6 +552,15 @@ def _pct(e: float) -> str:
 
 def _secs(s: float) -> str:
     return f"{s:.1f} s" if math.isfinite(s) else "never reached"
+
+
+def _wall_text(batch: int, wall: float, wall_steps, times, nproc: int) -> str:
+    """A fixed batch's measured training time, or why it has none."""
+    if math.isfinite(wall):
+        return _secs(wall)
+    if (batch, nproc) not in times:
+        return f"no layout on {nproc} processes" if nproc > 1 else "not timed"
+    return "never reached"
 
 
 def _miss(values, inside, fmt) -> str:
