@@ -200,10 +200,17 @@ def link(study_dir: Path, small: bool = False) -> tuple[costmodel.Link, dict[str
             min_bytes=1024,
             max_bytes=2**20 if small else 2**24,
             iters=3 if small else 10,
-            out=str(out),
+            out=_here(out),
         )
     doc = json.loads(out.read_text())
     return scaling.link(doc), doc
+
+
+def _here(path: Path) -> str:
+    """``path`` relative to the working directory where it lies under it (what a command prints
+    of it then names no folder of this machine: executed notebooks are committed)."""
+    path = Path(path).resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 SMALL_TIMING = 512  # samples of each timing run at smoke scale, one run a size (else lbsgd plan's)
