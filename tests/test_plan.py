@@ -378,6 +378,10 @@ def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
     assert doc["compute"]["parallel_per_sample_s"] > 0
     printed = capsys.readouterr().out
     assert "recommended: batch" in printed and "B_simple over the probe" in printed
+    # three sizes timed (TINY: bn_batch 16), one group apart, and so printed
+    c = doc["compute"]
+    assert sorted(map(int, c["trainer_step_s"])) == [16, 32, 128] and c["group"] == 16
+    assert f"(one BN group of 16: {c['one_group_s'] * 1e3:.2f} ms)" in printed
     assert _plan(tmp_path, *args, keys=keys) == cli.EXIT_BAD_INPUT
 
 

@@ -323,6 +323,12 @@ def _draw_wall(ax, doc: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
+def _one_group(compute: dict[str, Any]) -> str:
+    """The one-BN-group step where timed apart (plans written before it have none)."""
+    t = compute.get("one_group_s")
+    return "" if t is None else f" (one BN group of {compute['group']}: {t * 1e3:.2f} ms)"
+
+
 def render(doc: dict[str, Any], gpus: Sequence[int] | None = None) -> str:
     """The plan as text: its sources, the table and the recommendation."""
     p = doc["probe"]
@@ -339,7 +345,8 @@ def render(doc: dict[str, Any], gpus: Sequence[int] | None = None) -> str:
         f"interconnect: alpha {doc['interconnect']['alpha_s'] * 1e6:.1f} us, beta "
         f"{doc['interconnect']['bandwidth_Bps'] / 1e9:.3g} GB/s, {doc['interconnect']['source']}",
         f"compute: {doc['compute']['per_micro_s'] * 1e3:.2f} ms per micro-batch + "
-        f"{doc['compute']['per_sample_s'] * 1e6:.1f} us per sample, backward share "
+        f"{doc['compute']['per_sample_s'] * 1e6:.1f} us per sample{_one_group(doc['compute'])}, "
+        "backward share "
         f"{doc['compute']['backward_fraction']:.2f}; among several processes: "
         f"{doc['compute'].get('sync_from', 'not measured')}",
         "",
