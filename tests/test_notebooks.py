@@ -45,7 +45,7 @@ NARROWED = {
     "13_staleness": {"taus": [0, 2]},
     "14_optimizers": {"ks": [16], "lr_factors": [1], "warmups": [0.25], "epochs": 1},
     "15_steps_to_target": {"ks": [1, 4], "epochs": 2},
-    "16_plan": {"ks": [4], "seeds": [0], "timing_epochs": 0.25},
+    "16_plan": {"ks": [4], "seeds": [0], "timing_epochs": 0.25, "nproc": [1]},
 }
 # what ex.sweep prints per run: "[i/n] NAME: …" (skipped, copied, started or resumed, then the end)
 SWEEP_LINE = re.compile(r"^\[\d+/\d+\] ([^\s:]+)", re.MULTILINE)

@@ -103,18 +103,23 @@ def batch_range(cfg: Config, text: str | None) -> tuple[int, ...]:
     return tuple(batches)
 
 
-def request(args: Any) -> Request:
-    """The command line's options checked, each with one line naming it; nothing runs before."""
-    target = Target.parse(args.target)
-    gpus = gpu_counts(args.gpus)
-    link, source = interconnect(args.interconnect)
-    reference = Path(args.reference) if args.reference else None
+def _check_numbers(args: Any) -> None:
+    """--probe-epochs above 0, --timing-samples and --timing-runs at least 1: one line each."""
     if args.probe_epochs is not None and not args.probe_epochs > 0:
         raise ConfigError(f"--probe-epochs={args.probe_epochs}: expected a number of epochs > 0")
     if args.timing_samples is not None and args.timing_samples < 1:
         raise ConfigError(f"--timing-samples={args.timing_samples}: expected a number >= 1")
     if args.timing_runs < 1:
         raise ConfigError(f"--timing-runs={args.timing_runs}: expected a number >= 1")
+
+
+def request(args: Any) -> Request:
+    """The command line's options checked, each with one line naming it; nothing runs before."""
+    target = Target.parse(args.target)
+    gpus = gpu_counts(args.gpus)
+    link, source = interconnect(args.interconnect)
+    reference = Path(args.reference) if args.reference else None
+    _check_numbers(args)
     cfg = load(args.config, args.overrides)
     out = Path(args.out) if args.out else Path(cfg.out_dir) / "plans" / cfg.run_name()
     if (out / "plan.json").exists():

@@ -416,9 +416,7 @@ def time_compute_here(
     precision = Precision(cfg.precision, device, cfg.loss_scale)
     max_micro, how = largest_micro(cfg, net, splits, device, precision)
     top = min(max_micro, 8 * cfg.bn_batch)
-    sizes = sorted({m for m in (cfg.bn_batch, 2 * cfg.bn_batch, top) if m <= top})
-    n = samples or timed_samples(cfg)
-    each = {m: [_trainer_step_s(cfg, m, n) for _ in range(runs or TIMING_RUNS)] for m in sizes}
+    each = _timed_sizes(cfg, top, samples or timed_samples(cfg), runs or TIMING_RUNS)
     steps = {m: statistics.median(ts) for m, ts in each.items()}
     per_micro, per_sample, one_group = fit_compute(steps, cfg.bn_batch)
     full, fwd, upd = _parts(cfg, net, splits, top, device, precision, repeats)
@@ -437,6 +435,13 @@ def time_compute_here(
     return Compute(
         per_micro, per_sample, backward, max_micro, one_group_s=one_group, group=cfg.bn_batch
     ), info
+
+
+def _timed_sizes(cfg: Config, top: int, samples: int, runs: int) -> dict[int, list[float]]:
+    """The trainer's steady step at one BN group, two and ``top`` samples a micro-batch (those
+    up to ``top``), ``runs`` short runs each."""
+    sizes = sorted({m for m in (cfg.bn_batch, 2 * cfg.bn_batch, top) if m <= top})
+    return {m: [_trainer_step_s(cfg, m, samples) for _ in range(runs)] for m in sizes}
 
 
 def _trainer_step_s(cfg: Config, m: int, samples: int) -> float:

@@ -217,19 +217,22 @@ SMALL_TIMING = 512  # samples of each timing run at smoke scale, one run a size 
 
 
 def measured_compute(
-    study_dir: Path, probe_cfg, link_: costmodel.Link, small: bool = False
+    study_dir: Path, probe_cfg, link_: costmodel.Link, small: bool = False, processes=NPROC
 ) -> tuple[model.Compute, dict[str, Any]]:
-    """A worker's compute and a 2-process step's extra (``lbsgd plan``'s measurements,
-    :func:`lbsgd.plan.measure.time_compute` and :func:`~lbsgd.plan.measure.time_sync`), measured
-    into the study's ``compute.json`` unless there already: the findings are then a function of
-    the study's files, as study 10's of its benchmarks. ``small``: short timing runs (smoke)."""
+    """A worker's compute and, where ``processes`` plans more than one, a 2-process step's extra
+    (``lbsgd plan``'s measurements, :func:`lbsgd.plan.measure.time_compute` and
+    :func:`~lbsgd.plan.measure.time_sync`), measured into the study's ``compute.json`` unless
+    there already: the findings are then a function of the study's files, as study 10's of its
+    benchmarks. ``small``: short timing runs (smoke)."""
     out = Path(study_dir) / "compute.json"
     if not out.exists():
         samples, runs = (SMALL_TIMING, 1) if small else (None, None)
         compute, info = measure.time_compute(probe_cfg, samples=samples, runs=runs)
-        compute, sync_info = measure.time_sync(
-            probe_cfg, compute, link_, info["grad_bytes"], samples, runs
-        )
+        sync_info = {"sync_s": 0.0, "sync_from": "not measured: one process planned"}
+        if max(processes) > 1:
+            compute, sync_info = measure.time_sync(
+                probe_cfg, compute, link_, info["grad_bytes"], samples, runs
+            )
         doc = {"compute": asdict(compute), "info": {**info, **sync_info}}
         out.write_text(json.dumps(doc, indent=2) + "\n")
     doc = json.loads(out.read_text())
