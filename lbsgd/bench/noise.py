@@ -84,18 +84,26 @@ def noise_layouts(cfg: Config, nproc: int) -> list[tuple[str, str, int, dict]]:
     return out
 
 
-def trainer_torchrun(cfg: Config, steps: int, num_train: int, nproc: int, out_dir: str) -> Timing:
-    """:func:`trainer_run` in ``nproc`` processes on this machine (:func:`torchrun`): the trainer's
-    own steady throughput of the global batch (rank 0's summary.json)."""
+def trainer_torchrun(
+    cfg: Config,
+    steps: int,
+    num_train: int,
+    nproc: int,
+    out_dir: str,
+    what: str = "lbsgd bench noise",
+) -> Timing:
+    """:func:`trainer_run` in ``nproc`` processes on this machine (:func:`torchrun`, which never
+    hangs on a worker that died): the trainer's own steady throughput of the global batch (rank
+    0's summary.json). ``what`` prefixes a failure's line."""
     run = cfg.replace(epochs=steps * cfg.batch_size / num_train, out_dir=out_dir, name="bench")
     keys = Path(out_dir) / "keys.yaml"
     keys.parent.mkdir(parents=True, exist_ok=True)
     keys.write_text(config.dump(run))
-    torchrun(1, nproc, ["train", "-c", str(keys)], what=f"lbsgd bench noise: {nproc} processes")
+    torchrun(1, nproc, ["train", "-c", str(keys)], what=f"{what}: {nproc} processes")
     summary = json.loads((run.run_dir() / "summary.json").read_text())
     if summary["steps"] != steps:
         raise RuntimeError(
-            f"lbsgd bench noise: the trainer stopped {summary['status']} after "
+            f"{what}: the trainer stopped {summary['status']} after "
             f"{summary['steps']} of {steps} steps"
         )
     return Timing(summary["img_per_s"], summary.get("warmup_s"))

@@ -537,26 +537,15 @@ def time_sync(
 
 
 def _parallel_step_s(cfg: Config, m: int, samples: int) -> float:
-    """The trainer's steady step of two processes of one micro-batch of ``m`` each."""
-    import subprocess
-    import sys
+    """The trainer's steady step of two processes of one micro-batch of ``m`` each (torchrun
+    under lbsgd.bench's watch: a worker that hangs is stopped, not waited for)."""
     import tempfile
 
-    from lbsgd.config import dump
+    from lbsgd.bench.noise import trainer_torchrun
 
     run = _timing_config(cfg, SYNC_PROCESSES * m, m)
     steps = max(40, math.ceil(samples / run.batch_size))
     with tempfile.TemporaryDirectory() as tmp:
-        run = run.replace(
-            out_dir=tmp, name="sync", epochs=steps * run.batch_size / data.train_size(run)
-        )
-        path = Path(tmp) / "sync.yaml"
-        path.write_text(dump(run))
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        argv = [*torchrun, f"--nproc-per-node={SYNC_PROCESSES}", "-m", "lbsgd", "train"]
-        done = subprocess.run([*argv, "-c", str(path)], capture_output=True, text=True)
-        if done.returncode:
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"timing a step of {SYNC_PROCESSES} processes failed: {tail}")
-        summary = json.loads((run.run_dir() / "summary.json").read_text())
-    return run.batch_size / summary["img_per_s"]
+        what = "lbsgd plan, timing a step"
+        timing = trainer_torchrun(run, steps, data.train_size(run), SYNC_PROCESSES, tmp, what)
+    return run.batch_size / timing.img_per_s
