@@ -164,7 +164,7 @@ def _plan_parser(sub) -> None:
     pl.add_argument(
         "--timing-runs",
         type=int,
-        default=3,
+        default=None,
         help="short runs per timed size, their median taken (default 3; 1: faster, and open to "
         "a slow spell of the machine)",
     )

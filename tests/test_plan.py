@@ -433,3 +433,103 @@ def test_study_16_checks_fashion_against_study_11s_committed_sweep_read_in_place
     (timing,) = pc.timing_runs(profile, ref, [4], 2, 256)
     assert (timing["batch_size"], timing["micro_batch"]) == (64, 32)
     assert timing["name"] == "timing-b64-m32-np2" and not timing.get("noise_scale")
+
+
+def test_each_timed_size_is_the_median_of_its_runs_so_one_slow_run_moves_nothing(tiny, monkeypatch):
+    """Three runs a size, the median kept: a slow spell in one run (x1.5 at 128, as this machine
+    showed) leaves the fitted line where the other two put it; the runs themselves are recorded.
+    Two processes likewise (time_sync's medians, read back from its line)."""
+    scripted = {16: [8e-3, 8e-3, 8e-3], 32: [15e-3, 14e-3, 30e-3], 128: [75e-3, 50e-3, 50e-3]}
+    calls = {m: iter(ts) for m, ts in scripted.items()}
+    monkeypatch.setattr(measure, "_trainer_step_s", lambda cfg, m, n: next(calls[m]))
+    compute, info = measure.time_compute_here(tiny(), repeats=1, samples=64, runs=3)
+    assert info["trainer_step_s"] == {"16": 8e-3, "32": 15e-3, "128": 50e-3}
+    assert info["trainer_step_runs_s"]["128"] == [75e-3, 50e-3, 50e-3]
+    assert compute.per_sample_s == pytest.approx(35e-3 / 96)
+    assert compute.one_group_s == 8e-3
+    parallel = {32: iter([20e-3, 40e-3, 21e-3]), 96: iter([44e-3, 45e-3, 90e-3])}
+    monkeypatch.setattr(measure, "_parallel_step_s", lambda cfg, m, n: next(parallel[m]))
+    monkeypatch.setattr(measure, "devices_here", lambda cfg: 2)
+    _, sync = measure.time_sync(tiny(), compute, LINK, 4e3, samples=64, runs=3)
+    assert sync["parallel_per_sample_s"] == pytest.approx((45e-3 - 21e-3) / 64)
+    assert "steps 21.00 and 45.00 ms measured" in sync["sync_from"]
+
+
+def _fake_plan(seed: int, probe_batch: int, steps: dict[int, float]):
+    from types import SimpleNamespace
+
+    rows = {b: SimpleNamespace(steps=s) for b, s in steps.items()}
+    return SimpleNamespace(
+        seed=seed,
+        probe=SimpleNamespace(batch=probe_batch),
+        row=lambda batch, gpus: rows.get(batch) if gpus == 1 else None,
+    )
+
+
+def test_a_run_that_never_reached_the_target_counts_only_where_it_ran_past_the_bands_edge():
+    """Predicted 100 steps above B_crit (tolerance 50%): measured steps beyond 100 / (1 - 0.5) =
+    200 put the prediction more than 50% below. A run that stopped unreached after 150 steps may
+    still reach it by 200 (not compared); one that ran 250 steps unreached is a miss; the probe's
+    own batch is never compared."""
+    from lbsgd.studies import plan_check as pc
+
+    fit = type("Fit", (), {"b_crit": 100.0, "s_min": 50.0, "points": 3})()
+
+    def above(ran: int):
+        ref = pc.Reference(
+            pc.SWEEP,
+            measure.Target("loss", 0.5),
+            {(32, 0): 900.0, (512, 0): math.nan},
+            fit,
+            2,
+            pc.SWEEP_KS,
+            (0,),
+            {(32, 0): 1000, (512, 0): ran},
+        )
+        return pc._steps([_fake_plan(0, 32, {32: 900.0, 512: 100.0})], ref)[1]
+
+    short, long = above(150), above(250)
+    assert short.replayed is None and "not compared: batch 512 seed 0" in short.evidence
+    assert long.replayed is False and "never reached in its 250 steps, past the band's 200" in (
+        long.evidence
+    )
+
+
+def test_study_16_times_no_layout_of_less_than_one_bn_group_and_says_so_in_claim_4():
+    """fashion's batch 16 (k = 1) on 2 processes would give each 8 samples, less than its BN
+    group of 16: no timing run, and claim 4 names it as having no layout there, not as a batch
+    that never reached the target."""
+    from lbsgd.studies import plan_check as pc
+    from lbsgd.studies import scales
+
+    profile = scales.get("fashion")
+    ref = pc.Reference(pc.SWEEP, measure.Target("loss", 0.7), {}, None, 2, pc.SWEEP_KS, (0,))
+    runs = pc.timing_runs(profile, ref, [1, 2], 2, 256)
+    assert [r["name"] for r in runs] == ["timing-b32-m16-np2"]
+    assert [r["name"] for r in pc.timing_runs(profile, ref, [1], 1, 256)] == ["timing-b16-m16-np1"]
+    times = {(32, 2): 0.01}
+    assert pc._wall_text(16, math.nan, times, 2) == "no layout on 2 processes"
+    assert pc._wall_text(32, math.nan, times, 2) == "never reached"
+    assert pc._wall_text(32, 1.25, times, 2) == "1.2 s"
+
+
+def test_study_16_times_a_2_process_step_only_where_it_plans_more_than_one(tmp_path, monkeypatch):
+    """As lbsgd plan does with --gpus 1: planning one process measures no 2-process step, and
+    compute.json says so; planning 1 and 2 measures it."""
+    from lbsgd.studies import plan_check as pc
+
+    c = Compute(1e-3, 1e-4, 0.5, 32)
+    monkeypatch.setattr(measure, "time_compute", lambda cfg, **kw: (c, {"grad_bytes": 4.0}))
+    synced = []
+
+    def sync(*args):
+        synced.append(args)
+        return c, {"sync_s": 1e-3, "sync_from": "2 processes of 32 and 96 samples"}
+
+    monkeypatch.setattr(measure, "time_sync", sync)
+    (tmp_path / "one").mkdir()
+    _, info = pc.measured_compute(tmp_path / "one", None, LINK, processes=(1,))
+    assert not synced and info["sync_from"] == "not measured: one process planned"
+    (tmp_path / "two").mkdir()
+    _, info = pc.measured_compute(tmp_path / "two", None, LINK, processes=(1, 2))
+    assert len(synced) == 1 and info["sync_from"].startswith("2 processes")

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": args.overrides,
         "epochs": args.epochs,
         "timing_samples": args.timing_samples or measure.timed_samples(cfg),
+        "timing_runs": args.timing_runs or measure.TIMING_RUNS,
         "compute": info,
         "rows": rows,
         "worst_error": worst,

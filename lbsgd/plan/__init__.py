@@ -44,7 +44,7 @@ class Request:
     probe_epochs: float | None
     batches: tuple[int, ...]
     timing_samples: int | None
-    timing_runs: int = measure.TIMING_RUNS
+    timing_runs: int | None = None  # None: measure.TIMING_RUNS
 
 
 def interconnect(text: str) -> tuple[costmodel.Link, str]:
@@ -109,7 +109,7 @@ def _check_numbers(args: Any) -> None:
         raise ConfigError(f"--probe-epochs={args.probe_epochs}: expected a number of epochs > 0")
     if args.timing_samples is not None and args.timing_samples < 1:
         raise ConfigError(f"--timing-samples={args.timing_samples}: expected a number >= 1")
-    if args.timing_runs < 1:
+    if args.timing_runs is not None and args.timing_runs < 1:
         raise ConfigError(f"--timing-runs={args.timing_runs}: expected a number >= 1")
 
 

@@ -469,8 +469,9 @@ def _steps(plans: Sequence[Plan], ref: Reference) -> list[Finding]:
                 if batch == p.probe.batch:  # the plan's own input, no prediction
                     continue
                 ran = ref.ran.get((batch, seed), 0)
-                if not math.isfinite(meas) and ran < (1 + tol) * r.steps:
-                    # never reached, but stopped before the band's edge: no comparison
+                if not math.isfinite(meas) and ran < r.steps / (1 - tol):
+                    # never reached, but stopped before the band's edge (measured steps past
+                    # pred / (1 - tol) put pred / measured - 1 below -tol): no comparison
                     short.append(f"batch {batch} seed {seed} never reached it in its {ran} steps")
                     continue
                 pts.append((batch, seed, r.steps, meas, ran))
@@ -490,7 +491,7 @@ def _steps_finding(side: str, tol: float, pts, b_crit: float, source: str, short
                 + (
                     f"{meas:.0f} measured ({_pct(e)})"
                     if math.isfinite(meas)
-                    else f"never reached in its {ran} steps (over {100 * tol:.0f}% more)"
+                    else f"never reached in its {ran} steps, past the band's {pred / (1 - tol):.0f}"
                 )
                 for (b, s, pred, meas, ran), e in zip(pts, errs, strict=True)
             )
@@ -499,8 +500,7 @@ def _steps_finding(side: str, tol: float, pts, b_crit: float, source: str, short
         + _miss(errs, inside, lambda e: _pct(e))
         + (f"; not compared: {', '.join(short)}, short of the band's edge" if short else "")
     )
-    verdict = _band(inside) if pts else studies.Verdict(None, "nothing to compare")
-    return studies.finding(claim, verdict, ev, paper=PAPER)
+    return studies.finding(claim, _band(inside), ev, paper=PAPER)
 
 
 def _step_time(plan: Plan, times, fixed: Sequence[int], nproc: int) -> Finding:
@@ -539,7 +539,7 @@ def _recommended(plan: Plan, times, wall_steps, fixed: Sequence[int]) -> Finding
         f"recommended batch {best.batch} on {p} process{'es' if p > 1 else ''} (plan seed "
         f"{plan.seed}); measured training time to the target at the linear rule's lr "
         f"(steps of its run x the measured step time): "
-        + "; ".join(f"batch {b}: {_wall_text(b, w, wall_steps, times, p)}" for b, w in wall.items())
+        + "; ".join(f"batch {b}: {_wall_text(b, w, times, p)}" for b, w in wall.items())
     )
     if not reached or not math.isfinite(ours):
         v = studies.Verdict(None, "the recommended batch or every fixed one never reached it")
@@ -564,7 +564,7 @@ def _secs(s: float) -> str:
     return f"{s:.1f} s" if math.isfinite(s) else "never reached"
 
 
-def _wall_text(batch: int, wall: float, wall_steps, times, nproc: int) -> str:
+def _wall_text(batch: int, wall: float, times, nproc: int) -> str:
     """A fixed batch's measured training time, or why it has none."""
     if math.isfinite(wall):
         return _secs(wall)
