@@ -486,7 +486,7 @@ def test_a_run_that_never_reached_the_target_counts_only_where_it_ran_past_the_b
             (0,),
             {(32, 0): 1000, (512, 0): ran},
         )
-        return pc._steps([_fake_plan(0, 32, {32: 900.0, 512: 100.0})], ref)[1]
+        return pc.steps_findings([_fake_plan(0, 32, {32: 900.0, 512: 100.0})], ref)[1]
 
     short, long = above(150), above(250)
     assert short.replayed is None and "not compared: batch 512 seed 0" in short.evidence
@@ -508,9 +508,9 @@ def test_study_16_times_no_layout_of_less_than_one_bn_group_and_says_so_in_claim
     assert [r["name"] for r in runs] == ["timing-b32-m16-np2"]
     assert [r["name"] for r in pc.timing_runs(profile, ref, [1], 1, 256)] == ["timing-b16-m16-np1"]
     times = {(32, 2): 0.01}
-    assert pc._wall_text(16, math.nan, times, 2) == "no layout on 2 processes"
-    assert pc._wall_text(32, math.nan, times, 2) == "never reached"
-    assert pc._wall_text(32, 1.25, times, 2) == "1.2 s"
+    assert pc.wall_text(16, math.nan, times, 2) == "no layout on 2 processes"
+    assert pc.wall_text(32, math.nan, times, 2) == "never reached"
+    assert pc.wall_text(32, 1.25, times, 2) == "1.2 s"
 
 
 def test_study_16_times_a_2_process_step_only_where_it_plans_more_than_one(tmp_path, monkeypatch):

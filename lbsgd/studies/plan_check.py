@@ -413,7 +413,7 @@ def findings(
         return [studies.finding(c, v, "no plan", paper=PAPER) for c in CLAIMS]
     return [
         _critical_batch(plans, ref),
-        *_steps(plans, ref),
+        *steps_findings(plans, ref),
         *(_step_time(plans[0], times, fixed, p) for p in NPROC),
         _recommended(plans[0], times, wall_steps, fixed),
     ]
@@ -455,7 +455,7 @@ def _critical_batch(plans: Sequence[Plan], ref: Reference) -> Finding:
     return studies.finding(claim, _band(inside), ev, paper=PAPER)
 
 
-def _steps(plans: Sequence[Plan], ref: Reference) -> list[Finding]:
+def steps_findings(plans: Sequence[Plan], ref: Reference) -> list[Finding]:
     b_crit = ref.b_crit
     out = []
     for side, tol in (("below", STEPS_BELOW), ("above", STEPS_ABOVE)):
@@ -539,7 +539,7 @@ def _recommended(plan: Plan, times, wall_steps, fixed: Sequence[int]) -> Finding
         f"recommended batch {best.batch} on {p} process{'es' if p > 1 else ''} (plan seed "
         f"{plan.seed}); measured training time to the target at the linear rule's lr "
         f"(steps of its run x the measured step time): "
-        + "; ".join(f"batch {b}: {_wall_text(b, w, times, p)}" for b, w in wall.items())
+        + "; ".join(f"batch {b}: {wall_text(b, w, times, p)}" for b, w in wall.items())
     )
     if not reached or not math.isfinite(ours):
         v = studies.Verdict(None, "the recommended batch or every fixed one never reached it")
@@ -564,7 +564,7 @@ def _secs(s: float) -> str:
     return f"{s:.1f} s" if math.isfinite(s) else "never reached"
 
 
-def _wall_text(batch: int, wall: float, times, nproc: int) -> str:
+def wall_text(batch: int, wall: float, times, nproc: int) -> str:
     """A fixed batch's measured training time, or why it has none."""
     if math.isfinite(wall):
         return _secs(wall)
