@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import integrate
 from scipy import stats as sps
 
 # The level of every verdict's interval (two-sided 95%) and of the report's false-discovery rate.
@@ -230,6 +231,45 @@ def seeds_to_decide(
             return None
         n += 1
     return n
+
+
+def decision_power(
+    low: float, high: float, true: float, sd: float, n: int, *, alpha: float = ALPHA
+) -> float:
+    """The chance that the two-sided (1 − ``alpha``) paired interval of ``n`` pairs decides a test
+    with two outcomes, "the difference is above ``low``" (the interval wholly above it) or "below
+    ``high``" (wholly below it), when the true mean difference is ``true`` at per-pair sd ``sd``.
+    Neither is decided only when the interval covers both bounds: its half-width h = t·s/√n at
+    least (high − low)/2 and its mean inside [high − h, low + h]; the mean is normal and s² a
+    scaled χ² apart from it, so that chance is one integral over s (``scipy.integrate.quad``).
+    Lowest where ``true`` lies midway between the bounds."""
+    if n < 2 or high <= low:
+        raise ValueError(f"decision_power needs n >= 2 and high > low (n={n}, {low}..{high})")
+    df = n - 1
+    crit = float(sps.t.ppf(1 - alpha / 2, df))
+    se = sd / math.sqrt(n)
+
+    def undecided(q: float) -> float:  # q: the χ²(n − 1) draw of (n − 1) s² / sd²
+        half = crit * sd * math.sqrt(q / df) / math.sqrt(n)
+        if 2 * half <= high - low:
+            return 0.0
+        inside = sps.norm.cdf((low + half - true) / se) - sps.norm.cdf((high - half - true) / se)
+        return float(inside * sps.chi2.pdf(q, df))
+
+    return 1.0 - integrate.quad(undecided, 0.0, math.inf, limit=200)[0]
+
+
+def pairs_to_decide(
+    low: float, high: float, sd: float, *, target: float = POWER, most: int = 1_000
+) -> int | None:
+    """The fewest pairs of seeds whose paired 95% interval decides "above ``low``" or "below
+    ``high``" with probability ``target`` whatever the true difference
+    (:func:`decision_power` at the midpoint, its lowest); None past ``most``."""
+    mid = (low + high) / 2
+    for n in range(2, most + 1):
+        if decision_power(low, high, mid, sd, n) >= target:
+            return n
+    return None
 
 
 # -- the slope of a line ------------------------------------------------------------------------

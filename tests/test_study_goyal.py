@@ -915,3 +915,88 @@ def test_batch_scaling_above_baseline_is_each_sides_error_over_its_k_1():
         10.36
     )
     assert math.isnan(gap.loc[32, "ours"])  # no run of ours there
+
+
+# -- study 2's pre-registered test (fashion-long) ----------------------------------------------
+
+
+def test_decision_power_is_what_a_simulation_of_the_paired_interval_decides():
+    """The chance that a paired 95% interval of 20 pairs lies wholly above 0 or wholly below 1.1,
+    integrated exactly, equals 100,000 simulated replays (±0.5%), lowest at the midpoint."""
+    import numpy as np
+
+    from lbsgd import stats
+
+    rng = np.random.default_rng(7)
+    for true in (0.55, 0.0, 1.4):
+        d = rng.normal(true, 1.24, (100_000, 20))
+        m, s = d.mean(axis=1), d.std(axis=1, ddof=1)
+        half = sps.t.ppf(0.975, 19) * s / math.sqrt(20)
+        simulated = np.mean((m - half > 0) | (m + half < 1.1))
+        assert stats.decision_power(0.0, 1.1, true, 1.24, 20) == pytest.approx(simulated, abs=0.005)
+    mid = stats.decision_power(0.0, 1.1, 0.55, 1.24, 20)
+    assert mid < stats.decision_power(0.0, 1.1, 0.3, 1.24, 20)
+
+
+def test_pairs_to_decide_is_the_first_number_of_pairs_at_80_percent():
+    from lbsgd import stats
+
+    n = stats.pairs_to_decide(0.0, 1.1, 1.24)
+    assert n == 18  # the number fashion-long's pre-registration cites
+    assert stats.decision_power(0.0, 1.1, 0.55, 1.24, n) >= 0.8
+    assert stats.decision_power(0.0, 1.1, 0.55, 1.24, n - 1) < 0.8
+
+
+def test_the_preregistered_seeds_are_fresh_and_enough_for_the_planned_spread():
+    """fashion-long's test: seeds no other run of the profile uses (its study seeds, the ladder's,
+    the tuning grid's), at least the pairs that give 80% decision power at the planned sd, two
+    runs a seed at k = 32 (none and gradual), then the ladder's."""
+    from lbsgd import stats
+
+    p = scales.get("fashion-long")
+    t = p.warmup_test
+    used = {*p.seeds, *p.ladder["seeds"], *p.tuning["grid"]["seeds"]}
+    assert not used & set(t["seeds"]) and not used & set(t["ladder_seeds"])
+    assert len(t["seeds"]) >= stats.pairs_to_decide(0.0, warmup.GOYAL_BENEFIT, t["sd"])
+    runs = warmup.preregistered_runs(p)
+    first = runs[: 2 * len(t["seeds"])]
+    assert [(r["batch_size"], r["warmup"], r["seed"]) for r in first[:2]] == [
+        (512, "none", 4000),
+        (512, "gradual", 4000),
+    ]
+    assert {r["seed"] for r in first} == set(t["seeds"])
+    assert {r["batch_size"] for r in runs[len(first) :]} == {1024, 2048}
+    assert warmup.preregistered_runs(scales.get("fashion")) == []
+
+
+@pytest.mark.parametrize(
+    "shift, outcome, words",
+    [
+        (2.0, True, "gradual beats none"),  # interval above 1.1 too: beats, not "by less"
+        (0.55, True, "by less than Goyal's 1.1"),  # a tight interval inside (0, 1.1)
+        (-0.5, False, "smaller than Goyal's 1.1"),
+    ],
+)
+def test_the_benefit_claim_has_two_decided_outcomes(shift, outcome, words):
+    gradual = [15.0 + 0.1 * i for i in range(20)]
+    wiggle = [0.1 * (-1) ** i for i in range(20)]
+    none = [g + shift + w for g, w in zip(gradual, wiggle, strict=True)]
+    v = warmup.benefit_verdict(none, gradual, planned=20)
+    assert v.replayed is outcome and words in v.test
+    if shift == 2.0:
+        assert "by less" not in v.test
+
+
+def test_the_benefit_claim_is_undecided_across_both_bounds_or_short_of_its_pairs():
+    gradual = [15.0] * 20
+    none = [15.55 + 2.0 * (-1) ** i for i in range(20)]  # sd 2: the interval covers 0 and 1.1
+    v = warmup.benefit_verdict(none, gradual, planned=20)
+    assert v.replayed is None and "covers both 0 and 1.1" in v.why
+    assert v.p_for > 0.05 and v.p_against > 0.05
+    short = warmup.benefit_verdict(none[:10], gradual[:10], planned=20)
+    assert short.replayed is None and "10 of the 20 pre-registered pairs" in short.why
+
+
+def test_warmup_peak_is_the_windows_largest_loss_over_the_first():
+    train = pd.DataFrame({"epoch": [0.1, 0.2, 0.4, 0.6], "loss": [2.0, 3.0, 1.0, 9.0]})
+    assert warmup.warmup_peak(train, 0.45) == 1.5

@@ -57,6 +57,12 @@ class Profile:
     # top-1 error (%) every one of them reaches; "holdout", the images held out to read it on;
     # "seeds", each trial's
     ladder: Mapping[str, Any] = field(default_factory=dict)
+    # study 2's pre-registered warmup test (lbsgd.studies.warmup.preregistered_runs, docs/verdicts.md):
+    # "k", the large minibatch where the linear rule's lr sits at the stability edge; "seeds",
+    # fresh seeds, never used by a calibration, their number fixed before the runs from "sd", the
+    # measured per-pair sd of none − gradual; "ladder_ks", "ladder_seeds": the descriptive ladder
+    # beyond it (no verdict)
+    warmup_test: Mapping[str, Any] = field(default_factory=dict)
     # the profiles whose replays this one's REPORT.md sets beside its own (their folders next to
     # its own: results/<name>), with each differing verdict's budget
     beside: tuple[str, ...] = ()
@@ -324,6 +330,23 @@ PROFILES: dict[str, Profile] = {
         # seeds: 40 trials, then the 8 seeds of each choice, 72 runs in all. Replayed in one
         # sitting from d827813: 43 min 14 s of wall; every choice inside its grid (Nesterov x1,
         # LARS x1, LAMB x1, AdamW x0.5).
+        # Study 2's pre-registered test, written down at the commit before its runs (docs/
+        # verdicts.md, "Pre-registered"): at k = 32 (batch 512, lr 1.6, Goyal's 8k by k · 256; study
+        # 15 puts this network's stability edge near lr 1.6), no against gradual warmup, paired.
+        # The eight seeds above measured a per-pair sd of gradual − none of 1.24 at k = 16; the
+        # test has two decided outcomes (the interval above 0: gradual beats none; below 1.1:
+        # the benefit is smaller than Goyal's), and 18 pairs decide one of them with 80% chance
+        # whatever the true benefit at that sd (lbsgd.stats.pairs_to_decide(0, 1.1, 1.24)); 20
+        # keep 80% up to an sd of 1.33, since the spread at k = 32, nearer the edge, is not
+        # measured. Seeds 4000-4019: no calibration, probe or other study used them. The ladder
+        # (k = 64 and 128, none and gradual, 2 seeds) is measured, not tested.
+        warmup_test={
+            "k": 32,
+            "seeds": tuple(range(4000, 4020)),
+            "sd": 1.24,
+            "ladder_ks": (64, 128),
+            "ladder_seeds": (4000, 4001),
+        },
         ks={"optimizers": (16,)},
         lars={"schedule": "poly", "poly_power": 2.0, "lars_eta": 0.001},
         tuning={

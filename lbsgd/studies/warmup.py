@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from lbsgd import experiments as ex
-from lbsgd import studies
+from lbsgd import findings as fs
+from lbsgd import stats, studies
 from lbsgd.findings import Finding
 from lbsgd.studies import Metrics, Verdict, at_chance, curves, every, mean, note
 from lbsgd.studies.scales import Profile
@@ -374,4 +375,155 @@ def _no_warmup_lags_gradual_early(g: dict[str, dict[str, list[float]]]) -> Findi
         f"(mean of {n}; paper Fig. 2a: without warmup the training error is higher early)",
         paper="Goyal Fig. 2a: qualitative, without warmup the 8k training error is higher early "
         "than with gradual warmup; no number",
+    )
+
+
+# -- the pre-registered test (docs/verdicts.md, "Pre-registered") ------------------------------
+
+# Goyal Table 1 at 8k: no warmup 24.84% against gradual 23.74% top-1 error
+GOYAL_BENEFIT = 1.10
+
+
+def preregistered_runs(profile: Profile) -> list[dict[str, Any]]:
+    """The pre-registered test's runs (``Profile.warmup_test``), seed by seed (a pair's two runs
+    side by side): no and gradual warmup at its k on each of its seeds; then the descriptive
+    ladder, no and gradual warmup at each of its ks on its seeds. None where the profile has no
+    test."""
+    t = profile.warmup_test
+    if not t:
+        return []
+    pairs = [(t["k"], s) for s in t["seeds"]] + [
+        (k, s) for k in t["ladder_ks"] for s in t["ladder_seeds"]
+    ]
+    return [profile.keys(k=k, warmup=w, seed=s) for k, s in pairs for w in ("none", "gradual")]
+
+
+def benefit_verdict(
+    none: Sequence[float],
+    gradual: Sequence[float],
+    *,
+    planned: int,
+    chance: float | None = None,
+    effect: float = GOYAL_BENEFIT,
+) -> Verdict:
+    """The pre-registered claim on Δ = none − gradual (points of top-1 error, seed-paired; above
+    0: gradual is better), with two decided outcomes: **replayed**, gradual beats none (the 95%
+    interval wholly above 0; where it also lies below ``effect`` the test says "by less than
+    Goyal's"); **not replayed**, the benefit is smaller than Goyal's ``effect`` (the interval wholly
+    below it, not above 0); **undecided** when it covers both, or when fewer than the ``planned``
+    pairs ran (the rule holds for the planned number only). Invalid as every verdict is when an
+    arm did not train."""
+    first = fs.verdict(none, gradual, more_than=0.0, chance=chance, paired=True)
+    if first.invalid or first.p is None:
+        return first
+    if len(none) != planned:
+        return Verdict(None, f"{len(none)} of the {planned} pre-registered pairs ran")
+    beats = stats.above(none, gradual, 0.0, paired=True)
+    smaller = stats.below(none, gradual, effect, paired=True)
+    iv = beats.interval
+    words = (
+        f"Δ {iv.diff:+.2f} points (none − gradual), 95% CI [{iv.low:+.2f}, {iv.high:+.2f}] "
+        f"(paired t, n = {iv.n}); p = {beats.p_for:.3g} above 0, {smaller.p_for:.3g} below "
+        f"{effect:g}"
+    )
+    if beats.p_for < stats.ALPHA:
+        less = f", by less than Goyal's {effect:g}" if smaller.p_for < stats.ALPHA else ""
+        return Verdict(True, test=f"{words}: gradual beats none{less}", p_for=beats.p_for)
+    if smaller.p_for < stats.ALPHA:
+        return Verdict(
+            False,
+            test=f"{words}: the benefit is smaller than Goyal's {effect:g} points",
+            p_against=smaller.p_for,
+            p_for=1.0,
+        )
+    why = f"the interval covers both 0 and {effect:g}"
+    return Verdict(None, why, test=words, p_for=beats.p_for, p_against=smaller.p_for)
+
+
+def preregistered_findings(test, df, profile: Profile) -> list[Finding]:
+    """The pre-registered test's two claims (``test``: the runs of :func:`preregistered_runs`; ``df``: the
+    study's own runs, whose k = 1 runs are the baseline): gradual against no warmup at the test's
+    k (:func:`benefit_verdict`), with the per-pair sd the runs measured and the power it gives the
+    planned pairs; and gradual warmup at that k close to the baseline (±:data:`CLOSE_PCT`,
+    Welch's interval: the baseline's seeds are the study's own, not the test's)."""
+    t = profile.warmup_test
+    test = studies.diverged_as_failed(test)
+    k = float(t["k"])
+    arm = test[test["k"] == k]
+    none, gradual = (studies.errors(arm, warmup=w) for w in ("none", "gradual"))
+    chance = studies.chance_of(test)
+    n = len(t["seeds"])
+    v = benefit_verdict(none, gradual, planned=n, chance=chance)
+    power = ""
+    if min(len(none), len(gradual)) >= 2 and len(none) == len(gradual):
+        sd = float(np.std(np.subtract(none, gradual), ddof=1))
+        p = stats.decision_power(0.0, GOYAL_BENEFIT, GOYAL_BENEFIT / 2, sd, len(none))
+        power = (
+            f"; per-pair sd {sd:.2f} (planned {t['sd']:g}): {len(none)} pairs decide with "
+            f"{p:.0%} chance at it, whatever the true benefit"
+        )
+    ref = ex.reference(STUDY)
+    large = ref["batch"] > 256
+    p_ = dict(zip(ref["warmup"][large], ref["value"][large], strict=True))
+    src = studies.cite(*ref["source"])
+    b = studies.budget(arm, [k])
+    base = studies.errors(df, k=float(df["k"].min()), warmup="none")
+    p_base = float(ref["value"][ref["batch"] == 256].iloc[0])
+    return [
+        replace(
+            studies.finding(
+                f"pre-registered: at k={k:g} ({studies.kilo(studies.paper_batch(k))} by k · 256) "
+                f"gradual warmup beats no warmup, or its benefit is smaller than Goyal's "
+                f"{GOYAL_BENEFIT:g} points (seeds {t['seeds'][0]}-{t['seeds'][-1]}, fixed before "
+                f"the runs)",
+                v,
+                f"none {mean(none):.2f}%, gradual {mean(gradual):.2f}% (mean of {len(gradual)})"
+                + power,
+                paper=f"{src}: none {p_['none']:.2f}% vs gradual {p_['gradual']:.2f}% error (8k)",
+            ),
+            budget=b,
+        ),
+        replace(
+            studies.finding(
+                f"with gradual warmup k={k:g} comes close to the baseline (within "
+                f"±{CLOSE_PCT:g} point; the baseline's seeds are the study's, unpaired)",
+                studies.within(gradual, base, CLOSE_PCT, chance=chance, paired=False),
+                f"{mean(gradual):.2f}% vs baseline {mean(base):.2f}% (means of {len(gradual)} and "
+                f"{len(base)})",
+                paper=f"{src}: gradual {p_['gradual']:.2f}% at 8k vs baseline {p_base:.2f}% at 256",
+            ),
+            budget=b,
+        ),
+    ]
+
+
+def warmup_peak(train, epochs: float) -> float:
+    """The largest training loss over the first ``epochs`` (the warmup window) over the first
+    step's loss: above 1, the loss rose past where it started (no warmup failing early)."""
+    if "kind" in train:
+        train = train[train["kind"] == "train"]
+    loss = train["loss"].astype(float).to_numpy()
+    inside = train["epoch"].astype(float).to_numpy() <= epochs + 1e-9
+    return float(loss[inside].max() / loss[0]) if inside.any() else math.nan
+
+
+def ladder(test, profile: Profile, metrics: Metrics = None):
+    """The descriptive ladder (measured, no verdict): per k at and beyond the test's, warmup and
+    seed of the ladder seeds, the final top-1 error and the warmup window's peak loss over the
+    initial (:func:`warmup_peak`), where no warmup starts to fail."""
+    import pandas as pd
+
+    t, load = profile.warmup_test, curves(metrics)
+    window = float(profile.base["warmup_epochs"])
+    rows = test[test["seed"].isin(t["ladder_seeds"])].sort_values(["k", "warmup", "seed"])
+    return pd.DataFrame(
+        {
+            "k": rows["k"].to_numpy(),
+            "batch_size": rows["batch_size"].to_numpy(),
+            "warmup": rows["warmup"].to_numpy(),
+            "seed": rows["seed"].to_numpy(),
+            "status": rows["status"].to_numpy(),
+            "final_top1_error_pct": rows["final_top1_error_pct"].to_numpy(),
+            "warmup_peak_over_initial": [warmup_peak(load(d), window) for d in rows["run_dir"]],
+        }
     )
