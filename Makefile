@@ -55,11 +55,14 @@ format: setup
 # $(OUT)/$(PROFILE)/REPORT.md. Each profile has its own folder: no profile overwrites another's.
 # Runs already complete there are skipped, so an interrupted `make reproduce` resumes;
 # `OUT=elsewhere` replays from scratch. Other scales: make reproduce PROFILE=cifar10 NPROC=1,
-# PROFILE=imagenet NPROC=8.
+# PROFILE=imagenet NPROC=8. On a Slurm cluster each run is a job: LAUNCHER=slurm CLUSTER=<a file of
+# configs/cluster/ or a path, then key=value overrides> (docs/cluster.md).
 OUT ?= results
 PROFILE ?= cpu
 NPROC ?= 1
 PARALLEL ?= 2
+LAUNCHER ?= local
+CLUSTER ?=
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*_*.ipynb))
 # the profile's own studies (lbsgd.studies.scales: fashion replays nine of them)
 reproduce: setup
@@ -68,7 +71,8 @@ reproduce: setup
 	  echo "== $$name (profile=$(PROFILE))"; \
 	  $(VENV)/bin/lbsgd execute --log-output $$nb \
 	    $(OUT)/$(PROFILE)/$$study/$$name.ipynb -p profile $(PROFILE) -p nproc_per_node $(NPROC) \
-	    -p parallel $(PARALLEL) -p out_dir $(OUT); \
+	    -p parallel $(PARALLEL) -p out_dir $(OUT) \
+	    $(if $(filter-out local,$(LAUNCHER)),-p launcher $(LAUNCHER) -p cluster "$(CLUSTER)"); \
 	done
 	$(VENV)/bin/lbsgd report --results $(OUT)/$(PROFILE)
 

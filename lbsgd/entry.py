@@ -19,10 +19,18 @@ from lbsgd.config import Config, ConfigError, check_world
 from lbsgd.registry import import_plugins
 
 
-def check(cfg: Config, world_size: int | None = None, local_world_size: int | None = None) -> None:
+def check(
+    cfg: Config,
+    world_size: int | None = None,
+    local_world_size: int | None = None,
+    *,
+    here: bool = True,
+) -> None:
     """Rules that need the registries, the data directory or the process layout (torchrun's
     environment by default); with the config's own checks, all before any work starts. The
-    config's plugins are imported first (a Config built in Python names them, as a file does)."""
+    config's plugins are imported first (a Config built in Python names them, as a file does).
+    ``here=False``: the run goes to other machines (a Slurm job), so this one's devices and
+    memory are not its to check."""
     import_plugins(cfg.plugins)
     data.check(cfg)
     if cfg.model not in models.MODELS:
@@ -36,8 +44,9 @@ def check(cfg: Config, world_size: int | None = None, local_world_size: int | No
             f"others workers), not world_size={world_size}"
         )
     check_world(cfg, world_size, local_world_size)
-    distributed.check_layout(cfg.device, cfg.backend, local_world_size or world_size)
-    check_memory(cfg, local_world_size or world_size)
+    if here:
+        distributed.check_layout(cfg.device, cfg.backend, local_world_size or world_size)
+        check_memory(cfg, local_world_size or world_size)
 
 
 # The keys that size a model, named when its parameters do not fit (else the model's name)

@@ -43,7 +43,8 @@ By concern: :mod:`~lbsgd.experiments.sweeps` (the sweep and its policy),
 :mod:`~lbsgd.experiments.commands` (how a run starts: launch parameters, command line, orphan
 guard, its log's attempts), :mod:`~lbsgd.experiments.copies` (a twin found and copied),
 :mod:`~lbsgd.experiments.interrupts` (stopping a sweep's runs), :mod:`~lbsgd.experiments.lines`
-(the sweep's lines), :mod:`~lbsgd.experiments.results` (reading runs back) and
+(the sweep's lines), :mod:`~lbsgd.experiments.slurm` (``launcher="slurm"``: each run a Slurm
+job), :mod:`~lbsgd.experiments.results` (reading runs back) and
 :mod:`~lbsgd.experiments.tables` (tables and figures). Every name is imported from here:
 ``from lbsgd import experiments as ex``.
 """
@@ -53,7 +54,8 @@ from lbsgd.experiments.copies import COPY_IGNORE, COPY_RUN_KEYS, MEASUREMENT_KEY
 from lbsgd.experiments.interrupts import RunInterrupted
 from lbsgd.experiments.lines import result_text, shown
 from lbsgd.experiments.results import DONE, load_metrics, load_runs, reference, run_record
-from lbsgd.experiments.sweeps import RunFailed, sweep, varied_keys
+from lbsgd.experiments.slurm import Cluster, cluster_of
+from lbsgd.experiments.sweeps import LAUNCHERS, RunFailed, launcher_of, sweep, varied_keys
 from lbsgd.experiments.tables import (
     POINTS_COLUMN,
     plot_curves,
@@ -67,6 +69,9 @@ from lbsgd.experiments.tables import (
 
 __all__ = [
     "ATTEMPT_MARK",
+    "LAUNCHERS",
+    "Cluster",
+    "cluster_of",
     "COPY_IGNORE",
     "COPY_RUN_KEYS",
     "DONE",
@@ -76,6 +81,7 @@ __all__ = [
     "RunInterrupted",
     "check_launch",
     "find_identical",
+    "launcher_of",
     "load_metrics",
     "load_runs",
     "plot_curves",

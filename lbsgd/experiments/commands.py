@@ -73,10 +73,15 @@ def check_launch(
             )
 
 
+def train_args(cfg: Config) -> list[str]:
+    """The run's ``key=value`` arguments of ``lbsgd train``: every key that is set."""
+    return [f"{k}={_text(v)}" for k, v in cfg.to_dict().items() if v is not None]
+
+
 def command_line(
     cfg: Config, nproc_per_node: int, nnodes: int, rdzv_endpoint: str | None, max_restarts: int = 0
 ) -> list[str]:
-    overrides = [f"{k}={_text(v)}" for k, v in cfg.to_dict().items() if v is not None]
+    overrides = train_args(cfg)
     if nproc_per_node == 1 and nnodes == 1:  # one process: the same trainer, no agent to start
         return [sys.executable, "-m", "lbsgd", "train", *overrides]
     launcher = launch.torchrun(
@@ -93,9 +98,9 @@ def _text(v: Any) -> str:
 
 def start(run: SweepRun, command) -> subprocess.Popen:
     """Start one run, its output appended to its log after a line that begins the attempt."""
-    run.how = _how_it_starts(run.cfg.run_dir())
+    run.how = how_it_starts(run.cfg.run_dir())
     run.handle = run.log.open("a")
-    run.handle.write(f"{_attempt_line(run.log, run.how)}\n")
+    run.handle.write(f"{attempt_line(run.log, run.how)}\n")
     run.handle.flush()
     guard = [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid())]
     # a session of its own: an interrupt meant for the sweep (a terminal's or Jupyter's, sent to
@@ -110,7 +115,7 @@ def start(run: SweepRun, command) -> subprocess.Popen:
     )
 
 
-def _how_it_starts(run_dir: Path) -> str:
+def how_it_starts(run_dir: Path) -> str:
     """``resumed …`` when the run has a checkpoint (``resume=true`` continues from it), else
     ``started`` (saying so when an earlier attempt left no checkpoint)."""
     from lbsgd import checkpoint  # torch: already imported by the sweep's checks
@@ -125,7 +130,7 @@ def _how_it_starts(run_dir: Path) -> str:
     return f"started (no checkpoint: {before}; from step 0)" if before else "started"
 
 
-def _attempt_line(log: Path, how: str) -> str:
+def attempt_line(log: Path, how: str) -> str:
     """The line that begins an attempt in a run's log: which attempt, when, from where."""
     try:
         lines = log.read_text(errors="replace").splitlines()
@@ -148,6 +153,8 @@ def _last_attempt(log: Path) -> list[str]:
 def error_line(log: Path) -> str:
     """The most telling line of a failed run's log (its last attempt): the last one naming an
     error."""
+    if not log.exists():  # a Slurm job that failed before its run began: submitit's log says why
+        return f"no log (a Slurm job's own log: {log.parent / '.slurm' / log.stem})"
     lines = _last_attempt(log)
     for ln in reversed(lines):
         if ("Error" in ln or "error:" in ln) and not ln.startswith("torch.distributed"):

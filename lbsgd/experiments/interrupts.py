@@ -74,7 +74,8 @@ def interrupted(
     exception to raise, whose one line sums up."""
     killed = _stop(running, progress.say)
     for job in running:
-        job.item.handle.close()
+        if job.item.handle is not None:  # a Slurm job's log is written on its allocation
+            job.item.handle.close()
         progress.line(job, f"{_stop_text(job.item.cfg.run_dir())} (log: {shown(job.item.log)})")
     for job in todo:
         progress.line(job, "not started")
@@ -118,7 +119,9 @@ def _stop(running: list[SweepJob], say) -> bool:
 
 def _kill(running: list[SweepJob]) -> None:
     for job in running:
-        if job.proc.poll() is None:
+        if job.proc.poll() is None and job.proc.pid is None:  # a Slurm job: scancel
+            job.proc.kill()
+        elif job.proc.poll() is None:
             try:
                 os.killpg(job.proc.pid, signal.SIGKILL)  # its own session: torchrun's workers
             except OSError:

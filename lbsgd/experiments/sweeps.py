@@ -13,6 +13,7 @@ from typing import Any
 
 from lbsgd import config, jobs, registry, rundir, tracking
 from lbsgd.config import Config
+from lbsgd.experiments import slurm
 from lbsgd.experiments.commands import (
     SweepJob,
     SweepRun,
@@ -20,11 +21,14 @@ from lbsgd.experiments.commands import (
     command_line,
     error_line,
     start,
+    train_args,
 )
 from lbsgd.experiments.copies import copy_run, find_identical
 from lbsgd.experiments.interrupts import RunInterrupted, interrupted, sigterm_as_interrupt
 from lbsgd.experiments.lines import Progress, result_text, shown
 from lbsgd.experiments.results import DONE, load_runs
+
+LAUNCHERS = ("local", "slurm")
 
 
 class RunFailed(RuntimeError):
@@ -58,12 +62,19 @@ def sweep(
     max_restarts: int = 0,
     quiet: bool = False,
     profile: str | None = None,
+    launcher: str = "local",
+    cluster: slurm.Cluster | str | None = None,
 ):
     """Train every run of ``runs`` (dicts of config keys) into ``out_dir/study``; see the module.
 
-    ``profile`` (the study's scale) is written into every run's config, as is ``varied``."""
+    ``profile`` (the study's scale) is written into every run's config, as is ``varied``.
+    ``launcher``: ``local`` (processes on this machine) or ``slurm`` (each run a Slurm job on
+    ``cluster``, a :class:`~lbsgd.experiments.slurm.Cluster` or its file's name and overrides:
+    :mod:`lbsgd.experiments.slurm`)."""
     config.check_folder_name("study", study)  # its folder is made even for no runs
     config.check_place(out_dir, study)
+    cluster = launcher_of(launcher, cluster)
+    agents = nnodes * (cluster.tasks_per_node if cluster else 1)  # torchrun's nodes
     check_launch(
         nproc_per_node=nproc_per_node,
         nnodes=nnodes,
@@ -80,32 +91,55 @@ def sweep(
     }
     cfgs = _configs(study, base, runs, profile)
     names = [c.run_name() for c in cfgs]
-    from lbsgd import entry  # torch: imported once the cheap checks have passed
-
-    for c in cfgs:  # data directories, process layout, run directories: read only
-        registry.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
-        entry.check(c, nproc_per_node * nnodes, nproc_per_node)
-        # a finished run of other experiment keys (or of another K, under local SGD) is not "done"
-        rundir.check_run_dir(c, nproc_per_node * nnodes)
+    _check_runs(cfgs, cluster, nproc_per_node * agents, nproc_per_node)
     study_dir = Path(out_dir) / study
     study_dir.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
 
     with sigterm_as_interrupt() as terminated:
-        policy = _Sweep(
+        policy = (_Sweep if cluster is None else _SlurmSweep)(
             study,
             Progress(len(cfgs), say),
             command=lambda c: command_line(c, nproc_per_node, nnodes, rdzv_endpoint, max_restarts),
             root=Path(out_dir),
-            world_size=nproc_per_node * nnodes,
+            world_size=nproc_per_node * agents,
             wandb=wandb,
             terminated=terminated,
             parallel=parallel,
         )
+        if cluster is not None:
+            policy.attach(cluster, nnodes, nproc_per_node)
         jobs.Runner([SweepRun(c, study_dir / f"{c.run_name()}.log") for c in cfgs], policy).run()
     if policy.failed:
         raise RunFailed(" | ".join(policy.failed))
     return load_runs(study_dir, names=names)
+
+
+def _check_runs(cfgs: list[Config], cluster, world_size: int, nproc_per_node: int) -> None:
+    """Every run's data directories, process layout and run directory (read only); the cluster's
+    partition and the runs' checkpoints under ``launcher=slurm``."""
+    from lbsgd import entry  # torch: imported once the cheap checks have passed
+
+    for c in cfgs:
+        registry.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
+        entry.check(c, world_size, nproc_per_node, here=cluster is None)
+        # a finished run of other experiment keys (or of another K, under local SGD) is not "done"
+        rundir.check_run_dir(c, world_size)
+    if cluster is not None:
+        slurm.check(cluster, cfgs)
+
+
+def launcher_of(
+    launcher: str, cluster: slurm.Cluster | str | None, root: Path | None = None
+) -> slurm.Cluster | None:
+    """The cluster a sweep's runs go to (None: this machine), checked: ``launcher`` one of
+    :data:`LAUNCHERS`; under ``slurm``, ``cluster`` a Cluster or its file's name and overrides
+    (a name of ``root/configs/cluster/``, default the working directory's)."""
+    if launcher not in LAUNCHERS:
+        raise config.ConfigError(f"launcher={launcher!r} must be one of {LAUNCHERS}")
+    if launcher == "local":
+        return None
+    return cluster if isinstance(cluster, slurm.Cluster) else slurm.cluster_of(cluster, root)
 
 
 def _configs(
@@ -188,10 +222,49 @@ def _settle(
             tracking.log_copied_run(run_dir, copied_from=twin, mode=wandb, project=c.wandb_project)
 
 
+@dataclass
+class _SlurmSweep(_Sweep):
+    """The sweep's policy under ``launcher=slurm``: each run started is a job submitted (or, when
+    one recorded for it is still queued or running, attached to), one line as its queue state
+    changes (queued, running on its node, requeued)."""
+
+    cluster: slurm.Cluster | None = None
+    nnodes: int = 1
+    nproc: int = 1
+    queue: slurm.Queue | None = None
+
+    def attach(self, cluster: slurm.Cluster, nnodes: int, nproc: int) -> None:
+        self.cluster, self.nnodes, self.nproc = cluster, nnodes, nproc
+        self.queue = slurm.Queue(cluster.poll_s)
+
+    def start(self, job: SweepJob) -> slurm.SlurmProc:
+        run = job.item
+        job_id = slurm.recorded(run.cfg, self.queue)
+        run.how = f"attached to Slurm job {job_id}" if job_id else "queued as Slurm job"
+        if job_id is None:
+            args = train_args(run.cfg)
+            job_id = slurm.submit(run.cfg, args, run.log, self.cluster, self.nnodes, self.nproc)
+            run.how += f" {job_id}"
+        proc = slurm.SlurmProc(job_id, self.queue)
+        if run.how.startswith("queued"):
+            proc.last = ("PENDING", "")  # said by the line that names the job
+        return proc
+
+    def watch(self, runner: jobs.Runner[SweepRun]) -> bool:
+        for job in runner.running:
+            state, node = self.queue.state(job.proc.job_id)
+            if state not in ("", "COMPLETING") and (state, node) != job.proc.last:
+                job.proc.last = (state, node)
+                where = f" on {node}" if node and state == "RUNNING" else ""
+                self.progress.line(job, f"{state.lower()}{where} (Slurm job {job.proc.job_id})")
+        return False
+
+
 def _ended(job: SweepJob, failed: list[str], progress: Progress) -> None:
     """The line of a run that ended; a failure is added to ``failed``."""
     run = job.item
-    run.handle.close()
+    if run.handle is not None:  # a Slurm job's log is written on its allocation
+        run.handle.close()
     rc, secs = job.proc.returncode, job.seconds
     status = rundir.read_status(run.cfg.run_dir())
     # torchrun reports any failed worker as exit code 1, so the run's own record decides:

@@ -152,9 +152,13 @@ def start(
     rdzv_endpoint: str | None = None,
     parallel: int = 1,
     wandb: str = "auto",
+    launcher: str = "local",
+    cluster: str | None = None,
 ) -> Session:
     """A study's session from its notebook's parameters; bad values fail here, one line each
-    (in a notebook too: :func:`one_line_errors`)."""
+    (in a notebook too: :func:`one_line_errors`). ``launcher="slurm"`` sends each run to
+    ``cluster`` (a file of the repository's configs/cluster/ or a path, with key=value
+    overrides: docs/cluster.md)."""
     one_line_errors()
     if study not in studies.STUDIES:
         raise config.ConfigError(f"study={study!r} is not one of {', '.join(studies.STUDIES)}")
@@ -163,6 +167,7 @@ def start(
     ex.check_launch(
         nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, parallel=parallel
     )
+    cluster = ex.launcher_of(launcher, cluster, repo_root())  # its file read now
     p = scales.get(profile, epochs=epochs)
     chosen = list(seeds) if seeds is not None else list(p.seeds)
     if not chosen or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in chosen):
@@ -173,6 +178,8 @@ def start(
         "rdzv_endpoint": rdzv_endpoint,
         "parallel": parallel,
         "wandb": wandb,
+        "launcher": launcher,
+        "cluster": cluster,
     }
     return Session(study, title, p, chosen, results_root(out_dir), launch)
 

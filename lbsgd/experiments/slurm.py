@@ -1,0 +1,358 @@
+"""Slurm as a sweep's launcher (``launcher="slurm"``): each run of the sweep one Slurm job,
+submitted with submitit, the sweep's own runner (:mod:`lbsgd.jobs`) keeping ``parallel`` of them
+in flight. docs/cluster.md is the user's page.
+
+- :class:`Cluster`: a cluster file (``configs/cluster/<name>.yaml`` or a path) with ``key=value``
+  overrides, checked before anything is submitted (:func:`cluster_of`, :func:`check`).
+- :class:`TrainJob`: what runs on the allocation, on each task: ``python -m lbsgd train`` (one
+  process), or torchrun as node ``SLURM_PROCID`` of the job's tasks with its processes per node,
+  the rendezvous on the allocation's first host; its output appended to the run's log after an
+  attempt line. On the pre-emption signal (``signal``, sent ``signal_delay_s`` before the time
+  limit or by a scheduler's pre-emption) the trainer checkpoints and stops, and the job is
+  requeued only once it has (submitit's checkpoint hook waits for it); the requeued job resumes
+  the run from that checkpoint.
+- :class:`SlurmProc`: a submitted job as the runner sees a process (``poll``, ``wait``,
+  ``send_signal``, ``kill``), its state read from ``squeue`` (no accounting needed): gone from
+  the queue is ended; ``send_signal(SIGTERM)``, the sweep's interrupt, sends SIGTERM to a running
+  job's processes (each run stops with a checkpoint) and removes a queued one.
+
+A run's job id is written under the study's ``.slurm/<run>/`` (with submitit's own files), so a
+sweep started again while the job is queued or running attaches to it instead of submitting a
+duplicate; jobs are also named after their run and submitted with ``--dependency=singleton``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal as signals
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lbsgd import config, launch
+from lbsgd.config import Config, ConfigError
+
+CLUSTER_DIR = Path("configs") / "cluster"  # the cluster files' folder, under the repository
+SIGNALS = ("USR1", "USR2")  # pre-emption signals the trainer stops on (lbsgd.cadence)
+GONE = ""  # the state of a job no longer in the queue: it ended
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where and how a sweep's runs go as Slurm jobs: the allocation of each job (its nodes are the
+    sweep's ``nnodes``, its processes per node ``nproc_per_node``), the pre-emption signal and its
+    lead before the time limit, extra ``#SBATCH`` options, shell lines run before the trainer, the
+    nodes' Python, and how often the queue is read."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    time_min: int = 60
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_gb: float | None = None
+    tasks_per_node: int = 1  # torchrun agents a node: 1 on a cluster; 2 puts two "nodes" on one
+    signal: str = "USR1"
+    signal_delay_s: int = 120
+    sbatch: dict[str, Any] = field(default_factory=dict)  # e.g. {exclusive: true, mail-type: END}
+    setup: list[str] = field(default_factory=list)  # e.g. ["module load cuda/12.4"]
+    python: str | None = None  # the nodes' interpreter (default: this one)
+    poll_s: float = 5.0
+
+
+_TYPES = {f.name: f.type for f in fields(Cluster)}
+
+
+def cluster_of(spec: str | os.PathLike | None, root: Path | None = None) -> Cluster:
+    """The cluster of ``spec``: ``"NAME [key=value ...]"`` (``NAME`` a file of
+    ``root/configs/cluster/``, or a YAML path; values read as YAML). One line naming the key or
+    file where anything is off."""
+    words = str(spec or "").split()
+    if not words:
+        raise ConfigError("cluster=None: launcher=slurm needs a cluster file (docs/cluster.md)")
+    keys = _read(words[0], root or Path.cwd())
+    for w in words[1:]:
+        key, sep, value = w.partition("=")
+        if not sep:
+            raise ConfigError(f"cluster override {w!r}: write key=value")
+        keys[key] = yaml.safe_load(value)
+    return _checked(keys, words[0])
+
+
+def _read(name: str, root: Path) -> dict[str, Any]:
+    path = Path(name)
+    if path.suffix not in (".yaml", ".yml"):
+        path = root / CLUSTER_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (root / CLUSTER_DIR).glob("*.yaml"))
+        raise ConfigError(f"cluster={name!r}: no file {str(path)!r} (cluster files: {known})")
+    keys = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(keys, dict):
+        raise ConfigError(f"cluster file {str(path)!r} must hold key: value lines")
+    return keys
+
+
+def _checked(keys: dict[str, Any], name: str) -> Cluster:
+    for k, v in keys.items():
+        if k not in _TYPES:
+            raise ConfigError(f"cluster {name!r}: unknown key {k!r} (keys: {sorted(_TYPES)})")
+        if not _fits(v, _TYPES[k]):
+            raise ConfigError(f"cluster {name!r}: {k}={v!r} must be {_TYPES[k]}")
+    c = Cluster(**keys)
+    if c.signal not in SIGNALS:
+        raise ConfigError(f"cluster {name!r}: signal={c.signal!r} must be one of {SIGNALS}")
+    for k in ("time_min", "cpus_per_task", "tasks_per_node", "signal_delay_s"):
+        if getattr(c, k) < 1:
+            raise ConfigError(f"cluster {name!r}: {k}={getattr(c, k)} must be at least 1")
+    if c.time_min * 60 <= c.signal_delay_s + 60:
+        raise ConfigError(
+            f"cluster {name!r}: time_min={c.time_min} leaves no minute of training before the "
+            f"pre-emption signal's lead (signal_delay_s={c.signal_delay_s}): a job would be "
+            "signalled before its first checkpoint"
+        )
+    return c
+
+
+def _fits(v: Any, kind: str) -> bool:
+    want = {
+        "str | None": (str, type(None)),
+        "int": int,
+        "float | None": (int, float, type(None)),
+        "float": (int, float),
+        "str": str,
+        "dict[str, Any]": dict,
+        "list[str]": list,
+    }[kind]
+    return isinstance(v, want) and not isinstance(v, bool)
+
+
+def check(cluster: Cluster, cfgs: list[Config]) -> None:
+    """Before any job is submitted: Slurm's commands on PATH, the partition known to ``sinfo``,
+    and every run able to resume (a run without checkpoints cannot survive a time limit)."""
+    for tool in ("sbatch", "squeue", "scancel", "sinfo"):
+        if shutil.which(tool) is None:
+            raise ConfigError(
+                f"launcher=slurm: {tool} is not on PATH (is this a Slurm login node?)"
+            )
+    if cluster.partition is not None:
+        out = _slurm("sinfo", "-h", "-o", "%R").split()
+        if cluster.partition not in out:
+            raise ConfigError(
+                f"cluster partition={cluster.partition!r} is not one of this cluster's: {sorted(set(out))}"
+            )
+    for c in cfgs:
+        if not c.checkpoint:
+            raise ConfigError(
+                f"run {c.run_name()}: checkpoint=false cannot run under launcher=slurm (a job "
+                "stopped at its time limit or pre-empted resumes from its checkpoint)"
+            )
+
+
+def _slurm(*args: str) -> str:
+    done = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise ConfigError(f"{' '.join(args)}: {(done.stderr or done.stdout).strip()[:300]}")
+    return done.stdout
+
+
+# -- on the allocation -------------------------------------------------------------------------
+
+
+def _ignore(sig: int) -> None:  # in the trainer's process before exec: torchrun's agent keeps it
+    signals.signal(sig, signals.SIG_IGN)
+
+
+class TrainJob:
+    """A run as a submitit callable (checkpointable: see the module), one per task."""
+
+    def __init__(self, args: list[str], log: str, nproc_per_node: int, signal: str) -> None:
+        self.args, self.log, self.nproc, self.signal = args, log, nproc_per_node, signal
+        self.child: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        if env.num_tasks == 1 and self.nproc == 1:
+            return [sys.executable, "-m", "lbsgd", "train", *self.args]
+        port = 20_000 + int(str(env.job_id).split("_")[0]) % 20_000
+        endpoint = f"{env.hostnames[0]}:{port}"
+        head = launch.torchrun(
+            self.nproc, nnodes=env.num_tasks, endpoint=endpoint, node_rank=env.global_rank
+        )
+        return [*head, "-m", "lbsgd", "train", *self.args]
+
+    def __call__(self) -> int:
+        import submitit
+
+        from lbsgd.experiments import commands
+
+        log = Path(self.log)
+        how = commands.how_it_starts(config.load([], self.args).run_dir())
+        with log.open("a") as out:
+            if submitit.JobEnvironment().global_rank == 0:
+                out.write(f"{commands.attempt_line(log, how)} (Slurm job {_job_id()})\n")
+                out.flush()
+            self.child = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,  # its group: torchrun's agent and workers
+                preexec_fn=lambda: _ignore(getattr(signals, f"SIG{self.signal}")),
+            )
+            while _running(self.child.pid):  # not Popen.wait(): the handler below must poll
+                time.sleep(0.5)
+            return self.child.wait()
+
+    def checkpoint(self) -> Any:
+        """submitit's hook on the pre-emption signal (rank 0): the signal to the trainer's
+        processes, again every few seconds (one that came before the trainer took it over was
+        ignored) until they have checkpointed and stopped; then a fresh copy of this job is
+        requeued. torchrun's agent ignores the signal and ends with its workers."""
+        import submitit
+
+        sig = getattr(signals, f"SIG{self.signal}")
+        while self.child is not None and _running(self.child.pid):
+            with contextlib.suppress(OSError):
+                os.killpg(self.child.pid, sig)
+            for _ in range(10):
+                if not _running(self.child.pid):
+                    break
+                time.sleep(0.5)
+        return submitit.helpers.DelayedSubmission(
+            TrainJob(self.args, self.log, self.nproc, self.signal)
+        )
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (Linux: an exited child not yet reaped is a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _job_id() -> str:
+    return os.environ.get("SLURM_JOB_ID", "?")
+
+
+# -- on the submitting machine -----------------------------------------------------------------
+
+
+class Queue:
+    """The queue's states of this user's jobs (``squeue --me``), read at most every ``poll_s``."""
+
+    def __init__(self, poll_s: float) -> None:
+        self.poll_s, self.read_at, self.states = poll_s, -1e9, {}
+
+    def state(self, job_id: str) -> tuple[str, str]:
+        """(state, node) of ``job_id``: ``("", "")`` (:data:`GONE`) once it left the queue."""
+        if time.monotonic() - self.read_at >= self.poll_s:
+            self.refresh()
+        return self.states.get(job_id, (GONE, ""))
+
+    def refresh(self) -> None:
+        out = _slurm("squeue", "--me", "-h", "-o", "%i|%T|%N")
+        rows = (line.split("|") for line in out.splitlines() if line.strip())
+        self.states = {r[0]: (r[1], r[2]) for r in rows if len(r) == 3}
+        self.read_at = time.monotonic()
+
+
+class SlurmProc:
+    """A submitted job as :mod:`lbsgd.jobs` sees a process (see the module)."""
+
+    pid = None
+
+    def __init__(self, job_id: str, queue: Queue) -> None:
+        self.job_id, self.queue = job_id, queue
+        queue.read_at = -1e9  # a snapshot older than the job would say it ended
+        self.returncode: int | None = None
+        self.last = ("", "")  # the last state said
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.queue.state(self.job_id)[0] == GONE:
+            self.returncode = 0  # the run's own record (summary.json) says how it ended
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(0.2)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """SIGTERM to a running job's processes (each run checkpoints and stops); a queued job is
+        removed from the queue."""
+        state = self.queue.state(self.job_id)[0]
+        if state == "PENDING":
+            _quiet("scancel", self.job_id)
+        else:
+            _quiet(
+                "scancel", f"--signal={signals.Signals(sig).name.removeprefix('SIG')}", self.job_id
+            )
+        self.queue.read_at = -1e9  # read the queue again at the next look
+
+    def kill(self) -> None:
+        _quiet("scancel", "--signal=KILL", self.job_id)
+        _quiet("scancel", self.job_id)
+        self.queue.read_at = -1e9
+
+
+def _quiet(*args: str) -> None:
+    subprocess.run(args, capture_output=True, stdin=subprocess.DEVNULL)
+
+
+def job_dir(cfg: Config) -> Path:
+    """Where a run's Slurm files go (submitit's, its job id): the study's ``.slurm/<run>/``."""
+    return Path(cfg.out_dir) / cfg.study / ".slurm" / cfg.run_name()
+
+
+def recorded(cfg: Config, queue: Queue) -> str | None:
+    """The job id recorded for the run when that job is still queued or running, else None."""
+    path = job_dir(cfg) / "job_id"
+    if not path.is_file():
+        return None
+    job_id = path.read_text().strip()
+    return job_id if queue.state(job_id)[0] != GONE else None
+
+
+def submit(
+    cfg: Config, args: list[str], log: Path, cluster: Cluster, nnodes: int, nproc: int
+) -> str:
+    """Submit the run as one job (see the module); its id, also written under :func:`job_dir`."""
+    import submitit
+
+    folder = job_dir(cfg)
+    ex = submitit.SlurmExecutor(folder=folder, python=cluster.python)
+    params = {
+        "job_name": cfg.run_name(),
+        "time": cluster.time_min,
+        "nodes": nnodes,
+        "ntasks_per_node": cluster.tasks_per_node,
+        "cpus_per_task": cluster.cpus_per_task,
+        "signal_delay_s": cluster.signal_delay_s,
+        "stderr_to_stdout": True,
+        "setup": [f"export SUBMITIT_PREEMPT_SIGNAL={cluster.signal}", *cluster.setup],
+        "additional_parameters": {"dependency": "singleton", **cluster.sbatch},
+    }
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(cluster, key) is not None:
+            params[key] = getattr(cluster, key)
+    if cluster.gpus_per_node:
+        params["gpus_per_node"] = cluster.gpus_per_node
+    if cluster.mem_gb is not None:
+        params["mem"] = f"{cluster.mem_gb:g}GB"
+    ex.update_parameters(**params)
+    job = ex.submit(TrainJob(args, str(log.resolve()), nproc, cluster.signal))
+    (folder / "job_id").write_text(f"{job.job_id}\n")
+    return str(job.job_id)

@@ -1,0 +1,209 @@
+"""launcher=slurm against a real Slurm: a single-node cluster on localhost (tests/slurm_cluster.py,
+started once for the module), each run of a sweep one job submitted with submitit."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import tiny_keys
+from helpers import assert_bitwise
+from slurm_cluster import LocalSlurm, available
+
+from lbsgd import checkpoint, config
+from lbsgd import experiments as ex
+from lbsgd.studies import warmup
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    why = available()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: {why}")
+        pytest.skip(why)
+    with (
+        LocalSlurm(tmp_path_factory.mktemp("slurm")) as cluster,
+        pytest.MonkeyPatch.context() as mp,
+    ):
+        for k, v in cluster.env.items():
+            if os.environ.get(k) != v:
+                mp.setenv(k, v)
+        yield cluster
+
+
+def cluster_file(folder: Path, slurm, **keys) -> Path:
+    path = folder / "here.yaml"
+    base = {"partition": slurm.partition, "time_min": 10, "signal_delay_s": 30, "poll_s": 0.5}
+    path.write_text(yaml.safe_dump({**base, **keys}))
+    return path
+
+
+def queue(slurm) -> list[str]:
+    return slurm.run("squeue", "-h", "-o", "%i %j").stdout.split("\n")[:-1]
+
+
+def weights(run_dir: Path) -> dict:
+    return checkpoint.read(run_dir / checkpoint.NAME)["model"]
+
+
+# a run of 192 steps that flushes (and may stop) every 3, long enough to be stopped mid-way
+LONG = tiny_keys(epochs=24, checkpoint_every=3)
+
+
+def sweep_script(out: Path, cluster: Path, keys: dict) -> str:
+    return textwrap.dedent(
+        f"""
+        from lbsgd import experiments as ex
+        ex.sweep("s", [{keys!r}], out_dir={str(out)!r}, launcher="slurm", cluster={str(cluster)!r})
+        """
+    )
+
+
+def wait_for(predicate, timeout: float = 120.0, what: str = "") -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def steps_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return path.read_text().count('"kind": "train"') if path.exists() else 0
+
+
+def test_a_bad_cluster_file_is_one_line_before_anything_is_submitted(slurm, tmp_path):
+    cases = {
+        "partition": ({"partition": "nosuch"}, "partition='nosuch' is not one of"),
+        "key": ({"gpus": 8}, "unknown key 'gpus'"),
+        "limit": ({"time_min": 1, "signal_delay_s": 30}, "time_min=1 leaves no minute"),
+        "signal": ({"signal": "HUP"}, "signal='HUP' must be one of"),
+    }
+    for name, (keys, words) in cases.items():
+        path = cluster_file(tmp_path, slurm, **keys)
+        with pytest.raises(config.ConfigError, match=words.replace("(", r"\(")) as e:
+            ex.sweep(
+                "s", [tiny_keys()], out_dir=tmp_path / name, launcher="slurm", cluster=str(path)
+            )
+        assert "\n" not in str(e.value), name
+        assert not (tmp_path / name / "s").exists(), name
+    with pytest.raises(config.ConfigError, match="no file"):
+        ex.cluster_of("nosuch", tmp_path)
+    assert queue(slurm) == []
+
+
+def test_a_smoke_study_on_slurm_ends_as_it_does_locally(slurm, tmp_path):
+    """Study 2 at the smoke profile: its findings, table and every run's final metrics and
+    weights equal under both launchers."""
+    from lbsgd import studies
+
+    path = cluster_file(tmp_path, slurm)
+    out = {}
+    for launcher in ("local", "slurm"):
+        S = studies.start(
+            "warmup",
+            title=warmup.TITLE,
+            profile="smoke",
+            out_dir=tmp_path / launcher,
+            parallel=2,
+            wandb="disabled",
+            launcher=launcher,
+            cluster=str(path) if launcher == "slurm" else None,
+        )
+        df = S.sweep(warmup.runs(S.profile, S.seeds))
+        out[launcher] = (df.sort_values("run").reset_index(drop=True), warmup.findings(df), S)
+    (local, f_local, _), (remote, f_remote, _) = out["local"], out["slurm"]
+    assert [f.to_dict() for f in f_remote] == [f.to_dict() for f in f_local]
+    assert warmup.table(remote).equals(warmup.table(local))
+    cols = ["run", "status", "final_top1_error_pct", "total_steps"]
+    assert remote[cols].equals(local[cols])
+    for a, b in zip(local["run_dir"], remote["run_dir"], strict=True):
+        assert_bitwise(weights(Path(b)), weights(Path(a)))
+    log = (Path(remote["run_dir"][0]).parent / f"{remote['run'][0]}.log").read_text()
+    assert log.count(ex.ATTEMPT_MARK) == 1 and "Slurm job" in log
+
+
+def _local_run(tmp_path: Path, keys: dict, nproc: int = 1) -> Path:
+    df = ex.sweep("s", [keys], out_dir=tmp_path / "local", nproc_per_node=nproc)
+    return Path(df["run_dir"][0])
+
+
+def test_an_interrupted_sweep_stops_its_job_with_a_checkpoint_and_resumes_bitwise(slurm, tmp_path):
+    """SIGINT to the sweep's process (Ctrl-C, Kernel > Interrupt) while its job trains: the job's
+    run stops with a checkpoint, status interrupted; the same sweep again resumes it, to the
+    weights of the run never interrupted."""
+    path = cluster_file(tmp_path, slurm)
+    out = tmp_path / "slurm"
+    script = sweep_script(out, path, LONG)
+    run_dir = out / "s" / config.from_dict({**LONG, "study": "s"}).run_name()
+    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    wait_for(lambda: steps_done(run_dir) >= 2, what="the job to train")
+    first.send_signal(signal.SIGINT)
+    said = first.communicate(timeout=120)[0]
+    assert "interrupted at step" in said and "checkpoint kept" in said, said
+    assert queue(slurm) == []
+    again = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "completed" in again.stdout
+    log = (out / "s" / f"{run_dir.name}.log").read_text()
+    assert log.count(ex.ATTEMPT_MARK) == 2 and "resumed from its checkpoint" in log
+    assert_bitwise(weights(run_dir), weights(_local_run(tmp_path, LONG)))
+
+
+def test_a_preempted_job_checkpoints_is_requeued_and_resumes_bitwise(slurm, tmp_path):
+    """The cluster's pre-emption signal (USR1, as a time limit's lead sends it) to a running job:
+    the trainer checkpoints, submitit requeues the job once it has, and the requeued job resumes
+    the run to the uninterrupted run's weights; the sweep waits through it."""
+    path = cluster_file(tmp_path, slurm)
+    out = tmp_path / "slurm"
+    run_dir = out / "s" / config.from_dict({**LONG, "study": "s"}).run_name()
+    sweep = subprocess.Popen(
+        [sys.executable, "-c", sweep_script(out, path, LONG)], stdout=subprocess.PIPE, text=True
+    )
+    wait_for(lambda: steps_done(run_dir) >= 2, what="the job to train")
+    job_id = (out / "s" / ".slurm" / run_dir.name / "job_id").read_text().strip()
+    slurm.run("scancel", "--signal=USR1", job_id)
+    said = sweep.communicate(timeout=240)[0]
+    assert sweep.returncode == 0, said
+    log = (out / "s" / f"{run_dir.name}.log").read_text()
+    assert log.count(ex.ATTEMPT_MARK) == 2 and "resumed from its checkpoint" in log, log
+    assert_bitwise(weights(run_dir), weights(_local_run(tmp_path, LONG)))
+
+
+def test_a_sweep_started_again_attaches_to_its_queued_job(slurm, tmp_path):
+    """The sweep's process killed (a kernel that dies) while its job trains: the job goes on, and
+    the same sweep started again attaches to it by the recorded job id: one job, one attempt."""
+    path = cluster_file(tmp_path, slurm)
+    out = tmp_path / "slurm"
+    script = sweep_script(out, path, LONG)
+    run_dir = out / "s" / config.from_dict({**LONG, "study": "s"}).run_name()
+    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL)
+    wait_for(lambda: steps_done(run_dir) >= 1, what="the job to train")
+    first.kill()
+    first.wait()
+    job_id = (out / "s" / ".slurm" / run_dir.name / "job_id").read_text().strip()
+    again = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"attached to Slurm job {job_id}" in again.stdout
+    assert (out / "s" / ".slurm" / run_dir.name / "job_id").read_text().strip() == job_id
+    log = (out / "s" / f"{run_dir.name}.log").read_text()
+    assert log.count(ex.ATTEMPT_MARK) == 1
+    assert checkpoint.read(run_dir / checkpoint.NAME)["step"] == 192
+
+
+def test_a_two_task_job_trains_to_the_weights_of_two_local_processes(slurm, tmp_path):
+    """Two torchrun agents as two Slurm tasks (two "nodes" on localhost, one process each, the
+    rendezvous on the allocation's first host) end with the 2-process local run's weights."""
+    path = cluster_file(tmp_path, slurm, tasks_per_node=2)
+    keys = tiny_keys(backend="gloo")
+    df = ex.sweep("s", [keys], out_dir=tmp_path / "slurm", launcher="slurm", cluster=str(path))
+    run_dir = Path(df["run_dir"][0])
+    assert config.read_yaml(run_dir / "config.yaml", derived=True)["world_size"] == 2
+    assert_bitwise(weights(run_dir), weights(_local_run(tmp_path, keys, nproc=2)))
