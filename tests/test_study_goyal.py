@@ -134,10 +134,11 @@ def test_quickstart_table_has_the_run_and_its_numbers():
 # -- 2. warmup ---------------------------------------------------------------------------------
 
 
-def warmup_df(base, none, constant, gradual, large_k=16, steps=(5000, 313)):
-    rows = arms(base, k=1, warmup="none", total_steps=steps[0])
+def warmup_df(base, none, constant, gradual, large_k=16, steps=(5000, 313), warmup_epochs=0.0):
+    keys = {"warmup_epochs": warmup_epochs, "epochs": 4.0}
+    rows = arms(base, k=1, warmup="none", total_steps=steps[0], **keys)
     for w, e in (("none", none), ("constant", constant), ("gradual", gradual)):
-        rows += arms(e, k=large_k, warmup=w, total_steps=steps[1])
+        rows += arms(e, k=large_k, warmup=w, total_steps=steps[1], **keys)
     return frame(rows)
 
 
@@ -338,11 +339,11 @@ def test_warmup_findings_carry_a_budget_of_their_arms_steps_from_total_steps():
     assert f.budget == Budget({"k=1": 5000, "k=32": 156}, None, "Goyal's 8k run: 14,076")
 
 
-def flat_then(early, late, steps, epochs=4.0):
-    """Training records of ``steps`` steps over ``epochs``: loss ``early`` up to epoch 1, then
-    ``late``."""
+def flat_then(early, late, steps, epochs=4.0, until=1.0):
+    """Training records of ``steps`` steps over ``epochs``: loss ``early`` up to epoch ``until``,
+    then ``late``."""
     epoch = [(i + 1) * epochs / steps for i in range(steps)]
-    loss = [early if e <= 1 else late for e in epoch]
+    loss = [early if e <= until else late for e in epoch]
     return pd.DataFrame({"kind": "train", "epoch": epoch, "loss": loss, "lr": 0.1})
 
 
@@ -360,7 +361,8 @@ def test_loss_gap_is_the_mean_relative_gap_of_the_binned_curves_over_the_window(
 
 def paired_curves(df, early, late):
     """Baseline runs at loss 1.0; the large minibatch's run of warmup w and seed s at
-    ``early[w][s]`` up to epoch 1 and ``late[w][s]`` after (constant: as gradual)."""
+    ``early[w][s]`` up to epoch 2 (the early window of a run without warmup epochs: 0-2) and
+    ``late[w][s]`` after (constant: as gradual)."""
     out = {}
     for _, r in df.iterrows():
         w, s = r["warmup"], int(r["seed"])
@@ -368,7 +370,7 @@ def paired_curves(df, early, late):
             out[r["run_dir"]] = flat_then(1.0, 1.0, steps=400)
         else:
             w = "gradual" if w == "constant" else w
-            out[r["run_dir"]] = flat_then(early[w][s], late[w][s], steps=40)
+            out[r["run_dir"]] = flat_then(early[w][s], late[w][s], steps=40, until=2.0)
     return out
 
 
@@ -392,7 +394,8 @@ def test_warmup_curve_findings_replayed_not_replayed_and_undecided():
     )
     # lags: no warmup's early gap minus gradual warmup's, [+40, +50, +60]: wholly above 0
     assert fs[1].evidence.startswith(
-        "gap to the small minibatch over the first epoch: no warmup +60.0%, gradual warmup "
+        "gap to the small minibatch over epochs 0-2, after the warmup: no warmup +60.0%, gradual "
+        "warmup "
         "+10.0% (mean of 3; paper Fig. 2a: without warmup the training error is higher early); "
         f"Δ +50.00 % of the loss, {ci(g['none']['early'], g['gradual']['early'])} (paired t, n = 3)"
     )
@@ -412,6 +415,39 @@ def test_warmup_curve_findings_replayed_not_replayed_and_undecided():
     one = warmup_df([2.0], [6.0], [9.0], [3.0])
     fs = warmup.curve_findings(one, metrics=paired_curves(one, lag, match))
     assert undecided_by(fs, "one run per arm"), [f.evidence for f in fs]
+
+
+def test_warmup_early_lag_reads_the_epochs_after_the_warmup_not_the_warmup_itself():
+    """Gradual warmup 50% above the small minibatch during its warmup (0.5 epochs: its lower lr by
+    design) and level with no warmup after: over epochs 0.5-2.5 neither lags."""
+    df = warmup_df(BASE, NONE, CONSTANT, GRADUAL, warmup_epochs=0.5)
+    curves = {}
+    for _, r in df.iterrows():
+        big, gradual = r["k"] > 1, r["warmup"] != "none"
+        curves[r["run_dir"]] = flat_then(
+            1.5 if big and gradual else 1.2 if big else 1.0,
+            1.2 if big else 1.0,
+            steps=400,
+            until=0.5,
+        )
+    assert warmup.early_window(df) == (0.5, 2.0)
+    g = warmup.curve_gaps(df, metrics=curves)
+    assert g["gradual"]["early"] == pytest.approx([20.0] * 3)
+    assert g["none"]["early"] == pytest.approx([20.0] * 3)
+    f = warmup.curve_findings(df, metrics=curves)[1]
+    assert "over epochs 0.5-2, after the warmup" in f.claim
+
+
+def test_warmup_late_match_fails_where_no_warmup_matches_as_closely():
+    """The match claim holds gradual warmup's late gap inside ±10% and below no warmup's: a
+    no-warmup run as close to the small minibatch as the gradual one leaves it undecided, one
+    closer makes it not replayed."""
+    df = warmup_df(BASE, NONE, CONSTANT, GRADUAL)
+    early = {"gradual": [1.1, 1.1, 1.1], "none": [1.5, 1.6, 1.7]}
+    late = {"gradual": [1.02, 1.03, 1.04], "none": [1.0, 1.01, 1.02]}  # none 2 points closer
+    f = warmup.curve_findings(df, metrics=paired_curves(df, early, late))[0]
+    assert f.replayed is False and f.p_against < 0.05
+    assert "lies closer to it than without warmup" in f.claim
 
 
 def test_warmup_early_lag_compares_no_warmup_with_gradual_warmup_not_with_zero():
