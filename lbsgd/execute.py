@@ -177,7 +177,24 @@ def normalise(path: str | os.PathLike) -> None:
             cell.metadata.get("papermill", {}).pop(key, None)
         if "injected-parameters" in cell.metadata.get("tags", []):
             cell.id = INJECTED_ID
+        if "outputs" in cell:
+            cell.outputs = merged_streams(cell.outputs)
     nbformat.write(nb, str(path))
+
+
+def merged_streams(outputs: list) -> list:
+    """``outputs`` with each run of consecutive stream outputs to the same stream joined into one,
+    as Jupyter shows them: how a kernel's prints are cut into messages depends on timing (a loaded
+    machine sends a line and its newline apart), not on what was printed."""
+    out: list = []
+    for o in outputs:
+        last = out[-1] if out else {}
+        same = (o.get("output_type"), o.get("name")) == (last.get("output_type"), last.get("name"))
+        if same and o.get("output_type") == "stream":
+            out[-1] = type(last)(last, text=last["text"] + o["text"])  # the outputs as given
+        else:
+            out.append(o)
+    return out
 
 
 def _shut_down(km) -> None:

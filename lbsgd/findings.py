@@ -157,6 +157,7 @@ class Budget:
     steps: Mapping[str, int]
     s_min: float | None
     paper: str = ""
+    s_min_target: str = ""  # the target S_min is for, in words (the profile's)
 
     @property
     def bound(self) -> bool:
@@ -165,8 +166,11 @@ class Budget:
     def text(self) -> str:
         arms = ", ".join(f"{arm} {n:,}" for arm, n in self.steps.items())
         out = f"optimizer steps: {arms}"
+        to = f" (to {self.s_min_target})" if self.s_min_target else ""
         out += (
-            f"; S_min {self.s_min:,.0f}" if self.s_min is not None else "; no S_min at this profile"
+            f"; S_min {self.s_min:,.0f}{to}"
+            if self.s_min is not None
+            else "; no S_min at this profile"
         )
         out += f"; {self.paper}" if self.paper else ""
         if self.bound:
@@ -174,11 +178,16 @@ class Budget:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"steps": dict(self.steps), "s_min": self.s_min, "paper": self.paper}
+        return {
+            "steps": dict(self.steps),
+            "s_min": self.s_min,
+            "s_min_target": self.s_min_target,
+            "paper": self.paper,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Budget:
-        return cls(dict(d["steps"]), d.get("s_min"), d.get("paper", ""))
+        return cls(dict(d["steps"]), d.get("s_min"), d.get("paper", ""), d.get("s_min_target", ""))
 
 
 def write(
@@ -380,13 +389,13 @@ def _seeds_clause(x, y, diff: float, threshold: float, within: float | None, pai
     )
 
 
-def with_s_min(f: Finding, s_min: float | None) -> Finding:
+def with_s_min(f: Finding, s_min: float | None, target: str = "") -> Finding:
     """``f`` with its budget's S_min (the profile's) and the budget in its evidence: the
     session completes a study's findings so (a study's rules know the arms' steps, the profile
     knows S_min). A finding without a budget passes unchanged."""
     if f.budget is None:
         return f
-    budget = replace(f.budget, s_min=s_min)
+    budget = replace(f.budget, s_min=s_min, s_min_target=target)
     return replace(f, budget=budget, evidence=f"{f.evidence}; {budget.text()}")
 
 

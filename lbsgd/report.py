@@ -162,8 +162,9 @@ def _head(studies: list[dict]) -> list[str]:
         "claims by Benjamini–Hochberg at 5% (each evidence gives its interval, p and q). "
         "*Invalid*: an arm of the comparison did not train (within 5 points of chance, or a "
         "run diverged). *Budget-bound*: a large-minibatch verdict from an arm with fewer "
-        "optimizer steps than S_min, the fewest any batch needs to reach study 11's target "
-        "loss. docs/verdicts.md explains the rule.",
+        "optimizer steps than S_min, the fewest any batch needs to reach the target each "
+        "evidence names beside it (study 11's training loss; study 15's held-out error where "
+        "the profile replays study 15). docs/verdicts.md explains the rule.",
         "",
         f"{fs.counts(found)}.",
         "",

@@ -193,14 +193,17 @@ def test_each_profiles_s_min_is_its_committed_critical_batch_fit(profile):
     _runs(profile)
     critical = RESULTS / profile / "critical_batch" / "fit.csv"
     ladder = RESULTS / profile / "steps_to_target" / "table.csv"
+    p = scales.get(profile)
     if critical.exists():
         with critical.open() as f:
             (fit,) = list(csv.DictReader(f))
-        assert scales.get(profile).s_min == round(float(fit["s_min"]), 1)
+        assert p.s_min == round(float(fit["s_min"]), 1)
+        assert p.s_min_target == f"study 11's training loss {float(fit['target_loss']):.3g}"
     elif ladder.exists():
         with ladder.open() as f:
             rows = list(csv.DictReader(f))
-        assert scales.get(profile).s_min == round(float(rows[0]["s_min"]), 1)
+        assert p.s_min == round(float(rows[0]["s_min"]), 1)
+        assert p.s_min_target == f"study 15's held-out top-1 error {p.ladder['target']:g}%"
     else:
         assert scales.get(profile).s_min is None
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import subprocess_env
 
 from lbsgd import checkpoint
-from lbsgd.execute import parameter
+from lbsgd.execute import merged_streams, normalise, parameter
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = REPO / "notebooks" / "02_warmup.ipynb"
@@ -62,6 +62,36 @@ def _wait_for_a_run(study: Path) -> None:
 def _errors(notebook: Path) -> list[dict]:
     cells = json.loads(notebook.read_text())["cells"]
     return [o for c in cells for o in c.get("outputs", []) if o["output_type"] == "error"]
+
+
+def test_normalise_joins_a_print_cut_into_messages_and_keeps_streams_apart(tmp_path):
+    """A line and its newline sent in two stream messages (a loaded machine) read back as the one
+    output of an unloaded one; stdout and stderr stay apart and in order."""
+    import nbformat
+
+    def stream(name, text):
+        return nbformat.v4.new_output("stream", name=name, text=text)
+
+    split = [
+        stream("stdout", "[1/3] run: skipped"),
+        stream("stdout", "\n"),
+        stream("stderr", "w\n"),
+    ]
+    split.append(stream("stdout", "done\n"))
+    whole = [
+        stream("stdout", "[1/3] run: skipped\n"),
+        stream("stderr", "w\n"),
+        stream("stdout", "done\n"),
+    ]
+    assert merged_streams(split) == whole
+    paths = []
+    for name, outputs in (("split", split), ("whole", whole)):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print()", outputs=outputs)])
+        nb.cells[0].id = "c"
+        nbformat.write(nb, str(tmp_path / f"{name}.ipynb"))
+        normalise(tmp_path / f"{name}.ipynb")
+        paths.append((tmp_path / f"{name}.ipynb").read_text())
+    assert paths[0] == paths[1]
 
 
 def test_a_bad_parameter_is_one_line_on_the_terminal_and_in_the_cell(tmp_path):

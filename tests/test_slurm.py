@@ -96,6 +96,11 @@ def test_a_bad_cluster_file_is_one_line_before_anything_is_submitted(slurm, tmp_
         assert not (tmp_path / name / "s").exists(), name
     with pytest.raises(config.ConfigError, match="no file"):
         ex.cluster_of("nosuch", tmp_path)
+    # what only sbatch knows: GPUs on a node that has none, refused in one line naming the run
+    path = cluster_file(tmp_path, slurm, gpus_per_node=1)
+    with pytest.raises(config.ConfigError, match="sbatch refused run resnet8-") as e:
+        ex.sweep("s", [tiny_keys()], out_dir=tmp_path / "qos", launcher="slurm", cluster=str(path))
+    assert "\n" not in str(e.value)
     assert queue(slurm) == []
 
 

@@ -331,6 +331,7 @@ def submit(
 ) -> str:
     """Submit the run as one job (see the module); its id, also written under :func:`job_dir`."""
     import submitit
+    from submitit.core import utils
 
     folder = job_dir(cfg)
     ex = submitit.SlurmExecutor(folder=folder, python=cluster.python)
@@ -353,6 +354,10 @@ def submit(
     if cluster.mem_gb is not None:
         params["mem"] = f"{cluster.mem_gb:g}GB"
     ex.update_parameters(**params)
-    job = ex.submit(TrainJob(args, str(log.resolve()), nproc, cluster.signal))
+    try:
+        job = ex.submit(TrainJob(args, str(log.resolve()), nproc, cluster.signal))
+    except (utils.FailedSubmissionError, utils.FailedJobError) as e:  # what sbatch refuses
+        why = " ".join(str(e).split())[:400]
+        raise ConfigError(f"sbatch refused run {cfg.run_name()}: {why}") from None
     (folder / "job_id").write_text(f"{job.job_id}\n")
     return str(job.job_id)

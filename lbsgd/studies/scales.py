@@ -53,6 +53,7 @@ class Profile:
     # holds the two equal). A large-minibatch verdict from an arm with fewer steps is
     # budget-bound (lbsgd.findings.Budget). None: not measured at this profile.
     s_min: float | None = None
+    s_min_target: str = ""  # the target S_min is for, in words (every budget's evidence names it)
     # study 15 (lbsgd.studies.steps_to_target): "ks", the batch sizes as k; "target", the held-out
     # top-1 error (%) every one of them reaches; "holdout", the images held out to read it on;
     # "seeds", each trial's
@@ -246,6 +247,7 @@ PROFILES: dict[str, Profile] = {
         alexnet_lars={"base_lr": 0.25},
         tuning={"holdout": 4_000, "anchors": _CPU_ANCHORS, "centres": _CPU_CENTRES},
         s_min=55.1,
+        s_min_target="study 11's training loss 0.327",
     ),
     "fashion": Profile(
         name="fashion",
@@ -274,6 +276,7 @@ PROFILES: dict[str, Profile] = {
             "centres": {16: {**_CPU_CENTRES[16], "nesterov": 0.8}},
         },
         s_min=61.1,
+        s_min_target="study 11's training loss 0.684",
         studies=(
             "quickstart",
             "warmup",
@@ -363,6 +366,7 @@ PROFILES: dict[str, Profile] = {
         # study 15's fit (results/fashion-long/steps_to_target/table.csv): the large minibatch's
         # 1,875 steps are 20.5x S_min
         s_min=91.4,
+        s_min_target="study 15's held-out top-1 error 22%",
         studies=("warmup", "optimizers", "steps_to_target", "plan"),
         beside=("fashion", "cpu"),
     ),

@@ -87,7 +87,8 @@ class Session:
     def findings(self, findings: Iterable[Finding], seeds: Sequence[int] | None = None) -> None:
         """Write ``findings.json``, print each verdict, and log the study (table, figures,
         findings) to W&B as one run of the study's group."""
-        findings = [fs.with_s_min(f, self.profile.s_min) for f in findings]
+        p = self.profile
+        findings = [fs.with_s_min(f, p.s_min, p.s_min_target) for f in findings]
         used = list(self.seeds if seeds is None else seeds)
         study_dir = ex.study_dir(self.out, self.study)
         fs.write(study_dir, self.study, self.profile.name, used, findings, title=self.title)
