@@ -274,6 +274,7 @@ def test_an_interrupt_from_a_jupyter_client_leaves_the_sweeps_summary_and_one_li
     params = "profile, ks, seeds, epochs = 'smoke', None, None, None\n"
     params += "nproc_per_node, nnodes, rdzv_endpoint, parallel = 1, 1, None, 1\n"
     params += f"wandb, out_dir = 'disabled', {str(tmp_path / 'results')!r}\n"
+    params += "launcher, cluster = 'local', None\n"
     km = KernelManager(kernel_name="python3")
     log = tmp_path / "kernel.txt"
     with log.open("w") as f:

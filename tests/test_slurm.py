@@ -148,7 +148,13 @@ def test_an_interrupted_sweep_stops_its_job_with_a_checkpoint_and_resumes_bitwis
     out = tmp_path / "slurm"
     script = sweep_script(out, path, LONG)
     run_dir = out / "s" / config.from_dict({**LONG, "study": "s"}).run_name()
-    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        # Ctrl-C's KeyboardInterrupt, even where pytest's worker ignores SIGINT (inherited)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     wait_for(lambda: steps_done(run_dir) >= 2, what="the job to train")
     first.send_signal(signal.SIGINT)
     said = first.communicate(timeout=120)[0]
