@@ -1019,6 +1019,7 @@ def test_the_benefit_claim_has_two_decided_outcomes(shift, outcome, words):
     none = [g + shift + w for g, w in zip(gradual, wiggle, strict=True)]
     v = warmup.benefit_verdict(none, gradual, planned=20)
     assert v.replayed is outcome and words in v.test
+    assert v.p is not None and v.p < 0.05  # a tested claim: in the report's BH family
     if shift == 2.0:
         assert "by less" not in v.test
 

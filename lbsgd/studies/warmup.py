@@ -449,7 +449,9 @@ def benefit_verdict(
     )
     if beats.p_for < stats.ALPHA:
         less = f", by less than Goyal's {effect:g}" if smaller.p_for < stats.ALPHA else ""
-        return Verdict(True, test=f"{words}: gradual beats none{less}", p_for=beats.p_for)
+        return Verdict(
+            True, test=f"{words}: gradual beats none{less}", p_for=beats.p_for, p_against=1.0
+        )
     if smaller.p_for < stats.ALPHA:
         return Verdict(
             False,
