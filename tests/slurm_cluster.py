@@ -10,6 +10,8 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
+from lbsgd.experiments.slurm import running as alive  # a zombie counts as dead
+
 SBIN = "/usr/sbin"
 NEEDED = ("slurmctld", "slurmd", "munged", "sbatch")
 DAEMONS = ("munged", "slurmctld", "slurmd")  # in start order; stopped in reverse
@@ -28,15 +30,6 @@ def available() -> str | None:
     if missing:
         return f"Slurm missing ({', '.join(missing)} not found): apt-get install slurm-wlm munge"
     return None if os.geteuid() == 0 else "a local Slurm cluster needs root (SlurmUser=root)"
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie counts as dead)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def wait_until(done, seconds: float, step: float = 0.1) -> bool:
@@ -184,7 +177,9 @@ PartitionName={PARTITION} Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         jobs = self._jobs() if "slurmctld" in self.pids else []
         if jobs:
             self.run("scancel", "--full", *jobs, check=False)
-            wait_until(lambda: not self._jobs(), 15, 0.5)
+            if not wait_until(lambda: not self._jobs(), 15, 0.5):  # a job deaf to SIGTERM
+                self.run("scancel", "--full", "--signal=KILL", *jobs, check=False)
+                wait_until(lambda: not self._jobs(), 10, 0.5)
 
     def _stop(self) -> None:
         for name in reversed(DAEMONS):

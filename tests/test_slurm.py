@@ -218,3 +218,18 @@ def test_a_two_task_job_trains_to_the_weights_of_two_local_processes(slurm, tmp_
     run_dir = Path(df["run_dir"][0])
     assert config.read_yaml(run_dir / "config.yaml", derived=True)["world_size"] == 2
     assert_bitwise(weights(run_dir), weights(_local_run(tmp_path, keys, nproc=2)))
+
+
+def test_a_run_sent_to_a_cluster_is_not_held_to_this_machines_devices():
+    """A login node without a GPU submits device=cuda runs: the checks of this machine's devices
+    and memory are the allocation's, not the submitter's (entry.check's here=False)."""
+    import torch
+
+    from lbsgd import entry
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: nothing to refuse here")
+    cfg = config.from_dict(tiny_keys(device="cuda"))
+    with pytest.raises(config.ConfigError, match="cuda"):
+        entry.check(cfg, 1, 1)
+    entry.check(cfg, 1, 1, here=False)

@@ -210,7 +210,7 @@ class TrainJob:
                 start_new_session=True,  # its group: torchrun's agent and workers
                 preexec_fn=lambda: _ignore(getattr(signals, f"SIG{self.signal}")),
             )
-            while _running(self.child.pid):  # not Popen.wait(): the handler below must poll
+            while running(self.child.pid):  # not Popen.wait(): the handler below must poll
                 time.sleep(0.5)
             return self.child.wait()
 
@@ -222,11 +222,11 @@ class TrainJob:
         import submitit
 
         sig = getattr(signals, f"SIG{self.signal}")
-        while self.child is not None and _running(self.child.pid):
+        while self.child is not None and running(self.child.pid):
             with contextlib.suppress(OSError):
                 os.killpg(self.child.pid, sig)
             for _ in range(10):
-                if not _running(self.child.pid):
+                if not running(self.child.pid):
                     break
                 time.sleep(0.5)
         return submitit.helpers.DelayedSubmission(
@@ -234,8 +234,8 @@ class TrainJob:
         )
 
 
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` runs (Linux: an exited child not yet reaped is a zombie)."""
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (Linux: an exited process not yet reaped, a zombie, does not)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
