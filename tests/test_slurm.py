@@ -94,6 +94,14 @@ def test_a_bad_cluster_file_is_one_line_before_anything_is_submitted(slurm, tmp_
             )
         assert "\n" not in str(e.value), name
         assert not (tmp_path / name / "s").exists(), name
+    with pytest.raises(config.ConfigError, match="checkpoint=false cannot run under launcher"):
+        ex.sweep(
+            "s",
+            [tiny_keys(checkpoint=False)],
+            out_dir=tmp_path / "ckpt",
+            launcher="slurm",
+            cluster=str(cluster_file(tmp_path, slurm)),
+        )
     with pytest.raises(config.ConfigError, match="no file"):
         ex.cluster_of("nosuch", tmp_path)
     # what only sbatch knows: GPUs on a node that has none, refused in one line naming the run
@@ -233,3 +241,27 @@ def test_a_run_sent_to_a_cluster_is_not_held_to_this_machines_devices():
     with pytest.raises(config.ConfigError, match="cuda"):
         entry.check(cfg, 1, 1)
     entry.check(cfg, 1, 1, here=False)
+
+
+def test_a_queue_read_that_fails_keeps_the_jobs_last_states(tmp_path, monkeypatch):
+    """squeue timing out on a busy controller neither ends the sweep nor makes its jobs look
+    ended: the last states stand until a read succeeds (an squeue on PATH answering in turn: the
+    job running, a time-out, an empty queue)."""
+    from lbsgd.experiments import slurm as sl
+
+    answers = tmp_path / "answers"
+    answers.write_text("0")
+    script = tmp_path / "bin" / "squeue"
+    script.parent.mkdir()
+    script.write_text(
+        "#!/bin/sh\n"
+        f"n=$(cat {answers}); echo $((n + 1)) > {answers}\n"
+        'case $n in 0) echo "7|RUNNING|node1";; 1) echo "slurm_load_jobs error: Socket timed '
+        'out" >&2; exit 1;; esac\n'
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    q = sl.Queue(poll_s=0.0)
+    assert q.state("7") == ("RUNNING", "node1")
+    assert q.state("7") == ("RUNNING", "node1")  # the failed read
+    assert q.state("7") == (sl.GONE, "")  # read again: it left the queue

@@ -263,10 +263,15 @@ class Queue:
         return self.states.get(job_id, (GONE, ""))
 
     def refresh(self) -> None:
-        out = _slurm("squeue", "--me", "-h", "-o", "%i|%T|%N")
+        """Read the queue; where squeue fails (a busy controller times out), keep the last
+        states and read again at the next look, rather than end the sweep or call jobs ended."""
+        self.read_at = time.monotonic()
+        try:
+            out = _slurm("squeue", "--me", "-h", "-o", "%i|%T|%N")
+        except ConfigError:
+            return
         rows = (line.split("|") for line in out.splitlines() if line.strip())
         self.states = {r[0]: (r[1], r[2]) for r in rows if len(r) == 3}
-        self.read_at = time.monotonic()
 
 
 class SlurmProc:
