@@ -164,7 +164,7 @@ def test_every_committed_finding_is_what_the_code_computes_from_the_committed_ru
         if (RESULTS / other).is_dir():
             shutil.copytree(RESULTS / other, root / other, ignore=verify.RECORDS_ONLY)
     for study in root.glob(f"{profile}/*/"):
-        for name in ("findings.json", "table.csv"):
+        for name in ("findings.json", "table.csv", "ladder.csv"):
             (study / name).unlink(missing_ok=True)
     notebooks = sorted(str(p) for p in (RESULTS.parent / "notebooks").glob("[0-9]*_*.ipynb"))
     for nb in scales.notebooks(profile, notebooks):
@@ -177,7 +177,7 @@ def test_every_committed_finding_is_what_the_code_computes_from_the_committed_ru
         ]
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         assert done.returncode == 0, f"{nb}: {done.stderr[-2000:]}"
-        for name in ("findings.json", "table.csv"):
+        for name in ("findings.json", "table.csv", "ladder.csv"):
             committed = RESULTS / profile / study / name
             if committed.exists():
                 assert (root / profile / study / name).read_text() == committed.read_text(), (

@@ -1034,6 +1034,39 @@ def test_the_benefit_claim_is_undecided_across_both_bounds_or_short_of_its_pairs
     assert short.replayed is None and "10 of the 20 pre-registered pairs" in short.why
 
 
+def test_the_ladder_gives_each_ladder_seeds_error_and_warmup_peak_by_k_and_warmup():
+    p = scales.get("fashion-long")
+    rows = [
+        {
+            "k": k,
+            "batch_size": 16 * k,
+            "warmup": w,
+            "seed": s,
+            "status": "completed",
+            "final_top1_error_pct": e,
+            "run_dir": f"{k}-{w}-{s}",
+        }
+        for k, w, s, e in [
+            (64, "none", 4000, 20.0),
+            (64, "gradual", 4000, 18.0),
+            (64, "none", 4005, 19.0),
+            (32, "none", 4001, 15.0),
+        ]
+    ]
+    peak = {"64-none-4000": 3.0, "64-gradual-4000": 2.0, "32-none-4001": 2.2}
+    curves = {d: flat_then(peak[d], 1.0, steps=40, until=0.2) for d in peak}
+    for d in curves:  # the first step at 2.0, then the peak inside the 0.45-epoch window
+        curves[d].loc[0, "loss"] = 2.0
+    t = warmup.ladder(pd.DataFrame(rows), p, metrics=curves)
+    assert list(zip(t["k"], t["warmup"], t["seed"], strict=True)) == [
+        (32, "none", 4001),
+        (64, "gradual", 4000),
+        (64, "none", 4000),
+    ]  # seed 4005 is not a ladder seed
+    assert list(t["warmup_peak_over_initial"]) == pytest.approx([1.1, 1.0, 1.5])
+    assert list(t["final_top1_error_pct"]) == [15.0, 18.0, 20.0]
+
+
 def test_warmup_peak_is_the_windows_largest_loss_over_the_first():
     train = pd.DataFrame({"epoch": [0.1, 0.2, 0.4, 0.6], "loss": [2.0, 3.0, 1.0, 9.0]})
     assert warmup.warmup_peak(train, 0.45) == 1.5

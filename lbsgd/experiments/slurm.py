@@ -195,11 +195,11 @@ class TrainJob:
 
         from lbsgd.experiments import commands
 
-        log = Path(self.log)
+        log, env = Path(self.log), submitit.JobEnvironment()
         how = commands.how_it_starts(config.load([], self.args).run_dir())
         with log.open("a") as out:
-            if submitit.JobEnvironment().global_rank == 0:
-                out.write(f"{commands.attempt_line(log, how)} (Slurm job {_job_id()})\n")
+            if env.global_rank == 0:
+                out.write(f"{commands.attempt_line(log, how)} (Slurm job {env.job_id})\n")
                 out.flush()
             self.child = subprocess.Popen(
                 self.command(),
@@ -241,10 +241,6 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _job_id() -> str:
-    return os.environ.get("SLURM_JOB_ID", "?")
 
 
 # -- on the submitting machine -----------------------------------------------------------------

@@ -534,19 +534,9 @@ def ladder(test, profile: Profile, metrics: Metrics = None):
     """The descriptive ladder (measured, no verdict): per k at and beyond the test's, warmup and
     seed of the ladder seeds, the final top-1 error and the warmup window's peak loss over the
     initial (:func:`warmup_peak`), where no warmup starts to fail."""
-    import pandas as pd
-
     t, load = profile.warmup_test, curves(metrics)
     window = float(profile.base["warmup_epochs"])
     rows = test[test["seed"].isin(t["ladder_seeds"])].sort_values(["k", "warmup", "seed"])
-    return pd.DataFrame(
-        {
-            "k": rows["k"].to_numpy(),
-            "batch_size": rows["batch_size"].to_numpy(),
-            "warmup": rows["warmup"].to_numpy(),
-            "seed": rows["seed"].to_numpy(),
-            "status": rows["status"].to_numpy(),
-            "final_top1_error_pct": rows["final_top1_error_pct"].to_numpy(),
-            "warmup_peak_over_initial": [warmup_peak(load(d), window) for d in rows["run_dir"]],
-        }
-    )
+    cols = ["k", "batch_size", "warmup", "seed", "status", "final_top1_error_pct"]
+    peaks = [warmup_peak(load(d), window) for d in rows["run_dir"]]
+    return rows[cols].assign(warmup_peak_over_initial=peaks).reset_index(drop=True)
