@@ -57,8 +57,9 @@ class Profile:
     s_min: float | None = None
     s_min_target: str = ""  # the target S_min is for, in words (every budget's evidence names it)
     # study 15 (lbsgd.studies.steps_to_target): "ks", the batch sizes as k; "target", the held-out
-    # top-1 error (%) every one of them reaches; "holdout", the images held out to read it on;
-    # "seeds", each trial's
+    # top-1 error (%) every one of them reaches; "stop_at_error", where its runs end (default the
+    # target); "holdout", the images held out to read it on; "seeds", the tuning seed (each
+    # trial's), then the seeds that measure each k at its chosen lr
     ladder: Mapping[str, Any] = field(default_factory=dict)
     # study 2's pre-registered warmup test (lbsgd.studies.warmup.preregistered_runs, docs/verdicts.md):
     # "k", the large minibatch where the linear rule's lr sits at the stability edge; "seeds",
@@ -318,11 +319,29 @@ PROFILES: dict[str, Profile] = {
         # reached the target at x 0.25 alone), so the grid went down to x 0.125 (4 runs more, at
         # d8a458d): k = 16 kept x 0.25 (x 0.125: 393 steps), k = 64 chose x 0.125 (148 steps, both
         # seeds; x 0.25: 164, one seed of two), the edge again, hence x 0.0625 (4 runs more).
+        # Those two seeds (at 22%: k = 1 2,572 and 6,517 steps) could not carry a slope or B_crit,
+        # so the ladder was redesigned before its next runs (at the commit that wrote this):
+        # - The target 24%, where the curves are steep: the held-out error jumps 2-5 points between
+        #   probes, so the first crossing of a target where the curve has flattened moves by
+        #   octaves. Over seeds 0 and 1 at each k's lr, the pooled within-k sd of log2 steps to
+        #   the target was 0.48 at 22%, 0.26 at 23%, 0.20 at 24%, 0.22 at 26%, 0.18 at 28%, 0.34
+        #   at 30%: 24% is the lowest target (the furthest into training) at the smallest spread.
+        #   Runs still end at 22% (``stop_at_error``, the keys of the runs made before).
+        # - Seed 0 alone chooses each k's lr (at 24%: x 0.5, 1, 0.5, 0.25 at k = 1, 4, 16, 64, none
+        #   on an edge); seeds 2-7 measure (six, disjoint from seed 0, and from seed 1, which
+        #   chose the target with seed 0; seed 1's runs stay in the folder, read by no claim).
+        # - k = 8 and 32 added (their grids on seed 0): study 16's five fixed batches (k = 4-64)
+        #   then each have a study-15 lr, and the fit has six batch sizes.
+        # - B_crit and S_min get a 95% percentile bootstrap interval over the six seeds (2,000
+        #   resamples, each refitting the per-k geometric means); the x2 and x3 agreement claims
+        #   are decided by the bootstrap interval of their ratio (wholly inside the band:
+        #   replayed; wholly outside: not; else undecided).
         ladder={
-            "ks": (1, 4, 16, 64),
-            "target": 22.0,
+            "ks": (1, 4, 8, 16, 32, 64),
+            "target": 24.0,
+            "stop_at_error": 22.0,
             "holdout": 5_000,
-            "seeds": (0, 1),
+            "seeds": (0, 2, 3, 4, 5, 6, 7),
             "lr_factors": (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0),
             "keys": {"epochs": 4, "milestones": []},
         },

@@ -77,9 +77,10 @@ def base_lr(profile: Profile) -> float:
 def run_keys(profile: Profile, k: float, factor: float, seed: int, target: float) -> dict[str, Any]:
     """One run of the ladder: lr base_lr x factor per reference batch (x k by the linear rule), the
     held-out images set aside and probed at log-spaced steps, the noise scale measured (off where
-    the batch is B_small: nothing to compare), ended at the first probe that reaches ``target``
-    (``stop_at_error``: the steps after it measure nothing here)."""
+    the batch is B_small: nothing to compare), ended at the first probe that reaches the ladder's
+    ``stop_at_error`` (default and at most ``target``; below it, a curve read past its crossing)."""
     b_small = batch_scaling.small_batch(profile)
+    stop = min(target, profile.ladder.get("stop_at_error", target))
     keys = profile.keys(
         k=k,
         **{
@@ -88,7 +89,7 @@ def run_keys(profile: Profile, k: float, factor: float, seed: int, target: float
             "holdout": profile.ladder["holdout"],
             "eval_per_octave": PER_OCTAVE,
             "seed": seed,
-            "stop_at_error": target,
+            "stop_at_error": stop,
         },
     )
     on = keys["batch_size"] > b_small
