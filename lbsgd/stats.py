@@ -331,3 +331,47 @@ def slope_within(x: Sequence[float], y: Sequence[float], centre: float, margin: 
         else 1.0
     )
     return Test(iv, p_for, p_against)
+
+
+# -- a statistic of seeds, resampled --------------------------------------------------------------
+
+RESAMPLES = 2000  # bootstrap resamples of the seeds
+
+
+def seed_bootstrap(n: int, statistic, resamples: int = RESAMPLES) -> np.ndarray:
+    """``statistic(seeds)`` over ``resamples`` draws of ``n`` seeds' indices with replacement
+    (scipy's ``bootstrap``, a fixed generator: the same draws on every replay); ``statistic``
+    takes an array of indices into the seeds and returns a number. Needs two seeds."""
+    if n < 2:
+        raise ValueError(f"a seed bootstrap needs two seeds ({n} given)")
+    res = sps.bootstrap(
+        (np.arange(n),),
+        lambda idx: statistic(np.asarray(idx, dtype=int)),
+        vectorized=False,
+        n_resamples=resamples,
+        method="percentile",
+        rng=np.random.default_rng(0),
+    )
+    return np.asarray(res.bootstrap_distribution, dtype=float)
+
+
+def band(draws: np.ndarray, point: float, low: float, high: float, n: int) -> Test:
+    """The claim ``low < value < high`` read from a bootstrap's ``draws`` of the value (``point``
+    its estimate on every seed): its (1 − α) percentile interval, replayed when the interval lies
+    inside (low, high), not replayed when it lies wholly outside. ``p_for``: twice the larger share
+    of draws beyond an end; ``p_against``: twice the share on the near side of the end the estimate
+    lies beyond (the smallest α whose interval decides; at least 1/resamples)."""
+    d = np.asarray(draws, dtype=float)
+    if not math.isfinite(point) or np.isnan(d).any():  # a draw without a value: no interval
+        return Test(Interval("seed bootstrap", n, float(point), math.nan, math.nan), 1.0, 1.0)
+    floor = 1 / len(d)
+    lo_q, hi_q = np.quantile(d, [ALPHA / 2, 1 - ALPHA / 2])
+    p_for = min(1.0, max(floor, 2 * max(np.mean(d <= low), np.mean(d >= high))))
+    if point >= high:
+        p_against = min(1.0, max(floor, 2 * float(np.mean(d <= high))))
+    elif point <= low:
+        p_against = min(1.0, max(floor, 2 * float(np.mean(d >= low))))
+    else:
+        p_against = 1.0
+    iv = Interval("seed bootstrap", n, float(point), float(lo_q), float(hi_q))
+    return Test(iv, float(p_for), p_against)

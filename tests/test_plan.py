@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -533,3 +534,88 @@ def test_study_16_times_a_2_process_step_only_where_it_plans_more_than_one(tmp_p
     (tmp_path / "two").mkdir()
     _, info = pc.measured_compute(tmp_path / "two", None, LINK, processes=(1, 2))
     assert len(synced) == 1 and info["sync_from"].startswith("2 processes")
+
+
+def _ladder_ref(steps_factor=1.0):
+    """A ladder reference of six measuring seeds at batches 64-1024: S(B) = 100 (1 + 256/B), each
+    seed's steps x(1 + 0.02 s); B_crit 256."""
+    from lbsgd.studies import plan_check as pc
+    from lbsgd.studies import steps_to_target as stt
+
+    batches = np.array([64.0, 128.0, 256.0, 512.0, 1024.0])
+    seeds = (2, 3, 4, 5, 6, 7)
+    steps = np.array([[100 * (1 + 256 / b) * (1 + 0.02 * s) for s in seeds] for b in batches])
+    per_seed = stt.SeedSteps(batches, steps * steps_factor, np.full_like(steps, 300.0), seeds)
+    table = {
+        (int(b), s): float(steps[j, i]) for j, b in enumerate(batches) for i, s in enumerate(seeds)
+    }
+    return pc.Reference(
+        pc.LADDER,
+        measure.Target("error", 24.0),
+        table,
+        per_seed.fit(),
+        4,
+        pc.FIXED_KS,
+        seeds,
+        {},
+        per_seed,
+    )
+
+
+def _x(steps_x, batch) -> float:
+    return steps_x.get(int(batch), 1.0) if isinstance(steps_x, dict) else steps_x
+
+
+def _ladder_plans(ref, b_crit, steps_x, best_batch):
+    """One plan a seed predicting steps_x x the measured steps (S_min x b_crit/256 above), step
+    time 1 ms per 64 samples on one process, recommending ``best_batch``."""
+    from types import SimpleNamespace
+
+    plans = []
+    for i, seed in enumerate(ref.seeds):
+        rows = {
+            (int(b), 1): SimpleNamespace(
+                steps=_x(steps_x, b) * ref.per_seed.steps[j, i],
+                step_s=1e-3 * b / 64,
+                batch=int(b),
+                gpus=1,
+            )
+            for j, b in enumerate(ref.per_seed.batches)
+        }
+        plans.append(
+            SimpleNamespace(
+                seed=seed,
+                probe=SimpleNamespace(batch=64),
+                inputs=SimpleNamespace(b_crit=b_crit),
+                row=lambda batch, gpus, r=rows: r.get((batch, gpus)),
+                best=rows[(best_batch, 1)],
+            )
+        )
+    return plans
+
+
+def test_on_the_ladder_study_16_decides_each_check_by_its_seeds_bootstrap_interval():
+    """Six measuring seeds: a plan that predicts the fit's B_crit and the measured steps is
+    replayed on claims 1 and 2 with intervals printed; one x10 off on B_crit and x2 on the steps is
+    not; the recommended batch's training time against the best fixed one is resampled too (the
+    measured step time ∝ batch, steps falling less than 1/B: batch 64 is the fastest)."""
+    from lbsgd.studies import plan_check as pc
+
+    ref = _ladder_ref()
+    times = {(int(b), 1): 1e-3 * b / 64 for b in ref.per_seed.batches}
+    fixed = [64, 128, 256, 512, 1024]
+
+    def claims(b_crit, steps_x, best):
+        return pc.findings(_ladder_plans(ref, b_crit, steps_x, best), ref, times, {}, fixed)
+
+    good = claims(ref.b_crit, 1.0, 64)
+    assert [good[i].replayed for i in (0, 1, 2, 5)] == [True, True, True, True]
+    assert "x1.00, 95% CI [x1.00, x1.00] (seed bootstrap, n = 6)" in good[0].evidence
+    assert "batch 128: " in good[1].evidence and "geometric means of 6 seeds" in good[1].evidence
+    bad = claims(10 * ref.b_crit, 2.0, 1024)
+    assert [bad[i].replayed for i in (0, 1, 2, 5)] == [False, False, False, False]
+    # batch 1024 trains 100 (1.25) x16 ms against batch 64's 500 x1 ms: x4.00
+    assert "the recommended one x4.00" in bad[5].evidence
+    # one batch of two off (the second, 256, predicted x2): not replayed, whatever the first says
+    one_off = claims(ref.b_crit, {256: 2.0}, 64)[1]
+    assert one_off.replayed is False and "batch 128: " in one_off.evidence

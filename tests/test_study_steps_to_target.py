@@ -134,8 +134,9 @@ def test_the_trials_are_every_k_at_every_lr_factor_with_the_tuning_seed_and_prob
 # -- per k: the choice, and the findings on known ladders ----------------------------------------
 
 
-def ladder(steps_of, ks=(1, 2, 4, 8, 16, 32), seeds=(0, 1), factors=stt.LR_FACTORS):
-    """A measured ladder: steps_of(k, factor, seed) -> steps (None: never), batch 16 k."""
+def ladder(steps_of, ks=(1, 2, 4, 8, 16, 32), seeds=(0, 1), factors=stt.LR_FACTORS, noise=None):
+    """A measured ladder: steps_of(k, factor, seed) -> steps (None: never), batch 16 k;
+    noise(k, seed) -> B_noise at the target (default 400 above batch 16)."""
     rows = []
     for k in ks:
         for f in factors:
@@ -151,7 +152,9 @@ def ladder(steps_of, ks=(1, 2, 4, 8, 16, 32), seeds=(0, 1), factors=stt.LR_FACTO
                         "lr": 0.05 * k * f,
                         "seed": s,
                         "steps_to_target": math.nan if steps is None else float(steps),
-                        "b_noise_target": 400.0 if 16 * k > 16 else math.nan,
+                        "b_noise_target": (
+                            noise(k, s) if noise else 400.0 if 16 * k > 16 else math.nan
+                        ),
                         "final_val_top1_error_pct": 15.0,
                         "total_steps": 30_000 // k,
                     }
@@ -169,8 +172,9 @@ def perfect_then_flat(k, f, s):
 def test_each_k_chooses_the_fewest_steps_of_the_tuning_seed_ties_to_the_smaller_lr():
     c = stt.choose(ladder(perfect_then_flat), tuning_seed=0)
     assert list(c["lr_factor"]) == [1.0] * 6 and set(c["lr_at_grid_edge"]) == {""}
-    # the steps of the choice: the geometric mean over both seeds
-    assert c["steps_to_target"].iloc[0] == pytest.approx(4000 * math.sqrt(1.05))
+    # the steps of the choice: the measuring seeds' (seed 1's), not the tuning seed's
+    assert c["steps_to_target"].iloc[0] == pytest.approx(4000 * 1.05)
+    assert set(c["seeds"]) == {1}
     tie = stt.choose(ladder(lambda k, f, s: 100.0), tuning_seed=0)
     assert set(tie["lr_factor"]) == {0.5} and set(tie["lr_at_grid_edge"]) == {"low"}
     # a factor whose tuning run never reaches the target loses to any that does
@@ -186,7 +190,7 @@ def test_the_choice_reads_the_tuning_seed_alone_and_needs_every_seed_for_its_ste
         return 100.0 if f == 1.0 else 200.0
 
     c = stt.choose(ladder(steps), tuning_seed=0)
-    assert set(c["lr_factor"]) == {1.0} and set(c["reached"]) == {1} and set(c["seeds"]) == {2}
+    assert set(c["lr_factor"]) == {1.0} and set(c["reached"]) == {0} and set(c["seeds"]) == {1}
     assert c["steps_to_target"].isna().all()
 
 
@@ -263,3 +267,107 @@ def test_the_slope_interval_is_the_textbook_t_interval_on_n_minus_2_degrees_of_f
     assert w.p_for == pytest.approx(0.05, rel=1e-3)
     with pytest.raises(ValueError, match="three points"):
         stats.slope([0.0, 1.0], [1.0, 2.0])
+
+
+# -- the seed bootstrap: B_crit's interval and the x2 claim -----------------------------------------
+
+
+def test_a_band_is_decided_where_the_percentile_interval_lies_and_its_p_says_so():
+    """2,001 draws evenly over [0.5, 1.5]: the 95% interval [0.525, 1.475]. Inside (0.5, 2): p_for
+    is twice the share at or below 0.5 (1/2001); the interval reaching across 0.6 decides nothing
+    (p_for twice the 10% below it); draws wholly above 2 decide against, at the floor 1/2001."""
+    d = np.linspace(0.5, 1.5, 2001)
+    inside = stats.band(d, 1.0, 0.5, 2.0, 6)
+    assert (inside.interval.low, inside.interval.high) == pytest.approx((0.525, 1.475))
+    assert inside.p_for == pytest.approx(2 / 2001) and inside.p_against == 1.0
+    across = stats.band(d, 1.0, 0.6, 2.0, 6)
+    assert across.p_for == pytest.approx(2 * 201 / 2001) and across.p_against == 1.0
+    above = stats.band(d + 2, 3.0, 0.5, 2.0, 6)
+    assert above.p_for == 1.0 and above.p_against == pytest.approx(1 / 2001)
+    # the duality: decided at 5% exactly when the printed interval lies inside (or outside)
+    rng = np.random.default_rng(1)
+    for edge in np.linspace(0.8, 1.2, 41):
+        t = stats.band(rng.normal(1.0, 0.1, 2000), 1.0, edge - 1.0, edge, 6)
+        assert (t.p_for < stats.ALPHA) == (t.interval.high < edge), edge
+    # a draw without a value (a resample whose fit failed) leaves it undecided
+    assert stats.band(np.array([1.0, math.nan]), 1.0, 0.5, 2.0, 2).p == 1.0
+
+
+def test_the_seed_bootstrap_draws_the_same_resamples_on_every_replay():
+    x = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
+    a = stats.seed_bootstrap(6, lambda i: x[i].mean())
+    assert len(a) == stats.RESAMPLES and np.array_equal(
+        a, stats.seed_bootstrap(6, lambda i: x[i].mean())
+    )
+    assert a.min() >= 1.0 and a.max() <= 32.0 and np.median(a) == pytest.approx(x.mean(), rel=0.1)
+    with pytest.raises(ValueError, match="two seeds"):
+        stats.seed_bootstrap(1, lambda i: 0.0)
+
+
+def mcc(k, f, s):
+    """S(B) = 100 (1 + 1600/B) at the lr factor 1 (x2 elsewhere), each seed x(1 + 0.02 s)."""
+    return 100 * (1 + 1600 / (16 * k)) * (1.0 if f == 1.0 else 2.0) * (1 + 0.02 * s)
+
+
+SEEDS = (0, 1, 2, 3, 4, 5, 6)
+
+
+def test_b_crit_within_x2_of_b_noise_is_decided_by_the_interval_of_their_ratio():
+    """B_crit 1600 (every seed's steps one multiple of the model): B_noise 1600 puts the ratio at 1,
+    its interval a point: replayed; B_noise 400, ratio 4: not replayed; B_noise 400 or 3,200 seed
+    by seed (ratio 1.41 on all six, 0.5 to 4 over the resamples): undecided."""
+
+    def run(noise):
+        *_, found = stt.findings(ladder(mcc, seeds=SEEDS, noise=noise), large_k=8, tuning_seed=0)
+        return found
+
+    agree, off = run(lambda k, s: 1600.0), run(lambda k, s: 400.0)
+    assert agree.replayed is True and "ratio 1.00; 95% CI [1.00, 1.00] (seed bootstrap, n = 6)" in (
+        agree.evidence
+    )
+    assert "B_crit 1600" in agree.evidence and "geometric means of 6 seeds" in agree.evidence
+    assert off.replayed is False and "ratio 4.00" in off.evidence
+    wide = run(lambda k, s: 400.0 if s % 2 else 3200.0)
+    assert wide.replayed is None and "reaches across x2" in wide.evidence
+
+
+def test_the_tuning_seed_measures_nothing():
+    """Seed 0 chose the lrs: its steps and noise scale, however far off, move no number the claims
+    or the table read (the measuring seeds 1-6 do)."""
+
+    def wild(k, f, s):
+        return mcc(k, f, s) * (50.0 if s == 0 else 1.0)
+
+    def noise(k, s):
+        return 1e6 if s == 0 else 1600.0
+
+    def out(steps_of, noise_of):
+        m = ladder(steps_of, seeds=SEEDS, noise=noise_of)
+        c = stt.choose(m, 0)
+        s = stt.seed_steps(m, c, 0)
+        return [f.evidence for f in stt.findings(m, 8, 0)], stt.table(c, s.fit(), s)
+
+    (ev, t), (ev0, t0) = out(wild, noise), out(mcc, lambda k, s: 1600.0)
+    assert ev == ev0
+    assert t.drop(columns="final_val_top1_error_pct").equals(
+        t0.drop(columns="final_val_top1_error_pct")
+    )
+    assert stt.seed_steps(
+        ladder(wild, seeds=SEEDS), stt.choose(ladder(wild, seeds=SEEDS), 0), 0
+    ).seeds == (1, 2, 3, 4, 5, 6)
+
+
+def test_the_table_gives_b_crit_s_min_and_each_ks_steps_a_seed_bootstrap_interval():
+    m = ladder(mcc, seeds=SEEDS)
+    c = stt.choose(m, 0)
+    s = stt.seed_steps(m, c, 0)
+    t = stt.table(c, s.fit(), s)
+    # each seed's steps the model's x(1 + 0.02 s): a resample scales the curve by its seeds'
+    # geometric mean g, so B_crit stays 1600 and S_min is 100 g, g between x1.02 and x1.12
+    assert t["b_crit_low"].iloc[0] == pytest.approx(1600) == t["b_crit_high"].iloc[0]
+    s_lo, s_hi = t["s_min_low"].iloc[0], t["s_min_high"].iloc[0]
+    assert 102 - 1e-9 <= s_lo < t["s_min"].iloc[0] < s_hi <= 112 + 1e-9
+    # each k's interval spans the seeds' geometric means: from seed 1's x1.02 to seed 6's x1.12
+    lo, hi = t["steps_low"].to_numpy(), t["steps_high"].to_numpy()
+    base = np.array([100 * (1 + 1600 / (16 * k)) for k in t["k"]])
+    assert (lo >= base * 1.02 - 1e-9).all() and (hi <= base * 1.12 + 1e-9).all() and (lo < hi).all()

@@ -17,8 +17,8 @@ each prediction beside a measurement:
 3. the predicted step time within 25% of the measured one (a short run's steady throughput) at
    each of the five fixed batches, on 1 and on 2 processes;
 4. the recommended batch's measured training time to the target within 15% of the best of the five
-   fixed batches at the recommended process count: the steps its run at the plan's lr (the linear
-   rule) took to the target times the step time measured at that count.
+   fixed batches at the recommended process count: its steps to the target (below) times the step
+   time measured at that count.
 
 The probe is the ladder's run at k = :data:`PROBE_K` at the linear rule's lr (the plan's own probe
 keys: ``noise_scale_batch`` one micro-batch, ``stop_at_error``, ``eval_per_octave`` 4), or study
@@ -26,10 +26,14 @@ keys: ``noise_scale_batch`` one micro-batch, ``stop_at_error``, ``eval_per_octav
 from the reference's study where it ran. The reference's folder is read in place for claims 1
 and 2.
 
-Rules: claims 1 and 2 hold for every seed's plan and run (replayed), for none (not replayed), or
-for some (undecided: the seeds disagree), as study 11 judges its ×2 bands; claims 3 and 4 are
-deterministic comparisons of a measurement with the model, as study 10's (no seeds: one timing
-each). Where a prediction misses, the evidence says by how much.
+On the ladder every seed that measures (not the one that chose the lrs) is a probe and a plan;
+claims 1, 2 and 4 read their geometric means, decided by the 95% seed-bootstrap interval of the
+ratio (:func:`lbsgd.stats.band`: wholly inside the band, replayed; wholly outside, not; else
+undecided), and claim 4's training times are each fixed batch's measuring seeds' steps at its own
+(study-15) lr. On study 11's sweep, claims 1 and 2 hold for every seed's plan and run (replayed),
+for none (not replayed), or for some (undecided), and claim 4 reads one run a batch at the plan's
+lr, the linear rule. Claim 3 is a deterministic comparison of a measurement with the model, as
+study 10's (no seeds: one timing each). Where a prediction misses, the evidence says by how much.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lbsgd import costmodel, studies
+import numpy as np
+
+from lbsgd import costmodel, stats, studies
 from lbsgd import experiments as ex
+from lbsgd import findings as fs
 from lbsgd import plan as planner
 from lbsgd.config import ConfigError
 from lbsgd.findings import Finding
@@ -91,6 +98,7 @@ class Reference:
     fixed_ks: tuple[float, ...]
     seeds: tuple[int, ...]
     ran: dict[tuple[int, int], int] = field(default_factory=dict)
+    per_seed: stt.SeedSteps | None = None  # the ladder's measuring seeds, for the bootstrap
 
     @property
     def b_crit(self) -> float:
@@ -103,13 +111,18 @@ def reference(profile_dir: Path, profile: Profile) -> Reference:
     window and fit); one line when that study has not run."""
     if profile.ladder:
         goal = stt.target_of(profile)
-        m, chosen, fit = ladder(profile_dir, profile, goal)
-        seeds = tuple(profile.ladder["seeds"])
+        tuning = profile.ladder["seeds"][0]
+        m, chosen, per_seed = ladder(profile_dir, profile, goal)
         target = measure.Target("error", goal)
-        runs = stt.chosen_runs(m, chosen)
+        runs = stt.chosen_runs(m, chosen, tuning)
         ran = {(int(r.batch_size), int(r.seed)): int(r.total_steps) for r in runs.itertuples()}
-        steps = chosen_steps(m, chosen)
-        return Reference(LADDER, target, steps, fit, PROBE_K, FIXED_KS, seeds, ran)
+        steps = {
+            (int(r.batch_size), int(r.seed)): float(r.steps_to_target) for r in runs.itertuples()
+        }
+        fit = per_seed.fit()
+        return Reference(
+            LADDER, target, steps, fit, PROBE_K, FIXED_KS, per_seed.seeds, ran, per_seed
+        )
     folder = Path(profile_dir) / cb.STUDY
     if not any(folder.glob("*/summary.json")):
         raise ConfigError(
@@ -287,26 +300,30 @@ def plan_table(plans: Sequence[Plan]):
 
 
 def ladder(profile_dir: Path, profile: Profile, target: float):
-    """(the ladder's runs measured, each k's chosen lr, the fit) of study 15's folder; one line
-    when it has not run."""
+    """(the ladder's runs measured, each k's chosen lr, the measuring seeds' steps) of study 15's
+    folder, its seeds' runs alone (a seed that chose no lr and measures nothing is left out);
+    one line when it has not run."""
     folder = Path(profile_dir) / stt.STUDY
     if not any(folder.glob("*/summary.json")):
         raise ConfigError(
             f"study 16 reads study 15's ladder, and {folder} holds no run: execute "
             "notebooks/15_steps_to_target.ipynb first (make reproduce runs it before)"
         )
-    m = stt.measure(ex.load_runs(folder), target, stt.base_lr(profile))
-    chosen = stt.choose(m, profile.ladder["seeds"][0])
-    return m, chosen, stt.fit(chosen)
-
-
-def chosen_steps(m, chosen) -> dict[tuple[int, int], float]:
-    """(batch, seed) → steps to the target of each k's run at its chosen lr (NaN: never)."""
-    runs = stt.chosen_runs(m, chosen)
-    return {(int(r.batch_size), int(r.seed)): float(r.steps_to_target) for r in runs.itertuples()}
+    seeds = list(profile.ladder["seeds"])
+    runs = ex.load_runs(folder)
+    m = stt.measure(runs[runs["seed"].isin(seeds)], target, stt.base_lr(profile))
+    chosen = stt.choose(m, seeds[0])
+    return m, chosen, stt.seed_steps(m, chosen, seeds[0])
 
 
 # -- measurements beside predictions -------------------------------------------------------------
+
+
+def ladder_steps(ref: Reference) -> dict[int, float]:
+    """batch → the steps the training-time check reads on the ladder: the geometric mean of its
+    measuring seeds' runs at the batch's chosen lr (NaN: one never reached the target)."""
+    s = ref.per_seed
+    return {int(b): stt.gmean(s.steps[j]) for j, b in enumerate(s.batches)}
 
 
 def step_times(timed) -> dict[tuple[int, int], float]:
@@ -334,7 +351,7 @@ COLUMNS = [
     "step_ms_plan",
     "step_ms_measured",
     "train_s_plan",
-    "steps_linear_rule",
+    "steps_trained",
     "train_s_measured",
     "recommended",
 ]
@@ -370,7 +387,7 @@ def comparison_table(plans: Sequence[Plan], ref_steps, times, wall_steps, b_crit
 def _measured_row(batch: int, nproc: int, times, wall_steps, b_crit_fit) -> dict[str, Any]:
     """A table row's measurements (the predictions NaN until a plan fills them)."""
     meas_t = times.get((batch, nproc), math.nan)
-    steps_lin = wall_steps.get(batch, math.nan)
+    steps_lin = wall_steps.get(batch, math.nan)  # the training-time check's steps
     return {
         "seed": math.nan,
         "batch_size": batch,
@@ -382,7 +399,7 @@ def _measured_row(batch: int, nproc: int, times, wall_steps, b_crit_fit) -> dict
         "step_ms_plan": math.nan,
         "step_ms_measured": 1e3 * meas_t,
         "train_s_plan": math.nan,
-        "steps_linear_rule": steps_lin,
+        "steps_trained": steps_lin,
         "train_s_measured": steps_lin * meas_t,
         "recommended": False,
     }
@@ -415,7 +432,7 @@ def findings(
         _critical_batch(plans, ref),
         *steps_findings(plans, ref),
         *(_step_time(plans[0], times, fixed, p) for p in NPROC),
-        _recommended(plans[0], times, wall_steps, fixed),
+        _recommended(plans[0], times, wall_steps, fixed, _bootstrapped(plans, ref)),
     ]
 
 
@@ -443,6 +460,22 @@ def _critical_batch(plans: Sequence[Plan], ref: Reference) -> Finding:
         return studies.finding(claim, v, f"no fit of {ref.source}", paper=PAPER)
     ratios = [p.inputs.b_crit / fit.b_crit for p in plans]
     inside = [1 / B_CRIT_FACTOR <= q <= B_CRIT_FACTOR for q in ratios]
+    s = _bootstrapped(plans, ref)
+    if s is not None:
+        pred = _by_seed(plans, s, lambda p: p.inputs.b_crit)
+        t = _ratio(
+            s,
+            lambda i: stt.gmean(pred[i]),
+            lambda i: stt.fitted(s.fit(i), "b_crit"),
+            (1 / B_CRIT_FACTOR, B_CRIT_FACTOR),
+        )
+        ev = (
+            f"B_crit {fit.b_crit:.0f} fitted to {ref.source} (S_min {fit.s_min:.0f}, "
+            f"{fit.points} batches, to {ref.target}); predicted (one plan a seed) "
+            + ", ".join(f"{p.inputs.b_crit:.0f}" for p in plans)
+            + f"; their geometric mean {_ratio_text(t)} of the fit's"
+        )
+        return studies.finding(claim, _decided(t, f"x{B_CRIT_FACTOR:g}"), ev, paper=PAPER)
     ev = (
         f"B_crit {fit.b_crit:.0f} fitted to {ref.source} (S_min {fit.s_min:.0f}, {fit.points} "
         f"batches, to {ref.target}); predicted "
@@ -455,7 +488,52 @@ def _critical_batch(plans: Sequence[Plan], ref: Reference) -> Finding:
     return studies.finding(claim, _band(inside), ev, paper=PAPER)
 
 
+# -- the ladder's seeds, resampled -----------------------------------------------------------------
+
+
+def _bootstrapped(plans: Sequence[Plan], ref: Reference) -> stt.SeedSteps | None:
+    """The ladder's measuring seeds where the claims read them by the seed bootstrap: two or
+    more, each with a plan; None elsewhere (study 11's sweep: one seed a batch beyond large_k)."""
+    s = ref.per_seed
+    planned = {p.seed for p in plans}
+    if s is None or len(s.seeds) < 2 or not set(s.seeds) <= planned:
+        return None
+    return s
+
+
+def _by_seed(plans: Sequence[Plan], s: stt.SeedSteps, value) -> np.ndarray:
+    """``value(plan)`` of each of ``s``'s seeds' plans, in its seeds' order."""
+    of = {p.seed: p for p in plans}
+    return np.array([value(of[seed]) for seed in s.seeds], dtype=float)
+
+
+def _ratio(s: stt.SeedSteps, num, den, band: tuple[float, float]) -> stats.Test:
+    """``num(idx) / den(idx)`` (idx: seeds' indices) over the seed bootstrap, tested inside
+    ``band`` (:func:`lbsgd.stats.band`)."""
+    every = np.arange(len(s.seeds))
+    point = num(every) / den(every)
+    draws = s.draws(lambda i: num(i) / den(i))
+    return stats.band(draws, point, *band, len(s.seeds))
+
+
+def _ratio_text(t: stats.Test) -> str:
+    iv = t.interval
+    return f"x{iv.diff:.2f}, 95% CI [x{iv.low:.2f}, x{iv.high:.2f}] (seed bootstrap, n = {iv.n})"
+
+
+def _decided(t: stats.Test, band: str) -> fs.Verdict:
+    return fs.decide(t.p_for, t.p_against, f"p = {t.p:.3g}", f"the interval reaches across {band}")
+
+
 def steps_findings(plans: Sequence[Plan], ref: Reference) -> list[Finding]:
+    s = _bootstrapped(plans, ref)
+    if s is not None:
+        return [_steps_resampled(plans, ref, s, side) for side in ("below", "above")]
+    return _steps_per_seed(plans, ref)
+
+
+def _steps_per_seed(plans: Sequence[Plan], ref: Reference) -> list[Finding]:
+    """Claim 2 seed by seed (study 11's sweep): each seed's plan against its run at each batch."""
     b_crit = ref.b_crit
     out = []
     for side, tol in (("below", STEPS_BELOW), ("above", STEPS_ABOVE)):
@@ -503,6 +581,42 @@ def _steps_finding(side: str, tol: float, pts, b_crit: float, source: str, short
     return studies.finding(claim, _band(inside), ev, paper=PAPER)
 
 
+def _steps_resampled(plans: Sequence[Plan], ref: Reference, s: stt.SeedSteps, side: str):
+    """Claim 2 on one side of B_crit from the ladder's seeds: each batch's predicted steps (the
+    geometric mean of its seeds' plans) over the measured (of their runs), its ratio's bootstrap
+    interval inside 1 ± tol for every batch (replayed), or one wholly outside (not replayed)."""
+    claim, tol = (CLAIMS[1], STEPS_BELOW) if side == "below" else (CLAIMS[2], STEPS_ABOVE)
+    probe = plans[0].probe.batch
+    tests, parts = [], []
+    for j, batch in enumerate(int(b) for b in s.batches):
+        if (batch <= ref.b_crit) != (side == "below") or batch == probe:
+            continue
+        pred = _by_seed(plans, s, lambda p, b=batch: getattr(p.row(b, 1), "steps", math.nan))
+        t = _ratio(
+            s,
+            lambda i, pr=pred: stt.gmean(pr[i]),
+            lambda i, j=j: stt.gmean(s.steps[j, i]),
+            (1 - tol, 1 + tol),
+        )
+        tests.append(t)
+        parts.append(
+            f"batch {batch}: {stt.gmean(pred):.0f} predicted, {stt.gmean(s.steps[j]):.0f} "
+            f"measured, {_ratio_text(t)}"
+        )
+    head = f"B_crit {ref.b_crit:.0f} ({ref.source}'s fit); geometric means of {len(s.seeds)} seeds"
+    if not tests:
+        v = studies.Verdict(None, f"no batch of {ref.source} on this side")
+        return studies.finding(claim, v, head, paper=PAPER)
+    p_for, p_against = stats.all_of(tests)
+    v = fs.decide(
+        p_for,
+        p_against,
+        f"p = {min(p_for, p_against):.3g} (every batch inside, or one wholly outside)",
+        f"not every interval inside x{1 - tol:g}-x{1 + tol:g}, none wholly outside",
+    )
+    return studies.finding(claim, v, head + "; " + "; ".join(parts), paper=PAPER)
+
+
 def _step_time(plan: Plan, times, fixed: Sequence[int], nproc: int) -> Finding:
     claim = CLAIMS[3 + NPROC.index(nproc)]
     pts = []
@@ -523,11 +637,21 @@ def _step_time(plan: Plan, times, fixed: Sequence[int], nproc: int) -> Finding:
     return studies.finding(claim, verdict, ev + _miss(errs, inside, _pct), paper=PAPER)
 
 
-def _recommended(plan: Plan, times, wall_steps, fixed: Sequence[int]) -> Finding:
+def _recommended(plan: Plan, times, wall_steps, fixed: Sequence[int], s=None) -> Finding:
     best = plan.best
     if best is None:
         v = studies.Verdict(None, "the plan recommends nothing (no batch within 2 E_min)")
         return studies.finding(CLAIMS[-1], v, "no recommendation", paper=PAPER)
+    return (
+        _recommended_resampled(plan, times, fixed, s)
+        if s is not None
+        else _recommended_one_seed(plan, times, wall_steps, fixed)
+    )
+
+
+def _recommended_one_seed(plan: Plan, times, wall_steps, fixed: Sequence[int]) -> Finding:
+    """Claim 4 from one run a batch at the linear rule's lr (study 11's sweep)."""
+    best = plan.best
     p = best.gpus
     wall = {
         b: wall_steps.get(b, math.nan) * times.get((b, p), math.nan)
@@ -545,6 +669,39 @@ def _recommended(plan: Plan, times, wall_steps, fixed: Sequence[int]) -> Finding
         v = studies.Verdict(None, "the recommended batch or every fixed one never reached it")
         return studies.finding(CLAIMS[-1], v, head, paper=PAPER)
     return _against_best(head, ours, reached)
+
+
+def _recommended_resampled(plan: Plan, times, fixed: Sequence[int], s: stt.SeedSteps) -> Finding:
+    """Claim 4 from the ladder's seeds: each batch's training time to the target is the geometric
+    mean of its seeds' steps at its study-15 lr times the measured step time; the recommended
+    batch's over the best fixed one's (the best chosen again in each resample), its bootstrap
+    interval below 1 + tol (replayed) or wholly above (not replayed)."""
+    p, best = plan.best.gpus, plan.best.batch
+    row = {int(b): j for j, b in enumerate(s.batches)}
+    step_s = {b: times.get((b, p), math.nan) for b in {*fixed, best}}
+    head = (
+        f"recommended batch {best} on {p} process{'es' if p > 1 else ''} (plan seed {plan.seed}); "
+        f"training time to the target (the geometric mean of {len(s.seeds)} seeds' steps at the "
+        "batch's study-15 lr x the measured step time): "
+    )
+    if best not in row or any(b not in row for b in fixed):
+        v = studies.Verdict(None, "the ladder has no runs at the recommended or a fixed batch")
+        return studies.finding(CLAIMS[-1], v, head + "not measured", paper=PAPER)
+
+    def wall(b: int, i) -> float:
+        return stt.gmean(s.steps[row[b], i]) * step_s[b]
+
+    every = np.arange(len(s.seeds))
+    t = _ratio(
+        s, lambda i: wall(best, i), lambda i: min(wall(b, i) for b in fixed), (0.0, 1 + WALL_TOL)
+    )
+    top = min(fixed, key=lambda b: wall(b, every))
+    ev = (
+        head
+        + "; ".join(f"batch {b}: {wall_text(b, wall(b, every), times, p)}" for b in sorted(step_s))
+        + f"; best fixed: batch {top}, the recommended one {_ratio_text(t)} of the best"
+    )
+    return studies.finding(CLAIMS[-1], _decided(t, f"x{1 + WALL_TOL:g}"), ev, paper=PAPER)
 
 
 def _against_best(head: str, ours: float, reached: dict[int, float]) -> Finding:

@@ -11,15 +11,18 @@ critical batch B_crit predicted by the gradient noise scale. Goyal's "the error 
 restated in steps: the steps halve as the batch doubles up to k* (the profile's ``large_k``, which
 plays Goyal's 8k).
 
-The ladder (``profile.ladder``): each k of ``ks`` at the lrs ``base_lr × k × f`` for f in
-:data:`LR_FACTORS` (the linear rule's lr and ×2 either side: the same three trials for every size),
-each with the ``seeds`` (two), on the training split less ``holdout`` held-out images, evaluating the
-held-out images at log-spaced steps (``eval_per_octave`` = :data:`PER_OCTAVE`) and ending at the
-first that reaches the target (``stop_at_error``: the steps after it measure nothing here). Per run,
-the steps to the ``target`` held-out top-1 error (:func:`steps_to_error`, the first crossing); per k, the lr whose
-seeds need the fewest steps (mean of log2 steps; never reaching counts as never); a best lr on an
-edge of the grid (:func:`lbsgd.studies.rules.grid_edge`) is not a tuned choice, and the claims that
-read that k are invalid. Each run also measures the gradient noise scale (study 11's probe).
+The ladder (``profile.ladder``): each k of ``ks`` at the lrs ``base_lr × k × f`` for f in the
+ladder's ``lr_factors`` (default :data:`LR_FACTORS`: the same trials for every size) with the first
+of its ``seeds`` (the tuning seed), on the training split less ``holdout`` held-out images,
+evaluating the held-out images at log-spaced steps (``eval_per_octave`` = :data:`PER_OCTAVE`) and
+ending at the first that reaches ``stop_at_error`` (default the target). Per run, the steps to the
+``target`` held-out top-1 error (:func:`steps_to_error`, the first crossing); per k, the lr whose
+tuning run needs the fewest steps (never reaching counts as never), then trained with the other
+seeds, which alone measure: the claims and the fit read them, never the seed that chose the lr.
+A best lr on an edge of the grid (:func:`lbsgd.studies.rules.grid_edge`) is not a tuned choice,
+and the claims that read that k are invalid. Each run also measures the gradient noise scale
+(study 11's probe). The fit's S_min and B_crit and the ×2 claim get a seed-bootstrap interval
+(:class:`SeedSteps`; docs/verdicts.md).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -211,8 +215,9 @@ def measure(df, target: float, base_lr: float, metrics: Metrics = None):
 def choose(m, tuning_seed: int):
     """Per k, the lr factor whose tuning-seed run reaches the target in the fewest steps (never
     reaching counts as infinitely many), ties to the smaller lr; with ``lr_at_grid_edge`` ("low",
-    "high" or ""), and over every seed run at that factor: ``steps_to_target`` (their geometric
-    mean; NaN unless every one reached the target), ``reached``, ``seeds``."""
+    "high" or ""), and over the measuring seeds' runs at that factor (every seed but the tuning
+    one; the tuning seed's alone before they ran): ``steps_to_target`` (their geometric mean; NaN
+    unless every one reached the target), ``reached``, ``seeds``."""
     import pandas as pd
 
     rows = []
@@ -227,7 +232,7 @@ def choose(m, tuning_seed: int):
         if not cost:
             continue
         best = min(sorted(cost), key=lambda f: cost[f])
-        sel = g[g["lr_factor"] == best]
+        sel = measuring(g[g["lr_factor"] == best], tuning_seed)
         steps = sel["steps_to_target"].to_numpy(dtype=float)
         reached = bool(np.isfinite(steps).all())
         rows.append(
@@ -248,6 +253,15 @@ def choose(m, tuning_seed: int):
     return pd.DataFrame(rows)
 
 
+def measuring(m, tuning_seed: int | None):
+    """The runs of ``m`` whose seed is not ``tuning_seed`` (the seeds that measure, disjoint from
+    the one that chose the lr), or ``m`` itself where only the tuning seed ran (or None)."""
+    if tuning_seed is None:
+        return m
+    rest = m[m["seed"] != tuning_seed]
+    return rest if len(rest) else m
+
+
 def trial_table(m):
     """Every run: k, lr factor, seed, steps to the target (NaN: never), final held-out error (a
     run that ended at its target: the error there)."""
@@ -256,10 +270,57 @@ def trial_table(m):
     return m[cols].sort_values(["k", "lr_factor", "seed"]).reset_index(drop=True)
 
 
-def chosen_runs(m, c):
-    """The runs of ``m`` at each k's chosen lr factor (``c``: :func:`choose`)."""
+def chosen_runs(m, c, tuning_seed: int | None = None):
+    """The runs of ``m`` at each k's chosen lr factor (``c``: :func:`choose`); with
+    ``tuning_seed``, the measuring seeds' alone (:func:`measuring`)."""
     pick = dict(zip(c["k"], c["lr_factor"], strict=True))
-    return m[[pick.get(k) == f for k, f in zip(m["k"], m["lr_factor"], strict=True)]]
+    at = m[[pick.get(k) == f for k, f in zip(m["k"], m["lr_factor"], strict=True)]]
+    return measuring(at, tuning_seed)
+
+
+def gmean(values) -> float:
+    """The geometric mean (NaN where one value is NaN)."""
+    return float(np.exp(np.log(np.asarray(values, dtype=float)).mean()))
+
+
+@dataclass(frozen=True)
+class SeedSteps:
+    """Each k's steps to the target at its chosen lr, seed by seed: ``batches`` (one per k),
+    ``steps`` and ``noise`` (B_noise at the target) as k × seed arrays (NaN: never reached, or
+    not measured), over the measuring ``seeds`` that ran at every k. The fit and its bootstrap
+    resample the seeds (columns) together: a seed's runs at every k move as one."""
+
+    batches: np.ndarray
+    steps: np.ndarray
+    noise: np.ndarray
+    seeds: tuple[int, ...]
+
+    def means(self, idx=None) -> np.ndarray:
+        """Per k, the geometric mean of the steps over the seeds ``idx`` (None: all); NaN where
+        one never reached the target."""
+        st = self.steps if idx is None else self.steps[:, idx]
+        return np.exp(np.log(st).mean(axis=1))
+
+    def fit(self, idx=None) -> critical_batch.Fit | None:
+        """S(B) = S_min (1 + B_crit/B) through :meth:`means` (a k with a seed never reaching
+        the target left out)."""
+        return critical_batch.fit(self.batches, self.means(idx))
+
+    def draws(self, statistic) -> np.ndarray:
+        """``statistic(idx)`` over the seed bootstrap (:func:`lbsgd.stats.seed_bootstrap`)."""
+        return stats.seed_bootstrap(len(self.seeds), statistic)
+
+
+def seed_steps(m, c, tuning_seed: int) -> SeedSteps:
+    """:class:`SeedSteps` of the measuring seeds' runs at each k's chosen lr (``c``)."""
+    runs_ = chosen_runs(m, c, tuning_seed)
+    ks = list(c["k"])
+    seeds = sorted(set.intersection(*(set(runs_[runs_["k"] == k]["seed"]) for k in ks)))
+    by = {(float(r.k), int(r.seed)): r for r in runs_.itertuples()}
+    steps = np.array([[by[(float(k), s)].steps_to_target for s in seeds] for k in ks], float)
+    noise = np.array([[by[(float(k), s)].b_noise_target for s in seeds] for k in ks], float)
+    batches = c["batch_size"].to_numpy(dtype=float)
+    return SeedSteps(batches, steps.reshape(len(ks), len(seeds)), noise, tuple(seeds))
 
 
 def fit(c) -> critical_batch.Fit | None:
@@ -296,10 +357,36 @@ def region(saved: float) -> str:
     return "diminishing returns"
 
 
-def table(c, f: critical_batch.Fit | None):
-    """Per k: the chosen lr, the steps to the target, the steps perfect scaling from the smallest
-    k would give, the factor the next doubling saves and its region (:func:`region`), the fit's
-    steps; the fit's S_min, E_min, B_crit in every row."""
+def intervals(s: SeedSteps) -> dict[str, Any]:
+    """The seed bootstrap's 95% percentile intervals: per k of the geometric mean steps
+    (``steps_low``, ``steps_high``: arrays), and of the fit's S_min and B_crit; empty with fewer
+    than two seeds."""
+    if len(s.seeds) < 2:
+        return {}
+    q = (stats.ALPHA / 2, 1 - stats.ALPHA / 2)
+    per_k = [np.quantile(s.draws(lambda i, j=j: s.means(i)[j]), q) for j in range(len(s.batches))]
+
+    def of(attr: str):
+        return np.quantile(s.draws(lambda i: fitted(s.fit(i), attr)), q)
+
+    return {
+        "steps_low": [lo for lo, _ in per_k],
+        "steps_high": [hi for _, hi in per_k],
+        "s_min": of("s_min"),
+        "b_crit": of("b_crit"),
+    }
+
+
+def fitted(f: critical_batch.Fit | None, attr: str) -> float:
+    """A fit's ``attr`` (``s_min``, ``b_crit``) as a bootstrap draw: NaN without a fit; ∞ held to 1e9."""
+    return math.nan if f is None else float(min(getattr(f, attr), 1e9))
+
+
+def table(c, f: critical_batch.Fit | None, s: SeedSteps | None = None):
+    """Per k: the chosen lr, the steps to the target (with ``s``, the measuring seeds: their
+    bootstrap interval), the steps perfect scaling from the smallest k would give, the factor the
+    next doubling saves and its region (:func:`region`), the fit's steps; the fit's S_min, E_min,
+    B_crit (with their intervals) in every row."""
     t = c.copy()
     first = t.dropna(subset=["steps_to_target"]).head(1)
     if len(first):
@@ -317,6 +404,15 @@ def table(c, f: critical_batch.Fit | None):
     t["s_min"] = f.s_min if f else math.nan
     t["e_min"] = f.e_min if f else math.nan
     t["b_crit"] = f.b_crit if f else math.nan
+    return _with_intervals(t, intervals(s) if s is not None else {})
+
+
+def _with_intervals(t, iv: dict[str, Any]):
+    """The table with :func:`intervals`' columns (NaN for S_min and B_crit without them)."""
+    if iv:
+        t["steps_low"], t["steps_high"] = iv["steps_low"], iv["steps_high"]
+    for name in ("s_min", "b_crit"):
+        t[f"{name}_low"], t[f"{name}_high"] = iv.get(name, (math.nan, math.nan))
     return t
 
 
@@ -325,10 +421,15 @@ def table(c, f: critical_batch.Fit | None):
 
 def findings(m, large_k: float, tuning_seed: int) -> list[Finding]:
     """Perfect scaling up to ``large_k`` (Goyal's 8k in steps), diminishing returns beyond it, and
-    B_crit within x2 of the noise scale at the target (``tuning_seed``: :func:`choose`'s)."""
+    B_crit within x2 of the noise scale at the target, each read from the measuring seeds' runs
+    (every seed but ``tuning_seed``, which chose the lrs: :func:`choose`)."""
     c = choose(m, tuning_seed)
-    f = fit(c)
-    return [_halves_up_to(m, c, large_k), _diminishing_beyond(m, c, large_k), _b_crit(c, f)]
+    s = seed_steps(m, c, tuning_seed)
+    return [
+        _halves_up_to(m, c, large_k, tuning_seed),
+        _diminishing_beyond(m, c, large_k, tuning_seed),
+        _b_crit(s),
+    ]
 
 
 def _edge_bound(c, ks: Sequence[float]) -> str | None:
@@ -345,8 +446,8 @@ def _edge_bound(c, ks: Sequence[float]) -> str | None:
     return None
 
 
-def _slope_points(m, c, ks: Sequence[float]) -> tuple[list[float], list[float]]:
-    runs_ = chosen_runs(m, c)
+def _slope_points(m, c, ks: Sequence[float], tuning_seed: int) -> tuple[list[float], list[float]]:
+    runs_ = chosen_runs(m, c, tuning_seed)
     runs_ = runs_[runs_["k"].isin(list(ks))]
     x = [math.log2(float(b)) for b in runs_["batch_size"]]
     y = [math.log2(float(s)) for s in runs_["steps_to_target"]]
@@ -364,7 +465,7 @@ def _slope_verdict(test: stats.Test, claim_words: str) -> fs.Verdict:
     )
 
 
-def _halves_up_to(m, c, large_k: float) -> Finding:
+def _halves_up_to(m, c, large_k: float, tuning_seed: int) -> Finding:
     claim = f"the steps to the target halve as the batch doubles up to k={large_k:g}"
     ks = [k for k in c["k"] if k <= large_k]
 
@@ -372,10 +473,10 @@ def _halves_up_to(m, c, large_k: float) -> Finding:
         t = stats.slope_within(x, y, PERFECT, SLOPE_MARGIN)
         return _slope_verdict(t, f"the margin {PERFECT:g} ± {SLOPE_MARGIN:g}")
 
-    return _slope_claim(m, c, ks, claim, test)
+    return _slope_claim(m, c, ks, claim, test, tuning_seed)
 
 
-def _diminishing_beyond(m, c, large_k: float) -> Finding:
+def _diminishing_beyond(m, c, large_k: float, tuning_seed: int) -> Finding:
     claim = f"beyond k={large_k:g} a doubling saves less than the perfect-scaling halving"
     ks = [k for k in c["k"] if k >= large_k]
 
@@ -383,10 +484,10 @@ def _diminishing_beyond(m, c, large_k: float) -> Finding:
         t = stats.slope_above(x, y, PERFECT + SLOPE_MARGIN)
         return _slope_verdict(t, f"the threshold {PERFECT + SLOPE_MARGIN:+g}")
 
-    return _slope_claim(m, c, ks, claim, test)
+    return _slope_claim(m, c, ks, claim, test, tuning_seed)
 
 
-def _slope_claim(m, c, ks: Sequence[float], claim: str, test) -> Finding:
+def _slope_claim(m, c, ks: Sequence[float], claim: str, test, tuning_seed: int) -> Finding:
     """A claim on the slope over the batch sizes ``ks``: invalid when one of them is untuned or
     never reaches the target, undecided with fewer than two, else ``test(x, y)``'s verdict."""
     steps = _steps_text(c, ks)
@@ -394,31 +495,45 @@ def _slope_claim(m, c, ks: Sequence[float], claim: str, test) -> Finding:
     if why is not None or len(ks) < 2:
         v = fs.Verdict(None, why or "fewer than two batch sizes", invalid=why is not None)
     else:
-        v = test(*_slope_points(m, c, ks))
+        v = test(*_slope_points(m, c, ks, tuning_seed))
     return finding(claim, v, steps, paper=PAPER)
 
 
-def _b_crit(c, f: critical_batch.Fit | None) -> Finding:
+def _b_crit(s: SeedSteps) -> Finding:
     claim = (
         f"the fitted B_crit = E_min/S_min agrees with B_noise at the target (within x{FACTOR:g})"
     )
     paper = "McCandlish et al. 2018 Fig. 4: B_crit tracks B_noise to about x2"
+    f = s.fit()
     if f is None or not 0 < f.b_crit < math.inf:
         v = fs.Verdict(None, "no finite critical batch from the fit")
         return finding(claim, v, "", paper=paper)
-    base = c.dropna(subset=["b_noise_target"])
-    if not len(base):
+    rows = [j for j in range(len(s.batches)) if np.isfinite(s.noise[j]).all()]
+    if not rows:
         v = fs.Verdict(None, "no run measured the noise scale at the target")
         return finding(claim, v, "", paper=paper)
-    b_noise = float(base["b_noise_target"].iloc[0])  # the smallest k that measured it
-    ratio = f.b_crit / b_noise
-    ok = 1 / FACTOR <= ratio <= FACTOR
+    j = rows[0]  # the smallest batch whose every seed measured it
+
+    def noise(idx=None) -> float:
+        return float(np.exp(np.log(s.noise[j] if idx is None else s.noise[j, idx]).mean()))
+
+    def ratio(idx) -> float:
+        return fitted(s.fit(idx), "b_crit") / noise(idx)
+
+    point = f.b_crit / noise()
     evidence = (
         f"fit S_min {f.s_min:.3g}, E_min {f.e_min:.4g}, B_crit {f.b_crit:.4g} (rms residual "
-        f"{f.rms:.2f}, {f.points} points); B_noise {b_noise:.4g} at k={base['k'].iloc[0]:g}: "
-        f"ratio {ratio:.2f}"
+        f"{f.rms:.2f}, {f.points} batch sizes, geometric means of {len(s.seeds)} seeds); B_noise "
+        f"{noise():.4g} at batch {s.batches[j]:g} (geometric mean): ratio {point:.2f}"
     )
-    return finding(claim, fs.Verdict(ok, ""), evidence, paper=paper)
+    if len(s.seeds) < 2:
+        v = fs.Verdict(None, "one measuring seed: no interval")
+        return finding(claim, v, evidence, paper=paper)
+    t = stats.band(s.draws(ratio), point, 1 / FACTOR, FACTOR, len(s.seeds))
+    iv = t.interval
+    words = f"95% CI [{iv.low:.2f}, {iv.high:.2f}] (seed bootstrap, n = {iv.n}), p = {t.p:.3g}"
+    v = fs.decide(t.p_for, t.p_against, words, f"the interval reaches across x{FACTOR:g}")
+    return finding(claim, v, evidence, paper=paper)
 
 
 def _steps_text(c, ks: Sequence[float]) -> str:
