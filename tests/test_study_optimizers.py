@@ -7,6 +7,7 @@ difference (the expected intervals computed here with scipy)."""
 import dataclasses
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from helpers import verdicts
@@ -115,6 +116,7 @@ def trial_frame(val: dict[tuple[str, float], list[float]], profile=CPU) -> pd.Da
                     "base_lr": opt.anchor(profile, arm, k) * f / k,
                     "lr": opt.anchor(profile, arm, k) * f / k * k,
                     "warmup_epochs": w,
+                    "weight_decay": opt.weight_decay(profile, arm),
                     "seed": opt.TUNING_SEED,
                     "status": "completed",
                     opt.VAL: e,
@@ -226,6 +228,7 @@ def final_frame(errors: dict[tuple[str, float], list[float]]) -> pd.DataFrame:
                     "base_lr": opt.anchor(CPU, arm, k) / k,
                     "lr": opt.anchor(CPU, arm, k) / k * k,
                     "warmup_epochs": 0.25,
+                    "weight_decay": opt.weight_decay(CPU, arm),
                     "seed": seed,
                     "status": "completed",
                     opt.VAL: e,
@@ -392,7 +395,7 @@ def test_table_holds_the_chosen_settings_beside_their_test_error_and_the_papers(
     assert t[t["k"] == 16.0]["paper_top1_error_pct"].isna().all()
     text = opt.budget(trials, finals)
     assert text.startswith(
-        "6 trials per optimizer and k (3 peak lrs x 2 warmups x 1 tuning seed) x 4 optimizers"
+        "6 trials per optimizer and k (6 settings of peak lr, warmup x 1 tuning seed) x 4 optimizers"
     )
     assert "48 tuning runs, then 24 runs of the chosen settings (3 seeds)" in text
     assert "72 minutes of run time in all (72 runs)" in text
@@ -428,3 +431,57 @@ def test_a_profiles_own_keys_of_study_14_are_used_and_a_notebooks_epochs_overrid
     assert "epochs" not in opt.arm_keys(scales.PROFILES["cpu"], "lamb")  # none: the profile's
     # the notebook's epochs replace the study's own length too
     assert opt.arm_keys(scales.get("smoke", epochs=1), "lamb")["epochs"] == 1
+
+
+# -- fashion-long's quasi-random search: lr, warmup and weight decay on one budget -------------------
+
+
+def test_the_search_gives_every_optimizer_the_same_points_on_three_tuning_seeds():
+    """fashion-long tunes by Nado et al.'s quasi-random search: 10 Halton points, each (lr as a
+    factor of the optimizer's centre, warmup, weight decay as a factor of its default) the same for
+    all four optimizers, each point on 3 tuning seeds none of the finals use: 120 trials."""
+    long = scales.get("fashion-long")
+    search = opt.Grid.of(None, None, long)
+    assert isinstance(search, opt.Search) and search.trials == 30
+    cfgs = valid(opt.trials(long, search))
+    assert len(cfgs) == 120 and {c.seed for c in cfgs} == {1000, 1001, 1002}
+    assert not {c.seed for c in cfgs} & set(long.seeds)
+    points = {}
+    for c in cfgs:
+        arm = opt.arm_of(c.optimizer, c.nesterov)
+        rel = (
+            round(peak(c) / opt.anchor(long, arm, 16), 3),
+            c.warmup_epochs,
+            round(c.weight_decay / opt.weight_decay(long, arm), 2),
+        )
+        points.setdefault(arm, set()).add(rel)
+    assert len({frozenset(p) for p in points.values()}) == 1  # the same ten for every optimizer
+    (same,) = {frozenset(p) for p in points.values()}
+    lrs, warm, decay = zip(*same, strict=True)
+    assert len(same) == 10 and len(set(lrs)) == 10
+    assert min(lrs) >= 0.25 and max(lrs) <= 4 and min(warm) >= 0 and max(warm) <= 1
+    assert min(decay) >= 0.25 and max(decay) <= 4
+    assert opt.weight_decay(long, "adamw") == opt.ADAM_WEIGHT_DECAY
+    assert opt.weight_decay(long, "nesterov") == long.base["weight_decay"]
+
+
+def test_the_search_points_are_a_scrambled_halton_sequence_stretched_to_its_ranges():
+    from scipy.stats import qmc
+
+    s = opt.Search(points=4, lr_octaves=1.0, max_warmup=0.5, decay_octaves=3.0)
+    u = qmc.Halton(d=3, scramble=True, rng=np.random.default_rng(0)).random(4)
+    for (f, w, d), (a, b, c) in zip(s.settings(), u, strict=True):
+        assert f == pytest.approx(2 ** (2 * a - 1), rel=5e-3)
+        assert w == pytest.approx(0.5 * b, rel=5e-3, abs=1e-9)
+        assert d == pytest.approx(2 ** (3 * (2 * c - 1)), rel=5e-3)
+    assert (
+        s.settings()
+        == opt.Search(points=4, lr_octaves=1.0, max_warmup=0.5, decay_octaves=3.0).settings()
+    )
+
+
+def test_a_grid_keeps_its_weight_decay_so_cpu_and_fashions_runs_are_the_same_experiments():
+    grid = opt.Grid.of(None, None, CPU)
+    assert {d for *_, d in grid.settings()} == {1.0}
+    for c in valid(opt.trials(CPU, grid)):
+        assert c.weight_decay == opt.weight_decay(CPU, opt.arm_of(c.optimizer, c.nesterov))

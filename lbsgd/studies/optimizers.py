@@ -108,12 +108,30 @@ def anchor(profile: Profile, arm: str, k: float) -> float:
     return a * k if RULES[arm] == "linear" else a * math.sqrt(k)
 
 
-def _run(profile: Profile, arm: str, k: float, base_lr: float, warmup: float, seed: int) -> dict:
+def weight_decay(profile: Profile, arm: str) -> float:
+    """``arm``'s default weight decay: :data:`ADAM_WEIGHT_DECAY` for LAMB and AdamW, else the
+    profile's (a search scales it by its factor)."""
+    return float(arm_keys(profile, arm).get("weight_decay", profile.base["weight_decay"]))
+
+
+def _run(
+    profile: Profile,
+    arm: str,
+    k: float,
+    base_lr: float,
+    warmup: float,
+    seed: int,
+    decay: float | None = None,
+) -> dict:
     """One run's keys: the peak lr base_lr x k, reached by the linear rule from base_lr (Goyal's
-    gradual warmup from the reference batch's lr)."""
+    gradual warmup from the reference batch's lr); ``decay``: its weight decay (None: the arm's
+    default, :func:`weight_decay`)."""
     return profile.keys(
         k=k,
-        **arm_keys(profile, arm),
+        **{
+            **arm_keys(profile, arm),
+            "weight_decay": weight_decay(profile, arm) if decay is None else decay,
+        },
         base_lr=base_lr,
         lr_scaling="linear",
         warmup="gradual",
@@ -154,9 +172,13 @@ class Grid:
         lr_factors: Sequence[float] | None,
         warmups: Sequence[float] | None,
         profile: Profile | None = None,
-    ) -> Grid:
-        """The notebook's parameters (None: the profile's ``tuning["grid"]``, else the study's
-        grid); one-line ConfigError if bad."""
+    ) -> Grid | Search:
+        """The notebook's parameters (None: the profile's ``tuning["search"]``, a
+        :class:`Search`, or its ``tuning["grid"]``, else the study's grid); one-line
+        ConfigError if bad."""
+        search = profile.tuning.get("search") if profile is not None else None
+        if search and lr_factors is None and warmups is None:
+            return Search(**search)
         own = (profile.tuning.get("grid", {}) if profile is not None else {}) or {}
         grid = cls(
             tuple(own.get("lr_factors", LR_FACTORS) if lr_factors is None else lr_factors),
@@ -169,19 +191,70 @@ class Grid:
 
     @property
     def trials(self) -> int:
-        return len(self.lr_factors) * len(self.warmups) * len(self.seeds)
+        return len(self.settings()) * len(self.seeds)
+
+    def settings(self) -> list[tuple[float, float, float]]:
+        """(lr factor, warmup epochs, weight-decay factor) of each setting: the grid's product,
+        at the default weight decay."""
+        return [(f, w, 1.0) for f in self.lr_factors for w in self.warmups]
 
 
-def trials(profile: Profile, grid: Grid, ks_: Sequence[float] | None = None) -> list[dict]:
-    """The tuning runs: every optimizer at every k, the whole grid, each with the grid's tuning
-    seeds (:data:`TUNING_SEED` and on: none of the profile's)."""
+@dataclass(frozen=True)
+class Search:
+    """A quasi-random search, Nado et al. 2021's method: ``points`` settings of a scrambled
+    Halton sequence (``scipy.stats.qmc``, seed 0) over the peak lr (log-uniform over
+    ×2^±``lr_octaves`` of the optimizer's centre), the warmup (uniform over 0 to ``max_warmup``
+    epochs) and the weight decay (log-uniform over ×2^±``decay_octaves`` of its default,
+    :func:`weight_decay`). The same points, as factors, for every optimizer: equal budgets and
+    the same relative search. Each setting with every tuning seed of ``seeds``."""
+
+    points: int
+    lr_octaves: float = 2.0
+    max_warmup: float = 1.0
+    decay_octaves: float = 2.0
+    seeds: tuple[int, ...] = (TUNING_SEED,)
+
+    @property
+    def trials(self) -> int:
+        return self.points * len(self.seeds)
+
+    def settings(self) -> list[tuple[float, float, float]]:
+        """(lr factor, warmup epochs, weight-decay factor) of each point, to 3 digits."""
+        from scipy.stats import qmc
+
+        u = qmc.Halton(d=3, scramble=True, rng=np.random.default_rng(0)).random(self.points)
+        return [
+            (
+                _digits(2 ** (self.lr_octaves * (2 * a - 1))),
+                _digits(self.max_warmup * b),
+                _digits(2 ** (self.decay_octaves * (2 * c - 1))),
+            )
+            for a, b, c in u
+        ]
+
+
+def _digits(x: float) -> float:
+    """``x`` to three significant digits (a config readable in its file)."""
+    return float(f"{x:.3g}")
+
+
+def trials(profile: Profile, grid: Grid | Search, ks_: Sequence[float] | None = None) -> list[dict]:
+    """The tuning runs: every optimizer at every k, every setting of the grid or search, each
+    with its tuning seeds (:data:`TUNING_SEED` and on: none of the profile's)."""
     check(profile)
     return [
-        _run(profile, arm, k, anchor(profile, arm, k) * f / k, w, seed)
+        _run(
+            profile,
+            arm,
+            k,
+            anchor(profile, arm, k) * f / k,
+            w,
+            seed,
+            weight_decay(profile, arm) * d,
+        )
         for k in ks(profile, ks_)
         for arm in ARMS
-        for f in grid.lr_factors
-        for w in grid.warmups
+        for f, w, d in grid.settings()
         for seed in grid.seeds
     ]
 
@@ -189,7 +262,7 @@ def trials(profile: Profile, grid: Grid, ks_: Sequence[float] | None = None) -> 
 def finals(profile: Profile, chosen, seeds: Sequence[int]) -> list[dict[str, Any]]:
     """The chosen settings (:func:`choose`) with every seed: the chosen trial's keys exactly."""
     return [
-        _run(profile, r.arm, r.k, r.base_lr, r.warmup_epochs, s)
+        _run(profile, r.arm, r.k, r.base_lr, r.warmup_epochs, s, r.weight_decay)
         for r in chosen.itertuples()
         for s in seeds
     ]
@@ -199,7 +272,7 @@ def finals(profile: Profile, chosen, seeds: Sequence[int]) -> list[dict[str, Any
 
 
 # what identifies a setting of one optimizer at one k (base_lr exactly as the trial's config has it)
-SETTING = ["arm", "k", "batch_size", "base_lr", "warmup_epochs"]
+SETTING = ["arm", "k", "batch_size", "base_lr", "warmup_epochs", "weight_decay"]
 
 
 def arm_of(optimizer: str, nesterov: bool) -> str:
@@ -252,18 +325,16 @@ def choose(trial_df):
 
 
 def grid_table(trial_df, profile: Profile):
-    """Every trial's validation error: rows optimizer × k × warmup (with the optimizer's anchor
-    lr at that k), columns the peak lr as a factor of the anchor."""
+    """Every setting's validation error, the mean and sd over its tuning seeds: per optimizer and
+    k, its peak lr (and as a factor of the optimizer's centre there), warmup and weight decay,
+    best first."""
     df = with_factor(prepare(trial_df), profile)
-    df["anchor_lr"] = [anchor(profile, a, k) for a, k in zip(df["arm"], df["k"], strict=True)]
-    t = df.pivot_table(
-        index=["k", "arm", "anchor_lr", "warmup_epochs"],
-        columns="factor",
-        values=VAL,
-        aggfunc="mean",  # over the tuning seeds
-    )
-    t.columns = [f"lr x {f:.3g}" for f in t.columns]
-    return t.reset_index()
+    by = ["k", "arm", "peak_lr", "factor", "warmup_epochs", "weight_decay"]
+    t = df.groupby(by)[VAL].agg(["mean", "std", "count"]).reset_index()
+    t = t.rename(columns={"mean": f"{VAL}_mean", "std": f"{VAL}_std", "count": "tuning_seeds"})
+    order = {a: i for i, a in enumerate(ARMS)}
+    t = t.assign(_arm=t["arm"].map(order)).sort_values(["k", "_arm", f"{VAL}_mean"])
+    return t.drop(columns="_arm").reset_index(drop=True)
 
 
 def ours(final_df):
@@ -335,11 +406,13 @@ def budget(trial_df, final_df) -> str:
     """What the study spent: trials per optimizer and k, runs, and the minutes of run time."""
     df = prepare(trial_df)
     per = df.groupby(["arm", "k"]).size()
-    lrs, warm = df.groupby(["arm", "k"])["peak_lr"].nunique(), df["warmup_epochs"].nunique()
+    settings = df.groupby(["arm", "k"])[["peak_lr", "warmup_epochs", "weight_decay"]]
+    n = int(settings.apply(lambda g: len(g.drop_duplicates())).min())
+    tuned = "peak lr, warmup" + (", weight decay" if df["weight_decay"].nunique() > 2 else "")
     seeds = df["seed"].nunique()
     minutes = (trial_df["wall_time_s"].sum() + final_df["wall_time_s"].sum()) / 60
     return (
-        f"{per.min()} trials per optimizer and k ({lrs.min()} peak lrs x {warm} warmups x "
+        f"{per.min()} trials per optimizer and k ({n} settings of {tuned} x "
         f"{seeds} tuning seed{'s' if seeds > 1 else ''}) x "
         f"{df['arm'].nunique()} optimizers x {df['k'].nunique()} minibatches = {len(df)} tuning "
         f"runs, then {len(final_df)} runs of the chosen settings ({final_df['seed'].nunique()} "
