@@ -144,20 +144,40 @@ def test_the_report_controls_false_discoveries_with_scipys_benjamini_hochberg():
     assert "undecided after false-discovery control" in out[1].evidence
 
 
-def test_invalid_claims_and_claims_without_a_test_stay_out_of_the_family():
+def test_invalid_claims_and_measured_claims_stay_out_of_the_family():
     found = [
         _finding(0.01),
         _finding(0.001, invalid=True),
         fs.Finding("model", True, "a cost model's number"),
+        fs.Finding("ratio", False, "a fitted ratio beside ×2"),
     ]
     out = fs.controlled(found)
     assert "over 1 tested claims" in out[0].evidence and out[0].replayed is True
-    assert out[1] == found[1] and out[2] == found[2]
+    assert out[1:] == found[1:]
+    assert [f.outcome for f in out] == ["replayed", "invalid", "measured", "measured"]
+
+
+def test_a_claim_without_a_test_is_measured_when_decided_and_undecided_without_data():
+    # decided from a number with no test (both p's None): measured, whichever side it fell
+    assert fs.Finding("c", True, "e").outcome == "measured"
+    assert fs.Finding("c", False, "e").outcome == "measured"
+    assert not fs.Finding("c", False, "e").decided
+    # no data: undecided; an arm that did not train: invalid, test or not
+    assert fs.Finding("c", None, "e").outcome == "undecided"
+    assert fs.Finding("c", None, "e", invalid=True).outcome == "invalid"
+    # any test's p's: the test's outcome
+    assert _finding(0.01).outcome == "replayed" and _finding(1.0, 0.01).outcome == "not replayed"
+    assert _finding(0.01).decided and _finding(1.0, 0.01).decided
+    assert _finding(0.5).outcome == "undecided"
+    # a verdict reads the same
+    assert fs.Verdict(True).outcome == "measured" and fs.Verdict(None, "no run").outcome == (
+        "undecided"
+    )
 
 
 def test_a_verdict_under_s_min_is_budget_bound_and_counted_apart():
     b = fs.Budget({"k=1": 3750, "k=128": 30}, None, "Goyal's 32k run: 3,519")
-    f = fs.Finding("c", True, "e", budget=b)
+    f = fs.Finding("c", True, "e", p_for=0.01, p_against=1.0, budget=b)
     assert not f.budget_bound  # no S_min at this profile
     g = fs.with_s_min(f, 61.0)
     assert g.budget_bound and g.evidence == (
@@ -165,10 +185,12 @@ def test_a_verdict_under_s_min_is_budget_bound_and_counted_apart():
         "budget-bound: an arm has fewer steps than S_min"
     )
     assert not fs.with_s_min(fs.Finding("c", True, "e", budget=b), 25.0).budget_bound
-    counted = fs.counts([g, fs.Finding("d", None, "e"), _finding(0.5, invalid=True)])
+    # a measured claim under S_min is counted as measured, not among the decided verdicts
+    measured = fs.with_s_min(fs.Finding("m", True, "e", budget=b), 61.0)
+    counted = fs.counts([g, fs.Finding("d", None, "e"), _finding(0.5, invalid=True), measured])
     assert counted == (
-        "3 claims: 1 replayed, 0 not replayed, 1 undecided, 1 invalid; "
-        "1 of the 1 decided are budget-bound (an arm under S_min)"
+        "4 claims: 1 replayed, 0 not replayed, 1 undecided, 1 invalid, 1 measured (one number "
+        "beside its threshold, no test); 1 of the 1 decided are budget-bound (an arm under S_min)"
     )
 
 
@@ -178,6 +200,6 @@ def test_a_finding_round_trips_through_its_dict_with_outcome_test_and_budget():
     d = f.to_dict()
     assert d["outcome"] == "invalid" and d["budget"]["s_min"] == 61.1
     assert fs.Finding.from_dict(d) == f
-    # a findings.json written before outcomes: no test, no budget
+    # a findings.json written before outcomes: no test (a decided claim reads measured), no budget
     old = fs.Finding.from_dict({"claim": "c", "replayed": False, "evidence": "e"})
-    assert old.outcome == "not replayed" and old.p is None and old.budget is None
+    assert old.outcome == "measured" and old.p is None and old.budget is None
