@@ -384,6 +384,54 @@ def _tested(x, y, more_than, less_than, within, paired: bool, unit: str) -> Verd
     return decide(t.p_for, t.p_against, words, why)
 
 
+def contrast(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    margin: float,
+    expect: str,
+    names: tuple[str, str] = ("a", "b"),
+    chance: float | None = None,
+    paired: bool = False,
+    unit: str = "points",
+) -> Verdict:
+    """One contrast of two arms as one claim with three outcomes (:func:`lbsgd.stats.contrast`),
+    on ``Δ = mean(b) − mean(a)`` (per-seed values where lower is better, top-1 errors in % unless
+    ``unit`` says otherwise: above 0, ``a`` is better): ``a`` *matches* ``b`` when the 95%
+    interval of Δ lies inside ±``margin`` (two one-sided tests, as :func:`verdict`'s ``within``),
+    else *beats* it when the interval lies wholly above 0, else *loses* to it when wholly below;
+    undecided otherwise. The claim is that the outcome is ``expect`` (the one its paper
+    expects): replayed when that outcome is decided, not replayed when another is. Invalid, as
+    :func:`verdict`, when an arm did not train. ``names``: the arms in the evidence's words
+    ("outcome: LARS loses to Nesterov (interval wholly below 0, not inside ±1)")."""
+    early = _before_the_test(a, b, chance, paired, "")
+    if early is not None:
+        return early
+    c = stats.contrast(b, a, margin, paired=paired)
+    t = c.test(expect)
+    iv = c.interval
+    words = (
+        f"Δ {iv.diff:+.2f} {unit} ({names[1]} − {names[0]}), 95% CI [{iv.low:+.2f}, "
+        f"{iv.high:+.2f}] ({iv.test}, n = {iv.n}), p = {t.p:.3g}"
+    )
+    if c.outcome is not None:
+        words += f"; outcome: {_CONTRAST_WORDS[c.outcome].format(*names, margin)}"
+    # the seeds to decide the outcome nearer at hand: matches (from the margin) or a side (from 0)
+    near = abs(iv.diff) < margin / 2
+    why = f"the interval covers 0 and is not inside ±{margin:g}" + _seeds_clause(
+        a, b, iv.diff, 0.0, margin if near else None, paired
+    )
+    return decide(t.p_for, t.p_against, words, why)
+
+
+# each outcome of :func:`contrast` in words, from its arms' names and the margin
+_CONTRAST_WORDS = {
+    "matches": "{0} matches {1} (interval inside ±{2:g})",
+    "beats": "{0} beats {1} (interval wholly above 0, not inside ±{2:g})",
+    "loses": "{0} loses to {1} (interval wholly below 0, not inside ±{2:g})",
+}
+
+
 def _seeds_clause(x, y, diff: float, threshold: float, within: float | None, paired: bool) -> str:
     """How many seeds would give 80% power if the true difference were the one observed: its
     distance from the threshold (from the nearer margin bound for a closeness claim)."""

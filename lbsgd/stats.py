@@ -162,6 +162,50 @@ def equivalent(x: Sequence[float], y: Sequence[float], margin: float, *, paired:
     return Test(iv, p_for, p_against)
 
 
+# the outcomes of one contrast of two arms (:func:`contrast`), in the order the rule tries them
+CONTRAST_OUTCOMES = ("matches", "beats", "loses")
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One contrast of two arms, ``Δ = mean(x) − mean(y)`` against a margin δ: its interval and
+    the p of each outcome (:data:`CONTRAST_OUTCOMES`): *matches*, the equivalence test's (the
+    interval inside ±δ); *beats*, the t test's when the mean is above 0 (the interval wholly
+    above 0); *loses*, when below. Above 0 is the caller's "beats" (for errors: the other arm's
+    less this one's)."""
+
+    interval: Interval
+    margin: float
+    p: dict[str, float]
+
+    @property
+    def outcome(self) -> str | None:
+        """The outcome decided at :data:`ALPHA`: matches when the interval lies inside ±δ, else
+        beats when wholly above 0, else loses when wholly below; None (undecided) otherwise."""
+        return next((o for o in CONTRAST_OUTCOMES if self.p[o] < ALPHA), None)
+
+    def test(self, expected: str) -> Test:
+        """The claim that the outcome is ``expected``: ``p_for`` its p (1 when another outcome is
+        decided), ``p_against`` the smallest p of the others (1 when ``expected`` is decided),
+        so that the claim's verdict at α is the rule's and at most one p is below α."""
+        if expected not in CONTRAST_OUTCOMES:
+            raise ValueError(f"expected={expected!r} is not one of {CONTRAST_OUTCOMES}")
+        decided = self.outcome
+        p_for = self.p[expected] if decided in (expected, None) else 1.0
+        others = min(v for o, v in self.p.items() if o != expected)
+        return Test(self.interval, p_for, 1.0 if decided == expected else others)
+
+
+def contrast(x: Sequence[float], y: Sequence[float], margin: float, *, paired: bool) -> Contrast:
+    """The three-outcome rule on ``Δ = mean(x) − mean(y)``: one verdict per contrast, where a
+    directional claim and its closeness twin on the same two arms would each read the same
+    interval and could both be decided (:class:`Contrast`)."""
+    side = above(x, y, 0.0, paired=paired)
+    near = equivalent(x, y, margin, paired=paired)
+    p = {"matches": near.p_for, "beats": side.p_for, "loses": side.p_against}
+    return Contrast(side.interval, margin, p)
+
+
 def all_of(tests: Sequence[Test]) -> tuple[float, float]:
     """``(p_for, p_against)`` of a claim that holds when every one of ``tests`` does
     (intersection–union): replayed at α when each is, not replayed when any one is not."""
