@@ -1,5 +1,6 @@
 """The statistics behind a verdict: intervals of a mean difference over seeds, their tests
-against a claim's threshold or margin, false-discovery control and the seeds a claim needs.
+against a claim's threshold or margin, one contrast's three outcomes, false-discovery control and
+the seeds a claim needs.
 
 Every distribution comes from scipy (``scipy.stats``): the t tests and their intervals
 (``ttest_rel`` for seed-paired arms, ``ttest_ind(equal_var=False)``, Welch's, for unpaired ones),
@@ -11,7 +12,9 @@ two-sided (1 − α) interval lies wholly on the claim's side (the claim replaye
 ``p_against``, the smallest α at which it lies wholly on the other side (not replayed); 1 where
 the mean is not on that side. At most one is below 1, and the claim is decided at level α when
 the smaller, :attr:`Test.p`, is below α: the interval/test duality, so the verdict and the
-printed interval always agree.
+printed interval always agree. A claim on one outcome of a contrast (:func:`contrast`: beats,
+matches or loses) gets its two p's from the three outcomes' (:meth:`Contrast.test`); both may be
+below 1 there, never both below α.
 """
 
 from __future__ import annotations
