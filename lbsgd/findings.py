@@ -6,9 +6,12 @@
   It is ``undecided`` (never "replayed") when its evidence cannot decide it: every run at chance,
   one run per arm (no seed spread to judge the margin by), or a margin inside the seed spread; the
   evidence then says which.
-- The verdict's words, one set (:data:`LABELS`) shown three ways: :func:`label` (W&B's findings
-  table, the report's counts), :func:`loud` (the line a notebook prints) and :func:`answer`
-  (REPORT.md's "replayed" column, the "no" in bold).
+- One contrast of two arms is one claim with three outcomes (:func:`contrast`: beats, matches
+  within a margin, loses), never a directional claim and its closeness twin.
+- The outcome's words, one set (:data:`OUTCOMES`): a finding's ``outcome`` (W&B's findings table,
+  the report's counts), shown two more ways: :func:`loud` (the line a notebook prints) and
+  :func:`answer` (REPORT.md's "replayed" column, the "no" in bold). A claim decided from one
+  number without a test is *measured*, never "replayed" or "not replayed".
 """
 
 from __future__ import annotations
@@ -33,40 +36,42 @@ CHANCE_MARGIN_PCT = 5.0
 
 # -- the verdict's words -----------------------------------------------------------------------
 
-# replayed (True, False, or None: undecided) in words
+# replayed (True, False, or None: undecided) in words, for a claim decided by a test
 LABELS: Mapping[bool | None, str] = {True: "replayed", False: "not replayed", None: "undecided"}
-# the same, as the answer of REPORT.md's column "replayed"
-ANSWERS: Mapping[bool | None, str] = {True: "yes", False: "no", None: "undecided"}
+
+# every outcome a claim can have, in the order the reports count them: *measured* is a claim
+# decided from a number beside its threshold with no test (a fitted ratio, one run, a cost
+# model), which no interval backs, so it is counted apart from the tested verdicts
+OUTCOMES = ("replayed", "not replayed", "undecided", "invalid", "measured")
+# the outcomes of a test that decided (what budget-bound and false-discovery control count)
+DECIDED = ("replayed", "not replayed")
+# each outcome as the answer of REPORT.md's column "replayed": a "no" in bold, what a reader
+# looks for; a measured claim neither yes nor no
+ANSWERS: Mapping[str, str] = {
+    "replayed": "yes",
+    "not replayed": "**no**",
+    "undecided": "undecided",
+    "invalid": "invalid",
+    "measured": "measured",
+}
 
 
-# every outcome a claim can have, in the order the reports count them
-OUTCOMES = ("replayed", "not replayed", "undecided", "invalid")
+def loud(outcome: str) -> str:
+    """The outcome with a not-replayed claim's "not" in capitals ("NOT replayed"), an invalid
+    one in capitals: the line a notebook prints for each finding."""
+    return "INVALID" if outcome == "invalid" else outcome.replace("not ", "NOT ")
 
 
-def label(replayed: bool | None) -> str:
-    """ "replayed", "not replayed" or "undecided"."""
-    return LABELS[replayed]
-
-
-def loud(replayed: bool | None) -> str:
-    """The label with a not-replayed claim's "not" in capitals ("NOT replayed"): the line a
-    notebook prints for each finding."""
-    return LABELS[replayed].replace("not ", "NOT ")
-
-
-def answer(replayed: bool | None, invalid: bool = False, budget_bound: bool = False) -> str:
-    """REPORT.md's answer in markdown: "yes", "**no**" (bold: what a reader looks for),
-    "undecided" or "invalid"; a decided verdict from an arm under S_min adds "budget-bound"."""
-    if invalid:
-        return "invalid"
-    word = ANSWERS[replayed]
-    word = f"**{word}**" if replayed is False else word
-    return f"{word}, budget-bound" if budget_bound and replayed is not None else word
+def answer(outcome: str, budget_bound: bool = False) -> str:
+    """REPORT.md's answer in markdown (:data:`ANSWERS`); a verdict of a test from an arm under
+    S_min adds "budget-bound"."""
+    word = ANSWERS[outcome]
+    return f"{word}, budget-bound" if budget_bound and outcome in DECIDED else word
 
 
 def answer_of(f: Finding) -> str:
     """:func:`answer` of a finding."""
-    return answer(f.replayed, f.invalid, f.budget_bound)
+    return answer(f.outcome, f.budget_bound)
 
 
 # -- a finding and its file --------------------------------------------------------------------
@@ -83,8 +88,19 @@ class _Decided:
 
     @property
     def outcome(self) -> str:
-        """ "replayed", "not replayed", "undecided" or "invalid"."""
-        return "invalid" if self.invalid else LABELS[self.replayed]
+        """One of :data:`OUTCOMES`: "invalid" (an arm did not train), "measured" (decided with
+        no test: both p's None; ``replayed`` still says which side of its threshold the number
+        fell), else the test's "replayed", "not replayed" or "undecided"."""
+        if self.invalid:
+            return "invalid"
+        if self.replayed is not None and self.p_for is None and self.p_against is None:
+            return "measured"
+        return LABELS[self.replayed]
+
+    @property
+    def decided(self) -> bool:
+        """Decided by a test: "replayed" or "not replayed"."""
+        return self.outcome in DECIDED
 
     @property
     def p(self) -> float | None:
@@ -209,7 +225,7 @@ def write(
     }
     path.write_text(json.dumps(record, indent=2) + "\n")
     for f in findings:
-        word = f.outcome.upper() if f.invalid else loud(f.replayed)
+        word = loud(f.outcome)
         print(f"{word:>12}: {f.claim} ({f.evidence})")
     return path
 
@@ -368,6 +384,54 @@ def _tested(x, y, more_than, less_than, within, paired: bool, unit: str) -> Verd
     return decide(t.p_for, t.p_against, words, why)
 
 
+def contrast(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    margin: float,
+    expect: str,
+    names: tuple[str, str] = ("a", "b"),
+    chance: float | None = None,
+    paired: bool = False,
+    unit: str = "points",
+) -> Verdict:
+    """One contrast of two arms as one claim with three outcomes (:func:`lbsgd.stats.contrast`),
+    on ``Δ = mean(b) − mean(a)`` (per-seed values where lower is better, top-1 errors in % unless
+    ``unit`` says otherwise: above 0, ``a`` is better): ``a`` *matches* ``b`` when the 95%
+    interval of Δ lies inside ±``margin`` (two one-sided tests, as :func:`verdict`'s ``within``),
+    else *beats* it when the interval lies wholly above 0, else *loses* to it when wholly below;
+    undecided otherwise. The claim is that the outcome is ``expect`` (the one its paper
+    expects): replayed when that outcome is decided, not replayed when another is. Invalid, as
+    :func:`verdict`, when an arm did not train. ``names``: the arms in the evidence's words
+    ("outcome: LARS loses to Nesterov (interval wholly below 0, not inside ±1)")."""
+    early = _before_the_test(a, b, chance, paired, "")
+    if early is not None:
+        return early
+    c = stats.contrast(b, a, margin, paired=paired)
+    t = c.test(expect)
+    iv = c.interval
+    words = (
+        f"Δ {iv.diff:+.2f} {unit} ({names[1]} − {names[0]}), 95% CI [{iv.low:+.2f}, "
+        f"{iv.high:+.2f}] ({iv.test}, n = {iv.n}), p = {t.p:.3g}"
+    )
+    if c.outcome is not None:
+        words += f"; outcome: {_CONTRAST_WORDS[c.outcome].format(*names, margin)}"
+    # the seeds to decide the outcome nearer at hand: matches (from the margin) or a side (from 0)
+    near = abs(iv.diff) < margin / 2
+    why = f"the interval covers 0 and is not inside ±{margin:g}" + _seeds_clause(
+        a, b, iv.diff, 0.0, margin if near else None, paired
+    )
+    return decide(t.p_for, t.p_against, words, why)
+
+
+# each outcome of :func:`contrast` in words, from its arms' names and the margin
+_CONTRAST_WORDS = {
+    "matches": "{0} matches {1} (interval inside ±{2:g})",
+    "beats": "{0} beats {1} (interval wholly above 0, not inside ±{2:g})",
+    "loses": "{0} loses to {1} (interval wholly below 0, not inside ±{2:g})",
+}
+
+
 def _seeds_clause(x, y, diff: float, threshold: float, within: float | None, paired: bool) -> str:
     """How many seeds would give 80% power if the true difference were the one observed: its
     distance from the threshold (from the nearer margin bound for a closeness claim)."""
@@ -407,7 +471,8 @@ def controlled(found: Sequence[Finding], alpha: float = stats.ALPHA) -> list[Fin
     false-discovery rate ``alpha`` over every tested, valid claim (docs/verdicts.md says why BH
     and not Holm). A tested claim stays decided only when its adjusted p (q) is below
     ``alpha``, else it becomes undecided; each tested claim's evidence gains its q. Claims with
-    no test (decided from one number, e.g. a cost model) and invalid ones pass unchanged."""
+    no test (*measured*, e.g. a cost model's number; or undecided for want of data) and invalid
+    ones pass unchanged."""
     tested = [i for i, f in enumerate(found) if f.p is not None and not f.invalid]
     qs = dict(zip(tested, stats.bh_adjusted([found[i].p for i in tested]), strict=True))
     out = []
@@ -426,10 +491,12 @@ def controlled(found: Sequence[Finding], alpha: float = stats.ALPHA) -> list[Fin
 
 
 def counts(found: Sequence[Finding]) -> str:
-    """ "39 claims: 14 replayed, 4 not replayed, 19 undecided, 2 invalid; 6 of the 18 decided
-    are budget-bound": the report's headline."""
+    """ "39 claims: 14 replayed, 4 not replayed, 17 undecided, 2 invalid, 2 measured (one number
+    beside its threshold, no test); 6 of the 18 decided are budget-bound": the report's
+    headline. Budget-bound counts the verdicts of a test (:data:`DECIDED`)."""
     outcomes = [f.outcome for f in found]
     out = f"{len(found)} claims: " + ", ".join(f"{outcomes.count(o)} {o}" for o in OUTCOMES)
-    decided = [f for f in found if f.replayed is not None]
+    out += " (one number beside its threshold, no test)"
+    decided = [f for f in found if f.decided]
     bound = sum(f.budget_bound for f in decided)
     return out + f"; {bound} of the {len(decided)} decided are budget-bound (an arm under S_min)"

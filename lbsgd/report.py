@@ -161,10 +161,12 @@ def _head(studies: list[dict]) -> list[str]:
         "side, *undecided* otherwise; false verdicts are controlled over the report's tested "
         "claims by Benjamini–Hochberg at 5% (each evidence gives its interval, p and q). "
         "*Invalid*: an arm of the comparison did not train (within 5 points of chance, or a "
-        "run diverged). *Budget-bound*: a large-minibatch verdict from an arm with fewer "
-        "optimizer steps than S_min, the fewest any batch needs to reach the target each "
-        "evidence names beside it (study 11's training loss; study 15's held-out error where "
-        "the profile replays study 15). docs/verdicts.md explains the rule.",
+        "run diverged). *Measured*: a claim decided from a number beside its threshold with no "
+        "test (a fitted ratio, one run, a cost model): its evidence shows both, it is neither "
+        "yes nor no and is counted apart. *Budget-bound*: a large-minibatch verdict from an "
+        "arm with fewer optimizer steps than S_min, the fewest any batch needs to reach the "
+        "target each evidence names beside it (study 11's training loss; study 15's held-out "
+        "error where the profile replays study 15). docs/verdicts.md explains the rule.",
         "",
         f"{fs.counts(found)}.",
         "",
@@ -282,8 +284,9 @@ def _matched(found: list[dict | None]) -> list[list[Finding | None]]:
 
 
 def _agree(findings: list[Finding | None]) -> str:
-    """ "same" or "differ" over the decided verdicts of a claim; "—" with fewer than two."""
-    decided = [f.replayed for f in findings if f is not None and f.replayed is not None]
+    """ "same" or "differ" over the verdicts of a claim's tests that decided; "—" with fewer
+    than two."""
+    decided = [f.outcome for f in findings if f is not None and f.decided]
     if len(decided) < 2:
         return "—"
     return "same" if len(set(decided)) == 1 else "differ"
@@ -355,9 +358,8 @@ def headline(profile_dirs: Sequence[str | os.PathLike], link_from: str | os.Path
     dirs = [Path(d) for d in profile_dirs]
     per = [_profile_studies(d) for d in dirs]  # every folder checked before any output
     out = [
-        "| profile | runs | claims | replayed | not replayed | undecided | invalid | "
-        "budget-bound | report |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| profile | runs | claims | {' | '.join(fs.OUTCOMES)} | budget-bound | report |",
+        "|---|---|---|" + "---|" * len(fs.OUTCOMES) + "---|---|",
     ]
     out += [_headline_row(d, s, link_from) for d, s in zip(dirs, per, strict=True)]
     return "\n".join(out) + "\n"
@@ -366,7 +368,7 @@ def headline(profile_dirs: Sequence[str | os.PathLike], link_from: str | os.Path
 def _headline_row(d: Path, studies: dict[str, dict], link_from: str | os.PathLike) -> str:
     found = [f for s in studies.values() for f in s["findings"]]
     outcomes = [f.outcome for f in found]
-    decided = [f for f in found if f.replayed is not None]
+    decided = [f for f in found if f.decided]
     records = _summaries(d)
     minutes = _trained_minutes(records)
     link = Path(os.path.relpath(d / "REPORT.md", link_from)).as_posix()

@@ -1,5 +1,6 @@
 """The statistics behind a verdict: intervals of a mean difference over seeds, their tests
-against a claim's threshold or margin, false-discovery control and the seeds a claim needs.
+against a claim's threshold or margin, one contrast's three outcomes, false-discovery control and
+the seeds a claim needs.
 
 Every distribution comes from scipy (``scipy.stats``): the t tests and their intervals
 (``ttest_rel`` for seed-paired arms, ``ttest_ind(equal_var=False)``, Welch's, for unpaired ones),
@@ -11,7 +12,9 @@ two-sided (1 − α) interval lies wholly on the claim's side (the claim replaye
 ``p_against``, the smallest α at which it lies wholly on the other side (not replayed); 1 where
 the mean is not on that side. At most one is below 1, and the claim is decided at level α when
 the smaller, :attr:`Test.p`, is below α: the interval/test duality, so the verdict and the
-printed interval always agree.
+printed interval always agree. A claim on one outcome of a contrast (:func:`contrast`: beats,
+matches or loses) gets its two p's from the three outcomes' (:meth:`Contrast.test`); both may be
+below 1 there, never both below α.
 """
 
 from __future__ import annotations
@@ -160,6 +163,50 @@ def equivalent(x: Sequence[float], y: Sequence[float], margin: float, *, paired:
     else:
         p_against = 1.0
     return Test(iv, p_for, p_against)
+
+
+# the outcomes of one contrast of two arms (:func:`contrast`), in the order the rule tries them
+CONTRAST_OUTCOMES = ("matches", "beats", "loses")
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One contrast of two arms, ``Δ = mean(x) − mean(y)`` against a margin δ: its interval and
+    the p of each outcome (:data:`CONTRAST_OUTCOMES`): *matches*, the equivalence test's (the
+    interval inside ±δ); *beats*, the t test's when the mean is above 0 (the interval wholly
+    above 0); *loses*, when below. Above 0 is the caller's "beats" (for errors: the other arm's
+    less this one's)."""
+
+    interval: Interval
+    margin: float
+    p: dict[str, float]
+
+    @property
+    def outcome(self) -> str | None:
+        """The outcome decided at :data:`ALPHA`: matches when the interval lies inside ±δ, else
+        beats when wholly above 0, else loses when wholly below; None (undecided) otherwise."""
+        return next((o for o in CONTRAST_OUTCOMES if self.p[o] < ALPHA), None)
+
+    def test(self, expected: str) -> Test:
+        """The claim that the outcome is ``expected``: ``p_for`` its p (1 when another outcome is
+        decided), ``p_against`` the smallest p of the others (1 when ``expected`` is decided),
+        so that the claim's verdict at α is the rule's and at most one p is below α."""
+        if expected not in CONTRAST_OUTCOMES:
+            raise ValueError(f"expected={expected!r} is not one of {CONTRAST_OUTCOMES}")
+        decided = self.outcome
+        p_for = self.p[expected] if decided in (expected, None) else 1.0
+        others = min(v for o, v in self.p.items() if o != expected)
+        return Test(self.interval, p_for, 1.0 if decided == expected else others)
+
+
+def contrast(x: Sequence[float], y: Sequence[float], margin: float, *, paired: bool) -> Contrast:
+    """The three-outcome rule on ``Δ = mean(x) − mean(y)``: one verdict per contrast, where a
+    directional claim and its closeness twin on the same two arms would each read the same
+    interval and could both be decided (:class:`Contrast`)."""
+    side = above(x, y, 0.0, paired=paired)
+    near = equivalent(x, y, margin, paired=paired)
+    p = {"matches": near.p_for, "beats": side.p_for, "loses": side.p_against}
+    return Contrast(side.interval, margin, p)
 
 
 def all_of(tests: Sequence[Test]) -> tuple[float, float]:

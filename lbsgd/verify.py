@@ -293,7 +293,7 @@ def level(
 
 
 def _verdicts(findings: Any) -> dict[str, Any]:
-    """claim → its outcome (replayed, not replayed, undecided or invalid) of a findings.json."""
+    """claim → its outcome (:data:`lbsgd.findings.OUTCOMES`) of a findings.json."""
     if not isinstance(findings, dict):
         return {}
     return {

@@ -303,6 +303,9 @@ def test_every_finding_replayed_when_b_noise_sits_at_the_knee_and_b_crit_and_gro
     # log2 of end over early per seed: 2.32, 2.45, 2.14: paired, in log2 B, wholly above 0
     assert "Δ +2.30 in log2 B, 95% CI [+1.9" in fs[1].evidence and "paired t" in fs[1].evidence
     assert "B_crit = E_min/S_min = 64" in fs[2].evidence
+    # the bands decide without a test: measured, each with its number beside its band
+    assert [f.outcome for f in fs] == ["measured", "replayed", "measured"]
+    assert "60, 70, 80 (seeds 0, 1, 2); ×2 band [32, 128]" in fs[2].evidence
 
 
 def test_no_finding_replayed_when_b_noise_is_far_from_the_knee_and_b_crit_and_falls():

@@ -107,7 +107,10 @@ def test_quickstart_learns_when_twenty_points_below_chance(err, verdict, why):
     (f,) = quickstart.findings(frame(arms([err], k=16)))
     assert f.replayed is verdict, f
     assert not f.invalid and f.p_for is None and f.p_against is None
-    assert f.evidence.startswith(f"top-1 error {err:.1f}% vs chance 90%")
+    assert f.evidence.startswith(
+        f"top-1 error {err:.1f}% vs chance 90% (the claim: over 20 points below it, under 70%)"
+    )
+    assert f.outcome == ("undecided" if verdict is None else "measured")
     assert "CI" not in f.evidence
     if why is None:
         assert "undecided" not in f.evidence

@@ -239,6 +239,8 @@ def test_wall_time_finding_needs_a_saving_at_the_largest_k():
     f = ls.findings(study([5] * 3, grid([5] * 3), grid([5] * 3)))[2]
     assert f.replayed is True, f.evidence
     assert "K=4 n=16" in f.evidence and "saved" in f.evidence
+    # a modelled number beside its threshold, no test: measured
+    assert f.outcome == "measured" and "the claim: at least 5% saved at K=4" in f.evidence
     # a slow process: compute dominates, the saving is below SAVE_PCT
     slow = ls.findings(study([5] * 3, grid([5] * 3), grid([5] * 3), rate=100.0))[2]
     assert slow.replayed is False and "compute dominates" in slow.evidence

@@ -73,7 +73,8 @@ def test_model_vs_measured_replayed_not_replayed_undecided():
     assert list(check["predicted_no_overlap_s"]) == pytest.approx([0.0112, 0.0121])
     f = scaling.findings(allreduce(), breakdown({2: 0.011, 4: 0.012}))[0]
     assert f.replayed is True
-    assert "2 processes 0.91, 4 processes 0.83" in f.evidence
+    assert "2 processes 0.91, 4 processes 0.83 (the claim: each within 0.75 to 1.25;" in f.evidence
+    assert f.outcome == "measured"  # a ratio beside its band, no test
     assert "gloo on 4 cores; fit α=100 µs, β=1.00 GB/s" in f.evidence
     assert scaling.findings(allreduce(), breakdown({2: 0.011, 4: 0.02}))[0].replayed is False
     none = scaling.findings(allreduce(), breakdown({}))[0]

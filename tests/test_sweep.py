@@ -572,6 +572,8 @@ def _results(root: Path) -> None:
                 "claim": "gradual warmup beats none at k=8",
                 "replayed": True,
                 "evidence": "2.1 vs 5.3",
+                "p_for": 0.001,
+                "p_against": 1.0,
             },
             {
                 "claim": "constant warmup is the worst",
@@ -624,9 +626,10 @@ def test_report_per_profile_from_a_results_root_and_from_one_profile(tmp_path, c
     row = next(ln for ln in cpu.splitlines() if "constant warmup is the worst" in ln)
     assert "| undecided | " in row and "margin 0.2 inside the seed spread 0.9" in row
     assert row.count(" | ") == 4
+    # a claim decided from a number with no test reads measured, neither yes nor no
     row = next(ln for ln in cpu.splitlines() if "a run trains" in ln)
-    assert "**no**" in row and "error 89% \\| chance 90%" in row
-    assert "3 claims: 1 replayed, 1 not replayed, 1 undecided, 0 invalid;" in cpu
+    assert "| measured | error 89% \\| chance 90% |" in row
+    assert "3 claims: 1 replayed, 0 not replayed, 1 undecided, 0 invalid, 1 measured" in cpu
     # links relative to the profile's folder: they work where REPORT.md lies
     for target in re.findall(r"\]\(([^)#]+)\)", cpu):
         assert (tmp_path / "cpu" / target).exists(), target

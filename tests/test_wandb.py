@@ -247,8 +247,18 @@ def test_log_study_writes_the_table_figures_and_findings(offline, tmp_path):
     fig.savefig(study_dir / "curves.png")
     plt.close(fig)
     findings = [
-        {"claim": "gradual warmup helps", "replayed": True, "evidence": "28.2 < 31.5"},
+        {
+            "claim": "gradual warmup helps",
+            "replayed": True,
+            "evidence": "28.2 < 31.5",
+            "p_for": 0.01,
+        },
         {"claim": "constant warmup hurts", "replayed": None, "evidence": "one seed"},
+        {
+            "claim": "the model predicts",
+            "replayed": False,
+            "evidence": "0.6 (the claim: 0.75-1.25)",
+        },
     ]
     got = session.log_study(
         study_dir,
@@ -272,7 +282,8 @@ def test_log_study_writes_the_table_figures_and_findings(offline, tmp_path):
     assert (files / image["path"]).read_bytes()[:4] == b"\x89PNG"
     verdicts = json.loads((files / row["findings"]["path"]).read_text())
     assert verdicts["columns"] == ["claim", "verdict", "evidence"]
-    assert [r[1] for r in verdicts["data"]] == ["replayed", "undecided"]
+    # a dict without "outcome" reads as a Finding would: with no test, a decided one is measured
+    assert [r[1] for r in verdicts["data"]] == ["replayed", "undecided", "measured"]
     # a DataFrame is logged as well as a CSV path
     assert (
         session.log_study(study_dir, study="warmup", profile="smoke", mode="offline", table=table)

@@ -15,14 +15,15 @@ folder, ``results/<profile>/<study>/``, so a smoke run never replaces a cpu resu
 
 This package's names, read by the study modules and notebooks as ``studies.<name>``, come from
 three places: the study list (here), the rules the findings share (:mod:`lbsgd.studies.rules`,
-over :mod:`lbsgd.findings`: :class:`Finding`, :class:`Verdict` and :func:`verdict`), and the
+over :mod:`lbsgd.findings`: :class:`Finding`, :class:`Verdict`, :func:`verdict` and
+:func:`contrast`), and the
 notebook's session (:mod:`lbsgd.studies.session`).
 """
 
 from __future__ import annotations
 
 from lbsgd.experiments import readable  # notebooks show their tables with it
-from lbsgd.findings import CHANCE_MARGIN_PCT, Budget, Finding, Verdict, verdict
+from lbsgd.findings import CHANCE_MARGIN_PCT, Budget, Finding, Verdict, contrast, verdict
 from lbsgd.stats import seeds_to_decide
 from lbsgd.studies.rules import (
     DATASET_CLASSES,
@@ -68,6 +69,7 @@ __all__ = [
     "chance_error_pct",
     "chance_of",
     "cite",
+    "contrast",
     "curves",
     "diverged_as_failed",
     "errors",

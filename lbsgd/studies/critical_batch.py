@@ -482,6 +482,10 @@ def _growth_text(sel, early, end, pairs, v2: Verdict) -> str:
 def _critical_batch_is_the_noise(f: Fit | None, e: _Evidence) -> Finding:
     """Claim 3: the fitted B_crit ≈ B_noise."""
     fit_txt, v3 = _fit(f, e)
+    finite = f is not None and 0 < f.b_crit < math.inf
+    band = (
+        f"; ×{FACTOR:g} band [{f.b_crit / FACTOR:.0f}, {f.b_crit * FACTOR:.0f}]" if finite else ""
+    )
     why3 = ""
     if v3.replayed is False:
         side = "below" if max(e.bn) < f.b_crit else "above"
@@ -493,7 +497,7 @@ def _critical_batch_is_the_noise(f: Fit | None, e: _Evidence) -> Finding:
         "the fitted critical batch B_crit = E_min/S_min agrees with the measured noise scale "
         "within a factor of 2",
         v3,
-        f"{fit_txt}; {e.head}{why3}",
+        f"{fit_txt}; {e.head}{band}{why3}",
         paper="McCandlish et al. 2018 eq. 2.11 and Fig. 4: qualitative, B_crit = E_min/S_min ≈ "
         "B_noise; no number in the reference data",
     )

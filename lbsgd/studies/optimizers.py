@@ -424,17 +424,20 @@ def budget(trial_df, final_df) -> str:
 
 
 def findings(final_df, chosen=None) -> list[Finding]:
-    """At the largest k: LARS vs tuned Nesterov, LAMB vs tuned AdamW; from the smallest k to the
-    largest: does each layer-wise optimizer lose less than its plain one. Paired over seeds.
-    ``chosen`` (:func:`choose`): a claim that reads an optimizer whose chosen lr sits on an edge
-    of its grid is invalid (the grid did not bracket its best lr: no tuned arm)."""
+    """At the largest k: LARS against tuned Nesterov, LAMB against tuned AdamW, each one claim
+    with three outcomes (beats, matches, loses: :func:`lbsgd.findings.contrast`); from the
+    smallest k to the largest: does each layer-wise optimizer lose less than its plain one.
+    Paired over seeds. ``chosen`` (:func:`choose`): a claim that reads an optimizer whose chosen
+    lr sits on an edge of its grid is invalid (the grid did not bracket its best lr: no tuned
+    arm)."""
     df = prepare(final_df)
     chance = studies.chance_of(df)
     kmin, kmax = float(df["k"].min()), float(df["k"].max())
     big = studies.budget(df, [kmax], NADO_STEPS)
-    out = [_untuned(_beats(df, a, b, kmax, chance), chosen, (a, b), [kmax]) for a, b in PAIRS]
-    out += [_untuned(_parity(df, a, b, kmax, chance), chosen, (a, b), [kmax]) for a, b in PAIRS]
-    out = [replace(f, budget=big) for f in out]
+    out = [
+        replace(_untuned(_contrast(df, a, b, kmax, chance), chosen, (a, b), [kmax]), budget=big)
+        for a, b in PAIRS
+    ]
     if kmin < kmax:
         both = studies.budget(df, [kmin, kmax], NADO_STEPS)
         out += [
@@ -480,19 +483,30 @@ PARITY_PTS = 1.0
 NADO_STEPS = "Nado et al.'s ResNet-50 at 32k: 2,512"
 
 
-def _parity(df, a: str, b: str, k: float, chance: float | None) -> Finding:
-    """Nado et al.'s claim: at the largest k the tuned plain ``b`` matches the layer-wise ``a``
-    (paired equivalence within ±PARITY_PTS)."""
+def _contrast(df, a: str, b: str, k: float, chance: float | None) -> Finding:
+    """At the largest k the layer-wise ``a`` against the tuned plain ``b``, one claim: Nado et
+    al.'s parity (matches within ±PARITY_PTS), against You et al.'s "beats" or a loss (paired
+    over seeds)."""
     ea = studies.errors(df, arm=a, k=k)
     eb = studies.errors(df, arm=b, k=k)
-    v = studies.within(eb, ea, PARITY_PTS, chance=chance, paired=True)
+    v = studies.contrast(
+        ea,
+        eb,
+        margin=PARITY_PTS,
+        expect="matches",
+        names=(_NAMES[a], _NAMES[b]),
+        chance=chance,
+        paired=True,
+    )
+    wins = sum(x < y for x, y in zip(ea, eb, strict=True))
     return studies.finding(
         f"at the largest minibatch tuned {_NAMES[b]} matches {_NAMES[a]} (within "
         f"±{PARITY_PTS:g} point: Nado et al.'s parity)",
         v,
-        f"k={k:g}: {_NAMES[b]} {studies.mean(eb):.1f}% vs {_NAMES[a]} {studies.mean(ea):.1f}% "
-        f"test error (mean over {len(ea)} seeds); chosen on held-out images: {_NAMES[b]} "
-        f"{_chosen(df, b, k)}, {_NAMES[a]} {_chosen(df, a, k)}",
+        f"k={k:g}: {_NAMES[a]} {studies.mean(ea):.1f}% vs {_NAMES[b]} {studies.mean(eb):.1f}% "
+        f"test error (mean over {len(ea)} seeds; {_NAMES[a]} better in {wins} of {len(ea)}); "
+        f"chosen on held-out images: {_NAMES[a]} {_chosen(df, a, k)}, {_NAMES[b]} "
+        f"{_chosen(df, b, k)}",
         paper=_PAPER[a],
     )
 
@@ -501,11 +515,12 @@ _NAMES = {"nesterov": "Nesterov", "lars": "LARS", "lamb": "LAMB", "adamw": "Adam
 # who claims the layer-wise optimizer wins, and who answers (Nado et al. 2021)
 _CLAIMED = {"lars": "You et al. 2017", "lamb": "You et al. 2019"}
 _PAPER = {
-    "lars": "Nado et al. 2021: tuned Nesterov reaches LARS's published ResNet-50 result at 32k "
-    "(75.9% top-1 in 2,512 steps); You et al. 2017: LARS keeps AlexNet-BN and ResNet-50 accuracy "
-    "where SGD loses it",
-    "lamb": "Nado et al. 2021: tuned Adam matches LAMB on BERT pre-training at LAMB's batch "
-    "sizes; You et al. 2019: LAMB trains BERT at batch 32k/64k in 76 minutes",
+    "lars": "Nado et al. 2021 (matches): tuned Nesterov reaches LARS's published ResNet-50 "
+    "result at 32k (75.9% top-1 in 2,512 steps); You et al. 2017 (LARS beats it): LARS keeps "
+    "AlexNet-BN and ResNet-50 accuracy where SGD loses it",
+    "lamb": "Nado et al. 2021 (matches): tuned Adam matches LAMB on BERT pre-training at LAMB's "
+    "batch sizes; You et al. 2019 (LAMB beats it): LAMB trains BERT at batch 32k/64k in 76 "
+    "minutes",
 }
 
 
@@ -522,23 +537,6 @@ def supports(replayed: bool | None, layerwise: str, invalid: bool = False) -> st
 def _chosen(df, arm: str, k: float) -> str:
     r = df[(df["arm"] == arm) & (df["k"] == k)].iloc[0]
     return f"lr {r['peak_lr']:.3g}, warmup {r['warmup_epochs']:g} ep"
-
-
-def _beats(df, a: str, b: str, k: float, chance: float | None) -> Finding:
-    """At the largest k the layer-wise ``a`` has a lower test error than the tuned plain ``b``."""
-    ea = studies.errors(df, arm=a, k=k)
-    eb = studies.errors(df, arm=b, k=k)
-    v = studies.lower(ea, eb, chance=chance, paired=True)
-    wins = sum(x < y for x, y in zip(ea, eb, strict=True))
-    return studies.finding(
-        f"at the largest minibatch {_NAMES[a]} beats tuned {_NAMES[b]}",
-        v,
-        f"k={k:g}: {_NAMES[a]} {studies.mean(ea):.1f}% vs {_NAMES[b]} {studies.mean(eb):.1f}% "
-        f"test error (mean over seeds; {_NAMES[a]} better in {wins} of {len(ea)}); "
-        f"chosen on held-out images: {_NAMES[a]} {_chosen(df, a, k)}, {_NAMES[b]} "
-        f"{_chosen(df, b, k)}; {supports(v.replayed, a, v.invalid)}",
-        paper=_PAPER[a],
-    )
 
 
 def _losses(df, arm: str, kmin: float, kmax: float) -> list[float]:

@@ -81,5 +81,9 @@ def _run_learns(df) -> Finding:
             f"claim: over {LEARNS_PCT:g}): no seed spread to judge it by",
         )
     return studies.finding(
-        claim, verdict, f"top-1 error {err:.1f}% vs chance {chance:.0f}%", paper=paper()
+        claim,
+        verdict,
+        f"top-1 error {err:.1f}% vs chance {chance:.0f}% (the claim: over {LEARNS_PCT:g} points "
+        f"below it, under {chance - LEARNS_PCT:.0f}%)",
+        paper=paper(),
     )

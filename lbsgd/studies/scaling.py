@@ -306,7 +306,8 @@ def _model_predicts_steps(ar: Mapping[str, Any], steps: Mapping[str, Any]) -> Fi
             f"{int(n)} processes {v:.2f}"
             for n, v in zip(multi["nproc"], multi["predicted_over_measured"], strict=True)
         )
-        + f" ({fit_text})",
+        + f" (the claim: each within {1 - MODEL_TOLERANCE:.2f} to {1 + MODEL_TOLERANCE:.2f}; "
+        f"{fit_text})",
         paper=own,
     )
 

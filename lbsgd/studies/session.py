@@ -274,7 +274,9 @@ def _study_data(table: Any, figures: Iterable[str | os.PathLike], findings: Any)
 def _finding_row(f: Any) -> list[str]:
     """A finding (a dict or a Finding) as W&B's findings table shows it: claim, verdict, evidence."""
     d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
-    replayed = d.get("replayed")
-    word = d.get("outcome") or fs.LABELS.get(replayed, str(replayed))
+    word = (
+        d.get("outcome")
+        or Finding.from_dict({"claim": "", "evidence": "", "replayed": None, **d}).outcome
+    )
     verdict = d.get("verdict") or word
     return [str(d.get("claim", "")), str(verdict), str(d.get("evidence", ""))]
