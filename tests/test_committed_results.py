@@ -188,8 +188,9 @@ def test_every_committed_finding_is_what_the_code_computes_from_the_committed_ru
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_each_profiles_s_min_is_its_committed_critical_batch_fit(profile):
-    """The budget-bound mark reads Profile.s_min: study 11's fitted S_min at that profile (study
-    15's, on a held-out error target, where the profile replays it instead); none without a fit."""
+    """The budget-bound mark reads Profile.s_min, study 14's words Profile.b_crit: study 11's
+    fitted S_min and B_crit at that profile (study 15's, on a held-out error target, where the
+    profile replays it instead); none without a fit."""
     _runs(profile)
     critical = RESULTS / profile / "critical_batch" / "fit.csv"
     ladder = RESULTS / profile / "steps_to_target" / "table.csv"
@@ -198,14 +199,16 @@ def test_each_profiles_s_min_is_its_committed_critical_batch_fit(profile):
         with critical.open() as f:
             (fit,) = list(csv.DictReader(f))
         assert p.s_min == round(float(fit["s_min"]), 1)
+        assert p.b_crit == round(float(fit["b_crit"]), 1)
         assert p.s_min_target == f"study 11's training loss {float(fit['target_loss']):.3g}"
     elif ladder.exists():
         with ladder.open() as f:
             rows = list(csv.DictReader(f))
         assert p.s_min == round(float(rows[0]["s_min"]), 1)
+        assert p.b_crit == round(float(rows[0]["b_crit"]), 1)
         assert p.s_min_target == f"study 15's held-out top-1 error {p.ladder['target']:g}%"
     else:
-        assert scales.get(profile).s_min is None
+        assert scales.get(profile).s_min is None and scales.get(profile).b_crit is None
 
 
 # a folder of the machine that executed a notebook: an absolute path under a usual root

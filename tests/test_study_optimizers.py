@@ -269,11 +269,13 @@ def minus(x, y) -> list[float]:
 def test_findings_are_one_contrast_per_pair_then_loses_less_with_their_budgets():
     f = opt.findings(four(GOOD, BAD, GOOD, BAD))
     assert [x.claim for x in f] == [
-        "at the largest minibatch tuned Nesterov matches LARS (within ±1 point: Nado et al.'s "
+        "at batch 2048, lr- and warmup-tuned Nesterov matches LARS (within ±1 point: Nado et "
+        "al.'s parity)",
+        "at batch 2048, lr- and warmup-tuned AdamW matches LAMB (within ±1 point: Nado et al.'s "
         "parity)",
-        "at the largest minibatch tuned AdamW matches LAMB (within ±1 point: Nado et al.'s parity)",
-        "from k=16 to k=128 LARS loses less accuracy than tuned Nesterov",
-        "from k=16 to k=128 LAMB loses less accuracy than tuned AdamW",
+        "from k=16 to k=128 (batch 2048) LARS loses less accuracy than lr- and warmup-tuned "
+        "Nesterov",
+        "from k=16 to k=128 (batch 2048) LAMB loses less accuracy than lr- and warmup-tuned AdamW",
     ]
     big = Budget({"k=128": 32}, None, opt.NADO_STEPS)
     assert [x.budget for x in f] == [big] * 2 + [
@@ -363,7 +365,7 @@ def test_an_arm_that_did_not_train_makes_its_comparisons_invalid():
 def test_one_k_gives_the_two_contrasts_at_it():
     df = four(GOOD, BAD, GOOD, BAD)
     f = opt.findings(df[df["k"] == 128.0])
-    assert len(f) == 2 and all(x.claim.startswith("at the largest minibatch") for x in f)
+    assert len(f) == 2 and all(x.claim.startswith("at batch 2048, ") for x in f)
 
 
 def test_table_holds_the_chosen_settings_beside_their_test_error_and_the_papers():
@@ -476,3 +478,51 @@ def test_a_grid_keeps_its_weight_decay_so_cpu_and_fashions_runs_are_the_same_exp
     assert {d for *_, d in grid.settings()} == {1.0}
     for c in valid(opt.trials(CPU, grid)):
         assert c.weight_decay == opt.weight_decay(CPU, opt.arm_of(c.optimizer, c.nesterov))
+
+
+def test_below_b_crit_the_claims_say_so_and_take_no_side_of_nado_or_you():
+    """Nado et al. and You et al. compare optimizers beyond the critical batch: at batch 2048 with
+    B_crit 621 the claims keep their names; with B_crit 5,000 the same runs are "below this
+    profile's B_crit", with no parity label, no paper expectation and no "supports" clause."""
+    df = four(GOOD, BAD, GOOD, BAD)
+    above = opt.findings(df, regime=opt.Regime("lr-tuned", 620.7))
+    below = opt.findings(df, regime=opt.Regime("lr-, warmup- and decay-tuned", 5000.0))
+    assert above[0].claim == (
+        "at batch 2048, at or above this profile's B_crit 621, lr-tuned Nesterov matches LARS "
+        "(within ±1 point: Nado et al.'s parity)"
+    )
+    assert above[0].paper.startswith("Nado et al. 2021") and "supports" in above[2].evidence
+    assert below[0].claim == (
+        "at batch 2048, below this profile's B_crit 5000, lr-, warmup- and decay-tuned Nesterov "
+        "matches LARS (within ±1 point)"
+    )
+    assert all(f.paper == opt.BELOW for f in below) and "Nado" not in below[0].claim
+    assert not any("supports" in f.evidence for f in below)
+    # the verdicts themselves do not move with the words
+    assert [f.outcome for f in below] == [f.outcome for f in above]
+
+
+def test_the_claims_name_what_the_trials_tuned():
+    grid = trial_frame({("lars", 128.0): [30, 31, 20, 25, 40, 41]})
+    assert opt.tuned_words(grid) == "lr- and warmup-tuned"
+    one_warmup = grid[grid["warmup_epochs"] == 0.25]
+    assert opt.tuned_words(one_warmup) == "lr-tuned"
+    searched = grid.assign(weight_decay=[1e-4, 2e-4, 3e-4, 4e-4, 5e-4, 6e-4])
+    assert opt.tuned_words(searched) == "lr-, warmup- and decay-tuned"
+
+
+def test_a_papers_row_sits_beside_the_k_that_stands_for_its_batch():
+    """Nado et al.'s 32k is k = 128 by k · 256: beside k = 128, never beside k = 16 (4k), even
+    when k = 16 is the study's largest."""
+    trials = trial_frame({(a, k): [5, 6, 7, 8, 9, 10] for a in opt.ARMS for k in (16.0, 128.0)})
+    finals = four(GOOD, BAD, GOOD, BAD)
+    for arm in opt.ARMS:
+        for k in (16.0, 128.0):
+            sel = (finals["optimizer"] == opt.arm_keys(CPU, arm)["optimizer"]) & (finals["k"] == k)
+            sel &= finals["nesterov"] == opt.arm_keys(CPU, arm)["nesterov"]
+            finals.loc[sel, "base_lr"] = opt.anchor(CPU, arm, k) * (1 / 3) / k
+            finals.loc[sel, "lr"] = opt.anchor(CPU, arm, k) * (1 / 3)
+    both = opt.table(trials, finals)
+    assert both[both["k"] == 128.0]["paper_top1_error_pct"].notna().sum() == 2  # Nesterov, LARS
+    only16 = opt.table(trials[trials["k"] == 16.0], finals[finals["k"] == 16.0])
+    assert len(only16) == 4 and only16["paper_top1_error_pct"].isna().all()

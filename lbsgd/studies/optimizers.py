@@ -392,13 +392,15 @@ def parity_gaps(final_df):
 
 def table(trial_df, final_df):
     """The chosen settings (validation error of the chosen trial) beside their test error over
-    the profile's seeds, one row per optimizer and k; the paper's numbers beside the largest k."""
+    the profile's seeds, one row per optimizer and k; the paper's numbers beside the k that
+    stands for its batch (k · 256)."""
     chosen = choose(trial_df)
     t = chosen.merge(ours(final_df), on=[*SETTING, "peak_lr"])
-    big = t["k"] == t["k"].max()
     t = t.merge(paper(), on="arm", how="left")
+    # the paper's row beside the k that stands for its batch (k · 256), as in every study
+    same = [studies.paper_batch(k) == b for k, b in zip(t["k"], t["paper_batch"], strict=True)]
     for c in ("paper_batch", "paper_top1_error_pct", "paper_source", "paper_variant"):
-        t.loc[~big, c] = None
+        t.loc[[not x for x in same], c] = None
     return t.astype(dict.fromkeys(("trials", "runs", "diverged", "paper_batch"), "Int64"))
 
 
@@ -423,26 +425,75 @@ def budget(trial_df, final_df) -> str:
 # -- the findings ------------------------------------------------------------------------------
 
 
-def findings(final_df, chosen=None) -> list[Finding]:
+@dataclass(frozen=True)
+class Regime:
+    """What the claims say of the comparison: what the trials tuned (:func:`tuned_words`) and
+    where the large batch lies against the profile's critical batch (``b_crit``, its
+    ``Profile.b_crit``; None: not measured). Nado et al. and You et al. compare optimizers at
+    batches beyond the critical batch; below it a claim says so and takes no side of theirs."""
+
+    tuned: str = "lr- and warmup-tuned"
+    b_crit: float | None = None
+
+    def beyond(self, batch: float) -> bool:
+        """At or above B_crit (or B_crit not measured: the papers' regime is assumed)."""
+        return self.b_crit is None or batch >= self.b_crit
+
+    def where(self, batch: float) -> str:
+        """ "batch 256, below this profile's B_crit 504" (or "above")."""
+        if self.b_crit is None:
+            return f"batch {batch:g}"
+        side = "at or above" if self.beyond(batch) else "below"
+        return f"batch {batch:g}, {side} this profile's B_crit {self.b_crit:.0f}"
+
+
+def tuned_words(trial_df) -> str:
+    """ "lr-, warmup- and decay-tuned": the keys the trials varied for one optimizer."""
+    df = prepare(trial_df)
+    one = df[df["arm"] == df["arm"].iloc[0]]
+    varied = [
+        word
+        for word, key in (("lr", "peak_lr"), ("warmup", "warmup_epochs"), ("decay", "weight_decay"))
+        if one[key].nunique() > 1
+    ]
+    if len(varied) < 2:
+        return f"{varied[0] if varied else 'lr'}-tuned"
+    return ", ".join(f"{w}-" for w in varied[:-1]) + f" and {varied[-1]}-tuned"
+
+
+BELOW = (
+    "none at this batch: Nado et al. (ResNet-50 at 32k) and You et al. compare optimizers beyond "
+    "the critical batch"
+)
+
+
+def findings(final_df, chosen=None, regime: Regime = Regime()) -> list[Finding]:
     """At the largest k: LARS against tuned Nesterov, LAMB against tuned AdamW, each one claim
     with three outcomes (beats, matches, loses: :func:`lbsgd.findings.contrast`); from the
     smallest k to the largest: does each layer-wise optimizer lose less than its plain one.
     Paired over seeds. ``chosen`` (:func:`choose`): a claim that reads an optimizer whose chosen
     lr sits on an edge of its grid is invalid (the grid did not bracket its best lr: no tuned
-    arm)."""
+    arm). ``regime``: the claims' words (what was tuned, the batch beside B_crit)."""
     df = prepare(final_df)
     chance = studies.chance_of(df)
     kmin, kmax = float(df["k"].min()), float(df["k"].max())
     big = studies.budget(df, [kmax], NADO_STEPS)
     out = [
-        replace(_untuned(_contrast(df, a, b, kmax, chance), chosen, (a, b), [kmax]), budget=big)
+        replace(
+            _untuned(_contrast(df, a, b, kmax, chance, regime), chosen, (a, b), [kmax]), budget=big
+        )
         for a, b in PAIRS
     ]
     if kmin < kmax:
         both = studies.budget(df, [kmin, kmax], NADO_STEPS)
         out += [
             replace(
-                _untuned(_loses_less(df, a, b, kmin, kmax, chance), chosen, (a, b), [kmin, kmax]),
+                _untuned(
+                    _loses_less(df, a, b, (kmin, kmax), chance, regime),
+                    chosen,
+                    (a, b),
+                    [kmin, kmax],
+                ),
                 budget=both,
             )
             for a, b in PAIRS
@@ -483,7 +534,7 @@ PARITY_PTS = 1.0
 NADO_STEPS = "Nado et al.'s ResNet-50 at 32k: 2,512"
 
 
-def _contrast(df, a: str, b: str, k: float, chance: float | None) -> Finding:
+def _contrast(df, a: str, b: str, k: float, chance: float | None, regime: Regime) -> Finding:
     """At the largest k the layer-wise ``a`` against the tuned plain ``b``, one claim: Nado et
     al.'s parity (matches within ±PARITY_PTS), against You et al.'s "beats" or a loss (paired
     over seeds)."""
@@ -499,15 +550,18 @@ def _contrast(df, a: str, b: str, k: float, chance: float | None) -> Finding:
         paired=True,
     )
     wins = sum(x < y for x, y in zip(ea, eb, strict=True))
+    batch = float(df[df["k"] == k]["batch_size"].iloc[0])
+    beyond = regime.beyond(batch)
+    parity = ": Nado et al.'s parity" if beyond else ""
     return studies.finding(
-        f"at the largest minibatch tuned {_NAMES[b]} matches {_NAMES[a]} (within "
-        f"±{PARITY_PTS:g} point: Nado et al.'s parity)",
+        f"at {regime.where(batch)}, {regime.tuned} {_NAMES[b]} matches {_NAMES[a]} (within "
+        f"±{PARITY_PTS:g} point{parity})",
         v,
         f"k={k:g}: {_NAMES[a]} {studies.mean(ea):.1f}% vs {_NAMES[b]} {studies.mean(eb):.1f}% "
         f"test error (mean over {len(ea)} seeds; {_NAMES[a]} better in {wins} of {len(ea)}); "
         f"chosen on held-out images: {_NAMES[a]} {_chosen(df, a, k)}, {_NAMES[b]} "
         f"{_chosen(df, b, k)}",
-        paper=_PAPER[a],
+        paper=_PAPER[a] if beyond else BELOW,
     )
 
 
@@ -545,8 +599,9 @@ def _losses(df, arm: str, kmin: float, kmax: float) -> list[float]:
     return [x - y for x, y in zip(big, small, strict=True)]
 
 
-def _loses_less(df, a: str, b: str, kmin: float, kmax: float, chance: float | None) -> Finding:
-    """From the smallest k to the largest, ``a``'s test error grows less than ``b``'s."""
+def _loses_less(df, a: str, b: str, ks_, chance: float | None, regime: Regime) -> Finding:
+    """From the smallest k to the largest (``ks_``), ``a``'s test error grows less than ``b``'s."""
+    kmin, kmax = ks_
     la, lb = _losses(df, a, kmin, kmax), _losses(df, b, kmin, kmax)
     arms = {
         f"{arm} k={k:g}": studies.errors(df, arm=arm, k=k) for arm in (a, b) for k in (kmin, kmax)
@@ -556,12 +611,14 @@ def _loses_less(df, a: str, b: str, kmin: float, kmax: float, chance: float | No
         v = studies.Verdict(None, f"an arm did not train ({failed[0]})", invalid=True)
     else:
         v = studies.lower(la, lb, paired=True)
+    batch = float(df[df["k"] == kmax]["batch_size"].iloc[0])
+    beyond = regime.beyond(batch)
     return studies.finding(
-        f"from k={kmin:g} to k={kmax:g} {_NAMES[a]} loses less accuracy than tuned {_NAMES[b]}",
+        f"from k={kmin:g} to k={kmax:g} ({regime.where(batch)}) {_NAMES[a]} loses less accuracy "
+        f"than {regime.tuned} {_NAMES[b]}",
         v,
         f"test error change: {_NAMES[a]} {studies.mean(la):+.1f} points, {_NAMES[b]} "
         f"{studies.mean(lb):+.1f} points (mean over {len(la)} seed(s), each optimizer tuned at "
-        f"both k); "
-        f"{supports(v.replayed, a, v.invalid)}",
-        paper=_PAPER[a],
+        f"both k)" + (f"; {supports(v.replayed, a, v.invalid)}" if beyond else ""),
+        paper=_PAPER[a] if beyond else BELOW,
     )

@@ -483,6 +483,7 @@ def _critical_batch(plans: Sequence[Plan], ref: Reference) -> Finding:
             f"{p.inputs.b_crit:.0f} (seed {p.seed}: x{q:.2f})"
             for p, q in zip(plans, ratios, strict=True)
         )
+        + f" (the claim: each within x1/{B_CRIT_FACTOR:g} to x{B_CRIT_FACTOR:g})"
         + _miss(ratios, inside, lambda q: f"x{max(q, 1 / q):.2f} off")
     )
     return studies.finding(claim, _band(inside), ev, paper=PAPER)
@@ -575,6 +576,7 @@ def _steps_finding(side: str, tol: float, pts, b_crit: float, source: str, short
             )
             or f"no batch of {source} on this side"
         )
+        + f" (the claim: each within ±{100 * tol:.0f}%)"
         + _miss(errs, inside, lambda e: _pct(e))
         + (f"; not compared: {', '.join(short)}, short of the band's edge" if short else "")
     )
@@ -634,7 +636,8 @@ def _step_time(plan: Plan, times, fixed: Sequence[int], nproc: int) -> Finding:
         or "no timing run"
     )
     verdict = studies.Verdict(all(inside)) if pts else studies.Verdict(None, "no timing run")
-    return studies.finding(claim, verdict, ev + _miss(errs, inside, _pct), paper=PAPER)
+    band = f" (the claim: each within ±{100 * STEP_TIME_TOL:.0f}%)"
+    return studies.finding(claim, verdict, ev + band + _miss(errs, inside, _pct), paper=PAPER)
 
 
 def _recommended(plan: Plan, times, wall_steps, fixed: Sequence[int], s=None) -> Finding:
@@ -707,7 +710,10 @@ def _recommended_resampled(plan: Plan, times, fixed: Sequence[int], s: stt.SeedS
 def _against_best(head: str, ours: float, reached: dict[int, float]) -> Finding:
     top = min(reached, key=reached.get)
     ratio = ours / reached[top]
-    ev = f"{head}; best fixed: batch {top}, the recommended one x{ratio:.2f} of it"
+    ev = (
+        f"{head}; best fixed: batch {top}, the recommended one x{ratio:.2f} of it (the claim: "
+        f"at most x{1 + WALL_TOL:g})"
+    )
     if ratio > 1 + WALL_TOL:
         ev += f"; missed by {100 * (ratio - 1 - WALL_TOL):.0f} points beyond the 15%"
     return studies.finding(CLAIMS[-1], studies.Verdict(ratio <= 1 + WALL_TOL), ev, paper=PAPER)

@@ -56,6 +56,9 @@ class Profile:
     # budget-bound (lbsgd.findings.Budget). None: not measured at this profile.
     s_min: float | None = None
     s_min_target: str = ""  # the target S_min is for, in words (every budget's evidence names it)
+    # the same fit's critical batch B_crit = E_min/S_min (samples): study 14 says whether its large
+    # batch lies beyond it, where Nado et al. and You et al. compare optimizers
+    b_crit: float | None = None
     # study 15 (lbsgd.studies.steps_to_target): "ks", the batch sizes as k; "target", the held-out
     # top-1 error (%) every one of them reaches; "stop_at_error", where its runs end (default the
     # target); "holdout", the images held out to read it on; "seeds", the tuning seed (each
@@ -250,6 +253,7 @@ PROFILES: dict[str, Profile] = {
         alexnet_lars={"base_lr": 0.25},
         tuning={"holdout": 4_000, "anchors": _CPU_ANCHORS, "centres": _CPU_CENTRES},
         s_min=55.1,
+        b_crit=620.7,
         s_min_target="study 11's training loss 0.327",
     ),
     "fashion": Profile(
@@ -279,6 +283,7 @@ PROFILES: dict[str, Profile] = {
             "centres": {16: {**_CPU_CENTRES[16], "nesterov": 0.8}},
         },
         s_min=61.1,
+        b_crit=367.2,
         s_min_target="study 11's training loss 0.684",
         studies=(
             "quickstart",
