@@ -322,10 +322,12 @@ def test_b_crit_within_x2_of_b_noise_is_decided_by_the_interval_of_their_ratio()
         return found
 
     agree, off = run(lambda k, s: 1600.0), run(lambda k, s: 400.0)
-    assert agree.replayed is True and "ratio 1.00; 95% CI [1.00, 1.00] (seed bootstrap, n = 6)" in (
-        agree.evidence
+    assert (
+        agree.replayed is True
+        and "ratio 1.00 (the claim: x0.5 to x2); 95% CI [1.00, 1.00] (seed bootstrap, n = 6)"
+        in (agree.evidence)
     )
-    assert "B_crit 1600" in agree.evidence and "geometric means of 6 seeds" in agree.evidence
+    assert "B_crit 1600 [1600, 1600]" in agree.evidence and "of 6 seeds" in agree.evidence
     assert off.replayed is False and "ratio 4.00" in off.evidence
     wide = run(lambda k, s: 400.0 if s % 2 else 3200.0)
     assert wide.replayed is None and "reaches across x2" in wide.evidence

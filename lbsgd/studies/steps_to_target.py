@@ -521,10 +521,13 @@ def _b_crit(s: SeedSteps) -> Finding:
         return fitted(s.fit(idx), "b_crit") / noise(idx)
 
     point = f.b_crit / noise()
+    iv = intervals(s)
     evidence = (
-        f"fit S_min {f.s_min:.3g}, E_min {f.e_min:.4g}, B_crit {f.b_crit:.4g} (rms residual "
-        f"{f.rms:.2f}, {f.points} batch sizes, geometric means of {len(s.seeds)} seeds); B_noise "
-        f"{noise():.4g} at batch {s.batches[j]:g} (geometric mean): ratio {point:.2f}"
+        f"fit S_min {f.s_min:.3g}{_bracket(iv, 's_min')}, E_min {f.e_min:.4g}, B_crit "
+        f"{f.b_crit:.4g}{_bracket(iv, 'b_crit')} (rms residual {f.rms:.2f}, {f.points} batch "
+        f"sizes, geometric means of {len(s.seeds)} seeds); B_noise {noise():.4g} at batch "
+        f"{s.batches[j]:g} (geometric mean): ratio {point:.2f} (the claim: x{1 / FACTOR:g} to "
+        f"x{FACTOR:g})"
     )
     if len(s.seeds) < 2:
         v = fs.Verdict(None, "one measuring seed: no interval")
@@ -534,6 +537,14 @@ def _b_crit(s: SeedSteps) -> Finding:
     words = f"95% CI [{iv.low:.2f}, {iv.high:.2f}] (seed bootstrap, n = {iv.n}), p = {t.p:.3g}"
     v = fs.decide(t.p_for, t.p_against, words, f"the interval reaches across x{FACTOR:g}")
     return finding(claim, v, evidence, paper=paper)
+
+
+def _bracket(iv: dict[str, Any], name: str) -> str:
+    """ " [low, high]" of :func:`intervals`' ``name`` (its 95% seed-bootstrap interval), or ""."""
+    if name not in iv:
+        return ""
+    lo, hi = iv[name]
+    return f" [{lo:.4g}, {hi:.4g}]"
 
 
 def _steps_text(c, ks: Sequence[float]) -> str:
