@@ -90,6 +90,49 @@ def test_committed_notebooks_carry_no_outputs_and_no_execution_counts(nb):
     assert not dirty, f"{nb.name}: code cells {dirty} carry outputs or an execution count"
 
 
+EXECUTED = sorted((REPO / "results").glob("*/*/[0-9][0-9]_*.ipynb"))
+
+
+def _code(path: Path) -> list[str]:
+    """A notebook's code cells, its parameters aside (the template's tagged cell, the cell
+    papermill injects)."""
+    cells = nbformat.read(path, as_version=4).cells
+    skip = {"parameters", "injected-parameters"}
+    return [
+        c.source
+        for c in cells
+        if c.cell_type == "code" and not skip & set(c.metadata.get("tags", []))
+    ]
+
+
+@pytest.mark.parametrize("executed", EXECUTED, ids=lambda p: "/".join(p.parts[-3:-1]))
+def test_every_committed_executed_notebook_runs_its_templates_code(executed):
+    """A committed executed notebook is its template run: were the template changed after, make
+    reproduce over the committed runs would rewrite it (git dirty) and the committed outputs would
+    show code that no longer exists. Re-execute it over its runs (every run skipped)."""
+    template = REPO / "notebooks" / executed.name
+    assert _code(executed) == _code(template), (
+        f"{executed.relative_to(REPO)} is stale: its code differs from {template.name}'s "
+        f"(re-execute it: lbsgd execute {template.relative_to(REPO)} "
+        f"{executed.relative_to(REPO)} -p profile {executed.parts[-3]} ...)"
+    )
+
+
+def test_the_stale_notebook_check_sees_a_changed_template(tmp_path):
+    """The property above fails on a template whose code moved on."""
+    (one,) = [p for p in EXECUTED if p.parts[-3] == "cpu" and p.name.startswith("02_")]
+    nb = nbformat.read(REPO / "notebooks" / one.name, as_version=4)
+    code = next(
+        c
+        for c in nb.cells
+        if c.cell_type == "code" and "parameters" not in c.metadata.get("tags", [])
+    )
+    code.source += "\nprint('moved on')"
+    nbformat.write(nb, tmp_path / one.name)
+    assert _code(tmp_path / one.name) != _code(one)
+    assert _code(REPO / "notebooks" / one.name) == _code(one)
+
+
 # -- every notebook at smoke scale ------------------------------------------------------------
 
 
