@@ -127,30 +127,41 @@ def execute(
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+    if not Path(notebook).is_file():
+        print(f"lbsgd: error: notebook {notebook} does not exist", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
     # the kernel leaves an interrupt's summary to this process (lbsgd.kernel_log)
     os.environ[kernel_log.SUMMARY_PRINTED_BY_CLIENT] = "1"
+    out = Path(output)
+    running = out.with_name(f"{out.stem}.running{out.suffix}")  # moved over ``out`` at the end
+    failure = None
     with tempfile.TemporaryDirectory(prefix="lbsgd-kernel-") as folder:
         km = _kernel_manager(Path(folder))
         with _Forward(km) as forward:
             try:
                 pm.execute_notebook(
                     str(notebook),
-                    str(output),
+                    str(running),
                     parameters=dict(parameters),
                     log_output=log_output,
                     progress_bar=False,
                     km=km,
                 )
             except PapermillExecutionError as e:
-                return _failed(e, output, bool(forward.came))
+                failure = e
             except KeyboardInterrupt:  # before the kernel ran a cell: nothing to save
+                running.unlink(missing_ok=True)
                 print("lbsgd: interrupted before the notebook started", file=sys.stderr)
                 return EXIT_INTERRUPTED
             finally:
                 _shut_down(km)
-                if Path(output).is_file():
-                    normalise(output)
-    return 0
+            interrupted = bool(forward.came)
+    if running.is_file():
+        normalise(running)
+    if failure is None:
+        running.replace(out)
+        return 0
+    return _failed(failure, running, out, interrupted)
 
 
 # what papermill and nbclient record of one execution: times, durations, the kernel's messages'
@@ -205,17 +216,23 @@ def _shut_down(km) -> None:
         run_sync(km.shutdown_kernel)(now=False)
 
 
-def _failed(e, output: str | os.PathLike, interrupted: bool) -> int:
-    """The one line of a failed cell and its exit code."""
+def _failed(e, running: Path, out: Path, interrupted: bool) -> int:
+    """The one line of a failed cell and its exit code. The execution's notebook is kept beside
+    ``out`` as ``<name>.failed.ipynb`` (``.interrupted.ipynb``); ``out`` itself, a result that
+    may be committed, is left as it was."""
+    interrupted = e.ename in INTERRUPTS or interrupted
+    kept = running.with_name(f"{out.stem}.{'interrupted' if interrupted else 'failed'}{out.suffix}")
+    running.replace(kept)
+    before = f"{out} kept as it was" if out.is_file() else f"{out} not written"
     value = str(e.evalue).strip().splitlines()[0] if str(e.evalue).strip() else e.ename
-    if e.ename in INTERRUPTS or interrupted:
-        print(f"lbsgd: {value} (executed notebook: {output})", file=sys.stderr, flush=True)
+    if interrupted:
+        print(f"lbsgd: {value} (executed notebook: {kept}; {before})", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     if e.ename == "ConfigError":
-        print(f"lbsgd: error: {value}", file=sys.stderr, flush=True)
+        print(f"lbsgd: error: {value} ({before}; this execution: {kept})", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(
-        f"lbsgd: {e.ename}: {value} (in cell {e.exec_count}; its traceback is in {output})",
+        f"lbsgd: {e.ename}: {value} (in cell {e.exec_count}; its traceback is in {kept}; {before})",
         file=sys.stderr,
         flush=True,
     )

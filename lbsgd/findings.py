@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lbsgd import stats
+from lbsgd import rundir, stats
 
 # A study's file of findings, in its folder ``results/<profile>/<study>/``.
 FILE = "findings.json"
@@ -223,7 +223,8 @@ def write(
         "seeds": list(seeds),
         "findings": [f.to_dict() for f in findings],
     }
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    with rundir.replacing(path) as tmp:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
     for f in findings:
         word = loud(f.outcome)
         print(f"{word:>12}: {f.claim} ({f.evidence})")

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lbsgd import findings as fs
+from lbsgd import rundir
 from lbsgd.experiments import readable_cell
 from lbsgd.findings import Finding
 
@@ -225,7 +226,8 @@ def write(profile_dir: str | os.PathLike) -> Path:
     """``<profile_dir>/REPORT.md`` from that folder's studies."""
     path = Path(profile_dir) / "REPORT.md"
     text = build(profile_dir)
-    path.write_text(text)
+    with rundir.replacing(path) as tmp:
+        tmp.write_text(text)
     return path
 
 

@@ -8,10 +8,12 @@ is strict JSON (a diverged loss is written as the string "nan"), replaced atomic
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -208,14 +210,26 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """A path beside ``path`` (same folder and suffix, ``.<stem>.partial<suffix>``) to write it
+    to, moved over ``path`` only when the block ends without an error: an error or a crash while
+    writing leaves the file there before whole, and no partial file behind."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        yield tmp
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """``run_dir/summary.json``, replaced atomically (strict JSON: non-finite floats as strings),
     after :func:`check_summary`."""
     check_summary(summary)
-    path = run_dir / "summary.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(finite(summary), indent=2, default=str) + "\n")
-    tmp.replace(path)
+    with replacing(run_dir / "summary.json") as tmp:
+        tmp.write_text(json.dumps(finite(summary), indent=2, default=str) + "\n")
 
 
 def finite(v: Any) -> Any:

@@ -5,6 +5,7 @@ that line, and no warning about the kernel's transport."""
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,15 +95,37 @@ def test_normalise_joins_a_print_cut_into_messages_and_keeps_streams_apart(tmp_p
     assert paths[0] == paths[1]
 
 
-def test_a_bad_parameter_is_one_line_on_the_terminal_and_in_the_cell(tmp_path):
+def test_a_bad_parameter_is_one_line_and_leaves_the_result_it_would_replace_whole(tmp_path):
+    """Executing over a committed result with a bad parameter: one line, which says where this
+    execution's notebook went; the committed file byte for byte as it was; nothing trained."""
+    committed = REPO / "results" / "cpu" / "warmup" / "02_warmup.ipynb"
+    shutil.copy(committed, tmp_path / "out.ipynb")
     p = _execute(tmp_path, "-p", "epochs", "-1")
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 2, out
-    assert out == "lbsgd: error: epochs=-1 must be > 0\n"
-    (err,) = _errors(tmp_path / "out.ipynb")
+    assert out == (
+        f"lbsgd: error: epochs=-1 must be > 0 ({tmp_path / 'out.ipynb'} kept as it was; this "
+        f"execution: {tmp_path / 'out.failed.ipynb'})\n"
+    )
+    assert (tmp_path / "out.ipynb").read_bytes() == committed.read_bytes()
+    (err,) = _errors(tmp_path / "out.failed.ipynb")
     assert err["ename"] == "ConfigError"
     assert err["traceback"] == ["lbsgd: error: epochs=-1 must be > 0"]
     assert not list((tmp_path / "smoke").glob("*/*/summary.json"))  # no run began
+    assert not list(tmp_path.glob("*.running.ipynb"))
+
+
+def test_a_missing_notebook_is_one_line(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "lbsgd", "execute", str(tmp_path / "nope.ipynb"), "out.ipynb"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr == f"lbsgd: error: notebook {tmp_path / 'nope.ipynb'} does not exist\n"
+    )
 
 
 @pytest.mark.slow
@@ -117,10 +140,11 @@ def test_ctrl_c_stops_the_sweep_with_its_summary_alone_and_no_traceback(tmp_path
     summary = [line for line in out.splitlines() if line.startswith("lbsgd: sweep of study")]
     assert len(summary) == 1 and "interrupted" in summary[0] and "to resume" in summary[0], out
     assert "[interrupt] asked" in out  # the sweep's line per run, as the cell printed it
-    (err,) = _errors(tmp_path / "out.ipynb")
+    (err,) = _errors(tmp_path / "out.interrupted.ipynb")
     assert err["ename"] == "RunInterrupted" and len(err["traceback"]) == 1
-    saved = (tmp_path / "out.ipynb").read_text()
+    saved = (tmp_path / "out.interrupted.ipynb").read_text()
     assert not [word for word in NOISE if word in saved]
+    assert not (tmp_path / "out.ipynb").exists()  # an interrupted execution replaces nothing
 
 
 @pytest.mark.slow

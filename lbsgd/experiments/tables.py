@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lbsgd import config
+from lbsgd import config, rundir
 from lbsgd.experiments.results import load_metrics
 
 
@@ -33,7 +33,8 @@ def save_table(table, out_dir: str | os.PathLike, study: str, name: str = "table
     later readers read: :func:`readable` rounds only what is shown)."""
     config.check_folder_name("name", name)  # a file of the study's folder, nowhere else
     path = study_dir(out_dir, study) / name
-    table.to_csv(path, index=False, float_format="%.6g")
+    with rundir.replacing(path) as tmp:
+        table.to_csv(tmp, index=False, float_format="%.6g")
     return path
 
 
@@ -76,7 +77,8 @@ def readable(table):
 def save_figure(fig, out_dir: str | os.PathLike, study: str, name: str) -> Path:
     config.check_folder_name("name", name)  # a file of the study's folder, nowhere else
     path = study_dir(out_dir, study) / name
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with rundir.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     return path
 
 

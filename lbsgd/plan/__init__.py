@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lbsgd import costmodel, data
+from lbsgd import costmodel, data, rundir
 from lbsgd.config import Config, ConfigError, dump, load
 from lbsgd.plan import measure, model
 from lbsgd.plan.measure import Target
@@ -257,10 +257,12 @@ def plan(r: Request) -> dict[str, Any]:
     doc = _document(r, p, x, timing, rows, best)
     if best is not None:
         path = r.out / "recommended.yaml"
-        path.write_text(dump(recommended_config(r, best)))
+        with rundir.replacing(path) as tmp:
+            tmp.write_text(dump(recommended_config(r, best)))
         doc["recommended"]["config"] = str(path)
         doc["recommended"]["command"] = command(best, path)
-    (r.out / "plan.json").write_text(json.dumps(doc, indent=2) + "\n")
+    with rundir.replacing(r.out / "plan.json") as tmp:
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
     draw(doc, r.out / "plan.png")
     return doc
 
@@ -300,7 +302,8 @@ def draw(doc: dict[str, Any], path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     _draw_steps(a, doc)
     _draw_wall(b, doc)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    with rundir.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 

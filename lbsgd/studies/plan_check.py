@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from lbsgd import costmodel, stats, studies
+from lbsgd import costmodel, rundir, stats, studies
 from lbsgd import experiments as ex
 from lbsgd import findings as fs
 from lbsgd import plan as planner
@@ -247,7 +247,8 @@ def measured_compute(
                 probe_cfg, compute, link_, info["grad_bytes"], samples, runs
             )
         doc = {"compute": asdict(compute), "info": {**info, **sync_info}}
-        out.write_text(json.dumps(doc, indent=2) + "\n")
+        with rundir.replacing(out) as tmp:
+            tmp.write_text(json.dumps(doc, indent=2) + "\n")
     doc = json.loads(out.read_text())
     return model.Compute(**doc["compute"]), doc["info"]
 
