@@ -85,8 +85,9 @@ VERIFY_ARGS ?=
 verify: setup
 	$(VENV)/bin/lbsgd verify --results $(OUT)/$(PROFILE) --parallel $(PARALLEL) $(VERIFY_ARGS)
 
-# JupyterLab on notebooks/ with the project's environment as its kernel. The kernels run in
-# notebooks/; the studies still write to the repository's results/<profile>/ (lbsgd.studies).
+# JupyterLab on lab/ (copies of notebooks/, below) with the project's environment as its kernel.
+# The kernels run in lab/; the studies still write to the repository's results/<profile>/
+# (lbsgd.studies).
 lab: setup lab-copies
 	$(VENV)/bin/jupyter lab --notebook-dir=lab $(if $(filter 0,$(shell id -u)),--allow-root)
 

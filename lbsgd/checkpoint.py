@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import warnings
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,9 +112,9 @@ def read(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # every unreadable file gets the same clear message
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""  # its first line, whole
         raise CheckpointError(
-            f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {first[:200]}"
+            f"checkpoint {str(path)!r} cannot be loaded: {type(e).__name__}: {first}"
         ) from e
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {str(path)!r} is not an lbsgd checkpoint (no 'model')")
@@ -136,7 +136,7 @@ def load(run_dir: Path) -> dict[str, Any] | None:
     """The newest usable checkpoint of ``run_dir``; None if it has none.
 
     A checkpoint that cannot be used (truncated, corrupted, not a checkpoint) gives one warning
-    naming it, and the previous one is tried; CheckpointError if none is usable.
+    line naming it (stderr), and the previous one is tried; CheckpointError if none is usable.
     """
     errors: list[str] = []
     for path in candidates(run_dir):
@@ -145,11 +145,12 @@ def load(run_dir: Path) -> dict[str, Any] | None:
         except CheckpointError as e:
             errors.append(str(e))
             continue
-        if errors:
-            warnings.warn(
-                f"{errors[-1]}; falling back to {str(path)!r} (step {state.get('step')})",
-                RuntimeWarning,
-                stacklevel=2,
+        if errors:  # one line, as every other lbsgd message
+            print(
+                f"lbsgd: warning: {errors[-1]}; falling back to {str(path)!r} (step "
+                f"{state.get('step')})",
+                file=sys.stderr,
+                flush=True,
             )
         state["file"] = str(path)
         return state

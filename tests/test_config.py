@@ -435,3 +435,22 @@ def test_a_key_its_setting_ignores_is_refused_in_one_line_and_accepted_where_it_
             shown = "null" if default is None else default
             shown = str(default).lower() if isinstance(default, bool) else shown
         assert config.load(overrides=[_OFF[on], f"{key}={shown}"]).to_dict()[key] == default
+
+
+def test_a_list_key_written_as_a_string_in_yaml_reads_as_on_the_command_line(tmp_path):
+    """``plugins: my_models.py`` (and ``milestones: 30,60``) in a YAML file are what
+    ``plugins=my_models.py`` and ``milestones=30,60`` are on the command line, as a list is."""
+    (tmp_path / "my_models.py").write_text("X = 1\n")
+    plugin = str(tmp_path / "my_models.py")
+    for text in (
+        f"plugins: {plugin}\nmilestones: 30,60\n",
+        f"plugins: [{plugin}]\nmilestones: [30, 60]\n",
+    ):
+        (tmp_path / "c.yaml").write_text(text)
+        from_yaml = config.load([tmp_path / "c.yaml"])
+        from_line = config.load([], [f"plugins={plugin}", "milestones=30,60"])
+        assert (from_yaml.plugins, from_yaml.milestones) == ((plugin,), (30.0, 60.0))
+        assert (from_yaml.plugins, from_yaml.milestones) == (
+            from_line.plugins,
+            from_line.milestones,
+        )

@@ -112,9 +112,17 @@ def read_yaml(path: str | os.PathLike, derived: bool = False) -> dict[str, Any]:
     micro_batch, the run it was copied from, ...). A key that is also a derived value
     (``micro_batch``) is the key's: the text above :data:`DERIVED_MARKER`, or a file without it."""
     p = Path(path)
-    data = _yaml_mapping(p, derived)
+    data = {k: _as_given(k, v) for k, v in _yaml_mapping(p, derived).items()}
     drop = (*(k for k in DERIVED_KEYS if k not in FIELDS), *RECORD_KEYS)
     return data if derived else {k: v for k, v in data.items() if k not in drop}
+
+
+def _as_given(key: Any, value: Any) -> Any:
+    """A list key written as a string in YAML (``plugins: my_models.py``, ``milestones: 30,60``)
+    read as the command line reads ``key=value``; every other value as YAML gave it."""
+    if isinstance(value, str) and key in FIELDS and _is_tuple(hints()[key]):
+        return parse_value(key, value)
+    return value
 
 
 def _yaml_mapping(p: Path, derived: bool) -> dict[str, Any]:
