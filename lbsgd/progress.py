@@ -21,6 +21,9 @@ from tqdm import tqdm
 # this many seconds (wall clock) after the previous line: a line a flush at the most, so under a
 # large log_every the lines come at flushes, as seldom as they do.
 PLAIN_EVERY_S = 30.0
+# A run whose first timed steps put its whole length past this many seconds gets one warning line
+# (epochs=1e9 would otherwise start a run of years without a word)
+LONG_RUN_S = 86_400.0
 
 
 class Flushed(NamedTuple):
@@ -62,17 +65,39 @@ class Progress:
         self.clock, self.t_start = clock, t_start
         self.t_loop = self.last_line = clock()  # the loop's start (ETA's rate); the last line
         self.latest: Flushed | None = None
+        self.show = show
 
     def step(self) -> None:
         """One optimizer step done (the bar moves; nothing read from the device)."""
         self.bar.update(1)
 
     def flushed(self, latest: Flushed) -> None:
-        """A metric flush's values: the bar's postfix, the next plain line's numbers."""
+        """A metric flush's values: the bar's postfix, the next plain line's numbers; at the
+        first, the long-run warning (:meth:`too_long`)."""
+        if self.latest is None:
+            self.too_long(latest.step, self.clock())
         self.latest = latest
         self.bar.set_postfix(
             loss=f"{latest.loss:.4f}", lr=f"{latest.lr:.4g}", img_s=f"{latest.img_per_s:.0f}"
         )
+
+    def too_long(self, step: int, now: float) -> str | None:
+        """One warning line (printed, returned) when the pace of the steps so far puts the rest
+        of the run past :data:`LONG_RUN_S`, naming its epochs; None otherwise."""
+        done = step - self.start_step
+        if not self.show or done <= 0:
+            return None
+        left = (now - self.t_loop) / done * (self.total_steps - step)
+        if left <= LONG_RUN_S:
+            return None
+        line = (
+            f"lbsgd: warning: at {(now - self.t_loop) / done:.3g} s a step, the "
+            f"{self.total_steps - step:,} steps left (epochs={self.epoch_of(self.total_steps):g}) "
+            f"take about {left / LONG_RUN_S:,.1f} days; stop it (Ctrl-C) and lower epochs if "
+            "that is not meant"
+        )
+        print(line, file=sys.stderr, flush=True)
+        return line
 
     def report(self, step: int, epoch_end: bool, top1_error: float | None = None) -> str | None:
         """After step ``step``'s decisions: a plain line (printed, returned) when the step was

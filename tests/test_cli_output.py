@@ -76,6 +76,32 @@ def test_plain_lines_come_at_epoch_ends_and_every_30_s_at_a_flush_only(capsys):
     assert capsys.readouterr().out.splitlines() == [line, end]
 
 
+def test_a_run_of_more_than_a_day_is_one_warning_line_at_its_first_flush_naming_epochs(capsys):
+    """epochs=1e9 at 8 steps an epoch: 8e9 steps; 10 steps in 1 s put the rest at 9.3e3 days.
+    One line on stderr, at the first flush only; a run of a day or less says nothing."""
+    clock = FakeClock(0.0)
+    long = Progress(
+        8 * 10**9, 0, lambda s: s / 8, show=True, t_start=0.0, terminal=False, clock=clock
+    )
+    clock.t = 1.0
+    long.flushed(Flushed(10, 2.3, 0.1, 300.0))
+    long.flushed(Flushed(20, 2.2, 0.1, 300.0))
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "lbsgd: warning: at 0.1 s a step, the 7,999,999,990 steps left (epochs=1e+09) take about "
+        "9,259.3 days; stop it (Ctrl-C) and lower epochs if that is not meant"
+    ]
+    clock.t = 0.0
+    day = Progress(864_010, 0, lambda s: s / 8, show=True, t_start=0.0, terminal=False, clock=clock)
+    clock.t = 1.0
+    day.flushed(Flushed(10, 2.3, 0.1, 300.0))  # 864,000 steps left at 0.1 s: one day exactly
+    off = Progress(
+        8 * 10**9, 0, lambda s: s / 8, show=False, t_start=0.0, terminal=False, clock=clock
+    )
+    off.flushed(Flushed(10, 2.3, 0.1, 300.0))  # not rank 0
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("show, terminal", [(True, True), (False, False)])
 def test_no_plain_lines_on_a_terminal_or_off_rank_0(capsys, show, terminal):
     p = Progress(16, 0, lambda s: s / 8, show=show, t_start=0.0, terminal=terminal)
