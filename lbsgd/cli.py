@@ -10,6 +10,7 @@ A run that started says how it ended in its last line, whatever the exit code (l
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from lbsgd import bench, config
@@ -68,6 +69,12 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="instead: print the claims of these profiles' folders side by side (results/cpu "
         "results/fashion), one markdown table with the paper's numbers; writes nothing",
+    )
+    r.add_argument(
+        "--skip-damaged",
+        action="store_true",
+        help="leave out run folders that cannot be read (each named in one line) instead of "
+        "stopping at them",
     )
     r.add_argument(
         "--headline",
@@ -251,7 +258,10 @@ def _fetch(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from lbsgd import report
+    from lbsgd.experiments import results
 
+    if args.skip_damaged:
+        os.environ[results.SKIP_DAMAGED] = "1"
     try:
         if args.side_by_side is not None:
             print(report.side_by_side(args.side_by_side, args.verdicts), end="")
@@ -261,7 +271,7 @@ def _report(args: argparse.Namespace) -> int:
             return 0
         for path in report.write_all(args.results):
             print(f"wrote {path}")
-    except FileNotFoundError as e:
+    except (FileNotFoundError, config.ConfigError) as e:  # a damaged run: one line naming it
         error(e)
         return EXIT_BAD_INPUT
     return 0

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from lbsgd import findings as fs
 from lbsgd import rundir
-from lbsgd.experiments import readable_cell
+from lbsgd.experiments import readable_cell, results
 from lbsgd.findings import Finding
 
 
@@ -193,7 +193,7 @@ def _section(s: dict) -> list[str]:
     """A study's section: its profile, seeds, runs and their cost, folder and notebook, then its
     table and figures."""
     name = s["dir"].name
-    runs = [json.loads(p.read_text()) for p in sorted(s["dir"].glob("*/summary.json"))]
+    runs = _summaries_of(s["dir"])
     cost = sum(run_cost_s(r) for r in runs) / 60
     notebooks = "".join(
         f"; executed notebook [`{nb.name}`]({name}/{nb.name})"
@@ -382,9 +382,16 @@ def _headline_row(d: Path, studies: dict[str, dict], link_from: str | os.PathLik
     )
 
 
+def _summaries_of(study_dir: Path) -> list[dict]:
+    """The summary.json of every run of a study's folder; a damaged run stops the report in
+    one line naming it (:func:`lbsgd.experiments.results.run_dirs`)."""
+    dirs = results.run_dirs(study_dir, needs=("summary.json",))
+    return [json.loads((d / "summary.json").read_text()) for d in dirs]
+
+
 def _summaries(profile_dir: Path) -> list[dict]:
     """The summary.json of every run of a profile's folder."""
-    return [json.loads(p.read_text()) for p in sorted(Path(profile_dir).glob("*/*/summary.json"))]
+    return [r for d in sorted(Path(profile_dir).glob("*/")) for r in _summaries_of(d)]
 
 
 def _trained_minutes(records: list[dict]) -> float:
@@ -402,9 +409,7 @@ def runs_line(profile_dir: str | os.PathLike) -> str:
     """ "245 runs (208 trained here, 37 copies of another study's), 327 minutes of run time": the
     runs of a profile's folder from their summary.json files; run time is the trained runs' wall
     time added up (several ran at a time, so it is no wall clock of the replay)."""
-    records = [
-        json.loads(p.read_text()) for p in sorted(Path(profile_dir).glob("*/*/summary.json"))
-    ]
+    records = _summaries(Path(profile_dir))
     trained = [r for r in records if not r.get("copied_from")]
     minutes = sum(run_cost_s(r) for r in trained) / 60
     return (

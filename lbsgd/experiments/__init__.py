@@ -53,7 +53,14 @@ from lbsgd.experiments.commands import ATTEMPT_MARK, check_launch
 from lbsgd.experiments.copies import COPY_IGNORE, COPY_RUN_KEYS, MEASUREMENT_KEYS, find_identical
 from lbsgd.experiments.interrupts import RunInterrupted
 from lbsgd.experiments.lines import result_text, shown
-from lbsgd.experiments.results import DONE, load_metrics, load_runs, reference, run_record
+from lbsgd.experiments.results import (
+    DONE,
+    load_metrics,
+    load_runs,
+    read_metrics,
+    reference,
+    run_record,
+)
 from lbsgd.experiments.slurm import Cluster, cluster_of
 from lbsgd.experiments.sweeps import LAUNCHERS, RunFailed, launcher_of, sweep, varied_keys
 from lbsgd.experiments.tables import (
@@ -84,6 +91,7 @@ __all__ = [
     "launcher_of",
     "load_metrics",
     "load_runs",
+    "read_metrics",
     "plot_curves",
     "readable",
     "readable_cell",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
@@ -41,25 +42,110 @@ def run_record(run_dir: str | os.PathLike) -> dict[str, Any]:
     return rec
 
 
+# set (to anything but "" or 0) to leave damaged runs out where a study reads its runs, each named
+# in one line, instead of stopping at them (``lbsgd report --skip-damaged`` sets it)
+SKIP_DAMAGED = "LBSGD_SKIP_DAMAGED"
+
+
+def skipping_damaged() -> bool:
+    return os.environ.get(SKIP_DAMAGED, "") not in ("", "0")
+
+
+RUN_FILES = ("config.yaml", "summary.json")  # a run that started writes both before its first step
+
+
+def damage(run_dir: Path, needs: Iterable[str] = RUN_FILES) -> str | None:
+    """Why a run's folder cannot be read (one of the files it ``needs`` missing or unreadable),
+    or None."""
+    import yaml
+
+    parsers = {"config.yaml": yaml.safe_load, "summary.json": json.loads}
+    for name in needs:
+        path, parse = run_dir / name, parsers[name]
+        if not path.is_file():
+            return f"{name} missing"
+        try:
+            if not isinstance(parse(path.read_text()), dict):
+                return f"{name} holds no mapping"
+        except (ValueError, yaml.YAMLError, UnicodeDecodeError) as e:
+            return f"{name} unreadable ({str(e).splitlines()[0][:120]})"
+    return None
+
+
+def run_dirs(
+    study_dir: str | os.PathLike,
+    skip_damaged: bool | None = None,
+    needs: Iterable[str] = RUN_FILES,
+) -> list[Path]:
+    """Every run folder of ``study_dir`` (one holding a config.yaml, summary.json or
+    metrics.jsonl), sorted. A damaged one (:func:`damage`: a file it ``needs`` missing or
+    unreadable) stops the read with one line naming each, unless ``skip_damaged`` (None:
+    :data:`SKIP_DAMAGED` in the environment), which leaves them out with one line each on
+    stderr."""
+    study_dir = Path(study_dir)
+    files = ("config.yaml", "summary.json", "metrics.jsonl")
+    dirs = sorted({p.parent for f in files for p in study_dir.glob(f"*/{f}")})
+    bad = [(d, why) for d in dirs if (why := damage(d, needs))]
+    _refuse_or_say(bad, skipping_damaged() if skip_damaged is None else skip_damaged)
+    damaged = {d for d, _ in bad}
+    return [d for d in dirs if d not in damaged]
+
+
+def _refuse_or_say(bad: list[tuple[Path, str]], skip: bool) -> None:
+    """The damaged folders ``bad`` (folder, why): one ConfigError line naming them all, or with
+    ``skip`` one warning line each."""
+    if bad and not skip:
+        named = "; ".join(f"{d} ({why})" for d, why in bad)
+        raise config.ConfigError(
+            f"{len(bad)} run folder(s) cannot be read: {named}; re-run them, or leave them out "
+            f"(lbsgd report --skip-damaged, or {SKIP_DAMAGED}=1)"
+        )
+    for d, why in bad:
+        print(f"lbsgd: warning: {d} left out ({why})", file=sys.stderr, flush=True)
+
+
 def load_runs(study_dir: str | os.PathLike, names: Iterable[str] | None = None):
-    """A pandas DataFrame of the runs in ``study_dir`` (those named, in order, if given)."""
+    """A pandas DataFrame of the runs in ``study_dir`` (those named, in order, if given); a
+    damaged one stops the read in one line naming it (:func:`run_dirs`)."""
     import pandas as pd
 
     study_dir = Path(study_dir)
-    dirs = (
-        [study_dir / n for n in names]
-        if names is not None
-        else sorted(p.parent for p in study_dir.glob("*/summary.json"))
-    )
-    return pd.DataFrame([run_record(d) for d in dirs if (d / "config.yaml").exists()])
+    every = run_dirs(study_dir)
+    dirs = every if names is None else [d for d in (study_dir / n for n in names) if d in every]
+    return pd.DataFrame([run_record(d) for d in dirs])
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``. A last line cut mid-record (a crash while writing it;
+    a resume appends after it) is left out with one warning line; a bad line before it stops
+    the read in one line naming the file and line."""
+    path = Path(path)
+    lines = [x for x in path.read_text().splitlines() if x.strip()]
+    out = []
+    for i, line in enumerate(lines, 1):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            if i < len(lines):
+                raise config.ConfigError(
+                    f"{path}: line {i} of {len(lines)} is not a JSON record (damaged)"
+                ) from None
+            print(
+                f"lbsgd: warning: {path} ends in a partial record (line {i}, cut by a crash): "
+                f"read up to its last full record",
+                file=sys.stderr,
+                flush=True,
+            )
+    return out
 
 
 def load_metrics(run_dir: str | os.PathLike, kind: str = "train"):
-    """The ``metrics.jsonl`` records of one kind (train or eval) as a DataFrame."""
+    """The ``metrics.jsonl`` records of one kind (train or eval) as a DataFrame
+    (:func:`read_metrics`)."""
     import pandas as pd
 
-    lines = Path(run_dir, "metrics.jsonl").read_text().splitlines()
-    return pd.DataFrame([r for r in map(json.loads, lines) if r.get("kind") == kind])
+    records = read_metrics(Path(run_dir, "metrics.jsonl"))
+    return pd.DataFrame([r for r in records if r.get("kind") == kind])
 
 
 def reference(study: str | None = None):

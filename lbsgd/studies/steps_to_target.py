@@ -27,7 +27,6 @@ and the claims that read that k are invalid. Each run also measures the gradient
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from lbsgd import experiments as ex
 from lbsgd import findings as fs
 from lbsgd import stats
 from lbsgd.config import ConfigError
@@ -185,8 +185,7 @@ def records(run_dir):
     """A run's ``metrics.jsonl`` records of every kind (train and eval) as one DataFrame."""
     import pandas as pd
 
-    lines = Path(run_dir, "metrics.jsonl").read_text().splitlines()
-    return pd.DataFrame(list(map(json.loads, lines)))
+    return pd.DataFrame(ex.read_metrics(Path(run_dir, "metrics.jsonl")))
 
 
 def measure(df, target: float, base_lr: float, metrics: Metrics = None):
