@@ -156,9 +156,8 @@ def execute(
             finally:
                 _shut_down(km)
             interrupted = bool(forward.came)
-    if running.is_file():
-        normalise(running)
     if failure is None:
+        normalise(running, out)
         running.replace(out)
         return 0
     return _failed(failure, running, out, interrupted)
@@ -171,14 +170,18 @@ VOLATILE_CELL = ("execution",)
 INJECTED_ID = "injected-parameters"
 
 
-def normalise(path: str | os.PathLike) -> None:
+def normalise(path: str | os.PathLike, output: str | os.PathLike | None = None) -> None:
     """The executed notebook at ``path`` without what differs between two executions that print
     the same: papermill's start and end times and durations (of the notebook and of each cell),
     nbclient's message timestamps, and the random id of papermill's injected parameters cell; so
-    that executing a study over complete runs again leaves its committed copy as it was."""
+    that executing a study over complete runs again leaves its committed copy as it was.
+    ``output``: the path the notebook is saved as, recorded as papermill's ``output_path`` (it
+    ran into a file beside it, moved there after)."""
     import nbformat
 
     nb = nbformat.read(str(path), as_version=4)
+    if output is not None and "papermill" in nb.metadata:
+        nb.metadata["papermill"]["output_path"] = str(output)
     for key in VOLATILE_NOTEBOOK:
         nb.metadata.get("papermill", {}).pop(key, None)
     for cell in nb.cells:
@@ -222,7 +225,9 @@ def _failed(e, running: Path, out: Path, interrupted: bool) -> int:
     may be committed, is left as it was."""
     interrupted = e.ename in INTERRUPTS or interrupted
     kept = running.with_name(f"{out.stem}.{'interrupted' if interrupted else 'failed'}{out.suffix}")
-    running.replace(kept)
+    if running.is_file():
+        normalise(running, kept)
+        running.replace(kept)
     before = f"{out} kept as it was" if out.is_file() else f"{out} not written"
     value = str(e.evalue).strip().splitlines()[0] if str(e.evalue).strip() else e.ename
     if interrupted:
