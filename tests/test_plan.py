@@ -331,6 +331,17 @@ def test_bad_input_is_one_line_naming_the_option_and_nothing_is_written(
     assert not out.exists() and not (tmp_path / "results").exists()
 
 
+def test_a_model_no_registry_holds_is_refused_before_the_probe_announces_itself(tmp_path, capsys):
+    out = tmp_path / "plan"
+    keys = {**TINY, "model": "nosuchnet", "out_dir": str(tmp_path / "results")}
+    assert (
+        _plan(tmp_path, "--target", "error=22", "--out", str(out), keys=keys) == cli.EXIT_BAD_INPUT
+    )
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("lbsgd: error: model='nosuchnet'")
+    assert captured.err.count("\n") == 1 and not out.exists()
+
+
 def test_a_target_the_probe_never_approaches_is_one_line(tmp_path, capsys):
     """A run whose held-out error rises is pointed at: no power law reaches the target."""
     cfg = from_dict(TINY)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lbsgd import costmodel, data, rundir
+from lbsgd import costmodel, data, entry, rundir
 from lbsgd.config import Config, ConfigError, dump, load
 from lbsgd.plan import measure, model
 from lbsgd.plan.measure import Target
@@ -121,6 +121,7 @@ def request(args: Any) -> Request:
     reference = Path(args.reference) if args.reference else None
     _check_numbers(args)
     cfg = load(args.config, args.overrides)
+    entry.check(cfg, 1, 1)  # the probe's model, data and this machine, before anything runs
     out = Path(args.out) if args.out else Path(cfg.out_dir) / "plans" / cfg.run_name()
     if (out / "plan.json").exists():
         raise ConfigError(f"--out={out}: holds a plan already (plan.json); choose a new folder")
