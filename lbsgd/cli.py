@@ -134,7 +134,12 @@ def _plan_parser(sub) -> None:
         help="error=PCT (held-out top-1 error; the test split's without holdout) or loss=VALUE "
         "(the training loss's moving average over a tenth of an epoch)",
     )
-    pl.add_argument("--gpus", default="1,2,4,8", help="GPU counts to plan for (default 1,2,4,8)")
+    pl.add_argument(
+        "--gpus",
+        default=None,
+        help="GPU (or CPU process) counts to plan for (default: 1,2,4,8 for a CUDA run; on a "
+        "CPU the powers of two up to this machine's cores)",
+    )
     pl.add_argument(
         "--interconnect",
         default="nvlink",

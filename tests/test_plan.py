@@ -630,3 +630,15 @@ def test_on_the_ladder_study_16_decides_each_check_by_its_seeds_bootstrap_interv
     # one batch of two off (the second, 256, predicted x2): not replayed, whatever the first says
     one_off = claims(ref.b_crit, {256: 2.0}, 64)[1]
     assert one_off.replayed is False and "batch 128: " in one_off.evidence
+
+
+@pytest.mark.parametrize(
+    ("cores", "counts"), [(1, (1,)), (2, (1, 2)), (6, (1, 2, 4)), (8, (1, 2, 4, 8))]
+)
+def test_without_gpus_a_cpu_run_plans_the_processes_this_machine_has(monkeypatch, cores, counts):
+    """On a 2-core CPU the old default (1, 2, 4, 8) recommended 8 processes: a plan this machine
+    could not follow. A CPU run now plans the powers of two up to the cores it may use."""
+    from lbsgd import plan as planner
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)))
+    assert planner.here_counts(from_dict({**TINY, "device": "cpu"})) == counts

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -85,6 +86,18 @@ def gpu_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
+def here_counts(cfg: Config) -> tuple[int, ...]:
+    """``--gpus`` unset: 1, 2, 4, 8 where the run trains on CUDA devices (a node of the cluster
+    it plans for); on a CPU, the powers of two up to the cores this process may use (a plan
+    this machine can follow)."""
+    import torch
+
+    if cfg.device != "cpu" and torch.cuda.is_available():
+        return DEFAULT_GPUS
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return tuple(2**i for i in range((cores or 1).bit_length()))
+
+
 def batch_range(cfg: Config, text: str | None) -> tuple[int, ...]:
     """The batch sizes planned: powers of two from the config's batch to the largest that leaves
     :data:`MIN_STEPS_PER_EPOCH` steps an epoch, or ``LO:HI``."""
@@ -116,18 +129,19 @@ def _check_numbers(args: Any) -> None:
 def request(args: Any) -> Request:
     """The command line's options checked, each with one line naming it; nothing runs before."""
     target = Target.parse(args.target)
-    gpus = gpu_counts(args.gpus)
+    gpus = gpu_counts(args.gpus) if args.gpus is not None else None
     link, source = interconnect(args.interconnect)
     reference = Path(args.reference) if args.reference else None
     _check_numbers(args)
     cfg = load(args.config, args.overrides)
     entry.check(cfg, 1, 1)  # the probe's model, data and this machine, before anything runs
+    gpus = gpus or here_counts(cfg)
     out = Path(args.out) if args.out else Path(cfg.out_dir) / "plans" / cfg.run_name()
     if (out / "plan.json").exists():
         raise ConfigError(f"--out={out}: holds a plan already (plan.json); choose a new folder")
     _check_reference(cfg, reference)
     batches = batch_range(cfg, args.batches)
-    _check_split(cfg, args.gpus, gpus, batches)
+    _check_split(cfg, args.gpus or ",".join(map(str, gpus)), gpus, batches)
     if target.kind == "error" and reference is None and cfg.holdout == 0:
         print(
             "lbsgd plan: note: holdout=0, so the error target is read on the test split "
