@@ -492,6 +492,10 @@ def test_below_b_crit_the_claims_say_so_and_take_no_side_of_nado_or_you():
         "(within ±1 point: Nado et al.'s parity)"
     )
     assert above[0].paper.startswith("Nado et al. 2021") and "supports" in above[2].evidence
+    decay = f"weight decay {opt.weight_decay(CPU, 'lars'):.3g}"
+    assert (
+        f"LARS lr {opt.anchor(CPU, 'lars', 128):.3g}, warmup 0.25 ep, {decay}" in above[0].evidence
+    )
     assert below[0].claim == (
         "at batch 2048, below this profile's B_crit 5000, lr-, warmup- and decay-tuned Nesterov "
         "matches LARS (within ±1 point)"

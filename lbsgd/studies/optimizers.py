@@ -590,7 +590,7 @@ def supports(replayed: bool | None, layerwise: str, invalid: bool = False) -> st
 
 def _chosen(df, arm: str, k: float) -> str:
     r = df[(df["arm"] == arm) & (df["k"] == k)].iloc[0]
-    return f"lr {r['peak_lr']:.3g}, warmup {r['warmup_epochs']:g} ep"
+    return f"lr {r['peak_lr']:.3g}, warmup {r['warmup_epochs']:g} ep, weight decay {r['weight_decay']:.3g}"
 
 
 def _losses(df, arm: str, kmin: float, kmax: float) -> list[float]:
