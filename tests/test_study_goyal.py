@@ -988,13 +988,15 @@ def test_pairs_to_decide_is_the_first_number_of_pairs_at_80_percent():
 
 def test_the_preregistered_seeds_are_fresh_and_enough_for_the_planned_spread():
     """fashion-long's test: seeds no other run of the profile uses (its study seeds, the ladder's,
-    the tuning grid's), at least the pairs that give 80% decision power at the planned sd, two
+    the tuning search's), at least the pairs that give 80% decision power at the planned sd, two
     runs a seed at k = 32 (none and gradual), then the ladder's."""
     from lbsgd import stats
 
     p = scales.get("fashion-long")
     t = p.warmup_test
-    used = {*p.seeds, *p.ladder["seeds"], *p.tuning["grid"]["seeds"]}
+    from lbsgd.studies import optimizers
+
+    used = {*p.seeds, *p.ladder["seeds"], *optimizers.Grid.of(None, None, p).seeds}
     assert not used & set(t["seeds"]) and not used & set(t["ladder_seeds"])
     assert len(t["seeds"]) >= stats.pairs_to_decide(0.0, warmup.GOYAL_BENEFIT, t["sd"])
     runs = warmup.preregistered_runs(p)
