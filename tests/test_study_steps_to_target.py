@@ -227,8 +227,9 @@ def test_the_fit_recovers_a_known_s_min_and_b_crit():
     def model(k, f, s):
         return 100 * (1 + 1600 / (16 * k)) * (1.0 if f == 1.0 else 2.0)
 
-    c = stt.choose(ladder(model, seeds=(0,)), tuning_seed=0)
-    f = stt.fit(c)
+    m = ladder(model, seeds=(0,))
+    c = stt.choose(m, tuning_seed=0)
+    f = stt.seed_steps(m, c, 0).fit()
     assert f.s_min == pytest.approx(100) and f.b_crit == pytest.approx(1600)
     t = stt.table(c, f)
     assert t["perfect_scaling_steps"].iloc[1] == pytest.approx(t["steps_to_target"].iloc[0] / 2)
@@ -236,8 +237,9 @@ def test_the_fit_recovers_a_known_s_min_and_b_crit():
 
 
 def test_each_doubling_is_named_by_the_steps_it_saves():
-    c = stt.choose(ladder(perfect_then_flat, ks=(1, 2, 4, 8, 16, 64)), tuning_seed=0)
-    t = stt.table(c, stt.fit(c))
+    m = ladder(perfect_then_flat, ks=(1, 2, 4, 8, 16, 64))
+    c = stt.choose(m, tuning_seed=0)
+    t = stt.table(c, stt.seed_steps(m, c, 0).fit())
     saved = list(t["saved_by_doubling"])
     assert saved[:3] == pytest.approx([2.0, 2.0, 2.0])
     # 8 -> 16: 4000/8 = 500 to 500·2^-0.2; 16 -> 64 (two doublings): 2^0.2 per doubling

@@ -322,12 +322,6 @@ def seed_steps(m, c, tuning_seed: int) -> SeedSteps:
     return SeedSteps(batches, steps.reshape(len(ks), len(seeds)), noise, tuple(seeds))
 
 
-def fit(c) -> critical_batch.Fit | None:
-    """S(B) = S_min (1 + B_crit/B) fitted to each k's steps at its chosen lr (:func:`choose`)."""
-    ok = c.dropna(subset=["steps_to_target"])
-    return critical_batch.fit(ok["batch_size"], ok["steps_to_target"])
-
-
 def saved_by_doubling(c) -> list[float]:
     """Per k, the factor by which its steps exceed the next k's, per doubling of the batch
     ((S(B)/S(B'))^(1/log2(B'/B)): 2 where the steps halve); NaN for the last k or a k that never
