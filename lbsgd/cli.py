@@ -130,7 +130,7 @@ def _plan_parser(sub) -> None:
     pl.add_argument("overrides", nargs="*", metavar="key=value", help="see `lbsgd keys`")
     pl.add_argument(
         "--target",
-        required=True,
+        default=None,
         help="error=PCT (held-out top-1 error; the test split's without holdout) or loss=VALUE "
         "(the training loss's moving average over a tenth of an epoch)",
     )
@@ -179,6 +179,13 @@ def _plan_parser(sub) -> None:
         default=None,
         help="short runs per timed size, their median taken (default 3; 1: faster, and open to "
         "a slow spell of the machine)",
+    )
+    pl.add_argument(
+        "--check",
+        default=None,
+        metavar="DIR",
+        help="train the recommended config of the plan in DIR on this machine and print its "
+        "measured steps to the target and time beside the plan's (alone: no other option)",
     )
     pl.add_argument(
         "--batches",
@@ -339,10 +346,29 @@ def _plan(args: argparse.Namespace) -> int:
     _pin_cpu_isa(args.config, args.overrides)
     from lbsgd import plan
 
+    if args.check is not None:
+        return _plan_check(args)
     r = plan.request(args)  # every option checked: one line before anything runs
     doc = plan.plan(r)
     print(plan.render(doc))
     print(f"wrote {r.out / 'plan.json'}, {r.out / 'plan.png'}")
+    return 0
+
+
+def _plan_check(args: argparse.Namespace) -> int:
+    from lbsgd.plan import check
+
+    given = [f"--{k.replace('_', '-')}" for k in ("target", "reference", "out", "batches")]
+    given = [o for o in given if getattr(args, o[2:].replace("-", "_")) is not None]
+    if args.config or args.overrides or given:
+        extra = ", ".join([*(["-c"] if args.config else []), *args.overrides, *given])
+        raise config.ConfigError(
+            f"--check={args.check}: takes no other option ({extra}): the plan's recommended.yaml "
+            "is the run"
+        )
+    folder, doc, cfg = check.request(args.check)
+    print(check.render(check.run(folder, doc, cfg), doc["target"]))
+    print(f"wrote {folder / 'check.json'}")
     return 0
 
 

@@ -394,7 +394,23 @@ def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
     c = doc["compute"]
     assert sorted(map(int, c["trainer_step_s"])) == [16, 32, 128] and c["group"] == 16
     assert f"(one BN group of 16: {c['one_group_s'] * 1e3:.2f} ms)" in printed
+    # the timing runs' own lines in timing.log, not among the plan's
+    log = (out / "timing.log").read_text()
+    assert log.count("lbsgd: completed:") == 3 + 2  # 3 sizes alone, 2 of 2 processes (rank 0)
+    assert "lbsgd: completed" not in printed.split("2/3 timing")[1]
+    assert "timing: slowest over fastest of each size's 1 run(s)" in printed
+    # log-spaced evaluations, so the recommended run measures its own steps to the target
+    assert rec.eval_per_octave == measure.PER_OCTAVE
     assert _plan(tmp_path, *args, keys=keys) == cli.EXIT_BAD_INPUT
+    # --check trains it here and reads its steps and step back against the plan's
+    assert cli.main(["plan", "--check", str(out)]) == 0
+    check = json.loads((out / "check.json").read_text())
+    assert check["predicted"]["steps"] == best["steps"] and check["gpus"] == best["gpus"]
+    summary = json.loads(Path(check["run_dir"], "summary.json").read_text())
+    assert check["measured"]["step_s"] == best["batch"] / summary["img_per_s"]
+    assert 0 < check["measured"]["steps"] <= summary["steps"]
+    printed = capsys.readouterr().out
+    assert f"steps to error=75: predicted {best['steps']:.0f}, measured " in printed
 
 
 def test_the_probe_is_study_15s_run_at_its_batch(tmp_path):
@@ -460,7 +476,7 @@ def test_each_timed_size_is_the_median_of_its_runs_so_one_slow_run_moves_nothing
     assert compute.per_sample_s == pytest.approx(35e-3 / 96)
     assert compute.one_group_s == 8e-3
     parallel = {32: iter([20e-3, 40e-3, 21e-3]), 96: iter([44e-3, 45e-3, 90e-3])}
-    monkeypatch.setattr(measure, "_parallel_step_s", lambda cfg, m, n: next(parallel[m]))
+    monkeypatch.setattr(measure, "_parallel_step_s", lambda cfg, m, n, log=None: next(parallel[m]))
     monkeypatch.setattr(measure, "devices_here", lambda cfg: 2)
     _, sync = measure.time_sync(tiny(), compute, LINK, 4e3, samples=64, runs=3)
     assert sync["parallel_per_sample_s"] == pytest.approx((45e-3 - 21e-3) / 64)
@@ -642,3 +658,131 @@ def test_without_gpus_a_cpu_run_plans_the_processes_this_machine_has(monkeypatch
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)))
     assert planner.here_counts(from_dict({**TINY, "device": "cpu"})) == counts
+
+
+# -- a plan to act on (issue: nothing lost, a plan a practitioner can act on) ---------------------
+
+ALONE = Compute(4.2e-3, 3.375e-4, 0.77, 256, parallel_per_sample_s=2.99e-4, sync_s=9.4e-3)
+
+
+@pytest.mark.parametrize(
+    "compute",
+    [
+        ALONE,  # fashion-long's fit: two processes' slope below one's (1.11 at batch 4096 before)
+        # a one-group step far below the line (4 ms against 10 + 0.1 x 16): 1.29 and 1.59 before
+        Compute(10e-3, 1e-4, 0.6, 256, parallel_per_sample_s=1e-4, one_group_s=4e-3, group=16),
+        Compute(2e-3, 2e-4, 0.6, 256),
+    ],
+)
+def test_no_row_has_a_system_efficiency_above_one_and_one_gpu_has_exactly_one(compute):
+    x = _inputs(compute=compute, link=costmodel.Link(0.0, 1e15), b_crit=300.0)
+    rows = model.table(x, BATCHES, GPUS)
+    assert rows and all(r.system_efficiency <= 1 + 1e-12 for r in rows)
+    assert all(r.system_efficiency == pytest.approx(1.0) for r in rows if r.gpus == 1)
+    # a free link and no sync: what is left below 1 is the shared machine's slope alone
+    if compute.parallel_per_sample_s is not None and compute.sync_s == 0:
+        assert all(r.system_efficiency == pytest.approx(1.0) for r in rows)
+
+
+def test_each_rows_lr_and_warmup_are_what_its_config_derives(tmp_path):
+    """One rule: the row's lr and warmup steps are config.derive's for the recommended config at
+    the row's batch (the plan's ceil put a warmup one step past the run's at batch 32)."""
+    from lbsgd import data
+
+    cfg = from_dict({**TINY, "warmup_epochs": 0.37, "out_dir": str(tmp_path)})
+    n = data.train_size(cfg)
+    x = _inputs(train_samples=n, warmup_epochs=0.37, base_lr=0.05, reference_batch=64)
+    fractional = 0
+    for r in model.table(x, model.powers_of_two(16, 256), (1, 2)):
+        run = cfg.replace(batch_size=r.batch, micro_batch=r.micro_batch, lr_scaling="linear")
+        d = config.derive(run, r.gpus, n)
+        assert (r.lr, r.warmup_steps) == (pytest.approx(d.lr), d.warmup_steps)
+        fractional += (0.37 * n / r.batch) % 1 != 0
+    assert fractional  # the rounding rule was exercised
+
+
+def _steady(one, two):
+    return measure.steadiness(
+        {
+            "trainer_step_runs_s": {str(m): ts for m, ts in one.items()},
+            "parallel_step_runs_s": {str(m): ts for m, ts in two.items()},
+        }
+    )
+
+
+QUIET = {16: [8e-3, 8.1e-3, 8.2e-3], 32: [15e-3, 15e-3, 16e-3], 128: [47e-3, 47e-3, 48e-3]}
+
+
+def test_timings_that_disagree_are_named_and_not_recommended_from():
+    """Most of a size's runs within x1.25 of their median hold (one slow run of three moves
+    nothing); two of three apart do not: the 2-process rows are then left out of the
+    recommendation, and one process's disagreeing leaves none; each is a caveat."""
+    from lbsgd import plan as planner
+
+    rows = model.table(_inputs(), BATCHES, GPUS)
+    steady = _steady(QUIET, {32: [21e-3, 21e-3, 40e-3], 96: [42e-3, 43e-3, 44e-3]})
+    assert steady["2"]["loose"] == [] and steady["2"]["apart"][32] == pytest.approx(40 / 21)
+    assert planner.recommend(rows, steady) == model.recommend(rows)
+    assert planner.recommend(rows, steady).gpus > 1  # a free-ish link: several GPUs win
+    loose = _steady(QUIET, {32: [10e-3, 21e-3, 40e-3], 96: [42e-3, 43e-3, 44e-3]})
+    assert loose["2"]["loose"] == [32]
+    assert planner.recommend(rows, loose).gpus == 1
+    r = _request(gpus=(1, 2))
+    (line,) = planner.caveats(r, _probe(), {"parallel_per_sample_s": 1e-4}, loose)
+    assert "the 2-process timings disagree (slowest over fastest 32: x4.00" in line
+    assert "no row of more than one GPU" in line
+    worse = _steady({**QUIET, 128: [30e-3, 47e-3, 90e-3]}, {})
+    assert worse["1"]["loose"] == [128] and planner.recommend(rows, worse) is None
+    # the slope repeat by repeat: the i-th runs of the two largest sizes
+    assert steady["1"]["slopes_s"] == pytest.approx([(47 - 15) / 96 * 1e-3] * 2 + [32e-3 / 96])
+
+
+def _request(gpus=(1, 2), bn_batch=16):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(gpus=gpus, config=SimpleNamespace(bn_batch=bn_batch))
+
+
+def _probe(growth=1.0, b=230.0):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(growth=growth, b_at_target=b)
+
+
+def test_the_caveats_that_apply_are_printed_with_the_plan():
+    """B_simple still growing at the target (B_crit a lower bound), GPU counts beyond those timed
+    at once, a model with no BatchNorm; none of them for a plan they do not apply to."""
+    from lbsgd import plan as planner
+
+    steady = _steady(QUIET, {})
+    timed_two = {"parallel_per_sample_s": 1e-4, "bn_layers": 7}
+    assert planner.caveats(_request(), _probe(), timed_two, steady) == []
+    growing, beyond, no_bn = planner.caveats(
+        _request(gpus=(1, 2, 4, 8)), _probe(growth=2.72), {"bn_layers": 0}, steady
+    )
+    assert "B_simple still grows x2.72" in growing and "B_crit 230 is a lower bound" in growing
+    assert beyond.startswith("the rows on 2, 4, 8 GPUs are extrapolated: 1 process timed")
+    assert "no BatchNorm" in no_bn and "bn_batch=16" in no_bn
+
+
+def test_a_plan_check_refuses_in_one_line_before_any_run(tmp_path, capsys):
+    """Not a plan folder; other options beside it; more processes than this machine has; a
+    folder checked already: one line each, nothing trained."""
+    plan_dir = tmp_path / "p"
+    plan_dir.mkdir()
+    assert cli.main(["plan", "--check", str(plan_dir)]) == cli.EXIT_BAD_INPUT
+    assert "not a plan folder" in capsys.readouterr().err
+    (plan_dir / "recommended.yaml").write_text(dump(from_dict({**TINY, "out_dir": "x"})))
+    best = {"batch": 64, "gpus": 4096, "steps": 10, "step_s": 0.1, "wall_s": 1, "command": "c"}
+    (plan_dir / "plan.json").write_text(json.dumps({"recommended": best, "target": "error=50"}))
+    assert cli.main(["plan", "--check", str(plan_dir), "--target", "error=5"]) == 2
+    assert "takes no other option (--target)" in capsys.readouterr().err
+    assert cli.main(["plan", "--check", str(plan_dir)]) == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "recommends 4096 GPUs" in err
+    (plan_dir / "check.json").write_text("{}")
+    assert cli.main(["plan", "--check", str(plan_dir)]) == cli.EXIT_BAD_INPUT
+    assert "checked already" in capsys.readouterr().err
+    assert not (plan_dir / "check").exists()
+    assert cli.main(["plan", "-c", str(plan_dir / "recommended.yaml")]) == cli.EXIT_BAD_INPUT
+    assert capsys.readouterr().err.startswith("lbsgd: error: --target: required")

@@ -91,15 +91,17 @@ def trainer_torchrun(
     nproc: int,
     out_dir: str,
     what: str = "lbsgd bench noise",
+    log: Path | None = None,
 ) -> Timing:
     """:func:`trainer_run` in ``nproc`` processes on this machine (:func:`torchrun`, which never
     hangs on a worker that died): the trainer's own steady throughput of the global batch (rank
-    0's summary.json). ``what`` prefixes a failure's line."""
+    0's summary.json). ``what`` prefixes a failure's line; ``log``: where the workers' output
+    goes (default: this process's)."""
     run = cfg.replace(epochs=steps * cfg.batch_size / num_train, out_dir=out_dir, name="bench")
     keys = Path(out_dir) / "keys.yaml"
     keys.parent.mkdir(parents=True, exist_ok=True)
     keys.write_text(config.dump(run))
-    torchrun(1, nproc, ["train", "-c", str(keys)], what=f"{what}: {nproc} processes")
+    torchrun(1, nproc, ["train", "-c", str(keys)], what=f"{what}: {nproc} processes", log=log)
     summary = json.loads((run.run_dir() / "summary.json").read_text())
     if summary["steps"] != steps:
         raise RuntimeError(

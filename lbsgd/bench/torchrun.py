@@ -63,7 +63,12 @@ def run_worker(argv: list[str]) -> None:
 
 
 def torchrun(
-    nodes: int, per_node: int, args: list[str], what: str = "lbsgd", grace_s: float = EXIT_GRACE_S
+    nodes: int,
+    per_node: int,
+    args: list[str],
+    what: str = "lbsgd",
+    grace_s: float = EXIT_GRACE_S,
+    log: Path | None = None,
 ) -> None:
     """Run ``lbsgd <args>`` (:func:`run_worker`) on ``nodes`` torchrun agents of ``per_node``
     processes on this machine (static rendezvous on 127.0.0.1: node ranks 0 …).
@@ -72,18 +77,23 @@ def torchrun(
     one exits 0 while another still waits (a deadlock, or a peer gone). So once any worker or agent
     has exited, the rest get ``grace_s`` seconds; then the ones still running dump their Python
     stacks and are killed. On any failure each failed rank's exit code (or "still running") and
-    last stderr lines go to stderr, and SystemExit carries one line, prefixed ``what``.
+    last stderr lines go to stderr, and SystemExit carries one line, prefixed ``what``. ``log``: a
+    file the workers' output is appended to instead of this process's stdout and stderr (the
+    failure's lines still come here).
     """
     endpoint = f"{launch.HOST}:{launch.free_port()}"
     with tempfile.TemporaryDirectory(prefix="lbsgd-torchrun-") as tmp:
         status, logs = Path(tmp) / "status", Path(tmp) / "logs"
         status.mkdir()
-        agents = _Agents(nodes, per_node, endpoint, args, status, logs, grace_s)
+        sink = open(log, "a") if log is not None else None  # noqa: SIM115 (closed below)
+        agents = _Agents(nodes, per_node, endpoint, args, status, logs, grace_s, sink)
         runner = jobs.Runner(range(nodes), agents)
         try:
             runner.run()
         finally:
             started = _end_all(runner, agents, status)
+            if sink is not None:
+                sink.close()
         codes = [a.returncode for a in started]
         if agents.hung is None and not any(codes):
             return
@@ -118,19 +128,20 @@ class _Forward(threading.Thread):
     """Copies an agent's stderr to ours line by line (a notebook shows it too), keeping the last
     lines: torchrun's summary of a failed worker."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, sink=None) -> None:
         super().__init__(daemon=True)
-        self.stream, self.lines = stream, collections.deque(maxlen=400)
+        self.stream, self.sink, self.lines = stream, sink, collections.deque(maxlen=400)
 
     def run(self) -> None:
         for line in self.stream:
             self.lines.append(line)
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            out = self.sink or sys.stderr
+            out.write(line)
+            out.flush()
 
 
-def _forward(stream) -> _Forward:
-    t = _Forward(stream)
+def _forward(stream, sink=None) -> _Forward:
+    t = _Forward(stream, sink)
     t.start()
     return t
 
@@ -150,8 +161,10 @@ class _Agents(jobs.Policy[int]):
         status: Path,
         logs: Path,
         grace_s: float,
+        sink=None,
     ) -> None:
         self.parallel, self.per_node, self.endpoint = nodes, per_node, endpoint
+        self.sink = sink  # the workers' output goes here where given (a file), else ours
         self.status, self.logs, self.grace_s = status, logs, grace_s
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", _STATUS_DIR: str(status)}
         self.worker = ["--no-python", sys.executable, "-u", "-c", WORKER, *args]
@@ -171,13 +184,14 @@ class _Agents(jobs.Policy[int]):
         return subprocess.Popen(
             [*launcher, *self.worker],
             env=self.env,
+            stdout=self.sink,
             stderr=subprocess.PIPE,
             text=True,
             errors="replace",
         )
 
     def started(self, job: jobs.Job[int]) -> None:
-        self.tails.append(_forward(job.proc.stderr))
+        self.tails.append(_forward(job.proc.stderr, self.sink))
 
     def ended(self, job: jobs.Job[int]) -> None:
         if self.first_exit is None:

@@ -66,6 +66,12 @@ def _nearest(x: float) -> int:
     return int(math.floor(x + 0.5))  # round half up: no banker's rounding of iteration counts
 
 
+def epoch_steps(epochs: float, steps_per_epoch: float) -> int:
+    """A length in epochs as whole steps, to the nearest (half up): a run's warmup and milestones,
+    and the warmup of each ``lbsgd plan`` row (one rule)."""
+    return _nearest(epochs * steps_per_epoch)
+
+
 def world_size_key(c: Config) -> str | None:
     """The experiment key that makes the number of processes K part of the run's mathematics, or
     None. A synchronous run is the same on any layout (k processes x m = 1 process accumulating k
@@ -170,7 +176,7 @@ def derive(c: Config, world_size: int, num_train: int, micro: int | None = None)
     check_world(c, world_size, micro=micro)
     scale = lr_scale(c.lr_scaling, c.batch_size / c.reference_batch)
     spe = num_train / c.batch_size
-    warmup_steps = 0 if c.warmup == "none" else _nearest(c.warmup_epochs * spe)
+    warmup_steps = 0 if c.warmup == "none" else epoch_steps(c.warmup_epochs, spe)
     b_small = noise_batch(c, world_size, micro)
     return Derived(
         world_size=world_size,
@@ -182,7 +188,7 @@ def derive(c: Config, world_size: int, num_train: int, micro: int | None = None)
         lr=c.base_lr * scale,
         warmup_start_lr=c.warmup_lr if c.warmup_lr is not None else c.base_lr,
         warmup_steps=warmup_steps,
-        milestone_steps=tuple(_nearest(m * spe) for m in c.milestones),
+        milestone_steps=tuple(epoch_steps(m, spe) for m in c.milestones),
         noise_batch=b_small,
         bn_groups=c.batch_size // c.bn_batch,
         noise_micro_batches=b_small // micro if b_small else None,

@@ -128,7 +128,7 @@ def _check_numbers(args: Any) -> None:
 
 def request(args: Any) -> Request:
     """The command line's options checked, each with one line naming it; nothing runs before."""
-    target = Target.parse(args.target)
+    target = _target(args.target)
     gpus = gpu_counts(args.gpus) if args.gpus is not None else None
     link, source = interconnect(args.interconnect)
     reference = Path(args.reference) if args.reference else None
@@ -136,9 +136,7 @@ def request(args: Any) -> Request:
     cfg = load(args.config, args.overrides)
     entry.check(cfg, 1, 1)  # the probe's model, data and this machine, before anything runs
     gpus = gpus or here_counts(cfg)
-    out = Path(args.out) if args.out else Path(cfg.out_dir) / "plans" / cfg.run_name()
-    if (out / "plan.json").exists():
-        raise ConfigError(f"--out={out}: holds a plan already (plan.json); choose a new folder")
+    out = _out(Path(args.out) if args.out else Path(cfg.out_dir) / "plans" / cfg.run_name())
     _check_reference(cfg, reference)
     batches = batch_range(cfg, args.batches)
     _check_split(cfg, args.gpus or ",".join(map(str, gpus)), gpus, batches)
@@ -163,6 +161,21 @@ def request(args: Any) -> Request:
         args.timing_samples,
         args.timing_runs,
     )
+
+
+def _target(text: str | None) -> Target:
+    if text is None:
+        raise ConfigError("--target: required (error=PCT or loss=VALUE), unless --check DIR")
+    return Target.parse(text)
+
+
+def _out(out: Path) -> Path:
+    """A new folder (or one without a plan), else one line naming ``--out``."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out={out}: a file; expected a new folder for the plan")
+    if (out / "plan.json").exists():
+        raise ConfigError(f"--out={out}: holds a plan already (plan.json); choose a new folder")
+    return out
 
 
 def _check_reference(cfg: Config, reference: Path | None) -> None:
@@ -241,8 +254,8 @@ def recommended_config(r: Request, best: model.Row) -> Config:
         "lr_scaling": rule,
         "epochs": math.ceil(epochs * 100) / 100,
     }
-    if r.target.kind == "error":
-        keys["stop_at_error"] = r.target.value
+    if r.target.kind == "error":  # evaluated log-spaced, as the probe: its steps measurable
+        keys |= {"stop_at_error": r.target.value, "eval_per_octave": measure.PER_OCTAVE}
     return r.config.replace(**keys)
 
 
@@ -257,19 +270,25 @@ def plan(r: Request) -> dict[str, Any]:
     ``r.out``; the plan as a dict."""
     p = probe(r)  # a run pointed at that does not approach the target: one line, nothing written
     r.out.mkdir(parents=True, exist_ok=True)
-    _say("2/3 timing a worker's compute at three micro-batch sizes")
-    compute, timing = measure.time_compute(r.config, samples=r.timing_samples, runs=r.timing_runs)
+    log = r.out / "timing.log"
+    _say(f"2/3 timing a worker's compute at three micro-batch sizes (their output: {log})")
+    compute, timing = measure.time_compute(
+        r.config, samples=r.timing_samples, runs=r.timing_runs, log=log
+    )
     if max(r.gpus) > 1:
         _say(f"2/3 timing a step of {measure.SYNC_PROCESSES} processes")
         compute, info = measure.time_sync(
-            r.config, compute, r.link, timing["grad_bytes"], r.timing_samples, r.timing_runs
+            r.config, compute, r.link, timing["grad_bytes"], r.timing_samples, r.timing_runs, log
         )
         timing = {**timing, **info}
     x = inputs(r, p, compute, timing["grad_bytes"])
     _say("3/3 predicting")
     rows = model.table(x, r.batches, r.gpus)
-    best = model.recommend(rows)
+    steady = measure.steadiness(timing)
+    best = recommend(rows, steady)
     doc = _document(r, p, x, timing, rows, best)
+    doc["timing_steadiness"] = steady
+    doc["caveats"] = caveats(r, p, timing, steady)
     if best is not None:
         path = r.out / "recommended.yaml"
         with rundir.replacing(path) as tmp:
@@ -280,6 +299,66 @@ def plan(r: Request) -> dict[str, Any]:
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
     draw(doc, r.out / "plan.png")
     return doc
+
+
+def recommend(rows: Sequence[model.Row], steady: dict) -> model.Row | None:
+    """:func:`lbsgd.plan.model.recommend` among the rows whose timings hold: none where one
+    process's runs disagree, the one-GPU rows alone where the several processes' runs do."""
+    return model.recommend([row for row in rows if _trusted(row, steady)])
+
+
+def _trusted(row: model.Row, steady: dict) -> bool:
+    """Whether the row's timings hold (:func:`lbsgd.plan.measure.steadiness`): one process's runs
+    agree, and for a row of several, the several processes' runs too."""
+    if steady.get("1", {}).get("loose"):
+        return False
+    return row.gpus == 1 or not steady.get(str(measure.SYNC_PROCESSES), {}).get("loose")
+
+
+GROWING = 1.2  # B_simple growing faster than this per doubling of the steps at the target: the
+# plan's B_crit is a lower bound (it grows as the loss falls, McCandlish et al. §3)
+
+
+def caveats(r: Request, p: measure.Probe, timing: dict, steady: dict) -> list[str]:
+    """What this plan cannot vouch for, each in a line: timings that disagree, a noise scale still
+    growing at the target, GPU counts beyond those timed, a model with no BatchNorm."""
+    out = _timing_caveats(steady)
+    if math.isfinite(p.growth) and p.growth > GROWING:
+        out.append(
+            f"B_simple still grows x{p.growth:.2f} per doubling of the steps at the target: "
+            f"B_crit {p.b_at_target:.0f} is a lower bound, so the rows above the probe's batch "
+            "may need fewer steps than these"
+        )
+    timed = measure.SYNC_PROCESSES if "parallel_per_sample_s" in timing else 1
+    beyond = [g for g in r.gpus if g > timed]
+    if beyond:
+        out.append(
+            f"the rows on {', '.join(map(str, beyond))} GPUs are extrapolated: {timed} "
+            f"process{'es' if timed > 1 else ''} timed at once, the rest is the link's "
+            "alpha-beta model"
+        )
+    if timing.get("bn_layers") == 0:
+        out.append(
+            f"the model has no BatchNorm layer: bn_batch={r.config.bn_batch} only sets the "
+            "micro-batch's granule"
+        )
+    return out
+
+
+def _timing_caveats(steady: dict) -> list[str]:
+    out = []
+    for who, what in (("1", "one process's"), (str(measure.SYNC_PROCESSES), "the 2-process")):
+        loose = steady.get(who, {}).get("loose")
+        if loose:
+            apart = ", ".join(f"{m}: x{steady[who]['apart'][m]:.2f}" for m in loose)
+            rows = "no row" if who == "1" else "no row of more than one GPU"
+            out.append(
+                f"{what} timings disagree (slowest over fastest {apart}; most runs of a size "
+                f"must lie within x{measure.TIMING_TOLERANCE:g} of their median): {rows} is "
+                "recommended from them; plan again on a quieter machine, or with more "
+                "--timing-runs"
+            )
+    return out
 
 
 def _document(r, p, x, timing, rows, best) -> dict[str, Any]:
@@ -349,7 +428,32 @@ def _draw_wall(ax, doc: dict[str, Any]) -> None:
 def _one_group(compute: dict[str, Any]) -> str:
     """The one-BN-group step where timed apart (plans written before it have none)."""
     t = compute.get("one_group_s")
-    return "" if t is None else f" (one BN group of {compute['group']}: {t * 1e3:.2f} ms)"
+    if t is None:
+        return ""
+    what = "a micro-batch" if compute.get("bn_layers") == 0 else "one BN group"
+    return f" ({what} of {compute['group']}: {t * 1e3:.2f} ms)"
+
+
+def _steadiness(steady: dict[str, Any]) -> str:
+    """Each timed size's runs, slowest over fastest, and the fitted slope's range over repeats."""
+    parts = []
+    for who in ("1", str(measure.SYNC_PROCESSES)):
+        s = steady.get(who)
+        if not s:
+            continue
+        sizes = ", ".join(f"{m}: x{a:.2f}" for m, a in s["apart"].items())
+        slopes = s["slopes_s"]
+        fit = (
+            f"; a sample {min(slopes) * 1e6:.1f}-{max(slopes) * 1e6:.1f} us over the repeats"
+            if len(slopes) > 1
+            else ""
+        )
+        parts.append(f"{who} process{'es' if who != '1' else ''} {sizes}{fit}")
+    runs = min((steady[w]["runs"] for w in steady if w != "tolerance"), default=0)
+    return (
+        f"timing: slowest over fastest of each size's {runs} run(s) (tolerance "
+        f"x{steady['tolerance']:g}): " + "; ".join(parts)
+    )
 
 
 def render(doc: dict[str, Any], gpus: Sequence[int] | None = None) -> str:
@@ -372,33 +476,40 @@ def render(doc: dict[str, Any], gpus: Sequence[int] | None = None) -> str:
         "backward share "
         f"{doc['compute']['backward_fraction']:.2f}; among several processes: "
         f"{doc['compute'].get('sync_from', 'not measured')}",
+        *([_steadiness(doc["timing_steadiness"])] if doc.get("timing_steadiness") else []),
         "",
         f"{'batch':>6} {'gpus':>4} {'steps':>8} {'epochs':>7} {'lr':>8} {'warmup':>6} "
         f"{'step ms':>8} {'wall':>9} {'stat eff':>8} {'sys eff':>7} {'E<=2Emin':>8}",
     ]
-    for r in doc["rows"]:
-        if gpus is not None and r["gpus"] not in gpus:
-            continue
-        lines.append(
-            f"{r['batch']:>6} {r['gpus']:>4} {r['steps']:>8.0f} {r['epochs']:>7.2f} "
-            f"{r['lr']:>8.4g} {r['warmup_steps']:>6} {r['step_s'] * 1e3:>8.2f} "
-            f"{_duration(r['wall_s']):>9} {r['statistical_efficiency']:>8.2f} "
-            f"{r['system_efficiency']:>7.2f} {'yes' if r['within_factor'] else 'no':>8}"
-            + (f"  ! {r['warning']}" if r["warning"] else "")
-        )
+    lines += [_row(r) for r in doc["rows"] if gpus is None or r["gpus"] in gpus]
+    if doc.get("caveats"):
+        lines += [""] + [f"caveat: {c}" for c in doc["caveats"]]
+    return "\n".join(lines + ["", *_recommendation(doc)])
+
+
+def _row(r: dict[str, Any]) -> str:
+    return (
+        f"{r['batch']:>6} {r['gpus']:>4} {r['steps']:>8.0f} {r['epochs']:>7.2f} "
+        f"{r['lr']:>8.4g} {r['warmup_steps']:>6} {r['step_s'] * 1e3:>8.2f} "
+        f"{_duration(r['wall_s']):>9} {r['statistical_efficiency']:>8.2f} "
+        f"{r['system_efficiency']:>7.2f} {'yes' if r['within_factor'] else 'no':>8}"
+        + (f"  ! {r['warning']}" if r["warning"] else "")
+    )
+
+
+def _recommendation(doc: dict[str, Any]) -> list[str]:
     best = doc["recommended"]
     if best:
-        lines += [
-            "",
+        return [
             f"recommended: batch {best['batch']} on {best['gpus']} GPU(s), lr {best['lr']:.4g}, "
             f"warmup {best['warmup_steps']} steps: {best['steps']:.0f} steps, "
             f"{_duration(best['wall_s'])} predicted (the shortest with E <= "
             f"{doc['e_factor']:g} E_min)",
             f"run it: {best.get('command', '')}",
         ]
-    else:
-        lines += ["", f"no row keeps E <= {doc['e_factor']:g} E_min: plan smaller batches"]
-    return "\n".join(lines)
+    if any(r["within_factor"] for r in doc["rows"]):
+        return ["no recommendation: the timings it would rest on disagree (caveat above)"]
+    return [f"no row keeps E <= {doc['e_factor']:g} E_min: plan smaller batches"]
 
 
 def _duration(seconds: float) -> str:

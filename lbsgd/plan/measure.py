@@ -207,7 +207,9 @@ def _growth(pts: Sequence[tuple[int, float]]) -> float:
     return float(2**slope)
 
 
-def _curve(cfg: Config, records: Sequence[dict], target: Target) -> list[tuple[float, float]]:
+def curve(cfg: Config, records: Sequence[dict], target: Target) -> list[tuple[float, float]]:
+    """The (step, value) curve a target is read on: the held-out error, or the training loss's
+    moving average over :data:`LOSS_WINDOW_EPOCHS`."""
     if target.kind == "error":
         return error_curve(records)
     window = max(1, round(LOSS_WINDOW_EPOCHS * data.train_size(cfg) / cfg.batch_size))
@@ -244,11 +246,11 @@ def read_probe(run_dir: Path, target: Target, source: str) -> Probe:
     """The probe's measurements from a run's files; one line when the run does not approach the
     target (:func:`steps_to`)."""
     cfg, records = read_run(run_dir)
-    curve = _curve(cfg, records, target)
-    if not curve:
+    points = curve(cfg, records, target)
+    if not points:
         raise ConfigError(f"--target={target}: the run in {run_dir} has no {target.kind} curve")
     last = int(max(r["step"] for r in records if "step" in r))
-    steps, how = steps_to(curve, target, last)
+    steps, how = steps_to(points, target, last)
     trend, growth = noise_trend(records, min(steps, last))
     b_target = trend[-1][1]
     if how is not None and math.isfinite(growth):  # B_simple carried on along its trend
@@ -335,12 +337,16 @@ print(json.dumps({"compute": dataclasses.asdict(compute), "info": info}))
 
 
 def time_compute(
-    cfg: Config, repeats: int = 5, samples: int | None = None, runs: int | None = None
+    cfg: Config,
+    repeats: int = 5,
+    samples: int | None = None,
+    runs: int | None = None,
+    log: Path | None = None,
 ) -> tuple[Compute, dict]:
     """:func:`time_compute_here` in a fresh Python process, whose CPU kernels are the config's
     (``cpu_isa``: pinned before torch loads, as a run's are; a process that has run torch already,
     a notebook's kernel, keeps its own, and ``portable`` alone makes ResNet-8's step several times
-    slower)."""
+    slower). ``log``: a file the timing runs' output is appended to (default: dropped)."""
     import subprocess
     import sys
     import tempfile
@@ -363,6 +369,9 @@ def time_compute(
             capture_output=True,
             text=True,
         )
+    if log is not None:
+        with open(log, "a") as f:
+            f.write(done.stdout.rpartition("\n{")[0] + done.stderr)
     if done.returncode:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"timing the compute failed: {tail}")
@@ -430,6 +439,7 @@ def time_compute_here(
         "max_micro_batch": max_micro,
         "max_micro_batch_from": how,
         "grad_bytes": 4 * models.parameter_count(cfg, splits.num_classes, splits.image_size),
+        "bn_layers": len(ghost_bn.ghost_modules(net)),
         "cpu_isa": cfg.cpu_isa,
     }
     return Compute(
@@ -485,6 +495,44 @@ def _parts(cfg, net, splits, m: int, device, precision, repeats: int) -> tuple[f
         return _step_times(net, optim.build(cfg, net), x, y, repeats, device)
 
 
+# A timed size holds when most of its runs lie within this factor of their median (a slow spell
+# in one of three runs moves nothing); else its median is not one the plan recommends from. On the
+# 2-core development machine a size's three runs read at most x1.18 apart in a quiet sitting, and
+# one run x1.42 slower than another in a slow spell
+TIMING_TOLERANCE = 1.25
+
+
+def steadiness(timing: dict) -> dict:
+    """How far each timed size's runs lie apart (slowest over fastest), the sizes whose runs do
+    not mostly agree (half of them or fewer within :data:`TIMING_TOLERANCE` of their median), and the
+    fitted per-sample slope repeat by repeat (the i-th run of each size together): of one process
+    alone and of :data:`SYNC_PROCESSES` at once, where timed."""
+    out: dict = {"tolerance": TIMING_TOLERANCE}
+    for key, who in (("trainer_step_runs_s", "1"), ("parallel_step_runs_s", str(SYNC_PROCESSES))):
+        runs = {int(m): ts for m, ts in timing.get(key, {}).items()}
+        if not runs:
+            continue
+        apart = {m: max(ts) / min(ts) for m, ts in runs.items()}
+        loose = [m for m, ts in runs.items() if not _agree(ts)]
+        m1, m2 = sorted(runs)[-2:] if len(runs) > 1 else (None, None)
+        slopes = (
+            [(b - a) / (m2 - m1) for a, b in zip(runs[m1], runs[m2], strict=False)] if m1 else []
+        )
+        out[who] = {
+            "runs": min(map(len, runs.values())),
+            "apart": apart,
+            "loose": loose,
+            "slopes_s": slopes,
+        }
+    return out
+
+
+def _agree(times: Sequence[float]) -> bool:
+    mid = statistics.median(times)
+    within = sum(1 / TIMING_TOLERANCE <= t / mid <= TIMING_TOLERANCE for t in times)
+    return 2 * within > len(times)
+
+
 SYNC_PROCESSES = 2  # the processes of the run that measures ``sync_s``
 
 
@@ -507,6 +555,7 @@ def time_sync(
     grad_bytes: float,
     samples: int | None = None,
     runs: int | None = None,
+    log: Path | None = None,
 ) -> tuple[Compute, dict]:
     """``compute`` with what two processes at once cost, fitted to the trainer's steady step in
     two runs of two processes (torchrun on this machine, its output kept out of this process's),
@@ -522,7 +571,8 @@ def time_sync(
         return compute, {"sync_s": 0.0, "sync_from": "not measured: one device here"}
     m1, m2 = 2 * cfg.bn_batch, PARALLEL_GROUPS * cfg.bn_batch
     n, r = samples or timed_samples(cfg), runs or TIMING_RUNS
-    t1, t2 = (statistics.median(_parallel_step_s(cfg, m, n) for _ in range(r)) for m in (m1, m2))
+    each = {m: [_parallel_step_s(cfg, m, n, log) for _ in range(r)] for m in (m1, m2)}
+    t1, t2 = (statistics.median(each[m]) for m in (m1, m2))
     among = max(0.0, (t2 - t1) / (m2 - m1))
     fitted = dataclasses.replace(compute, parallel_per_sample_s=among, sync_s=0.0)
     predicted, _, _ = step_time(fitted, m1, m1, SYNC_PROCESSES, grad_bytes, link)
@@ -530,13 +580,14 @@ def time_sync(
     return dataclasses.replace(fitted, sync_s=sync), {
         "sync_s": sync,
         "parallel_per_sample_s": among,
+        "parallel_step_runs_s": {str(m): ts for m, ts in each.items()},
         "sync_from": f"{SYNC_PROCESSES} processes of {m1} and {m2} samples: steps "
         f"{t1 * 1e3:.2f} and {t2 * 1e3:.2f} ms measured; a sample {among * 1e6:.1f} us among "
         f"them ({compute.per_sample_s * 1e6:.1f} alone), {sync * 1e3:.2f} ms a step beyond",
     }
 
 
-def _parallel_step_s(cfg: Config, m: int, samples: int) -> float:
+def _parallel_step_s(cfg: Config, m: int, samples: int, log: Path | None = None) -> float:
     """The trainer's steady step of two processes of one micro-batch of ``m`` each (torchrun
     under lbsgd.bench's watch: a worker that hangs is stopped, not waited for)."""
     import tempfile
@@ -547,5 +598,5 @@ def _parallel_step_s(cfg: Config, m: int, samples: int) -> float:
     steps = max(40, math.ceil(samples / run.batch_size))
     with tempfile.TemporaryDirectory() as tmp:
         what = "lbsgd plan, timing a step"
-        timing = trainer_torchrun(run, steps, data.train_size(run), SYNC_PROCESSES, tmp, what)
+        timing = trainer_torchrun(run, steps, data.train_size(run), SYNC_PROCESSES, tmp, what, log)
     return run.batch_size / timing.img_per_s
