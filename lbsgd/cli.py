@@ -55,6 +55,12 @@ def parser() -> argparse.ArgumentParser:
         "--out", default=None, help="keep the replays here (default: a temporary folder, removed)"
     )
     v.add_argument("--parallel", type=int, default=1, help="replays at a time")
+    v.add_argument(
+        "--skip-damaged",
+        action="store_true",
+        help="leave out run folders that cannot be read (each named in one line) instead of "
+        "stopping at them",
+    )
     r = sub.add_parser("report", help="gather a profile's */findings.json into its REPORT.md")
     r.add_argument(
         "--results",
@@ -327,7 +333,9 @@ def _checked(args: argparse.Namespace) -> int:
     if args.command == "verify":
         from lbsgd import verify
 
-        return verify.main(args.results, args.sample, args.runs, args.out, args.parallel)
+        return verify.main(
+            args.results, args.sample, args.runs, args.out, args.parallel, args.skip_damaged
+        )
     if args.command == "plan":
         return _plan(args)
     if args.command == "train":

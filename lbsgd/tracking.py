@@ -37,10 +37,13 @@ import netrc
 import os
 import secrets
 import string
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from lbsgd.config import ConfigError
 
 # in a run's directory: its W&B run id, written once, kept across resumes; in a study's folder: the
 # id of the study's W&B run (lbsgd.studies.session.log_study), kept across the notebook's re-runs
@@ -393,13 +396,37 @@ def _copy_config(
     return config
 
 
+def read_records(path: str | os.PathLike, quiet: bool = False) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``. A last line cut mid-record (a crash while writing it;
+    a resume appends after it) is left out with one warning line; a bad line before it stops
+    the read in one line naming the file and line (a ConfigError). ``quiet``: no warning.
+    Every reader of a run's records reads them here."""
+    path = Path(path)
+    lines = [x for x in path.read_text().splitlines() if x.strip()]
+    out = []
+    for i, line in enumerate(lines, 1):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            if i < len(lines):
+                raise ConfigError(
+                    f"{path}: line {i} of {len(lines)} is not a JSON record (damaged)"
+                ) from None
+            if not quiet:
+                print(
+                    f"lbsgd: warning: {path} ends in a partial record (line {i}, cut by a crash): "
+                    f"read up to its last full record",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return out
+
+
 def _replay_records(run: Any, run_dir: Path, log_every: int) -> None:
     """A run's metrics.jsonl into W&B as the trainer logs it (a point per flush window, each
     evaluation), then its summary.json."""
     _define_epoch_axis(run)
-    records = [
-        json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()
-    ]
+    records = read_records(run_dir / "metrics.jsonl")
     train = [r for r in records if r.get("kind", "train") == "train"]
     points = window_means(train, log_every)
     evals = [r for r in records if r.get("kind") == "eval"]

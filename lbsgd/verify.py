@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lbsgd import config, isa, jobs, launch
+from lbsgd import config, isa, jobs, launch, tracking
 
 EXIT_BAD_INPUT = 2
 # a replay is consistent when its final top-1 error is within this many seed spreads (standard
@@ -172,10 +172,7 @@ def seed_spread(run: Run, runs: list[Run]) -> tuple[float | None, int]:
 
 def _metrics(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
     out: dict[tuple[str, int], dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
+    for rec in tracking.read_records(path):
         kind = rec.get("kind")
         if kind in COMPARED:
             out[(kind, int(rec["step"]))] = {k: rec.get(k) for k in COMPARED[kind]}
@@ -397,14 +394,17 @@ def main(
     names: list[str] | None = None,
     out: str | None = None,
     parallel: int = 1,
+    skip_damaged: bool = False,
 ) -> int:
-    """Replay and report; 0 when every replay is bitwise equal or consistent, 1 otherwise, 2 on
-    bad input."""
+    """Replay and report; 0 when every replay is bitwise equal or consistent, 1 otherwise (a
+    damaged run folder included, unless ``skip_damaged``), 2 on bad input."""
     from lbsgd.studies import results_root
 
     root = results_root(results)
     if n < 1 or parallel < 1:
         return _bad(f"--sample={n} and --parallel={parallel} must be positive integers")
+    if not _damaged_named(root, skip_damaged):
+        return 1
     runs = find_runs(root)
     if not runs:
         return _bad(f"no completed CPU runs under {root} (expected {root}/<study>/<run>/)")
@@ -425,6 +425,26 @@ def main(
     finally:
         if not out:
             shutil.rmtree(where, ignore_errors=True)
+
+
+def _damaged_named(root: Path, skip: bool) -> bool:
+    """Each run folder under ``root`` that cannot be read (:func:`lbsgd.experiments.damage`:
+    its config.yaml, summary.json or metrics.jsonl missing or unreadable) named in one line;
+    whether to go on (none, or ``skip``)."""
+    from lbsgd.experiments import results
+
+    files = ("config.yaml", "summary.json", "metrics.jsonl")
+    dirs = sorted({p.parent for f in files for p in root.glob(f"*/*/{f}")})
+    bad = [(d, why) for d in dirs if (why := results.damage(d, files))]
+    for d, why in bad:
+        print(f"lbsgd verify: damaged: {d} ({why})", file=sys.stderr, flush=True)
+    if bad and not skip:
+        print(
+            f"lbsgd verify: {len(bad)} run folder(s) cannot be read (named above): re-run them, "
+            "or leave them out with --skip-damaged",
+            file=sys.stderr,
+        )
+    return not bad or skip
 
 
 def _machine() -> str:
@@ -524,7 +544,7 @@ def fingerprint(run_dir: Path) -> dict[str, Any]:
 
     losses = [
         repr(rec["loss"])
-        for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        for rec in tracking.read_records(run_dir / "metrics.jsonl")
         if rec.get("kind") == "train"
     ]
     state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]

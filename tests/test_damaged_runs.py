@@ -98,3 +98,28 @@ def test_a_metrics_file_cut_mid_record_is_read_to_its_last_full_record_and_said_
     path.write_text("\n".join([lines[0], lines[1][:10], *lines[2:]]) + "\n")
     with pytest.raises(ConfigError, match=f"{path}: line 2 of {len(lines)} is not a JSON record"):
         results.read_metrics(path)
+
+
+def test_lbsgd_verify_names_each_damaged_run_and_stops_unless_asked_to_skip(tmp_path):
+    """A summary.json deleted and a metrics.jsonl damaged before its last record: one line each
+    (the folder and why), exit 1 before any replay; with --skip-damaged the same lines, then on
+    (here to the unknown run name it was given: exit 2, its own line)."""
+    study, a, b = _damaged_copy(tmp_path)
+    shutil.copy(CPU / "warmup" / b.name / "summary.json", b / "summary.json")  # b whole again
+    lines = (b / "metrics.jsonl").read_text().splitlines()
+    (b / "metrics.jsonl").write_text("\n".join([lines[0], "{", *lines[2:]]) + "\n")
+    cmd = [sys.executable, "-m", "lbsgd", "verify", "--results", str(tmp_path / "cpu")]
+    r = subprocess.run([*cmd, "--runs", "x"], capture_output=True, text=True, env=subprocess_env())
+    err = r.stderr.splitlines()
+    assert r.returncode == 1 and len(err) == 3, r.stderr
+    assert f"lbsgd verify: damaged: {a} (summary.json missing)" in err
+    assert any(e.startswith(f"lbsgd verify: damaged: {b} (metrics.jsonl unreadable") for e in err)
+    assert "line 2 of" in r.stderr and "--skip-damaged" in err[-1]
+    r = subprocess.run(
+        [*cmd, "--runs", "x", "--skip-damaged"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+    )
+    assert r.returncode == 2 and r.stderr.count("lbsgd verify: damaged: ") == 2
+    assert r.stderr.splitlines()[-1].startswith("lbsgd: error:") and r.stdout == ""

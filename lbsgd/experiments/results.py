@@ -13,6 +13,7 @@ from typing import Any
 
 from lbsgd import config
 from lbsgd.tracking import flatten
+from lbsgd.tracking import read_records as read_metrics
 
 DONE = ("completed", "diverged")  # statuses that end a run for good
 
@@ -61,14 +62,17 @@ def damage(run_dir: Path, needs: Iterable[str] = RUN_FILES) -> str | None:
 
     parsers = {"config.yaml": yaml.safe_load, "summary.json": json.loads}
     for name in needs:
-        path, parse = run_dir / name, parsers[name]
+        path = run_dir / name
         if not path.is_file():
             return f"{name} missing"
         try:
-            if not isinstance(parse(path.read_text()), dict):
+            if name == "metrics.jsonl":
+                read_metrics(path, quiet=True)  # a bad record before its last: one line
+            elif not isinstance(parsers[name](path.read_text()), dict):
                 return f"{name} holds no mapping"
-        except (ValueError, yaml.YAMLError, UnicodeDecodeError) as e:
-            return f"{name} unreadable ({str(e).splitlines()[0][:120]})"
+        except (ValueError, yaml.YAMLError, UnicodeDecodeError, config.ConfigError) as e:
+            why = str(e).splitlines()[0].replace(f"{path}: ", "")  # the folder is named
+            return f"{name} unreadable ({why[:120]})"
     return None
 
 
@@ -113,30 +117,6 @@ def load_runs(study_dir: str | os.PathLike, names: Iterable[str] | None = None):
     every = run_dirs(study_dir)
     dirs = every if names is None else [d for d in (study_dir / n for n in names) if d in every]
     return pd.DataFrame([run_record(d) for d in dirs])
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl``. A last line cut mid-record (a crash while writing it;
-    a resume appends after it) is left out with one warning line; a bad line before it stops
-    the read in one line naming the file and line."""
-    path = Path(path)
-    lines = [x for x in path.read_text().splitlines() if x.strip()]
-    out = []
-    for i, line in enumerate(lines, 1):
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            if i < len(lines):
-                raise config.ConfigError(
-                    f"{path}: line {i} of {len(lines)} is not a JSON record (damaged)"
-                ) from None
-            print(
-                f"lbsgd: warning: {path} ends in a partial record (line {i}, cut by a crash): "
-                f"read up to its last full record",
-                file=sys.stderr,
-                flush=True,
-            )
-    return out
 
 
 def load_metrics(run_dir: str | os.PathLike, kind: str = "train"):

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lbsgd import data, distributed, models, network, optim
+from lbsgd import data, distributed, models, network, optim, tracking
 from lbsgd.config import Config, ConfigError, load
 from lbsgd.models import ghost_bn
 from lbsgd.plan.model import Compute, fit_compute
@@ -121,7 +121,7 @@ def read_run(run_dir: Path) -> tuple[Config, list[dict]]:
             f"--reference={run_dir}: not a run folder (needs its config.yaml and metrics.jsonl)"
         )
     cfg = load([cfg_file])
-    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    records = tracking.read_records(metrics)
     return cfg, records
 
 
