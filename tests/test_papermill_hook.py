@@ -106,3 +106,33 @@ def test_papermills_command_line_prints_a_bad_parameter_as_one_line(tmp_path):
     assert "Traceback" not in p.stderr + p.stdout, p.stderr
     assert p.stderr.strip().splitlines()[-1] == "lbsgd: error: epochs=-1 must be > 0", p.stderr
     assert not (tmp_path / "smoke").exists()  # refused before any run
+
+
+def test_the_summary_reaches_the_terminal_once_and_not_the_cell_where_ipykernel_watches_fd_2(
+    monkeypatch,
+):
+    """ipykernel copies what is written to fd 2 into the cell as well as to the terminal, so the
+    sweep's summary showed twice in JupyterLab: it goes to ipykernel's copy of the terminal's fd,
+    which no one watches; elsewhere to sys.__stderr__."""
+    import inspect
+
+    from ipykernel.iostream import OutStream
+
+    from lbsgd.studies import session
+
+    source = inspect.getsource(OutStream)
+    assert "self._original_stdstream_copy = os.dup(fno)" in source and "_should_watch" in source
+    r, w = os.pipe()
+    cell = []
+
+    class Watched:  # ipykernel's OutStream, as it stands where it watches fd 2
+        _original_stdstream_copy, _should_watch = w, True
+
+        def write(self, text):
+            cell.append(text)
+
+    monkeypatch.setattr(sys, "stderr", Watched())
+    session.to_terminal("lbsgd: sweep of study 'x' interrupted\n")
+    os.close(w)
+    assert os.read(r, 1000) == b"lbsgd: sweep of study 'x' interrupted\n" and cell == []
+    os.close(r)

@@ -665,3 +665,33 @@ def test_a_run_written_before_a_key_existed_reads_with_the_keys_default(tmp_path
         TINY["batch_size"],
     )
     assert row["milestones"] == [30.0, 60.0, 80.0]
+
+
+def test_an_interrupts_summary_counts_runs_that_ended_as_they_were_asked_to_stop(tmp_path):
+    """Two runs in flight that both completed before the interrupt's SIGTERM reached them: their
+    lines say completed, and so does the summary (it said "2 runs stopped")."""
+    from types import SimpleNamespace
+
+    from lbsgd.experiments.interrupts import interrupted
+    from lbsgd.experiments.lines import Progress
+
+    jobs, said = [], []
+    for seed, status in ((0, "completed"), (1, "completed"), (2, "interrupted")):
+        cfg = config.from_dict({**TINY, "seed": seed, "out_dir": str(tmp_path)})
+        cfg.run_dir().mkdir(parents=True)
+        (cfg.run_dir() / "summary.json").write_text(json.dumps({"status": status, "steps": 7}))
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        item = SimpleNamespace(cfg=cfg, handle=None, log=tmp_path / f"{seed}.log")
+        jobs.append(SimpleNamespace(item=item, proc=proc, number=seed + 1))
+    error = interrupted("study", jobs, [], [], Progress(3, said.append))
+    assert str(error).startswith(
+        "sweep of study 'study' interrupted: 1 run stopped, 2 runs completed; run the same"
+    )
+    assert [line.split(": ", 1)[1].split(" (log")[0] for line in said[1:]] == [
+        "completed at step 7",
+        "completed at step 7",
+        "interrupted at step 7, no checkpoint",
+    ]
+    error = interrupted("study", jobs[:2], [], [], Progress(2, said.append))
+    assert "interrupted: 2 runs completed; run" in str(error) and "stopped" not in str(error)

@@ -73,13 +73,19 @@ def interrupted(
     them, say where each stands and which of ``todo`` were not started, one line each; the
     exception to raise, whose one line sums up."""
     killed = _stop(running, progress.say)
+    ended: dict[str, int] = {}  # runs that reached their end as they were asked to stop
     for job in running:
         if job.item.handle is not None:  # a Slurm job's log is written on its allocation
             job.item.handle.close()
-        progress.line(job, f"{_stop_text(job.item.cfg.run_dir())} (log: {shown(job.item.log)})")
+        text, status = _stop_text(job.item.cfg.run_dir())
+        if status in DONE:
+            ended[status] = ended.get(status, 0) + 1
+        progress.line(job, f"{text} (log: {shown(job.item.log)})")
     for job in todo:
         progress.line(job, "not started")
-    parts = [f"{_runs(len(running))} {'killed' if killed else 'stopped'}"] if running else []
+    stopped = len(running) - sum(ended.values())
+    parts = [f"{_runs(stopped)} {'killed' if killed else 'stopped'}"] if stopped else []
+    parts += [f"{_runs(n)} {status}" for status, n in ended.items()]
     parts += [f"{_runs(len(todo))} not started"] if todo else []
     parts += [f"{_runs(len(failed))} failed before the interrupt"] if failed else []
     return RunInterrupted(
@@ -130,20 +136,22 @@ def _kill(running: list[SweepJob]) -> None:
         job.proc.wait()
 
 
-def _stop_text(run_dir: Path) -> str:
-    """Where a stopped run stands, from its summary.json: status, step, checkpoint."""
+def _stop_text(run_dir: Path) -> tuple[str, str | None]:
+    """Where a stopped run stands, from its summary.json (status, step, checkpoint), and its
+    status (None: no summary)."""
     from lbsgd import checkpoint  # torch: already imported by the sweep's checks
 
     try:
         s = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
-        return "stopped before training began"
+        return "stopped before training began", None
     status, steps = s.get("status"), s.get("steps")
     kept = (run_dir / checkpoint.NAME).exists()
     if status in DONE:
-        return f"{status} at step {steps}"
+        return f"{status} at step {steps}", status
     if status == "interrupted":
-        return f"interrupted at step {steps}, " + ("checkpoint kept" if kept else "no checkpoint")
+        kept_text = "checkpoint kept" if kept else "no checkpoint"
+        return f"interrupted at step {steps}, {kept_text}", status
     return f"status {status} at step {steps}, " + (
         "resumes from its last checkpoint" if kept else "no checkpoint: restarts"
-    )
+    ), status

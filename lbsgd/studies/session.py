@@ -104,6 +104,20 @@ class Session:
             )
 
 
+def to_terminal(text: str) -> None:
+    """``text`` to the kernel's own stderr (the terminal that started it), in one write, and not
+    into the cell: ipykernel (6 and later) watches the process's fd 2 and copies what is written
+    there into the cell's output as well as to the terminal (JupyterLab showed the sweep's
+    summary twice, this line and the cell's error); its copy of the terminal's fd is written
+    directly where it watches."""
+    fd = getattr(sys.stderr, "_original_stdstream_copy", None)  # ipykernel's OutStream
+    if isinstance(fd, int) and getattr(sys.stderr, "_should_watch", False):
+        os.write(fd, text.encode())
+        return
+    sys.__stderr__.write(text)
+    sys.__stderr__.flush()
+
+
 def one_line_errors() -> bool:
     """In an IPython kernel (JupyterLab, papermill): a ConfigError (a bad notebook parameter,
     a bad key) shows as its one line, ``lbsgd: error: …``, in the cell and in papermill's
@@ -126,8 +140,7 @@ def one_line_errors() -> bool:
                 # leaves at Ctrl-C without showing the cell's error) or of JupyterLab's server
                 # in one write, the newline with it: papermill writes the cells' output to the
                 # same terminal, and print's two writes let a line of its in between
-                sys.__stderr__.write(f"lbsgd: {value}\n")
-                sys.__stderr__.flush()
+                to_terminal(f"lbsgd: {value}\n")
         else:
             line = f"lbsgd: error: {value}"
         shell._showtraceback(etype, value, [line])  # the cell's error output: this line alone
