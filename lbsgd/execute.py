@@ -127,8 +127,9 @@ def execute(
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-    if not Path(notebook).is_file():
-        print(f"lbsgd: error: notebook {notebook} does not exist", file=sys.stderr, flush=True)
+    problem = _problem(notebook, output, parameters)
+    if problem:
+        print(f"lbsgd: error: {problem}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     # the kernel leaves an interrupt's summary to this process (lbsgd.kernel_log)
     os.environ[kernel_log.SUMMARY_PRINTED_BY_CLIENT] = "1"
@@ -161,6 +162,29 @@ def execute(
         running.replace(out)
         return 0
     return _failed(failure, running, out, interrupted)
+
+
+def _problem(notebook, output, parameters: Mapping[str, Any]) -> str | None:
+    """Why the command cannot run, in one line, before a kernel starts: no such notebook, an
+    OUTPUT that is the notebook itself or lies in no folder, a parameter the notebook does not
+    declare (papermill would only warn, and run the whole study at its defaults)."""
+    import papermill as pm
+
+    nb, out = Path(notebook), Path(output)
+    if not nb.is_file():
+        return f"notebook {notebook} does not exist"
+    if out.resolve() == nb.resolve():
+        return f"OUTPUT {output} is the notebook itself: name where the executed copy goes"
+    if not out.parent.is_dir():
+        return f"OUTPUT {output}: no folder {out.parent} to write it in"
+    declared = pm.inspect_notebook(str(nb))
+    unknown = [k for k in parameters if k not in declared]
+    if unknown:
+        return (
+            f"-p {unknown[0]}: not a parameter of {notebook} (its parameters: "
+            f"{', '.join(declared)})"
+        )
+    return None
 
 
 # what papermill and nbclient record of one execution: times, durations, the kernel's messages'

@@ -115,17 +115,33 @@ def test_a_bad_parameter_is_one_line_and_leaves_the_result_it_would_replace_whol
     assert not list(tmp_path.glob("*.running.ipynb"))
 
 
-def test_a_missing_notebook_is_one_line(tmp_path):
+NB = str(REPO / "notebooks" / "02_warmup.ipynb")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["{tmp}/nope.ipynb", "out.ipynb"], "notebook {tmp}/nope.ipynb does not exist"),
+        ([NB, NB], f"OUTPUT {NB} is the notebook itself: name where the executed copy goes"),
+        (
+            [NB, "{tmp}/no/out.ipynb"],
+            "OUTPUT {tmp}/no/out.ipynb: no folder {tmp}/no to write it in",
+        ),
+        # papermill only warns of a parameter the notebook lacks, and runs it at its defaults
+        ([NB, "{tmp}/out.ipynb", "-p", "profil", "smoke"], "-p profil: not a parameter of " + NB),
+    ],
+)
+def test_bad_input_is_one_line_before_a_kernel_starts(tmp_path, args, line):
+    args = [a.format(tmp=tmp_path) for a in args]
     r = subprocess.run(
-        [sys.executable, "-m", "lbsgd", "execute", str(tmp_path / "nope.ipynb"), "out.ipynb"],
+        [sys.executable, "-m", "lbsgd", "execute", *args],
         capture_output=True,
         text=True,
         env=subprocess_env(),
     )
-    assert (
-        r.returncode == 2
-        and r.stderr == f"lbsgd: error: notebook {tmp_path / 'nope.ipynb'} does not exist\n"
-    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"lbsgd: error: {line.format(tmp=tmp_path)}"), r.stderr
+    assert list(tmp_path.iterdir()) == [] and r.stdout == ""
 
 
 @pytest.mark.slow
