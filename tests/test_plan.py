@@ -319,6 +319,7 @@ def _plan(tmp_path, *options, keys=None):
         (["--target", "error=22", "--probe-epochs", "0"], "--probe-epochs=0"),
         (["--target", "error=22", "--timing-samples", "0"], "--timing-samples=0"),
         (["--target", "error=22", "--timing-runs", "0"], "--timing-runs=0"),
+        (["--target", "error=22", "batch_size=16"], "batch_size=16: the plan's probe needs"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_option_and_nothing_is_written(
@@ -786,3 +787,6 @@ def test_a_plan_check_refuses_in_one_line_before_any_run(tmp_path, capsys):
     assert not (plan_dir / "check").exists()
     assert cli.main(["plan", "-c", str(plan_dir / "recommended.yaml")]) == cli.EXIT_BAD_INPUT
     assert capsys.readouterr().err.startswith("lbsgd: error: --target: required")
+    a_file = ["--target", "error=5", "--out", str(plan_dir / "plan.json")]
+    assert cli.main(["plan", "-c", str(plan_dir / "recommended.yaml"), *a_file]) == 2
+    assert "plan.json: a file; expected a new folder" in capsys.readouterr().err

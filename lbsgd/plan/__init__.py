@@ -138,6 +138,8 @@ def request(args: Any) -> Request:
     gpus = gpus or here_counts(cfg)
     out = _out(Path(args.out) if args.out else Path(cfg.out_dir) / "plans" / cfg.run_name())
     _check_reference(cfg, reference)
+    if reference is None:  # the probe's keys (two micro-batches a step at least) hold
+        entry.check(cfg.replace(**measure.probe_keys(cfg, target, out, args.probe_epochs)), 1, 1)
     batches = batch_range(cfg, args.batches)
     _check_split(cfg, args.gpus or ",".join(map(str, gpus)), gpus, batches)
     if target.kind == "error" and reference is None and cfg.holdout == 0:
