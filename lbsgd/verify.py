@@ -401,10 +401,9 @@ def main(
     from lbsgd.studies import results_root
 
     root = results_root(results)
-    if n < 1 or parallel < 1:
-        return _bad(f"--sample={n} and --parallel={parallel} must be positive integers")
-    if not _damaged_named(root, skip_damaged):
-        return 1
+    refused = _refused(root, n, parallel, skip_damaged)
+    if refused is not None:
+        return refused
     runs = find_runs(root)
     if not runs:
         return _bad(f"no completed CPU runs under {root} (expected {root}/<study>/<run>/)")
@@ -425,6 +424,13 @@ def main(
     finally:
         if not out:
             shutil.rmtree(where, ignore_errors=True)
+
+
+def _refused(root: Path, n: int, parallel: int, skip_damaged: bool) -> int | None:
+    """The exit code of a verify that cannot start (bad numbers: 2; damaged runs: 1), or None."""
+    if n < 1 or parallel < 1:
+        return _bad(f"--sample={n} and --parallel={parallel} must be positive integers")
+    return None if _damaged_named(root, skip_damaged) else 1
 
 
 def _damaged_named(root: Path, skip: bool) -> bool:
