@@ -187,6 +187,13 @@ def _plan_parser(sub) -> None:
         "a slow spell of the machine)",
     )
     pl.add_argument(
+        "--lr-rule",
+        default=None,
+        help="each row's lr: saturating (McCandlish et al.: eps_max/(1 + B_noise/B) through the "
+        "probe's lr; SGD's and LARS's default), linear (Goyal et al.), sqrt (the Adam family's "
+        "default)",
+    )
+    pl.add_argument(
         "--check",
         default=None,
         metavar="DIR",

@@ -222,11 +222,20 @@ def test_the_recommendation_moves_as_it_must_with_alpha_beta_and_the_noise_scale
         assert best.batch <= b_crit
 
 
-def test_the_lr_follows_each_optimizers_rule_and_warns_above_the_noise_scale_for_adam():
-    """Linear for SGD and LARS, square root for LAMB and AdamW (base 0.1 per 256 at 1024: 0.4 and
-    0.2); the Adam family is warned above B_noise, SGD never."""
+def test_the_lr_follows_each_rule_and_warns_above_the_noise_scale_for_adam():
+    """SGD and LARS by default McCandlish's saturating rule through the probe's point (base 0.1
+    per 256, B_noise 256: eps_max = 0.1 x (1 + 256/256) = 0.2, at 1024 0.2/(1 + 1/4) = 0.16);
+    Goyal's linear rule by name (0.4 at 1024); square root for LAMB and AdamW (0.2); the rules
+    agree at the probe's batch; the Adam family is warned above B_noise, SGD never."""
     x = _inputs()
-    assert model.row(x, 1024, 1).lr == pytest.approx(0.4)
+    assert model.row(x, 1024, 1).lr == pytest.approx(0.16)
+    assert model.row(_inputs(lr_rule="linear"), 1024, 1).lr == pytest.approx(0.4)
+    probe = _inputs(probe_batch=64, probe_lr=0.03)  # anchored at the probe's own lr
+    assert model.row(probe, 64, 1).lr == pytest.approx(0.03)
+    assert probe.lr.eps_max == pytest.approx(0.03 * (1 + 256 / 64))
+    assert model.row(probe, 4096, 1).lr == pytest.approx(0.15 / (1 + 256 / 4096))
+    for b in (64, 256, 1024):  # never above the linear rule through the same point
+        assert model.row(probe, b, 1).lr <= 0.03 * b / 64 * (1 + 1e-12)
     lamb = model.row(_inputs(optimizer="lamb"), 1024, 1)
     assert lamb.lr == pytest.approx(0.2) and "B_noise" in lamb.warning
     assert model.row(_inputs(optimizer="adamw"), 128, 1).warning is None
@@ -320,6 +329,7 @@ def _plan(tmp_path, *options, keys=None):
         (["--target", "error=22", "--timing-samples", "0"], "--timing-samples=0"),
         (["--target", "error=22", "--timing-runs", "0"], "--timing-runs=0"),
         (["--target", "error=22", "batch_size=16"], "batch_size=16: the plan's probe needs"),
+        (["--target", "error=22", "--lr-rule", "cubic"], "--lr-rule='cubic'"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_option_and_nothing_is_written(
@@ -376,11 +386,11 @@ def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
     ) or (best["gpus"] == 1 and best["command"].startswith("lbsgd train -c"))
     assert best["wall_s"] == min(r["wall_s"] for r in doc["rows"] if r["within_factor"])
     rec = config.load([out / "recommended.yaml"])
-    assert (rec.batch_size, rec.micro_batch, rec.lr_scaling) == (
-        best["batch"],
-        best["micro_batch"],
-        "linear",
-    )
+    assert (rec.batch_size, rec.micro_batch) == (best["batch"], best["micro_batch"])
+    # the saturating rule's lr itself, the warmup starting where the config's does
+    assert doc["lr_rule"]["rule"] == "saturating" and rec.lr_scaling == "none"
+    derived = config.derive(rec, best["gpus"], 3500)
+    assert (derived.lr, derived.warmup_start_lr) == (best["lr"], keys["base_lr"])
     assert rec.stop_at_error == 75
     config.check_world(rec, best["gpus"])
     assert (out / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -692,14 +702,28 @@ def test_each_rows_lr_and_warmup_are_what_its_config_derives(tmp_path):
 
     cfg = from_dict({**TINY, "warmup_epochs": 0.37, "out_dir": str(tmp_path)})
     n = data.train_size(cfg)
-    x = _inputs(train_samples=n, warmup_epochs=0.37, base_lr=0.05, reference_batch=64)
+    from lbsgd import plan as planner
+
+    fractional = 0
+    for rule in ("saturating", "linear"):
+        x = _inputs(
+            train_samples=n, warmup_epochs=0.37, base_lr=0.05, reference_batch=64, lr_rule=rule
+        )
+        fractional += _rows_derive(x, cfg, n, planner)
+    assert fractional  # the rounding rule was exercised
+
+
+def _rows_derive(x, cfg, n, planner) -> int:
     fractional = 0
     for r in model.table(x, model.powers_of_two(16, 256), (1, 2)):
-        run = cfg.replace(batch_size=r.batch, micro_batch=r.micro_batch, lr_scaling="linear")
+        rule = x.lr.rule
+        keys = planner.lr_keys(cfg, rule, r.lr)
+        run = cfg.replace(batch_size=r.batch, micro_batch=r.micro_batch, **keys)
         d = config.derive(run, r.gpus, n)
+        assert d.warmup_start_lr == cfg.base_lr  # the warmup starts where the config's does
         assert (r.lr, r.warmup_steps) == (pytest.approx(d.lr), d.warmup_steps)
         fractional += (0.37 * n / r.batch) % 1 != 0
-    assert fractional  # the rounding rule was exercised
+    return fractional
 
 
 def _steady(one, two):
@@ -790,3 +814,59 @@ def test_a_plan_check_refuses_in_one_line_before_any_run(tmp_path, capsys):
     a_file = ["--target", "error=5", "--out", str(plan_dir / "plan.json")]
     assert cli.main(["plan", "-c", str(plan_dir / "recommended.yaml"), *a_file]) == 2
     assert "plan.json: a file; expected a new folder" in capsys.readouterr().err
+
+
+# -- rows that say how sure they are (issue: every plan row holds) -------------------------------
+
+
+def _noise_records(trace, g_sq, steps, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "kind": "train",
+            "step": s,
+            "gns_trace": trace * (1 + noise * rng.standard_normal()),
+            "gns_g_sq": g_sq * (1 + noise * rng.standard_normal()),
+        }
+        for s in range(1, steps + 1)
+    ]
+
+
+def test_the_noise_scales_interval_holds_the_truth_and_narrows_with_less_noise():
+    """tr(Σ)/|G|² = 200 in steps whose estimates scatter by 30% or 5%: both intervals hold 200,
+    the quieter one inside the noisier; too few steps in the half octave, or |G|² at or below
+    zero, give none."""
+    wide = measure.noise_interval(_noise_records(20.0, 0.1, 400, 0.3), 400)
+    narrow = measure.noise_interval(_noise_records(20.0, 0.1, 400, 0.05), 400)
+    assert wide[0] < 200 < wide[1] and narrow[0] < 200 < narrow[1]
+    assert wide[0] < narrow[0] and narrow[1] < wide[1]
+    assert measure.noise_interval(_noise_records(20.0, 0.1, 24), 24) is None  # 7 steps in it
+    assert measure.noise_interval(_noise_records(20.0, -0.1, 400), 400) is None
+
+
+def test_the_probes_steps_lie_between_the_evaluations_around_the_crossing():
+    pts = [(8.0, 80.0), (16.0, 60.0), (32.0, 40.0), (64.0, 20.0)]
+    assert measure.crossing_bracket(pts, 50.0) == (16.0, 32.0)
+    assert measure.first_crossing(pts, 50.0) == pytest.approx(2**4.5)  # inside it
+    assert measure.crossing_bracket(pts, 90.0) is None  # there at the first point
+    assert measure.crossing_bracket(pts, 10.0) is None  # never
+
+
+def test_each_rows_steps_range_is_the_model_at_its_inputs_corners_and_far_rows_are_marked():
+    """S(B) = S_ref (1 + B_crit/B)/(1 + B_crit/B_ref) at B_crit 150..300 and S_ref 400..500 (the
+    probe at 64): by hand at 512; rows past 4 B_crit and GPU counts beyond those timed marked."""
+    x = _inputs(
+        b_crit=200.0,
+        s_min=model.s_min_from(450.0, 64, 200.0),
+        probe_batch=64,
+        b_crit_range=(150.0, 300.0),
+        steps_range=(400.0, 500.0),
+        timed_gpus=2,
+    )
+    r = model.row(x, 512, 1)
+    lo = 400 * (1 + 300 / 512) / (1 + 300 / 64)  # a larger B_crit: fewer steps above the probe
+    hi = 500 * (1 + 150 / 512) / (1 + 150 / 64)
+    assert r.steps_range == pytest.approx((lo, hi)) and lo < r.steps < hi
+    assert r.extrapolated == () and model.row(x, 512, 4).extrapolated == ("4 GPUs > 2 timed",)
+    assert model.row(x, 1024, 1).extrapolated == ("batch > 4 B_crit",)
+    assert model.row(_inputs(), 512, 1).steps_range is None  # no interval given: none claimed

@@ -46,6 +46,7 @@ class Request:
     batches: tuple[int, ...]
     timing_samples: int | None
     timing_runs: int | None = None  # None: measure.TIMING_RUNS
+    lr_rule: str | None = None  # None: the optimizer's (lbsgd.plan.model.DEFAULT_RULE)
 
 
 def interconnect(text: str) -> tuple[costmodel.Link, str]:
@@ -129,6 +130,7 @@ def _check_numbers(args: Any) -> None:
 def request(args: Any) -> Request:
     """The command line's options checked, each with one line naming it; nothing runs before."""
     target = _target(args.target)
+    _rule(getattr(args, "lr_rule", None))
     gpus = gpu_counts(args.gpus) if args.gpus is not None else None
     link, source = interconnect(args.interconnect)
     reference = Path(args.reference) if args.reference else None
@@ -162,7 +164,14 @@ def request(args: Any) -> Request:
         batches,
         args.timing_samples,
         args.timing_runs,
+        _rule(getattr(args, "lr_rule", None)),
     )
+
+
+def _rule(text: str | None) -> str | None:
+    if text is not None and text not in model.RULES:
+        raise ConfigError(f"--lr-rule={text!r}: expected one of {', '.join(model.RULES)}")
+    return text
 
 
 def _target(text: str | None) -> Target:
@@ -220,15 +229,25 @@ def probe(r: Request) -> measure.Probe:
     return measure.read_probe(measure.run_probe(cfg), r.target, "ran")
 
 
-def inputs(r: Request, p: measure.Probe, compute: model.Compute, grad_bytes: float) -> model.Inputs:
-    return inputs_for(r.config, p, compute, r.link, grad_bytes)
+def inputs(r: Request, p: measure.Probe, compute: model.Compute, timing: dict) -> model.Inputs:
+    timed = measure.SYNC_PROCESSES if "parallel_per_sample_s" in timing else 1
+    return inputs_for(
+        r.config, p, compute, r.link, timing["grad_bytes"], r.lr_rule, timed_gpus=timed
+    )
 
 
 def inputs_for(
-    c: Config, p: measure.Probe, compute: model.Compute, link: costmodel.Link, grad_bytes: float
+    c: Config,
+    p: measure.Probe,
+    compute: model.Compute,
+    link: costmodel.Link,
+    grad_bytes: float,
+    lr_rule: str | None = None,
+    timed_gpus: int = 0,
 ) -> model.Inputs:
-    """The model's inputs: B_crit the probe's B_simple at the target, S_min from its steps there,
-    the config's dataset size, optimizer, lr and warmup."""
+    """The model's inputs: B_crit the probe's B_simple at the target (with its interval), S_min
+    from its steps there, the config's dataset size, optimizer, lr and warmup, the lr rule
+    (None: the optimizer's) through the probe's lr."""
     b_crit = p.b_at_target
     return model.Inputs(
         b_crit=b_crit,
@@ -242,23 +261,38 @@ def inputs_for(
         reference_batch=c.reference_batch,
         warmup_epochs=c.warmup_epochs if c.warmup != "none" else 0.0,
         granule=c.bn_batch,
+        lr_rule=lr_rule,
+        probe_batch=p.batch,
+        probe_lr=p.lr if math.isfinite(p.lr) else 0.0,
+        b_crit_range=p.b_range,
+        steps_range=p.steps_range,
+        timed_gpus=timed_gpus,
     )
 
 
 def recommended_config(r: Request, best: model.Row) -> Config:
-    """The config of the recommended row: its batch, micro-batch and lr rule; epochs enough for
-    the predicted steps (twice them where the run stops at an error target)."""
-    rule, _ = model.lr_rule(r.config.optimizer)
+    """The config of the recommended row: its batch, micro-batch and lr; epochs enough for the
+    predicted steps (twice them where the run stops at an error target)."""
     epochs = best.epochs * (EPOCHS_MARGIN if r.target.kind == "error" else 1.0)
     keys: dict[str, Any] = {
         "batch_size": best.batch,
         "micro_batch": best.micro_batch,
-        "lr_scaling": rule,
+        **lr_keys(r.config, model.lr_rule(r.config.optimizer, r.lr_rule)[0], best.lr),
         "epochs": math.ceil(epochs * 100) / 100,
     }
     if r.target.kind == "error":  # evaluated log-spaced, as the probe: its steps measurable
         keys |= {"stop_at_error": r.target.value, "eval_per_octave": measure.PER_OCTAVE}
     return r.config.replace(**keys)
+
+
+def lr_keys(cfg: Config, rule: str, lr: float) -> dict[str, Any]:
+    """The keys that give a run at a row's batch the row's peak ``lr``: the config's lr_scaling
+    set to the rule (linear, sqrt), or for the saturating rule, the lr itself (``lr_scaling:
+    none``) with the warmup starting where the config's starts."""
+    if rule != "saturating":
+        return {"lr_scaling": rule}
+    start = cfg.warmup_lr if cfg.warmup_lr is not None else cfg.base_lr
+    return {"lr_scaling": "none", "base_lr": lr, "warmup_lr": start}
 
 
 def command(best: model.Row, path: Path) -> str:
@@ -283,7 +317,7 @@ def plan(r: Request) -> dict[str, Any]:
             r.config, compute, r.link, timing["grad_bytes"], r.timing_samples, r.timing_runs, log
         )
         timing = {**timing, **info}
-    x = inputs(r, p, compute, timing["grad_bytes"])
+    x = inputs(r, p, compute, timing)
     _say("3/3 predicting")
     rows = model.table(x, r.batches, r.gpus)
     steady = measure.steadiness(timing)
@@ -364,7 +398,7 @@ def _timing_caveats(steady: dict) -> list[str]:
 
 
 def _document(r, p, x, timing, rows, best) -> dict[str, Any]:
-    rule, source = model.lr_rule(r.config.optimizer)
+    rule, source = model.lr_rule(r.config.optimizer, r.lr_rule)
     return {
         "config": {"files": list(r.files), "overrides": list(r.overrides)},
         "target": str(r.target),
@@ -381,7 +415,7 @@ def _document(r, p, x, timing, rows, best) -> dict[str, Any]:
             "bandwidth_Bps": r.link.bandwidth_Bps,
             "source": r.link_source,
         },
-        "lr_rule": {"rule": rule, "source": source},
+        "lr_rule": {"rule": rule, "source": source, "inputs": x.lr.describe(), **asdict(x.lr)},
         "e_factor": model.E_FACTOR,
         "rows": [row.as_dict() for row in rows],
         "recommended": best.as_dict() if best is not None else {},
@@ -408,11 +442,40 @@ def _draw_steps(ax, doc: dict[str, Any]) -> None:
     first = min(r["gpus"] for r in rows)
     one = [r for r in rows if r["gpus"] == first]
     ax.plot([r["batch"] for r in one], [r["steps"] for r in one], "o-", label="predicted")
+    _draw_bands(ax, one)
     ax.plot([doc["probe"]["batch"]], [doc["probe"]["steps"]], "k*", ms=12, label="probe run")
     ax.axvline(doc["b_crit"], color="grey", ls="--", label=f"B_crit {doc['b_crit']:.0f}")
     ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="steps to target")
     ax.set_title(f"steps to {doc['target']}")
     ax.legend(fontsize=8)
+
+
+def _past_checked(row: dict[str, Any]) -> bool:
+    return any("B_crit" in e for e in row.get("extrapolated", ()))
+
+
+def _draw_bands(ax, one: list[dict[str, Any]]) -> None:
+    """The steps' interval as a band, and the rows past the checked batches hollow."""
+    ranged = [(r["batch"], *r["steps_range"]) for r in one if r.get("steps_range")]
+    if ranged:
+        batch, lo, hi = zip(*ranged, strict=True)
+        ax.fill_between(
+            batch,
+            lo,
+            hi,
+            alpha=0.25,
+            label="its range (B_crit's 95% interval, the probe's bracket)",
+        )
+    far = [r for r in one if _past_checked(r)]
+    if far:
+        ax.plot(
+            [r["batch"] for r in far],
+            [r["steps"] for r in far],
+            "o",
+            mfc="white",
+            color="C0",
+            label=f"extrapolated (batch > {model.CHECKED_UP_TO:g} B_crit)",
+        )
 
 
 def _draw_wall(ax, doc: dict[str, Any]) -> None:
@@ -470,7 +533,8 @@ def render(doc: dict[str, Any], gpus: Sequence[int] | None = None) -> str:
         + f"; x{p['growth']:.2f} per doubling of the steps (second half)",
         f"B_crit {doc['b_crit']:.0f} (B_simple at the target), S_min {doc['s_min']:.0f}, "
         f"E_min {doc['e_min']:.0f} samples ({doc['s_min_from']})",
-        f"lr: {doc['lr_rule']['rule']} rule ({doc['lr_rule']['source']})",
+        f"lr: {doc['lr_rule']['rule']} rule ({doc['lr_rule']['source']}); "
+        f"{doc['lr_rule'].get('inputs', '')}",
         f"interconnect: alpha {doc['interconnect']['alpha_s'] * 1e6:.1f} us, beta "
         f"{doc['interconnect']['bandwidth_Bps'] / 1e9:.3g} GB/s, {doc['interconnect']['source']}",
         f"compute: {doc['compute']['per_micro_s'] * 1e3:.2f} ms per micro-batch + "
@@ -481,7 +545,8 @@ def render(doc: dict[str, Any], gpus: Sequence[int] | None = None) -> str:
         *([_steadiness(doc["timing_steadiness"])] if doc.get("timing_steadiness") else []),
         "",
         f"{'batch':>6} {'gpus':>4} {'steps':>8} {'epochs':>7} {'lr':>8} {'warmup':>6} "
-        f"{'step ms':>8} {'wall':>9} {'stat eff':>8} {'sys eff':>7} {'E<=2Emin':>8}",
+        f"{'step ms':>8} {'wall':>9} {'stat eff':>8} {'sys eff':>7} {'E<=2Emin':>8} "
+        f"{'steps range':>11}",
     ]
     lines += [_row(r) for r in doc["rows"] if gpus is None or r["gpus"] in gpus]
     if doc.get("caveats"):
@@ -494,9 +559,15 @@ def _row(r: dict[str, Any]) -> str:
         f"{r['batch']:>6} {r['gpus']:>4} {r['steps']:>8.0f} {r['epochs']:>7.2f} "
         f"{r['lr']:>8.4g} {r['warmup_steps']:>6} {r['step_s'] * 1e3:>8.2f} "
         f"{_duration(r['wall_s']):>9} {r['statistical_efficiency']:>8.2f} "
-        f"{r['system_efficiency']:>7.2f} {'yes' if r['within_factor'] else 'no':>8}"
+        f"{r['system_efficiency']:>7.2f} {'yes' if r['within_factor'] else 'no':>8} "
+        f"{_range(r.get('steps_range')):>11}"
+        + (f"  ~ {', '.join(r['extrapolated'])}" if r.get("extrapolated") else "")
         + (f"  ! {r['warning']}" if r["warning"] else "")
     )
+
+
+def _range(pair) -> str:
+    return "-" if not pair else f"{pair[0]:.0f}-{pair[1]:.0f}"
 
 
 def _recommendation(doc: dict[str, Any]) -> list[str]:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from lbsgd import data, distributed, models, network, optim, tracking
-from lbsgd.config import Config, ConfigError, load
+from lbsgd.config import Config, ConfigError, load, lr_scale
 from lbsgd.models import ghost_bn
 from lbsgd.plan.model import Compute, fit_compute
 
@@ -74,6 +74,9 @@ class Probe:
     trend: list[tuple[int, float]] = field(default_factory=list)  # (step, B_simple) over the run
     growth: float = math.nan  # B_simple's growth per doubling of the steps (second half, fitted)
     img_per_s: float = math.nan  # the run's own throughput, steady state (median of its flushes)
+    lr: float = math.nan  # its peak lr
+    b_range: tuple[float, float] | None = None  # B at the target: 95% interval (noise_interval)
+    steps_range: tuple[float, float] | None = None  # its steps: the evaluations around them
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -123,6 +126,53 @@ def read_run(run_dir: Path) -> tuple[Config, list[dict]]:
     cfg = load([cfg_file])
     records = tracking.read_records(metrics)
     return cfg, records
+
+
+NOISE_WINDOW = 2**-0.5  # the noise scale's interval reads the steps from this share of the target's
+NOISE_BLOCKS = 10  # in this many consecutive blocks of steps (neighbouring steps' estimates
+# share their EMA's history, blocks far less), resampled
+NOISE_RESAMPLES = 2000
+
+
+def noise_interval(records: Sequence[dict], at: float) -> tuple[float, float] | None:
+    """A 95% interval of the noise scale at step ``at``: tr(Σ) over |G|² of the steps' unsmoothed
+    estimates in the half octave before it, cut into :data:`NOISE_BLOCKS` consecutive blocks
+    whose means are resampled in pairs (scipy's bootstrap, percentile, a fixed generator); None
+    with too few steps or a |G|² that comes out at or below zero."""
+    from scipy import stats as sps
+
+    pts = [
+        (r["gns_trace"], r["gns_g_sq"])
+        for r in records
+        if r.get("kind") == "train"
+        and r.get("gns_g_sq") is not None
+        and r.get("gns_trace") is not None
+        and NOISE_WINDOW * at <= r["step"] <= at
+    ]
+    if len(pts) < 2 * NOISE_BLOCKS:
+        return None
+    blocks = np.array_split(np.array(pts, dtype=float), NOISE_BLOCKS)
+    trace, g_sq = (np.array([b[:, i].mean() for b in blocks]) for i in (0, 1))
+    if g_sq.mean() <= 0:
+        return None
+    res = sps.bootstrap(
+        (trace, g_sq),
+        lambda t, g, axis=-1: t.mean(axis=axis) / np.clip(g.mean(axis=axis), 1e-30, None),
+        paired=True,
+        n_resamples=NOISE_RESAMPLES,
+        method="percentile",
+        rng=np.random.default_rng(0),
+    )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def crossing_bracket(points: Sequence[tuple[float, float]], target: float):
+    """The steps of the evaluation before the first that reaches ``target`` and of that one: the
+    first crossing lies between them (None where it never does, or at the first point)."""
+    for i, (s, v) in enumerate(points):
+        if v <= target:
+            return (float(points[i - 1][0]), float(s)) if i else None
+    return None
 
 
 def first_crossing(points: Sequence[tuple[float, float]], target: float) -> float | None:
@@ -242,6 +292,22 @@ def steps_to(curve: Sequence[tuple[float, float]], target: Target, last: int):
     )
 
 
+def _steady_rate(records: Sequence[dict]) -> float:
+    """The run's steady throughput: the median img/s of its second half of flushes."""
+    rates = [r["img_per_s"] for r in records if r.get("kind") == "train" and r.get("img_per_s")]
+    return float(statistics.median(rates[len(rates) // 2 :])) if rates else math.nan
+
+
+def _b_range(records, at: float, reading: float, b_target: float):
+    """:func:`noise_interval` at ``at``, widened to hold the EMA's ``reading`` there, and carried
+    on to the target as the reading is (``b_target``: past the probe's end, along its trend)."""
+    b_range = noise_interval(records, at)
+    if b_range is None:
+        return None
+    lo, hi = min(b_range[0], reading), max(b_range[1], reading)
+    return lo * b_target / reading, hi * b_target / reading
+
+
 def read_probe(run_dir: Path, target: Target, source: str) -> Probe:
     """The probe's measurements from a run's files; one line when the run does not approach the
     target (:func:`steps_to`)."""
@@ -255,7 +321,7 @@ def read_probe(run_dir: Path, target: Target, source: str) -> Probe:
     b_target = trend[-1][1]
     if how is not None and math.isfinite(growth):  # B_simple carried on along its trend
         b_target *= growth ** math.log2(steps / trend[-1][0])
-    rates = [r["img_per_s"] for r in records if r.get("kind") == "train" and r.get("img_per_s")]
+    b_range = _b_range(records, min(steps, last), trend[-1][1], b_target)
     return Probe(
         run_dir=str(run_dir),
         source=source,
@@ -266,7 +332,10 @@ def read_probe(run_dir: Path, target: Target, source: str) -> Probe:
         b_at_target=float(b_target),
         trend=trend,
         growth=growth,
-        img_per_s=float(statistics.median(rates[len(rates) // 2 :])) if rates else math.nan,
+        img_per_s=_steady_rate(records),
+        lr=cfg.base_lr * lr_scale(cfg.lr_scaling, cfg.batch_size / cfg.reference_batch),
+        b_range=b_range,
+        steps_range=crossing_bracket(points, target.value) if how is None else None,
     )
 
 

@@ -35,13 +35,19 @@ from dataclasses import asdict, dataclass
 from lbsgd import costmodel
 from lbsgd.config import epoch_steps, lr_scale
 
-# the learning-rate rule each optimizer gets, with its source
-LR_RULES: dict[str, tuple[str, str]] = {
-    "sgd": ("linear", "Goyal et al. 2017, §2.1: the linear scaling rule"),
-    "lars": ("linear", "You et al. 2017, §4: LARS with the linear rule and warmup"),
-    "lamb": ("sqrt", "You et al. 2020 (LAMB), §4: square-root scaling with warmup"),
-    "adamw": ("sqrt", "Malladi et al. 2022 (arXiv:2205.10287): the square-root rule for Adam"),
+# the learning-rate rules a plan gives its rows, each with its source (``lbsgd plan --lr-rule``)
+RULES: dict[str, str] = {
+    "saturating": "McCandlish et al. 2018, eq. 2.6-2.8: eps(B) = eps_max / (1 + B_noise/B), "
+    "linear far below B_noise and level far above it; eps_max through the probe's lr at its batch",
+    "linear": "Goyal et al. 2017, §2.1: the linear scaling rule (the saturating rule's limit far "
+    "below B_noise)",
+    "sqrt": "square-root scaling: You et al. 2020 (LAMB), §4; Malladi et al. 2022 "
+    "(arXiv:2205.10287) for Adam",
 }
+# each optimizer's rule by default: the linear rule ran 26-34% slow at 4x the probe's batch and
+# diverged at 16x on a network the plan was not tuned to, below B_crit; the Adam family keeps its
+# square root (tune the lr above B_noise: the warning)
+DEFAULT_RULE = {"sgd": "saturating", "lars": "saturating", "lamb": "sqrt", "adamw": "sqrt"}
 ADAM_FAMILY = ("lamb", "adamw")
 E_FACTOR = 2.0  # the recommendation: compute within this factor of E_min (B ≤ B_crit at 2)
 
@@ -98,16 +104,42 @@ def pollux_efficiency(batch: float, base: float, phi: float) -> float:
 # -- learning rate -------------------------------------------------------------------------------
 
 
-def lr_rule(optimizer: str) -> tuple[str, str]:
-    """(rule, source) of ``optimizer``: linear for SGD and LARS, square root for LAMB and AdamW."""
-    return LR_RULES[optimizer]
+def lr_rule(optimizer: str, rule: str | None = None) -> tuple[str, str]:
+    """(rule, source): ``rule`` if named, else ``optimizer``'s default (:data:`DEFAULT_RULE`)."""
+    name = rule or DEFAULT_RULE[optimizer]
+    return name, RULES[name]
 
 
-def peak_lr(optimizer: str, base_lr: float, batch: float, reference_batch: float) -> float:
-    """base_lr × (B/reference)^1 (linear) or ^½ (sqrt): the lr a run of the rule derives
-    (:func:`lbsgd.config.derived.lr_scale`, one rule)."""
-    rule, _ = lr_rule(optimizer)
-    return base_lr * lr_scale(rule, batch / reference_batch)
+@dataclass(frozen=True)
+class Lr:
+    """A rule's inputs: the config's ``base_lr`` at ``reference_batch`` (linear and square root:
+    what a run with ``lr_scaling`` derives, :func:`lbsgd.config.lr_scale`), and the probe's peak
+    lr ``anchor_lr`` at its batch ``anchor_batch`` with the noise scale ``b_noise`` (saturating:
+    McCandlish's curve through the probe's point, so ε_max = lr_probe (1 + B_noise/B_probe))."""
+
+    rule: str
+    base_lr: float
+    reference_batch: int
+    anchor_lr: float
+    anchor_batch: int
+    b_noise: float
+
+    @property
+    def eps_max(self) -> float:
+        return self.anchor_lr * (1 + self.b_noise / self.anchor_batch)
+
+    def at(self, batch: float) -> float:
+        if self.rule == "saturating":
+            return self.eps_max / (1 + self.b_noise / batch)
+        return self.base_lr * lr_scale(self.rule, batch / self.reference_batch)
+
+    def describe(self) -> str:
+        if self.rule != "saturating":
+            return f"base_lr {self.base_lr:g} at batch {self.reference_batch}"
+        return (
+            f"eps_max {self.eps_max:.4g} = the probe's lr {self.anchor_lr:.4g} at batch "
+            f"{self.anchor_batch} x (1 + B_noise {self.b_noise:.0f}/{self.anchor_batch})"
+        )
 
 
 def lr_warning(optimizer: str, batch: float, b_noise: float) -> str | None:
@@ -235,6 +267,19 @@ class Inputs:
     reference_batch: int
     warmup_epochs: float
     granule: int  # bn_batch: a worker's share is a multiple of it
+    lr_rule: str | None = None  # None: the optimizer's (DEFAULT_RULE)
+    probe_batch: int = 0  # the probe's batch (0: reference_batch) and peak lr (0: base_lr there)
+    probe_lr: float = 0.0
+    b_crit_range: tuple[float, float] | None = None  # the noise scale's interval at the target
+    steps_range: tuple[float, float] | None = None  # the probe's own steps: between evaluations
+    timed_gpus: int = 0  # the most processes timed at once (0: as many as planned)
+
+    @property
+    def lr(self) -> Lr:
+        rule, _ = lr_rule(self.optimizer, self.lr_rule)
+        batch = self.probe_batch or self.reference_batch
+        anchor = self.probe_lr or self.base_lr * batch / self.reference_batch
+        return Lr(rule, self.base_lr, self.reference_batch, anchor, batch, self.b_crit)
 
 
 @dataclass(frozen=True)
@@ -256,6 +301,8 @@ class Row:
     efficiency: float  # the product: the share of p workers' time that buys E_min's progress
     within_factor: bool  # E(B) ≤ E_FACTOR · E_min
     warning: str | None
+    steps_range: tuple[float, float] | None = None  # the steps over the inputs' intervals
+    extrapolated: tuple[str, ...] = ()  # what of the row lies beyond what was measured
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -283,7 +330,7 @@ def row(x: Inputs, batch: int, gpus: int) -> Row | None:
         micro_batch=micro,
         steps=steps,
         epochs=steps * batch / x.train_samples,
-        lr=peak_lr(x.optimizer, x.base_lr, batch, x.reference_batch),
+        lr=x.lr.at(batch),
         warmup_steps=epoch_steps(x.warmup_epochs, x.train_samples / batch),
         compute_s=t_c,
         allreduce_s=t_comm,
@@ -294,7 +341,38 @@ def row(x: Inputs, batch: int, gpus: int) -> Row | None:
         efficiency=stat * system,
         within_factor=batch * steps <= E_FACTOR * x.s_min * x.b_crit * (1 + 1e-9),
         warning=lr_warning(x.optimizer, batch, x.b_crit),
+        steps_range=steps_range(x, batch),
+        extrapolated=extrapolated(x, batch, gpus),
     )
+
+
+CHECKED_UP_TO = 4.0  # study 16 checks the steps at batches up to this times B_crit
+
+
+def steps_range(x: Inputs, batch: float) -> tuple[float, float] | None:
+    """S(B) = S_ref (1 + B_crit/B)/(1 + B_crit/B_ref) at the ends of the noise scale's interval
+    and of the probe's steps (monotone in each: its corners)."""
+    if x.b_crit_range is None and x.steps_range is None:
+        return None
+    ref = x.probe_batch or x.reference_batch
+    s_ref = x.s_min * (1 + x.b_crit / ref)
+    values = [
+        s * (1 + b / batch) / (1 + b / ref)
+        for b in (x.b_crit_range or (x.b_crit, x.b_crit))
+        for s in (x.steps_range or (s_ref, s_ref))
+    ]
+    return min(values), max(values)
+
+
+def extrapolated(x: Inputs, batch: float, gpus: int) -> tuple[str, ...]:
+    """What of a row no measurement stands behind: a batch past :data:`CHECKED_UP_TO` × B_crit
+    (beyond the batches study 16 checks), more processes than were timed at once."""
+    out = []
+    if batch > CHECKED_UP_TO * x.b_crit:
+        out.append(f"batch > {CHECKED_UP_TO:g} B_crit")
+    if x.timed_gpus and gpus > x.timed_gpus:
+        out.append(f"{gpus} GPUs > {x.timed_gpus} timed")
+    return tuple(out)
 
 
 def powers_of_two(lo: int, hi: int) -> list[int]:
