@@ -870,3 +870,76 @@ def test_each_rows_steps_range_is_the_model_at_its_inputs_corners_and_far_rows_a
     assert r.extrapolated == () and model.row(x, 512, 4).extrapolated == ("4 GPUs > 2 timed",)
     assert model.row(x, 1024, 1).extrapolated == ("batch > 4 B_crit",)
     assert model.row(_inputs(), 512, 1).steps_range is None  # no interval given: none claimed
+
+
+def _planned(b_crit=200.0, s_ref=400.0):
+    x = _inputs(
+        b_crit=b_crit,
+        s_min=model.s_min_from(s_ref, 64, b_crit),
+        probe_batch=64,
+        probe_lr=0.2,
+        train_samples=55_000,
+    )
+    rows = list(model.table(x, model.powers_of_two(64, 800), (1,)))
+    return x, rows
+
+
+def test_at_the_plans_lr_each_side_of_b_crit_is_decided_by_every_batchs_interval():
+    """Study 16's second part (lbsgd.studies.plan_lr): measured steps x1.1 the predicted at every
+    batch (seeds within 3%) are inside 25% below B_crit and 50% above (replayed); x2.2 at one
+    batch above (predicted over measured 0.45) is wholly outside (not replayed), as is a batch
+    whose seeds never reached the target (inf: they ran past the edge), where one such seed of
+    three leaves it open; seeds spread x0.6-x1.7 leave it undecided."""
+    from lbsgd.studies import plan_lr
+
+    x, rows = _planned()
+    near = {r.batch: [1.1 * r.steps * f for f in (0.97, 1.0, 1.03)] for r in rows}
+    below, above = plan_lr.findings("net", x, rows, near)
+    assert below.outcome == above.outcome == "replayed", below.evidence
+    assert "batch 64 " in below.evidence and "batch 256 " in above.evidence
+    far = {**near, 512: [2.2 * rows[3].steps * f for f in (0.97, 1.0, 1.03)]}
+    assert rows[3].batch == 512
+    assert plan_lr.findings("net", x, rows, far)[1].outcome == "not replayed"
+    never = {**near, 256: [math.inf] * 3}
+    assert plan_lr.findings("net", x, rows, never)[1].outcome == "not replayed"
+    one_never = {**near, 256: [math.inf, *near[256][1:]]}
+    assert plan_lr.findings("net", x, rows, one_never)[1].outcome == "undecided"
+    spread = {**near, 128: [rows[1].steps * f for f in (0.6, 1.0, 1.7)]}
+    assert plan_lr.findings("net", x, rows, spread)[0].outcome == "undecided"
+    invalid = plan_lr.findings("net", None, "the probe's error ends at 89.5", {})
+    assert [f.outcome for f in invalid] == ["invalid", "invalid"]
+
+
+def test_at_the_plans_lr_every_planned_batch_to_4_b_crit_trains_at_its_rows_lr_and_warmup():
+    """The runs: each planned batch up to 4 B_crit on each fresh seed, at the row's lr (the
+    saturating rule's, through the probe's), the warmup from the ladder's base lr, stopped at the
+    target with 8 evaluations a doubling, capped at 3x the row's epochs, on the network's keys."""
+    from lbsgd.studies import plan_lr
+    from lbsgd.studies.scales import PROFILES
+
+    profile = PROFILES["fashion-long"]
+    x, rows = _planned()
+    runs = plan_lr.to_target_runs(profile, "alexnet_bn", x, rows[:2])
+    assert [(r["batch_size"], r["seed"]) for r in runs] == [
+        (b, s) for b in (64, 128) for s in (8, 9, 10)
+    ]
+    for r, row in zip(runs, [rows[0]] * 3 + [rows[1]] * 3, strict=True):
+        cfg = config.from_dict(r)
+        d = config.derive(cfg, 1, 55_000)
+        assert cfg.model == "alexnet_bn" and d.lr == pytest.approx(row.lr)
+        assert d.warmup_start_lr == 0.025 and cfg.stop_at_error == 24.0  # AlexNet-BN's base
+        assert cfg.eval_per_octave == 8 and cfg.epochs >= 3 * row.epochs
+    assert plan_lr.to_target_runs(profile, "resnet8", None, "no plan") == []
+    probe = plan_lr.probe_run(profile, "alexnet_bn")
+    assert (probe["batch_size"], probe["seed"], probe["noise_scale"]) == (64, 2, True)
+    # the probe is one of the ladder's runs; the measuring seeds no other run of the profile uses
+    from lbsgd.studies import optimizers
+
+    c = profile.plan_check
+    used = {
+        *profile.seeds,
+        *profile.ladder["seeds"],
+        *optimizers.Grid.of(None, None, profile).seeds,
+    }
+    used |= {*profile.warmup_test["seeds"], *profile.warmup_test["ladder_seeds"]}
+    assert c["probe_seed"] in profile.ladder["seeds"] and not used & set(c["seeds"])

@@ -64,6 +64,10 @@ class Profile:
     # target); "holdout", the images held out to read it on; "seeds", the tuning seed (each
     # trial's), then the seeds that measure each k at its chosen lr
     ladder: Mapping[str, Any] = field(default_factory=dict)
+    # study 16's rows at the plan's own lr (lbsgd.studies.plan_lr, pre-registered there):
+    # "networks", name -> keys over the ladder's; "probe_seed", the probe's seed; "seeds", the
+    # fresh seeds every planned batch up to 4 B_crit trains on
+    plan_check: Mapping[str, Any] = field(default_factory=dict)
     # study 2's pre-registered warmup test (lbsgd.studies.warmup.preregistered_runs, docs/verdicts.md):
     # "k", the large minibatch where the linear rule's lr sits at the stability edge; "seeds",
     # fresh seeds, never used by a calibration, their number fixed before the runs from "sd", the
@@ -229,6 +233,7 @@ PROFILES: dict[str, Profile] = {
             "seeds": (0, 1),
             "keys": {"epochs": 4, "base_lr": 0.1},
         },
+        plan_check={"networks": {"resnet8": {}}, "probe_seed": 0, "seeds": (2, 3)},
     ),
     "cpu": Profile(
         name="cpu",
@@ -403,6 +408,22 @@ PROFILES: dict[str, Profile] = {
         # study 15's fit (results/fashion-long/steps_to_target/table.csv; seeds 2-7, 95% bootstrap
         # intervals S_min [88.7, 102.0], B_crit [307, 410]): the large minibatch's 1,875 steps are
         # 20.0x S_min
+        # study 16's check of every row at the plan's lr (lbsgd.studies.plan_lr): ResNet-8 and
+        # You et al.'s AlexNet-BN (BN after every conv: 1.48M parameters, FC-heavy, about 760
+        # img/s here against ResNet-8's 2,200), each planned from the ladder's probe at k = 4 of
+        # seed 2, its batches up to 4 B_crit on seeds 8, 9, 10 (no calibration or choice used
+        # them). AlexNet-BN's lr from calibration probes at k = 4 (seeds 99, 98, 97, held-out
+        # error): at the ladder's 0.05 per 16 it never reached 24% in 4 epochs (best 29.5%,
+        # 30-36% at the end); at the fashion profile's AlexNet lr, 0.025 per 16, 25.2% at step
+        # 1,024 and 21.8% at 1,218; at 0.0125, 22.5% at 1,024. Hence 0.025.
+        plan_check={
+            "networks": {
+                "resnet8": {},
+                "alexnet_bn": {"model": "alexnet_bn", "base_lr": 0.025},
+            },
+            "probe_seed": 2,
+            "seeds": (8, 9, 10),
+        },
         s_min=93.6,
         b_crit=363.6,
         s_min_target="study 15's held-out top-1 error 24%",

@@ -1,0 +1,189 @@
+"""Study 16, part two: every row of a plan at the plan's own lr, on networks it was not tuned to.
+
+Pre-registered (written before any of its runs, at the commit that added this module): for each
+network of the profile's ``plan_check["networks"]`` (at ``fashion-long``: ResNet-8 and You et
+al.'s AlexNet-BN, on Fashion-MNIST),
+
+1. the probe: study 15's ladder run at k = 4 (batch 64) to its target, the noise probe on, with
+   the network's keys, seed ``probe_seed``; ``lbsgd plan``'s rows from it (its default lr rule:
+   McCandlish's saturating rule through the probe's lr);
+2. every planned batch from the probe's up to 4 × the plan's B_crit (:data:`CHECKED_UP_TO`), on
+   the fresh ``seeds`` (three; none the probe's, none used to choose anything), each at the row's
+   lr and warmup (:func:`lbsgd.plan.lr_keys`), stopped at the target with
+   :data:`PER_OCTAVE` held-out evaluations per doubling of the steps, capped at :data:`CAP` times
+   the row's predicted epochs (so a run that never reaches the target has run past the band's
+   upper edge);
+3. per network, two claims: below the plan's B_crit every batch's predicted steps within 25% of
+   the measured (the geometric mean of the seeds), above it within 50%; each batch's ratio
+   decided by its 95% seed-bootstrap interval (:func:`lbsgd.stats.band`): every batch's interval
+   inside the band, replayed; one wholly outside, not replayed; else undecided. A run that never
+   reached the target counts as infinitely many steps (it ran past the edge).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lbsgd import findings as fs
+from lbsgd import plan as planner
+from lbsgd import stats, studies
+from lbsgd.config import ConfigError, from_dict
+from lbsgd.findings import Finding
+from lbsgd.plan import measure, model
+from lbsgd.studies import steps_to_target as stt
+from lbsgd.studies.scales import Profile
+
+CHECKED_UP_TO = model.CHECKED_UP_TO
+PER_OCTAVE = 8  # held-out evaluations per doubling of the steps (the issue's outside check's)
+CAP = 3.0  # a run's epochs: this times its row's predicted (past the +50% edge, with margin)
+PROBE_K = 4
+BELOW, ABOVE = 0.25, 0.50
+PAPER = "McCandlish et al. 2018: S = S_min (1 + B_noise/B) with eps(B) = eps_max/(1 + B_noise/B)"
+
+
+def claims(network: str) -> tuple[str, str]:
+    return (
+        f"{network} at the plan's lr: the predicted steps to the target lie within "
+        f"{100 * BELOW:.0f}% of the measured ones below the plan's B_crit",
+        f"{network} at the plan's lr: the predicted steps to the target lie within "
+        f"{100 * ABOVE:.0f}% of the measured ones above the plan's B_crit",
+    )
+
+
+def probe_run(profile: Profile, network: str) -> dict[str, Any]:
+    """The network's probe: the ladder's run at k = 4, its lr by the linear rule, the noise
+    probe on, with the network's keys."""
+    c = profile.plan_check
+    keys = stt.run_keys(profile, PROBE_K, 1.0, c["probe_seed"], stt.target_of(profile))
+    return {**keys, **c["networks"][network]}
+
+
+def plan_rows(probe_dir: Path, profile: Profile, compute, link, grad_bytes) -> tuple:
+    """(the plan's inputs, its one-GPU rows from the probe's batch to 4 B_crit) of a probe run
+    (step times from the study's compute: this part reads steps and lr alone); (None, why) where
+    the probe does not plan (``lbsgd plan``'s line)."""
+    target = measure.Target("error", stt.target_of(profile))
+    try:
+        p = measure.read_probe(probe_dir, target, "pointed at")
+    except ConfigError as e:
+        return None, str(e)
+    cfg, _ = measure.read_run(probe_dir)
+    x = planner.inputs_for(cfg, p, compute, link, grad_bytes)
+    top = CHECKED_UP_TO * x.b_crit
+    rows = [r for r in model.table(x, model.powers_of_two(p.batch, top), (1,)) if r.batch <= top]
+    return x, rows
+
+
+def to_target_runs(profile: Profile, network: str, x, rows) -> list[dict[str, Any]]:
+    """Each row's batch on each seed at the row's lr and warmup, to the target (none without a
+    plan)."""
+    if x is None:
+        return []
+    c = profile.plan_check
+    rule, goal = x.lr.rule, stt.target_of(profile)
+    out = []
+    for r in rows:
+        for seed in c["seeds"]:
+            keys = {
+                **stt.run_keys(profile, r.batch / profile.base["reference_batch"], 1.0, seed, goal),
+                **c["networks"][network],
+            }
+            keys |= {
+                "stop_at_error": goal,
+                "eval_per_octave": PER_OCTAVE,
+                "epochs": math.ceil(CAP * r.epochs * 100) / 100,
+                "noise_scale": False,
+                "noise_scale_batch": None,
+            }
+            keys |= planner.lr_keys(from_dict(keys), rule, r.lr)
+            out.append(keys)
+    return out
+
+
+def measured_steps(runs, target: float) -> dict[int, list[float]]:
+    """batch → each seed's steps to the target (the first crossing of its evaluations,
+    interpolated in log step; inf: never reached, having run past the band's upper edge)."""
+    goal = measure.Target("error", target)
+    out: dict[int, list[float]] = {}
+    if len(runs) == 0:  # no plan, no runs
+        return out
+    for r in runs.sort_values("seed").itertuples():
+        cfg, records = measure.read_run(Path(r.run_dir))
+        s = measure.first_crossing(measure.curve(cfg, records, goal), target)
+        out.setdefault(int(r.batch_size), []).append(math.inf if s is None else s)
+    return out
+
+
+def findings(network: str, x, rows, steps: dict[int, list[float]]) -> list[Finding]:
+    """The network's two claims (the module's docstring); both invalid where its probe did not
+    plan (``rows``: why)."""
+    if x is None:
+        v = studies.Verdict(None, f"the probe run does not plan: {rows}", invalid=True)
+        return [studies.finding(c, v, "no plan", paper=PAPER) for c in claims(network)]
+    return [_side(network, x, rows, steps, side) for side in ("below", "above")]
+
+
+def describe(network: str, x, rows, steps: dict[int, list[float]]) -> str:
+    """The network's plan and runs in a line."""
+    if x is None:
+        return f"{network}: not planned: {rows}"
+    return f"{network}: B_crit {x.b_crit:.0f}, {x.lr.rule} lr ({x.lr.describe()}); " + "; ".join(
+        f"batch {r.batch}: lr {r.lr:.3g}, {r.steps:.0f} predicted, measured "
+        + ", ".join(f"{s:.0f}" for s in steps.get(r.batch, []))
+        for r in rows
+    )
+
+
+def _side(network: str, x, rows, steps: dict[int, list[float]], side: str) -> Finding:
+    claim = claims(network)[0 if side == "below" else 1]
+    tol = BELOW if side == "below" else ABOVE
+    tests, parts = [], []
+    for r in rows:
+        if (r.batch <= x.b_crit) != (side == "below") or r.batch not in steps:
+            continue
+        got = np.asarray(steps[r.batch], dtype=float)
+        n = len(got)
+        draws = stats.seed_bootstrap(n, lambda i, g=got, p=r.steps: p / stt.gmean(g[i]))
+        t = stats.band(draws, r.steps / stt.gmean(got), 1 - tol, 1 + tol, n)
+        tests.append(t)
+        iv = t.interval
+        parts.append(
+            f"batch {r.batch} (lr {r.lr:.3g}): {r.steps:.0f} predicted, "
+            f"{stt.gmean(got):.0f} measured ({', '.join(f'{s:.0f}' for s in got)}), "
+            f"x{iv.diff:.2f} [x{iv.low:.2f}, x{iv.high:.2f}]"
+        )
+    head = (
+        f"plan from one probe: B_crit {x.b_crit:.0f}, {x.lr.rule} lr rule ({x.lr.describe()}); "
+        f"predicted over measured, geometric means of {len(next(iter(steps.values()), []))} seeds"
+    )
+    if not tests:
+        v = studies.Verdict(None, "no planned batch on this side of B_crit")
+        return studies.finding(claim, v, head, paper=PAPER)
+    p_for, p_against = stats.all_of(tests)
+    v = fs.decide(
+        p_for,
+        p_against,
+        f"p = {min(p_for, p_against):.3g} (every batch inside, or one wholly outside)",
+        f"not every interval inside x{1 - tol:g}-x{1 + tol:g}, none wholly outside",
+    )
+    return studies.finding(claim, v, head + "; " + "; ".join(parts), paper=PAPER)
+
+
+def networks(profile: Profile, chosen: Sequence[str] | None = None) -> Sequence[str]:
+    """The networks checked: ``chosen`` (the notebook's parameter), else the profile's; one line
+    naming one the profile does not define."""
+    own = tuple(profile.plan_check.get("networks", {}))
+    if chosen is None:
+        return own
+    unknown = [n for n in chosen if n not in own]
+    if unknown:
+        raise ConfigError(
+            f"networks={list(chosen)}: {unknown[0]!r} is not one of profile={profile.name}'s "
+            f"({', '.join(own) or 'none'})"
+        )
+    return tuple(chosen)
