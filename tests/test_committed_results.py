@@ -152,9 +152,10 @@ def test_every_committed_summary_has_the_declared_shape():
 def test_every_committed_finding_is_what_the_code_computes_from_the_committed_runs(
     profile, tmp_path
 ):
-    """Every notebook the profile replays, executed (papermill, W&B off) over a copy of the
-    committed runs, where every run is complete so nothing trains, writes the committed
-    findings.json and table.csv, and the report built from them is the committed REPORT.md."""
+    """Every notebook the profile replays, executed (papermill, W&B off, with the parameters its
+    committed executed copy records) over a copy of the committed runs, where every run is
+    complete so nothing trains, writes the committed findings.json and table.csv, and the report
+    built from them is the committed REPORT.md."""
     _runs(profile)
     root = tmp_path / "results"
     shutil.copytree(RESULTS / profile, root / profile, ignore=verify.RECORDS_ONLY)
@@ -169,11 +170,13 @@ def test_every_committed_finding_is_what_the_code_computes_from_the_committed_ru
     notebooks = sorted(str(p) for p in (RESULTS.parent / "notebooks").glob("[0-9]*_*.ipynb"))
     for nb in scales.notebooks(profile, notebooks):
         study = Path(nb).stem.split("_", 1)[1]
+        executed = json.loads((RESULTS / profile / study / Path(nb).name).read_text())
+        given = executed["metadata"]["papermill"]["parameters"]
+        own = {"profile": profile, "out_dir": str(root), "wandb": "disabled", "parallel": 1}
         cmd = [
             *(sys.executable, "-m", "papermill", "--no-progress-bar", nb),
             str(root / profile / study / Path(nb).name),
-            *("-p", "profile", profile, "-p", "out_dir", str(root)),
-            *("-p", "wandb", "disabled", "-p", "parallel", "1"),
+            *("-y", yaml.safe_dump({**given, **own})),
         ]
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         assert done.returncode == 0, f"{nb}: {done.stderr[-2000:]}"
