@@ -607,9 +607,15 @@ def _steps_resampled(plans: Sequence[Plan], ref: Reference, s: stt.SeedSteps, si
             f"measured, {_ratio_text(t)}"
         )
     head = f"B_crit {ref.b_crit:.0f} ({ref.source}'s fit); geometric means of {len(s.seeds)} seeds"
+    return every_batch(claim, tests, tol, head, parts, f"no batch of {ref.source} on this side")
+
+
+def every_batch(claim: str, tests, tol: float, head: str, parts, none: str, paper=PAPER):
+    """A claim on steps that holds when every batch's interval lies inside 1 ± ``tol``
+    (replayed) and fails when one lies wholly outside (not replayed); ``none``: why there is
+    no batch to test."""
     if not tests:
-        v = studies.Verdict(None, f"no batch of {ref.source} on this side")
-        return studies.finding(claim, v, head, paper=PAPER)
+        return studies.finding(claim, studies.Verdict(None, none), head, paper=paper)
     p_for, p_against = stats.all_of(tests)
     v = fs.decide(
         p_for,
@@ -617,7 +623,7 @@ def _steps_resampled(plans: Sequence[Plan], ref: Reference, s: stt.SeedSteps, si
         f"p = {min(p_for, p_against):.3g} (every batch inside, or one wholly outside)",
         f"not every interval inside x{1 - tol:g}-x{1 + tol:g}, none wholly outside",
     )
-    return studies.finding(claim, v, head + "; " + "; ".join(parts), paper=PAPER)
+    return studies.finding(claim, v, head + "; " + "; ".join(parts), paper=paper)
 
 
 def _step_time(plan: Plan, times, fixed: Sequence[int], nproc: int) -> Finding:

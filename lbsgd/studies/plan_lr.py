@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from lbsgd import findings as fs
 from lbsgd import plan as planner
 from lbsgd import stats, studies
 from lbsgd.config import ConfigError, from_dict
 from lbsgd.findings import Finding
 from lbsgd.plan import measure, model
+from lbsgd.studies import plan_check
 from lbsgd.studies import steps_to_target as stt
 from lbsgd.studies.scales import Profile
 
@@ -161,17 +161,8 @@ def _side(network: str, x, rows, steps: dict[int, list[float]], side: str) -> Fi
         f"plan from one probe: B_crit {x.b_crit:.0f}, {x.lr.rule} lr rule ({x.lr.describe()}); "
         f"predicted over measured, geometric means of {len(next(iter(steps.values()), []))} seeds"
     )
-    if not tests:
-        v = studies.Verdict(None, "no planned batch on this side of B_crit")
-        return studies.finding(claim, v, head, paper=PAPER)
-    p_for, p_against = stats.all_of(tests)
-    v = fs.decide(
-        p_for,
-        p_against,
-        f"p = {min(p_for, p_against):.3g} (every batch inside, or one wholly outside)",
-        f"not every interval inside x{1 - tol:g}-x{1 + tol:g}, none wholly outside",
-    )
-    return studies.finding(claim, v, head + "; " + "; ".join(parts), paper=PAPER)
+    none = "no planned batch on this side of B_crit"
+    return plan_check.every_batch(claim, tests, tol, head, parts, none, paper=PAPER)
 
 
 def networks(profile: Profile, chosen: Sequence[str] | None = None) -> Sequence[str]:
