@@ -191,7 +191,13 @@ def _plan_parser(sub) -> None:
         default=None,
         help="each row's lr: saturating (McCandlish et al.: eps_max/(1 + B_noise/B) through the "
         "probe's lr; SGD's and LARS's default), linear (Goyal et al.), sqrt (the Adam family's "
-        "default)",
+        "default); every rule capped by the lr range test",
+    )
+    pl.add_argument(
+        "--no-lr-test",
+        action="store_true",
+        help="skip the lr range test at the largest batch the plan vouches for (120 steps; "
+        "without it no row's lr is checked against a measured bound, and the plan says so)",
     )
     pl.add_argument(
         "--check",

@@ -243,6 +243,65 @@ def test_the_lr_follows_each_rule_and_warns_above_the_noise_scale_for_adam():
     assert model.row(x, 48, 2) is None  # 24 samples a GPU: no multiple of bn_batch 16
 
 
+def test_the_lr_range_tests_bound_caps_every_rule_along_the_saturating_curve():
+    """B_noise 256, the probe's lr 0.03 at 64 (eps_max 0.15), the range test's bound 0.05 at 512:
+    the bound's level 0.05 x (1 + 256/512) = 0.075 is eps_max, so at 1024 the lr is
+    0.075/(1 + 1/4) = 0.06, and at 128 0.075/3 = 0.025 (the probe's curve: 0.05); Goyal's linear
+    rule (0.4 at 1024) is capped there too and says so, naming its own lr; a bound above the
+    probe's curve changes nothing."""
+    x = _inputs(probe_batch=64, probe_lr=0.03, lr_bound=0.05, lr_bound_batch=512)
+    assert x.lr.eps_max == pytest.approx(0.075)
+    assert model.row(x, 1024, 1).lr == pytest.approx(0.06)
+    assert model.row(x, 128, 1).lr == pytest.approx(0.025)
+    assert "capped" in model.row(x, 1024, 1).warning and "range test" in x.lr.describe()
+    linear = model.row(dataclasses.replace(x, lr_rule="linear"), 1024, 1)
+    assert linear.lr == pytest.approx(0.06) and "the linear rule's 0.4)" in linear.warning
+    high = dataclasses.replace(x, lr_bound=1.0)
+    assert model.row(high, 1024, 1).lr == pytest.approx(0.15 / 1.25)
+    assert model.row(high, 1024, 1).warning is None
+
+
+def test_the_lr_range_tests_bound_is_where_the_smoothed_loss_turns_up():
+    """A loss falling 2.0 → 1.0 over lr 0.1 → 1.0, then rising 25% and more: the bound is the lr
+    at its (smoothed) minimum; one spike of a step moves nothing (the running median); a loss
+    falling to the end has no bound; one that leaves the numbers bounds at its smoothed
+    minimum before."""
+    from lbsgd.plan import lr_range
+
+    lr = np.linspace(0.1, 2.0, 120)
+    loss = np.where(lr <= 1.0, 2.0 - (lr - 0.1) / 0.9, 1.0 + 2 * (lr - 1.0))
+    bound, turned, diverged = lr_range.turning_point(lr, loss)
+    window = lr_range.SMOOTH // 2 * (lr[1] - lr[0])  # the median's reach, in lr
+    assert bound == pytest.approx(1.0, abs=window) and turned == pytest.approx(1.125, abs=window)
+    assert not diverged
+    spiked = loss.copy()
+    spiked[20] = 9.0
+    assert lr_range.turning_point(lr, spiked)[0] == bound
+    assert lr_range.turning_point(lr, np.linspace(2, 1, 120)) == (None, None, False)
+    nan = np.linspace(2, 1, 120)
+    nan[80:] = np.nan
+    assert lr_range.turning_point(lr, nan) == (lr[79], lr[80], True)  # fell to its last number
+
+
+@pytest.mark.slow
+def test_an_lr_range_test_is_a_trainer_run_whose_lr_rises_linearly_step_by_step(tmp_path):
+    """The range test's keys over a config train an ordinary run whose logged lr is the ramp from
+    low to high, one step each (the trainer's own gradual warmup), and read back as its test."""
+    from lbsgd.entry import train
+    from lbsgd.plan import lr_range
+
+    cfg = from_dict({**TINY, "out_dir": str(tmp_path)})
+    run = cfg.replace(**lr_range.keys(cfg, 128, 0.05, 1.6))
+    train(run)
+    records = [json.loads(line) for line in (run.run_dir() / "metrics.jsonl").open()]
+    lrs = [r["lr"] for r in records if "lr" in r]
+    ramp = [0.05 + (1.6 - 0.05) * t / lr_range.STEPS for t in range(lr_range.STEPS)]
+    assert lrs[: lr_range.STEPS] == pytest.approx(ramp)
+    test = lr_range.read(run.run_dir())
+    assert (test.batch, test.low, test.high) == (128, 0.05, 1.6)
+    assert test.bound is None or 0.05 <= test.bound <= 1.6
+
+
 # -- the probe's reading --------------------------------------------------------------------------
 
 
@@ -408,7 +467,14 @@ def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
     # the timing runs' own lines in timing.log, not among the plan's
     log = (out / "timing.log").read_text()
     assert log.count("lbsgd: completed:") == 3 + 2  # 3 sizes alone, 2 of 2 processes (rank 0)
-    assert "lbsgd: completed" not in printed.split("2/3 timing")[1]
+    assert "lbsgd: completed" not in printed.split("3/4 timing")[1]
+    # the lr range test at the largest planned batch up to 4 B_crit, its run beside the probe's,
+    # its bound (if found) capping every row's lr, and said
+    test = doc["lr_range_test"]
+    top = max(b for b in {r["batch"] for r in doc["rows"]} if b <= 4 * doc["b_crit"])
+    assert test["batch"] == top and Path(test["run_dir"]).parent == out / "lr_range"
+    assert f"lr range test at batch {top}" in printed
+    assert all(r["lr"] <= doc["lr_rule"]["eps_max"] * (1 + 1e-12) for r in doc["rows"])
     assert "timing: slowest over fastest of each size's 1 run(s)" in printed
     # log-spaced evaluations, so the recommended run measures its own steps to the target
     assert rec.eval_per_octave == measure.PER_OCTAVE
@@ -704,20 +770,27 @@ def test_each_rows_lr_and_warmup_are_what_its_config_derives(tmp_path):
     n = data.train_size(cfg)
     from lbsgd import plan as planner
 
-    fractional = 0
-    for rule in ("saturating", "linear"):
+    fractional = capped = 0
+    for rule, bound in (("saturating", None), ("linear", None), ("linear", 0.1)):
         x = _inputs(
-            train_samples=n, warmup_epochs=0.37, base_lr=0.05, reference_batch=64, lr_rule=rule
+            train_samples=n,
+            warmup_epochs=0.37,
+            base_lr=0.05,
+            reference_batch=64,
+            lr_rule=rule,
+            lr_bound=bound,
+            lr_bound_batch=128,
         )
         fractional += _rows_derive(x, cfg, n, planner)
-    assert fractional  # the rounding rule was exercised
+        capped += sum(x.lr.capped(b) for b in model.powers_of_two(16, 256))
+    assert fractional and capped  # the rounding rule and the range test's cap were exercised
 
 
 def _rows_derive(x, cfg, n, planner) -> int:
     fractional = 0
     for r in model.table(x, model.powers_of_two(16, 256), (1, 2)):
         rule = x.lr.rule
-        keys = planner.lr_keys(cfg, rule, r.lr)
+        keys = planner.lr_keys(cfg, rule, r.lr, r.batch)
         run = cfg.replace(batch_size=r.batch, micro_batch=r.micro_batch, **keys)
         d = config.derive(run, r.gpus, n)
         assert d.warmup_start_lr == cfg.base_lr  # the warmup starts where the config's does
@@ -870,6 +943,15 @@ def test_each_rows_steps_range_is_the_model_at_its_inputs_corners_and_far_rows_a
     assert r.extrapolated == () and model.row(x, 512, 4).extrapolated == ("4 GPUs > 2 timed",)
     assert model.row(x, 1024, 1).extrapolated == ("batch > 4 B_crit",)
     assert model.row(_inputs(), 512, 1).steps_range is None  # no interval given: none claimed
+    # B_crit a lower bound (B_simple still growing): above the probe's batch the steps reach down
+    # to perfect scaling from the probe's fewest, and the row says it is not vouched for
+    low = dataclasses.replace(x, b_crit_lower=True)
+    r = model.row(low, 512, 1)
+    assert r.steps_range == pytest.approx((400 * 64 / 512, hi))
+    assert r.extrapolated == ("B_crit a lower bound",)
+    assert model.row(low, 64, 1).extrapolated == () and model.row(low, 64, 1).steps_range == (
+        model.row(x, 64, 1).steps_range
+    )
 
 
 def _planned(b_crit=200.0, s_ref=400.0):
@@ -932,6 +1014,16 @@ def test_at_the_plans_lr_every_planned_batch_to_4_b_crit_trains_at_its_rows_lr_a
     assert plan_lr.to_target_runs(profile, "resnet8", None, "no plan") == []
     probe = plan_lr.probe_run(profile, "alexnet_bn")
     assert (probe["batch_size"], probe["seed"], probe["noise_scale"]) == (64, 2, True)
+    # the lr range test: the probe's network and seed at the largest planned batch, its lr rising
+    # from the probe's to twice the linear rule's there, one step each
+    (test,) = plan_lr.range_runs(profile, "alexnet_bn", x, rows)
+    cfg = config.from_dict(test)
+    d = config.derive(cfg, 1, 55_000)
+    top = rows[-1].batch
+    assert (cfg.model, cfg.seed, cfg.batch_size, cfg.noise_scale) == ("alexnet_bn", 2, top, False)
+    assert (d.warmup_start_lr, d.lr) == (0.2, pytest.approx(2 * 0.2 * top / 64))
+    assert d.warmup_steps == d.total_steps - 1 == 120 or d.warmup_steps == d.total_steps == 120
+    assert plan_lr.range_runs(profile, "resnet8", None, "no plan") == []
     # the probe is one of the ladder's runs; the measuring seeds no other run of the profile uses
     from lbsgd.studies import optimizers
 

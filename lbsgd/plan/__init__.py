@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from lbsgd import costmodel, data, entry, rundir
-from lbsgd.config import Config, ConfigError, dump, load
-from lbsgd.plan import measure, model
+from lbsgd.config import Config, ConfigError, dump, load, lr_scale
+from lbsgd.plan import lr_range, measure, model
 from lbsgd.plan.measure import Target
 
 DEFAULT_GPUS = (1, 2, 4, 8)
@@ -47,6 +47,7 @@ class Request:
     timing_samples: int | None
     timing_runs: int | None = None  # None: measure.TIMING_RUNS
     lr_rule: str | None = None  # None: the optimizer's (lbsgd.plan.model.DEFAULT_RULE)
+    lr_test: bool = True  # run the lr range test (lbsgd.plan.lr_range)
 
 
 def interconnect(text: str) -> tuple[costmodel.Link, str]:
@@ -165,6 +166,7 @@ def request(args: Any) -> Request:
         args.timing_samples,
         args.timing_runs,
         _rule(getattr(args, "lr_rule", None)),
+        not getattr(args, "no_lr_test", False),
     )
 
 
@@ -218,22 +220,45 @@ def _say(text: str) -> None:
 def probe(r: Request) -> measure.Probe:
     """The small-batch run: the one pointed at, else trained now into ``out/probe``."""
     if r.reference is not None:
-        _say(f"1/3 reading the small-batch run {r.reference}")
+        _say(f"1/4 reading the small-batch run {r.reference}")
         return measure.read_probe(r.reference, r.target, "pointed at")
     keys = measure.probe_keys(r.config, r.target, r.out, r.probe_epochs)
     cfg = r.config.replace(**keys)
     _say(
-        f"1/3 probe run: batch {cfg.batch_size} with the noise probe (B_small "
+        f"1/4 probe run: batch {cfg.batch_size} with the noise probe (B_small "
         f"{cfg.noise_scale_batch}) to {r.target}, at most {cfg.epochs:g} epochs, in {cfg.run_dir()}"
     )
     return measure.read_probe(measure.run_probe(cfg), r.target, "ran")
 
 
-def inputs(r: Request, p: measure.Probe, compute: model.Compute, timing: dict) -> model.Inputs:
-    timed = measure.SYNC_PROCESSES if "parallel_per_sample_s" in timing else 1
-    return inputs_for(
-        r.config, p, compute, r.link, timing["grad_bytes"], r.lr_rule, timed_gpus=timed
+def test_batch(r: Request, p: measure.Probe) -> int | None:
+    """The lr range test's batch: the largest planned above the probe's that the plan vouches
+    for (at most :data:`lbsgd.plan.model.CHECKED_UP_TO` × B_crit); None: no such batch."""
+    top = model.CHECKED_UP_TO * p.b_at_target
+    return max((b for b in r.batches if p.batch < b <= top), default=None)
+
+
+def lr_test(r: Request, p: measure.Probe) -> lr_range.RangeTest | None:
+    """The lr range test at :func:`test_batch` from the probe's lr, trained now into
+    ``out/lr_range``; None where skipped or no batch is to be tested."""
+    batch = test_batch(r, p)
+    if not r.lr_test or batch is None or not math.isfinite(p.lr):
+        return None
+    low, high = lr_range.span(p.lr, p.batch, batch)
+    keys = lr_range.keys(r.config, batch, low, high)
+    cfg = r.config.replace(**keys, out_dir=str(r.out), study="lr_range")
+    _say(
+        f"2/4 lr range test: batch {batch}, lr {low:.3g} to {high:.3g} over {lr_range.STEPS} "
+        f"steps, in {cfg.run_dir()}"
     )
+    return lr_range.read(measure.run_probe(cfg))
+
+
+def inputs(
+    r: Request, p: measure.Probe, compute: model.Compute, timing: dict, test=None
+) -> model.Inputs:
+    timed = measure.SYNC_PROCESSES if "parallel_per_sample_s" in timing else 1
+    return inputs_for(r.config, p, compute, r.link, timing["grad_bytes"], r.lr_rule, timed, test)
 
 
 def inputs_for(
@@ -244,10 +269,12 @@ def inputs_for(
     grad_bytes: float,
     lr_rule: str | None = None,
     timed_gpus: int = 0,
+    test: lr_range.RangeTest | None = None,
 ) -> model.Inputs:
-    """The model's inputs: B_crit the probe's B_simple at the target (with its interval), S_min
-    from its steps there, the config's dataset size, optimizer, lr and warmup, the lr rule
-    (None: the optimizer's) through the probe's lr."""
+    """The model's inputs: B_crit the probe's B_simple at the target (with its interval; a lower
+    bound where B_simple still grows there), S_min from its steps there, the config's dataset
+    size, optimizer, lr and warmup, the lr rule (None: the optimizer's) through the probe's lr,
+    capped by the lr range test's bound (``test``)."""
     b_crit = p.b_at_target
     return model.Inputs(
         b_crit=b_crit,
@@ -267,6 +294,9 @@ def inputs_for(
         b_crit_range=p.b_range,
         steps_range=p.steps_range,
         timed_gpus=timed_gpus,
+        lr_bound=test.bound if test is not None else None,
+        lr_bound_batch=test.batch if test is not None else 0,
+        b_crit_lower=math.isfinite(p.growth) and p.growth > GROWING,
     )
 
 
@@ -277,7 +307,7 @@ def recommended_config(r: Request, best: model.Row) -> Config:
     keys: dict[str, Any] = {
         "batch_size": best.batch,
         "micro_batch": best.micro_batch,
-        **lr_keys(r.config, model.lr_rule(r.config.optimizer, r.lr_rule)[0], best.lr),
+        **lr_keys(r.config, model.lr_rule(r.config.optimizer, r.lr_rule)[0], best.lr, best.batch),
         "epochs": math.ceil(epochs * 100) / 100,
     }
     if r.target.kind == "error":  # evaluated log-spaced, as the probe: its steps measurable
@@ -285,11 +315,14 @@ def recommended_config(r: Request, best: model.Row) -> Config:
     return r.config.replace(**keys)
 
 
-def lr_keys(cfg: Config, rule: str, lr: float) -> dict[str, Any]:
-    """The keys that give a run at a row's batch the row's peak ``lr``: the config's lr_scaling
-    set to the rule (linear, sqrt), or for the saturating rule, the lr itself (``lr_scaling:
-    none``) with the warmup starting where the config's starts."""
-    if rule != "saturating":
+def lr_keys(cfg: Config, rule: str, lr: float, batch: int) -> dict[str, Any]:
+    """The keys that give a run at ``batch`` a row's peak ``lr``: the config's lr_scaling set to
+    the rule (linear, sqrt) where that derives the row's lr; else (the saturating rule, or a
+    rule's lr capped by the range test) the lr itself (``lr_scaling: none``) with the warmup
+    starting where the config's starts."""
+    if rule != "saturating" and math.isclose(
+        cfg.base_lr * lr_scale(rule, batch / cfg.reference_batch), lr, rel_tol=1e-12
+    ):
         return {"lr_scaling": rule}
     start = cfg.warmup_lr if cfg.warmup_lr is not None else cfg.base_lr
     return {"lr_scaling": "none", "base_lr": lr, "warmup_lr": start}
@@ -306,25 +339,27 @@ def plan(r: Request) -> dict[str, Any]:
     ``r.out``; the plan as a dict."""
     p = probe(r)  # a run pointed at that does not approach the target: one line, nothing written
     r.out.mkdir(parents=True, exist_ok=True)
+    test = lr_test(r, p)
     log = r.out / "timing.log"
-    _say(f"2/3 timing a worker's compute at three micro-batch sizes (their output: {log})")
+    _say(f"3/4 timing a worker's compute at three micro-batch sizes (their output: {log})")
     compute, timing = measure.time_compute(
         r.config, samples=r.timing_samples, runs=r.timing_runs, log=log
     )
     if max(r.gpus) > 1:
-        _say(f"2/3 timing a step of {measure.SYNC_PROCESSES} processes")
+        _say(f"3/4 timing a step of {measure.SYNC_PROCESSES} processes")
         compute, info = measure.time_sync(
             r.config, compute, r.link, timing["grad_bytes"], r.timing_samples, r.timing_runs, log
         )
         timing = {**timing, **info}
-    x = inputs(r, p, compute, timing)
-    _say("3/3 predicting")
+    x = inputs(r, p, compute, timing, test)
+    _say("4/4 predicting")
     rows = model.table(x, r.batches, r.gpus)
     steady = measure.steadiness(timing)
     best = recommend(rows, steady)
     doc = _document(r, p, x, timing, rows, best)
+    doc["lr_range_test"] = asdict(test) if test is not None else None
     doc["timing_steadiness"] = steady
-    doc["caveats"] = caveats(r, p, timing, steady)
+    doc["caveats"] = caveats(r, p, timing, steady) + _lr_caveats(r, p, test)
     if best is not None:
         path = r.out / "recommended.yaml"
         with rundir.replacing(path) as tmp:
@@ -362,8 +397,9 @@ def caveats(r: Request, p: measure.Probe, timing: dict, steady: dict) -> list[st
     if math.isfinite(p.growth) and p.growth > GROWING:
         out.append(
             f"B_simple still grows x{p.growth:.2f} per doubling of the steps at the target: "
-            f"B_crit {p.b_at_target:.0f} is a lower bound, so the rows above the probe's batch "
-            "may need fewer steps than these"
+            f"B_crit {p.b_at_target:.0f} is a lower bound, so the plan cannot vouch for the steps "
+            "of the rows above the probe's batch (marked): they may need fewer, down to perfect "
+            "scaling (their steps range)"
         )
     timed = measure.SYNC_PROCESSES if "parallel_per_sample_s" in timing else 1
     beyond = [g for g in r.gpus if g > timed]
@@ -379,6 +415,15 @@ def caveats(r: Request, p: measure.Probe, timing: dict, steady: dict) -> list[st
             "micro-batch's granule"
         )
     return out
+
+
+def _lr_caveats(r: Request, p: measure.Probe, test: lr_range.RangeTest | None) -> list[str]:
+    """No lr range test run (skipped, or no batch above the probe's to test): the rows' lr
+    rests on the rule alone."""
+    if test is not None:
+        return []
+    why = "--no-lr-test" if not r.lr_test else "no planned batch above the probe's to test"
+    return [f"no lr range test ({why}): no row's lr is checked against a measured bound"]
 
 
 def _timing_caveats(steady: dict) -> list[str]:
@@ -415,7 +460,13 @@ def _document(r, p, x, timing, rows, best) -> dict[str, Any]:
             "bandwidth_Bps": r.link.bandwidth_Bps,
             "source": r.link_source,
         },
-        "lr_rule": {"rule": rule, "source": source, "inputs": x.lr.describe(), **asdict(x.lr)},
+        "lr_rule": {
+            "rule": rule,
+            "source": source,
+            "inputs": x.lr.describe(),
+            **asdict(x.lr),
+            "eps_max": x.lr.eps_max if rule == "saturating" else None,
+        },
         "e_factor": model.E_FACTOR,
         "rows": [row.as_dict() for row in rows],
         "recommended": best.as_dict() if best is not None else {},
@@ -535,6 +586,11 @@ def render(doc: dict[str, Any], gpus: Sequence[int] | None = None) -> str:
         f"E_min {doc['e_min']:.0f} samples ({doc['s_min_from']})",
         f"lr: {doc['lr_rule']['rule']} rule ({doc['lr_rule']['source']}); "
         f"{doc['lr_rule'].get('inputs', '')}",
+        *(
+            [lr_range.RangeTest(**doc["lr_range_test"]).describe()]
+            if doc.get("lr_range_test")
+            else []
+        ),
         f"interconnect: alpha {doc['interconnect']['alpha_s'] * 1e6:.1f} us, beta "
         f"{doc['interconnect']['bandwidth_Bps'] / 1e9:.3g} GB/s, {doc['interconnect']['source']}",
         f"compute: {doc['compute']['per_micro_s'] * 1e3:.2f} ms per micro-batch + "

@@ -115,7 +115,10 @@ class Lr:
     """A rule's inputs: the config's ``base_lr`` at ``reference_batch`` (linear and square root:
     what a run with ``lr_scaling`` derives, :func:`lbsgd.config.lr_scale`), and the probe's peak
     lr ``anchor_lr`` at its batch ``anchor_batch`` with the noise scale ``b_noise`` (saturating:
-    McCandlish's curve through the probe's point, so ε_max = lr_probe (1 + B_noise/B_probe))."""
+    McCandlish's curve through the probe's point, so ε_max = lr_probe (1 + B_noise/B_probe)); and
+    the lr range test's ``bound`` at ``bound_batch`` (:mod:`lbsgd.plan.lr_range`; None: no bound
+    found or none run), carried to every batch along the saturating curve through it, which caps
+    every rule."""
 
     rule: str
     base_lr: float
@@ -123,22 +126,51 @@ class Lr:
     anchor_lr: float
     anchor_batch: int
     b_noise: float
+    bound: float | None = None
+    bound_batch: int = 0
 
     @property
     def eps_max(self) -> float:
-        return self.anchor_lr * (1 + self.b_noise / self.anchor_batch)
+        """The saturating curve's level: the probe's, or the range test's where lower."""
+        return min(self.anchor_lr * (1 + self.b_noise / self.anchor_batch), self.cap(math.inf))
+
+    def cap(self, batch: float) -> float:
+        """The range test's bound at ``batch`` (inf: none)."""
+        if self.bound is None:
+            return math.inf
+        return self.bound * (1 + self.b_noise / self.bound_batch) / (1 + self.b_noise / batch)
+
+    def by_rule(self, batch: float) -> float:
+        """The rule's lr at ``batch`` before the range test's cap."""
+        if self.rule == "saturating":
+            return (
+                self.anchor_lr * (1 + self.b_noise / self.anchor_batch) / (1 + self.b_noise / batch)
+            )
+        return self.base_lr * lr_scale(self.rule, batch / self.reference_batch)
 
     def at(self, batch: float) -> float:
-        if self.rule == "saturating":
-            return self.eps_max / (1 + self.b_noise / batch)
-        return self.base_lr * lr_scale(self.rule, batch / self.reference_batch)
+        return min(self.by_rule(batch), self.cap(batch))
+
+    def capped(self, batch: float) -> bool:
+        return self.cap(batch) < self.by_rule(batch)
 
     def describe(self) -> str:
         if self.rule != "saturating":
-            return f"base_lr {self.base_lr:g} at batch {self.reference_batch}"
+            own = f"base_lr {self.base_lr:g} at batch {self.reference_batch}"
+        else:
+            probe = self.anchor_lr * (1 + self.b_noise / self.anchor_batch)
+            own = (
+                f"eps_max {self.eps_max:.4g}: the probe's lr {self.anchor_lr:.4g} at batch "
+                f"{self.anchor_batch} x (1 + B_noise {self.b_noise:.0f}/{self.anchor_batch}) = "
+                f"{probe:.4g}"
+            )
+        if self.bound is None:
+            return own
+        level = self.cap(math.inf)
         return (
-            f"eps_max {self.eps_max:.4g} = the probe's lr {self.anchor_lr:.4g} at batch "
-            f"{self.anchor_batch} x (1 + B_noise {self.b_noise:.0f}/{self.anchor_batch})"
+            f"{own}; capped by the lr range test's bound {self.bound:.4g} at batch "
+            f"{self.bound_batch} x (1 + B_noise {self.b_noise:.0f}/{self.bound_batch}) = "
+            f"{level:.4g} on the saturating curve"
         )
 
 
@@ -273,13 +305,25 @@ class Inputs:
     b_crit_range: tuple[float, float] | None = None  # the noise scale's interval at the target
     steps_range: tuple[float, float] | None = None  # the probe's own steps: between evaluations
     timed_gpus: int = 0  # the most processes timed at once (0: as many as planned)
+    lr_bound: float | None = None  # the lr range test's bound (None: none found or none run)
+    lr_bound_batch: int = 0  # the batch it was tested at
+    b_crit_lower: bool = False  # B_simple still growing at the target: B_crit a lower bound
 
     @property
     def lr(self) -> Lr:
         rule, _ = lr_rule(self.optimizer, self.lr_rule)
         batch = self.probe_batch or self.reference_batch
         anchor = self.probe_lr or self.base_lr * batch / self.reference_batch
-        return Lr(rule, self.base_lr, self.reference_batch, anchor, batch, self.b_crit)
+        return Lr(
+            rule,
+            self.base_lr,
+            self.reference_batch,
+            anchor,
+            batch,
+            self.b_crit,
+            self.lr_bound,
+            self.lr_bound_batch,
+        )
 
 
 @dataclass(frozen=True)
@@ -340,7 +384,7 @@ def row(x: Inputs, batch: int, gpus: int) -> Row | None:
         system_efficiency=system,
         efficiency=stat * system,
         within_factor=batch * steps <= E_FACTOR * x.s_min * x.b_crit * (1 + 1e-9),
-        warning=lr_warning(x.optimizer, batch, x.b_crit),
+        warning=row_warning(x, batch),
         steps_range=steps_range(x, batch),
         extrapolated=extrapolated(x, batch, gpus),
     )
@@ -349,25 +393,48 @@ def row(x: Inputs, batch: int, gpus: int) -> Row | None:
 CHECKED_UP_TO = 4.0  # study 16 checks the steps at batches up to this times B_crit
 
 
+def row_warning(x: Inputs, batch: float) -> str | None:
+    """The row's lr capped by the range test (the rule's own lr named), and the Adam family's
+    warning above B_noise (:func:`lr_warning`), in a line."""
+    lr = x.lr
+    out = [lr_warning(x.optimizer, batch, x.b_crit)]
+    if lr.capped(batch):
+        out.append(
+            f"lr capped at {lr.at(batch):.3g} by the lr range test (the {lr.rule} rule's "
+            f"{lr.by_rule(batch):.3g})"
+        )
+    return "; ".join(w for w in out if w) or None
+
+
 def steps_range(x: Inputs, batch: float) -> tuple[float, float] | None:
     """S(B) = S_ref (1 + B_crit/B)/(1 + B_crit/B_ref) at the ends of the noise scale's interval
-    and of the probe's steps (monotone in each: its corners)."""
+    and of the probe's steps (monotone in each: its corners); where B_crit is a lower bound, down
+    to perfect scaling above the probe's batch (B_crit → ∞: S_ref B_ref/B)."""
     if x.b_crit_range is None and x.steps_range is None:
         return None
     ref = x.probe_batch or x.reference_batch
     s_ref = x.s_min * (1 + x.b_crit / ref)
-    values = [
-        s * (1 + b / batch) / (1 + b / ref)
-        for b in (x.b_crit_range or (x.b_crit, x.b_crit))
-        for s in (x.steps_range or (s_ref, s_ref))
-    ]
+    crits = x.b_crit_range or (x.b_crit, x.b_crit)
+    if x.b_crit_lower and batch > ref:
+        crits = (*crits, math.inf)
+    values = [_scaled(s, b, batch, ref) for b in crits for s in (x.steps_range or (s_ref, s_ref))]
     return min(values), max(values)
 
 
+def _scaled(s_ref: float, b_crit: float, batch: float, ref: float) -> float:
+    """S(B) through S(B_ref) = S_ref; perfect scaling at B_crit = ∞."""
+    if math.isinf(b_crit):
+        return s_ref * ref / batch
+    return s_ref * (1 + b_crit / batch) / (1 + b_crit / ref)
+
+
 def extrapolated(x: Inputs, batch: float, gpus: int) -> tuple[str, ...]:
-    """What of a row no measurement stands behind: a batch past :data:`CHECKED_UP_TO` × B_crit
-    (beyond the batches study 16 checks), more processes than were timed at once."""
+    """What of a row no measurement stands behind: steps above the probe's batch where B_crit is
+    a lower bound (B_simple still growing at the target), a batch past :data:`CHECKED_UP_TO` ×
+    B_crit (beyond the batches study 16 checks), more processes than were timed at once."""
     out = []
+    if x.b_crit_lower and batch > (x.probe_batch or x.reference_batch):
+        out.append("B_crit a lower bound")
     if batch > CHECKED_UP_TO * x.b_crit:
         out.append(f"batch > {CHECKED_UP_TO:g} B_crit")
     if x.timed_gpus and gpus > x.timed_gpus:

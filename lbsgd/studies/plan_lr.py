@@ -18,6 +18,13 @@ al.'s AlexNet-BN, on Fashion-MNIST),
    decided by its 95% seed-bootstrap interval (:func:`lbsgd.stats.band`): every batch's interval
    inside the band, replayed; one wholly outside, not replayed; else undecided. A run that never
    reached the target counts as infinitely many steps (it ran past the edge).
+
+Amended after the first runs (made from 945c626; the amendment changes no claim, band, seed or
+cap): between steps 1 and 2, the plan's lr range test (:mod:`lbsgd.plan.lr_range`) at the largest
+planned batch, with the probe's keys and seed, and every row's lr capped by its bound as ``lbsgd
+plan`` caps it; a row whose lr the cap moves is a new experiment, trained on the same seeds. Each
+batch's line names what the plan does not vouch for in that row (its ``extrapolated`` marks: "B_crit
+a lower bound" where B_simple still grows at the target).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from lbsgd import plan as planner
 from lbsgd import stats, studies
 from lbsgd.config import ConfigError, from_dict
 from lbsgd.findings import Finding
-from lbsgd.plan import measure, model
+from lbsgd.plan import lr_range, measure, model
 from lbsgd.studies import plan_check
 from lbsgd.studies import steps_to_target as stt
 from lbsgd.studies.scales import Profile
@@ -63,20 +70,32 @@ def probe_run(profile: Profile, network: str) -> dict[str, Any]:
     return {**keys, **c["networks"][network]}
 
 
-def plan_rows(probe_dir: Path, profile: Profile, compute, link, grad_bytes) -> tuple:
+def plan_rows(probe_dir: Path, profile: Profile, compute, link, grad_bytes, tested=()) -> tuple:
     """(the plan's inputs, its one-GPU rows from the probe's batch to 4 B_crit) of a probe run
-    (step times from the study's compute: this part reads steps and lr alone); (None, why) where
-    the probe does not plan (``lbsgd plan``'s line)."""
+    (step times from the study's compute: this part reads steps and lr alone), the lr capped by
+    the range test run of ``tested`` (a sweep's table of :func:`range_runs`; none: not yet run);
+    (None, why) where the probe does not plan (``lbsgd plan``'s line)."""
     target = measure.Target("error", stt.target_of(profile))
     try:
         p = measure.read_probe(probe_dir, target, "pointed at")
     except ConfigError as e:
         return None, str(e)
     cfg, _ = measure.read_run(probe_dir)
-    x = planner.inputs_for(cfg, p, compute, link, grad_bytes)
+    test = lr_range.read(Path(tested["run_dir"].iloc[0])) if len(tested) else None
+    x = planner.inputs_for(cfg, p, compute, link, grad_bytes, test=test)
     top = CHECKED_UP_TO * x.b_crit
     rows = [r for r in model.table(x, model.powers_of_two(p.batch, top), (1,)) if r.batch <= top]
     return x, rows
+
+
+def range_runs(profile: Profile, network: str, x, rows) -> list[dict[str, Any]]:
+    """The lr range test (:mod:`lbsgd.plan.lr_range`) at the largest planned batch, from the
+    probe's lr, with the probe's keys (none without a plan or a batch above the probe's)."""
+    if x is None or rows[-1].batch <= x.probe_batch:
+        return []
+    keys = probe_run(profile, network)
+    low, high = lr_range.span(x.probe_lr, x.probe_batch, rows[-1].batch)
+    return [{**keys, **lr_range.keys(from_dict(keys), rows[-1].batch, low, high)}]
 
 
 def to_target_runs(profile: Profile, network: str, x, rows) -> list[dict[str, Any]]:
@@ -100,7 +119,7 @@ def to_target_runs(profile: Profile, network: str, x, rows) -> list[dict[str, An
                 "noise_scale": False,
                 "noise_scale_batch": None,
             }
-            keys |= planner.lr_keys(from_dict(keys), rule, r.lr)
+            keys |= planner.lr_keys(from_dict(keys), rule, r.lr, r.batch)
             out.append(keys)
     return out
 
@@ -152,8 +171,9 @@ def _side(network: str, x, rows, steps: dict[int, list[float]], side: str) -> Fi
         t = stats.band(draws, r.steps / stt.gmean(got), 1 - tol, 1 + tol, n)
         tests.append(t)
         iv = t.interval
+        marks = "".join(f"; {m}: not vouched for" for m in r.extrapolated)
         parts.append(
-            f"batch {r.batch} (lr {r.lr:.3g}): {r.steps:.0f} predicted, "
+            f"batch {r.batch} (lr {r.lr:.3g}{marks}): {r.steps:.0f} predicted, "
             f"{stt.gmean(got):.0f} measured ({', '.join(f'{s:.0f}' for s in got)}), "
             f"x{iv.diff:.2f} [x{iv.low:.2f}, x{iv.high:.2f}]"
         )
