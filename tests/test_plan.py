@@ -259,6 +259,9 @@ def test_the_lr_range_tests_bound_caps_every_rule_along_the_saturating_curve():
     high = dataclasses.replace(x, lr_bound=1.0)
     assert model.row(high, 1024, 1).lr == pytest.approx(0.15 / 1.25)
     assert model.row(high, 1024, 1).warning is None
+    none = dataclasses.replace(x, lr_bound=None, lr_tested_to=3.2)  # no bound up to 3.2: as high
+    assert model.row(none, 1024, 1).lr == model.row(high, 1024, 1).lr
+    assert "found no bound up to lr 3.2" in none.lr.describe()
 
 
 def test_the_lr_range_tests_bound_is_where_the_smoothed_loss_turns_up():

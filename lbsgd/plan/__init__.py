@@ -296,6 +296,7 @@ def inputs_for(
         timed_gpus=timed_gpus,
         lr_bound=test.bound if test is not None else None,
         lr_bound_batch=test.batch if test is not None else 0,
+        lr_tested_to=test.high if test is not None else 0.0,
         b_crit_lower=math.isfinite(p.growth) and p.growth > GROWING,
     )
 

@@ -127,7 +127,8 @@ class Lr:
     anchor_batch: int
     b_noise: float
     bound: float | None = None
-    bound_batch: int = 0
+    bound_batch: int = 0  # the batch the range test ran at (0: none ran)
+    tested_to: float = 0.0  # the lr its ramp reached
 
     @property
     def eps_max(self) -> float:
@@ -165,7 +166,12 @@ class Lr:
                 f"{probe:.4g}"
             )
         if self.bound is None:
-            return own
+            if not self.bound_batch:
+                return own
+            return (
+                f"{own}; the lr range test at batch {self.bound_batch} found no bound up to lr "
+                f"{self.tested_to:.3g}"
+            )
         level = self.cap(math.inf)
         return (
             f"{own}; capped by the lr range test's bound {self.bound:.4g} at batch "
@@ -306,7 +312,8 @@ class Inputs:
     steps_range: tuple[float, float] | None = None  # the probe's own steps: between evaluations
     timed_gpus: int = 0  # the most processes timed at once (0: as many as planned)
     lr_bound: float | None = None  # the lr range test's bound (None: none found or none run)
-    lr_bound_batch: int = 0  # the batch it was tested at
+    lr_bound_batch: int = 0  # the batch it was tested at (0: none tested)
+    lr_tested_to: float = 0.0  # the lr its ramp reached
     b_crit_lower: bool = False  # B_simple still growing at the target: B_crit a lower bound
 
     @property
@@ -323,6 +330,7 @@ class Inputs:
             self.b_crit,
             self.lr_bound,
             self.lr_bound_batch,
+            self.lr_tested_to,
         )
 
 
