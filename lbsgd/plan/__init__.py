@@ -246,7 +246,7 @@ def lr_test(r: Request, p: measure.Probe) -> lr_range.RangeTest | None:
         return None
     low, high = lr_range.span(p.lr, p.batch, batch)
     keys = lr_range.keys(r.config, batch, low, high)
-    cfg = r.config.replace(**keys, out_dir=str(r.out), study="lr_range")
+    cfg = r.config.replace(**keys, out_dir=str(r.out), study="lr_range", resume=False)
     _say(
         f"2/4 lr range test: batch {batch}, lr {low:.3g} to {high:.3g} over {lr_range.STEPS} "
         f"steps, in {cfg.run_dir()}"

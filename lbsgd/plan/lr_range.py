@@ -71,7 +71,6 @@ def keys(cfg: Config, batch: int, low: float, high: float) -> dict:
         "noise_scale_batch": None,
         "log_every": 1,
         "checkpoint": False,
-        "resume": False,
     }
 
 
