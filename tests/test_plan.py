@@ -258,7 +258,7 @@ def test_the_lr_range_tests_bound_caps_every_rule_along_the_saturating_curve():
     assert linear.lr == pytest.approx(0.06) and "the linear rule's 0.4)" in linear.warning
     high = dataclasses.replace(x, lr_bound=1.0)
     assert model.row(high, 1024, 1).lr == pytest.approx(0.15 / 1.25)
-    assert model.row(high, 1024, 1).warning is None
+    assert model.row(high, 1024, 1).warning is None and "no row capped" in high.lr.describe()
     none = dataclasses.replace(x, lr_bound=None, lr_tested_to=3.2)  # no bound up to 3.2: as high
     assert model.row(none, 1024, 1).lr == model.row(high, 1024, 1).lr
     assert "found no bound up to lr 3.2" in none.lr.describe()

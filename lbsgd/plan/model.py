@@ -156,10 +156,10 @@ class Lr:
         return self.cap(batch) < self.by_rule(batch)
 
     def describe(self) -> str:
+        probe = self.anchor_lr * (1 + self.b_noise / self.anchor_batch)
         if self.rule != "saturating":
             own = f"base_lr {self.base_lr:g} at batch {self.reference_batch}"
         else:
-            probe = self.anchor_lr * (1 + self.b_noise / self.anchor_batch)
             own = (
                 f"eps_max {self.eps_max:.4g}: the probe's lr {self.anchor_lr:.4g} at batch "
                 f"{self.anchor_batch} x (1 + B_noise {self.b_noise:.0f}/{self.anchor_batch}) = "
@@ -173,11 +173,13 @@ class Lr:
                 f"{self.tested_to:.3g}"
             )
         level = self.cap(math.inf)
-        return (
-            f"{own}; capped by the lr range test's bound {self.bound:.4g} at batch "
-            f"{self.bound_batch} x (1 + B_noise {self.b_noise:.0f}/{self.bound_batch}) = "
-            f"{level:.4g} on the saturating curve"
+        bound = (
+            f"the lr range test's bound {self.bound:.4g} at batch {self.bound_batch} x (1 + "
+            f"B_noise {self.b_noise:.0f}/{self.bound_batch}) = {level:.4g}"
         )
+        if self.rule == "saturating" and level >= probe:
+            return f"{own}; {bound}, above it (no row capped)"
+        return f"{own}; capped by {bound} on the saturating curve"
 
 
 def lr_warning(optimizer: str, batch: float, b_noise: float) -> str | None:
