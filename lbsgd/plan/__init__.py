@@ -502,12 +502,14 @@ def _draw_steps(ax, doc: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
-def _past_checked(row: dict[str, Any]) -> bool:
-    return any("B_crit" in e for e in row.get("extrapolated", ()))
+def _unvouched(row: dict[str, Any]) -> list[str]:
+    """The row's marks that concern its steps (not its GPU count)."""
+    return [e for e in row.get("extrapolated", ()) if "B_crit" in e]
 
 
 def _draw_bands(ax, one: list[dict[str, Any]]) -> None:
-    """The steps' interval as a band, and the rows past the checked batches hollow."""
+    """The steps' interval as a band, and the rows whose steps the plan does not vouch for
+    hollow, labelled with their marks."""
     ranged = [(r["batch"], *r["steps_range"]) for r in one if r.get("steps_range")]
     if ranged:
         batch, lo, hi = zip(*ranged, strict=True)
@@ -518,15 +520,16 @@ def _draw_bands(ax, one: list[dict[str, Any]]) -> None:
             alpha=0.25,
             label="its range (B_crit's 95% interval, the probe's bracket)",
         )
-    far = [r for r in one if _past_checked(r)]
+    far = [r for r in one if _unvouched(r)]
     if far:
+        marks = sorted({m for r in far for m in _unvouched(r)})
         ax.plot(
             [r["batch"] for r in far],
             [r["steps"] for r in far],
             "o",
             mfc="white",
             color="C0",
-            label=f"extrapolated (batch > {model.CHECKED_UP_TO:g} B_crit)",
+            label=f"not vouched for ({'; '.join(marks)})",
         )
 
 
