@@ -518,19 +518,23 @@ def _draw_bands(ax, one: list[dict[str, Any]]) -> None:
             lo,
             hi,
             alpha=0.25,
-            label="its range (B_crit's 95% interval, the probe's bracket)",
+            label="its range (B_crit's 95% interval, unbounded above where a lower bound; the probe's bracket)",
         )
-    far = [r for r in one if _unvouched(r)]
-    if far:
-        marks = sorted({m for r in far for m in _unvouched(r)})
-        ax.plot(
-            [r["batch"] for r in far],
-            [r["steps"] for r in far],
-            "o",
-            mfc="white",
-            color="C0",
-            label=f"not vouched for ({'; '.join(marks)})",
-        )
+    _draw_unvouched(ax, [r for r in one if _unvouched(r)])
+
+
+def _draw_unvouched(ax, far: list[dict[str, Any]]) -> None:
+    if not far:
+        return
+    marks = sorted({m for r in far for m in _unvouched(r)})
+    ax.plot(
+        [r["batch"] for r in far],
+        [r["steps"] for r in far],
+        "o",
+        mfc="white",
+        color="C0",
+        label=f"not vouched for ({'; '.join(marks)})",
+    )
 
 
 def _draw_wall(ax, doc: dict[str, Any]) -> None:
