@@ -106,6 +106,8 @@ train-quickstart: setup
 bench: setup
 	$(VENV)/bin/lbsgd bench train --steps 300 --repeats 6 channels_last=true --out results/benchmarks/train_cpu.json
 	$(VENV)/bin/lbsgd bench recipes --samples 6400 --repeats 4 channels_last=true --out results/benchmarks/recipes_cpu.json
+	$(VENV)/bin/lbsgd bench ghost-bn --steps 30 --repeats 5 channels_last=true --out results/benchmarks/ghost_bn_cpu.json
+	$(VENV)/bin/lbsgd bench ghost-bn --steps 30 --repeats 1 channels_last=true compile=true --out results/benchmarks/ghost_bn_compiled_cpu.json
 	$(MAKE) bench-noise
 	$(MAKE) bench-comm
 	$(MAKE) bench-caps

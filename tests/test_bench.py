@@ -130,6 +130,12 @@ def test_matrix_gives_one_row_per_variant_with_ratio_trainer_over_bare(tmp_path)
     }
     assert result["warmup_steps_excluded"] == 3 and result["device"] == "cpu"
     assert json.loads(out.read_text())["rows"] == rows
+    # ghost BN over plain BN at the same micro-batch, each precision: the trainer's two rows
+    by = {(r["precision"], r["layout"]): r["trainer_img_per_s"] for r in rows}
+    assert result["ghost_over_plain"] == [
+        {"precision": p, "compile": False, "ratio": by[p, "ghost_bn"] / by[p, "plain"]}
+        for p in ("fp32", "bf16")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -335,3 +341,32 @@ def test_caps_bench_measures_each_cap_in_its_own_process_and_gives_ratios(tmp_pa
         assert row["img_per_s"] == [row["best"]] and row["best"] > 0
     assert caps["native"]["ratio_best"] == 1.0
     assert caps["avx2"]["ratio_best"] == caps["avx2"]["best"] / caps["native"]["best"]
+
+
+@pytest.mark.slow
+def test_ghost_bn_bench_times_one_pass_loop_and_plain_and_states_their_ratios(tmp_path):
+    """`lbsgd bench ghost-bn`: a row per group count, each kernel's throughput measured in this
+    invocation and the ratios of them, written as JSON."""
+    from lbsgd.bench import ghost
+
+    out = tmp_path / "ghost.json"
+    result = ghost.bench_ghost(
+        [*TINY_FAKE, "micro_batch=16", "batch_size=16", "bn_batch=16"],
+        (2, 4),
+        steps=2,
+        repeats=1,
+        out=str(out),
+    )
+    rows = result["rows"]
+    assert [(r["groups"], r["bn_batch"]) for r in rows] == [(2, 8), (4, 4)]
+    for r in rows:
+        assert r["one_pass_over_loop"] == r["one_pass_img_per_s"] / r["loop_img_per_s"]
+        assert r["one_pass_over_plain"] == r["one_pass_img_per_s"] / r["plain_img_per_s"]
+        assert all(len(v) == 1 and v[0] > 0 for v in r["all_img_per_s"].values())
+    assert json.loads(out.read_text())["rows"] == rows
+
+
+def test_ghost_bn_bench_refuses_a_group_count_that_does_not_split_the_micro_batch(capsys):
+    assert cli.main(["bench", "ghost-bn", "--groups", "3", "micro_batch=16", "batch_size=16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--groups: 3" in err and "micro_batch=16" in err

@@ -123,24 +123,90 @@ def test_channels_last_stays_channels_last_through_forward_and_backward():
 
 
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
-def test_grouped_kernels_equal_the_folded_formulation_used_under_compile(fmt):
-    n, c, g = 4, 5, 3
-    x = torch.randn(g * n, c, 3, 3).contiguous(memory_format=fmt)
-    upstream = torch.randn(g * n, c, 3, 3)
+@pytest.mark.parametrize("groups", [2, 3, 8])
+def test_the_one_pass_equals_a_kernel_per_group_forward_and_backward(fmt, groups):
+    """Output, statistics (each group's mean and unbiased variance) and the input, weight and bias
+    gradients of the one pass equal the per-group loop's (one native kernel a group), the output
+    and input gradient in the input's memory format."""
+    from lbsgd.bench.ghost import PerGroupLoop
+
+    n, c = 4, 5
+    x = (3 + 2 * torch.randn(groups * n, c, 3, 3)).contiguous(memory_format=fmt)
+    upstream = torch.randn(groups * n, c, 3, 3)
     results = []
-    for fn in (ghost_bn.GroupedBatchNorm.apply, ghost_bn.folded):
+    for fn in (ghost_bn.OnePassBatchNorm.apply, PerGroupLoop.apply):
         bn = make(c, n)
         xi = x.clone().requires_grad_()
-        stats = torch.zeros(2, g, c)
+        stats = torch.zeros(2, groups, c)
         y = fn(xi, bn.weight, bn.bias, stats, n, bn.eps)
         y.backward(upstream)
+        assert y.is_contiguous(memory_format=fmt) and xi.grad.is_contiguous(memory_format=fmt)
         results.append((y.detach(), stats, xi.grad, bn.weight.grad, bn.bias.grad))
-    for eager, folded in zip(*results, strict=True):
-        torch.testing.assert_close(eager, folded, rtol=1e-5, atol=1e-5)
-    # the statistics are the groups' means and unbiased variances
-    ref = x.reshape(g, n, c, 9).transpose(1, 2).reshape(g, c, n * 9)
+    for one, loop in zip(*results, strict=True):
+        torch.testing.assert_close(one, loop, rtol=1e-5, atol=1e-5)
+    ref = x.reshape(groups, n, c, 9).transpose(1, 2).reshape(groups, c, n * 9)
     torch.testing.assert_close(results[0][1][0], ref.mean(-1))
     torch.testing.assert_close(results[0][1][1], ref.var(-1, unbiased=True))
+
+
+def test_an_in_place_relu_may_follow_and_its_gradient_is_the_loops():
+    """The output is no view (autograd forbids an in-place op on a custom Function's view), so a
+    network's ReLU(inplace=True) after it trains, with the per-group loop's gradients."""
+    from lbsgd.bench.ghost import PerGroupLoop
+
+    x = torch.randn(12, 5, 3, 3)
+    grads = []
+    for fn in (ghost_bn.OnePassBatchNorm.apply, PerGroupLoop.apply):
+        bn = make(5, 4)
+        xi = x.clone().requires_grad_()
+        F.relu(
+            fn(xi, bn.weight, bn.bias, torch.zeros(2, 3, 5), 4, bn.eps), inplace=True
+        ).sum().backward()
+        grads.append(xi.grad)
+    torch.testing.assert_close(*grads, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(12, 5), (12, 5, 7), (12, 5, 2, 3, 3)])
+def test_the_one_pass_takes_1d_and_3d_inputs_as_batchnorm1d_and_3d_do(shape):
+    from lbsgd.bench.ghost import PerGroupLoop
+
+    x, up = torch.randn(shape), torch.randn(shape)
+    out = []
+    for fn in (ghost_bn.OnePassBatchNorm.apply, PerGroupLoop.apply):
+        bn = make(5, 4)
+        xi = x.clone().requires_grad_()
+        fn(xi, bn.weight, bn.bias, torch.zeros(2, 3, 5), 4, bn.eps).backward(up)
+        out.append((xi.grad, bn.weight.grad))
+    for one, loop in zip(*out, strict=True):
+        torch.testing.assert_close(one, loop, rtol=1e-5, atol=1e-5)
+
+
+def test_one_group_is_one_native_batch_norm_bitwise():
+    """A micro-batch of one BN group takes F.batch_norm itself: the runs made with one group
+    replay bitwise."""
+    bn = make(3, 8)
+    x = torch.randn(8, 3, 5, 5, requires_grad=True)
+    y = bn(x)
+    w = bn.weight.detach().clone().requires_grad_()
+    ref = F.batch_norm(x.detach(), None, None, w, bn.bias.detach(), True, 0.0, bn.eps)
+    assert torch.equal(y, ref)
+
+
+@pytest.mark.slow
+def test_the_one_pass_compiles_to_what_it_computes_eager():
+    """Under torch.compile the same function runs (no separate formulation): its loss, input
+    gradient and statistics equal the eager ones."""
+    n, g, c = 4, 3, 6
+    x = torch.randn(g * n, c, 4, 4).contiguous(memory_format=torch.channels_last)
+    out = []
+    for compiled in (False, True):
+        bn = make(c, n)
+        xi = x.clone().requires_grad_()
+        f = torch.compile(bn) if compiled else bn
+        f(xi).square().sum().backward()
+        out.append((xi.grad, bn.weight.grad, bn.group_sums.clone()))
+    for eager, comp in zip(*out, strict=True):
+        torch.testing.assert_close(eager, comp, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

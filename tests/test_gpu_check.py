@@ -58,6 +58,16 @@ def test_each_step_runs_valid_lbsgd_command_lines_into_its_out_folder(tmp_path):
     assert lines[-1][:4] == ["-m", "lbsgd", "bench", "noise"]
     assert lines[-1][-1] == f"{out}/noise_scale_cuda_h100.json"
 
+    r, lines = _step(tmp_path, "ghost", str(out))
+    assert r.returncode == 0, r.stderr
+    ghost = [a for a in lines if a[:4] == ["-m", "lbsgd", "bench", "ghost-bn"]]
+    assert [a[a.index("--out") + 1] for a in ghost] == [
+        f"{out}/ghost_bn_cuda_h100_{p}_{c}.json"
+        for p in ("fp32", "bf16", "fp16")
+        for c in ("false", "true")
+    ]
+    assert all("model=resnet50" in a and "micro_batch=256" in a and "8" in a for a in ghost)
+
     r, lines = _step(tmp_path, "tests", str(out))
     assert r.returncode == 0, r.stderr
     assert len(lines) == 1 and lines[0][:4] == ["-m", "pytest", "-m", "cuda"]

@@ -10,6 +10,10 @@
 #                                   accumulated micro-batches: OUT/train_<gpu>.json
 #   tools/gpu-check.sh compiled OUT the same in bf16 under torch.compile, one repeat (each side
 #                                   compiles anew): OUT/train_compiled_<gpu>.json
+#   tools/gpu-check.sh ghost OUT    ghost BN's one pass against a kernel per group and plain BN,
+#                                   ResNet-50 at micro-batch 256 in 8 groups of 32, fp32/bf16/fp16,
+#                                   eager and compiled (target: the train step's ghost-BN rows at
+#                                   0.9 of the bare loop or more): OUT/ghost_bn_<gpu>_<prec>_<compile>.json
 #   tools/gpu-check.sh data OUT     loaders against compute: CIFAR-10 (on the device) and ImageNet
 #                                   JPEGs at 8 and 15 workers (lbsgd data fake): OUT/data_*.json
 #   tools/gpu-check.sh noise OUT    what noise_scale=true costs on the GPU: OUT/noise_scale_<gpu>.json
@@ -82,6 +86,17 @@ case "$step" in
     gpu=$(gpu_slug)
     "$PY" -m lbsgd bench train --matrix --precisions bf16 --compile true --repeats "${REPEATS:-1}" \
       "${common[@]}" --out "$out/train_compiled_$gpu.json"
+    ;;
+  ghost)
+    need_out
+    gpu=$(gpu_slug)
+    for prec in fp32 bf16 fp16; do
+      for comp in false true; do
+        "$PY" -m lbsgd bench ghost-bn --groups 8 --steps "${STEPS:-50}" --repeats "${REPEATS:-2}" \
+          device=cuda model=resnet50 dataset=fake channels_last=true micro_batch=256 threads=0 \
+          precision="$prec" compile="$comp" --out "$out/ghost_bn_${gpu}_${prec}_$comp.json"
+      done
+    done
     ;;
   data)
     need_out

@@ -4,6 +4,8 @@
   configuration or the precision x compile x layout matrix; with ``--nproc``, the data-parallel
   step breakdown (:mod:`lbsgd.bench.comm`);
 - ``recipes`` (:mod:`lbsgd.bench.train`): the cost of accumulation, ghost BN and each precision;
+- ``ghost-bn`` (:mod:`lbsgd.bench.ghost`): ghost BN's one pass against a kernel per group and
+  against plain BN, at 2, 8 and 32 groups a micro-batch;
 - ``noise`` (:mod:`lbsgd.bench.noise`): the cost of ``noise_scale=true``;
 - ``data`` (:mod:`lbsgd.bench.data`): a file loader against the model's compute-bound speed;
 - ``allreduce`` (:mod:`lbsgd.bench.comm`): all-reduce time and bus bandwidth, fitted α–β;
@@ -33,10 +35,24 @@ def add_parser(sub) -> None:
     )
     br.add_argument("--out", default=None, help="also write the result as JSON here")
     _overrides(br)
+    _ghost_parser(bsub)
     _noise_parser(bsub)
     _data_parser(bsub)
     _allreduce_parser(bsub)
     _caps_parser(bsub)
+
+
+def _ghost_parser(bsub) -> None:
+    bg = bsub.add_parser(
+        "ghost-bn", help="ghost BN's one pass vs a kernel per group vs plain BN, training steps"
+    )
+    bg.add_argument(
+        "--groups", default="2,8,32", help="BN groups a micro-batch, each a row (default 2,8,32)"
+    )
+    bg.add_argument("--steps", type=int, default=30, help="timed training steps a measurement")
+    bg.add_argument("--repeats", type=int, default=3, help="alternating measurements of each")
+    bg.add_argument("--out", default=None, help="also write the result as JSON here")
+    _overrides(bg, "keys of the measured model (default micro_batch=128, the config's model)")
 
 
 def _caps_parser(bsub) -> None:
@@ -205,6 +221,7 @@ def run(args: argparse.Namespace) -> None:
     commands = {
         "train": _train,
         "recipes": _recipes,
+        "ghost-bn": _ghost,
         "noise": _noise,
         "data": _data,
         "allreduce": _allreduce,
@@ -285,6 +302,16 @@ def _recipes(args: argparse.Namespace) -> None:
     from lbsgd.bench import train
 
     train.bench_recipes(args.overrides, samples=args.samples, repeats=args.repeats, out=args.out)
+
+
+def _ghost(args: argparse.Namespace) -> None:
+    from lbsgd.bench import ghost
+
+    try:
+        groups = [int(g) for g in args.groups.split(",")]
+    except ValueError:
+        raise ConfigError(f"--groups={args.groups}: expected counts like 2,8,32") from None
+    ghost.bench_ghost(args.overrides, groups, args.steps, args.repeats, args.out)
 
 
 def _noise(args: argparse.Namespace) -> None:

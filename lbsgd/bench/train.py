@@ -382,10 +382,30 @@ def bench_matrix(
         "benchmark": "trainer vs bare loop, matrix",
         **header(base, steps, repeats, device, env),
         "rows": rows,
+        "ghost_over_plain": ghost_over_plain(rows),
     }
     if out:
         write(result, out)
     return result
+
+
+def ghost_over_plain(rows: Sequence[dict]) -> list[dict]:
+    """Per precision and compile, the trainer's ghost-BN throughput over its plain-BN one at the
+    same micro-batch (both measured in this invocation), printed a line each."""
+    by = {(r["precision"], r["compile"], r["layout"]): r for r in rows}
+    out = []
+    for (prec, comp, lay), ghost in by.items():
+        plain = by.get((prec, comp, "plain"))
+        if lay != "ghost_bn" or plain is None:
+            continue
+        ratio = ghost["trainer_img_per_s"] / plain["trainer_img_per_s"]
+        out.append({"precision": prec, "compile": comp, "ratio": ratio})
+        print(
+            f"{prec} {'compiled' if comp else 'eager'}: ghost BN ({ghost['bn_batch']} a group) "
+            f"over plain BN, trainer: {ratio:.3f}",
+            flush=True,
+        )
+    return out
 
 
 # ``lbsgd bench recipes``: what each large-batch recipe costs, every variant against a baseline

@@ -8,14 +8,15 @@ so a run with batch 65536 and n = 32 has the same mathematics on 1 process accum
 micro-batches of 32, on 1 process with micro-batches of 256 (8 groups each), or on 2048 processes.
 
 Training-mode forward: the micro-batch of m = g·n samples (g groups of consecutive samples) is
-normalised group by group, each group by one native ``native_batch_norm`` call on its contiguous
-slice of the micro-batch, written straight into its slice of one output tensor (and, backwards, of
-one input gradient): no copy of the activations, and a channels_last input (each slice of which is
-itself channels_last) gives a channels_last output, so the next convolution stays on its fast path.
-With momentum 1 the "running" arguments of each call are outputs: the group's mean and unbiased
-variance, computed by the kernel that normalises. g = 1 is one plain ``F.batch_norm`` call; under
-``torch.compile`` the groups are folded into channels, ``(g·n, C, …) → (n, g·C, …)``, which the
-compiler fuses. Evaluation uses the running statistics as usual.
+normalised in one pass for any g (:class:`OnePassBatchNorm`): a (g, n, C, …) view of it (a view in
+either memory format: only the batch dimension is split) gives every group's mean and variance in
+one reduction (``torch.var_mean``, in fp32 whatever the activations' precision), and the
+normalisation is one fused multiply-add with a scale and shift per group and channel, written
+into an output of the input's memory format (a channels_last input gives a channels_last output,
+so the next convolution stays on its fast path). The backward is two reductions (Σ dy and
+Σ dy·x per group and channel) and one fused pass. The same function runs eager and under
+``torch.compile``, which fuses it further. g = 1 is one plain ``F.batch_norm`` call (as before:
+one BN group a micro-batch replays bitwise). Evaluation uses the running statistics as usual.
 
 Running statistics (the decision this module makes, so that the layout never shows):
 every group's mean and unbiased variance are summed during the forward passes of an optimizer
@@ -42,6 +43,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 class GhostBatchNorm(_BatchNorm):
     """Drop-in for ``nn.BatchNorm{1,2,3}d`` (same parameters, buffers and state_dict keys)."""
+
+    # the function normalising two or more groups (None: OnePassBatchNorm); lbsgd bench ghost-bn
+    # times the per-group loop in its place
+    kernel: type[torch.autograd.Function] | None = None
 
     def __init__(
         self,
@@ -80,10 +85,9 @@ class GhostBatchNorm(_BatchNorm):
             y = F.batch_norm(
                 x, stats[0, 0], stats[1, 0], self.weight, self.bias, True, 1.0, self.eps
             )
-        elif torch.compiler.is_compiling():
-            y = folded(x, self.weight, self.bias, stats, n, self.eps)
         else:
-            y = GroupedBatchNorm.apply(x, self.weight, self.bias, stats, n, self.eps)
+            kernel = self.kernel or OnePassBatchNorm
+            y = kernel.apply(x, self.weight, self.bias, stats, n, self.eps)
         with torch.no_grad():  # in place on the buffer: no Module.__setattr__ per forward
             self.group_sums.add_(stats[:, 0] if g == 1 else stats.sum(1))
         return y
@@ -105,66 +109,65 @@ class GhostBatchNorm(_BatchNorm):
         return self.group_sums[1]
 
 
-def folded(x: Tensor, weight, bias, stats: Tensor, n: int, eps: float) -> Tensor:
-    """Ghost BN as one batch_norm over g·C channels (copies through transposes; for compilers)."""
-    batch, c, rest = x.shape[0], x.shape[1], x.shape[2:]
-    g = batch // n
-    xg = x.reshape(g, n, c, *rest).transpose(0, 1).reshape(n, g * c, *rest)
-    mean, var = torch.zeros(g * c, device=x.device), torch.ones(g * c, device=x.device)
-    w = None if weight is None else weight.repeat(g)
-    b = None if bias is None else bias.repeat(g)
-    y = F.batch_norm(xg, mean, var, w, b, True, 1.0, eps)
-    stats.copy_(torch.stack([mean.view(g, c), var.view(g, c)]))
-    return y.reshape(n, g, c, *rest).transpose(0, 1).reshape(batch, c, *rest)
+def _reduced(xg: Tensor) -> list[int]:
+    """The dimensions of a (g, n, C, …) view that a group's statistics run over: n and the rest."""
+    return [1, *range(3, xg.dim())]
 
 
-def _memory_format(x: Tensor) -> torch.memory_format:
-    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
-        return torch.channels_last if not x.is_contiguous() else torch.contiguous_format
-    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
-        return torch.channels_last_3d if not x.is_contiguous() else torch.contiguous_format
-    return torch.contiguous_format
+def _per_channel(t: Tensor, xg: Tensor) -> Tensor:
+    return t.view(1, 1, -1, *[1] * (xg.dim() - 3))
 
 
-class GroupedBatchNorm(torch.autograd.Function):
-    """One native batch-norm kernel per group of n samples, forward and backward, each reading
-    and writing its own slice of shared tensors (no gather, no concatenation)."""
+class OnePassBatchNorm(torch.autograd.Function):
+    """Batch norm of every group of n consecutive samples at once: one reduction for all groups'
+    statistics, one fused pass to normalise; backward, two reductions and one fused pass.
+
+    With μ, σ² a group's mean and biased variance over its n samples and the spatial positions
+    (M values a channel), x̂ = (x − μ)/√(σ² + ε), y = γ x̂ + β, and per group and channel
+
+        dx = γ/√(σ² + ε) · (dy − Σdy/M − x̂ · Σ(dy·x̂)/M),   dγ = Σ_groups Σ(dy·x̂),   dβ = Σ_groups Σdy
+
+    (the derivative of batch norm, group by group). ``stats`` receives each group's mean and
+    unbiased variance (σ² M/(M − 1)), as ``native_batch_norm`` with momentum 1 writes them."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, stats, n, eps):
-        x = x.contiguous(memory_format=_memory_format(x))
-        g = x.shape[0] // n
-        y = torch.empty_like(x)
-        save = torch.empty(2, g, x.shape[1], device=x.device, dtype=torch.float32)
-        # views made once per call (split/unbind), not per group: the loop is the hot path
-        outs = zip(y.split(n), save[0].unbind(), save[1].unbind(), strict=True)
-        groups = zip(x.split(n), stats[0].unbind(), stats[1].unbind(), strict=True)
-        for (xi, mean, var), out in zip(groups, outs, strict=True):
-            torch.native_batch_norm(xi, weight, bias, mean, var, True, 1.0, eps, out=out)
-        ctx.save_for_backward(x, weight, save)
-        ctx.n, ctx.eps = n, eps
-        return y
+        g, c = x.shape[0] // n, x.shape[1]
+        xg = x.view(g, n, *x.shape[1:])
+        dims, count = _reduced(xg), xg[0, :, 0].numel()
+        # two passes, as the native kernels: the mean, then the squares about it (no cancellation)
+        mean = xg.sum(dims, keepdim=True, dtype=torch.float32).div_(count)
+        centred = xg - mean  # float32 whatever the activations' precision
+        var = (centred * centred).sum(dims, keepdim=True).div_(count)
+        invstd = (var + eps).rsqrt_()
+        scale = invstd if weight is None else invstd * _per_channel(weight, xg)
+        y = torch.empty_like(x)  # the input's memory format
+        yg = torch.mul(centred, scale, out=y.view(xg.shape))  # (not addcmul: slow on CPU with
+        if bias is not None:  # a broadcast first operand)
+            yg.add_(_per_channel(bias, xg))
+        stats[0].copy_(mean.view(g, c))
+        torch.mul(var.view(g, c), count / max(count - 1, 1), out=stats[1])
+        ctx.save_for_backward(x, weight, mean, invstd)
+        ctx.n, ctx.count = n, count
+        return y  # not a view: the next layer's ReLU may work in place
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight, save = ctx.saved_tensors
-        n = ctx.n
-        grad_y = grad_y.contiguous(memory_format=_memory_format(x))
-        mask = [True, weight is not None, weight is not None]
-        parts = zip(grad_y.split(n), x.split(n), save[0].unbind(), save[1].unbind(), strict=True)
-        grads = [
-            torch.ops.aten.native_batch_norm_backward(
-                gy, xi, weight, None, None, mean, invstd, True, ctx.eps, mask
-            )
-            for gy, xi, mean, invstd in parts
-        ]
-        # (the out= variant of the backward computes, then copies: one cat is one copy)
-        grad_x = torch.cat([gi[0] for gi in grads]).contiguous(memory_format=_memory_format(x))
+        x, weight, mean, invstd = ctx.saved_tensors
+        xg = x.view(mean.shape[0], ctx.n, *x.shape[1:])
+        dy = grad_y.reshape(xg.shape)
+        dims = _reduced(xg)
+        centred = xg - mean
+        sum_dy = dy.sum(dims, keepdim=True, dtype=torch.float32)
+        dot = (dy * centred).sum(dims, keepdim=True).mul_(invstd)  # Σ dy·x̂
+        a = invstd if weight is None else invstd * _per_channel(weight, xg)
+        # dx = a·dy − a·Σdy/M − (x − μ)·a·invstd·Σ(dy·x̂)/M: the formula above, x̂ expanded
+        centred.mul_(a * invstd * dot / -ctx.count).add_(a * sum_dy / -ctx.count)
+        grad_x = torch.empty_like(x)
+        torch.addcmul(centred, a, dy, out=grad_x.view(xg.shape))
         if weight is None:
             return grad_x, None, None, None, None, None
-        grad_w = torch.stack([gi[1] for gi in grads]).sum(0)
-        grad_b = torch.stack([gi[2] for gi in grads]).sum(0)
-        return grad_x, grad_w, grad_b, None, None, None
+        return grad_x, dot.sum(0).view(-1), sum_dy.sum(0).view(-1), None, None, None
 
 
 def convert(model: nn.Module, group_size: int) -> nn.Module:

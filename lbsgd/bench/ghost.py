@@ -1,0 +1,164 @@
+"""``lbsgd bench ghost-bn``: ghost BN's one pass against one batch-norm kernel per group (the
+reference, :class:`PerGroupLoop`) and against plain BN over the whole micro-batch, in training
+steps of the config's model (forward, backward, SGD update) at 2, 8 and 32 groups a micro-batch,
+eager and compiled: images per second of each, alternating, and their ratios in one invocation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from lbsgd import config, data, distributed, models
+from lbsgd.bench.train import (
+    _AUTOCAST,
+    DEFAULTS,
+    bench_device,
+    setup,
+    write,
+)
+from lbsgd.config import Config, ConfigError
+from lbsgd.environment import environment
+from lbsgd.models import ghost_bn
+
+GROUPS = (2, 8, 32)
+KERNELS = ("one_pass", "loop", "plain")
+
+
+class PerGroupLoop(torch.autograd.Function):
+    """Ghost BN as one native batch-norm kernel per group of n samples, forward and backward,
+    each on its own contiguous slice: the reference the one pass is tested and timed against."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, stats, n, eps):
+        y = torch.empty_like(x)
+        save = torch.empty(2, x.shape[0] // n, x.shape[1], device=x.device, dtype=torch.float32)
+        outs = zip(y.split(n), save[0].unbind(), save[1].unbind(), strict=True)
+        groups = zip(x.split(n), stats[0].unbind(), stats[1].unbind(), strict=True)
+        for (xi, mean, var), out in zip(groups, outs, strict=True):
+            torch.native_batch_norm(xi, weight, bias, mean, var, True, 1.0, eps, out=out)
+        ctx.save_for_backward(x, weight, save)
+        ctx.n, ctx.eps = n, eps
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, save = ctx.saved_tensors
+        mask = [True, weight is not None, weight is not None]
+        parts = zip(grad_y.split(ctx.n), x.split(ctx.n), save[0], save[1], strict=True)
+        grads = [
+            torch.ops.aten.native_batch_norm_backward(
+                gy, xi, weight, None, None, mean, invstd, True, ctx.eps, mask
+            )
+            for gy, xi, mean, invstd in parts
+        ]
+        grad_x = torch.cat([g[0] for g in grads]).contiguous(
+            memory_format=torch.channels_last if _channels_last(x) else torch.contiguous_format
+        )
+        if weight is None:
+            return grad_x, None, None, None, None, None
+        grad_w = torch.stack([g[1] for g in grads]).sum(0)
+        return grad_x, grad_w, torch.stack([g[2] for g in grads]).sum(0), None, None, None
+
+
+def _channels_last(x: torch.Tensor) -> bool:
+    return (
+        x.dim() == 4
+        and not x.is_contiguous()
+        and x.is_contiguous(memory_format=torch.channels_last)
+    )
+
+
+def network(cfg: Config, kernel: str, groups: int, splits: data.Splits, device) -> nn.Module:
+    """The config's model with BN over ``groups`` groups a micro-batch by ``kernel`` (plain: one
+    BN group, the whole micro-batch)."""
+    torch.manual_seed(cfg.seed)
+    net = models.build(cfg, splits.num_classes, splits.image_size).to(device)
+    m = cfg.micro_batch
+    ghost_bn.convert(net, m if kernel == "plain" else m // groups)
+    for bn in ghost_bn.ghost_modules(net):
+        bn.kernel = PerGroupLoop if kernel == "loop" else ghost_bn.OnePassBatchNorm
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    return net.to(memory_format=fmt).train()
+
+
+def images_per_s(cfg: Config, net: nn.Module, x, y, steps: int, device) -> float:
+    """Steady images per second of ``steps`` training steps (the first 3 untimed)."""
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    step = torch.compile(net) if cfg.compile else net
+    dtype = _AUTOCAST[cfg.precision]
+    for i in range(steps + 3):
+        if i == 3:
+            distributed.synchronize(device)
+            t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = torch.nn.functional.cross_entropy(step(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    distributed.synchronize(device)
+    return steps * len(y) / (time.perf_counter() - t0)
+
+
+def bench_ghost(
+    overrides: list[str],
+    groups: Sequence[int] = GROUPS,
+    steps: int = 30,
+    repeats: int = 3,
+    out: str | None = None,
+) -> dict:
+    """Each group count's three kernels, ``repeats`` times alternating; the best of each."""
+    given = config.parse_overrides(overrides)
+    m = int(given.get("micro_batch", 128))  # one micro-batch a step; BN groups set per row
+    _, cfg = setup(overrides, {**DEFAULTS, "micro_batch": m, "batch_size": m, "bn_batch": m})
+    bad = [g for g in groups if g < 2 or m % g]
+    if bad:
+        raise ConfigError(
+            f"--groups: {bad[0]} does not split micro_batch={m} into 2 or more groups"
+        )
+    device = bench_device(cfg)
+    splits = data.build(cfg, torch.device("cpu"))
+    images, labels = splits.train.tensors
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    x = images[:m].to(device).contiguous(memory_format=fmt)
+    y = labels[:m].to(device)
+    rows = []
+    for g in groups:
+        ips: dict[str, list[float]] = {k: [] for k in KERNELS}
+        for r in range(repeats):
+            for k in KERNELS if r % 2 == 0 else KERNELS[::-1]:
+                if cfg.compile:
+                    torch._dynamo.reset()
+                net = network(cfg, k, g, splits, device)
+                ips[k].append(images_per_s(cfg, net, x, y, steps, device))
+        best = {k: max(v) for k, v in ips.items()}
+        row = {
+            "groups": g,
+            "bn_batch": m // g,
+            **{f"{k}_img_per_s": best[k] for k in KERNELS},
+            "one_pass_over_loop": best["one_pass"] / best["loop"],
+            "one_pass_over_plain": best["one_pass"] / best["plain"],
+            "loop_over_plain": best["loop"] / best["plain"],
+            "all_img_per_s": ips,
+        }
+        rows.append(row)
+        print(
+            f"{g:>3} groups of {m // g:>3}: one pass {best['one_pass']:8.1f} img/s, loop "
+            f"{best['loop']:8.1f}, plain BN {best['plain']:8.1f}; one pass / loop "
+            f"{row['one_pass_over_loop']:.3f}, / plain {row['one_pass_over_plain']:.3f} (loop / "
+            f"plain {row['loop_over_plain']:.3f})",
+            flush=True,
+        )
+    result = {
+        "benchmark": "ghost BN: one pass vs a kernel per group vs plain BN, training steps",
+        "config": cfg.to_dict(),
+        "steps": steps,
+        "repeats": repeats,
+        "rows": rows,
+        "environment": environment(device, 1),
+    }
+    if out:
+        write(result, out)
+    return result
