@@ -257,7 +257,7 @@ def test_compiled_model_on_cuda_trains_to_the_weights_of_eager_mode(tmp_path):
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_ghost_bn_on_cuda_equals_plain_bn_applied_per_group(dtype, fmt):
-    """tests/test_ghost_bn.py on the GPU: one native kernel per group of n samples, forward and
+    """tests/test_ghost_bn.py on the GPU: the one pass over all groups of n samples, forward and
     backward, equals F.batch_norm on each group; the memory format is kept; the group statistics
     summed for the running statistics are the groups' means and unbiased variances. bf16 is what
     BN sees under autocast: half-precision activations, fp32 parameters; its reference is the same
