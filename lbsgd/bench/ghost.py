@@ -122,35 +122,8 @@ def bench_ghost(
     splits = data.build(cfg, torch.device("cpu"))
     images, labels = splits.train.tensors
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    x = images[:m].to(device).contiguous(memory_format=fmt)
-    y = labels[:m].to(device)
-    rows = []
-    for g in groups:
-        ips: dict[str, list[float]] = {k: [] for k in KERNELS}
-        for r in range(repeats):
-            for k in KERNELS if r % 2 == 0 else KERNELS[::-1]:
-                if cfg.compile:
-                    torch._dynamo.reset()
-                net = network(cfg, k, g, splits, device)
-                ips[k].append(images_per_s(cfg, net, x, y, steps, device))
-        best = {k: max(v) for k, v in ips.items()}
-        row = {
-            "groups": g,
-            "bn_batch": m // g,
-            **{f"{k}_img_per_s": best[k] for k in KERNELS},
-            "one_pass_over_loop": best["one_pass"] / best["loop"],
-            "one_pass_over_plain": best["one_pass"] / best["plain"],
-            "loop_over_plain": best["loop"] / best["plain"],
-            "all_img_per_s": ips,
-        }
-        rows.append(row)
-        print(
-            f"{g:>3} groups of {m // g:>3}: one pass {best['one_pass']:8.1f} img/s, loop "
-            f"{best['loop']:8.1f}, plain BN {best['plain']:8.1f}; one pass / loop "
-            f"{row['one_pass_over_loop']:.3f}, / plain {row['one_pass_over_plain']:.3f} (loop / "
-            f"plain {row['loop_over_plain']:.3f})",
-            flush=True,
-        )
+    batch = (images[:m].to(device).contiguous(memory_format=fmt), labels[:m].to(device))
+    rows = [_row(cfg, g, splits, batch, steps, repeats, device) for g in groups]
     result = {
         "benchmark": "ghost BN: one pass vs a kernel per group vs plain BN, training steps",
         "config": cfg.to_dict(),
@@ -162,3 +135,33 @@ def bench_ghost(
     if out:
         write(result, out)
     return result
+
+
+def _row(cfg: Config, g: int, splits, batch, steps: int, repeats: int, device) -> dict:
+    """One group count: each kernel ``repeats`` times, alternating the order; printed."""
+    m = cfg.micro_batch
+    ips: dict[str, list[float]] = {k: [] for k in KERNELS}
+    for r in range(repeats):
+        for k in KERNELS if r % 2 == 0 else KERNELS[::-1]:
+            if cfg.compile:  # each model compiles anew, not against dynamo's recompile limit
+                torch._dynamo.reset()
+            net = network(cfg, k, g, splits, device)
+            ips[k].append(images_per_s(cfg, net, *batch, steps, device))
+    best = {k: max(v) for k, v in ips.items()}
+    row = {
+        "groups": g,
+        "bn_batch": m // g,
+        **{f"{k}_img_per_s": best[k] for k in KERNELS},
+        "one_pass_over_loop": best["one_pass"] / best["loop"],
+        "one_pass_over_plain": best["one_pass"] / best["plain"],
+        "loop_over_plain": best["loop"] / best["plain"],
+        "all_img_per_s": ips,
+    }
+    print(
+        f"{g:>3} groups of {m // g:>3}: one pass {best['one_pass']:8.1f} img/s, loop "
+        f"{best['loop']:8.1f}, plain BN {best['plain']:8.1f}; one pass / loop "
+        f"{row['one_pass_over_loop']:.3f}, / plain {row['one_pass_over_plain']:.3f} (loop / "
+        f"plain {row['loop_over_plain']:.3f})",
+        flush=True,
+    )
+    return row
