@@ -134,37 +134,41 @@ class OnePassBatchNorm(torch.autograd.Function):
     def forward(ctx, x, weight, bias, stats, n, eps):
         g, c = x.shape[0] // n, x.shape[1]
         xg = x.view(g, n, *x.shape[1:])
+        x32 = xg if xg.dtype == torch.float32 else xg.float()  # squares not rounded to 8 bits
         dims, count = _reduced(xg), xg[0, :, 0].numel()
         # two passes, as the native kernels: the mean, then the squares about it (no cancellation)
-        mean = xg.sum(dims, keepdim=True, dtype=torch.float32).div_(count)
-        centred = xg - mean  # float32 whatever the activations' precision
-        var = (centred * centred).sum(dims, keepdim=True).div_(count)
-        invstd = (var + eps).rsqrt_()
-        scale = invstd if weight is None else invstd * _per_channel(weight, xg)
-        y = torch.empty_like(x)  # the input's memory format
-        yg = torch.mul(centred, scale, out=y.view(xg.shape))  # (not addcmul: slow on CPU with
-        if bias is not None:  # a broadcast first operand)
-            yg.add_(_per_channel(bias, xg))
+        mean = x32.mean(dims, keepdim=True)
+        var = (x32 - mean).square_().mean(dims, keepdim=True)
+        torch.mul(var.view(g, c), count / max(count - 1, 1), out=stats[1])  # unbiased
         stats[0].copy_(mean.view(g, c))
-        torch.mul(var.view(g, c), count / max(count - 1, 1), out=stats[1])
+        invstd = var.add_(eps).rsqrt_()
+        scale = invstd if weight is None else invstd * _per_channel(weight, xg)
+        shift = (
+            mean * -scale
+            if bias is None
+            else torch.addcmul(_per_channel(bias, xg), mean, scale, value=-1)
+        )
+        y = torch.empty_like(x)  # the input's memory format; not a view: a ReLU may work in place
+        torch.addcmul(shift, xg, scale, out=y.view(xg.shape))  # one pass: x·scale + shift
         ctx.save_for_backward(x, weight, mean, invstd)
         ctx.n, ctx.count = n, count
-        return y  # not a view: the next layer's ReLU may work in place
+        return y
 
     @staticmethod
     def backward(ctx, grad_y):
         x, weight, mean, invstd = ctx.saved_tensors
         xg = x.view(mean.shape[0], ctx.n, *x.shape[1:])
         dy = grad_y.reshape(xg.shape)
-        dims = _reduced(xg)
-        centred = xg - mean
+        x32 = xg if xg.dtype == torch.float32 else xg.float()
+        dims, m = _reduced(xg), ctx.count
         sum_dy = dy.sum(dims, keepdim=True, dtype=torch.float32)
-        dot = (dy * centred).sum(dims, keepdim=True).mul_(invstd)  # Σ dy·x̂
+        dot = (x32 - mean).mul_(dy).sum(dims, keepdim=True).mul_(invstd)  # Σ dy·x̂, centred
         a = invstd if weight is None else invstd * _per_channel(weight, xg)
-        # dx = a·dy − a·Σdy/M − (x − μ)·a·invstd·Σ(dy·x̂)/M: the formula above, x̂ expanded
-        centred.mul_(a * invstd * dot / -ctx.count).add_(a * sum_dy / -ctx.count)
+        # dx = a·dy + k·x + b: the formula above with x̂ = (x − μ)·invstd expanded
+        k = a * invstd * dot / -m
+        b = -(k * mean) - a * sum_dy / m
         grad_x = torch.empty_like(x)
-        torch.addcmul(centred, a, dy, out=grad_x.view(xg.shape))
+        torch.addcmul(b, dy, a, out=grad_x.view(xg.shape)).addcmul_(x32, k)
         if weight is None:
             return grad_x, None, None, None, None, None
         return grad_x, dot.sum(0).view(-1), sum_dy.sum(0).view(-1), None, None, None
