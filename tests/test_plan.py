@@ -627,7 +627,13 @@ def test_study_16_times_a_2_process_step_only_where_it_plans_more_than_one(tmp_p
     from lbsgd.studies import plan_check as pc
 
     c = Compute(1e-3, 1e-4, 0.5, 32)
-    monkeypatch.setattr(measure, "time_compute", lambda cfg, **kw: (c, {"grad_bytes": 4.0}))
+    logs = []
+
+    def timed(cfg, **kw):
+        logs.append(kw["log"])
+        return c, {"grad_bytes": 4.0}
+
+    monkeypatch.setattr(measure, "time_compute", timed)
     synced = []
 
     def sync(*args):
@@ -640,6 +646,9 @@ def test_study_16_times_a_2_process_step_only_where_it_plans_more_than_one(tmp_p
     assert not synced and info["sync_from"] == "not measured: one process planned"
     (tmp_path / "two").mkdir()
     _, info = pc.measured_compute(tmp_path / "two", None, LINK, processes=(1, 2))
+    # the timing runs' own output goes to compute.log beside compute.json, not to the notebook
+    assert logs == [tmp_path / "one" / "compute.log", tmp_path / "two" / "compute.log"]
+    assert synced[0][-1] == tmp_path / "two" / "compute.log"
     assert len(synced) == 1 and info["sync_from"].startswith("2 processes")
 
 

@@ -234,17 +234,18 @@ def measured_compute(
 ) -> tuple[model.Compute, dict[str, Any]]:
     """A worker's compute and, where ``processes`` plans more than one, a 2-process step's extra
     (``lbsgd plan``'s measurements, :func:`lbsgd.plan.measure.time_compute` and
-    :func:`~lbsgd.plan.measure.time_sync`), measured into the study's ``compute.json`` unless
-    there already: the findings are then a function of the study's files, as study 10's of its
+    :func:`~lbsgd.plan.measure.time_sync`), measured into the study's ``compute.json`` (the timing
+    runs' output into ``compute.log``) unless there already: the findings are then a function of the study's files, as study 10's of its
     benchmarks. ``small``: short timing runs (smoke)."""
     out = Path(study_dir) / "compute.json"
     if not out.exists():
         samples, runs = (SMALL_TIMING, 1) if small else (None, None)
-        compute, info = measure.time_compute(probe_cfg, samples=samples, runs=runs)
+        log = out.with_suffix(".log")  # the timing runs' own output, not the notebook's
+        compute, info = measure.time_compute(probe_cfg, samples=samples, runs=runs, log=log)
         sync_info = {"sync_s": 0.0, "sync_from": "not measured: one process planned"}
         if max(processes) > 1:
             compute, sync_info = measure.time_sync(
-                probe_cfg, compute, link_, info["grad_bytes"], samples, runs
+                probe_cfg, compute, link_, info["grad_bytes"], samples, runs, log
             )
         doc = {"compute": asdict(compute), "info": {**info, **sync_info}}
         with rundir.replacing(out) as tmp:
