@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -235,12 +236,12 @@ def measured_compute(
     """A worker's compute and, where ``processes`` plans more than one, a 2-process step's extra
     (``lbsgd plan``'s measurements, :func:`lbsgd.plan.measure.time_compute` and
     :func:`~lbsgd.plan.measure.time_sync`), measured into the study's ``compute.json`` (the timing
-    runs' output into ``compute.log``) unless there already: the findings are then a function of the study's files, as study 10's of its
+    runs' own output dropped) unless there already: the findings are then a function of the study's files, as study 10's of its
     benchmarks. ``small``: short timing runs (smoke)."""
     out = Path(study_dir) / "compute.json"
     if not out.exists():
         samples, runs = (SMALL_TIMING, 1) if small else (None, None)
-        log = out.with_suffix(".log")  # the timing runs' own output, not the notebook's
+        log = Path(os.devnull)  # the timing runs' own output: dropped, not in the notebook
         compute, info = measure.time_compute(probe_cfg, samples=samples, runs=runs, log=log)
         sync_info = {"sync_s": 0.0, "sync_from": "not measured: one process planned"}
         if max(processes) > 1:
