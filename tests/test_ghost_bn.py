@@ -166,6 +166,28 @@ def test_an_in_place_relu_may_follow_and_its_gradient_is_the_loops():
     torch.testing.assert_close(*grads, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+def test_fp32_one_pass_makes_no_buffer_the_size_of_the_activations_but_its_output(fmt):
+    """What its CPU speed rests on: forward, the only allocation as large as the input is the
+    output (the squares about the mean are written into it first); backward, the input gradient
+    (the products with the incoming gradient likewise). Counted by the profiler's allocator."""
+    from torch.profiler import profile
+
+    bn = make(16, 8)
+    x = torch.randn(64, 16, 8, 8).contiguous(memory_format=fmt).requires_grad_()
+    upstream = torch.randn_like(x)
+
+    def large(prof):
+        return [e.name for e in prof.events() if e.self_cpu_memory_usage >= x.nbytes]
+
+    with profile(profile_memory=True) as forward:
+        y = ghost_bn.OnePassBatchNorm.apply(x, bn.weight, bn.bias, torch.zeros(2, 8, 16), 8, 1e-5)
+    with profile(profile_memory=True) as backward:
+        y.backward(upstream)
+    assert large(forward) == ["aten::empty_strided"]  # torch.empty_like(x): the output
+    assert large(backward) == ["aten::empty_strided"]  # the input gradient
+
+
 @pytest.mark.parametrize("shape", [(12, 5), (12, 5, 7), (12, 5, 2, 3, 3)])
 def test_the_one_pass_takes_1d_and_3d_inputs_as_batchnorm1d_and_3d_do(shape):
     from lbsgd.bench.ghost import PerGroupLoop

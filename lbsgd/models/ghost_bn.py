@@ -9,12 +9,15 @@ micro-batches of 32, on 1 process with micro-batches of 256 (8 groups each), or 
 
 Training-mode forward: the micro-batch of m = g·n samples (g groups of consecutive samples) is
 normalised in one pass for any g (:class:`OnePassBatchNorm`): a (g, n, C, …) view of it (a view in
-either memory format: only the batch dimension is split) gives every group's mean and variance in
-one reduction (``torch.var_mean``, in fp32 whatever the activations' precision), and the
-normalisation is one fused multiply-add with a scale and shift per group and channel, written
-into an output of the input's memory format (a channels_last input gives a channels_last output,
-so the next convolution stays on its fast path). The backward is two reductions (Σ dy and
-Σ dy·x per group and channel) and one fused pass. The same function runs eager and under
+either memory format: only the batch dimension is split) gives every group's mean and variance at
+once (two reductions over the view, the mean and then the squares about it, in fp32 whatever the
+activations' precision), and the normalisation is one fused multiply-add with a scale and shift per
+group and channel, written into an output of the input's memory format (a channels_last input
+gives a channels_last output, so the next convolution stays on its fast path). The backward is two
+reductions (Σ dy and Σ dy·(x − μ) per group and channel) and the gradient in two fused passes.
+Each pass covers all groups, so the cost does not grow with g; in fp32 the only buffer the size of
+the activations is the output (the gradient, backward), which the squares and products are written
+into before it is overwritten. The same function runs eager and under
 ``torch.compile``, which fuses it further. g = 1 is one plain ``F.batch_norm`` call (as before:
 one BN group a micro-batch replays bitwise). Evaluation uses the running statistics as usual.
 
@@ -33,6 +36,7 @@ buffers are therefore equal on every rank and DDP need not broadcast them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -118,9 +122,34 @@ def _per_channel(t: Tensor, xg: Tensor) -> Tensor:
     return t.view(1, 1, -1, *[1] * (xg.dim() - 3))
 
 
+_NONE = 0  # mse_loss's reduction 'none' (torch.nn._reduction.get_enum)
+
+
+def _squares(xg: Tensor, mean: Tensor, out: Tensor) -> Tensor:
+    """(x − μ)² in fp32. An fp32 input's is one fused pass written into ``out`` (the output's
+    buffer, overwritten after): ``mse_loss`` without reduction is exactly that elementwise kernel,
+    and no fresh temporary the size of the activations is made (on a CPU its first-touched pages
+    cost more than the arithmetic). A low-precision input's is a new fp32 tensor."""
+    if out.dtype == torch.float32:
+        return torch.ops.aten.mse_loss.out(xg, mean.expand_as(xg), _NONE, out=out)
+    return torch.sub(xg, mean).square_()  # promoted to fp32
+
+
+def _products(xg: Tensor, mean: Tensor, dy: Tensor, out: Tensor) -> tuple[Tensor, float]:
+    """(x − μ)·dy in fp32 times a factor, and the factor's inverse. For fp32 tensors it is
+    ``mse_loss``'s backward without reduction, 2·(x − μ)·dy in one fused pass into ``out`` (×2 is
+    exact, so half its sum is Σ (x − μ)·dy bit for bit); else a new fp32 tensor, factor 1."""
+    if out.dtype == torch.float32 and dy.dtype == torch.float32:
+        two = torch.ops.aten.mse_loss_backward.grad_input(
+            dy, xg, mean.expand_as(xg), _NONE, grad_input=out
+        )
+        return two, 0.5
+    return torch.sub(xg, mean).mul_(dy), 1.0
+
+
 class OnePassBatchNorm(torch.autograd.Function):
-    """Batch norm of every group of n consecutive samples at once: one reduction for all groups'
-    statistics, one fused pass to normalise; backward, two reductions and one fused pass.
+    """Batch norm of every group of n consecutive samples at once: two reductions for all groups'
+    statistics, one fused pass to normalise; backward, two reductions and two fused passes.
 
     With μ, σ² a group's mean and biased variance over its n samples and the spatial positions
     (M values a channel), x̂ = (x − μ)/√(σ² + ε), y = γ x̂ + β, and per group and channel
@@ -134,11 +163,13 @@ class OnePassBatchNorm(torch.autograd.Function):
     def forward(ctx, x, weight, bias, stats, n, eps):
         g, c = x.shape[0] // n, x.shape[1]
         xg = x.view(g, n, *x.shape[1:])
-        x32 = xg if xg.dtype == torch.float32 else xg.float()  # squares not rounded to 8 bits
-        dims, count = _reduced(xg), xg[0, :, 0].numel()
-        # two passes, as the native kernels: the mean, then the squares about it (no cancellation)
-        mean = x32.mean(dims, keepdim=True)
-        var = (x32 - mean).square_().mean(dims, keepdim=True)
+        dims, count = _reduced(xg), n * math.prod(x.shape[2:])
+        y = torch.empty_like(x)  # the input's memory format; not a view: a ReLU may work in place
+        out = y.view(xg.shape)
+        # two passes, as the native kernels: the mean, then the squares about it (no cancellation),
+        # in fp32 whatever the activations' precision (squares not rounded to 8 bits)
+        mean = xg.mean(dims, keepdim=True, dtype=torch.float32)
+        var = _squares(xg, mean, out).mean(dims, keepdim=True)
         torch.mul(var.view(g, c), count / max(count - 1, 1), out=stats[1])  # unbiased
         stats[0].copy_(mean.view(g, c))
         invstd = var.add_(eps).rsqrt_()
@@ -148,8 +179,7 @@ class OnePassBatchNorm(torch.autograd.Function):
             if bias is None
             else torch.addcmul(_per_channel(bias, xg), mean, scale, value=-1)
         )
-        y = torch.empty_like(x)  # the input's memory format; not a view: a ReLU may work in place
-        torch.addcmul(shift, xg, scale, out=y.view(xg.shape))  # one pass: x·scale + shift
+        torch.addcmul(shift, xg, scale, out=out)  # one pass: x·scale + shift
         ctx.save_for_backward(x, weight, mean, invstd)
         ctx.n, ctx.count = n, count
         return y
@@ -159,16 +189,17 @@ class OnePassBatchNorm(torch.autograd.Function):
         x, weight, mean, invstd = ctx.saved_tensors
         xg = x.view(mean.shape[0], ctx.n, *x.shape[1:])
         dy = grad_y.reshape(xg.shape)
-        x32 = xg if xg.dtype == torch.float32 else xg.float()
         dims, m = _reduced(xg), ctx.count
+        grad_x = torch.empty_like(x)
+        out = grad_x.view(xg.shape)
         sum_dy = dy.sum(dims, keepdim=True, dtype=torch.float32)
-        dot = (x32 - mean).mul_(dy).sum(dims, keepdim=True).mul_(invstd)  # Σ dy·x̂, centred
+        products, inverse = _products(xg, mean, dy, out)
+        dot = products.sum(dims, keepdim=True).mul_(invstd * inverse)  # Σ dy·x̂
         a = invstd if weight is None else invstd * _per_channel(weight, xg)
         # dx = a·dy + k·x + b: the formula above with x̂ = (x − μ)·invstd expanded
         k = a * invstd * dot / -m
         b = -(k * mean) - a * sum_dy / m
-        grad_x = torch.empty_like(x)
-        torch.addcmul(b, dy, a, out=grad_x.view(xg.shape)).addcmul_(x32, k)
+        torch.addcmul(b, dy, a, out=out).addcmul_(xg, k)
         if weight is None:
             return grad_x, None, None, None, None, None
         return grad_x, dot.sum(0).view(-1), sum_dy.sum(0).view(-1), None, None, None
