@@ -5,11 +5,19 @@ eager and compiled: images per second of each, alternating, and their ratios in 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import sys
 import time
 from collections.abc import Sequence
 
 import torch
 from torch import nn
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
 
 from lbsgd import config, data, distributed, models
 from lbsgd.bench.train import (
@@ -84,22 +92,47 @@ def network(cfg: Config, kernel: str, groups: int, splits: data.Splits, device) 
     return net.to(memory_format=fmt).train()
 
 
-def images_per_s(cfg: Config, net: nn.Module, x, y, steps: int, device) -> float:
-    """Steady images per second of ``steps`` training steps (the first 3 untimed)."""
+def keep_freed_memory() -> str:
+    """Has glibc's malloc keep freed memory for reuse (no returns to the system, no fresh mappings
+    for large blocks) and says what it did. Under its defaults a CPU training step of this size
+    takes anywhere from 0 to ~3,400 page faults, by where earlier blocks happened to land, which
+    moves a throughput by up to 15% between identical measurements and buries the kernels'
+    difference; with freed memory kept every kernel runs fault-free after its first steps."""
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    mallopt = getattr(ctypes.CDLL(name), "mallopt", None) if name else None
+    if mallopt is None:
+        return "system default (not glibc)"
+    gib = 1 << 30
+    for option in (_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD):
+        mallopt(option, gib)
+    return "glibc, trim and mmap thresholds 1 GiB (freed memory kept for reuse)"
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+
+
+def _page_faults() -> int:
+    """Minor page faults of this process so far (0 where the platform does not count them)."""
+    return 0 if resource is None else resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def images_per_s(cfg: Config, net: nn.Module, x, y, steps: int, device) -> tuple[float, float]:
+    """Steady images per second of ``steps`` training steps (the first 3 untimed), and the page
+    faults a timed step took."""
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     step = torch.compile(net) if cfg.compile else net
     dtype = _AUTOCAST[cfg.precision]
     for i in range(steps + 3):
         if i == 3:
             distributed.synchronize(device)
-            t0 = time.perf_counter()
+            t0, faults = time.perf_counter(), _page_faults()
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss = torch.nn.functional.cross_entropy(step(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     distributed.synchronize(device)
-    return steps * len(y) / (time.perf_counter() - t0)
+    return steps * len(y) / (time.perf_counter() - t0), (_page_faults() - faults) / steps
 
 
 def bench_ghost(
@@ -119,6 +152,7 @@ def bench_ghost(
             f"--groups: {bad[0]} does not split micro_batch={m} into 2 or more groups"
         )
     device = bench_device(cfg)
+    allocator = keep_freed_memory()
     splits = data.build(cfg, torch.device("cpu"))
     images, labels = splits.train.tensors
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
@@ -129,6 +163,7 @@ def bench_ghost(
         "config": cfg.to_dict(),
         "steps": steps,
         "repeats": repeats,
+        "allocator": allocator,
         "rows": rows,
         "environment": environment(device, 1),
     }
@@ -143,7 +178,7 @@ def _row(cfg: Config, g: int, splits, batch, steps: int, repeats: int, device) -
     # compiled, the loop is left out: its kernels write into views of their outputs (out=),
     # which inductor refuses; the model used the folded formulation there before the one pass
     kernels = tuple(k for k in KERNELS if not (cfg.compile and k == "loop"))
-    ips = _measured(cfg, kernels, g, splits, batch, steps, repeats, device)
+    ips, faults = _measured(cfg, kernels, g, splits, batch, steps, repeats, device)
     best = {k: max(ips[k]) if k in ips else None for k in KERNELS}
     row = {
         "groups": g,
@@ -153,21 +188,26 @@ def _row(cfg: Config, g: int, splits, batch, steps: int, repeats: int, device) -
         "one_pass_over_plain": _ratio(best["one_pass"], best["plain"]),
         "loop_over_plain": _ratio(best["loop"], best["plain"]),
         "all_img_per_s": ips,
+        "page_faults_per_step": faults,
     }
     print(f"{g:>3} groups of {m // g:>3}: " + _line(best, row), flush=True)
     return row
 
 
-def _measured(cfg, kernels, g, splits, batch, steps, repeats, device) -> dict[str, list[float]]:
-    """Each kernel's images per second, ``repeats`` times, alternating the order."""
+def _measured(cfg, kernels, g, splits, batch, steps, repeats, device) -> tuple[dict, dict]:
+    """Each kernel's images per second and page faults a step, ``repeats`` times, alternating
+    the order."""
     ips: dict[str, list[float]] = {k: [] for k in kernels}
+    faults: dict[str, list[float]] = {k: [] for k in kernels}
     for r in range(repeats):
         for k in kernels if r % 2 == 0 else kernels[::-1]:
             if cfg.compile:  # each model compiles anew, not against dynamo's recompile limit
                 torch._dynamo.reset()
             net = network(cfg, k, g, splits, device)
-            ips[k].append(images_per_s(cfg, net, *batch, steps, device))
-    return ips
+            speed, faulted = images_per_s(cfg, net, *batch, steps, device)
+            ips[k].append(speed)
+            faults[k].append(faulted)
+    return ips, faults
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -130,8 +130,8 @@ def _squares(xg: Tensor, mean: Tensor, out: Tensor) -> Tensor:
     buffer, overwritten after): ``mse_loss`` without reduction is exactly that elementwise kernel,
     and no fresh temporary the size of the activations is made (on a CPU its first-touched pages
     cost more than the arithmetic). A low-precision input's is a new fp32 tensor."""
-    if out.dtype == torch.float32:
-        return torch.ops.aten.mse_loss.out(xg, mean.expand_as(xg), _NONE, out=out)
+    if out.dtype == torch.float32:  # F.mse_loss's own binding (it broadcasts μ; F.mse_loss warns)
+        return torch._C._nn.mse_loss(xg, mean, _NONE, out=out)
     return torch.sub(xg, mean).square_()  # promoted to fp32
 
 
@@ -140,9 +140,7 @@ def _products(xg: Tensor, mean: Tensor, dy: Tensor, out: Tensor) -> tuple[Tensor
     ``mse_loss``'s backward without reduction, 2·(x − μ)·dy in one fused pass into ``out`` (×2 is
     exact, so half its sum is Σ (x − μ)·dy bit for bit); else a new fp32 tensor, factor 1."""
     if out.dtype == torch.float32 and dy.dtype == torch.float32:
-        two = torch.ops.aten.mse_loss_backward.grad_input(
-            dy, xg, mean.expand_as(xg), _NONE, grad_input=out
-        )
+        two = torch.ops.aten.mse_loss_backward.grad_input(dy, xg, mean, _NONE, grad_input=out)
         return two, 0.5
     return torch.sub(xg, mean).mul_(dy), 1.0
 
@@ -161,17 +159,18 @@ class OnePassBatchNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, stats, n, eps):
-        g, c = x.shape[0] // n, x.shape[1]
-        xg = x.view(g, n, *x.shape[1:])
+        g = x.shape[0] // n
+        shape = (g, n, *x.shape[1:])
+        xg = x.view(shape)
         dims, count = _reduced(xg), n * math.prod(x.shape[2:])
         y = torch.empty_like(x)  # the input's memory format; not a view: a ReLU may work in place
-        out = y.view(xg.shape)
+        out = y.view(shape)
         # two passes, as the native kernels: the mean, then the squares about it (no cancellation),
         # in fp32 whatever the activations' precision (squares not rounded to 8 bits)
         mean = xg.mean(dims, keepdim=True, dtype=torch.float32)
         var = _squares(xg, mean, out).mean(dims, keepdim=True)
-        torch.mul(var.view(g, c), count / max(count - 1, 1), out=stats[1])  # unbiased
-        stats[0].copy_(mean.view(g, c))
+        unbiased = var * (count / max(count - 1, 1))
+        torch.stack((mean, unbiased), out=stats.view(2, *mean.shape))
         invstd = var.add_(eps).rsqrt_()
         scale = invstd if weight is None else invstd * _per_channel(weight, xg)
         shift = (
@@ -181,24 +180,24 @@ class OnePassBatchNorm(torch.autograd.Function):
         )
         torch.addcmul(shift, xg, scale, out=out)  # one pass: x·scale + shift
         ctx.save_for_backward(x, weight, mean, invstd)
-        ctx.n, ctx.count = n, count
+        ctx.shape, ctx.count = shape, count
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
         x, weight, mean, invstd = ctx.saved_tensors
-        xg = x.view(mean.shape[0], ctx.n, *x.shape[1:])
-        dy = grad_y.reshape(xg.shape)
-        dims, m = _reduced(xg), ctx.count
+        shape, m = ctx.shape, ctx.count
+        xg, dy = x.view(shape), grad_y.reshape(shape)
+        dims = _reduced(xg)
         grad_x = torch.empty_like(x)
-        out = grad_x.view(xg.shape)
+        out = grad_x.view(shape)
         sum_dy = dy.sum(dims, keepdim=True, dtype=torch.float32)
         products, inverse = _products(xg, mean, dy, out)
         dot = products.sum(dims, keepdim=True).mul_(invstd * inverse)  # Σ dy·x̂
         a = invstd if weight is None else invstd * _per_channel(weight, xg)
         # dx = a·dy + k·x + b: the formula above with x̂ = (x − μ)·invstd expanded
-        k = a * invstd * dot / -m
-        b = -(k * mean) - a * sum_dy / m
+        k = torch.mul(a, invstd).mul_(dot).div_(-m)
+        b = torch.mul(k, mean).neg_().sub_(torch.mul(a, sum_dy).div_(m))
         torch.addcmul(b, dy, a, out=out).addcmul_(xg, k)
         if weight is None:
             return grad_x, None, None, None, None, None
