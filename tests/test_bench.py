@@ -378,23 +378,23 @@ def test_with_freed_memory_kept_a_block_allocated_again_takes_no_page_faults():
         "from lbsgd.bench.ghost import keep_freed_memory, _page_faults\n"
         "if sys.argv[1] == 'kept':\n"
         "    keep_freed_memory()\n"
-        "for _ in range(2):\n"
+        "for _ in range(8):\n"
+        "    before = _page_faults()\n"
         "    torch.ones(16 << 20)\n"
-        "before = _page_faults()\n"
-        "for _ in range(3):\n"
-        "    torch.ones(16 << 20)\n"
-        "print(_page_faults() - before)\n"
+        "    print(_page_faults() - before)\n"
     )
     faults = {
-        way: int(
-            subprocess.run(
+        way: [
+            int(line)
+            for line in subprocess.run(
                 [sys.executable, "-c", script, way], check=True, capture_output=True, text=True
-            ).stdout
-        )
+            ).stdout.split()
+        ]
         for way in ("default", "kept")
     }
-    assert faults["default"] >= 3 * 16_000  # each allocation's pages faulted in again
-    assert faults["kept"] == 0
+    # the first allocations place the block either way; from the fifth on, the steady state
+    assert all(f >= 16_000 for f in faults["default"][4:]), faults
+    assert faults["kept"][4:] == [0, 0, 0, 0], faults
 
 
 def test_ghost_bn_bench_refuses_a_group_count_that_does_not_split_the_micro_batch(capsys):
