@@ -215,18 +215,26 @@ def test_one_group_is_one_native_batch_norm_bitwise():
 
 
 @pytest.mark.slow
-def test_the_one_pass_compiles_to_what_it_computes_eager():
-    """Under torch.compile the same function runs (no separate formulation): its loss, input
-    gradient and statistics equal the eager ones."""
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+def test_the_one_pass_compiles_to_what_it_computes_eager(fmt):
+    """Under torch.compile the same function runs, its temporaries left to the compiler (no
+    output buffer to write the squares into): its output (in the input's memory format, no view:
+    an in-place ReLU compiles after it), input and weight gradients and statistics equal the
+    eager ones."""
     n, g, c = 4, 3, 6
-    x = torch.randn(g * n, c, 4, 4).contiguous(memory_format=torch.channels_last)
+    x = torch.randn(g * n, c, 4, 4).contiguous(memory_format=fmt)
     out = []
     for compiled in (False, True):
         bn = make(c, n)
         xi = x.clone().requires_grad_()
-        f = torch.compile(bn) if compiled else bn
-        f(xi).square().sum().backward()
-        out.append((xi.grad, bn.weight.grad, bn.group_sums.clone()))
+
+        def step(t, bn=bn):
+            return F.relu(bn(t), inplace=True)
+
+        y = (torch.compile(step) if compiled else step)(xi)
+        assert y.is_contiguous(memory_format=fmt)
+        y.square().sum().backward()
+        out.append((y.detach(), xi.grad, bn.weight.grad, bn.group_sums.clone()))
     for eager, comp in zip(*out, strict=True):
         torch.testing.assert_close(eager, comp, rtol=1e-4, atol=1e-4)
 

@@ -125,21 +125,29 @@ def _per_channel(t: Tensor, xg: Tensor) -> Tensor:
 _NONE = 0  # mse_loss's reduction 'none' (torch.nn._reduction.get_enum)
 
 
-def _squares(xg: Tensor, mean: Tensor, out: Tensor) -> Tensor:
+def _per_sample(t: Tensor, n: int) -> Tensor:
+    """A (g, 1, C, 1, …) per-group term spread over the g·n samples: (g·n, C, 1, …)."""
+    return t.expand(-1, n, *t.shape[2:]).flatten(0, 1)
+
+
+def _squares(xg: Tensor, mean: Tensor, out: Tensor | None) -> Tensor:
     """(x − μ)² in fp32. An fp32 input's is one fused pass written into ``out`` (the output's
     buffer, overwritten after): ``mse_loss`` without reduction is exactly that elementwise kernel,
     and no fresh temporary the size of the activations is made (on a CPU its first-touched pages
-    cost more than the arithmetic). A low-precision input's is a new fp32 tensor."""
-    if out.dtype == torch.float32:  # F.mse_loss's own binding (it broadcasts μ; F.mse_loss warns)
+    cost more than the arithmetic). A low-precision input's is a new fp32 tensor, and so is any
+    input's under torch.compile (no buffer: the compiler fuses it into the reduction)."""
+    if (
+        out is not None and out.dtype == torch.float32
+    ):  # F.mse_loss's own binding (it broadcasts μ; F.mse_loss warns)
         return torch._C._nn.mse_loss(xg, mean, _NONE, out=out)
     return torch.sub(xg, mean).square_()  # promoted to fp32
 
 
-def _products(xg: Tensor, mean: Tensor, dy: Tensor, out: Tensor) -> tuple[Tensor, float]:
+def _products(xg: Tensor, mean: Tensor, dy: Tensor, out: Tensor | None) -> tuple[Tensor, float]:
     """(x − μ)·dy in fp32 times a factor, and the factor's inverse. For fp32 tensors it is
     ``mse_loss``'s backward without reduction, 2·(x − μ)·dy in one fused pass into ``out`` (×2 is
     exact, so half its sum is Σ (x − μ)·dy bit for bit); else a new fp32 tensor, factor 1."""
-    if out.dtype == torch.float32 and dy.dtype == torch.float32:
+    if out is not None and out.dtype == torch.float32 and dy.dtype == torch.float32:
         two = torch.ops.aten.mse_loss_backward.grad_input(dy, xg, mean, _NONE, grad_input=out)
         return two, 0.5
     return torch.sub(xg, mean).mul_(dy), 1.0
@@ -163,8 +171,10 @@ class OnePassBatchNorm(torch.autograd.Function):
         shape = (g, n, *x.shape[1:])
         xg = x.view(shape)
         dims, count = _reduced(xg), n * math.prod(x.shape[2:])
-        y = torch.empty_like(x)  # the input's memory format; not a view: a ReLU may work in place
-        out = y.view(shape)
+        # the output (the input's memory format; not a view: a ReLU may work in place), whose
+        # buffer takes the squares first; compiled, none: the compiler plans the buffers
+        y = None if torch.compiler.is_compiling() else torch.empty_like(x)
+        out = None if y is None else y.view(shape)
         # two passes, as the native kernels: the mean, then the squares about it (no cancellation),
         # in fp32 whatever the activations' precision (squares not rounded to 8 bits)
         mean = xg.mean(dims, keepdim=True, dtype=torch.float32)
@@ -178,7 +188,10 @@ class OnePassBatchNorm(torch.autograd.Function):
             if bias is None
             else torch.addcmul(_per_channel(bias, xg), mean, scale, value=-1)
         )
-        torch.addcmul(shift, xg, scale, out=out)  # one pass: x·scale + shift
+        if y is None:  # one pass: x·scale + shift
+            y = torch.addcmul(_per_sample(shift, n), x, _per_sample(scale, n)).to(x.dtype)
+        else:
+            torch.addcmul(shift, xg, scale, out=out)
         ctx.save_for_backward(x, weight, mean, invstd)
         ctx.shape, ctx.count = shape, count
         return y
@@ -189,8 +202,8 @@ class OnePassBatchNorm(torch.autograd.Function):
         shape, m = ctx.shape, ctx.count
         xg, dy = x.view(shape), grad_y.reshape(shape)
         dims = _reduced(xg)
-        grad_x = torch.empty_like(x)
-        out = grad_x.view(shape)
+        grad_x = None if torch.compiler.is_compiling() else torch.empty_like(x)
+        out = None if grad_x is None else grad_x.view(shape)
         sum_dy = dy.sum(dims, keepdim=True, dtype=torch.float32)
         products, inverse = _products(xg, mean, dy, out)
         dot = products.sum(dims, keepdim=True).mul_(invstd * inverse)  # Σ dy·x̂
@@ -198,7 +211,12 @@ class OnePassBatchNorm(torch.autograd.Function):
         # dx = a·dy + k·x + b: the formula above with x̂ = (x − μ)·invstd expanded
         k = torch.mul(a, invstd).mul_(dot).div_(-m)
         b = torch.mul(k, mean).neg_().sub_(torch.mul(a, sum_dy).div_(m))
-        torch.addcmul(b, dy, a, out=out).addcmul_(xg, k)
+        if grad_x is None:
+            n = shape[1]
+            grad_x = torch.addcmul(_per_sample(b, n), grad_y, _per_sample(a, n))
+            grad_x = grad_x.addcmul_(x, _per_sample(k, n)).to(x.dtype)
+        else:
+            torch.addcmul(b, dy, a, out=out).addcmul_(xg, k)
         if weight is None:
             return grad_x, None, None, None, None, None
         return grad_x, dot.sum(0).view(-1), sum_dy.sum(0).view(-1), None, None, None
