@@ -131,16 +131,15 @@ def _per_sample(t: Tensor, n: int) -> Tensor:
 
 
 def _squares(xg: Tensor, mean: Tensor, out: Tensor | None) -> Tensor:
-    """(x − μ)² in fp32. An fp32 input's is one fused pass written into ``out`` (the output's
-    buffer, overwritten after): ``mse_loss`` without reduction is exactly that elementwise kernel,
-    and no fresh temporary the size of the activations is made (on a CPU its first-touched pages
-    cost more than the arithmetic). A low-precision input's is a new fp32 tensor, and so is any
+    """(x − μ)² in fp32, in one fused pass: ``mse_loss`` without reduction is exactly that
+    elementwise kernel (it broadcasts μ, and a low-precision x is promoted to μ's fp32 before the
+    difference). An fp32 input's is written into ``out`` (the output's buffer, overwritten after),
+    so no fresh temporary the size of the activations is made (on a CPU its first-touched pages
+    cost more than the arithmetic); a low-precision input's is a new fp32 tensor, and so is any
     input's under torch.compile (no buffer: the compiler fuses it into the reduction)."""
-    if (
-        out is not None and out.dtype == torch.float32
-    ):  # F.mse_loss's own binding (it broadcasts μ; F.mse_loss warns)
-        return torch._C._nn.mse_loss(xg, mean, _NONE, out=out)
-    return torch.sub(xg, mean).square_()  # promoted to fp32
+    if out is not None and out.dtype == torch.float32:
+        return torch._C._nn.mse_loss(xg, mean, _NONE, out=out)  # F.mse_loss's own binding
+    return torch._C._nn.mse_loss(xg, mean, _NONE)
 
 
 def _products(xg: Tensor, mean: Tensor, dy: Tensor, out: Tensor | None) -> tuple[Tensor, float]:
