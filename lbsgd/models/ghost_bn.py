@@ -17,9 +17,10 @@ gives a channels_last output, so the next convolution stays on its fast path). T
 reductions (Σ dy and Σ dy·(x − μ) per group and channel) and the gradient in two fused passes.
 Each pass covers all groups, so the cost does not grow with g; in fp32 the only buffer the size of
 the activations is the output (the gradient, backward), which the squares and products are written
-into before it is overwritten. The same function runs eager and under
-``torch.compile``, which fuses it further. g = 1 is one plain ``F.batch_norm`` call (as before:
-one BN group a micro-batch replays bitwise). Evaluation uses the running statistics as usual.
+into before it is overwritten. The same function runs under ``torch.compile`` with no such
+buffers (the compiler plans its own and fuses the passes: ghost BN compiled runs at plain BN's
+speed). g = 1 is one plain ``F.batch_norm`` call (as before: one BN group a micro-batch replays
+bitwise). Evaluation uses the running statistics as usual.
 
 Running statistics (the decision this module makes, so that the layout never shows):
 every group's mean and unbiased variance are summed during the forward passes of an optimizer
