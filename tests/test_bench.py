@@ -368,6 +368,7 @@ def test_ghost_bn_bench_times_one_pass_loop_and_plain_and_states_their_ratios(tm
     assert json.loads(out.read_text())["rows"] == rows
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_with_freed_memory_kept_a_block_allocated_again_takes_no_page_faults():
     """What makes the ghost-BN bench measure kernels, not the allocator: under glibc's defaults a
