@@ -188,6 +188,43 @@ def test_fp32_one_pass_makes_no_buffer_the_size_of_the_activations_but_its_outpu
     assert large(backward) == ["aten::empty_strided"]  # the input gradient
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_one_pass_reads_the_activations_in_four_kernels_forward_and_five_backward(dtype):
+    """Its cost in any precision: the kernels that touch a tensor the size of the activations
+    (views and allocations aside) are the mean, the squares about it, their mean and the
+    normalisation forward; Σ dy, the products (x − μ)·dy, their sum and the gradient's two fused
+    passes backward. Recorded at the dispatcher, so an added pass or copy shows."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Kernels(TorchDispatchMode):
+        def __init__(self, numel):
+            super().__init__()
+            self.numel, self.names = numel, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if torch.is_tensor(t)]
+            allocation = func.overloadpacket in (
+                torch.ops.aten.empty_like,
+                torch.ops.aten.empty_strided,
+            )
+            if not (func.is_view or allocation) and any(t.numel() == self.numel for t in tensors):
+                self.names.append(func.overloadpacket.__name__)
+            return out
+
+    bn = make(16, 8)
+    x = torch.randn(64, 16, 8, 8).to(dtype).contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    with Kernels(x.numel()) as forward:
+        y = ghost_bn.OnePassBatchNorm.apply(x, bn.weight, bn.bias, torch.zeros(2, 8, 16), 8, 1e-5)
+    upstream = torch.randn_like(y)
+    with Kernels(x.numel()) as backward:
+        y.backward(upstream)
+    assert forward.names == ["mean", "mse_loss", "mean", "addcmul"]
+    assert backward.names == ["sum", "mse_loss_backward", "sum", "addcmul", "addcmul_"]
+
+
 @pytest.mark.parametrize("shape", [(12, 5), (12, 5, 7), (12, 5, 2, 3, 3)])
 def test_the_one_pass_takes_1d_and_3d_inputs_as_batchnorm1d_and_3d_do(shape):
     from lbsgd.bench.ghost import PerGroupLoop

@@ -144,13 +144,17 @@ def _squares(xg: Tensor, mean: Tensor, out: Tensor | None) -> Tensor:
 
 
 def _products(xg: Tensor, mean: Tensor, dy: Tensor, out: Tensor | None) -> tuple[Tensor, float]:
-    """(x − μ)·dy in fp32 times a factor, and the factor's inverse. For fp32 tensors it is
-    ``mse_loss``'s backward without reduction, 2·(x − μ)·dy in one fused pass into ``out`` (×2 is
-    exact, so half its sum is Σ (x − μ)·dy bit for bit); else a new fp32 tensor, factor 1."""
-    if out is not None and out.dtype == torch.float32 and dy.dtype == torch.float32:
-        two = torch.ops.aten.mse_loss_backward.grad_input(dy, xg, mean, _NONE, grad_input=out)
-        return two, 0.5
-    return torch.sub(xg, mean).mul_(dy), 1.0
+    """(x − μ)·dy in fp32 times a factor, and the factor's inverse: ``mse_loss``'s backward without
+    reduction, 2·(x − μ)·dy in one fused pass computed in its output's fp32 (×2 is exact, so half
+    its sum is Σ (x − μ)·dy bit for bit). The output is ``out`` (the gradient's buffer) for fp32
+    tensors, else a new fp32 tensor in x's layout; under torch.compile (no buffer) the plain
+    product, which the compiler fuses into the reduction."""
+    if out is None:
+        return torch.sub(xg, mean).mul_(dy), 1.0
+    if out.dtype != torch.float32 or dy.dtype != torch.float32:
+        out = torch.empty_like(xg, dtype=torch.float32)
+    two = torch.ops.aten.mse_loss_backward.grad_input(dy, xg, mean, _NONE, grad_input=out)
+    return two, 0.5
 
 
 class OnePassBatchNorm(torch.autograd.Function):
