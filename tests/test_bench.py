@@ -365,7 +365,10 @@ def test_ghost_bn_bench_times_one_pass_loop_and_plain_and_states_their_ratios(tm
         assert r["one_pass_over_loop"] == r["one_pass_img_per_s"] / r["loop_img_per_s"]
         assert r["one_pass_over_plain"] == r["one_pass_img_per_s"] / r["plain_img_per_s"]
         assert all(len(v) == 1 and v[0] > 0 for v in r["all_img_per_s"].values())
+        assert r["page_faults_per_step"].keys() == r["all_img_per_s"].keys()
+        assert all(len(v) == 1 and v[0] >= 0 for v in r["page_faults_per_step"].values())
     assert json.loads(out.read_text())["rows"] == rows
+    assert result["allocator"] == ghost.keep_freed_memory()  # what the bench did, said
 
 
 @pytest.mark.slow

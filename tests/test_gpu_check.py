@@ -66,7 +66,9 @@ def test_each_step_runs_valid_lbsgd_command_lines_into_its_out_folder(tmp_path):
         for p in ("fp32", "bf16", "fp16")
         for c in ("false", "true")
     ]
-    assert all("model=resnet50" in a and "micro_batch=256" in a and "8" in a for a in ghost)
+    # ResNet-50, micro-batch 256 in 8 groups: Goyal's 32 images a BN group
+    assert all("model=resnet50" in a and "micro_batch=256" in a for a in ghost)
+    assert all(a[a.index("--groups") + 1] == "8" for a in ghost)
 
     r, lines = _step(tmp_path, "tests", str(out))
     assert r.returncode == 0, r.stderr

@@ -33,8 +33,7 @@ def add_parser(sub) -> None:
     br.add_argument(
         "--repeats", type=int, default=3, help="alternating measurements of each variant"
     )
-    br.add_argument("--out", default=None, help="also write the result as JSON here")
-    _overrides(br)
+    _json_out_and_overrides(br)
     _ghost_parser(bsub)
     _noise_parser(bsub)
     _data_parser(bsub)
@@ -51,8 +50,9 @@ def _ghost_parser(bsub) -> None:
     )
     bg.add_argument("--steps", type=int, default=30, help="timed training steps a measurement")
     bg.add_argument("--repeats", type=int, default=3, help="alternating measurements of each")
-    bg.add_argument("--out", default=None, help="also write the result as JSON here")
-    _overrides(bg, "keys of the measured model (default micro_batch=128, the config's model)")
+    _json_out_and_overrides(
+        bg, "keys of the measured model (default micro_batch=128, the config's model)"
+    )
 
 
 def _caps_parser(bsub) -> None:
@@ -66,8 +66,7 @@ def _caps_parser(bsub) -> None:
     bc.add_argument(
         "-c", "--config", action="append", default=[], metavar="FILE", help="YAML file of keys"
     )
-    bc.add_argument("--out", default=None, help="also write the result as JSON here")
-    _overrides(bc, "keys of the measured run, over the files'")
+    _json_out_and_overrides(bc, "keys of the measured run, over the files'")
 
 
 def _train_parser(bsub) -> None:
@@ -176,6 +175,12 @@ def _overrides(parser: argparse.ArgumentParser, help: str | None = None) -> None
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=help)
 
 
+def _json_out_and_overrides(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--out`` (the result also written as JSON, where asked) and the config keys."""
+    parser.add_argument("--out", default=None, help="also write the result as JSON here")
+    _overrides(parser, help)
+
+
 def _data_parser(bsub) -> None:
     bd = bsub.add_parser(
         "data", help="loader-only img/s of a file dataset vs the model's compute-bound img/s"
@@ -195,8 +200,7 @@ def _data_parser(bsub) -> None:
         default=30,
         help="optimizer steps of the compute measurement (first 3: warm-up)",
     )
-    bd.add_argument("--out", default=None, help="also write the result as JSON here")
-    _overrides(bd, "model, precision, micro-batch, device: as for bench train")
+    _json_out_and_overrides(bd, "model, precision, micro-batch, device: as for bench train")
 
 
 def _allreduce_parser(bsub) -> None:

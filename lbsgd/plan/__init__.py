@@ -518,7 +518,8 @@ def _draw_bands(ax, one: list[dict[str, Any]]) -> None:
             lo,
             hi,
             alpha=0.25,
-            label="its range (B_crit's 95% interval, unbounded above where a lower bound; the probe's bracket)",
+            label="its range (B_crit's 95% interval, unbounded above where a lower bound; "
+            "the probe's bracket)",
         )
     _draw_unvouched(ax, [r for r in one if _unvouched(r)])
 

@@ -236,8 +236,8 @@ def measured_compute(
     """A worker's compute and, where ``processes`` plans more than one, a 2-process step's extra
     (``lbsgd plan``'s measurements, :func:`lbsgd.plan.measure.time_compute` and
     :func:`~lbsgd.plan.measure.time_sync`), measured into the study's ``compute.json`` (the timing
-    runs' own output dropped) unless there already: the findings are then a function of the study's files, as study 10's of its
-    benchmarks. ``small``: short timing runs (smoke)."""
+    runs' own output dropped) unless there already: the findings are then a function of the
+    study's files, as study 10's of its benchmarks. ``small``: short timing runs (smoke)."""
     out = Path(study_dir) / "compute.json"
     if not out.exists():
         samples, runs = (SMALL_TIMING, 1) if small else (None, None)
