@@ -49,32 +49,30 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The main job: every study notebook executed through papermill (lbsgd execute: one line on a bad
-# parameter or Ctrl-C, which stops the runs with a checkpoint) at one scale (a profile), each
-# executed copy saved beside its results in $(OUT)/$(PROFILE)/<study>/, then
-# $(OUT)/$(PROFILE)/REPORT.md. Each profile has its own folder: no profile overwrites another's.
-# Runs already complete there are skipped, so an interrupted `make reproduce` resumes;
-# `OUT=elsewhere` replays from scratch. Other scales: make reproduce PROFILE=cifar10 NPROC=1,
-# PROFILE=imagenet NPROC=8. On a Slurm cluster each run is a job: LAUNCHER=slurm CLUSTER=<a file of
-# configs/cluster/ or a path, then key=value overrides> (docs/cluster.md).
+# The main job (lbsgd reproduce): every study notebook the profile replays executed through
+# papermill (lbsgd execute: one line on a bad parameter or Ctrl-C, which stops the runs with a
+# checkpoint), each given the launch parameters it declares, its executed copy saved beside its
+# results in $(OUT)/$(PROFILE)/<study>/, then $(OUT)/$(PROFILE)/REPORT.md. Each profile has its
+# own folder: no profile overwrites another's. Runs already complete there are skipped, so an
+# interrupted `make reproduce` resumes; `OUT=elsewhere` replays from scratch; `make -n reproduce`
+# shows the command, and adding `--dry-run` to it prints each notebook's command line. Other
+# scales: make reproduce PROFILE=cifar10 NPROC=1, PROFILE=imagenet NPROC=8 (NNODES=2
+# RDZV_ENDPOINT=host:port on every node). On a Slurm cluster each run is a job: LAUNCHER=slurm
+# CLUSTER=<a file of configs/cluster/ or a path, then key=value overrides> (docs/cluster.md).
 OUT ?= results
 PROFILE ?= cpu
 NPROC ?= 1
+NNODES ?= 1
+RDZV_ENDPOINT ?=
 PARALLEL ?= 2
 LAUNCHER ?= local
 CLUSTER ?=
-NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*_*.ipynb))
-# the profile's own studies (lbsgd.studies.scales: fashion replays nine of them)
+NOTEBOOKS ?= $(sort $(wildcard notebooks/[0-9]*_*.ipynb))
+LAUNCH = -p nproc_per_node $(NPROC) -p parallel $(PARALLEL) \
+  $(if $(filter-out 1,$(NNODES)),-p nnodes $(NNODES) -p rdzv_endpoint "$(RDZV_ENDPOINT)") \
+  $(if $(filter-out local,$(LAUNCHER)),-p launcher $(LAUNCHER) -p cluster "$(CLUSTER)")
 reproduce: setup
-	@set -e; nbs=$$($(VENV)/bin/lbsgd notebooks $(PROFILE) $(NOTEBOOKS)); for nb in $$nbs; do \
-	  name=$$(basename $$nb .ipynb); study=$${name#*_}; mkdir -p $(OUT)/$(PROFILE)/$$study; \
-	  echo "== $$name (profile=$(PROFILE))"; \
-	  $(VENV)/bin/lbsgd execute --log-output $$nb \
-	    $(OUT)/$(PROFILE)/$$study/$$name.ipynb -p profile $(PROFILE) -p nproc_per_node $(NPROC) \
-	    -p parallel $(PARALLEL) -p out_dir $(OUT) \
-	    $(if $(filter-out local,$(LAUNCHER)),-p launcher $(LAUNCHER) -p cluster "$(CLUSTER)"); \
-	done
-	$(VENV)/bin/lbsgd report --results $(OUT)/$(PROFILE)
+	$(VENV)/bin/lbsgd reproduce $(PROFILE) $(NOTEBOOKS) --out $(OUT) $(strip $(LAUNCH))
 
 # Replays a sample of the committed runs of $(OUT)/$(PROFILE) (the cheapest run of each study, a
 # few minutes on 2 cores) in a temporary folder and gives each a level: bitwise equal, consistent

@@ -97,10 +97,24 @@ def parser() -> argparse.ArgumentParser:
         "(README's table)",
     )
     n = sub.add_parser(
-        "notebooks", help="the notebooks a profile replays, in order (make reproduce runs these)"
+        "reproduce",
+        help="the main job (make reproduce): every notebook a profile replays, executed in order, "
+        "then its REPORT.md",
     )
     n.add_argument("profile", help="a profile of lbsgd.studies.scales (cpu, fashion, ...)")
-    n.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="notebooks/NN_<study>.ipynb")
+    n.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="notebooks/NN_<study>.ipynb")
+    n.add_argument("--out", default="results", help="results root (OUT)")
+    n.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help="a launch parameter, given to each notebook that declares it: "
+        "nproc_per_node, nnodes, rdzv_endpoint, parallel, launcher, cluster",
+    )
+    n.add_argument("--dry-run", action="store_true", help="print the command lines; run nothing")
     e = sub.add_parser(
         "execute",
         help="execute a study notebook through papermill, quietly (make reproduce runs this): "
@@ -338,11 +352,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _checked(args: argparse.Namespace) -> int:
     """The commands whose bad input is a ConfigError (one line, exit code EXIT_BAD_INPUT)."""
-    if args.command == "notebooks":
-        from lbsgd.studies import scales
+    if args.command == "reproduce":
+        from lbsgd import execute, reproduce
 
-        print(" ".join(scales.notebooks(args.profile, args.notebooks)))
-        return 0
+        launch = {k: execute.parameter(v) for k, v in args.parameter}
+        return reproduce.main(args.profile, args.notebooks, args.out, launch, args.dry_run)
     if args.command == "verify":
         from lbsgd import verify
 

@@ -120,10 +120,10 @@ def execute(
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
-    if log_output:  # papermill logs the cells' output at INFO on its logger
+    log = logging.getLogger("papermill")
+    if log_output and not log.handlers:  # papermill logs the cells' output at INFO on its logger
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("%(message)s"))
-        log = logging.getLogger("papermill")
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
