@@ -168,8 +168,6 @@ def _problem(notebook, output, parameters: Mapping[str, Any]) -> str | None:
     """Why the command cannot run, in one line, before a kernel starts: no such notebook, an
     OUTPUT that is the notebook itself or lies in no folder, a parameter the notebook does not
     declare (papermill would only warn, and run the whole study at its defaults)."""
-    import papermill as pm
-
     nb, out = Path(notebook), Path(output)
     if not nb.is_file():
         return f"notebook {notebook} does not exist"
@@ -177,7 +175,14 @@ def _problem(notebook, output, parameters: Mapping[str, Any]) -> str | None:
         return f"OUTPUT {output} is the notebook itself: name where the executed copy goes"
     if not out.parent.is_dir():
         return f"OUTPUT {output}: no folder {out.parent} to write it in"
-    declared = pm.inspect_notebook(str(nb))
+    return undeclared(notebook, parameters)
+
+
+def undeclared(notebook, parameters: Mapping[str, Any]) -> str | None:
+    """The first of ``parameters`` that ``notebook`` does not declare, as one line (or None)."""
+    import papermill as pm
+
+    declared = pm.inspect_notebook(str(notebook))
     unknown = [k for k in parameters if k not in declared]
     if unknown:
         return (

@@ -187,10 +187,11 @@ def test_a_profile_replays_its_own_studies_in_notebook_order(capsys):
     studies_of = {Path(p).stem.split("_", 1)[1] for p in NOTEBOOKS}
     for name, profile in scales.PROFILES.items():
         assert set(profile.studies or ()) <= studies_of, name
-    # the command make reproduce calls: the same list on one line; a bad profile in one line
-    assert cli.main(["notebooks", "fashion", *NOTEBOOKS]) == 0
-    assert capsys.readouterr().out.split() == scales.notebooks("fashion", NOTEBOOKS)
-    assert cli.main(["notebooks", "fashon", *NOTEBOOKS]) == cli.EXIT_BAD_INPUT
+    # the command make reproduce calls: the same list; a bad profile in one line
+    assert cli.main(["reproduce", "fashion", *NOTEBOOKS, "--dry-run"]) == 0
+    ran = [ln.split()[3] for ln in capsys.readouterr().out.splitlines() if "execute" in ln]
+    assert ran == scales.notebooks("fashion", NOTEBOOKS)
+    assert cli.main(["reproduce", "fashon", *NOTEBOOKS]) == cli.EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err.startswith("lbsgd: error: profile='fashon' is not one of") and "fashion" in err
     assert len(err.splitlines()) == 1
