@@ -230,6 +230,17 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     check_summary(summary)
     with replacing(run_dir / "summary.json") as tmp:
         tmp.write_text(json.dumps(finite(summary), indent=2, default=str) + "\n")
+    # git shows a run folder once the run has a result: an unfinished one ignores itself
+    unfinished = str(summary["status"]) not in (Status.COMPLETED, Status.DIVERGED)
+    if unfinished:
+        (run_dir / ".gitignore").write_text(UNFINISHED)
+    else:
+        (run_dir / ".gitignore").unlink(missing_ok=True)
+
+
+UNFINISHED = (
+    "# a run not ended (running, interrupted or failed: lbsgd.rundir); resumed where it is\n*\n"
+)
 
 
 def finite(v: Any) -> Any:

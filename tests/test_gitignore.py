@@ -36,6 +36,10 @@ def ignored(path: str) -> bool:
         # lbsgd train run from a subfolder (a JupyterLab terminal in notebooks/)
         "notebooks/results/cli/runs/resnet20-synthetic-b256-gradual-s0-1234abcd/summary.json",
         "notebooks/.ipynb_checkpoints/02_warmup-checkpoint.ipynb",
+        # lbsgd execute's copies of a failed, an interrupted and a running execution
+        "results/cpu/warmup/02_warmup.failed.ipynb",
+        "results/cpu/warmup/02_warmup.interrupted.ipynb",
+        "results/fashion/warmup/02_warmup.running.ipynb",
         # dataset=fashion_mnist's data_dir when Debian's is absent (lbsgd data fetch fashion_mnist)
         "data/fashion_mnist/FashionMNIST/raw/train-images-idx3-ubyte.gz",
     ],
@@ -84,3 +88,23 @@ def test_make_lab_works_on_ignored_copies_and_keeps_an_edited_one(tmp_path):
     ).read_bytes()
     status = subprocess.run(["git", "status", "--porcelain", "--ignored=no"], **run).stdout
     assert status.strip() == "", status  # lab/ ignored; nothing else changed
+
+
+def test_a_run_folder_shows_in_git_once_its_run_has_ended(tmp_path):
+    """An interrupted (or running, or failed) run folder is no untracked clutter in git status;
+    the same folder once completed (or diverged: a result too) is."""
+    from lbsgd import rundir
+
+    run = {"cwd": tmp_path, "check": True, "capture_output": True, "text": True}
+    subprocess.run(["git", "init", "-q"], **run)
+    folder = tmp_path / "results" / "cpu" / "warmup" / "run-s0-1234abcd"
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("{}\n")
+    summary = {"run": "run-s0-1234abcd", "study": "warmup", "experiment_id": "1234abcd"}
+    summary |= {"steps": 5, "total_steps": 10, "environment": {}}
+    status = ["git", "status", "--porcelain", "--untracked-files=all"]
+    for state, shown in [("interrupted", False), ("completed", True), ("failed", False)]:
+        rundir.write_summary(folder, {**summary, "status": state})
+        assert bool(subprocess.run(status, **run).stdout.strip()) is shown, state
+    rundir.write_summary(folder, {**summary, "status": "diverged"})
+    assert "results/cpu/warmup/run-s0-1234abcd/summary.json" in subprocess.run(status, **run).stdout
