@@ -182,7 +182,12 @@ def undeclared(notebook, parameters: Mapping[str, Any]) -> str | None:
     """The first of ``parameters`` that ``notebook`` does not declare, as one line (or None)."""
     import papermill as pm
 
-    declared = pm.inspect_notebook(str(notebook))
+    log = logging.getLogger("papermill")
+    log.disabled, before = True, log.disabled  # its "Input Notebook:" line comes once, at the run
+    try:
+        declared = pm.inspect_notebook(str(notebook))
+    finally:
+        log.disabled = before
     unknown = [k for k in parameters if k not in declared]
     if unknown:
         return (

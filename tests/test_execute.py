@@ -357,3 +357,36 @@ def test_an_interrupt_from_a_jupyter_client_leaves_the_sweeps_summary_and_one_li
     kernel_err = log.read_text()
     assert not [w for w in NOISE if w in kernel_err], kernel_err
     assert kernel_err.count(f"lbsgd: {err['evalue']}") == 1, kernel_err
+
+
+@pytest.mark.slow
+def test_each_execution_logs_its_notebooks_once_also_two_in_one_process(tmp_path):
+    """papermill's header lines, once per notebook, also for the second notebook that
+    ``lbsgd reproduce`` executes in the same process; "Output Notebook" names the file the
+    execution runs into (moved over OUTPUT at its end)."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]})]
+    nb.cells.append(nbformat.v4.new_code_cell("print('x is', x)"))
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    code = (
+        "import sys; from lbsgd import execute\n"
+        "for name in ('a', 'b'):\n"
+        f"    assert execute.execute('{tmp_path}/in.ipynb', f'{tmp_path}/{{name}}.ipynb', "
+        "{'x': 2}, log_output=True) == 0\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env()
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(f"Input Notebook:  {tmp_path}/in.ipynb\n") == 2, r.stdout
+    for name in ("a", "b"):
+        assert r.stdout.count(f"Output Notebook: {tmp_path}/{name}.running.ipynb\n") == 1
+        assert (tmp_path / f"{name}.ipynb").is_file()
+    assert r.stdout.count("x is 2\n") == 2
