@@ -384,8 +384,10 @@ def _headline_row(d: Path, studies: dict[str, dict], link_from: str | os.PathLik
 
 def _summaries_of(study_dir: Path) -> list[dict]:
     """The summary.json of every run of a study's folder; a damaged run stops the report in
-    one line naming it (:func:`lbsgd.experiments.results.run_dirs`)."""
+    one line naming it (:func:`lbsgd.experiments.results.run_dirs`), a metrics.jsonl cut
+    mid-record is named in a warning."""
     dirs = results.run_dirs(study_dir, needs=("summary.json",))
+    results.say_cut(dirs)
     return [json.loads((d / "summary.json").read_text()) for d in dirs]
 
 

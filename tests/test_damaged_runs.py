@@ -123,3 +123,19 @@ def test_lbsgd_verify_names_each_damaged_run_and_stops_unless_asked_to_skip(tmp_
     )
     assert r.returncode == 2 and r.stderr.count("lbsgd verify: damaged: ") == 2
     assert r.stderr.splitlines()[-1].startswith("lbsgd: error:") and r.stdout == ""
+
+
+def test_report_and_verify_name_a_metrics_file_cut_mid_record(tmp_path):
+    """A committed run whose metrics.jsonl ends mid-record: ``lbsgd report`` and ``lbsgd verify``
+    each name the file in one warning line and go on (report: exit 0; verify: to its own line
+    about the unknown run it was given, exit 2)."""
+    shutil.copytree(CPU / "warmup", tmp_path / "cpu" / "warmup")
+    run = next(p.parent for p in (tmp_path / "cpu" / "warmup").glob("*/metrics.jsonl"))
+    text = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(text[: len(text) - 40])
+    warning = f"lbsgd: warning: {run / 'metrics.jsonl'} ends in a partial record"
+    for cmd, code in [(["report"], 0), (["verify", "--runs", "x"], 2)]:
+        argv = [sys.executable, "-m", "lbsgd", *cmd, "--results", str(tmp_path / "cpu")]
+        r = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env())
+        assert r.returncode == code, r.stderr
+        assert r.stderr.count(warning) == 1, r.stderr

@@ -76,6 +76,14 @@ def damage(run_dir: Path, needs: Iterable[str] = RUN_FILES) -> str | None:
     return None
 
 
+def say_cut(dirs: Iterable[Path]) -> None:
+    """Each metrics.jsonl of ``dirs`` that ends in a record cut mid-line, named in a warning line
+    (a bad record before its last: one ConfigError line)."""
+    for d in dirs:
+        if (d / "metrics.jsonl").is_file():
+            read_metrics(d / "metrics.jsonl")
+
+
 def run_dirs(
     study_dir: str | os.PathLike,
     skip_damaged: bool | None = None,
