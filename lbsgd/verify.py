@@ -442,7 +442,7 @@ def _damaged_named(root: Path, skip: bool) -> bool:
     files = ("config.yaml", "summary.json", "metrics.jsonl")
     dirs = sorted({p.parent for f in files for p in root.glob(f"*/*/{f}")})
     bad = [(d, why) for d in dirs if (why := results.damage(d, files))]
-    results.say_cut(d for d in dirs if d not in {b for b, _ in bad})
+    results.say_cut(dirs)
     for d, why in bad:
         print(f"lbsgd verify: damaged: {d} ({why})", file=sys.stderr, flush=True)
     if bad and not skip:

@@ -3,6 +3,7 @@ runs as a table, a run's metrics, the published numbers, and the statuses that e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -78,9 +79,9 @@ def damage(run_dir: Path, needs: Iterable[str] = RUN_FILES) -> str | None:
 
 def say_cut(dirs: Iterable[Path]) -> None:
     """Each metrics.jsonl of ``dirs`` that ends in a record cut mid-line, named in a warning line
-    (a bad record before its last: one ConfigError line)."""
+    (a missing or damaged one is :func:`damage`'s to name)."""
     for d in dirs:
-        if (d / "metrics.jsonl").is_file():
+        with contextlib.suppress(OSError, config.ConfigError):
             read_metrics(d / "metrics.jsonl")
 
 
