@@ -39,7 +39,7 @@ BANDS = [
     ("entry", {"entry"}),
     ("harness", {"experiments", "bench", "plan", "__init__"}),
     ("studies", {"stats", "findings", "kernel_log", "kernel", "studies"}),
-    ("reports", {"verify", "report", "execute"}),
+    ("reports", {"verify", "report", "execute", "reproduce"}),
     ("command line", {"cli", "__main__"}),
 ]
 BAND = {unit: i for i, (_, units) in enumerate(BANDS) for unit in units}

@@ -114,4 +114,5 @@ STUDIES: tuple[str, ...] = (
     "optimizers",
     "steps_to_target",
     "plan",
+    "optimizers_at_scale",
 )

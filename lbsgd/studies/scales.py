@@ -507,6 +507,10 @@ def replays(profile: Profile, study: str) -> bool:
     settings (:data:`NEEDS`) the profile has)."""
     if profile.studies is not None:
         return study in profile.studies
+    if study == "optimizers_at_scale":  # its settings live with the study
+        from lbsgd.studies import optimizers_at_scale
+
+        return profile.name in optimizers_at_scale.AT_SCALE
     return study not in NEEDS or bool(getattr(profile, NEEDS[study]))
 
 
