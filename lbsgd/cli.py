@@ -16,6 +16,7 @@ import sys
 from lbsgd import bench, config
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def parser() -> argparse.ArgumentParser:
@@ -378,13 +379,28 @@ def _checked(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    """The plan, or its check; the first Ctrl-C or SIGTERM ends either at once (its runs stopped,
+    its timing processes ended) in one line, exit status 130, nothing written from a cut stage."""
     _pin_cpu_isa(args.config, args.overrides)
     from lbsgd import plan
+    from lbsgd.experiments.interrupts import sigterm_as_interrupt
 
-    if args.check is not None:
-        return _plan_check(args)
-    r = plan.request(args)  # every option checked: one line before anything runs
-    doc = plan.plan(r)
+    try:
+        with sigterm_as_interrupt(pass_on=False):
+            if args.check is not None:
+                return _plan_check(args)
+            r = plan.request(args)  # every option checked: one line before anything runs
+            doc = plan.plan(r)
+    except KeyboardInterrupt as e:
+        left = (
+            "no check.json written"
+            if args.check
+            else "no plan written; the same command again goes on from its runs' checkpoints"
+        )
+        print(
+            f"lbsgd plan: interrupted ({str(e) or 'SIGINT'}): {left}", file=sys.stderr, flush=True
+        )
+        return EXIT_INTERRUPTED
     print(plan.render(doc))
     print(f"wrote {r.out / 'plan.json'}, {r.out / 'plan.png'}")
     return 0

@@ -37,13 +37,14 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt():
+def sigterm_as_interrupt(pass_on: bool = True):
     """SIGTERM to the sweep's process (a scheduler, a kernel shut down by papermill or Jupyter) as
     an interrupt while the sweep runs: the runs stop with a checkpoint and each is named; then the
     signal goes on to the handler it had before (by default the process ends, exit status 143, as
-    it would have: a kernel being shut down sends no reply on its closed sockets). Yields the
-    signals caught (empty: none). Python lets only the main thread set a handler; elsewhere, or
-    where SIGTERM is ignored, it is left as it is."""
+    it would have: a kernel being shut down sends no reply on its closed sockets), unless
+    ``pass_on`` is False (a command that ends on an interrupt with its own line and exit status).
+    Yields the signals caught (empty: none). Python lets only the main thread set a handler;
+    elsewhere, or where SIGTERM is ignored, it is left as it is."""
     caught: list[int] = []
     before = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is not threading.main_thread() or before == signal.SIG_IGN:
@@ -59,7 +60,7 @@ def sigterm_as_interrupt():
         yield caught
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
-        if caught:
+        if caught and pass_on:
             # a kernel's output leaves through a socket thread: time for the last lines to go
             time.sleep(0.5)
             os.kill(os.getpid(), signal.SIGTERM)

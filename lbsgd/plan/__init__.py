@@ -145,6 +145,7 @@ def request(args: Any) -> Request:
         entry.check(cfg.replace(**measure.probe_keys(cfg, target, out, args.probe_epochs)), 1, 1)
     batches = batch_range(cfg, args.batches)
     _check_split(cfg, args.gpus or ",".join(map(str, gpus)), gpus, batches)
+    _warn_warmup(cfg)
     if target.kind == "error" and reference is None and cfg.holdout == 0:
         print(
             "lbsgd plan: note: holdout=0, so the error target is read on the test split "
@@ -168,6 +169,20 @@ def request(args: Any) -> Request:
         _rule(getattr(args, "lr_rule", None)),
         not getattr(args, "no_lr_test", False),
     )
+
+
+def _warn_warmup(cfg: Config) -> None:
+    """One line where the config's warmup lowers the lr (it starts above the peak it leads to)."""
+    from lbsgd.config import derive
+
+    d = derive(cfg, 1, data.train_size(cfg))
+    if cfg.warmup != "none" and d.warmup_start_lr > d.lr:
+        _say(
+            f"warning: warmup={cfg.warmup} lowers the lr, from {d.warmup_start_lr:g} (warmup_lr, "
+            f"null: base_lr) to the peak {d.lr:g} at batch {cfg.batch_size} (base_lr "
+            f"{cfg.base_lr:g} at reference_batch {cfg.reference_batch}, lr_scaling "
+            f"{cfg.lr_scaling}); set warmup=none, a lower warmup_lr or reference_batch"
+        )
 
 
 def _rule(text: str | None) -> str | None:
@@ -246,7 +261,7 @@ def lr_test(r: Request, p: measure.Probe) -> lr_range.RangeTest | None:
         return None
     low, high = lr_range.span(p.lr, p.batch, batch)
     keys = lr_range.keys(r.config, batch, low, high)
-    cfg = r.config.replace(**keys, out_dir=str(r.out), study="lr_range", resume=False)
+    cfg = r.config.replace(**keys, out_dir=str(r.out), study="lr_range", resume=True)
     _say(
         f"2/4 lr range test: batch {batch}, lr {low:.3g} to {high:.3g} over {lr_range.STEPS} "
         f"steps, in {cfg.run_dir()}"
@@ -355,12 +370,19 @@ def plan(r: Request) -> dict[str, Any]:
     x = inputs(r, p, compute, timing, test)
     _say("4/4 predicting")
     rows = model.table(x, r.batches, r.gpus)
-    steady = measure.steadiness(timing)
-    best = recommend(rows, steady)
+    best = model.recommend(rows)
+    apart = rivals(
+        lambda c: model.table(inputs(r, p, c, timing, test), r.batches, r.gpus),
+        compute,
+        timing,
+        r.link,
+        best,
+    )
+    best = None if apart else best
     doc = _document(r, p, x, timing, rows, best)
     doc["lr_range_test"] = asdict(test) if test is not None else None
-    doc["timing_steadiness"] = steady
-    doc["caveats"] = caveats(r, p, timing, steady) + _lr_caveats(r, p, test)
+    doc["timing_steadiness"] = measure.steadiness(timing)
+    doc["caveats"] = caveats(r, p, timing, apart) + _lr_caveats(r, p, test)
     if best is not None:
         path = r.out / "recommended.yaml"
         with rundir.replacing(path) as tmp:
@@ -373,28 +395,39 @@ def plan(r: Request) -> dict[str, Any]:
     return doc
 
 
-def recommend(rows: Sequence[model.Row], steady: dict) -> model.Row | None:
-    """:func:`lbsgd.plan.model.recommend` among the rows whose timings hold: none where one
-    process's runs disagree, the one-GPU rows alone where the several processes' runs do."""
-    return model.recommend([row for row in rows if _trusted(row, steady)])
-
-
-def _trusted(row: model.Row, steady: dict) -> bool:
-    """Whether the row's timings hold (:func:`lbsgd.plan.measure.steadiness`): one process's runs
-    agree, and for a row of several, the several processes' runs too."""
-    if steady.get("1", {}).get("loose"):
-        return False
-    return row.gpus == 1 or not steady.get(str(measure.SYNC_PROCESSES), {}).get("loose")
+def rivals(rows_of, compute: model.Compute, timing: dict, link, best) -> list[str]:
+    """Where the ranking rests on one round of timing runs: for each round left out, the row that
+    the fastest runs of the others put more than :data:`~lbsgd.plan.measure.RANK_TOLERANCE`
+    ahead of ``best`` (``rows_of``: the table at a compute)."""
+    n = min(map(len, timing["trainer_step_runs_s"].values())) if best is not None else 0
+    out = []
+    for i in range(n if n > 1 else 0):
+        rows = rows_of(measure.refit(compute, timing, link, [j for j in range(n) if j != i]))
+        top = model.recommend(rows)
+        same = next(w for w in rows if (w.batch, w.gpus) == (best.batch, best.gpus))
+        if top is not None and same.wall_s > measure.RANK_TOLERANCE * top.wall_s:
+            out.append(
+                f"without round {i + 1}, batch {top.batch} on {top.gpus} GPU(s) x"
+                f"{same.wall_s / top.wall_s:.2f} faster than batch {best.batch} on {best.gpus}"
+            )
+    return out
 
 
 GROWING = 1.2  # B_simple growing faster than this per doubling of the steps at the target: the
 # plan's B_crit is a lower bound (it grows as the loss falls, McCandlish et al. §3)
 
 
-def caveats(r: Request, p: measure.Probe, timing: dict, steady: dict) -> list[str]:
-    """What this plan cannot vouch for, each in a line: timings that disagree, a noise scale still
-    growing at the target, GPU counts beyond those timed, a model with no BatchNorm."""
-    out = _timing_caveats(steady)
+def caveats(r: Request, p: measure.Probe, timing: dict, rivals: Sequence[str] = ()) -> list[str]:
+    """What this plan cannot vouch for, each in a line: a ranking of the rows that rests on one
+    round of timings (``rivals``: :func:`rivals`), a noise scale still growing at the target, GPU
+    counts beyond those timed, a model with no BatchNorm."""
+    out = []
+    if rivals:
+        out.append(
+            f"the timing rounds rank the rows apart ({'; '.join(rivals)}; more than "
+            f"x{measure.RANK_TOLERANCE:g}): no row is recommended from them; plan again on a "
+            "quieter machine, or with more --timing-runs"
+        )
     if math.isfinite(p.growth) and p.growth > GROWING:
         out.append(
             f"B_simple still grows x{p.growth:.2f} per doubling of the steps at the target: "
@@ -425,22 +458,6 @@ def _lr_caveats(r: Request, p: measure.Probe, test: lr_range.RangeTest | None) -
         return []
     why = "--no-lr-test" if not r.lr_test else "no planned batch above the probe's to test"
     return [f"no lr range test ({why}): no row's lr is checked against a measured bound"]
-
-
-def _timing_caveats(steady: dict) -> list[str]:
-    out = []
-    for who, what in (("1", "one process's"), (str(measure.SYNC_PROCESSES), "the 2-process")):
-        loose = steady.get(who, {}).get("loose")
-        if loose:
-            apart = ", ".join(f"{m}: x{steady[who]['apart'][m]:.2f}" for m in loose)
-            rows = "no row" if who == "1" else "no row of more than one GPU"
-            out.append(
-                f"{what} timings disagree (slowest over fastest {apart}; most runs of a size "
-                f"must lie within x{measure.TIMING_TOLERANCE:g} of their median): {rows} is "
-                "recommended from them; plan again on a quieter machine, or with more "
-                "--timing-runs"
-            )
-    return out
 
 
 def _document(r, p, x, timing, rows, best) -> dict[str, Any]:
@@ -560,7 +577,8 @@ def _one_group(compute: dict[str, Any]) -> str:
 
 
 def _steadiness(steady: dict[str, Any]) -> str:
-    """Each timed size's runs, slowest over fastest, and the fitted slope's range over repeats."""
+    """The machine's load while timing, each timed size's runs slowest over fastest, and the fitted
+    slope's range over the rounds."""
     parts = []
     for who in ("1", str(measure.SYNC_PROCESSES)):
         s = steady.get(who)
@@ -569,15 +587,20 @@ def _steadiness(steady: dict[str, Any]) -> str:
         sizes = ", ".join(f"{m}: x{a:.2f}" for m, a in s["apart"].items())
         slopes = s["slopes_s"]
         fit = (
-            f"; a sample {min(slopes) * 1e6:.1f}-{max(slopes) * 1e6:.1f} us over the repeats"
+            f"; a sample {min(slopes) * 1e6:.1f}-{max(slopes) * 1e6:.1f} us over the rounds"
             if len(slopes) > 1
             else ""
         )
         parts.append(f"{who} process{'es' if who != '1' else ''} {sizes}{fit}")
-    runs = min((steady[w]["runs"] for w in steady if w != "tolerance"), default=0)
-    return (
-        f"timing: slowest over fastest of each size's {runs} run(s) (tolerance "
-        f"x{steady['tolerance']:g}): " + "; ".join(parts)
+    runs = min((steady[w]["runs"] for w in ("1", "2") if w in steady), default=0)
+    load = steady.get("load_average")
+    busy = (
+        f", the machine's load average {min(load):.1f}-{max(load):.1f} on {steady['cores']} cores"
+        if load
+        else ""
+    )
+    return f"timing: the fastest of each size's {runs} run(s){busy}; slowest over fastest: " + (
+        "; ".join(parts)
     )
 
 
@@ -646,7 +669,7 @@ def _recommendation(doc: dict[str, Any]) -> list[str]:
             f"run it: {best.get('command', '')}",
         ]
     if any(r["within_factor"] for r in doc["rows"]):
-        return ["no recommendation: the timings it would rest on disagree (caveat above)"]
+        return ["no recommendation: the timing rounds rank the rows apart (caveat above)"]
     return [f"no row keeps E <= {doc['e_factor']:g} E_min: plan smaller batches"]
 
 

@@ -16,22 +16,30 @@ from lbsgd.config import Config, ConfigError, load
 from lbsgd.plan import measure
 
 
+def _run_keys(folder: Path) -> list[str]:
+    """The check's run in ``folder/check``; an interrupted check goes on from its checkpoint."""
+    return [f"out_dir={folder}", "study=check", "resume=true"]
+
+
 def request(text: str) -> tuple[Path, dict[str, Any], Config]:
     """(the plan folder, its plan.json, the run to train) or one line naming ``--check``."""
     folder = Path(text)
     doc_file, rec = folder / "plan.json", folder / "recommended.yaml"
-    if not doc_file.is_file() or not rec.is_file():
+    if not doc_file.is_file():
         raise ConfigError(
-            f"--check={text}: not a plan folder (needs the plan.json and recommended.yaml that "
-            "`lbsgd plan --out DIR` writes)"
+            f"--check={text}: not a plan folder (needs the plan.json that `lbsgd plan --out DIR` "
+            "writes)"
+        )
+    doc = json.loads(doc_file.read_text())
+    best = doc.get("recommended") or {}
+    if "gpus" not in best or not rec.is_file():
+        raise ConfigError(
+            f"--check={text}: the plan recommends nothing to train (its last line says why), so "
+            "there is no recommended.yaml to check"
         )
     if (folder / "check.json").exists():
         raise ConfigError(f"--check={text}: checked already (check.json); plan again to re-check")
-    doc = json.loads(doc_file.read_text())
-    best = doc.get("recommended") or {}
-    if "gpus" not in best:
-        raise ConfigError(f"--check={text}: the plan recommends nothing to train")
-    cfg = load([rec], [f"out_dir={folder}", "study=check", "resume=false"])
+    cfg = load([rec], _run_keys(folder))
     here = measure.devices_here(cfg)
     if best["gpus"] > here:
         raise ConfigError(
@@ -51,9 +59,11 @@ def run(folder: Path, doc: dict[str, Any], cfg: Config) -> dict[str, Any]:
     else:
         from lbsgd.bench.torchrun import torchrun
 
-        args = ["train", "-c", str(folder / "recommended.yaml")]
-        torchrun(1, best["gpus"], [*args, f"out_dir={folder}", "study=check", "resume=false"])
+        args = ["train", "-c", str(folder / "recommended.yaml"), *_run_keys(folder)]
+        torchrun(1, best["gpus"], args)
     run_dir = cfg.run_dir()
+    if rundir.read_status(run_dir) == rundir.Status.INTERRUPTED:  # asked to stop: no check
+        raise KeyboardInterrupt(f"the run stopped at a checkpoint in {run_dir}")
     got = measured(run_dir, measure.Target.parse(doc["target"]))
     out = {
         "run_dir": str(run_dir),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -96,7 +97,7 @@ def probe_keys(cfg: Config, target: Target, out: Path, probe_epochs: float | Non
         "noise_scale_batch": micro,
         "out_dir": str(out),
         "study": "probe",
-        "resume": False,
+        "resume": True,  # an interrupted plan's probe goes on where it stopped
     }
     if target.kind == "error":
         keys |= {"stop_at_error": target.value, "eval_per_octave": PER_OCTAVE}
@@ -106,10 +107,13 @@ def probe_keys(cfg: Config, target: Target, out: Path, probe_epochs: float | Non
 
 
 def run_probe(cfg: Config) -> Path:
-    """Train the probe run (in this process); its folder."""
+    """Train the probe run (in this process); its folder. A run asked to stop (Ctrl-C, SIGTERM:
+    it stops at a flush with a checkpoint, which the same plan again resumes from) is an
+    interrupt of the plan, not a probe to read."""
     from lbsgd.entry import train
 
-    train(cfg)
+    if train(cfg)["status"] == "interrupted":
+        raise KeyboardInterrupt(f"{cfg.study} run stopped at a checkpoint in {cfg.run_dir()}")
     return cfg.run_dir()
 
 
@@ -416,7 +420,6 @@ def time_compute(
     (``cpu_isa``: pinned before torch loads, as a run's are; a process that has run torch already,
     a notebook's kernel, keeps its own, and ``portable`` alone makes ResNet-8's step several times
     slower). ``log``: a file the timing runs' output is appended to (default: dropped)."""
-    import subprocess
     import sys
     import tempfile
 
@@ -425,27 +428,38 @@ def time_compute(
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.yaml"
         path.write_text(dump(cfg))
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                _FRESH,
-                str(path),
-                str(repeats),
-                str(samples or timed_samples(cfg)),
-                str(runs or TIMING_RUNS),
-            ],
-            capture_output=True,
-            text=True,
-        )
-    if log is not None:
-        with open(log, "a") as f:
-            f.write(done.stdout.rpartition("\n{")[0] + done.stderr)
-    if done.returncode:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"timing the compute failed: {tail}")
-    doc = json.loads(done.stdout.strip().splitlines()[-1])
+        n, r = str(samples or timed_samples(cfg)), str(runs or TIMING_RUNS)
+        argv = [sys.executable, "-c", _FRESH, str(path), str(repeats), n, r]
+        doc = json.loads(_streamed(argv, log)[-1])
     return Compute(**doc["compute"]), doc["info"]
+
+
+def _streamed(argv: list[str], log: Path | None) -> list[str]:
+    """Run ``argv``: its lines of the plan's (``lbsgd plan:``) printed here as they come, the rest
+    appended to ``log``; its last lines (the last: the result). An interrupt here (Ctrl-C, SIGTERM
+    as one) ends it."""
+    import collections
+    import subprocess
+
+    sink = open(log, "a") if log is not None else None  # noqa: SIM115 (closed below)
+    tail: collections.deque[str] = collections.deque(["no output"], maxlen=20)
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        try:
+            for line in p.stdout:
+                if line.startswith("lbsgd plan: "):
+                    print(line, end="", flush=True)
+                elif sink is not None and not line.startswith("{"):
+                    sink.write(line)
+                tail.append(line.rstrip("\n"))
+        except BaseException:
+            p.kill()  # its timing runs are thrown away: nothing to keep
+            raise
+        finally:
+            if sink is not None:
+                sink.close()
+    if p.returncode:
+        raise RuntimeError(f"timing the compute failed: {tail[-1]}")
+    return list(tail)
 
 
 TIMED_SAMPLES = 4096  # each trainer timing run: at least this many samples (and 40 steps)
@@ -453,7 +467,7 @@ TIMED_SAMPLES = 4096  # each trainer timing run: at least this many samples (and
 # step 19.7 and 30.2 ms on one H100 in two calls, so the plan missed its runs by up to 33%; at
 # 16,384 it came within 7% (results/gpu/h100-plan/)
 TIMED_SAMPLES_CUDA = 16384
-# short runs per timed size, their median taken: on the 2-core development machine two timings of
+# short runs per timed size, the fastest taken: on the 2-core development machine two timings of
 # the same ResNet-8 step at 128, a minute apart, read 49.9 and 71.1 ms (a slow spell of seconds),
 # and one such spell put every 1-process prediction of a sitting 40-57% high
 TIMING_RUNS = 3
@@ -475,8 +489,8 @@ def time_compute_here(
       img_per_s: the sampler, ghost BN, the update and the metric flushes included) in three
       short runs of one micro-batch a step, of one BN group, two, and the largest that fits (up
       to 8 groups), each at least ``samples`` (default :func:`timed_samples`) and 40 steps long,
-      the median of ``runs`` (default :data:`TIMING_RUNS`) such runs per size: the line through
-      the two larger, the one-group step apart (:func:`fit_compute`);
+      the fastest of ``runs`` (default :data:`TIMING_RUNS`) rounds (:func:`_rounds`): the line
+      through the two larger, the one-group step apart (:func:`fit_compute`);
     - the backward's share of a micro-batch, from timings of the network's training forward,
       forward + backward + update and the update alone (median of ``repeats``, ghost BN as runs
       have it, random inputs of the dataset's shape).
@@ -494,8 +508,10 @@ def time_compute_here(
     precision = Precision(cfg.precision, device, cfg.loss_scale)
     max_micro, how = largest_micro(cfg, net, splits, device, precision)
     top = min(max_micro, 8 * cfg.bn_batch)
-    each = _timed_sizes(cfg, top, samples or timed_samples(cfg), runs or TIMING_RUNS)
-    steps = {m: statistics.median(ts) for m, ts in each.items()}
+    sizes = sorted({m for m in (cfg.bn_batch, 2 * cfg.bn_batch, top) if m <= top})
+    n = samples or timed_samples(cfg)
+    each, load = _rounds(sizes, runs or TIMING_RUNS, lambda m: _trainer_step_s(cfg, m, n), "")
+    steps = fastest(each)
     per_micro, per_sample, one_group = fit_compute(steps, cfg.bn_batch)
     full, fwd, upd = _parts(cfg, net, splits, top, device, precision, repeats)
     backward = min(1.0, max(0.0, (full - fwd - upd) / full))
@@ -504,6 +520,7 @@ def time_compute_here(
         "threads": torch.get_num_threads(),
         "trainer_step_s": {str(m): t for m, t in steps.items()},
         "trainer_step_runs_s": {str(m): ts for m, ts in each.items()},
+        "load_average": load,
         "parts_s": {"micro_batch": top, "step": full, "forward": fwd, "update": upd},
         "max_micro_batch": max_micro,
         "max_micro_batch_from": how,
@@ -516,11 +533,29 @@ def time_compute_here(
     ), info
 
 
-def _timed_sizes(cfg: Config, top: int, samples: int, runs: int) -> dict[int, list[float]]:
-    """The trainer's steady step at one BN group, two and ``top`` samples a micro-batch (those
-    up to ``top``), ``runs`` short runs each."""
-    sizes = sorted({m for m in (cfg.bn_batch, 2 * cfg.bn_batch, top) if m <= top})
-    return {m: [_trainer_step_s(cfg, m, samples) for _ in range(runs)] for m in sizes}
+def _rounds(sizes, runs: int, timed, who: str) -> tuple[dict[int, list[float]], list[float]]:
+    """``runs`` rounds of one timing run a size (``timed(m)``: its step, seconds), a line each; a
+    round times every size, so that a slow spell of the machine falls on a round, not on a size.
+    The steps by size, and the machine's load average (1 minute) after each run."""
+    each: dict[int, list[float]] = {m: [] for m in sizes}
+    load = []
+    for r in range(runs):
+        for m in sizes:
+            each[m].append(timed(m))
+            load.append(os.getloadavg()[0])
+            print(
+                f"lbsgd plan: 3/4 timing round {r + 1}/{runs}{who}, micro-batch {m}: "
+                f"{each[m][-1] * 1e3:.2f} ms a step (load average {load[-1]:.1f})",
+                flush=True,
+            )
+    return each, load
+
+
+def fastest(runs: dict, rounds: Sequence[int] | None = None) -> dict[int, float]:
+    """Each size's fastest run (of ``rounds``; all by default): what contention for the machine
+    cannot lower, so the plan times by it, as ``timeit`` does."""
+    pick = range(max(map(len, runs.values()))) if rounds is None else rounds
+    return {int(m): min(ts[i] for i in pick) for m, ts in runs.items()}
 
 
 def _trainer_step_s(cfg: Config, m: int, samples: int) -> float:
@@ -564,42 +599,58 @@ def _parts(cfg, net, splits, m: int, device, precision, repeats: int) -> tuple[f
         return _step_times(net, optim.build(cfg, net), x, y, repeats, device)
 
 
-# A timed size holds when most of its runs lie within this factor of their median (a slow spell
-# in one of three runs moves nothing); else its median is not one the plan recommends from. On the
-# 2-core development machine a size's three runs read at most x1.18 apart in a quiet sitting, and
-# one run x1.42 slower than another in a slow spell
-TIMING_TOLERANCE = 1.25
+# The recommendation holds when leaving out any one round of timing runs leaves it within this
+# factor of the fastest row (the ranking itself does not rest on one round's noise)
+RANK_TOLERANCE = 1.1
 
 
 def steadiness(timing: dict) -> dict:
-    """How far each timed size's runs lie apart (slowest over fastest), the sizes whose runs do
-    not mostly agree (half of them or fewer within :data:`TIMING_TOLERANCE` of their median), and the
-    fitted per-sample slope repeat by repeat (the i-th run of each size together): of one process
-    alone and of :data:`SYNC_PROCESSES` at once, where timed."""
-    out: dict = {"tolerance": TIMING_TOLERANCE}
+    """How far each timed size's runs lie apart (slowest over fastest), and the fitted per-sample
+    slope round by round (the i-th run of each size together): of one process alone and of
+    :data:`SYNC_PROCESSES` at once, where timed; the machine's load average over the runs."""
+    load = timing.get("load_average", []) + timing.get("parallel_load_average", [])
+    out: dict = {"tolerance": RANK_TOLERANCE, "load_average": load, "cores": os.cpu_count()}
     for key, who in (("trainer_step_runs_s", "1"), ("parallel_step_runs_s", str(SYNC_PROCESSES))):
         runs = {int(m): ts for m, ts in timing.get(key, {}).items()}
         if not runs:
             continue
-        apart = {m: max(ts) / min(ts) for m, ts in runs.items()}
-        loose = [m for m, ts in runs.items() if not _agree(ts)]
         m1, m2 = sorted(runs)[-2:] if len(runs) > 1 else (None, None)
         slopes = (
             [(b - a) / (m2 - m1) for a, b in zip(runs[m1], runs[m2], strict=False)] if m1 else []
         )
         out[who] = {
             "runs": min(map(len, runs.values())),
-            "apart": apart,
-            "loose": loose,
+            "apart": {m: max(ts) / min(ts) for m, ts in runs.items()},
             "slopes_s": slopes,
         }
     return out
 
 
-def _agree(times: Sequence[float]) -> bool:
-    mid = statistics.median(times)
-    within = sum(1 / TIMING_TOLERANCE <= t / mid <= TIMING_TOLERANCE for t in times)
-    return 2 * within > len(times)
+def refit(compute: Compute, timing: dict, link, rounds: Sequence[int]) -> Compute:
+    """``compute`` fitted again to the fastest runs of ``rounds`` alone (one process's, then the
+    several processes' where timed)."""
+    per_micro, per_sample, one = fit_compute(
+        fastest(timing["trainer_step_runs_s"], rounds), compute.group
+    )
+    c = dataclasses.replace(compute, per_micro_s=per_micro, per_sample_s=per_sample)
+    c = dataclasses.replace(c, one_group_s=one)
+    if "parallel_step_runs_s" not in timing:
+        return c
+    return fit_sync(c, fastest(timing["parallel_step_runs_s"], rounds), link, timing["grad_bytes"])
+
+
+def fit_sync(compute: Compute, steps: dict[int, float], link, grad_bytes: float) -> Compute:
+    """``compute`` with what two processes at once cost, from their steps at two micro-batches
+    ``{m: seconds}``: the slope a sample's compute among workers, the rest of the smaller step
+    beyond the model's compute and the α–β all-reduce ``sync_s``."""
+    from lbsgd.plan.model import step_time
+
+    (m1, t1), (m2, t2) = sorted(steps.items())
+    fitted = dataclasses.replace(
+        compute, parallel_per_sample_s=max(0.0, (t2 - t1) / (m2 - m1)), sync_s=0.0
+    )
+    predicted, _, _ = step_time(fitted, m1, m1, SYNC_PROCESSES, grad_bytes, link)
+    return dataclasses.replace(fitted, sync_s=max(0.0, t1 - predicted))
 
 
 SYNC_PROCESSES = 2  # the processes of the run that measures ``sync_s``
@@ -626,30 +677,27 @@ def time_sync(
     runs: int | None = None,
     log: Path | None = None,
 ) -> tuple[Compute, dict]:
-    """``compute`` with what two processes at once cost, fitted to the trainer's steady step in
-    two runs of two processes (torchrun on this machine, its output kept out of this process's),
-    one micro-batch of two BN groups and of :data:`PARALLEL_GROUPS` groups each (both past the
-    one-group step's own kernels, as :func:`time_compute_here`'s line): the slope is a
-    sample's compute among workers (``parallel_per_sample_s``), the rest of the smaller step beyond
-    the model's compute and α–β all-reduce is ``sync_s``. Unchanged, and said so, on a machine
-    with one device. A fit as Pollux fits its throughput model to observed steps, at batches
-    study 16 does not check."""
-    from lbsgd.plan.model import step_time
-
+    """``compute`` with what two processes at once cost (:func:`fit_sync`), from the trainer's
+    steady step of two processes (torchrun on this machine, its output kept out of this
+    process's), one micro-batch of two BN groups and of :data:`PARALLEL_GROUPS` groups each (both
+    past the one-group step's own kernels, as :func:`time_compute_here`'s line), the fastest of
+    ``runs`` rounds. Unchanged, and said so, on a machine with one device. A fit as Pollux fits
+    its throughput model to observed steps, at batches study 16 does not check."""
     if devices_here(cfg) < SYNC_PROCESSES:
         return compute, {"sync_s": 0.0, "sync_from": "not measured: one device here"}
     m1, m2 = 2 * cfg.bn_batch, PARALLEL_GROUPS * cfg.bn_batch
-    n, r = samples or timed_samples(cfg), runs or TIMING_RUNS
-    each = {m: [_parallel_step_s(cfg, m, n, log) for _ in range(r)] for m in (m1, m2)}
-    t1, t2 = (statistics.median(each[m]) for m in (m1, m2))
-    among = max(0.0, (t2 - t1) / (m2 - m1))
-    fitted = dataclasses.replace(compute, parallel_per_sample_s=among, sync_s=0.0)
-    predicted, _, _ = step_time(fitted, m1, m1, SYNC_PROCESSES, grad_bytes, link)
-    sync = max(0.0, t1 - predicted)
-    return dataclasses.replace(fitted, sync_s=sync), {
+    n, who = samples or timed_samples(cfg), f" of {SYNC_PROCESSES} processes"
+    each, load = _rounds(
+        (m1, m2), runs or TIMING_RUNS, lambda m: _parallel_step_s(cfg, m, n, log), who
+    )
+    t1, t2 = fastest(each).values()
+    fitted = fit_sync(compute, {m1: t1, m2: t2}, link, grad_bytes)
+    among, sync = fitted.parallel_per_sample_s, fitted.sync_s
+    return fitted, {
         "sync_s": sync,
         "parallel_per_sample_s": among,
         "parallel_step_runs_s": {str(m): ts for m, ts in each.items()},
+        "parallel_load_average": load,
         "sync_from": f"{SYNC_PROCESSES} processes of {m1} and {m2} samples: steps "
         f"{t1 * 1e3:.2f} and {t2 * 1e3:.2f} ms measured; a sample {among * 1e6:.1f} us among "
         f"them ({compute.per_sample_s * 1e6:.1f} alone), {sync * 1e3:.2f} ms a step beyond",
