@@ -21,11 +21,11 @@ from typing import Any, NamedTuple
 from lbsgd.config import Config
 
 # Asked to stop (a scheduler's pre-emption or time limit: SLURM sends SIGTERM, or the signal of
-# --signal=USR1@90; torchrun's agent passes its own SIGTERM on to the workers): the processes agree
-# on a step at the next metric flush, write a checkpoint there and exit with "interrupted".
-# SIGINT (Ctrl-C on `lbsgd train`, at the terminal on torchrun and its workers) stops the same way:
+# --signal=USR1@90 or USR2@90; torchrun's agent passes its own SIGTERM on to the workers): the
+# processes agree on a step at the next metric flush, write a checkpoint there and exit with
+# "interrupted". SIGINT (Ctrl-C on `lbsgd train`, at the terminal on torchrun and its workers) stops the same way:
 # status "interrupted", exit code 143, whichever signal asked.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 # -- the per-step decisions -----------------------------------------------------------------------
 

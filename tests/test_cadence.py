@@ -108,3 +108,18 @@ def test_a_probe_evaluates_the_held_out_split_at_log_steps_where_nothing_else_ev
     # step 4 ends epoch 1 (no evaluation at eval_every=2): a probe; step 10 is the full one
     assert decide(c, 4, 4) == plan(flush=True, boundary=True, checkpoint=True, probe=True)
     assert decide(c, 10, 2).probe is False and decide(c, 10, 2).evaluate is True
+
+
+def test_each_pre_emption_signal_a_cluster_may_send_is_a_stop_request():
+    """USR1 and USR2 (lbsgd.experiments.slurm.SIGNALS, a cluster file's choice) are recorded as a
+    request to stop at the next flush, not the process's end."""
+    import os
+    import signal
+
+    from lbsgd.cadence import StopSignals
+    from lbsgd.experiments.slurm import SIGNALS
+
+    for name in SIGNALS:
+        with StopSignals() as stop:
+            os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+        assert stop.caught == f"SIG{name}"
