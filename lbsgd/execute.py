@@ -69,8 +69,7 @@ def _kernel_manager(folder: Path):
 
 def _signal_when_the_parent_ends(signum: int) -> None:
     """Linux: the system sends this process ``signum`` when its parent ends (PR_SET_PDEATHSIG;
-    0: none), as the sweep's runs are sent SIGTERM when the sweep's process ends
-    (lbsgd.experiments)."""
+    0: none)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -80,8 +79,9 @@ def _signal_when_the_parent_ends(signum: int) -> None:
 
 class _Forward:
     """While installed: SIGINT and SIGTERM to this process become an interrupt of the kernel's
-    running cell (SIGINT to the kernel's process group), and so does the end of this process's
-    parent (a SIGTERM then); remembers that one came."""
+    running cell (SIGINT to the kernel's process group); SIGHUP, and the end of this process's
+    parent, a SIGHUP to it (its client gone: a sweep on Slurm leaves its jobs running, a local one
+    stops its runs with a checkpoint); remembers that one came."""
 
     def __init__(self, km) -> None:
         self.km = km
@@ -89,9 +89,9 @@ class _Forward:
         self.before: dict[int, Any] = {}
 
     def __enter__(self) -> _Forward:
-        for s in (signal.SIGINT, signal.SIGTERM):
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self.before[s] = signal.signal(s, self._handle)
-        _signal_when_the_parent_ends(signal.SIGTERM)
+        _signal_when_the_parent_ends(signal.SIGHUP)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -105,7 +105,7 @@ class _Forward:
         pgid = getattr(provisioner, "pgid", None)
         if pgid:
             with contextlib.suppress(OSError):  # the kernel has just ended
-                os.killpg(pgid, signal.SIGINT)
+                os.killpg(pgid, signal.SIGHUP if signum == signal.SIGHUP else signal.SIGINT)
 
 
 def execute(

@@ -10,13 +10,14 @@ or ``lbsgd execute`` run and of an interrupted one alike.
 
 :class:`Kernel` queues, ahead of that stop, a wait on the main loop for the control thread to
 finish the request (at most :data:`CONTROL_WAIT_S`), so IOPub closes after its last message.
-Its client's death interrupts the running cell before the kernel ends. ipykernel's parent poller
+Its client's death hangs up the running cell before the kernel ends. ipykernel's parent poller
 ``os._exit`` ends a kernel whose client has gone (papermill's command line sent SIGTERM, a
 JupyterLab server killed), logging "Parent appears to have exited, shutting down."; a sweep under
 way ends without its summary (its runs, told by the system, still stop with a checkpoint).
-:class:`ParentWatch` polls the same way and interrupts the cell instead: the sweep stops its runs
-with a checkpoint, the kernel prints the sweep's one-line summary on its stderr (the client's
-terminal: :func:`lbsgd.studies.session.one_line_errors`), and the kernel ends (exit status 1, as
+:class:`ParentWatch` polls the same way and sends the kernel SIGHUP instead: a local sweep stops
+its runs with a checkpoint, a sweep on Slurm leaves its jobs running (lbsgd.experiments), the
+kernel prints the sweep's one-line summary on its stderr (the client's terminal:
+:func:`lbsgd.studies.session.one_line_errors`), and the kernel ends (exit status 1, as
 ipykernel's); an idle kernel ends at once. One still there :data:`PARENT_GRACE_S` later ends then.
 
 ``make setup`` names :class:`Kernel` in the kernel configuration (tools/ipython_kernel_config.py),
@@ -94,11 +95,12 @@ class Kernel(IPythonKernel):
             app.poller = ParentWatch(getattr(poller, "parent_pid", 0), self._client_gone)
 
     def _client_gone(self) -> None:
-        """From the watch's thread: the running cell interrupted (a sweep stops its runs with a
-        checkpoint and the kernel prints its summary on stderr), then the kernel ended once the
-        main thread is free (at once when idle: it ignores SIGINT between cells)."""
+        """From the watch's thread: SIGHUP to the running cell (a sweep stops its runs with a
+        checkpoint or leaves its Slurm jobs running, and the kernel prints its summary on
+        stderr), then the kernel ended once the main thread is free (at once when idle: SIGHUP
+        ends it)."""
         os.environ.pop(kernel_log.SUMMARY_PRINTED_BY_CLIENT, None)  # the client can no longer
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGHUP)
         self.io_loop.add_callback(_end)
 
     async def shutdown_request(self, stream: Any, ident: Any, parent: Any) -> None:

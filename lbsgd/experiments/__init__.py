@@ -34,7 +34,8 @@ A study (one notebook) describes its runs as flat dicts of config keys and hands
   line and no traceback); a SIGTERM then goes on to its earlier handler (by default the process
   ends). The same sweep again resumes the runs. A second interrupt (not a SIGTERM) while waiting
   kills them (each keeps its last checkpoint). A run whose sweep dies without a word (a killed kernel) is
-  sent SIGTERM by the system (Linux), not orphaned,
+  sent SIGTERM by the system (Linux), not orphaned; SIGHUP (the sweep's client gone) stops local
+  runs the same way and leaves Slurm's jobs running, unwatched (docs/cluster.md),
 
 and returns :func:`load_runs` of the study: one row per run, every key, derived value and summary
 field. Everything here reads the local results only: no W&B server is needed to compare runs.

@@ -36,6 +36,11 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM to the sweep: an interrupt that asks the runs to stop, never to hurry."""
 
 
+class HungUp(Terminated):
+    """SIGHUP to the sweep: its client went away (a closed terminal or SSH session, the parent of
+    ``lbsgd execute``). Slurm's jobs run on, unwatched; local runs stop as on SIGTERM."""
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt(pass_on: bool = True):
     """SIGTERM to the sweep's process (a scheduler, a kernel shut down by papermill or Jupyter) as
@@ -43,24 +48,29 @@ def sigterm_as_interrupt(pass_on: bool = True):
     signal goes on to the handler it had before (by default the process ends, exit status 143, as
     it would have: a kernel being shut down sends no reply on its closed sockets), unless
     ``pass_on`` is False (a command that ends on an interrupt with its own line and exit status).
-    Yields the signals caught (empty: none). Python lets only the main thread set a handler;
-    elsewhere, or where SIGTERM is ignored, it is left as it is."""
+    SIGHUP is :class:`HungUp`, not passed on. Yields the signals caught (empty: none). Python
+    lets only the main thread set a handler; elsewhere, or where a signal is ignored (nohup), it
+    is left as it is."""
     caught: list[int] = []
-    before = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is not threading.main_thread() or before == signal.SIG_IGN:
-        yield caught
-        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    if threading.current_thread() is not threading.main_thread():
+        before = {}
 
     def interrupt(signum, frame):
         caught.append(signum)
-        raise Terminated(f"signal {signal.Signals(signum).name}")
+        raise (HungUp if signum == signal.SIGHUP else Terminated)(
+            f"signal {signal.Signals(signum).name}"
+        )
 
-    signal.signal(signal.SIGTERM, interrupt)
+    for s, handler in before.items():
+        if handler != signal.SIG_IGN:
+            signal.signal(s, interrupt)
     try:
         yield caught
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
-        if caught and pass_on:
+        for s, handler in before.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        if signal.SIGTERM in caught and pass_on:
             # a kernel's output leaves through a socket thread: time for the last lines to go
             time.sleep(0.5)
             os.kill(os.getpid(), signal.SIGTERM)
@@ -78,7 +88,7 @@ def interrupted(
     for job in running:
         if job.item.handle is not None:  # a Slurm job's log is written on its allocation
             job.item.handle.close()
-        text, status = _stop_text(job.item.cfg.run_dir())
+        text, status = stop_text(job.item.cfg.run_dir())
         if status in DONE:
             ended[status] = ended.get(status, 0) + 1
         progress.line(job, f"{text} (log: {shown(job.item.log)})")
@@ -142,7 +152,7 @@ def _kill(running: list[SweepJob]) -> None:
         job.proc.wait()
 
 
-def _stop_text(run_dir: Path) -> tuple[str, str | None]:
+def stop_text(run_dir: Path) -> tuple[str, str | None]:
     """Where a stopped run stands, from its summary.json (status, step, checkpoint), and its
     status (None: no summary)."""
     from lbsgd import checkpoint  # torch: already imported by the sweep's checks
