@@ -130,7 +130,7 @@ SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU={mem // cpus}
 SchedulerParameters=sched_interval=1,bf_interval=1
 KillWait=30
-MinJobAge=2
+MinJobAge=30
 ReturnToService=2
 SlurmdTimeout=30
 SlurmctldTimeout=30

@@ -1,7 +1,9 @@
 """launcher=slurm against a real Slurm: a single-node cluster on localhost (tests/slurm_cluster.py,
 started once for the module), each run of a sweep one job submitted with submitit."""
 
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -85,6 +87,8 @@ def test_a_bad_cluster_file_is_one_line_before_anything_is_submitted(slurm, tmp_
         "key": ({"gpus": 8}, "unknown key 'gpus'"),
         "limit": ({"time_min": 1, "signal_delay_s": 30}, "time_min=1 leaves no minute"),
         "signal": ({"signal": "HUP"}, "signal='HUP' must be one of"),
+        "sbatch": ({"sbatch": {"signal": "USR1@60"}}, "sbatch's signal is the keys signal,"),
+        "gpus": ({"gpus_per_node": 2}, "gpus_per_node=2: no node of partition 'debug' has as many"),
     }
     for name, (keys, words) in cases.items():
         path = cluster_file(tmp_path, slurm, **keys)
@@ -104,8 +108,8 @@ def test_a_bad_cluster_file_is_one_line_before_anything_is_submitted(slurm, tmp_
         )
     with pytest.raises(config.ConfigError, match="no file"):
         ex.cluster_of("nosuch", tmp_path)
-    # what only sbatch knows: GPUs on a node that has none, refused in one line naming the run
-    path = cluster_file(tmp_path, slurm, gpus_per_node=1)
+    # what only sbatch knows: a node feature this cluster lacks, refused in one line naming the run
+    path = cluster_file(tmp_path, slurm, constraint="nosuch")
     with pytest.raises(config.ConfigError, match="sbatch refused run resnet8-") as e:
         ex.sweep("s", [tiny_keys()], out_dir=tmp_path / "qos", launcher="slurm", cluster=str(path))
     assert "\n" not in str(e.value)
@@ -177,18 +181,20 @@ def test_an_interrupted_sweep_stops_its_job_with_a_checkpoint_and_resumes_bitwis
 
 
 def test_a_preempted_job_checkpoints_is_requeued_and_resumes_bitwise(slurm, tmp_path):
-    """The cluster's pre-emption signal (USR1, as a time limit's lead sends it) to a running job:
-    the trainer checkpoints, submitit requeues the job once it has, and the requeued job resumes
-    the run to the uninterrupted run's weights; the sweep waits through it."""
-    path = cluster_file(tmp_path, slurm)
+    """The cluster's pre-emption signal, here USR2 (the one sbatch is asked for, as a scheduler's
+    pre-emption sends it), to a running job: the trainer checkpoints, submitit requeues the job
+    once it has, and the requeued job resumes the run to the uninterrupted run's weights; the
+    sweep waits through it."""
+    path = cluster_file(tmp_path, slurm, signal="USR2")
     out = tmp_path / "slurm"
     run_dir = out / "s" / config.from_dict({**LONG, "study": "s"}).run_name()
     sweep = subprocess.Popen(
         [sys.executable, "-c", sweep_script(out, path, LONG)], stdout=subprocess.PIPE, text=True
     )
     wait_for(lambda: steps_done(run_dir) >= 2, what="the job to train")
-    job_id = (out / "s" / ".slurm" / run_dir.name / "job_id").read_text().strip()
-    slurm.run("scancel", "--signal=USR1", job_id)
+    jobs = out / "s" / ".slurm" / run_dir.name
+    assert "#SBATCH --signal=USR2@30" in next(jobs.glob("*_submission.sh")).read_text()
+    slurm.run("scancel", "--signal=USR2", (jobs / "job_id").read_text().strip())
     said = sweep.communicate(timeout=240)[0]
     assert sweep.returncode == 0, said
     log = (out / "s" / f"{run_dir.name}.log").read_text()
@@ -196,18 +202,121 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_bitwise(slurm, tmp_
     assert_bitwise(weights(run_dir), weights(_local_run(tmp_path, LONG)))
 
 
-def test_a_sweep_started_again_attaches_to_its_queued_job(slurm, tmp_path):
-    """The sweep's process killed (a kernel that dies) while its job trains: the job goes on, and
-    the same sweep started again attaches to it by the recorded job id: one job, one attempt."""
+@pytest.mark.timeout(400)
+def test_a_real_time_limit_checkpoints_requeues_and_resumes_bitwise(slurm, tmp_path):
+    """A run longer than its job's time limit (2 minutes; the signal, USR1 by default, 59 s
+    before it: Slurm sends it up to 30 s earlier still): the signal arrives, the trainer
+    checkpoints, submitit requeues the job, the requeued job resumes the run, and the run ends
+    with the uninterrupted run's weights. The sweep says each attempt's end with its step. The
+    first attempt's steps sleep (tests/slow_first_attempt.py) so that it outlasts the signal."""
+    keys = {**LONG, "plugins": [str(Path(__file__).parent / "slow_first_attempt.py")]}
+    path = cluster_file(tmp_path, slurm, time_min=2, signal_delay_s=59)
+    out = tmp_path / "slurm"
+    run_dir = out / "s" / config.from_dict({**keys, "study": "s"}).run_name()
+    sweep = subprocess.Popen(
+        [sys.executable, "-c", sweep_script(out, path, keys)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SLOW_STEP_S": "0.4"},  # 192 steps: 77 s, past any signal
+    )
+    reference = _local_run(tmp_path, keys)  # meanwhile, at full speed
+    said = sweep.communicate(timeout=360)[0]
+    assert sweep.returncode == 0, said
+    jobs = out / "s" / ".slurm" / run_dir.name
+    assert "#SBATCH --signal=USR1@59" in next(jobs.glob("*_submission.sh")).read_text()
+    (requeued,) = [ln for ln in said.splitlines() if "requeued, interrupted at step" in ln]
+    step = int(requeued.split("at step ")[1].split(",")[0])
+    assert 0 < step < 192 and requeued.endswith(
+        "checkpoint kept (Slurm job " + jobs.joinpath("job_id").read_text().strip() + ")"
+    ), said
+    assert said.count("running on localhost") == 2 and "completed in" in said, said
+    log = (out / "s" / f"{run_dir.name}.log").read_text()
+    assert log.count(ex.ATTEMPT_MARK) == 2, log
+    assert f"resumed from its checkpoint (the last attempt reached step {step}" in log, log
+    assert_bitwise(weights(run_dir), weights(reference))
+
+
+def test_a_run_that_fails_on_the_node_fails_its_job_with_the_nodes_error_line(slurm, tmp_path):
+    """A run whose trainer fails on the node ends its job FAILED (as Slurm says it), with the
+    error line of the run's log; a node whose Python cannot start the job (no submitit there)
+    names the line of submitit's log that says why, and that log."""
+    if (
+        os.path.exists("/usr/bin/python3")
+        and subprocess.run(
+            ["/usr/bin/python3", "-c", "import submitit"], capture_output=True
+        ).returncode
+        == 0
+    ):
+        pytest.skip("/usr/bin/python3 has submitit: no node Python without it here")
+    plugin = tmp_path / "on_the_node.py"
+    plugin.write_text(
+        "import os, sys\n"  # in the trainer on the node, not in submitit's process before it
+        "if 'SLURM_JOB_ID' in os.environ and 'submitit' not in sys.argv[0]:\n"
+        "    raise RuntimeError('no GPU driver here')\n"
+    )
+    keys = tiny_keys(plugins=[str(plugin)])
+    out = tmp_path / "trainer"
+    with pytest.raises(ex.RunFailed) as e:
+        ex.sweep(
+            "s", [keys], out_dir=out, launcher="slurm", cluster=str(cluster_file(tmp_path, slurm))
+        )
+    name = config.from_dict({**keys, "study": "s"}).run_name()
+    job_id = (out / "s" / ".slurm" / name / "job_id").read_text().strip()
+    assert (
+        f"(Slurm job {job_id} FAILED); log: {out / 's' / name}.log; error: lbsgd: error: plugins: importing"
+        in str(e.value)
+    )
+    assert str(e.value).endswith("raised RuntimeError: no GPU driver here")
+    out = tmp_path / "python"
+    path = cluster_file(tmp_path, slurm, python="/usr/bin/python3")
+    with pytest.raises(ex.RunFailed) as e:
+        ex.sweep("s", [tiny_keys()], out_dir=out, launcher="slurm", cluster=str(path))
+    name = config.from_dict({**tiny_keys(), "study": "s"}).run_name()
+    job_id = (out / "s" / ".slurm" / name / "job_id").read_text().strip()
+    assert not (out / "s" / f"{name}.log").exists()
+    assert (
+        f"(Slurm job {job_id} FAILED); log: {out / 's' / '.slurm' / name / job_id}_0_log.out; error: "
+        in str(e.value)
+    )
+    assert str(e.value).endswith("No module named 'submitit')"), str(e.value)
+
+
+def test_a_pending_job_says_slurms_reason_and_holds_back_its_run_folder_only(slurm, tmp_path):
+    """A job held in the queue is said pending with Slurm's reason; the same run of another
+    out_dir (another job name) runs meanwhile: singleton holds back one run folder's jobs, not
+    the same run's of other folders."""
+    held = cluster_file(tmp_path, slurm, sbatch={"hold": True})
+    first = subprocess.Popen(
+        [sys.executable, "-c", sweep_script(tmp_path / "a", held, tiny_keys())],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    wait_for(lambda: len(queue(slurm)) == 1, what="the held job")
+    free = cluster_file(tmp_path, slurm)  # over the held one: its sweep has read it
+    df = ex.sweep("s", [tiny_keys()], out_dir=tmp_path / "b", launcher="slurm", cluster=str(free))
+    assert list(df["status"]) == ["completed"]
+    first.send_signal(signal.SIGINT)
+    said = first.communicate(timeout=60)[0]
+    assert "pending (JobHeldUser) (Slurm job" in said, said
+    assert queue(slurm) == []
+
+
+def test_a_sweep_hung_up_leaves_its_job_running_and_again_attaches_to_it(slurm, tmp_path):
+    """SIGHUP to the sweep's process (its terminal or SSH session closed) while its job trains:
+    the sweep says where the job is and ends; the job goes on, and the same sweep started again
+    attaches to it by the recorded job id: one job, one attempt."""
     path = cluster_file(tmp_path, slurm)
     out = tmp_path / "slurm"
     script = sweep_script(out, path, LONG)
     run_dir = out / "s" / config.from_dict({**LONG, "study": "s"}).run_name()
-    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL)
+    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     wait_for(lambda: steps_done(run_dir) >= 1, what="the job to train")
-    first.kill()
-    first.wait()
+    first.send_signal(signal.SIGHUP)
+    said = first.communicate(timeout=30)[0]
     job_id = (out / "s" / ".slurm" / run_dir.name / "job_id").read_text().strip()
+    assert f"left running as Slurm job {job_id}" in said, said
+    assert f"{job_id} " in " ".join(queue(slurm)) and steps_done(run_dir) < 192
     again = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"attached to Slurm job {job_id}" in again.stdout
@@ -215,6 +324,31 @@ def test_a_sweep_started_again_attaches_to_its_queued_job(slurm, tmp_path):
     log = (out / "s" / f"{run_dir.name}.log").read_text()
     assert log.count(ex.ATTEMPT_MARK) == 1
     assert checkpoint.read(run_dir / checkpoint.NAME)["step"] == 192
+
+
+def test_lbsgd_execute_whose_parent_ends_leaves_the_jobs_running(slurm, tmp_path):
+    """make's recipe shell ended under lbsgd execute (a study notebook on Slurm): lbsgd execute,
+    its parent gone, hangs up the sweep, which leaves its job running and ends; the job's run
+    completes unwatched."""
+    path = cluster_file(tmp_path, slurm)
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "02_warmup.ipynb"
+    args = [sys.executable, "-m", "lbsgd", "execute", "--log-output", str(notebook)]
+    args += [str(tmp_path / "out.ipynb"), "-p", "profile", "smoke", "-p", "wandb", "disabled"]
+    args += ["-p", "out_dir", str(tmp_path), "-p", "launcher", "slurm", "-p", "cluster", str(path)]
+    terminal = tmp_path / "terminal.txt"
+    script = f"exec >{terminal} 2>&1; {shlex.join(args)}; true"  # "; true": sh waits, no exec
+    shell = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    study = tmp_path / "smoke" / "warmup"
+    wait_for(lambda: list(study.glob(".slurm/*/job_id")), what="a job")
+    job_id = next(study.glob(".slurm/*/job_id")).read_text().strip()
+    shell.send_signal(signal.SIGTERM)
+    shell.wait(timeout=30)
+    wait_for(lambda: "lbsgd: sweep of study" in terminal.read_text(), 60, "lbsgd execute's end")
+    said = terminal.read_text()
+    assert f"left running as Slurm job {job_id}" in said and "detached (SIGHUP)" in said, said
+    run_dir = study / next(study.glob(".slurm/*/job_id")).parent.name
+    wait_for(lambda: not queue(slurm), what="the job's end")
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
 
 
 def test_a_two_task_job_trains_to_the_weights_of_two_local_processes(slurm, tmp_path):
@@ -243,10 +377,11 @@ def test_a_run_sent_to_a_cluster_is_not_held_to_this_machines_devices():
     entry.check(cfg, 1, 1, here=False)
 
 
-def test_a_queue_read_that_fails_keeps_the_jobs_last_states(tmp_path, monkeypatch):
+def test_a_queue_read_that_fails_keeps_the_jobs_last_states_and_says_so_once(tmp_path, monkeypatch):
     """squeue timing out on a busy controller neither ends the sweep nor makes its jobs look
-    ended: the last states stand until a read succeeds (an squeue on PATH answering in turn: the
-    job running, a time-out, an empty queue)."""
+    ended: the last states stand until a read succeeds, with one line when the controller stops
+    answering and one when it answers again (an squeue on PATH answering in turn: the job
+    pending, two time-outs, the job ended, an empty queue)."""
     from lbsgd.experiments import slurm as sl
 
     answers = tmp_path / "answers"
@@ -256,12 +391,19 @@ def test_a_queue_read_that_fails_keeps_the_jobs_last_states(tmp_path, monkeypatc
     script.write_text(
         "#!/bin/sh\n"
         f"n=$(cat {answers}); echo $((n + 1)) > {answers}\n"
-        'case $n in 0) echo "7|RUNNING|node1";; 1) echo "slurm_load_jobs error: Socket timed '
-        'out" >&2; exit 1;; esac\n'
+        'case $n in 0) echo "7|PENDING||Priority";; 1|2) echo "slurm_load_jobs error: Socket '
+        'timed out" >&2; exit 1;; 3) echo "7|FAILED|node1|NonZeroExitCode";; esac\n'
     )
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
-    q = sl.Queue(poll_s=0.0)
-    assert q.state("7") == ("RUNNING", "node1")
-    assert q.state("7") == ("RUNNING", "node1")  # the failed read
-    assert q.state("7") == (sl.GONE, "")  # read again: it left the queue
+    said = []
+    q = sl.Queue(poll_s=0.0, say=said.append)
+    assert q.state("7") == ("PENDING", "", "Priority")
+    assert q.state("7") == q.state("7") == ("PENDING", "", "Priority")  # the failed reads
+    assert said == [
+        "[slurm] no answer from the controller, the jobs' last states stand: squeue --me -t all "
+        "-h -o %i|%T|%N|%r: slurm_load_jobs error: Socket timed out"
+    ]
+    assert q.state("7") == ("FAILED", "node1", "NonZeroExitCode")
+    assert said[1:] == ["[slurm] the controller answers again"]
+    assert q.state("7") == (sl.GONE, "", "")  # read again: it left the queue

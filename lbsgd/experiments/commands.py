@@ -152,12 +152,12 @@ def _last_attempt(log: Path) -> list[str]:
 
 def error_line(log: Path) -> str:
     """The most telling line of a failed run's log (its last attempt): the last one naming an
-    error."""
-    if not log.exists():  # a Slurm job that failed before its run began: submitit's log says why
-        return f"no log (a Slurm job's own log: {log.parent / '.slurm' / log.stem})"
+    error, not a launcher's line about its process's exit (torchrun's, srun's)."""
+    if not log.exists():  # a Slurm job that never started
+        return f"no log ({log} was never written)"
     lines = _last_attempt(log)
     for ln in reversed(lines):
-        if ("Error" in ln or "error:" in ln) and not ln.startswith("torch.distributed"):
+        if ("Error" in ln or "error:" in ln) and not ln.startswith(("torch.distributed", "srun:")):
             return ln
     useful = [ln for ln in lines if not set(ln) <= set("=-")]
     return useful[-1] if useful else "(empty log)"

@@ -11,19 +11,23 @@ in flight. docs/cluster.md is the user's page.
   limit or by a scheduler's pre-emption) the trainer checkpoints and stops, and the job is
   requeued only once it has (submitit's checkpoint hook waits for it); the requeued job resumes
   the run from that checkpoint.
+  A run that fails on the node fails its job (Slurm's FAILED, exit code 1).
 - :class:`SlurmProc`: a submitted job as the runner sees a process (``poll``, ``wait``,
-  ``send_signal``, ``kill``), its state read from ``squeue`` (no accounting needed): gone from
-  the queue is ended; ``send_signal(SIGTERM)``, the sweep's interrupt, sends SIGTERM to a running
-  job's processes (each run stops with a checkpoint) and removes a queued one.
+  ``send_signal``, ``kill``), its state read from ``squeue`` (no accounting needed): ended in the
+  state Slurm gives (COMPLETED, FAILED, TIMEOUT...) or gone from the queue;
+  ``send_signal(SIGTERM)``, the sweep's interrupt, sends SIGTERM to a running job's processes
+  (each run stops with a checkpoint) and removes a queued one.
 
 A run's job id is written under the study's ``.slurm/<run>/`` (with submitit's own files), so a
 sweep started again while the job is queued or running attaches to it instead of submitting a
-duplicate; jobs are also named after their run and submitted with ``--dependency=singleton``.
+duplicate; jobs are also named after their run and its folder (:func:`job_name`) and submitted
+with ``--dependency=singleton``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal as signals
@@ -36,12 +40,15 @@ from typing import Any
 
 import yaml
 
-from lbsgd import config, launch
+from lbsgd import config, launch, rundir
 from lbsgd.config import Config, ConfigError
 
 CLUSTER_DIR = Path("configs") / "cluster"  # the cluster files' folder, under the repository
 SIGNALS = ("USR1", "USR2")  # pre-emption signals the trainer stops on (lbsgd.cadence)
 GONE = ""  # the state of a job no longer in the queue: it ended
+# the states of a job that has ended for good (squeue -t all, for MinJobAge after its end); a
+# pre-empted or failed node's job may be requeued, and a job that leaves the queue has ended too
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,8 @@ def _checked(keys: dict[str, Any], name: str) -> Cluster:
     c = Cluster(**keys)
     if c.signal not in SIGNALS:
         raise ConfigError(f"cluster {name!r}: signal={c.signal!r} must be one of {SIGNALS}")
+    if "signal" in c.sbatch:
+        raise ConfigError(f"cluster {name!r}: sbatch's signal is the keys signal, signal_delay_s")
     for k in ("time_min", "cpus_per_task", "tasks_per_node", "signal_delay_s"):
         if getattr(c, k) < 1:
             raise ConfigError(f"cluster {name!r}: {k}={getattr(c, k)} must be at least 1")
@@ -135,25 +144,44 @@ def _fits(v: Any, kind: str) -> bool:
 
 
 def check(cluster: Cluster, cfgs: list[Config]) -> None:
-    """Before any job is submitted: Slurm's commands on PATH, the partition known to ``sinfo``,
+    """Before any job is submitted: Slurm's commands on PATH, the partition (:func:`_partition`),
     and every run able to resume (a run without checkpoints cannot survive a time limit)."""
     for tool in ("sbatch", "squeue", "scancel", "sinfo"):
         if shutil.which(tool) is None:
             raise ConfigError(
                 f"launcher=slurm: {tool} is not on PATH (is this a Slurm login node?)"
             )
-    if cluster.partition is not None:
-        out = _slurm("sinfo", "-h", "-o", "%R").split()
-        if cluster.partition not in out:
-            raise ConfigError(
-                f"cluster partition={cluster.partition!r} is not one of this cluster's: {sorted(set(out))}"
-            )
+    _partition(cluster)
     for c in cfgs:
         if not c.checkpoint:
             raise ConfigError(
                 f"run {c.run_name()}: checkpoint=false cannot run under launcher=slurm (a job "
                 "stopped at its time limit or pre-empted resumes from its checkpoint)"
             )
+
+
+def _partition(cluster: Cluster) -> None:
+    """The cluster's partition (default: the default one) known to ``sinfo``, with a node that
+    holds ``gpus_per_node`` GPUs."""
+    rows = [r.split("|") for r in _slurm("sinfo", "-h", "-o", "%P|%G").split()]
+    names = sorted({r[0].rstrip("*") for r in rows})  # the default partition's ends in *
+    if cluster.partition is not None and cluster.partition not in names:
+        raise ConfigError(
+            f"cluster partition={cluster.partition!r} is not one of this cluster's: {names}"
+        )
+    part = cluster.partition or next((r[0] for r in rows if r[0].endswith("*")), "")
+    gres = sorted({r[1] for r in rows if r[0].rstrip("*") == part.rstrip("*")})
+    if cluster.gpus_per_node > max(map(_gpus, gres), default=0):
+        raise ConfigError(
+            f"cluster gpus_per_node={cluster.gpus_per_node}: no node of partition "
+            f"{part.rstrip('*')!r} has as many (sinfo's GRES: {', '.join(gres)})"
+        )
+
+
+def _gpus(gres: str) -> int:
+    """The GPUs of one of sinfo's GRES texts (``gpu:a100:4(S:0-1),shard:8``: 4; ``(null)``: 0)."""
+    kinds = [g.split("(")[0].split(":") for g in gres.split(",")]
+    return sum(int(k[-1]) if k[-1].isdigit() else 1 for k in kinds if k[0] == "gpu")
 
 
 def _slurm(*args: str) -> str:
@@ -191,12 +219,15 @@ class TrainJob:
         return [*head, "-m", "lbsgd", "train", *self.args]
 
     def __call__(self) -> int:
+        """The run's attempt; an error (the job fails) unless the run is completed or diverged, or
+        this attempt stopped it (interrupted: a signal)."""
         import submitit
 
         from lbsgd.experiments import commands
 
-        log, env = Path(self.log), submitit.JobEnvironment()
-        how = commands.how_it_starts(config.load([], self.args).run_dir())
+        log, env, began = Path(self.log), submitit.JobEnvironment(), time.time()
+        run_dir = config.load([], self.args).run_dir()
+        how = commands.how_it_starts(run_dir)
         with log.open("a") as out:
             if env.global_rank == 0:
                 out.write(f"{commands.attempt_line(log, how)} (Slurm job {env.job_id})\n")
@@ -212,7 +243,11 @@ class TrainJob:
             )
             while running(self.child.pid):  # not Popen.wait(): the handler below must poll
                 time.sleep(0.5)
-            return self.child.wait()
+        status = rundir.read_status(run_dir)
+        stopped = status == "interrupted" and (run_dir / "summary.json").stat().st_mtime >= began
+        if status not in ("completed", "diverged") and not stopped:
+            raise RuntimeError(f"run failed (exit code {self.child.wait()}), its log: {log}")
+        return self.child.wait()
 
     def checkpoint(self) -> Any:
         """submitit's hook on the pre-emption signal (rank 0): the signal to the trainer's
@@ -247,27 +282,34 @@ def running(pid: int) -> bool:
 
 
 class Queue:
-    """The queue's states of this user's jobs (``squeue --me``), read at most every ``poll_s``."""
+    """The queue's states of this user's jobs (``squeue --me -t all``), read at most every
+    ``poll_s``; ``say`` tells when the controller stops answering and when it answers again."""
 
-    def __init__(self, poll_s: float) -> None:
-        self.poll_s, self.read_at, self.states = poll_s, -1e9, {}
+    def __init__(self, poll_s: float, say=lambda line: None) -> None:
+        self.poll_s, self.say, self.read_at, self.states, self.down = poll_s, say, -1e9, {}, False
 
-    def state(self, job_id: str) -> tuple[str, str]:
-        """(state, node) of ``job_id``: ``("", "")`` (:data:`GONE`) once it left the queue."""
+    def state(self, job_id: str) -> tuple[str, str, str]:
+        """(state, node, Slurm's reason) of ``job_id``: state :data:`GONE` once it left the
+        queue."""
         if time.monotonic() - self.read_at >= self.poll_s:
             self.refresh()
-        return self.states.get(job_id, (GONE, ""))
+        return self.states.get(job_id, (GONE, "", ""))
 
     def refresh(self) -> None:
         """Read the queue; where squeue fails (a busy controller times out), keep the last
         states and read again at the next look, rather than end the sweep or call jobs ended."""
         self.read_at = time.monotonic()
         try:
-            out = _slurm("squeue", "--me", "-h", "-o", "%i|%T|%N")
-        except ConfigError:
+            out = _slurm("squeue", "--me", "-t", "all", "-h", "-o", "%i|%T|%N|%r")
+        except ConfigError as e:
+            if not self.down:
+                self.say(f"[slurm] no answer from the controller, the jobs' last states stand: {e}")
+            self.down = True
             return
+        if self.down:
+            self.say("[slurm] the controller answers again")
         rows = (line.split("|") for line in out.splitlines() if line.strip())
-        self.states = {r[0]: (r[1], r[2]) for r in rows if len(r) == 3}
+        self.states, self.down = {r[0]: (r[1], r[2], r[3]) for r in rows if len(r) == 4}, False
 
 
 class SlurmProc:
@@ -279,11 +321,13 @@ class SlurmProc:
         self.job_id, self.queue = job_id, queue
         queue.read_at = -1e9  # a snapshot older than the job would say it ended
         self.returncode: int | None = None
-        self.last = ("", "")  # the last state said
+        self.last = ("", "", "")  # the last state said
+        self.ended = ""  # the state it ended in (GONE: unknown, it left the queue unseen)
 
     def poll(self) -> int | None:
-        if self.returncode is None and self.queue.state(self.job_id)[0] == GONE:
-            self.returncode = 0  # the run's own record (summary.json) says how it ended
+        state = self.queue.state(self.job_id)[0]
+        if self.returncode is None and state in (GONE, *ENDED):
+            self.ended, self.returncode = state, int(state != "COMPLETED")
         return self.returncode
 
     def wait(self) -> int:
@@ -318,13 +362,28 @@ def job_dir(cfg: Config) -> Path:
     return Path(cfg.out_dir) / cfg.study / ".slurm" / cfg.run_name()
 
 
+def job_name(cfg: Config) -> str:
+    """A run's job name: its name and its folder's (so ``--dependency=singleton`` holds back a
+    second job of the same run folder, not the same run of another ``out_dir``)."""
+    where = hashlib.sha1(str(cfg.run_dir().resolve()).encode()).hexdigest()[:6]
+    return f"{cfg.run_name()}-{where}"
+
+
 def recorded(cfg: Config, queue: Queue) -> str | None:
     """The job id recorded for the run when that job is still queued or running, else None."""
     path = job_dir(cfg) / "job_id"
     if not path.is_file():
         return None
     job_id = path.read_text().strip()
-    return job_id if queue.state(job_id)[0] != GONE else None
+    return job_id if queue.state(job_id)[0] not in (GONE, *ENDED) else None
+
+
+def node_log(cfg: Config, log: Path, job_id: str) -> Path:
+    """The log that tells how job ``job_id`` went: the run's, when the job's attempt began there,
+    else submitit's (the node's Python could not start the run)."""
+    if log.is_file() and f"(Slurm job {job_id})" in log.read_text(errors="replace"):
+        return log
+    return next(iter(sorted(job_dir(cfg).glob(f"{job_id}_*log.out"))), log)
 
 
 def submit(
@@ -337,15 +396,20 @@ def submit(
     folder = job_dir(cfg)
     ex = submitit.SlurmExecutor(folder=folder, python=cluster.python)
     params = {
-        "job_name": cfg.run_name(),
+        "job_name": job_name(cfg),
         "time": cluster.time_min,
         "nodes": nnodes,
         "ntasks_per_node": cluster.tasks_per_node,
         "cpus_per_task": cluster.cpus_per_task,
-        "signal_delay_s": cluster.signal_delay_s,
         "stderr_to_stdout": True,
         "setup": [f"export SUBMITIT_PREEMPT_SIGNAL={cluster.signal}", *cluster.setup],
-        "additional_parameters": {"dependency": "singleton", **cluster.sbatch},
+        # sbatch's --signal the cluster's, not submitit's (its SUBMITIT_PREEMPT_SIGNAL as read in
+        # this process at import, USR2 when unset); the setup line above sets the node's
+        "additional_parameters": {
+            "dependency": "singleton",
+            **cluster.sbatch,
+            "signal": f"{cluster.signal}@{cluster.signal_delay_s}",
+        },
     }
     for key in ("partition", "account", "qos", "constraint"):
         if getattr(cluster, key) is not None:

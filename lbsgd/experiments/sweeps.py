@@ -5,6 +5,7 @@ others trained ``parallel`` at a time through :mod:`lbsgd.jobs`, each one's end 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,12 @@ from lbsgd.experiments.commands import (
     train_args,
 )
 from lbsgd.experiments.copies import copy_run, find_identical
-from lbsgd.experiments.interrupts import RunInterrupted, interrupted, sigterm_as_interrupt
+from lbsgd.experiments.interrupts import (
+    RunInterrupted,
+    interrupted,
+    sigterm_as_interrupt,
+    stop_text,
+)
 from lbsgd.experiments.lines import Progress, result_text, shown
 from lbsgd.experiments.results import DONE, load_runs
 
@@ -175,7 +181,7 @@ class _Sweep(jobs.Policy[SweepRun]):
     root: Path  # the runs' out_dir: where a twin is looked for
     world_size: int
     wandb: str
-    terminated: list[int]  # the SIGTERMs the sweep caught (sigterm_as_interrupt)
+    terminated: list[int]  # the SIGTERMs and SIGHUPs the sweep caught (sigterm_as_interrupt)
     parallel: int = 1
     failed: list[str] = field(default_factory=list)
 
@@ -196,7 +202,7 @@ class _Sweep(jobs.Policy[SweepRun]):
 
     def interrupted(self, runner: jobs.Runner[SweepRun]) -> RunInterrupted:
         error = interrupted(self.study, runner.running, runner.pending, self.failed, self.progress)
-        if self.terminated:  # the process ends before anyone shows the error: its line here
+        if signal.SIGTERM in self.terminated:  # the process ends before anyone shows the error
             self.progress.say(f"{type(error).__name__}: {error}")
         return error
 
@@ -226,7 +232,8 @@ def _settle(
 class _SlurmSweep(_Sweep):
     """The sweep's policy under ``launcher=slurm``: each run started is a job submitted (or, when
     one recorded for it is still queued or running, attached to), one line as its queue state
-    changes (queued, running on its node, requeued)."""
+    changes (pending and Slurm's reason, running on its node, requeued at the step it reached),
+    its end as Slurm gives it; SIGHUP (its client gone) leaves the jobs running, unwatched."""
 
     cluster: slurm.Cluster | None = None
     nnodes: int = 1
@@ -235,7 +242,7 @@ class _SlurmSweep(_Sweep):
 
     def attach(self, cluster: slurm.Cluster, nnodes: int, nproc: int) -> None:
         self.cluster, self.nnodes, self.nproc = cluster, nnodes, nproc
-        self.queue = slurm.Queue(cluster.poll_s)
+        self.queue = slurm.Queue(cluster.poll_s, self.progress.say)
 
     def start(self, job: SweepJob) -> slurm.SlurmProc:
         run = job.item
@@ -247,22 +254,52 @@ class _SlurmSweep(_Sweep):
             run.how += f" {job_id}"
         proc = slurm.SlurmProc(job_id, self.queue)
         if run.how.startswith("queued"):
-            proc.last = ("PENDING", "")  # said by the line that names the job
+            proc.last = ("PENDING", "", "None")  # said by the line that names the job
         return proc
 
     def watch(self, runner: jobs.Runner[SweepRun]) -> bool:
         for job in runner.running:
-            state, node = self.queue.state(job.proc.job_id)
-            if state not in ("", "COMPLETING") and (state, node) != job.proc.last:
-                job.proc.last = (state, node)
-                where = f" on {node}" if node and state == "RUNNING" else ""
-                self.progress.line(job, f"{state.lower()}{where} (Slurm job {job.proc.job_id})")
+            p = job.proc
+            now = state, node, reason = self.queue.state(p.job_id)
+            if state in ("", "COMPLETING", *slurm.ENDED) or now == p.last:
+                continue
+            if p.last[0] == "RUNNING" and state != "SUSPENDED":  # an attempt ended, job stays
+                text = f"requeued, {stop_text(job.item.cfg.run_dir())[0]}"
+            elif state == "RUNNING":
+                text = f"running on {node}"
+            else:
+                text = state.lower() + (f" ({reason})" if reason not in ("", "None") else "")
+            p.last = now
+            self.progress.line(job, f"{text} (Slurm job {p.job_id})")
         return False
 
+    def ended(self, job: SweepJob) -> None:
+        p, run = job.proc, job.item
+        how = f"Slurm job {p.job_id} {p.ended or 'left the queue'}"
+        _ended(job, self.failed, self.progress, slurm.node_log(run.cfg, run.log, p.job_id), how)
 
-def _ended(job: SweepJob, failed: list[str], progress: Progress) -> None:
-    """The line of a run that ended; a failure is added to ``failed``."""
+    def interrupted(self, runner: jobs.Runner[SweepRun]) -> RunInterrupted:
+        if signal.SIGHUP not in self.terminated:
+            return super().interrupted(runner)
+        for job in runner.running:
+            self.progress.line(job, f"left running as Slurm job {job.proc.job_id}")
+        for job in runner.pending:
+            self.progress.line(job, "not started")
+        return RunInterrupted(
+            f"sweep of study {self.study!r} detached (SIGHUP): {len(runner.running)} Slurm jobs "
+            f"left running, {len(runner.pending)} runs not started; run the same sweep again to "
+            "attach to them and go on",
+            [j.item.cfg.run_name() for j in (*runner.running, *runner.pending)],
+        )
+
+
+def _ended(
+    job: SweepJob, failed: list[str], progress: Progress, log: Path | None = None, how: str = ""
+) -> None:
+    """The line of a run that ended; a failure is added to ``failed``, with the error line of
+    ``log`` (default: the run's) and ``how`` it ended (default: its exit code)."""
     run = job.item
+    log = log or run.log
     if run.handle is not None:  # a Slurm job's log is written on its allocation
         run.handle.close()
     rc, secs = job.proc.returncode, job.seconds
@@ -273,7 +310,7 @@ def _ended(job: SweepJob, failed: list[str], progress: Progress) -> None:
         progress.end(job, f"{status} in {secs:.0f} s{result_text(run.cfg.run_dir())}")
         return
     failed.append(
-        f"run {run.cfg.run_name()} failed (exit code {rc}); log: {shown(run.log)}; "
-        f"error: {error_line(run.log)}"
+        f"run {run.cfg.run_name()} failed ({how or f'exit code {rc}'}); log: {shown(log)}; "
+        f"error: {error_line(log)}"
     )
-    progress.end(job, f"FAILED, see {shown(run.log)}")
+    progress.end(job, f"FAILED ({how}), see {shown(log)}" if how else f"FAILED, see {shown(log)}")
