@@ -380,45 +380,58 @@ def slope_within(x: Sequence[float], y: Sequence[float], centre: float, margin: 
     return Test(iv, p_for, p_against)
 
 
-# -- a statistic of seeds, resampled --------------------------------------------------------------
-
-RESAMPLES = 2000  # bootstrap resamples of the seeds
+# -- a statistic of seeds, left out one at a time -------------------------------------------------
 
 
-def seed_bootstrap(n: int, statistic, resamples: int = RESAMPLES) -> np.ndarray:
-    """``statistic(seeds)`` over ``resamples`` draws of ``n`` seeds' indices with replacement
-    (scipy's ``bootstrap``, a fixed generator: the same draws on every replay); ``statistic``
-    takes an array of indices into the seeds and returns a number. Needs two seeds."""
+def jackknife(n: int, statistic) -> np.ndarray:
+    """``statistic(idx)`` on each of the ``n`` sets of seeds' indices that leave one seed out;
+    ``statistic`` takes an array of indices into the seeds and returns a positive number. Needs
+    two seeds."""
     if n < 2:
-        raise ValueError(f"a seed bootstrap needs two seeds ({n} given)")
-    res = sps.bootstrap(
-        (np.arange(n),),
-        lambda idx: statistic(np.asarray(idx, dtype=int)),
-        vectorized=False,
-        n_resamples=resamples,
-        method="percentile",
-        rng=np.random.default_rng(0),
-    )
-    return np.asarray(res.bootstrap_distribution, dtype=float)
+        raise ValueError(f"a jackknife needs two seeds ({n} given)")
+    every = np.arange(n)
+    return np.array([statistic(np.delete(every, i)) for i in range(n)], dtype=float)
 
 
-def band(draws: np.ndarray, point: float, low: float, high: float, n: int) -> Test:
-    """The claim ``low < value < high`` read from a bootstrap's ``draws`` of the value (``point``
-    its estimate on every seed): its (1 − α) percentile interval, replayed when the interval lies
-    inside (low, high), not replayed when it lies wholly outside. ``p_for``: twice the larger share
-    of draws beyond an end; ``p_against``: twice the share on the near side of the end the estimate
-    lies beyond (the smallest α whose interval decides; at least 1/resamples)."""
-    d = np.asarray(draws, dtype=float)
-    if not math.isfinite(point) or np.isnan(d).any():  # a draw without a value: no interval
-        return Test(Interval("seed bootstrap", n, float(point), math.nan, math.nan), 1.0, 1.0)
-    floor = 1 / len(d)
-    lo_q, hi_q = np.quantile(d, [ALPHA / 2, 1 - ALPHA / 2])
-    p_for = min(1.0, max(floor, 2 * max(np.mean(d <= low), np.mean(d >= high))))
+def jackknife_t(loo: np.ndarray, point: float, n: int) -> tuple[Interval, float]:
+    """The 95% jackknife-t interval of a positive statistic of ``n`` seeds (``point`` on every
+    seed, ``loo`` its :func:`jackknife` values) on the log scale, log point ± t(n − 1)·se with
+    se² = (n − 1)/n · Σ(log loo − their mean)² (where the statistic is a geometric mean of
+    per-seed ratios, the t interval of their logs), and se; NaN ends where it has no value. Its
+    coverage at 3, 6 and 8 seeds is checked by simulation (tests/test_stats.py), where the
+    percentile bootstrap's 95% covers about 75% and 86% at 3 and 6."""
+    logs = np.log(np.asarray(loo, dtype=float))
+    if not math.isfinite(point) or point <= 0 or not np.isfinite(logs).all():
+        return Interval("jackknife-t", n, float(point), math.nan, math.nan), math.nan
+    se = float(np.sqrt((n - 1) / n * np.sum((logs - logs.mean()) ** 2)))
+    half = float(sps.t.ppf(1 - ALPHA / 2, n - 1)) * se
+    low, high = math.exp(math.log(point) - half), math.exp(math.log(point) + half)
+    return Interval("jackknife-t", n, float(point), low, high), se
+
+
+def band(loo: np.ndarray, point: float, low: float, high: float, n: int) -> Test:
+    """The claim ``low < value < high`` read from :func:`jackknife_t`'s interval: replayed when
+    it lies inside (low, high), not replayed when wholly outside; ``p_for``: twice the larger
+    one-sided t p against the two ends; ``p_against``: the two-sided t p against the end the
+    estimate lies beyond."""
+    if point == 0 and not np.any(loo):  # 0 on every set of seeds (none reached a target)
+        return Test(Interval("jackknife-t", n, 0.0, 0.0, 0.0), 1.0, 0.0 if low > 0 else 1.0)
+    iv, se = jackknife_t(loo, point, n)
+    if not math.isfinite(iv.low):
+        return Test(iv, 1.0, 1.0)
+    centre = math.log(point)
+
+    def below(end: float) -> float:  # the one-sided p of "value < end"
+        if end <= 0 or end == math.inf:
+            return 1.0 if end <= 0 else 0.0
+        if se == 0:
+            return 0.0 if centre < math.log(end) else 1.0
+        return float(sps.t.cdf((centre - math.log(end)) / se, n - 1))
+
+    p_for = min(1.0, 2 * max(below(high), 1 - below(low)))
+    p_against = 1.0
     if point >= high:
-        p_against = min(1.0, max(floor, 2 * float(np.mean(d <= high))))
+        p_against = min(1.0, 2 * (1 - below(high)))
     elif point <= low:
-        p_against = min(1.0, max(floor, 2 * float(np.mean(d >= low))))
-    else:
-        p_against = 1.0
-    iv = Interval("seed bootstrap", n, float(point), float(lo_q), float(hi_q))
-    return Test(iv, float(p_for), p_against)
+        p_against = min(1.0, 2 * below(low))
+    return Test(iv, p_for, p_against)

@@ -819,7 +819,7 @@ def _ladder_plans(ref, b_crit, steps_x, best_batch):
     return plans
 
 
-def test_on_the_ladder_study_16_decides_each_check_by_its_seeds_bootstrap_interval():
+def test_on_the_ladder_study_16_decides_each_check_by_its_seeds_jackknife_t_interval():
     """Six measuring seeds: a plan that predicts the fit's B_crit and the measured steps is
     replayed on claims 1 and 2 with intervals printed; one x10 off on B_crit and x2 on the steps is
     not; the recommended batch's training time against the best fixed one is resampled too (the
@@ -835,7 +835,9 @@ def test_on_the_ladder_study_16_decides_each_check_by_its_seeds_bootstrap_interv
 
     good = claims(ref.b_crit, 1.0, 64)
     assert [good[i].replayed for i in (0, 1, 2, 5)] == [True, True, True, True]
-    assert "x1.00, 95% CI [x1.00, x1.00] (seed bootstrap, n = 6)" in good[0].evidence
+    # B_crit against the fit: measured, not tested (study 15 tests B_crit against B_noise)
+    assert good[0].outcome == "measured" and "is the tested claim" in good[0].evidence
+    assert "(jackknife-t, n = 6)" in good[1].evidence
     assert "batch 128: " in good[1].evidence and "geometric means of 6 seeds" in good[1].evidence
     bad = claims(10 * ref.b_crit, 2.0, 1024)
     assert [bad[i].replayed for i in (0, 1, 2, 5)] == [False, False, False, False]

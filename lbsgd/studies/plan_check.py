@@ -27,7 +27,7 @@ from the reference's study where it ran. The reference's folder is read in place
 and 2.
 
 On the ladder every seed that measures (not the one that chose the lrs) is a probe and a plan;
-claims 1, 2 and 4 read their geometric means, decided by the 95% seed-bootstrap interval of the
+claims 1, 2 and 4 read their geometric means, decided by the 95% jackknife-t interval of the
 ratio (:func:`lbsgd.stats.band`: wholly inside the band, replayed; wholly outside, not; else
 undecided), and claim 4's training times are each fixed batch's measuring seeds' steps at its own
 (study-15) lr. On study 11's sweep, claims 1 and 2 hold for every seed's plan and run (replayed),
@@ -99,7 +99,7 @@ class Reference:
     fixed_ks: tuple[float, ...]
     seeds: tuple[int, ...]
     ran: dict[tuple[int, int], int] = field(default_factory=dict)
-    per_seed: stt.SeedSteps | None = None  # the ladder's measuring seeds, for the bootstrap
+    per_seed: stt.SeedSteps | None = None  # the ladder's measuring seeds, for the jackknife
 
     @property
     def b_crit(self) -> float:
@@ -435,7 +435,7 @@ def findings(
         _critical_batch(plans, ref),
         *steps_findings(plans, ref),
         *(_step_time(plans[0], times, fixed, p) for p in NPROC),
-        _recommended(plans[0], times, wall_steps, fixed, _bootstrapped(plans, ref)),
+        _recommended(plans[0], times, wall_steps, fixed, _per_seed(plans, ref)),
     ]
 
 
@@ -461,24 +461,10 @@ def _critical_batch(plans: Sequence[Plan], ref: Reference) -> Finding:
     if fit is None or not 0 < fit.b_crit < math.inf:
         v = studies.Verdict(None, f"{ref.source}'s fit has no finite B_crit")
         return studies.finding(claim, v, f"no fit of {ref.source}", paper=PAPER)
+    # measured, not tested: the plan's B_crit is the probe's B_noise, and study 15 (or 11) tests
+    # B_crit against B_noise already; one statistic, one claim
     ratios = [p.inputs.b_crit / fit.b_crit for p in plans]
     inside = [1 / B_CRIT_FACTOR <= q <= B_CRIT_FACTOR for q in ratios]
-    s = _bootstrapped(plans, ref)
-    if s is not None:
-        pred = _by_seed(plans, s, lambda p: p.inputs.b_crit)
-        t = _ratio(
-            s,
-            lambda i: stt.gmean(pred[i]),
-            lambda i: stt.fitted(s.fit(i), "b_crit"),
-            (1 / B_CRIT_FACTOR, B_CRIT_FACTOR),
-        )
-        ev = (
-            f"B_crit {fit.b_crit:.0f} fitted to {ref.source} (S_min {fit.s_min:.0f}, "
-            f"{fit.points} batches, to {ref.target}); predicted (one plan a seed) "
-            + ", ".join(f"{p.inputs.b_crit:.0f}" for p in plans)
-            + f"; their geometric mean {_ratio_text(t)} of the fit's"
-        )
-        return studies.finding(claim, _decided(t, f"x{B_CRIT_FACTOR:g}"), ev, paper=PAPER)
     ev = (
         f"B_crit {fit.b_crit:.0f} fitted to {ref.source} (S_min {fit.s_min:.0f}, {fit.points} "
         f"batches, to {ref.target}); predicted "
@@ -486,7 +472,8 @@ def _critical_batch(plans: Sequence[Plan], ref: Reference) -> Finding:
             f"{p.inputs.b_crit:.0f} (seed {p.seed}: x{q:.2f})"
             for p, q in zip(plans, ratios, strict=True)
         )
-        + f" (the claim: each within x1/{B_CRIT_FACTOR:g} to x{B_CRIT_FACTOR:g})"
+        + f" (the claim: each within x1/{B_CRIT_FACTOR:g} to x{B_CRIT_FACTOR:g}; measured: "
+        f"{ref.source}'s own B_crit against B_noise is the tested claim)"
         + _miss(ratios, inside, lambda q: f"x{max(q, 1 / q):.2f} off")
     )
     return studies.finding(claim, _band(inside), ev, paper=PAPER)
@@ -495,8 +482,8 @@ def _critical_batch(plans: Sequence[Plan], ref: Reference) -> Finding:
 # -- the ladder's seeds, resampled -----------------------------------------------------------------
 
 
-def _bootstrapped(plans: Sequence[Plan], ref: Reference) -> stt.SeedSteps | None:
-    """The ladder's measuring seeds where the claims read them by the seed bootstrap: two or
+def _per_seed(plans: Sequence[Plan], ref: Reference) -> stt.SeedSteps | None:
+    """The ladder's measuring seeds where the claims read them seed by seed: two or
     more, each with a plan; None elsewhere (study 11's sweep: one seed a batch beyond large_k)."""
     s = ref.per_seed
     planned = {p.seed for p in plans}
@@ -512,17 +499,16 @@ def _by_seed(plans: Sequence[Plan], s: stt.SeedSteps, value) -> np.ndarray:
 
 
 def _ratio(s: stt.SeedSteps, num, den, band: tuple[float, float]) -> stats.Test:
-    """``num(idx) / den(idx)`` (idx: seeds' indices) over the seed bootstrap, tested inside
+    """``num(idx) / den(idx)`` (idx: seeds' indices) by its jackknife-t interval, tested inside
     ``band`` (:func:`lbsgd.stats.band`)."""
     every = np.arange(len(s.seeds))
     point = num(every) / den(every)
-    draws = s.draws(lambda i: num(i) / den(i))
-    return stats.band(draws, point, *band, len(s.seeds))
+    return stats.band(s.jackknife(lambda i: num(i) / den(i)), point, *band, len(s.seeds))
 
 
 def _ratio_text(t: stats.Test) -> str:
     iv = t.interval
-    return f"x{iv.diff:.2f}, 95% CI [x{iv.low:.2f}, x{iv.high:.2f}] (seed bootstrap, n = {iv.n})"
+    return f"x{iv.diff:.2f}, 95% CI [x{iv.low:.2f}, x{iv.high:.2f}] ({iv.test}, n = {iv.n})"
 
 
 def _decided(t: stats.Test, band: str) -> fs.Verdict:
@@ -530,7 +516,7 @@ def _decided(t: stats.Test, band: str) -> fs.Verdict:
 
 
 def steps_findings(plans: Sequence[Plan], ref: Reference) -> list[Finding]:
-    s = _bootstrapped(plans, ref)
+    s = _per_seed(plans, ref)
     if s is not None:
         return [_steps_resampled(plans, ref, s, side) for side in ("below", "above")]
     return _steps_per_seed(plans, ref)
@@ -588,7 +574,7 @@ def _steps_finding(side: str, tol: float, pts, b_crit: float, source: str, short
 
 def _steps_resampled(plans: Sequence[Plan], ref: Reference, s: stt.SeedSteps, side: str):
     """Claim 2 on one side of B_crit from the ladder's seeds: each batch's predicted steps (the
-    geometric mean of its seeds' plans) over the measured (of their runs), its ratio's bootstrap
+    geometric mean of its seeds' plans) over the measured (of their runs), its ratio's jackknife-t
     interval inside 1 ± tol for every batch (replayed), or one wholly outside (not replayed)."""
     claim, tol = (CLAIMS[1], STEPS_BELOW) if side == "below" else (CLAIMS[2], STEPS_ABOVE)
     probe = plans[0].probe.batch
@@ -686,7 +672,7 @@ def _recommended_one_seed(plan: Plan, times, wall_steps, fixed: Sequence[int]) -
 def _recommended_resampled(plan: Plan, times, fixed: Sequence[int], s: stt.SeedSteps) -> Finding:
     """Claim 4 from the ladder's seeds: each batch's training time to the target is the geometric
     mean of its seeds' steps at its study-15 lr times the measured step time; the recommended
-    batch's over the best fixed one's (the best chosen again in each resample), its bootstrap
+    batch's over the best fixed one's (the best chosen again on each set of seeds), its jackknife-t
     interval below 1 + tol (replayed) or wholly above (not replayed)."""
     p, best = plan.best.gpus, plan.best.batch
     row = {int(b): j for j, b in enumerate(s.batches)}

@@ -15,7 +15,7 @@ al.'s AlexNet-BN, on Fashion-MNIST),
    upper edge);
 3. per network, two claims: below the plan's B_crit every batch's predicted steps within 25% of
    the measured (the geometric mean of the seeds), above it within 50%; each batch's ratio
-   decided by its 95% seed-bootstrap interval (:func:`lbsgd.stats.band`): every batch's interval
+   decided by its 95% jackknife-t interval (:func:`lbsgd.stats.band`: the t interval of per-seed log ratios): every batch's interval
    inside the band, replayed; one wholly outside, not replayed; else undecided. A run that never
    reached the target counts as infinitely many steps (it ran past the edge).
 
@@ -167,8 +167,8 @@ def _side(network: str, x, rows, steps: dict[int, list[float]], side: str) -> Fi
             continue
         got = np.asarray(steps[r.batch], dtype=float)
         n = len(got)
-        draws = stats.seed_bootstrap(n, lambda i, g=got, p=r.steps: p / stt.gmean(g[i]))
-        t = stats.band(draws, r.steps / stt.gmean(got), 1 - tol, 1 + tol, n)
+        loo = stats.jackknife(n, lambda i, g=got, p=r.steps: p / stt.gmean(g[i]))
+        t = stats.band(loo, r.steps / stt.gmean(got), 1 - tol, 1 + tol, n)
         tests.append(t)
         iv = t.interval
         marks = "".join(f"; {m}: not vouched for" for m in r.extrapolated)

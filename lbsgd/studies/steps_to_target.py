@@ -21,7 +21,7 @@ tuning run needs the fewest steps (never reaching counts as never), then trained
 seeds, which alone measure: the claims and the fit read them, never the seed that chose the lr.
 A best lr on an edge of the grid (:func:`lbsgd.studies.rules.grid_edge`) is not a tuned choice,
 and the claims that read that k are invalid. Each run also measures the gradient noise scale
-(study 11's probe). The fit's S_min and B_crit and the ×2 claim get a seed-bootstrap interval
+(study 11's probe). The fit's S_min and B_crit and the ×2 claim get a jackknife-t interval
 (:class:`SeedSteps`; docs/verdicts.md).
 """
 
@@ -286,7 +286,7 @@ def gmean(values) -> float:
 class SeedSteps:
     """Each k's steps to the target at its chosen lr, seed by seed: ``batches`` (one per k),
     ``steps`` and ``noise`` (B_noise at the target) as k × seed arrays (NaN: never reached, or
-    not measured), over the measuring ``seeds`` that ran at every k. The fit and its bootstrap
+    not measured), over the measuring ``seeds`` that ran at every k. The fit and its jackknife
     resample the seeds (columns) together: a seed's runs at every k move as one."""
 
     batches: np.ndarray
@@ -305,9 +305,14 @@ class SeedSteps:
         the target left out)."""
         return critical_batch.fit(self.batches, self.means(idx))
 
-    def draws(self, statistic) -> np.ndarray:
-        """``statistic(idx)`` over the seed bootstrap (:func:`lbsgd.stats.seed_bootstrap`)."""
-        return stats.seed_bootstrap(len(self.seeds), statistic)
+    def jackknife(self, statistic) -> np.ndarray:
+        """``statistic(idx)`` leaving out one seed at a time (:func:`lbsgd.stats.jackknife`)."""
+        return stats.jackknife(len(self.seeds), statistic)
+
+    def interval(self, statistic) -> stats.Interval:
+        """The jackknife-t interval of ``statistic`` (:func:`lbsgd.stats.jackknife_t`)."""
+        every = np.arange(len(self.seeds))
+        return stats.jackknife_t(self.jackknife(statistic), statistic(every), len(self.seeds))[0]
 
 
 def seed_steps(m, c, tuning_seed: int) -> SeedSteps:
@@ -351,33 +356,33 @@ def region(saved: float) -> str:
 
 
 def intervals(s: SeedSteps) -> dict[str, Any]:
-    """The seed bootstrap's 95% percentile intervals: per k of the geometric mean steps
+    """The 95% jackknife-t intervals over the seeds: per k of the geometric mean steps
     (``steps_low``, ``steps_high``: arrays), and of the fit's S_min and B_crit; empty with fewer
     than two seeds."""
     if len(s.seeds) < 2:
         return {}
-    q = (stats.ALPHA / 2, 1 - stats.ALPHA / 2)
-    per_k = [np.quantile(s.draws(lambda i, j=j: s.means(i)[j]), q) for j in range(len(s.batches))]
+    per_k = [s.interval(lambda i, j=j: s.means(i)[j]) for j in range(len(s.batches))]
 
-    def of(attr: str):
-        return np.quantile(s.draws(lambda i: fitted(s.fit(i), attr)), q)
+    def of(attr: str) -> tuple[float, float]:
+        iv = s.interval(lambda i: fitted(s.fit(i), attr))
+        return iv.low, iv.high
 
     return {
-        "steps_low": [lo for lo, _ in per_k],
-        "steps_high": [hi for _, hi in per_k],
+        "steps_low": [iv.low for iv in per_k],
+        "steps_high": [iv.high for iv in per_k],
         "s_min": of("s_min"),
         "b_crit": of("b_crit"),
     }
 
 
 def fitted(f: critical_batch.Fit | None, attr: str) -> float:
-    """A fit's ``attr`` (``s_min``, ``b_crit``) as a bootstrap draw: NaN without a fit; ∞ held to 1e9."""
+    """A fit's ``attr`` (``s_min``, ``b_crit``) on some seeds: NaN without a fit; ∞ held to 1e9."""
     return math.nan if f is None else float(min(getattr(f, attr), 1e9))
 
 
 def table(c, f: critical_batch.Fit | None, s: SeedSteps | None = None):
     """Per k: the chosen lr, the steps to the target (with ``s``, the measuring seeds: their
-    bootstrap interval), the steps perfect scaling from the smallest k would give, the factor the
+    jackknife-t interval), the steps perfect scaling from the smallest k would give, the factor the
     next doubling saves and its region (:func:`region`), the fit's steps; the fit's S_min, E_min,
     B_crit (with their intervals) in every row."""
     t = c.copy()
@@ -505,35 +510,37 @@ def _b_crit(s: SeedSteps) -> Finding:
     if not rows:
         v = fs.Verdict(None, "no run measured the noise scale at the target")
         return finding(claim, v, "", paper=paper)
-    j = rows[0]  # the smallest batch whose every seed measured it
+    measured = s.noise[rows]  # B_noise at the target over every batch that measured it
 
     def noise(idx=None) -> float:
-        return float(np.exp(np.log(s.noise[j] if idx is None else s.noise[j, idx]).mean()))
+        return float(np.exp(np.log(measured if idx is None else measured[:, idx]).mean()))
 
     def ratio(idx) -> float:
         return fitted(s.fit(idx), "b_crit") / noise(idx)
 
     point = f.b_crit / noise()
     iv = intervals(s)
+    per_batch = np.exp(np.log(measured).mean(axis=1))
     evidence = (
         f"fit S_min {f.s_min:.3g}{_bracket(iv, 's_min')}, E_min {f.e_min:.4g}, B_crit "
         f"{f.b_crit:.4g}{_bracket(iv, 'b_crit')} (rms residual {f.rms:.2f}, {f.points} batch "
-        f"sizes, geometric means of {len(s.seeds)} seeds); B_noise {noise():.4g} at batch "
-        f"{s.batches[j]:g} (geometric mean): ratio {point:.2f} (the claim: x{1 / FACTOR:g} to "
-        f"x{FACTOR:g})"
+        f"sizes, geometric means of {len(s.seeds)} seeds); B_noise {noise():.4g} (geometric mean "
+        f"over batches {', '.join(f'{b:g}' for b in s.batches[rows])} and the seeds; per batch "
+        f"{per_batch.min():.4g} to {per_batch.max():.4g}): ratio {point:.2f} (the claim: "
+        f"x{1 / FACTOR:g} to x{FACTOR:g})"
     )
     if len(s.seeds) < 2:
         v = fs.Verdict(None, "one measuring seed: no interval")
         return finding(claim, v, evidence, paper=paper)
-    t = stats.band(s.draws(ratio), point, 1 / FACTOR, FACTOR, len(s.seeds))
+    t = stats.band(s.jackknife(ratio), point, 1 / FACTOR, FACTOR, len(s.seeds))
     iv = t.interval
-    words = f"95% CI [{iv.low:.2f}, {iv.high:.2f}] (seed bootstrap, n = {iv.n}), p = {t.p:.3g}"
+    words = f"95% CI [{iv.low:.2f}, {iv.high:.2f}] ({iv.test}, n = {iv.n}), p = {t.p:.3g}"
     v = fs.decide(t.p_for, t.p_against, words, f"the interval reaches across x{FACTOR:g}")
     return finding(claim, v, evidence, paper=paper)
 
 
 def _bracket(iv: dict[str, Any], name: str) -> str:
-    """ " [low, high]" of :func:`intervals`' ``name`` (its 95% seed-bootstrap interval), or ""."""
+    """ " [low, high]" of :func:`intervals`' ``name`` (its 95% jackknife-t interval), or ""."""
     if name not in iv:
         return ""
     lo, hi = iv[name]
