@@ -1,29 +1,11 @@
-"""``lbsgd execute``: one study notebook executed through papermill the way ``make reproduce``
-runs it, quiet on the terminal.
-
-papermill's own command line, when a cell fails, prints its CLI's traceback after the cell's; on
-Ctrl-C it tears the kernel down mid-message (a ZMQ traceback from ipykernel, "Aborted!", and the
-saved notebook without the sweep's summary); its kernels listen on TCP, which ipykernel warns
-about at every start. Here:
-
-- the kernel listens on IPC sockets in a private temporary folder (no TCP, no warning);
-- SIGINT (Ctrl-C) and SIGTERM are passed on to the kernel as an interrupt of the running cell
-  (a second SIGINT as a second interrupt): the sweep stops its runs with a checkpoint
-  (:func:`lbsgd.experiments.sweep`), the cell ends with the sweep's one-line summary, papermill
-  saves the notebook, and this prints that line and exits 130; the death of this process's
-  parent counts as a SIGTERM (Linux: make's recipe shell, ended when make is sent SIGTERM alone,
-  would otherwise leave the sweep running on, unseen);
-- the executed copy is written without what differs from one execution to the next (times,
-  durations, message timestamps, the injected cell's random id: :func:`normalise`), and a sweep's
-  lines name logs relative to the working directory, so executing a study over complete runs
-  again leaves its committed copy as it was;
-- a failing cell is one line on the terminal: ``lbsgd: error: …`` for a bad parameter or key
-  (a ConfigError, exit 2; the cell holds the same line: :func:`lbsgd.studies.session.one_line_errors`),
-  else the error's type and message and where the executed notebook is (exit 1).
-
-Parameters (``-p KEY VALUE``) read as papermill's ``-p`` does (True, False, None, integers,
-floats, else a string), and a value in brackets or braces as YAML (``-p ks [1,16]``).
-"""
+"""``lbsgd execute``: one study notebook through papermill as ``make reproduce`` runs it, quiet:
+the kernel on IPC sockets (no TCP warning); Ctrl-C and SIGTERM an interrupt of the running cell
+(the sweep stops its runs with a checkpoint and prints its summary, exit 130); SIGHUP and the end
+of this process's parent a SIGHUP to the kernel (the client gone: a Slurm sweep leaves its jobs
+running); the executed copy written as ``<name>.running.ipynb`` and moved into place whole,
+without what differs between executions (:func:`normalise`); a failing cell one line, naming the
+copy that holds its traceback (``lbsgd: error: …`` and exit 2 for bad input). ``-p KEY VALUE``
+reads as papermill's ``-p``, a value in brackets or braces as YAML (docs/studies.md)."""
 
 from __future__ import annotations
 

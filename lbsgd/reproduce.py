@@ -49,24 +49,9 @@ def steps(
     checked first, in one line (a missing notebook, an unknown profile, launcher or key)."""
     import papermill as pm
 
-    from lbsgd import config
     from lbsgd.studies import scales
 
-    missing = [nb for nb in notebooks if not Path(nb).is_file()]
-    if missing or not notebooks:
-        raise ConfigError(
-            f"NOTEBOOKS={' '.join(missing or notebooks)!r}: no such notebook (the studies are "
-            "notebooks/NN_<study>.ipynb)"
-        )
-    config.check_folder_path("OUT", out)
-    launch = {k: v for k, v in (launch or {}).items() if v is not None}
-    unknown = sorted(set(launch) - set(SWEEP))
-    if unknown:
-        raise ConfigError(f"-p {unknown[0]}: not a launch parameter (one of {', '.join(SWEEP)})")
-    if launch.get("launcher", "local") != "local":
-        from lbsgd import experiments as ex
-
-        ex.launcher_of(launch["launcher"], launch.get("cluster"))  # its file read and checked now
+    launch = _checked(notebooks, out, launch or {})
     wanted = {"profile": profile, **launch, "out_dir": out}
     found = []
     for nb in scales.notebooks(profile, notebooks):
@@ -75,6 +60,28 @@ def steps(
         output = Path(out) / profile / study / Path(nb).name
         found.append(Step(nb, output, {k: v for k, v in wanted.items() if k in declared}))
     return found
+
+
+def _checked(notebooks: list[str], out: str, launch: dict[str, Any]) -> dict[str, Any]:
+    """``launch`` without its unset keys, once every input is checked (one line each)."""
+    from lbsgd import config
+
+    missing = [nb for nb in notebooks if not Path(nb).is_file()]
+    if missing or not notebooks:
+        raise ConfigError(
+            f"NOTEBOOKS={' '.join(missing or notebooks)!r}: no such notebook (the studies are "
+            "notebooks/NN_<study>.ipynb)"
+        )
+    config.check_folder_path("OUT", out)
+    launch = {k: v for k, v in launch.items() if v is not None}
+    unknown = sorted(set(launch) - set(SWEEP))
+    if unknown:
+        raise ConfigError(f"-p {unknown[0]}: not a launch parameter (one of {', '.join(SWEEP)})")
+    if launch.get("launcher", "local") != "local":
+        from lbsgd import experiments as ex
+
+        ex.launcher_of(launch["launcher"], launch.get("cluster"))  # its file read and checked now
+    return launch
 
 
 def main(profile: str, notebooks: list[str], out: str, launch: dict[str, Any], dry: bool) -> int:

@@ -169,12 +169,16 @@ def _partition(cluster: Cluster) -> None:
         raise ConfigError(
             f"cluster partition={cluster.partition!r} is not one of this cluster's: {names}"
         )
-    part = cluster.partition or next((r[0] for r in rows if r[0].endswith("*")), "")
-    gres = sorted({r[1] for r in rows if r[0].rstrip("*") == part.rstrip("*")})
-    if cluster.gpus_per_node > max(map(_gpus, gres), default=0):
+    part = (cluster.partition or next((r[0] for r in rows if r[0].endswith("*")), "")).rstrip("*")
+    _has_gpus(cluster.gpus_per_node, part, sorted({r[1] for r in rows if r[0].rstrip("*") == part}))
+
+
+def _has_gpus(n: int, part: str, gres: list[str]) -> None:
+    """One line when no node of partition ``part`` (sinfo's ``gres`` texts) holds ``n`` GPUs."""
+    if n > max(map(_gpus, gres), default=0):
         raise ConfigError(
-            f"cluster gpus_per_node={cluster.gpus_per_node}: no node of partition "
-            f"{part.rstrip('*')!r} has as many (sinfo's GRES: {', '.join(gres)})"
+            f"cluster gpus_per_node={n}: no node of partition {part!r} has as many (sinfo's "
+            f"GRES: {', '.join(gres)})"
         )
 
 
