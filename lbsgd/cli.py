@@ -3,7 +3,8 @@
 ``lbsgd data fetch fashion_mnist [DIR]`` (the real files, through torchvision: needs internet),
 ``lbsgd plan -c CONFIG --target error=PCT`` (batch, lr, warmup and GPU count, predicted).
 
-Exit codes: 0 completed, 2 bad input (one line on stderr, nothing written), 3 diverged, 1 other errors.
+Exit codes: 0 completed, 2 bad input (one line on stderr, nothing written), 3 diverged, 1 other errors,
+130 a command other than train ended by its first Ctrl-C or SIGTERM (one line on stderr).
 A run that started says how it ended in its last line, whatever the exit code (lbsgd.progress).
 """
 
@@ -338,12 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "data":
         return _fake_files(args) if args.data == "fake" else _fetch(args)
     if args.command == "report":
-        return _report(args)
+        return _until_interrupted("report", lambda: _report(args))
     if args.command == "execute":
         from lbsgd import execute
 
         parameters = {k: execute.parameter(v) for k, v in args.parameter}
-        return execute.execute(args.notebook, args.output, parameters, args.log_output)
+        return _until_interrupted(  # an interrupt before its kernel runs a cell
+            "execute",
+            lambda: execute.execute(args.notebook, args.output, parameters, args.log_output),
+        )
     try:
         return _checked(args)
     except config.ConfigError as e:  # includes a checkpoint that cannot be used
@@ -361,8 +365,11 @@ def _checked(args: argparse.Namespace) -> int:
     if args.command == "verify":
         from lbsgd import verify
 
-        return verify.main(
-            args.results, args.sample, args.runs, args.out, args.parallel, args.skip_damaged
+        return _until_interrupted(
+            "verify",
+            lambda: verify.main(
+                args.results, args.sample, args.runs, args.out, args.parallel, args.skip_damaged
+            ),
         )
     if args.command == "plan":
         return _plan(args)
@@ -374,33 +381,38 @@ def _checked(args: argparse.Namespace) -> int:
 
         summary = train(cfg)
         return STATUS_EXIT_CODE.get(summary["status"], 1)
-    bench.run(args)
-    return 0
+    return _until_interrupted("bench", lambda: bench.run(args) or 0)
 
 
-def _plan(args: argparse.Namespace) -> int:
-    """The plan, or its check; the first Ctrl-C or SIGTERM ends either at once (its runs stopped,
-    its timing processes ended) in one line, exit status 130, nothing written from a cut stage."""
-    _pin_cpu_isa(args.config, args.overrides)
-    from lbsgd import plan
+def _until_interrupted(what: str, run, left: str = "") -> int:
+    """``run()``'s exit status; the first Ctrl-C or SIGTERM ends it at once (the runs it started
+    stopped by their runner, lbsgd.jobs) in one line, exit status 130."""
     from lbsgd.experiments.interrupts import sigterm_as_interrupt
 
     try:
         with sigterm_as_interrupt(pass_on=False):
-            if args.check is not None:
-                return _plan_check(args)
-            r = plan.request(args)  # every option checked: one line before anything runs
-            doc = plan.plan(r)
+            return run()
     except KeyboardInterrupt as e:
-        left = (
-            "no check.json written"
-            if args.check
-            else "no plan written; the same command again goes on from its runs' checkpoints"
-        )
-        print(
-            f"lbsgd plan: interrupted ({str(e) or 'SIGINT'}): {left}", file=sys.stderr, flush=True
-        )
+        why = str(e) or "SIGINT"
+        print(f"lbsgd {what}: interrupted ({why}){left}", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """The plan, or its check; the first Ctrl-C or SIGTERM ends either at once, nothing written
+    from a cut stage."""
+    _pin_cpu_isa(args.config, args.overrides)
+    if args.check is not None:
+        return _until_interrupted("plan", lambda: _plan_check(args), ": no check.json written")
+    left = ": no plan written; the same command again goes on from its runs' checkpoints"
+    return _until_interrupted("plan", lambda: _plan_written(args), left)
+
+
+def _plan_written(args: argparse.Namespace) -> int:
+    from lbsgd import plan
+
+    r = plan.request(args)  # every option checked: one line before anything runs
+    doc = plan.plan(r)
     print(plan.render(doc))
     print(f"wrote {r.out / 'plan.json'}, {r.out / 'plan.png'}")
     return 0

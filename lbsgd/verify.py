@@ -31,10 +31,13 @@ an experiment that several studies share), cheapest first; the same on every mac
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -524,7 +527,16 @@ class _Replays(jobs.Policy[Run]):
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self.env,
+                start_new_session=True,  # its processes (torchrun's workers) ended as one
+                preexec_fn=_killed_with_parent,
             )
+
+    def interrupted(self, runner: jobs.Runner[Run]) -> None:
+        """A replay cut short proves nothing: each running one is ended, not waited for."""
+        for job in runner.running:
+            with contextlib.suppress(OSError):
+                os.killpg(job.proc.pid, signal.SIGKILL)
+            job.proc.wait()
 
     def ended(self, job: jobs.Job[Run]) -> None:
         run = job.item
@@ -534,6 +546,13 @@ class _Replays(jobs.Policy[Run]):
             _report(run, self.runs, replay, job.proc.returncode, self.log(run), self.root)
         )
         sys.stdout.flush()
+
+
+def _killed_with_parent() -> None:
+    """In a replay's process before it runs (Linux): SIGKILL when lbsgd verify ends, even where an
+    interrupt came as the replay was being started (PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 def _bad(message: str) -> int:

@@ -1,20 +1,24 @@
 """What several test modules share beyond conftest.py's launchers: the short distributed run and
 its initial weights, the fault-injected kill-and-resume run, CIFAR-10 files in torchvision's format,
-the progress and ending lines of ``lbsgd train``, and a reader of W&B's offline run files.
+the progress and ending lines of ``lbsgd train``, a reader of W&B's offline run files, and a long
+command interrupted as at a terminal.
 
 A test module imports these from here, never from another test module (tests/test_layers.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import struct
+import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from conftest import as_args, lbsgd, tiny_keys, used_keys
+from conftest import as_args, lbsgd, start, tiny_keys, used_keys
 
 from lbsgd import checkpoint, config
 from lbsgd.data.fake_files import dump_py2
@@ -320,3 +324,68 @@ def valid_layout(keys: dict, world_size: int):
 def verdicts(findings) -> list:
     """Each finding's verdict: True (replayed), False (not replayed) or None (undecided)."""
     return [f.replayed for f in findings]
+
+
+# -- a long command interrupted (tests/test_cli_output.py, tests/test_plan.py) --------------------
+
+
+def in_session(args: list[str]) -> subprocess.Popen:
+    """``lbsgd *args`` in a session of its own with Ctrl-C's default disposition, as at a
+    terminal (a test worker may ignore SIGINT, and it would inherit that); stdout and stderr
+    together, as text."""
+    return start(
+        args,
+        env={"PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a SIGTERM handler (Linux /proc: SigCgt), i.e. has got past its
+    start to where a command turns SIGTERM into an interrupt."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(re.search(r"SigCgt:\s*([0-9a-f]+)", status).group(1), 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def interrupt(proc: subprocess.Popen, signum: int) -> str:
+    """SIGINT to ``proc``'s process group (Ctrl-C at a terminal), another signal to it alone (a
+    scheduler, ``kill``); the rest of its output once it has ended."""
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    return proc.communicate(timeout=120)[0]
+
+
+def processes_naming(path: Path) -> list[str]:
+    """The command lines of this machine's processes that name ``path`` (Linux /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # it has just ended
+            continue
+        found += [line] if str(path) in line else []
+    return found
+
+
+def session_processes(sid: int) -> list[str]:
+    """The command lines of session ``sid``'s processes (Linux /proc): what a command started in
+    :func:`in_session` left behind."""
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                left.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, IndexError):  # it has just ended
+            continue
+    return left

@@ -5,6 +5,7 @@ its summary.json; under torchrun, from rank 0 alone."""
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -12,7 +13,16 @@ from pathlib import Path
 
 import pytest
 from conftest import as_args, start, tiny_keys, used_keys
-from helpers import EIGHT_STEP_EPOCHS, PROGRESS, assert_ends_with_its_summary
+from helpers import (
+    EIGHT_STEP_EPOCHS,
+    PROGRESS,
+    assert_ends_with_its_summary,
+    catches_sigterm,
+    in_session,
+    interrupt,
+    processes_naming,
+    session_processes,
+)
 
 from lbsgd.progress import PLAIN_EVERY_S, Flushed, Progress, ending_line
 
@@ -194,6 +204,60 @@ def test_an_interrupted_run_ends_with_status_interrupted_and_exit_code_143(tmp_p
     assert proc.returncode == 143, out[-3000:]
     summary = assert_ends_with_its_summary(out, run_dir, "interrupted")
     assert "top1_error_pct" in summary["final"]  # an evaluated run: its error is on the line
+
+
+REPO = Path(__file__).resolve().parents[1]
+# each long command but train (lbsgd plan's stages: tests/test_plan.py): its arguments, the
+# signal, and the line read before it is sent (None: as soon as it turns SIGTERM into an
+# interrupt). verify's replay and bench's runs are in flight then; execute's kernel not started
+LONG_COMMANDS = {
+    "report": (["report", "--results", "{tmp}/smoke"], signal.SIGINT, None),
+    "verify": (
+        ["verify", "--results", str(REPO / "results/cpu"), "--sample", "1", "--out", "{tmp}/v"],
+        signal.SIGTERM,
+        "replayed in",
+    ),
+    "bench": (
+        ["bench", "train", "--steps", "400", "--out", "{tmp}/b.json", "batch_size=16"],
+        signal.SIGTERM,
+        None,
+    ),
+    "execute": (
+        [str(REPO / "notebooks/02_warmup.ipynb"), "{tmp}/out.ipynb", "-p", "profile", "smoke"]
+        + ["-p", "out_dir", "{tmp}/runs", "-p", "wandb", "disabled"],
+        signal.SIGINT,
+        None,
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", LONG_COMMANDS)
+def test_the_first_ctrl_c_or_sigterm_ends_a_long_command_in_one_line_and_exit_status_130(
+    tmp_path, command
+):
+    """A real Ctrl-C (SIGINT to the process group) or SIGTERM (to the command alone) once the
+    command is at work: it ends at once with one line saying so, exit status 130, no traceback,
+    nothing of its session left running, nothing written where its result would go."""
+    args, signum, until = LONG_COMMANDS[command]
+    shutil.copytree(REPO / "results/smoke", tmp_path / "smoke")
+    args = [a.format(tmp=tmp_path) for a in args]
+    proc = in_session(["execute", *args] if command == "execute" else args)
+    printed = ""
+    while until and until not in printed:
+        printed += proc.stdout.readline() or pytest.fail(printed)
+    deadline = time.monotonic() + 60
+    while not catches_sigterm(proc.pid):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.01)
+    printed += interrupt(proc, signum)
+    assert proc.returncode == 130, printed
+    why = "SIGINT" if signum == signal.SIGINT else "signal SIGTERM"
+    assert printed.endswith(f"lbsgd {command}: interrupted ({why})\n"), printed
+    assert "Traceback" not in printed and session_processes(proc.pid) == [], printed
+    assert processes_naming(tmp_path) == [], printed  # verify's replays: sessions of their own
+    written = {"report": "smoke/REPORT.md", "bench": "b.json", "execute": "out.ipynb"}
+    assert command not in written or not (tmp_path / written[command]).exists()
 
 
 FAILING_MODEL = """import torch

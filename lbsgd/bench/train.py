@@ -166,7 +166,9 @@ def trainer_run(cfg: Config, steps: int, num_train: int, out_dir: str) -> Timing
 
     epochs = steps * cfg.batch_size / num_train
     summary = train(cfg.replace(epochs=epochs, out_dir=out_dir, name=None))
-    if summary["steps"] != steps:  # diverged (random labels at a large lr) or interrupted
+    if summary["status"] == "interrupted":  # Ctrl-C, SIGTERM: the benchmark is interrupted
+        raise KeyboardInterrupt(f"the trainer stopped at step {summary['steps']}")
+    if summary["steps"] != steps:  # diverged (random labels at a large lr)
         raise RuntimeError(
             f"lbsgd bench train: the trainer stopped {summary['status']} after "
             f"{summary['steps']} of {steps} steps"
