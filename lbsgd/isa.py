@@ -1,40 +1,11 @@
 """The CPU kernels' instruction set, capped so that CPU runs give the same digits on other machines.
 
-The small nets of the cpu and smoke profiles are chaotic: a relative perturbation of 1e-7 of the
-weights grows to 1e-3 within a few steps, so a kernel that rounds differently changes every digit
-of a run. The CPU libraries under torch choose their code paths by instruction set: ATen's
-vectorised kernels (BatchNorm, reductions, element-wise ops; ``ATEN_CPU_CAPABILITY``), oneDNN's
-convolutions (``ONEDNN_MAX_CPU_ISA``) and MKL's GEMMs (the fully connected layer; ``MKL_CBWR``,
-MKL's Conditional Numerical Reproducibility branch). Each reads its variable once, at its first
-use, not at ``import torch`` (measured with torch 2.14.1: set after the import but before any
-operation, all three take effect; set after one operation, none does).
-
-Measured on an AVX-512/AMX Xeon (20 steps of the TINY test config, weights compared bitwise):
-``ATEN_CPU_CAPABILITY=avx2`` alone and ``ONEDNN_MAX_CPU_ISA=AVX2`` alone each change the weights;
-``MKL_CBWR=AVX2`` takes effect (MKL's verbose mode reports ``CNR:AVX2``) but leaves these weights
-as they were (the only GEMM here is the 10-class head, K = 32 or 64), and
-``MKL_ENABLE_INSTRUCTIONS=AVX2`` adds nothing to ``MKL_CBWR``. All three are set, so that MKL
-follows the same branch on other CPUs too (on AMD, MKL's automatic choice differs from Intel's).
-
-An instruction-set cap does not pin everything, and not on every vendor. Measured on an AMD EPYC
-(AVX2 + FMA, no AVX-512) with ``../shared/portable/probe.py`` and lbsgd runs, against the
-runs an AVX-512 Xeon made under ``avx2`` (the cpu replay committed then): the replays differ
-from step 2 on (the forward pass agrees, the gradients do not), and MKL does not honour
-``MKL_CBWR=AVX2`` on a non-Intel CPU (its verbose mode reports ``CNR:AUTO``; ``COMPATIBLE`` it
-honours). What the ISA caps cannot pin is
-oneDNN's choice of blocking, hence of summation order, which follows the CPU's caches and vendor.
-Hence the cap ``portable``: ATen at AVX2, oneDNN's convolutions off (ATen's own convolutions, an
-im2col and an MKL GEMM each) and MKL's COMPATIBLE branch, the one MKL documents as reproducible
-across Intel and compatible CPUs. Its digits were measured equal on the AMD EPYC and on an Intel
-CPU emulated by QEMU (docs/portability.md; ``tests/test_portable.py``).
-
-The cap is a hardware key (``cpu_isa``): it changes the rounding, not the mathematics. Values
-(:data:`CAPS`): ``native`` (no cap, each library picks the best path of this CPU), ``portable``
-(what the cpu and smoke profiles use: the same digits on Intel and AMD CPUs with AVX2),
-``avx2`` (any x86-64 CPU since 2013 or so; the same digits only on CPUs of one vendor and cache
-layout), ``avx512_core`` (AVX-512 F, BW, VL, DQ; no VNNI, BF16, FP16 or AMX), ``avx512_core_amx``
-(up to AMX; bf16 runs on Sapphire Rapids and later).
-"""
+The small nets of the cpu and smoke profiles are chaotic, so a kernel that rounds differently
+changes every digit of a run. ATen (``ATEN_CPU_CAPABILITY``), oneDNN (``ONEDNN_MAX_CPU_ISA``) and
+MKL (``MKL_CBWR``) each read their variable once, at their first use (not at ``import torch``), so
+:func:`pin` must run before any tensor operation. The cap is the hardware key ``cpu_isa``
+(:data:`CAPS`); ``portable`` (ATen at AVX2, oneDNN's convolutions off, MKL's COMPATIBLE branch) is
+the one measured to give the same digits on Intel and AMD. docs/portability.md has the evidence."""
 
 from __future__ import annotations
 

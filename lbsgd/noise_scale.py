@@ -1,40 +1,12 @@
-"""The gradient noise scale (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training",
-arXiv:1812.06162): the batch size beyond which a larger batch stops buying fewer steps.
+"""The gradient noise scale (McCandlish et al. 2018, arXiv:1812.06162): the batch size beyond which a
+larger batch stops buying fewer steps.
 
-Let G be the true gradient of the training loss (the mean over the N samples of the train split)
-and Σ the covariance of the per-sample gradients. The gradient G_B of a batch of B samples has
-
-    E |G_B|² = |G|² + tr(Σ) / B,
-
-so two batch sizes B_small < B_big give estimators of both terms (the paper's Appendix A, eq. A.2):
-
-    |G|²  ≈ (B_big |G_big|² − B_small |G_small|²) / (B_big − B_small)
-    tr(Σ) ≈ (|G_small|² − |G_big|²) / (1/B_small − 1/B_big)
-
-and the *simple noise scale* B_simple = tr(Σ) / |G|², which predicts the critical batch size:
-training at batch B takes S = S_min (1 + B_noise/B) steps and E = E_min (1 + B/B_noise) samples to
-reach a given loss (the paper's eq. 2.11, (S/S_min − 1)(E/E_min − 1) = 1). One step's estimates are
-noisy (|G|² can come out negative), so each is smoothed over steps with an exponential moving
-average (bias-corrected, as Adam's moments) and the ratio is taken of the smoothed values
-(``noise_scale_ema``; the paper and k-diffusion's ``gns.py`` do the same).
-
-Where the two sizes come from, in lbsgd's layout: B_big is the global batch (``batch_size``, the
-gradient the optimizer steps on) and B_small is ``noise_scale_batch`` samples: a group of
-consecutive micro-batches of one process, a unit the layout never changes when the key is set. Each
-step has batch_size / B_small small batches and |G_small|² is the mean of their squared norms (the
-mean keeps the estimator unbiased and lowers its variance). A small batch's gradient is the change
-of the accumulated gradient over its micro-batches; its last group, on the micro-batch whose
-backward DDP all-reduces, is read by a communication hook before the all-reduce (:meth:`Probe.wrap`).
-The per-process means join the metric flush's existing all-reduce: no extra collective. Nothing is
-written into a gradient, so a run with ``noise_scale=true`` trains to the same digits as without.
-
-Sampling without replacement: lbsgd draws a step's samples without replacement (an epoch is a
-permutation of the train split), and the small batches are disjoint parts of the big one, so
-E |G_B|² = |G|² + (N − B)/(N − 1) · tr(Σ)/B with Σ the population covariance (normalised by N).
-The tr(Σ) estimator above then has expectation N/(N − 1) · tr(Σ): exactly the trace of the sample
-covariance (normalised by N − 1); the |G|² estimator has expectation |G|² − tr(Σ)/(N − 1). See
-:func:`exact` (and the test that checks the estimate against it).
-"""
+B_simple = tr(Σ) / |G|², estimated each step from the squared gradient norms at two batch sizes
+(:func:`estimate`) and smoothed over steps (:class:`Smoother`). B_big is ``batch_size``; B_small is
+``noise_scale_batch`` samples of one process, the last of which :class:`Probe` reads in a DDP
+communication hook before the all-reduce. Nothing is written into a gradient, so a run with
+``noise_scale=true`` trains to the same digits as without. docs/noise-scale.md has the keys, the
+records and the cost."""
 
 from __future__ import annotations
 
@@ -60,7 +32,12 @@ FIELDS = (
 
 
 def estimate(g_small_sq: float, g_big_sq: float, b_small: int, b_big: int) -> tuple[float, float]:
-    """(|G|², tr(Σ)): the unbiased estimates from one step's squared norms (eq. A.2)."""
+    """(|G|², tr(Σ)): the unbiased estimates from one step's squared norms (eq. A.2), from
+    E |G_B|² = |G|² + tr(Σ) / B:
+
+        |G|²  ≈ (B_big |G_big|² − B_small |G_small|²) / (B_big − B_small)
+        tr(Σ) ≈ (|G_small|² − |G_big|²) / (1/B_small − 1/B_big)
+    """
     if not 0 < b_small < b_big:
         raise ValueError(f"need 0 < b_small < b_big, got b_small={b_small}, b_big={b_big}")
     g_sq = (b_big * g_big_sq - b_small * g_small_sq) / (b_big - b_small)
@@ -229,7 +206,8 @@ def _sq_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 def exact(per_sample_grads: torch.Tensor) -> tuple[float, float, float]:
     """(|G|², tr(Σ), tr(Σ)/|G|²) of a whole train split from its per-sample gradients (one row
     per sample), Σ the sample covariance (normalised by N − 1): what the smoothed estimate of
-    a fixed model converges to (module docstring)."""
+    a fixed model converges to. lbsgd samples without replacement, so :func:`estimate`'s tr(Σ)
+    has expectation N/(N − 1) times the population trace: exactly this one."""
     g = per_sample_grads.double()
     mean = g.mean(0)
     g_sq = float(mean.square().sum())

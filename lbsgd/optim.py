@@ -1,47 +1,10 @@
 """Optimizers of the replayed studies: SGD with the lr inside the velocity, LARS, LAMB and AdamW.
 
 The learning rate is set every iteration from :mod:`lbsgd.schedules` through :func:`set_lr`,
-before ``optimizer.step()``.
-
-``optimizer=sgd`` — Goyal et al. 2017 (arXiv:1706.02677) §3, eq. (10): the velocity carries
-the learning rate, with d_t = g_t + λ·w_t (gradient plus L2 weight decay λ):
-
-    v_{t+1} = m·(η_{t+1}/η_t)·v_t + η_{t+1}·d_t        w_{t+1} = w_t − v_{t+1}
-    Nesterov:                                          w_{t+1} = w_t − (η_{t+1}·d_t + m·v_{t+1})
-
-The factor η_{t+1}/η_t is Goyal's *momentum correction* (eq. 10, ``momentum_correction=true``):
-with it the iterates are exactly those of PyTorch's SGD (lr outside the velocity), without it
-(factor 1) a velocity built at a small warmup lr keeps pushing with that lr after the lr has grown,
-and vice versa after a ÷10 step. Goyal et al. recommend the correction whenever η changes.
-
-``optimizer=lars`` — You et al. 2017 (arXiv:1708.03888) Algorithm 1, as in Jia et al. 2018
-(arXiv:1807.11205), per parameter tensor w with gradient g, trust coefficient η (``lars_eta``),
-weight decay β and the global lr γ_t of the schedule:
-
-    λ = η·‖w‖ / (‖g‖ + β·‖w‖)                          (local lr; λ = 1 when ‖w‖ = 0 or ‖g‖ = 0)
-    v_{t+1} = m·(γ_{t+1}/γ_t)·v_t + γ_{t+1}·λ·(g + β·w)  w_{t+1} = w_t − v_{t+1}
-
-with the same momentum-correction switch and Nesterov option as SGD (You et al. use plain momentum).
-
-``optimizer=lamb`` — You et al. 2019 (arXiv:1904.00962) Algorithm 2, per parameter tensor w with
-gradient g at step t (from 1), moments β1, β2 (``adam_beta1``, ``adam_beta2``), ε (``adam_eps``),
-weight decay λ and the lr η_t of the schedule:
-
-    m ← β1·m + (1 − β1)·g          v ← β2·v + (1 − β2)·g²
-    r = (m / (1 − β1^t)) / (√(v / (1 − β2^t)) + ε)                 (bias-corrected moments)
-    u = r + λ·w                    w ← w − η_t·(‖w‖ / ‖u‖)·u       (ratio 1 when ‖w‖ = 0 or ‖u‖ = 0)
-
-with φ the identity (no clipping of the trust ratio). ``optimizer=adamw`` is the same step without
-the trust ratio, w ← w − η_t·(r + λ·w): Loshchilov & Hutter's decoupled weight decay with the
-decay scaled by the lr, as ``torch.optim.AdamW``. Neither uses momentum, nesterov or
-momentum_correction (the lr multiplies the step, it is not inside a velocity).
-
-Parameter groups (Jia et al. 2018 exclude biases and BN γ/β from weight decay and from LARS;
-Goyal et al. §5.1 also leave BN γ/β undecayed; You et al. 2019 do the same for LAMB's trust
-ratio): with ``decay_bn_bias=false`` the parameters of normalisation layers and every tensor with
-ndim <= 1 (biases) get neither weight decay nor the trust ratio of LARS or LAMB; the rest get both. Chosen by module type and
-tensor shape, never by parameter name.
-"""
+before ``optimizer.step()``. Each class states its paper's update; docs/recipes.md has them side by
+side. With ``decay_bn_bias=false`` the parameters of normalisation layers and every tensor with
+ndim <= 1 (biases) get neither weight decay nor a LARS or LAMB trust ratio (Jia et al. 2018),
+chosen by module type and tensor shape, never by parameter name."""
 
 from __future__ import annotations
 

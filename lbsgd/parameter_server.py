@@ -1,45 +1,11 @@
 """Asynchronous SGD with a parameter server (``async_ps=true``), under torchrun with K >= 2 processes.
 
-Rank 0 is the server: it holds the weights W, the optimizer (the run's sgd or lars with its
-velocity) and the step counter s. Ranks 1..K-1 are workers, which never wait for one another
-(Dean et al. 2012's Downpour SGD; the asynchronous model of Lian et al. 2015, whose staleness τ is
-measured here, where lbsgd.staleness simulates it)::
-
-    worker k:  receive (W_v, v, j)           the weights of server step v, and a task j
-               g = ∇L(W_v; batch j)          task j: the sampler's batch of step j
-               send (g, v, j)
-    server:    on the arrival of (g, v, j) from whichever worker sends first
-               τ = s − v                     the staleness of g, in updates
-               W ← W − step(g, η(s))         the optimizer at the lr of update s (schedules)
-               s ← s + 1, send (W_s, s, next task) back to that worker
-
-The run stops at s = total_steps.
-
-One update = one worker's batch: ``batch_size`` is the batch of each gradient, so the lr rule,
-warmup and schedule read it as for synchronous SGD (total_steps = epochs · N / batch_size updates);
-a worker accumulates it in micro-batches of ``micro_batch``, with ghost-BN groups of ``bn_batch``.
-
-Samples: the server hands out the tasks j = 0, 1, …, total_steps − 1 in order, each exactly once,
-to whichever worker reports; task j is the batch of step j of a one-process sampler
-(lbsgd.data.sampler), seeded (augmentation, dropout) by its stream positions as in a synchronous run.
-So no sample repeats within an epoch and the run sees exactly the batches of synchronous SGD, applied
-in the order they arrive, on weights τ updates old. Exactly total_steps gradients are computed and
-each is applied; only after a divergence or a stop request are the ones in flight discarded. With
-one worker (K = 2) τ = 0 always: synchronous SGD, one process, exactly.
-
-BN running statistics: a worker sends the sums of its BN groups' statistics with its gradient; the
-server folds them in at the update (lbsgd.models.ghost_bn's rule), so they are those of the applied
-batches. The server evaluates alone, on the whole test split, at epoch ends (counted in applied
-updates) and at the end, and writes one checkpoint, at the end.
-
-Data: in-memory datasets (synthetic, cifar10) are indexed per task; a file dataset with
-``workers`` > 0 starts its loader processes for every task (the next task is not known before the
-server answers), which is slow: use workers=0 or an in-memory dataset.
-
-Records: metrics.jsonl has one train record per applied update (step, lr, loss, staleness, worker,
-task); summary.json has ``async_ps``: the staleness histogram, mean and maximum, and the updates per
-worker. The arrival order depends on timing, so a run is not reproducible: resume is refused.
-"""
+Rank 0 is the server (the weights, the run's optimizer, the update counter s); ranks 1..K-1 are
+workers that never wait for one another (Dean et al. 2012's Downpour SGD). The server applies each
+gradient as it arrives, with staleness τ = s − v updates, and hands out the sampler's batches of
+steps 0, 1, … in order, each once: the run sees synchronous SGD's batches, applied out of order on
+stale weights; with one worker (K = 2) it is synchronous SGD. The arrival order depends on timing,
+so a run does not repeat and resume is refused. docs/communication.md says what it records."""
 
 from __future__ import annotations
 

@@ -1,42 +1,12 @@
 """Simulated asynchronous SGD with bounded staleness: stale gradients, deterministically, on one machine.
 
-In asynchronous SGD (a parameter server with workers that push gradients without a barrier; the
-systems survey's stale-gradient workers) the gradient applied at server step t was computed on the
-weights some τ steps old. Lian et al. 2015 ("Asynchronous parallel stochastic gradient for nonconvex
-optimization", NeurIPS) analyse it with bounded staleness 0 ≤ τ ≤ τ_max. This module replays that
-model exactly, with the trainer's synchronous loop:
-
-    W_{t+1} = W_t − η_t · (momentum, weight decay, …)(∇L(W_{t−τ}; B_t))
-
-where W_{t−τ} = W_0 while t < τ (the start of training: no older weights exist). Only the loss
-gradient is stale: the optimizer steps W_t as at any step (its momentum buffer, the weight decay
-λ·W_t, the LARS trust ratio of W_t and the learning rate η_t of the schedule at step t).
-
-Keys (experiment keys: they change the mathematics):
-
-- ``staleness`` = τ_max; 0 is synchronous SGD, and then nothing here runs (bitwise today's run).
-- ``staleness_dist``: ``fixed`` — τ = τ_max for every gradient; the simulated worker is the whole
-  step, so the run does not depend on the layout (processes × micro-batch × accumulation) beyond
-  float reordering. ``uniform`` — τ is drawn uniformly from {0, …, τ_max} per simulated worker and
-  step, from a hash of (seed, step, worker) (:func:`draw`), so a run is repeatable and resumes to
-  the same draws. The simulated worker is then one micro-batch: worker j of step t is the j-th
-  micro-batch of the global batch (rank · accum_steps + i), so the draws follow ``micro_batch``
-  (the same micro-batch on any number of processes gives the same run; another micro-batch draws
-  another set of τ).
-
-Mechanics (:class:`StaleWeights`): a ring of τ_max + 1 copies of the parameters holds W_{t−τ_max}
-… W_t. At the start of step t the current weights W_t enter the ring; each micro-batch loads
-W_{t−τ} into the model for its forward and backward (its gradient accumulates into ``.grad`` as
-usual, and DDP all-reduces it as usual: every process holds the same ring); W_t is loaded back
-before the optimizer step. The ring is in the checkpoint, so a killed run resumes bitwise. Its size
-is τ_max + 1 copies of the parameters, in memory and in each checkpoint: fine at the studies'
-scales (τ_max = 8: about 10 MB for a ResNet-20, about 0.9 GB for a ResNet-50).
-
-BN: a stale forward pass normalises its batch with its own statistics (training mode, as any
-forward), and the running statistics accumulate the group statistics of those stale passes (what
-the simulated workers computed), committed once per step as at τ = 0. The running statistics are
-buffers, not parameters: they are not in the ring and are never rolled back.
-"""
+The update of step t applies the gradient computed on the weights of step t − τ (W_0 while t < τ)
+to the current weights W_t; momentum, weight decay, the trust ratio and the lr act on W_t as at any
+step (Lian et al. 2015's bounded-staleness model). ``staleness_dist=fixed`` takes τ = τ_max,
+``uniform`` draws τ per micro-batch and step from a hash of (seed, step, worker) (:func:`draw`).
+:class:`StaleWeights` keeps a ring of the last τ_max + 1 parameter copies, checkpointed so a killed
+run resumes bitwise; BN running statistics are buffers, accumulated from the stale passes and never
+rolled back. ``staleness=0`` runs nothing here. docs/communication.md has the keys and their cost."""
 
 from __future__ import annotations
 
