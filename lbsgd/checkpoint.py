@@ -1,29 +1,11 @@
 """Training state to disk and back: atomic, verified, with the previous good checkpoint kept.
 
-A checkpoint is one ``torch.save`` dict holding everything the next optimizer step depends on
-(what the trainer puts in it: model, optimizer, loss scaler, step = schedule position, sampler
-position, every rank's RNG states, the config it was made with), plus ``digest``: a BLAKE2b hash of
-all of it, checked on load, so that a flipped byte is caught as surely as a truncated file.
-
-Files in the run directory::
-
-    checkpoint.pt         the newest complete checkpoint
-    checkpoint.prev.pt    the one before it (the fallback)
-    .checkpoint.pt.tmp    a checkpoint being written (never read)
-
-``save`` writes the temporary file and fsyncs it, then renames ``checkpoint.pt`` to
-``checkpoint.prev.pt`` and the temporary file to ``checkpoint.pt`` (each rename atomic), then fsyncs
-the directory. A crash at any point leaves at least one complete checkpoint: the previous good one is
-kept until the new one is complete. ``load`` reads with ``weights_only=True`` (no pickled code runs),
-verifies the digest, and falls back to ``checkpoint.prev.pt`` with one warning naming the file that
-could not be used and why; with no usable checkpoint left it raises :class:`CheckpointError` naming
-the files.
-
-A run resumes from the checkpoint rank 0 picks (:func:`load_agreed`), refused by
-:func:`check_compatible` when it was made for other experiment keys or another train split; each
-rank takes its own part (:func:`rank_state`): RNG states (:func:`rng_state`), local momentum,
-PowerSGD memories.
-"""
+A checkpoint is one ``torch.save`` dict holding everything the next optimizer step depends on, plus
+``digest``, a BLAKE2b hash of all of it checked on load. :func:`save` writes a temporary file and
+renames it into place, keeping the previous one as ``checkpoint.prev.pt``, so a crash at any point
+leaves a complete checkpoint; :func:`load` reads with ``weights_only=True`` and falls back to the
+previous one with one warning. Resuming: :func:`load_agreed`, :func:`check_compatible` and each
+rank's own part (:func:`rank_state`). docs/distributed.md has the user's view."""
 
 from __future__ import annotations
 

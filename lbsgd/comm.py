@@ -1,38 +1,11 @@
 """How gradients travel between processes: DDP communication hooks and periodic model averaging.
 
-``comm_hook`` (a hardware key) picks what DDP does with each gradient bucket once the backward pass
-has filled it (DDP's buckets overlap communication with the rest of the backward pass, and
-``bucket_cap_mb`` sets their size: tensor fusion, Horovod's fusion threshold):
-
-- ``none``: DDP's own all-reduce of the bucket, averaged over the processes (a ring on NCCL).
-- ``fp16`` / ``bf16``: torch's compression hooks: the bucket is cast to 16 bits, all-reduced, and
-  cast back (half the bytes on the wire; rounding of the sum to 16 bits).
-- ``powersgd``: torch's PowerSGD hook (Vogels et al. 2019): rank-``powersgd_rank`` factors with error
-  feedback and warm start; the plain all-reduce runs until the end of the learning-rate warmup.
-- ``hierarchical``: Jia et al.'s two-level all-reduce, written here: the processes of a node reduce
-  to the node's first process (its leader), the leaders all-reduce across nodes, and each leader
-  broadcasts the result inside its node. Nodes are torchrun's: ``LOCAL_WORLD_SIZE`` processes per
-  node, consecutive global ranks. Only the leaders use the slow inter-node links, one message each.
-- ``parameter_server``: every process's gradient is reduced to rank 0, which sends the average back
-  (FireCaffe's baseline; its cost grows linearly with the number of workers). A measured comparison,
-  not a default.
-
-The two hooks written here run their collectives inside the hook and hand DDP a completed future:
-on NCCL the collectives are queued on the communication stream and the hook returns at once, so the
-backward pass still overlaps them; on gloo (CPU) the hook waits for them.
-
-``local_sgd`` (an experiment key: it changes the mathematics) is post-local SGD (Lin et al. 2020;
-the BMUF family of the Jizhi slides): until the end of the learning-rate warmup every step
-all-reduces gradients as usual; afterwards each process steps on its own gradients and the
-parameters are averaged over all processes every ``local_sgd`` steps (torch's
-``PeriodicModelAverager``).
-
-BMUF (Chen & Huo 2016, blockwise model-update filtering; the Jizhi slides' Algorithm 1) filters
-the same blocks when ``block_momentum`` or ``block_lr`` is off its default: the block gradient
-(the averaged model minus the block's start) is smoothed with block momentum and every process
-restarts from the filtered model (:class:`BMUF`). One all-reduce of the parameters per block, as
-post-local SGD.
-"""
+``comm_hook`` (a hardware key) picks what DDP does with each gradient bucket: its own all-reduce,
+torch's fp16/bf16 compression or PowerSGD hooks, or two written here, ``hierarchical`` (Jia et
+al.'s two-level all-reduce over torchrun's nodes) and ``parameter_server`` (FireCaffe's baseline).
+Those two queue their collectives inside the hook and hand DDP a completed future, so on NCCL the
+backward pass still overlaps them. ``local_sgd`` (an experiment key) is post-local SGD, and
+:class:`BMUF` filters its blocks with block momentum. docs/communication.md has the keys and tests."""
 
 from __future__ import annotations
 

@@ -1,37 +1,11 @@
 """Analytic communication cost of data-parallel SGD: predicted step time and scaling efficiency.
 
-α–β model: one message of n bytes over one link costs α + n/β (α latency in seconds, β bandwidth
-in bytes/s). A gradient of G bytes is summed over p workers once per step by one of:
-
-- ``parameter_server``: T = 2α + 2·p·G/β. The server's link is the bottleneck: p gradients come
-  in and p copies go back through it, ``|∇W|·p/BW`` per direction (Iandola et al. 2016,
-  FireCaffe §3).
-- ``tree``: T = 2·⌈log2 p⌉·(α + G/β). Reduce up a binary tree, broadcast down; every step sends
-  the whole gradient (FireCaffe §3; Thakur et al. 2005, binomial-tree reduce + broadcast).
-- ``ring``: T = 2(p−1)·α + 2(p−1)/p·G/β. Reduce-scatter then all-gather, 2(p−1) steps of G/p
-  (Thakur et al. 2005; Patarasuk & Yuan 2009; the all-reduce of Horovod, Sergeev & Del Balso
-  2018, and of NCCL used by Goyal et al. 2017 §4).
-- ``hierarchical``: Jia et al. 2018 §3.4 with k GPUs per node and m = p/k nodes:
-  T = 4(k−1)·(α_intra + G/(k·β_intra)) + 2(m−1)·(α_inter + G/(m·β_inter)).
-  Reduce inside each node to its master (ring reduce-scatter + gather, 2(k−1) steps of G/k),
-  ring all-reduce of the whole G among the m masters (2(m−1) steps of G/m), broadcast inside
-  each node (scatter + all-gather, 2(k−1) steps of G/k): 4(k−1) intra-node steps and 2(p/k−1)
-  inter-node steps, as counted by Jia et al.
-
-Every cost is 0 at p = 1 (nothing to exchange). Step time of one worker with compute time t_c
-(forward + backward + update) and backward share f of t_c (DDP overlaps bucket all-reduces with
-the backward pass, Goyal et al. 2017 §4):
-
-- no overlap:   t(p) = t_c + T(p)
-- with overlap: t(p) = t_c + max(0, T(p) − f·t_c)
-
-Weak scaling (per-worker batch b fixed, as in Goyal et al. and Jia et al.): efficiency
-E(p) = t_c / t(p), throughput p·b / t(p) samples/s.
-
-The interconnect figures in :data:`LINKS` are nominal datasheet-level numbers, not measurements;
-fit measured timings with :func:`fit_alpha_beta` / :func:`fit_ring_allreduce` before trusting a
-prediction for a particular cluster.
-"""
+An α–β model (one message of n bytes over one link costs α + n/β) of one gradient all-reduce per
+step by a parameter server, a binary tree, a ring or Jia et al.'s hierarchical all-reduce (each
+function states its formula), with or without DDP's overlap of the all-reduce with the backward
+pass; weak-scaling efficiency E(p) = t_c / t(p). The figures in :data:`LINKS` are nominal datasheet
+numbers, not measurements: fit measured timings with :func:`fit_alpha_beta` or
+:func:`fit_ring_allreduce` before trusting a prediction for a particular cluster."""
 
 from __future__ import annotations
 

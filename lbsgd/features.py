@@ -1,30 +1,11 @@
 """Step features: the optional techniques a synchronous step carries besides the network, behind
 one protocol (:class:`StepFeature`), and the step's pending record with the flush's packing.
 
-A feature registers with the run (:meth:`lbsgd.trainer.Run.attach`) and is called at named hook
-points of the step, in the order :data:`ORDER` declares:
-
-- :meth:`~StepFeature.before_step`, then per micro-batch :meth:`~StepFeature.before_micro_batch`
-  and :meth:`~StepFeature.after_backward`; :meth:`~StepFeature.after_accumulate` once the step's
-  gradients are in ``.grad`` (reduced, still multiplied by fp16's loss scale),
-  :meth:`~StepFeature.before_optimizer_step` once they are unscaled (the true gradients, before
-  the optimizer steps), and :meth:`~StepFeature.after_optimizer_step`; a feature may hand values
-  to the flush's all-reduce from ``after_accumulate`` or from ``before_optimizer_step``;
-- :meth:`~StepFeature.local_step` (this step's gradients are not all-reduced) and
-  :meth:`~StepFeature.models_agree` (where a checkpoint may be written), :meth:`~StepFeature.at_boundary`
-  (an epoch's end);
-- at a flush: :meth:`~StepFeature.flush_record` (its fields of each step's train record, from its
-  all-reduced values) and :meth:`~StepFeature.after_flush` (its part of the summary).
-
-Its checkpointed state (:meth:`~StepFeature.state_dict`, :meth:`~StepFeature.load_state_dict`) is
-saved and restored by the run in one loop over the features: entries named by ``checkpoint_keys``
-sit at the checkpoint's top level (the same on every rank), those named by ``rank_keys`` in each
-rank's own part.
-
-The features: :class:`NoiseProbe` (``noise_scale=true``), :class:`Staleness` (``staleness`` > 0),
-:class:`GradClip` (``grad_clip``), :class:`PowerSGDState` (``comm_hook=powersgd``),
-:class:`LocalSGD` (``local_sgd`` > 0, BMUF).
-"""
+A feature registers with the run (:meth:`lbsgd.trainer.Run.attach`) and is called at the hook
+points of the step (each method of :class:`StepFeature` says when), in the order :data:`ORDER`
+declares. Its checkpointed state is saved and restored by the run in one loop over the features:
+entries named by ``checkpoint_keys`` at the checkpoint's top level, those named by ``rank_keys`` in
+each rank's own part. docs/ARCHITECTURE.md says how a new one is added."""
 
 from __future__ import annotations
 

@@ -1,33 +1,10 @@
 """The seed streams of a run: every generator a run draws from, and the integer it is seeded with,
 each a named function of the run's ``seed`` (the config key).
 
-Streams fed from the run seed here:
-
-- :func:`epoch_order`: the permutation of the training samples in epoch ``e``
-  (``lbsgd.data.sampler.permutation``), ``seed * SEED_STRIDE + e``: distinct per (seed, epoch)
-  for every epoch below the stride (``lbsgd.config`` keeps it below 2^64);
-- :func:`fake_train` and :func:`fake_test`: the images and labels of the ``fake`` dataset's two
-  splits, ``2 * seed`` and ``2 * seed + 1`` (independent draws; each split the same whatever the
-  other's size);
-- :func:`augmentation`: each training sample's random transform (crop, flip), seeded by its
-  position in the run's stream, :func:`sample_seeds` of base ``2 * seed`` (the trainer, the
-  parameter server's workers, ``lbsgd bench data``);
-- :func:`micro_batches`: the randomness inside a step (dropout), drawn per global micro-batch,
-  :func:`sample_seeds` of base ``2 * seed + 1``: never the augmentation's seeds.
-
-One stream is not fed from the run seed: :func:`held_out`, the permutation that picks the held-out
-validation images (``holdout``, :func:`lbsgd.data.hold_out`), seeded with the constant
-:data:`HOLDOUT_SEED`, so that every trial of a tuning sweep (any seed, batch size or layout)
-validates on the same images.
-
-The per-position streams give the same seed to a sample (a micro-batch) at a given place of the
-run's stream whatever the number of processes or loader workers, and after a resume. Where the
-run seed is used as it is: the network's initial weights (:func:`initial_weights`, given to
-``torch.manual_seed`` by the network's builder), the stale-weights delays (``lbsgd.staleness.draw``, a hash of seed, step and
-worker) and the order of ``lbsgd bench data``'s batches. Seeding torch's generators before each
-micro-batch: :func:`seed_generators`; saving and restoring their state in a checkpoint:
-``lbsgd.checkpoint``.
-"""
+Per-position streams (:func:`sample_seeds`) give a sample or micro-batch the same seed at a given
+place of the run's stream whatever the number of processes or loader workers, and after a resume.
+One stream is not fed from the run seed: :func:`held_out`, so that every trial of a tuning sweep
+validates on the same images. Saving and restoring the generators' states: ``lbsgd.checkpoint``."""
 
 from __future__ import annotations
 

@@ -2,32 +2,9 @@
 
 ``metrics.jsonl`` in the run directory is the record of truth: one JSON object per logged step and
 per evaluation, flushed as it is written. W&B mirrors it and must never block or fail a run: its
-import, init and every log call are guarded, and a failure leaves one warning and a run that goes on
-without it. What W&B gets, so that runs compare there:
-
-- project ``wandb_project``, group = the study, job_type = train; config = every key, the derived
-  values, ``k`` (= batch_size / reference_batch) and ``run_name`` (the run's folder).
-- display name, one rule for every run of every group: ``k=<k>``, then ``key=value`` of each other
-  key the study varies (``varied``, as the sweep wrote it), then ``world_size=<processes>`` when
-  more than one process trained it, then ``seed=<seed>``; ``k`` and
-  ``seed`` always, even at their defaults, so that a seed-0 run and a seed-1 run of one group, or
-  runs of two sweeps of one study (another list of seeds or ks), are named alike:
-  ``k=16 warmup=gradual seed=0`` beside ``k=16 warmup=gradual seed=1``. The name is W&B's only:
-  the run's folder keeps the name the config gives it (:meth:`lbsgd.config.Config.run_name`).
-  Tags = profile, study and each ``key=value`` of the display name.
-- one train point per metric flush: the mean loss over the flush's window of steps (the JSONL keeps
-  every step), the lr, img/s and loss scale of its last step; ``epoch`` with every point, declared
-  as the step metric of ``train/*`` and ``eval/*`` so that runs of different batch sizes share an
-  x-axis.
-- the W&B run id lives in the run directory (``wandb_id``, written once). A resumed run continues
-  it online (``resume="allow"``); W&B cannot resume an offline run, so there the continuation is a
-  new offline run of the same group and name whose config says what it continues (``continues``:
-  the id in ``wandb_id``, ``resumed_from_step``).
-
-A run that a sweep copies from another study is logged into the second study's group by
-:func:`log_copied_run`; a study's table, figures and findings by
-:func:`lbsgd.studies.session.log_study`.
-"""
+import, init and every log call are guarded, and a failure leaves one warning and a run that goes
+on without it. What W&B gets (project, group, display names, one point per flush, resuming): the
+Weights & Biases section of docs/training.md."""
 
 from __future__ import annotations
 

@@ -1,39 +1,13 @@
 """Ghost BatchNorm: BN statistics over groups of exactly ``bn_batch`` samples, whatever the layout.
 
-Goyal et al. 2017 §2.3 ("Batch Normalization"): BN's loss is defined per group of n samples, so the
-minibatch of kn samples is k independent BN groups of n; changing n changes the function being
-optimised. The paper keeps n = 32 per GPU on any number of GPUs and simulates larger k on one
-server "with gradient accumulation" over groups of n. Here the group is a config key (``bn_batch``),
-so a run with batch 65536 and n = 32 has the same mathematics on 1 process accumulating 2048
-micro-batches of 32, on 1 process with micro-batches of 256 (8 groups each), or on 2048 processes.
-
-Training-mode forward: the micro-batch of m = g·n samples (g groups of consecutive samples) is
-normalised in one pass for any g (:class:`OnePassBatchNorm`): a (g, n, C, …) view of it (a view in
-either memory format: only the batch dimension is split) gives every group's mean and variance at
-once (two reductions over the view, the mean and then the squares about it, in fp32 whatever the
-activations' precision), and the normalisation is one fused multiply-add with a scale and shift per
-group and channel, written into an output of the input's memory format (a channels_last input
-gives a channels_last output, so the next convolution stays on its fast path). The backward is two
-reductions (Σ dy and Σ dy·(x − μ) per group and channel) and the gradient in two fused passes.
-Each pass covers all groups, so the cost does not grow with g; in fp32 the only buffer the size of
-the activations is the output (the gradient, backward), which the squares and products are written
-into before it is overwritten. The same function runs under ``torch.compile`` with no such
-buffers (the compiler plans its own and fuses the passes: ghost BN compiled runs at plain BN's
-speed). g = 1 is one plain ``F.batch_norm`` call (as before: one BN group a micro-batch replays
-bitwise). Evaluation uses the running statistics as usual.
-
-Running statistics (the decision this module makes, so that the layout never shows):
-every group's mean and unbiased variance are summed during the forward passes of an optimizer
-step; after the step, :class:`RunningStats` adds the sums over all processes (one small
-all-reduce for the whole network) and updates, with the G = kn/n group averages μ̄ and σ̄²,
-
-    running ← (1 − m)^G · running + (1 − (1 − m)^G) · average,     m = BN momentum (0.1)
-
-i.e. as if each of the step's G groups had updated the running statistics in turn (PyTorch's
-per-forward rule), with every group contributing the step's average. The result depends only on
-the global batch and n, never on how groups are spread over processes and micro-batches; BN
-buffers are therefore equal on every rank and DDP need not broadcast them.
-"""
+BN's loss is defined per group of n samples (Goyal et al. 2017 §2.3), so the group is a key and a
+run has the same mathematics on one process accumulating micro-batches or on many processes.
+:class:`OnePassBatchNorm` normalises a micro-batch of g groups in one pass over a (g, n, C, …) view,
+in fp32 statistics, keeping the input's memory format; g = 1 is one plain ``F.batch_norm`` call.
+:class:`RunningStats` sums every group's statistics over an optimizer step and all processes (one
+small all-reduce) and updates the running statistics once, as if each of the step's G groups had
+updated them in turn: running ← (1 − m)^G · running + (1 − (1 − m)^G) · average. BN buffers are
+thus equal on every rank and independent of the layout. Speeds: docs/times.md."""
 
 from __future__ import annotations
 
