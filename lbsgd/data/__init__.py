@@ -1,37 +1,12 @@
 """Datasets by name, and the batches each process trains on.
 
-Built-in datasets: ``synthetic`` (generated, the embedded default: :mod:`lbsgd.data.synthetic`),
-``fake`` (random ImageNet-shaped images for throughput measurements: :mod:`lbsgd.data.fake`),
-``cifar10`` and ``imagenet`` (read from ``data_dir``: :mod:`lbsgd.data.folders`), ``fashion_mnist``
-(its IDX files, from ``data_dir`` or Debian's folder: :mod:`lbsgd.data.fashion_mnist`). Register
-your own::
-
-    from lbsgd.data import Splits, register_dataset
-
-    @register_dataset("my_data")
-    def my_data(cfg):
-        return Splits(train=..., test=..., num_classes=..., image_size=...)
-
-A builder gets the run's config and returns :class:`Splits` of map-style datasets yielding
-``(image CHW float tensor, int label)``. In-memory ``TensorDataset`` splits are batched by indexing
-(no per-sample collation); any other dataset goes through a ``DataLoader`` with ``workers`` processes.
-
-Held-out validation split (``holdout`` > 0): :func:`build` carves it from the builder's train split
-(:func:`hold_out`), the same images for every run of the dataset: the first ``holdout`` of a fixed
-permutation (:func:`holdout_indices`). The run trains on the rest and evaluates both the test split
-and these (``Splits.val``). The held-out images are seen as an evaluation sees them: a split with a
-``for_evaluation()`` method (:class:`DeviceImages`: no augmentation; ImageNet's folder: the val
-transform) gives that view; a plugin's train split without one is held out as it is.
-
-Device-resident data: :func:`build` moves in-memory splits to the run's device once (when they fit
-in a share of its memory), so that a batch is an index into device memory, not a host-to-device
-copy per micro-batch. Consumers need not know: :func:`batches` indexes a split where it lives and
-the trainer's ``x.to(device)`` is then a no-op. CIFAR-10 and Fashion-MNIST are in memory too, as
-uint8, and are augmented and normalised in batches on the training device
-(:mod:`lbsgd.data.device_images`).
-File datasets stay on the host (decoded and augmented by loader workers) and arrive in pinned
-batches when ``pin`` is asked.
-"""
+A builder (:func:`register_dataset`) gets the run's config and returns :class:`Splits` of
+map-style datasets yielding ``(image CHW float tensor, int label)``; the built-in ones are listed
+in docs/datasets.md. In-memory ``TensorDataset`` splits are moved to the run's device once when
+they fit and batched by indexing (:func:`batches`), so the trainer's ``x.to(device)`` is a no-op;
+any other dataset goes through a ``DataLoader`` with ``workers`` processes. ``holdout`` > 0 carves
+the same validation images from the train split for every run (:func:`hold_out`), seen as an
+evaluation sees them."""
 
 from __future__ import annotations
 

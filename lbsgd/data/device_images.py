@@ -1,17 +1,10 @@
 """Compact images augmented in batches where the model trains (CIFAR-10's pad-crop-flip).
 
-A split is one uint8 NCHW tensor (CIFAR-10's 50,000 training images: 150 MB, a quarter of float32)
-held on the training GPU when it fits (:func:`lbsgd.data.resident`), a plain CPU tensor otherwise.
-A batch is an index into it; augmentation (He et al. 2016 §4.2: 4-pixel zero padding, a random
-32x32 crop, a horizontal flip), float conversion and per-channel normalisation are a few batched
-tensor operations on the training device, instead of per-sample PIL transforms in a DataLoader
-(ResNet-20 on an H100 at batch 128 trained at 0.31x of its speed on device-resident data).
-
-Each sample's placement is a pure function of its seed (:func:`placements`), and the trainer's
-seeds are those of the sample's position in the run's stream (:func:`lbsgd.data.sample_seeds`), so
-the same sample at the same position gets the same crop and flip whatever the number of processes,
-the micro-batch, or restarts; the placements are computed on the device, without a host read.
-"""
+A split is one uint8 NCHW tensor held on the training GPU when it fits; a batch is an index into
+it, and augmentation, float conversion and normalisation are a few batched tensor operations there
+instead of per-sample transforms in a DataLoader (docs/times.md has what that bought). Each
+sample's placement is a pure function of its stream-position seed (:func:`placements`), so a sample
+gets the same crop and flip whatever the layout or restarts, computed without a host read."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """Random images of ImageNet's shape: throughput measurements of ImageNet models without ImageNet.
 
-Nothing to learn here (the labels are independent of the pixels); use ``synthetic`` to see a model
-train. What matters for a speed measurement is the shape: 3 x 224 x 224 inputs and a 1000-way
-classifier by default (``fake_image_size``, ``fake_classes``), the same tensors the model sees on
-ImageNet after cropping.
-
-Pixels are uint8-like values 0..255 drawn uniformly, then standardised with the uniform
-distribution's mean 127.5 and standard deviation 255 / sqrt(12) ~ 73.6 (ImageNet's normalisation
-gives inputs of about the same spread), in float32: the trainer's in-memory splits are float CHW.
-One 224 x 224 image is 588 KiB in float32, hence small default counts (``fake_train`` 2,560,
-``fake_test`` 256: 1.5 GB and 0.15 GB); a measurement longer than that simply runs more epochs.
-
-Deterministic: the train split is drawn from torch's CPU generator seeded ``2 * seed``, the test
-split from ``2 * seed + 1`` (:func:`lbsgd.seeding.fake_train`, :func:`lbsgd.seeding.fake_test`:
-independent draws; each split the same whatever the other's size).
-"""
+Nothing to learn here (the labels are independent of the pixels; use ``synthetic`` to see a model
+train): what a speed measurement needs is the shape, 3 x 224 x 224 inputs and a 1000-way classifier
+by default. Pixels are uniform over 0..255, standardised with that distribution's mean and
+deviation, in float32 (588 KiB an image, hence small default counts). The splits are seeded by
+:func:`lbsgd.seeding.fake_train` and :func:`lbsgd.seeding.fake_test`."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """Fake CIFAR-10 and ImageNet *files*, in the exact on-disk layouts :mod:`lbsgd.data.folders` reads.
 
 ``lbsgd data fake cifar10 DIR`` / ``lbsgd data fake imagenet DIR`` write them, so that the file
-pipelines (decoding, augmentation, loader workers) can be tested and benchmarked without a download.
-Nothing to learn here: labels are independent of the pixels.
-
-The pixels are smooth and natural-like on purpose (low-frequency random colour fields at three
-scales, a few random ellipses, rectangles and lines, ±5 levels of noise), not uniform noise: a JPEG
-of noise holds ~0.9 bytes per pixel at quality 90 and decodes ~4x slower than a photograph, which
-would make a loader look slower than it is on ImageNet. These come out at ~0.3 bytes per pixel
-(ILSVRC-2012 train averages ~110 KB for ~400x350 pixels, ~0.7 bytes per pixel), so a loader
-measured on them is, if anything, slightly optimistic about decoding.
-
-Deterministic: image ``i`` of a split is drawn from ``numpy.random.default_rng((seed, split, i))``,
-the same whatever the other counts. A target that exists and is not empty is refused (never
-overwritten).
-"""
+pipelines can be tested and benchmarked without a download; labels are independent of the pixels.
+The pixels are smooth and natural-like, not noise, so that a JPEG decodes about as fast as a
+photograph's (docs/datasets.md). Image ``i`` of a split is drawn from
+``numpy.random.default_rng((seed, split, i))``; a target that exists and is not empty is refused."""
 
 from __future__ import annotations
 
@@ -106,7 +96,9 @@ def _upsample(field: np.ndarray, h: int, w: int) -> np.ndarray:
 
 
 def natural_image(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
-    """A smooth natural-like (height, width, 3) uint8 image (see the module docstring)."""
+    """A smooth natural-like (height, width, 3) uint8 image: random colour fields at three
+    scales, a few ellipses, rectangles and lines, ±5 levels of noise (JPEG noise would hold ~0.9
+    bytes per pixel and decode ~4x slower than a photograph; these hold ~0.3)."""
     # colour fields at 1/4 resolution (one full-size upsampling, ~35 ms at 500x375): a scene-wide
     # gradient (3x4 grid), object-sized blobs (12x16) and texture at the 1/4-resolution grid itself
     lh, lw = max(1, (height + 3) // 4), max(1, (width + 3) // 4)

@@ -1,33 +1,11 @@
 """Fashion-MNIST (Xiao, Rasul & Vollgraf 2017, arXiv:1708.07747) read from its four IDX files.
 
-60,000 training and 10,000 test images of 28x28 grayscale, 10 classes of clothing, 6,000 and
-1,000 per class. ``data_dir`` holds ``{train,t10k}-{images-idx3,labels-idx1}-ubyte``, each
-gzipped (``.gz``) or not, either directly or in torchvision's layout (``FashionMNIST/raw/``, what
-``torchvision.datasets.FashionMNIST(data_dir, download=True)`` writes). Its default is Debian's
-``/usr/share/datasets/fashion-mnist`` (``apt-get install dataset-fashion-mnist``) where it exists,
-else ``data/fashion_mnist`` under the working directory (``lbsgd data fetch fashion_mnist``).
-
-Each file is checked whole (its magic number, its dimensions, and the sha256 of its decompressed
-contents) before any work: Debian's ``.gz`` files are not byte-identical to the original release's
-(they were recompressed) but decompress to the same bytes, so the digests are those of the
-decompressed files, and both releases, gzipped or not, are accepted. A truncated, damaged or
-foreign file is refused in one line naming it.
-
-The splits are :class:`~lbsgd.data.device_images.DeviceImages` like CIFAR-10's: one uint8 tensor
-per split, standardised and (training split) pad-crop-flip augmented in batches on the training
-device, each sample's crop and flip drawn from its stream-position seed. The images are held with
-their one channel (47 MB for the training split) and a batch leaves as 3 equal channels: every
-built-in model (and the probes that size them) takes RGB input, and a first convolution over three
-equal channels computes what a one-channel convolution with the summed kernel would, so the
-networks stay as they are for every dataset.
-
-Two experiment keys size a run for a small budget: ``fashion_size`` area-averages the images once,
-when the dataset is built (:func:`downsample`: 14 is each pixel the mean of a 2x2 block; ResNet-8
-trains ~2.7x as fast on a CPU at 14x14 as at 28x28), and ``fashion_train`` keeps the first
-``fashion_train / 10`` training images of each class in file order (:func:`first_of_each_class`).
-The standardisation statistics are those of the training images the model sees
-(:func:`statistics`), and the augmentation's padding scales with the size (:func:`pad_for`).
-"""
+Each file is checked whole (magic number, dimensions, sha256 of its decompressed contents: Debian's
+recompressed ``.gz`` files decompress to the original's bytes) before any work, and a damaged one is
+refused in one line naming it. The splits are :class:`~lbsgd.data.device_images.DeviceImages` like
+CIFAR-10's; the one channel is held as uint8 and a batch leaves as 3 equal channels, so every
+built-in RGB model takes it as it is. ``fashion_size`` (:func:`downsample`) and ``fashion_train``
+(:func:`first_of_each_class`) size a run for a small budget; docs/datasets.md has the layouts."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
-"""Loaders for the two real datasets of the study, read from a local ``data_dir``.
+"""Loaders for the two real datasets of the study, CIFAR-10 and ImageNet, read from ``data_dir``.
 
 Nothing here downloads: the machines this runs on may have no internet, so a missing or malformed
 ``data_dir`` is a ``FileNotFoundError`` that says which layout was expected and how to get it.
-
-* CIFAR-10 (Krizhevsky 2009) in torchvision's "python version" layout
-  (``cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``), read once into uint8
-  tensors. Train augmentation is the usual one of He et al. 2016 §4.2 (4-pixel zero padding,
-  random 32x32 crop, horizontal flip), done in batches on the training device
-  (:mod:`lbsgd.data.device_images`), as is the normalisation.
-* ImageNet (ILSVRC-2012) in ``torchvision.datasets.ImageFolder`` layout (``train/<class>/*`` and
-  ``val/<class>/*``). Train augmentation follows Goyal et al. 2017 §5.1: the scale and aspect-ratio
-  augmentation of Szegedy et al. 2015 (GoogLeNet) plus horizontal flip; evaluation is the usual
-  resize of the shorter side to 256/224 of the crop, then a centre crop.
-
-Every dataset returns ``(float32 CHW tensor, int label)`` per item; CIFAR-10's are batched by
-:func:`lbsgd.data.batches` without a DataLoader.
-"""
+CIFAR-10 (torchvision's python layout) is read once into uint8 tensors and augmented on the
+training device (:mod:`lbsgd.data.device_images`); ImageNet (ImageFolder layout) is decoded and
+augmented per sample as in Goyal et al. 2017 §5.1."""
 
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
 """Which samples each process sees at each optimizer step (Goyal et al. 2017 §3).
 
-Goyal §3, "Data shuffling": one random shuffle of the training data per epoch, divided among all k
-workers, so that every sample is used once per epoch whatever k is. Here an epoch is a pass over
-the N samples of one permutation, and the permutations of successive epochs are laid end to end
-into one stream of indices. Optimizer step s consumes the kn consecutive indices
-``stream[s·kn : (s+1)·kn]``; when N is not a multiple of kn, the last batch of an epoch takes the
-tail of that epoch's permutation and the head of the next one. So every batch is full (the
-mathematics of a fixed kn holds) and no sample is dropped: within every epoch each sample is used
-exactly once (``steps_per_epoch = N / kn`` is fractional, as Goyal's iteration counts are).
-
-The global batch of step s is cut into ``kn / m`` micro-batches of m consecutive indices. Rank r of
-W takes the r-th contiguous 1/W of them and runs them one after another (gradient accumulation).
-The set of micro-batches depends only on kn and m, never on W: 2 processes × 2 micro-batches see
-exactly what 1 process × 4 micro-batches sees, which is what makes a run's mathematics independent
-of the hardware. Epoch e's permutation depends only on (seed, e), so every rank computes the same
-stream without communicating, and a run restarted at step s continues exactly where it stopped.
-"""
+The epochs' permutations are laid end to end into one stream of indices, and step s consumes the
+kn consecutive indices ``stream[s·kn : (s+1)·kn]``: every batch is full and every sample is used
+once per epoch (``steps_per_epoch = N / kn`` may be fractional). The global batch is cut into
+micro-batches of m consecutive indices and rank r of W takes the r-th contiguous 1/W of them, so
+the set of micro-batches depends only on kn and m, never on W. Epoch e's permutation depends only
+on (seed, e): every rank computes the stream without communicating, and a restart at step s
+continues exactly."""
 
 from __future__ import annotations
 

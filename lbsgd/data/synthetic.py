@@ -1,37 +1,10 @@
 """Ten generated shapes, 16x16 RGB: the embedded default dataset, made from a seed, no download.
 
-Why generate: the datasets that ship inside Python packages do not fit a large-minibatch study.
-scikit-learn's digits is only 1,797 images of 8x8, torchvision's FakeData has random labels (nothing
-to learn), and everything else (MNIST, CIFAR-10, ...) needs a download. This module draws a
-learnable, non-trivial 10-class problem in numpy, vectorised, in a few seconds, and caches it.
-
-Recipe (coordinates: the frame is [-1, 1]^2, y up; one pixel is 2 / image_size frame units):
-
-* Classes, label 0..9: disk, ring, filled square, square outline, triangle, plus, X, two bars ("="),
-  half disk, T. Each is a signed distance function (SDF) in a unit-radius shape space, drawn with
-  analytic anti-aliasing: coverage = clip(0.5 - distance / pixel, 0, 1), a one-pixel ramp. The X
-  has its arms +-30 degrees from vertical (60 degrees apart), not 45: a 45-degree X is a plus turned
-  by 45 degrees, and with +-30 degree rotations half the pluses and Xs would be the same picture.
-* Per sample: scale U(0.35, 0.75) (shape radius as a fraction of the half-frame, so of the frame),
-  aspect exp(U(-0.25, 0.25)) (x stretched by it, y by its inverse), rotation U(-30, 30) degrees,
-  translation uniform over the positions that keep the shape's bounding ellipse inside the frame.
-* Colours: foreground and background uniform in [0, 1]^3, redrawn until they are at least 0.35 apart
-  (RGB Euclidean distance); the background has a linear gradient of U(-0.1, 0.1) per channel per
-  half-frame along x and y (clipped to [0, 1]); 0-2 clutter strokes (line segments 0.6-1.4 px wide,
-  random colour, random endpoints) are drawn under the shape; then Gaussian pixel noise, sigma
-  0.12, not clipped.
-* "standard" difficulty is the above; "easy" (for the seconds-long smoke profile) has noise 0.05,
-  no clutter, rotation +-15 degrees and scale U(0.5, 0.9). ``noise=`` overrides the difficulty's
-  sigma. It is a monotone difficulty dial; a first probe with a small ResNet measured test error
-  about 5% at sigma 0.10, 8-10% at 0.12, 20% at 0.14 and 41% at 0.18. On this version, an 8-layer
-  ResNet of width 16 trained 10 epochs (SGD, one-cycle) reached 12.5% at 0.12; most of its errors
-  are ring vs square outline and plus vs X, the pairs that blur at the smallest scales.
-* Labels are balanced, exactly n // 10 per class (the remainder goes to the first classes), in a
-  seeded shuffled order. All randomness comes from numpy's PCG64 generator seeded with ``seed``,
-  so the output is bitwise deterministic given (n, seed, difficulty, noise, image_size).
-* ``load()`` gives 32,000 train images (seed TRAIN_SEED) and 5,000 test images (seed TEST_SEED,
-  an independent draw), standardised per channel with the train mean and std, cached on disk.
-"""
+The datasets that ship inside Python packages do not fit a large-minibatch study (scikit-learn's
+digits is 1,797 images of 8x8, torchvision's FakeData has random labels, the rest needs a
+download), so :func:`generate` draws a learnable 10-class problem in numpy, vectorised, in a few
+seconds. :func:`load` gives 32,000 train and 5,000 test images (independent draws), standardised
+with the train statistics and cached on disk. ``easy`` (the smoke profile's) learns faster."""
 
 from __future__ import annotations
 
@@ -192,7 +165,19 @@ def generate(
     noise: float | None = None,
     image_size: int = 16,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(images float32 (n, 3, H, W) un-standardised, labels int64 (n,)), deterministic."""
+    """(images float32 (n, 3, H, W) un-standardised, labels int64 (n,)), bitwise deterministic
+    given the arguments (numpy's PCG64 seeded with ``seed``).
+
+    The frame is [-1, 1]^2, y up. Each class (:data:`CLASSES`) is a signed distance function drawn
+    with a one-pixel anti-aliasing ramp; the X's arms are ±30° from vertical, so that no rotation
+    makes a plus of it. Per sample: scale, aspect exp(U(−0.25, 0.25)), rotation and a translation
+    that keeps the shape inside the frame; foreground and background colours at least 0.35 apart
+    (RGB), a background gradient of U(−0.1, 0.1) per channel, 0-2 clutter strokes under the shape,
+    then Gaussian pixel noise, not clipped (:data:`_DIFFICULTY` per difficulty; ``noise``
+    overrides its sigma, a monotone difficulty dial: a small ResNet measured about 5% test error
+    at 0.10, 8-10% at 0.12, 20% at 0.14, 41% at 0.18). Labels are balanced (n // 10 per class,
+    the remainder to the first classes) in a shuffled order.
+    """
     _check_int("n", n, 1)
     _check_int("seed", seed, 0)
     sigma = _check(difficulty, noise, image_size)
