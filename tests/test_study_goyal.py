@@ -441,6 +441,42 @@ def test_warmup_early_lag_reads_the_epochs_after_the_warmup_not_the_warmup_itsel
     assert "over epochs 0.5-2, after the warmup" in f.claim
 
 
+def test_warmup_early_window_prints_the_bins_the_gaps_read_not_the_nominal_epochs():
+    """fashion-long: 8 epochs in 32 bins of 0.25, the warmup 0.45 epochs: the gaps read the bins of
+    0.5-2.25 inside 0.45-2.45, and the claim names those; at 4.0064 epochs (cpu's k = 16) the
+    bins are 0.1252 wide and start at 0.5008."""
+    df = warmup_df(BASE, NONE, CONSTANT, GRADUAL, warmup_epochs=0.45).assign(epochs=8.0)
+    assert warmup.early_window(df) == pytest.approx((0.5, 2.25))
+    small = flat_then(1.0, 1.0, steps=320, epochs=8.0)
+    large = flat_then(1.0, 1.0, steps=320, epochs=8.0)
+    large["loss"] = [1.0 + (e // 0.25) / 10 for e in large["epoch"]]  # a new gap in every bin
+    assert warmup.loss_gap_pct(small, large, *warmup.early_window(df)) == pytest.approx(
+        warmup.loss_gap_pct(small, large, 0.45, 2.45)
+    )
+    curves = {d: flat_then(1.0, 1.0, steps=320, epochs=8.0) for d in df["run_dir"]}
+    f = warmup.curve_findings(df, metrics=curves)[1]
+    assert "over epochs 0.5-2.25, after the warmup" in f.claim and "0.45" not in f.claim
+    cpu = df.assign(epochs=[4.0 if k == 1 else 4.0064 for k in df["k"]], warmup_epochs=0.5)
+    assert warmup.early_window(cpu) == pytest.approx((4 * 0.1252, 16 * 0.1252))
+
+
+def test_warmup_late_match_says_when_its_margin_alone_admits_no_warmup():
+    """No warmup's late gap inside ±10% (fashion-long: +6.8%) passes the margin too: the evidence
+    says the claim rests on the paired comparison; at +20% it need not."""
+    df = warmup_df(BASE, NONE, CONSTANT, GRADUAL)
+    early = {"gradual": [1.1, 1.1, 1.1], "none": [1.5, 1.6, 1.7]}
+    late = {"gradual": [1.02, 1.03, 1.04], "none": [1.06, 1.07, 1.08]}
+    f = warmup.curve_findings(df, metrics=paired_curves(df, early, late))[0]
+    assert "no warmup +7.0%" in f.evidence
+    assert (
+        "no warmup's gap also lies inside ±10%, so the margin alone does not tell the arms apart: "
+        "the claim rests on gradual warmup lying closer (the second interval)" in f.evidence
+    )
+    late["none"] = [1.2, 1.2, 1.2]
+    f = warmup.curve_findings(df, metrics=paired_curves(df, early, late))[0]
+    assert "margin alone" not in f.evidence
+
+
 def test_warmup_late_match_fails_where_no_warmup_matches_as_closely():
     """The match claim holds gradual warmup's late gap inside ±10% and below no warmup's: a
     no-warmup run as close to the small minibatch as the gradual one leaves it undecided, one
@@ -1075,3 +1111,63 @@ def test_the_ladder_gives_each_ladder_seeds_error_and_warmup_peak_by_k_and_warmu
 def test_warmup_peak_is_the_windows_largest_loss_over_the_first():
     train = pd.DataFrame({"epoch": [0.1, 0.2, 0.4, 0.6], "loss": [2.0, 3.0, 1.0, 9.0]})
     assert warmup.warmup_peak(train, 0.45) == 1.5
+
+
+def ladder_runs(errors):
+    """fashion-long's ladder runs: (k, warmup) -> the errors of seeds 4000 and 4001."""
+    return frame(
+        [
+            {"k": k, "warmup": w, "seed": 4000 + i, "final_top1_error_pct": e, "epochs": 8.0}
+            for (k, w), es in errors.items()
+            for i, e in enumerate(es)
+        ]
+    )
+
+
+# fashion-long's committed ladder: k = 64 both arms train, 5.7 points above the baseline; at
+# k = 128 both fail (no warmup at chance for one seed)
+LADDER = {
+    (64, "none"): [20.36, 18.88],
+    (64, "gradual"): [18.54, 18.34],
+    (128, "none"): [72.67, 90.0],
+    (128, "gradual"): [58.21, 29.7],
+}
+
+
+def test_the_ladder_is_four_measured_findings_the_tests_two_claims_at_each_ladder_k():
+    p = scales.get("fashion-long")
+    test = ladder_runs(LADDER)
+    curves = {d: flat_then(2.0, 1.0, steps=40, epochs=8.0, until=0.2) for d in test["run_dir"]}
+    base = [12.5, 13.0]
+    fs = warmup.ladder_findings(test, base, p, metrics=curves)
+    assert [f.outcome for f in fs] == ["measured"] * 4  # two seeds: no test, no p
+    assert [f.replayed for f in fs] == [True, False, True, False]
+    assert all(f.p is None and not f.decided for f in fs)
+    assert fs[0].claim == (
+        "ladder: at k=64 (16k by k · 256) gradual warmup beats no warmup (measured: 2 seeds, no test)"
+    )
+    assert fs[3].claim == (
+        "ladder: with gradual warmup k=128 (32k by k · 256) comes close to the baseline (within "
+        "±1 point; measured: 2 seeds, no test)"
+    )
+    assert fs[0].evidence.startswith(
+        "seeds 4000, 4001: none 20.36% (peak x1.00), 18.88% (peak x1.00); gradual 18.54% (peak "
+        "x1.00), 18.34% (peak x1.00)"
+    )
+    assert fs[0].evidence.endswith("Δ +1.18 points (none − gradual; the claim: above 0)")
+    # gradual at k = 128 averages 43.955%: 31.20 points above the baseline's 12.75%
+    assert fs[3].evidence.endswith(
+        "Δ +31.20 points (gradual − baseline 12.75%, mean of 2; the claim: inside ±1)"
+    )
+    assert "58.21%" in fs[3].evidence and "29.70%" in fs[3].evidence
+    assert fs[2].budget.steps == {"k=128": 100}
+    assert fs[3].paper == "Goyal Fig. 1: 27.55% at 32k vs 23.60% at 256"
+
+
+def test_a_ladder_arm_with_gradual_warmup_at_chance_is_invalid_no_warmup_may_fail():
+    p = scales.get("fashion-long")
+    test = ladder_runs({**LADDER, (128, "gradual"): [88.0, 89.0]})
+    curves = {d: flat_then(2.0, 1.0, steps=40, epochs=8.0) for d in test["run_dir"]}
+    fs = warmup.ladder_findings(test, [12.5, 13.0], p, metrics=curves)
+    assert [f.outcome for f in fs] == ["measured", "measured", "invalid", "invalid"]
+    assert "invalid: its mean error 88.5% is within 5 points of chance" in fs[2].evidence
