@@ -1,26 +1,10 @@
 """The one runner of subprocesses: start jobs so many at a time, poll them, hand each one back to
 its caller as it ends, and leave to the caller what an interrupt does.
 
-The runner decides nothing itself; each caller gives it a :class:`Policy`:
-
-- ``lbsgd.experiments.sweep``: a study's runs (``python -m lbsgd train``, or torchrun), ``parallel``
-  at a time, each appending to its log after a line that marks the attempt; no more started once
-  one failed; on an interrupt, SIGTERM to each run (a checkpoint, then it stops) and one line per
-  run stopped or not started;
-- ``lbsgd verify``: replays of committed runs, ``--parallel`` at a time, each reported as it ends;
-- ``lbsgd.bench.torchrun``: every torchrun agent at once, watched for a worker that hangs once
-  another has exited.
-
-:meth:`Runner.run` calls ``policy.prepare`` (jobs that need no process are settled there), then
-starts the pending jobs in order (``policy.start``, then ``policy.started``) while fewer than
-``policy.parallel`` run and ``policy.may_start()`` says so, polls them every :data:`POLL_S`
-seconds, gives each ended job to ``policy.ended`` (its exit status in ``job.proc.returncode``) and
-asks ``policy.watch`` whether to stop waiting for those still running. A ``KeyboardInterrupt``
-(Ctrl-C; a caller's SIGTERM handler may raise one too) goes to ``policy.interrupted``, which
-stops what it wants to stop and gives the exception to raise (None: the interrupt as it came).
-
-No torch here: ``import lbsgd.experiments`` stays cheap.
-"""
+The runner decides nothing itself: each caller (a study's sweep, ``lbsgd verify``'s replays,
+``lbsgd.bench.torchrun``'s agents) gives it a :class:`Policy`, whose methods :meth:`Runner.run`
+calls in order (prepare, start, ended, watch; interrupted on a ``KeyboardInterrupt``).
+No torch here: ``import lbsgd.experiments`` stays cheap."""
 
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
 """The IPython kernel the studies' notebooks run in: ipykernel's, with its shutdown race closed.
 
-ipykernel (7.4 and earlier) answers a ``shutdown_request`` on its control thread and, from that
-handler, stops the main thread's loop; the control thread then still flushes and publishes
-``idle`` on IOPub while the main thread, its loop stopped, closes IOPub's thread and its event
-pipes. When the two meet, libzmq aborts the kernel (``Assertion failed: pfd.revents & POLLIN
-(src/signaler.cpp)``, ``Fatal Python error: Aborted`` and every thread's stack on the terminal),
-after the notebook was saved: rarely, more often on a loaded machine, at the end of any papermill
-or ``lbsgd execute`` run and of an interrupted one alike.
-
-:class:`Kernel` queues, ahead of that stop, a wait on the main loop for the control thread to
-finish the request (at most :data:`CONTROL_WAIT_S`), so IOPub closes after its last message.
-Its client's death hangs up the running cell before the kernel ends. ipykernel's parent poller
-``os._exit`` ends a kernel whose client has gone (papermill's command line sent SIGTERM, a
-JupyterLab server killed), logging "Parent appears to have exited, shutting down."; a sweep under
-way ends without its summary (its runs, told by the system, still stop with a checkpoint).
-:class:`ParentWatch` polls the same way and sends the kernel SIGHUP instead: a local sweep stops
-its runs with a checkpoint, a sweep on Slurm leaves its jobs running (lbsgd.experiments), the
-kernel prints the sweep's one-line summary on its stderr (the client's terminal:
-:func:`lbsgd.studies.session.one_line_errors`), and the kernel ends (exit status 1, as
-ipykernel's); an idle kernel ends at once. One still there :data:`PARENT_GRACE_S` later ends then.
-
-``make setup`` names :class:`Kernel` in the kernel configuration (tools/ipython_kernel_config.py),
-so every kernel started from ``.venv`` is one; nothing else about the kernel changes.
-"""
+ipykernel (7.4 and earlier) can close IOPub on its main thread while its control thread still
+publishes the reply to a ``shutdown_request``, and libzmq then aborts the kernel after the notebook
+was saved. :class:`Kernel` makes the main loop wait for the control thread first (at most
+:data:`CONTROL_WAIT_S`). :class:`ParentWatch` hangs up the running cell with SIGHUP when the client
+has gone, where ipykernel's poller would ``os._exit``, so a sweep stops as on a closed terminal and
+prints its summary. ``make setup`` names :class:`Kernel` in the kernel configuration; see
+docs/studies.md."""
 
 from __future__ import annotations
 

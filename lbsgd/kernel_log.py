@@ -1,19 +1,10 @@
 """Two records an IPython kernel logs that say nothing to a user of the notebooks, dropped.
 
-- **A reply to a client that has gone.** papermill's command line, interrupted, closes the
-  kernel's sockets while the cell still runs; the cell ends with the sweep's one-line summary and
-  ipykernel then logs the failed reply as a 17-line ``ZMQError`` traceback ("Socket operation on
-  non-socket") on the terminal.
-- **"Kernel is running over TCP without encryption."** papermill's and JupyterLab's kernels listen
-  on TCP on this machine's loopback, each message signed with the connection file's key;
-  ipykernel warns at every start. ``lbsgd execute`` uses IPC sockets and never sees it.
-
-:func:`install` adds the filter to a kernel's logger: ``make setup`` writes
-``.venv/etc/ipython/ipython_kernel_config.py``, which every kernel started from ``.venv`` reads
-at start (IPython's configuration in ``sys.prefix``), and the studies' notebooks add it again to
-the kernel they run in (:func:`lbsgd.studies.session.one_line_errors`), for a kernel started
-elsewhere. Every other record passes.
-"""
+The ``ZMQError`` traceback of a reply to a client that has gone (papermill's command line,
+interrupted), and "Kernel is running over TCP without encryption." (papermill's and JupyterLab's
+kernels on the loopback, each message signed). :func:`install` adds the filter to a kernel's
+logger; ``make setup``'s kernel configuration and the studies' notebooks install it. Every other
+record passes."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """How lbsgd starts processes: a free port, and torchrun's command line.
 
-torchrun (``python -m torch.distributed.run``: the interpreter that runs lbsgd, whatever
-``torchrun`` is first on the PATH) starts ``nproc_per_node`` workers per agent. Its agents meet in
-one of two ways:
-
-- ``c10d`` (the default): every agent names the same ``host:port`` rendezvous endpoint; torchrun
-  assigns node ranks and, with ``--max-restarts``, restarts the whole group when a worker fails
-  (the sweeps, the tests).
-- static (``node_rank`` given): each agent names its node rank and rank 0's address; the groups of
-  several agents on one machine that the communication benchmarks start (LOCAL_WORLD_SIZE <
-  WORLD_SIZE, the layout the hierarchical all-reduce is built for).
-"""
+torchrun is ``python -m torch.distributed.run`` of the interpreter that runs lbsgd, whatever
+``torchrun`` is first on the PATH. Its agents meet by a ``c10d`` rendezvous (the default: torchrun
+assigns node ranks and restarts the group on a failure) or statically (``node_rank`` given: several
+agents on one machine, the layout the communication benchmarks need)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
 """Numerics of the forward/backward pass: fp32, bf16, or fp16 with dynamic loss scaling.
 
-One code path for all three (the trainer never branches on precision):
-
-- ``autocast()``: fp16/bf16 run the forward pass and the loss under ``torch.autocast`` (matrix
-  products and convolutions in half precision, reductions and the loss in fp32); fp32 is a no-op.
-  Parameters stay fp32 throughout: they are the master weights of Jia et al. 2018 §3 (half-precision
-  forward/backward, fp32 master copy updated by the optimizer).
-- ``backward(loss)``: for fp16 the loss is multiplied by the loss scale S before backward, so small
-  gradients survive fp16's range (2^-24 … 65504); otherwise a plain backward.
-- ``unscale(optimizer)``: for fp16 the gradients are unscaled (÷S, in fp32) in place, inf/NaN
-  noted for the step; a no-op otherwise. The step's hook between the two (gradient clipping:
-  lbsgd.features.GradClip) sees the true gradients.
-- ``step(optimizer)``: for fp16 the gradients are unscaled (unless ``unscale`` did) *before* the
-  optimizer runs, so LARS trust ratios and weight decay see the true gradients; a step whose gradients hold
-  inf/NaN is skipped and S halves; after 2000 clean steps S doubles (dynamic loss scaling,
-  ``torch.amp.GradScaler``, the only GradScaler in lbsgd). fp32/bf16 step directly (bf16 has fp32's
-  range: no scaling needed).
-"""
+One code path for all three (the trainer never branches on precision): ``autocast``, ``backward``,
+``unscale`` and ``step``, each a no-op where the precision needs none. Parameters stay fp32, the
+master weights of Jia et al. 2018 §3. Under fp16 the gradients are unscaled before the optimizer
+runs, so LARS trust ratios and weight decay see the true gradients; a step with inf/NaN is skipped
+and the scale halves (``torch.amp.GradScaler``, the only one in lbsgd)."""
 
 from __future__ import annotations
 

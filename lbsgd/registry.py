@@ -1,14 +1,6 @@
 """Name -> builder registries for models and datasets (the extension point), the import of the
 plugins that fill them (the ``plugins`` key), and the vocabulary's error, :class:`ConfigError`.
-
-A user registers a builder under a new name and trains it with every recipe, without editing lbsgd::
-
-    from lbsgd.models import register_model
-
-    @register_model("mlp")
-    def mlp(cfg, num_classes, image_size):
-        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(num_classes))
-"""
+A registered builder trains with every recipe, without editing lbsgd (docs/datasets.md)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,8 @@
 """The learning rate as a pure function of the iteration (the only place lbsgd computes one).
 
-Goyal et al. 2017 §2.1–2.2, with eta = base_lr and eta-hat = the peak lr of :func:`lbsgd.config.derive`
-(eta-hat = k·eta under the linear rule for a batch k times reference_batch):
-
-- warmup=none:     eta-hat from the first iteration.
-- warmup=constant: warmup_lr for the first ``warmup_steps`` iterations, then eta-hat (§2.2,
-  "constant warmup"; the training error spikes when it switches).
-- warmup=gradual:  warmup_lr + (eta-hat − warmup_lr)·t / warmup_steps for t < warmup_steps, i.e. "a
-  constant amount at each iteration such that it reaches eta-hat after 5 epochs" (§2.2). Per
-  iteration, never per epoch: at kn=8192 five epochs are ~782 iterations, not five jumps.
-
-After the warmup the decay is evaluated every iteration:
-- step:   eta-hat · decay_factor^(number of milestones reached); milestones count from iteration 0,
-          as in Goyal's ÷10 at epochs 30, 60 and 80.
-- poly:   eta-hat · (1 − (t − w)/(T − w))^poly_power over the iterations after the warmup (You et al.
-          2017 use power 2 with LARS).
-- cosine: eta-hat · ½(1 + cos(π (t − w)/(T − w))).
-"""
+Goyal et al. 2017 §2.1–2.2: warmup ``none``, ``constant`` or ``gradual`` (linear per iteration,
+never per epoch, from warmup_lr to the peak lr of :func:`lbsgd.config.derive`), then a ``step``,
+``poly`` or ``cosine`` decay evaluated every iteration."""
 
 from __future__ import annotations
 
@@ -26,7 +12,13 @@ from lbsgd.config import Config, Derived
 
 
 def learning_rate(step: int, c: Config, d: Derived) -> float:
-    """Learning rate of iteration ``step`` (0-based: the lr used by the ``step+1``-th update)."""
+    """Learning rate of iteration ``step`` (0-based: the lr used by the ``step+1``-th update).
+
+    With η̂ the peak lr, w the warmup steps and T the total: constant warmup gives warmup_lr and
+    gradual warmup_lr + (η̂ − warmup_lr)·t/w for t < w; then step gives η̂·decay_factor^(milestones
+    reached, counted from iteration 0), poly η̂·(1 − (t − w)/(T − w))^poly_power and cosine
+    η̂·½(1 + cos(π(t − w)/(T − w))).
+    """
     if step < 0:
         raise ValueError(f"step={step} must be >= 0")
     w = d.warmup_steps
