@@ -1,20 +1,9 @@
 """``lbsgd bench``: the benchmarks, their command lines and their dispatch.
 
-- ``train`` (:mod:`lbsgd.bench.train`): the trainer against a bare PyTorch loop, one
-  configuration or the precision x compile x layout matrix; with ``--nproc``, the data-parallel
-  step breakdown (:mod:`lbsgd.bench.comm`);
-- ``recipes`` (:mod:`lbsgd.bench.train`): the cost of accumulation, ghost BN and each precision;
-- ``ghost-bn`` (:mod:`lbsgd.bench.ghost`): ghost BN's one pass against a kernel per group and
-  against plain BN, at 2, 8 and 32 groups a micro-batch;
-- ``noise`` (:mod:`lbsgd.bench.noise`): the cost of ``noise_scale=true``;
-- ``data`` (:mod:`lbsgd.bench.data`): a file loader against the model's compute-bound speed;
-- ``allreduce`` (:mod:`lbsgd.bench.comm`): all-reduce time and bus bandwidth, fitted α–β;
-- ``caps`` (:mod:`lbsgd.bench.caps`): the training speed of one run under each CPU-kernel cap.
-
-The benchmarks that start several processes do so through :mod:`lbsgd.bench.torchrun`. This module
-imports no torch (``lbsgd keys`` and the CPU-kernel cap of ``lbsgd train`` come first): each
-command imports its module when it runs.
-"""
+docs/benchmarks.md lists what each command compares and where it writes. This module imports no
+torch (``lbsgd keys`` and the CPU-kernel cap of ``lbsgd train`` come first): each command imports
+its module when it runs; those that start several processes do so through
+:mod:`lbsgd.bench.torchrun`."""
 
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
 """``lbsgd bench allreduce``: all-reduce time and bus bandwidth against message size, fitted.
 
-Launched on its own, the command starts torchrun (``nodes`` agents on this machine with
-``nproc / nodes`` processes each, static rendezvous on 127.0.0.1) and each process runs
-:func:`worker`. For every message size (powers of 4 from ``min_bytes`` to ``max_bytes``, fp32) and
-every path — ``flat`` (one all-reduce over the world) and ``hierarchical`` (lbsgd.comm's two-level
-reduce / leaders' all-reduce / broadcast) — it times ``iters`` all-reduces after two warm-up
-calls, each bracketed by barriers, and keeps the median; the slowest rank's median counts. Rank 0
-writes the table, the bus bandwidth (NCCL-tests' convention: algorithm bandwidth × 2(p−1)/p) and
-the α–β fits (lbsgd.costmodel: the flat path fitted as a ring all-reduce, t = 2(p−1)α +
-2(p−1)/p·n/β; the hierarchical path as one effective message, t = α + n/β).
-
-``lbsgd bench train --nproc LIST``: where a data-parallel step's time goes (:func:`bench_breakdown`,
-each layout under its own torchrun, each process :func:`step_worker`).
-"""
+Each process of a local torchrun (static rendezvous) runs :func:`worker`: per message size and path
+(``flat``, or lbsgd.comm's ``hierarchical``) the median of ``iters`` barrier-bracketed all-reduces,
+the slowest rank's counting. Rank 0 writes the table, the bus bandwidth (NCCL-tests' convention)
+and the α–β fits of lbsgd.costmodel. ``lbsgd bench train --nproc LIST``: where a data-parallel
+step's time goes (:func:`bench_breakdown`)."""
 
 from __future__ import annotations
 

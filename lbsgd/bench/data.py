@@ -1,20 +1,10 @@
 """``lbsgd bench data``: does the data loader or the model bound training, and by how much?
 
-Two numbers from one invocation, on the run's device (the ``device`` key: auto = cuda when there):
-
-* **loader**: images per second that :func:`lbsgd.data.batches` delivers for a real dataset
-  (cifar10 or imagenet under ``--data-dir``) with ``--workers`` processes, at the run's micro-batch,
-  with the trainer's seeded augmentation, up to normalised batches on the device (the device is
-  waited for before the clock stops). The first batch (worker start-up, first file reads) is timed
-  apart as ``loader_startup_s``.
-* **compute**: the model's own steady images per second (:func:`lbsgd.bench.train.bare_loop`) on
-  in-memory data of the same shape (``dataset=fake`` with the dataset's image size and classes),
-  resident on the device: what training would reach with a loader that costs nothing.
-
-Training runs at about the smaller of the two; the ratio loader/compute says which bounds it (below
-1: the loader, by that factor). Model, precision, layout and micro-batch come from the key=value
-overrides, as for ``lbsgd bench train``.
-"""
+Two numbers from one invocation on the run's device: the **loader**'s images per second
+(:func:`lbsgd.data.batches` over a real dataset, with the trainer's augmentation, up to normalised
+batches on the device; its first batch timed apart as ``loader_startup_s``), and the model's own
+**compute**-bound speed on device-resident data of the same shape. Training runs at about the
+smaller; the ratio loader/compute says which bounds it (below 1: the loader, by that factor)."""
 
 from __future__ import annotations
 

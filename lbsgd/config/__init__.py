@@ -1,21 +1,10 @@
 """The one vocabulary of lbsgd: every knob, its default, its validation and the values derived from it.
 
-- :mod:`~lbsgd.config.schema`: the keys (:class:`Config`: kind, type, default, help) and a run's
-  identity (name, experiment hash).
-- :mod:`~lbsgd.config.checks`: each key alone, the rules across keys and the place a run is
-  written; each refusal one line naming the key and what would be valid.
-- :mod:`~lbsgd.config.load`: YAML files, ``key=value`` overrides and mappings into a Config; a
-  run's config.yaml written back.
-- :mod:`~lbsgd.config.derived`: the values derived from the keys, the number of processes and the
-  train split (micro-batch, accumulation steps, total steps, scaled lr, warmup steps, …), computed
-  there and nowhere else (:func:`derive`), printed at the start of every run and dumped with the
-  config; the layout of processes they need (:func:`check_world`).
-- :mod:`~lbsgd.config.step_features`: the step features' table (lbsgd.features).
-- :mod:`~lbsgd.config.optimizers`: the optimizers' table (lbsgd.optim).
-
-The plugins the ``plugins`` key names are imported by :func:`lbsgd.registry.import_plugins`, beside
-the registries they fill. Every name is imported from here: ``from lbsgd import config``.
-"""
+The keys are in :mod:`~lbsgd.config.schema`, their checks in :mod:`~lbsgd.config.checks`, reading
+and writing configs in :mod:`~lbsgd.config.load`, and every derived value (accumulation steps,
+scaled lr, warmup steps, …) in :mod:`~lbsgd.config.derived` (:func:`derive`), computed there and
+nowhere else; the step features' and optimizers' tables in :mod:`~lbsgd.config.step_features` and
+:mod:`~lbsgd.config.optimizers`. Every name is imported from here: ``from lbsgd import config``."""
 
 from lbsgd.config.checks import (
     KEY_RULES,

@@ -1,23 +1,11 @@
 """The schema: every key, its kind, type, default and help (:class:`Config`), and the run's identity.
 
-Three kinds of keys (``lbsgd keys`` prints them all):
-
-- *experiment* keys define the mathematics of a run exactly as a paper states it (global batch kn,
-  BN group size n, learning-rate rule, warmup, schedule, optimizer, model, data, seed). They identify
-  a run: two runs with the same experiment keys are the same experiment, whatever the hardware.
-- *hardware* keys only say how the run is executed (micro-batch per process, loader workers, DDP
-  bucket size, memory format, compilation, device, threads). Gradient accumulation steps are derived:
-  ``batch_size / (world_size * micro_batch)``.
-- *run* keys say where results go and how the run is tracked.
-
-Defaults are Goyal et al. 2017 (arXiv:1706.02677) §5.1: lr 0.1 per 256 images with the linear rule,
-BN groups of n=32, Nesterov momentum 0.9, weight decay 1e-4, 5 epochs of gradual warmup, lr ÷10 at
-epochs 30, 60 and 80 of 90, and γ=0 for the last BN of each residual block (§5.3). Only the model and
-the data differ: the embedded default is a CIFAR-style ResNet-20 on the generated ``synthetic`` set,
-so that ``lbsgd train`` runs anywhere without a download.
-
-A Config checks itself when made (:mod:`lbsgd.config.checks`).
-"""
+*Experiment* keys define a run's mathematics exactly as a paper states it and identify the run,
+whatever the hardware; *hardware* keys only say how it executes; *run* keys say where results go and
+how the run is tracked (``lbsgd keys`` prints them all). Defaults are Goyal et al. 2017 §5.1 and
+§5.3, except the model and data: a CIFAR-style ResNet-20 on the generated ``synthetic`` set, so
+that ``lbsgd train`` runs anywhere without a download. A Config checks itself when made
+(:mod:`lbsgd.config.checks`)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """Model registry and the built-in networks of the replayed studies.
 
-``cfg.model`` names a builder ``fn(cfg, num_classes, image_size) -> nn.Module``. Built-ins:
-
-* ``resnet``: CIFAR ResNet of He et al. 2016 §4.2, depth ``cfg.depth`` = 6n+2, width ``cfg.width``
-  (the CPU-sized stand-in for the ImageNet ResNet-50 of Goyal et al. 2017).
-* ``resnet18`` … ``resnet152``: torchvision's ImageNet ResNets (Goyal et al. use ResNet-50).
-* ``alexnet``: torchvision's AlexNet for image_size >= 64, a scaled-down AlexNet below
-  (You et al. 2017 / Jia et al. 2018: the large-FC, communication-bound case).
-
-Users add their own with ``@register_model("name")`` (see :mod:`lbsgd.registry`).
-"""
+``cfg.model`` names a builder ``fn(cfg, num_classes, image_size) -> nn.Module``: the CIFAR
+``resnet`` (depth 6n+2, the CPU-sized stand-in for Goyal's ResNet-50), torchvision's ``resnet18``
+… ``resnet152`` and ``alexnet``, or one of the user's (``@register_model``, :mod:`lbsgd.registry`)."""
 
 from __future__ import annotations
 

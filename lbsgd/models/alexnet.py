@@ -1,21 +1,11 @@
 """AlexNet (Krizhevsky et al. 2012), the communication-bound case of the large-batch studies.
 
-Its ~61M parameters (96% of them in the three FC layers) make the gradient all-reduce, not the
-compute, the bottleneck: You et al. 2017 (LARS) and Jia et al. 2018 scale it to 8K-64K batches.
-
-One class builds both sizes from a layout:
-
-* ``IMAGENET_LAYOUT`` (image_size >= 64) is torchvision's AlexNet, module for module (same
-  ``repr`` and ``state_dict`` keys, checked in tests/test_models.py).
-* ``SMALL_LAYOUT`` (image_size < 64: 16×16 synthetic, 32×32 CIFAR) keeps the structure -- 5 convs
-  with ReLU, 3 overlapping max-pools, dropout + 3 FC layers, no BN -- at 1/4 of the widths, with
-  stride-1 convs so 16×16 inputs survive the three pools. 1,477,338 parameters at 10 classes,
-  90% of them in the FC layers, so it stays FC-heavy like the original yet trains on a CPU.
-
-``conv_bn`` / ``pool5_bn`` add the BatchNorm variants of the studies: ``alexnet_bn`` is You et al.'s
-AlexNet-BN (BN after every conv), and the ``pool5_bn`` key adds BN after pool5 (Jia et al. 2018) to
-either model.
-"""
+Its ~61M parameters, 96% of them in the three FC layers, make the all-reduce the bottleneck (You
+et al. 2017 and Jia et al. 2018 scale it to 8K-64K batches). One class builds two sizes:
+``IMAGENET_LAYOUT`` is torchvision's AlexNet module for module; ``SMALL_LAYOUT`` (image_size < 64)
+keeps the structure at 1/4 of the widths with stride-1 convs, still FC-heavy (90% of 1.48M
+parameters) yet trainable on a CPU. ``conv_bn`` gives You et al.'s AlexNet-BN, ``pool5_bn`` Jia et
+al.'s BN after pool5."""
 
 from __future__ import annotations
 
