@@ -212,6 +212,31 @@ def test_steps_that_fall_as_one_over_root_b_do_not_halve():
     assert beyond.replayed is True
 
 
+def test_the_halving_claim_prints_its_band_and_the_measured_factor_per_doubling():
+    """fashion-long's slope -0.85 is x1.80 per doubling, not a halving: the claim names the band
+    the margin allows (x1.68 to x2.38) and the evidence the factor and its interval, 2^-slope at
+    the ends of scipy's interval of the slope."""
+    scatter = {1: 1.0, 2: 1.1, 3: 0.95}
+
+    def by_1_8(k, f, s):
+        return 4000 * 1.8 ** -math.log2(k) * (1.0 if f == 1.0 else 1.5) * scatter.get(s, 1.0)
+
+    m = ladder(by_1_8, ks=(1, 2, 4, 8), seeds=(0, 1, 2, 3))
+    halves = stt.findings(m, large_k=8, tuning_seed=0)[0]
+    assert halves.claim == (
+        "the steps to the target halve as the batch doubles up to k=8 (within the margin: each "
+        "doubling divides them by x1.68 to x2.38)"
+    )
+    chosen = m[(m["lr_factor"] == 1.0) & (m["seed"] != 0)]
+    r = sps.linregress(np.log2(chosen["batch_size"]), np.log2(chosen["steps_to_target"]))
+    half = sps.t.ppf(0.975, len(chosen) - 2) * r.stderr
+    assert 2**-r.slope == pytest.approx(1.8)
+    assert (
+        f"each doubling divides the steps by x1.80, 95% CI [x{2 ** -(r.slope + half):.2f}, "
+        f"x{2 ** -(r.slope - half):.2f}] (halving: x2)" in halves.evidence
+    )
+
+
 def test_a_k_whose_best_lr_sits_on_the_edge_makes_the_claims_that_read_it_invalid():
     def edge_at_4(k, f, s):
         return perfect_then_flat(k, f, s) * ((0.5 if f == 2.0 else 1.0) if k == 4 else 1.0)

@@ -456,7 +456,8 @@ def _slope_verdict(test: stats.Test, claim_words: str) -> fs.Verdict:
     iv = test.interval
     words = (
         f"slope of log2 steps on log2 batch {iv.diff:+.2f}, 95% CI [{iv.low:+.2f}, {iv.high:+.2f}] "
-        f"({iv.test}, n = {iv.n} runs), p = {test.p:.3g}"
+        f"({iv.test}, n = {iv.n} runs), p = {test.p:.3g}: each doubling divides the steps by "
+        f"x{2**-iv.diff:.2f}, 95% CI [x{2**-iv.high:.2f}, x{2**-iv.low:.2f}] (halving: x2)"
     )
     return fs.decide(
         test.p_for, test.p_against, words, f"the interval reaches across {claim_words}"
@@ -464,7 +465,11 @@ def _slope_verdict(test: stats.Test, claim_words: str) -> fs.Verdict:
 
 
 def _halves_up_to(m, c, large_k: float, tuning_seed: int) -> Finding:
-    claim = f"the steps to the target halve as the batch doubles up to k={large_k:g}"
+    claim = (
+        f"the steps to the target halve as the batch doubles up to k={large_k:g} (within the "
+        f"margin: each doubling divides them by x{2 ** -(PERFECT + SLOPE_MARGIN):.2f} to "
+        f"x{2 ** -(PERFECT - SLOPE_MARGIN):.2f})"
+    )
     ks = [k for k in c["k"] if k <= large_k]
 
     def test(x, y):
