@@ -287,6 +287,15 @@ def test_findings_are_one_contrast_per_pair_then_loses_less_with_their_budgets()
     assert "You et al. 2019 (LAMB beats it)" in f[1].paper
 
 
+def test_a_budget_names_nado_et_al_s_32k_run_only_beside_the_k_that_stands_for_32k():
+    """fashion-long compares at k = 16 (4k by k · 256): its budget names Goyal's 4k run, as every
+    study's does, not Nado et al.'s ResNet-50 at 32k."""
+    only_16 = final_frame({(a, 16.0): GOOD for a in opt.ARMS})
+    f = opt.findings(only_16)
+    assert [x.budget for x in f] == [Budget({"k=16": 256}, None, "Goyal's 4k run: 28,151")] * 2
+    assert opt.findings(four(GOOD, BAD, GOOD, BAD))[0].budget.paper == opt.NADO_STEPS
+
+
 def test_the_contrast_is_replayed_when_plain_matches_and_names_a_beat_or_a_loss_otherwise():
     # LARS and LAMB 10 points below the plain optimizers: they beat them, not Nado's parity
     f = opt.findings(four(GOOD, BAD, GOOD, BAD))[:2]

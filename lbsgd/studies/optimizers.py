@@ -477,7 +477,7 @@ def findings(final_df, chosen=None, regime: Regime = Regime()) -> list[Finding]:
     df = prepare(final_df)
     chance = studies.chance_of(df)
     kmin, kmax = float(df["k"].min()), float(df["k"].max())
-    big = studies.budget(df, [kmax], NADO_STEPS)
+    big = studies.budget(df, [kmax], _paper_run(kmax))
     out = [
         replace(
             _untuned(_contrast(df, a, b, kmax, chance, regime), chosen, (a, b), [kmax]), budget=big
@@ -485,7 +485,7 @@ def findings(final_df, chosen=None, regime: Regime = Regime()) -> list[Finding]:
         for a, b in PAIRS
     ]
     if kmin < kmax:
-        both = studies.budget(df, [kmin, kmax], NADO_STEPS)
+        both = studies.budget(df, [kmin, kmax], _paper_run(kmax))
         out += [
             replace(
                 _untuned(
@@ -534,6 +534,13 @@ def _untuned(f: Finding, chosen, arms: Sequence[str], ks_: Sequence[float]) -> F
 # closeness margin of the other studies, would reject Goyal's own no-warmup run (+1.24)
 PARITY_PTS = 1.0
 NADO_STEPS = "Nado et al.'s ResNet-50 at 32k: 2,512"
+NADO_BATCH = 32768  # k = 128 by k · 256
+
+
+def _paper_run(k: float) -> str | None:
+    """The paper's run a claim's budget names: Nado et al.'s where its largest k stands for their
+    32k; else None, Goyal's at the batch k stands for (:func:`lbsgd.studies.budget`)."""
+    return NADO_STEPS if studies.paper_batch(k) == NADO_BATCH else None
 
 
 def _contrast(
