@@ -99,7 +99,7 @@ def test_at_a_fixed_point_the_estimate_converges_to_the_exact_noise_scale(tmp_pa
     """A linear softmax classifier trained at lr 0 (so the model stays where it started): the
     smoothed B_simple of 30 epochs of steps equals tr(Σ)/|G|² of the per-sample gradients of the
     whole train split, up to the sampling noise of 30 passes, once the finite-population term of
-    sampling without replacement is accounted for (module docstring of lbsgd.noise_scale)."""
+    sampling without replacement is accounted for (lbsgd.noise_scale.exact)."""
     plugin = tmp_path / "linear_model.py"
     plugin.write_text(LINEAR)
     cfg = from_dict(
