@@ -208,7 +208,7 @@ def findings(final_df, chosen, regime: opt.Regime) -> list[Finding]:
     df = opt.prepare(final_df)
     chance = studies.chance_of(df)
     k = float(df["k"].max())
-    budget = studies.budget(df, [k], opt.NADO_STEPS)
+    budget = studies.budget(df, [k], opt._paper_run(k))
     out = []
     for (a, b), expect in zip(opt.PAIRS, ("matches", "beats"), strict=True):
         f = opt._contrast(df, a, b, k, chance, regime, expect=expect)
