@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import LEARNING, TINY, start
+from conftest import LEARNING, TINY, as_args
+from helpers import in_session, interrupt, session_processes
 
 from lbsgd import cli, config, costmodel, noise_scale
 from lbsgd.config import dump, from_dict
@@ -408,6 +409,28 @@ def test_bad_input_is_one_line_naming_the_option_and_nothing_is_written(
     assert not out.exists() and not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize(
+    ("keys", "warned"),
+    [({"batch_size": 32}, True), ({"batch_size": 32, "warmup_lr": 0.01}, False), ({}, False)],
+)
+def test_a_warmup_that_lowers_the_lr_is_one_warning_line_before_anything_runs(
+    tmp_path, capsys, keys, warned
+):
+    """TINY at batch 32 (base_lr 0.05 at reference_batch 64, linear: a peak of 0.025) warms up
+    from base_lr down to its peak, as docs/datasets.md's own-model probe did from 0.1 to 0.0125:
+    said in one line; nothing to say where the warmup starts below the peak or reaches base_lr."""
+    from lbsgd import plan as planner
+
+    files = tmp_path / "cfg.yaml"
+    files.write_text(yaml.safe_dump({**TINY, "out_dir": str(tmp_path / "results")}))
+    args = ["plan", "-c", str(files), *as_args(keys), "--target", "error=22", "--gpus", "1"]
+    planner.request(cli.parser().parse_args(args))
+    out = capsys.readouterr().out
+    line = "lbsgd plan: warning: warmup=gradual lowers the lr, from 0.05 (warmup_lr, null: base_lr)"
+    assert (line in out and out.count("\n") == 2) if warned else "warning" not in out, out
+    assert not warned or "to the peak 0.025 at batch 32 (base_lr 0.05 at reference_batch 64" in out
+
+
 def test_a_model_no_registry_holds_is_refused_before_the_probe_announces_itself(tmp_path, capsys):
     out = tmp_path / "plan"
     keys = {**TINY, "model": "nosuchnet", "out_dir": str(tmp_path / "results")}
@@ -500,17 +523,9 @@ def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
 
 
 def _started(args, out: Path, until: str, run: str | None) -> tuple[subprocess.Popen, list[str]]:
-    """``lbsgd plan`` in a session of its own, as at a terminal, read until a line holding
-    ``until`` and (``run``: a stage's study folder) that stage's run has trained a step."""
-    proc = start(
-        ["plan", *args],
-        env={"PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # Ctrl-C's default
-    )
+    """``lbsgd plan`` as at a terminal, read until a line holding ``until`` and (``run``: a
+    stage's study folder) that stage's run has trained a step."""
+    proc = in_session(["plan", *args])
     lines = []
     while not lines or until not in lines[-1]:
         lines.append(proc.stdout.readline())
@@ -524,19 +539,6 @@ def _started(args, out: Path, until: str, run: str | None) -> tuple[subprocess.P
     return proc, lines
 
 
-def _session(sid: int) -> list[str]:
-    """The processes of session ``sid`` (Linux /proc): what the plan started and left behind."""
-    left = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):  # it has just ended
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            left.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-    return left
-
-
 @pytest.mark.slow
 def test_the_first_ctrl_c_or_sigterm_ends_the_plan_at_each_stage_and_the_same_command_goes_on(
     tmp_path,
@@ -547,7 +549,7 @@ def test_the_first_ctrl_c_or_sigterm_ends_the_plan_at_each_stage_and_the_same_co
     ends at once: exit status 130, its last line the one line that says so, no traceback, no
     plan.json (a cut probe is no probe to extrapolate from), no process of its session left. The
     same command each time goes on from the stopped run's checkpoint (the folder refuses
-    nothing), and at last writes the plan."""
+    nothing), and at last writes the plan; its --check the same."""
     keys = {**TINY, **LEARNING, "out_dir": str(tmp_path / "results"), "holdout": 500}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(keys))
     out = tmp_path / "plan"
@@ -567,11 +569,7 @@ def test_the_first_ctrl_c_or_sigterm_ends_the_plan_at_each_stage_and_the_same_co
     ]
     for until, run, signum, why in stages:
         proc, lines = _started(args, out, until, run)
-        if signum == signal.SIGINT:
-            os.killpg(proc.pid, signum)  # Ctrl-C at a terminal: the whole foreground group
-        else:
-            proc.send_signal(signum)
-        lines += proc.communicate(timeout=60)[0].splitlines(keepends=True)
+        lines += interrupt(proc, signum).splitlines(keepends=True)
         printed = "".join(lines)
         assert proc.returncode == 130, printed
         assert lines[-1].startswith(f"lbsgd plan: interrupted ({why}"), printed
@@ -585,7 +583,7 @@ def test_the_first_ctrl_c_or_sigterm_ends_the_plan_at_each_stage_and_the_same_co
         )
         assert printed.count("lbsgd plan: interrupted") == 1 and "Traceback" not in printed
         assert not (out / "plan.json").exists() and not (out / "recommended.yaml").exists()
-        assert _session(proc.pid) == [], printed
+        assert session_processes(proc.pid) == [], printed
         if run:  # stopped at a flush with a checkpoint, which the next plan goes on from
             (summary,) = (out / run).glob("*/summary.json")
             assert json.loads(summary.read_text())["status"] == "interrupted"
@@ -595,6 +593,15 @@ def test_the_first_ctrl_c_or_sigterm_ends_the_plan_at_each_stage_and_the_same_co
     for run in ("probe", "lr_range"):  # each resumed in its folder, to its end
         (summary,) = (out / run).glob("*/summary.json")
         assert json.loads(summary.read_text())["status"] == "completed"
+    # its check likewise: no check.json from a cut run, and the same command goes on from it
+    proc, lines = _started(["--check", str(out)], out, "lbsgd: run ", "check")
+    printed = "".join(lines) + interrupt(proc, signal.SIGTERM)
+    assert proc.returncode == 130 and not (out / "check.json").exists(), printed
+    assert printed.endswith("lbsgd plan: interrupted (signal SIGTERM): no check.json written\n")
+    assert session_processes(proc.pid) == [], printed
+    proc, lines = _started(["--check", str(out)], out, "lbsgd: run ", None)
+    printed = "".join(lines) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0 and (out / "check.json").exists(), printed
 
 
 def test_the_probe_is_study_15s_run_at_its_batch(tmp_path):

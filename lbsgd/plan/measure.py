@@ -430,36 +430,29 @@ def time_compute(
         path.write_text(dump(cfg))
         n, r = str(samples or timed_samples(cfg)), str(runs or TIMING_RUNS)
         argv = [sys.executable, "-c", _FRESH, str(path), str(repeats), n, r]
-        doc = json.loads(_streamed(argv, log)[-1])
+        doc = json.loads(_streamed(argv, log))
     return Compute(**doc["compute"]), doc["info"]
 
 
-def _streamed(argv: list[str], log: Path | None) -> list[str]:
-    """Run ``argv``: its lines of the plan's (``lbsgd plan:``) printed here as they come, the rest
-    appended to ``log``; its last lines (the last: the result). An interrupt here (Ctrl-C, SIGTERM
-    as one) ends it."""
-    import collections
+def _streamed(argv: list[str], log: Path | None) -> str:
+    """Run ``argv``: its ``lbsgd plan:`` lines printed here as they come, the rest appended to
+    ``log`` (default: dropped); its last line. An interrupt here (Ctrl-C, SIGTERM) ends it."""
     import subprocess
 
-    sink = open(log, "a") if log is not None else None  # noqa: SIM115 (closed below)
-    tail: collections.deque[str] = collections.deque(["no output"], maxlen=20)
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+    last, pipe = "no output", {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+    with open(log or os.devnull, "a") as sink, subprocess.Popen(argv, text=True, **pipe) as p:
         try:
-            for line in p.stdout:
-                if line.startswith("lbsgd plan: "):
-                    print(line, end="", flush=True)
-                elif sink is not None and not line.startswith("{"):
-                    sink.write(line)
-                tail.append(line.rstrip("\n"))
+            for last in p.stdout:
+                if last.startswith("lbsgd plan: "):
+                    print(last, end="", flush=True)
+                elif not last.startswith("{"):
+                    sink.write(last)
         except BaseException:
             p.kill()  # its timing runs are thrown away: nothing to keep
             raise
-        finally:
-            if sink is not None:
-                sink.close()
     if p.returncode:
-        raise RuntimeError(f"timing the compute failed: {tail[-1]}")
-    return list(tail)
+        raise RuntimeError(f"timing the compute failed: {last.strip()}")
+    return last
 
 
 TIMED_SAMPLES = 4096  # each trainer timing run: at least this many samples (and 40 steps)
@@ -629,14 +622,10 @@ def steadiness(timing: dict) -> dict:
 def refit(compute: Compute, timing: dict, link, rounds: Sequence[int]) -> Compute:
     """``compute`` fitted again to the fastest runs of ``rounds`` alone (one process's, then the
     several processes' where timed)."""
-    per_micro, per_sample, one = fit_compute(
-        fastest(timing["trainer_step_runs_s"], rounds), compute.group
-    )
-    c = dataclasses.replace(compute, per_micro_s=per_micro, per_sample_s=per_sample)
-    c = dataclasses.replace(c, one_group_s=one)
-    if "parallel_step_runs_s" not in timing:
-        return c
-    return fit_sync(c, fastest(timing["parallel_step_runs_s"], rounds), link, timing["grad_bytes"])
+    micro, sample, one = fit_compute(fastest(timing["trainer_step_runs_s"], rounds), compute.group)
+    c = dataclasses.replace(compute, per_micro_s=micro, per_sample_s=sample, one_group_s=one)
+    two = timing.get("parallel_step_runs_s")
+    return fit_sync(c, fastest(two, rounds), link, timing["grad_bytes"]) if two else c
 
 
 def fit_sync(compute: Compute, steps: dict[int, float], link, grad_bytes: float) -> Compute:
