@@ -2,18 +2,22 @@
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
-from conftest import as_args, tiny_subset
+from conftest import as_args, tiny_keys, tiny_subset
 from torch.utils.data import TensorDataset
 
 from lbsgd import cli, data, isa
 from lbsgd.bench import noise
 from lbsgd.bench import train as bench
-from lbsgd.config import Config, ConfigError, derive
+from lbsgd.config import Config, ConfigError, derive, from_dict
 from lbsgd.data import fake
 
 # TINY's network (ResNet-8 of width 8) on a tiny fake set: 16x16 images of 10 classes (a few ms
@@ -405,3 +409,20 @@ def test_ghost_bn_bench_refuses_a_group_count_that_does_not_split_the_micro_batc
     assert cli.main(["bench", "ghost-bn", "--groups", "3", "micro_batch=16", "batch_size=16"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--groups: 3" in err and "micro_batch=16" in err
+
+
+@pytest.mark.slow
+def test_a_trainer_run_asked_to_stop_is_an_interrupt_of_the_benchmark_not_a_failure(tmp_path):
+    """Ctrl-C while a benchmark's trainer side trains (a real SIGINT once it has flushed a step):
+    the trainer stops at its next flush, and the benchmark is interrupted (KeyboardInterrupt:
+    ``lbsgd bench`` ends in one line, exit 130), not a measurement that failed."""
+
+    def ctrl_c_once_training() -> None:
+        while not any('"train"' in f.read_text() for f in tmp_path.rglob("metrics.jsonl")):
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_once_training, daemon=True).start()
+    cfg = from_dict(tiny_keys(checkpoint=False))
+    with pytest.raises(KeyboardInterrupt, match="the trainer stopped at step [1-9]"):
+        bench.trainer_run(cfg, 5000, 512, str(tmp_path))
