@@ -1,6 +1,7 @@
 """``lbsgd execute``: one study notebook through papermill as ``make reproduce`` runs it, quiet:
 the kernel on IPC sockets (no TCP warning); Ctrl-C and SIGTERM an interrupt of the running cell
-(the sweep stops its runs with a checkpoint and prints its summary, exit 130); SIGHUP and the end
+(the sweep stops its runs with a checkpoint and prints its summary, exit 130), or, where no cell
+runs (the kernel ignores SIGINT then), the stop before the next cell; SIGHUP and the end
 of this process's parent a SIGHUP to the kernel (the client gone: a Slurm sweep leaves its jobs
 running); the executed copy written as ``<name>.running.ipynb`` and moved into place whole,
 without what differs between executions (:func:`normalise`); a failing cell one line, naming the
@@ -120,7 +121,7 @@ def execute(
     failure = None
     with tempfile.TemporaryDirectory(prefix="lbsgd-kernel-") as folder:
         km = _kernel_manager(Path(folder))
-        with _Forward(km) as forward:
+        with _Forward(km) as forward, _stopped_between_cells(forward.came):
             try:
                 pm.execute_notebook(
                     str(notebook),
@@ -132,9 +133,11 @@ def execute(
                 )
             except PapermillExecutionError as e:
                 failure = e
-            except KeyboardInterrupt:  # before the kernel ran a cell: nothing to save
+            except BaseException as e:  # while no cell ran (a kernel interrupted as it starts dies)
+                if not (forward.came or isinstance(e, KeyboardInterrupt)):
+                    raise
                 running.unlink(missing_ok=True)
-                print("lbsgd: interrupted before the notebook started", file=sys.stderr)
+                print("lbsgd: interrupted while no cell ran", file=sys.stderr)
                 return EXIT_INTERRUPTED
             finally:
                 _shut_down(km)
@@ -228,11 +231,36 @@ def merged_streams(outputs: list) -> list:
 
 
 def _shut_down(km) -> None:
-    """The kernel shut down (papermill leaves a kernel manager it was given running)."""
+    """The kernel shut down (papermill leaves a kernel manager it was given running); killed where
+    it cannot be asked (an interrupt as it started closed its sockets)."""
+    import zmq
     from jupyter_core.utils import run_sync
 
     if km.has_kernel:
-        run_sync(km.shutdown_kernel)(now=False)
+        try:
+            run_sync(km.shutdown_kernel)(now=False)
+        except zmq.ZMQError:
+            run_sync(km.shutdown_kernel)(now=True)
+
+
+@contextlib.contextmanager
+def _stopped_between_cells(came: list[int]):
+    """An interrupt that came while no cell ran (the kernel ignores SIGINT between cells and as it
+    starts, so the rest of the notebook would run) stops the execution at the next cell's start."""
+    from papermill.engines import NotebookExecutionManager as Manager
+
+    start = Manager.cell_start
+
+    def cell_start(self, *args, **kwargs):
+        if came:
+            raise KeyboardInterrupt
+        return start(self, *args, **kwargs)
+
+    Manager.cell_start = cell_start
+    try:
+        yield
+    finally:
+        Manager.cell_start = start
 
 
 def _failed(e, running: Path, out: Path, interrupted: bool) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import subprocess_env
+from helpers import in_session, interrupt, session_processes
 
 from lbsgd import checkpoint
 from lbsgd.execute import merged_streams, normalise, parameter
@@ -390,3 +391,42 @@ def test_each_execution_logs_its_notebooks_once_also_two_in_one_process(tmp_path
         assert r.stdout.count(f"Output Notebook: {tmp_path}/{name}.running.ipynb\n") == 1
         assert (tmp_path / f"{name}.ipynb").is_file()
     assert r.stdout.count("x is 2\n") == 2
+
+
+# a cell that, like an idle kernel between two cells, ignores SIGINT, then a cell that must not run
+DEAF_CELL = """import pathlib, signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+pathlib.Path({deaf!r}).write_text("")
+time.sleep(3)"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_the_kernel_does_not_see_stops_the_notebook_before_its_next_cell(
+    tmp_path, signum
+):
+    """Ctrl-C or SIGTERM while the kernel ignores SIGINT (between two cells, as it starts; here a
+    cell that ignores it): the execution stops at the next cell's start, one line, exit 130; the
+    rest of the notebook does not run (it ran to its end, exit 0, before)."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(DEAF_CELL.format(deaf=str(tmp_path / "deaf"))),
+        nbformat.v4.new_code_cell(f"open({str(tmp_path / 'ran')!r}, 'w').close()"),
+    ]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    proc = in_session(["execute", str(tmp_path / "nb.ipynb"), str(tmp_path / "out.ipynb")])
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "deaf").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.05)
+    printed = interrupt(proc, signum)
+    assert proc.returncode == 130 and not (tmp_path / "ran").exists(), printed
+    assert printed.count("\n") == 1 and "interrupted" in printed and "Traceback" not in printed
+    assert not (tmp_path / "out.ipynb").exists() and session_processes(proc.pid) == []
