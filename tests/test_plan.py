@@ -418,14 +418,18 @@ def test_a_warmup_that_lowers_the_lr_is_one_warning_line_before_anything_runs(
 ):
     """TINY at batch 32 (base_lr 0.05 at reference_batch 64, linear: a peak of 0.025) warms up
     from base_lr down to its peak, as docs/datasets.md's own-model probe did from 0.1 to 0.0125:
-    said in one line; nothing to say where the warmup starts below the peak or reaches base_lr."""
+    said in one line, and among the plan's caveats; nothing to say where the warmup starts below
+    the peak or reaches base_lr."""
     from lbsgd import plan as planner
 
     files = tmp_path / "cfg.yaml"
     files.write_text(yaml.safe_dump({**TINY, "out_dir": str(tmp_path / "results")}))
     args = ["plan", "-c", str(files), *as_args(keys), "--target", "error=22", "--gpus", "1"]
-    planner.request(cli.parser().parse_args(args))
+    r = planner.request(cli.parser().parse_args(args))
     out = capsys.readouterr().out
+    # and in the plan, among its caveats
+    said = planner.caveats(r, _probe(), {"bn_layers": 7})
+    assert said == ([out.split("warning: ")[1].splitlines()[0]] if warned else []), said
     line = "lbsgd plan: warning: warmup=gradual lowers the lr, from 0.05 (warmup_lr, null: base_lr)"
     assert (line in out and out.count("\n") == 2) if warned else "warning" not in out, out
     assert not warned or "to the peak 0.025 at batch 32 (base_lr 0.05 at reference_batch 64" in out
@@ -972,7 +976,7 @@ def test_a_busy_machines_slow_rounds_leave_the_recommendation_and_only_a_ranking
 def _request(gpus=(1, 2), bn_batch=16):
     from types import SimpleNamespace
 
-    return SimpleNamespace(gpus=gpus, config=SimpleNamespace(bn_batch=bn_batch))
+    return SimpleNamespace(gpus=gpus, config=from_dict({**TINY, "bn_batch": bn_batch}))
 
 
 def _probe(growth=1.0, b=230.0):

@@ -145,7 +145,8 @@ def request(args: Any) -> Request:
         entry.check(cfg.replace(**measure.probe_keys(cfg, target, out, args.probe_epochs)), 1, 1)
     batches = batch_range(cfg, args.batches)
     _check_split(cfg, args.gpus or ",".join(map(str, gpus)), gpus, batches)
-    _warn_warmup(cfg)
+    if warmup_lowers(cfg):
+        _say(f"warning: {warmup_lowers(cfg)}")
     if target.kind == "error" and reference is None and cfg.holdout == 0:
         print(
             "lbsgd plan: note: holdout=0, so the error target is read on the test split "
@@ -171,18 +172,19 @@ def request(args: Any) -> Request:
     )
 
 
-def _warn_warmup(cfg: Config) -> None:
-    """One line where the config's warmup lowers the lr (it starts above the peak it leads to)."""
+def warmup_lowers(cfg: Config) -> str | None:
+    """Where the config's warmup lowers the lr (it starts above the peak it leads to), in words."""
     from lbsgd.config import derive
 
     d = derive(cfg, 1, data.train_size(cfg))
-    if cfg.warmup != "none" and d.warmup_start_lr > d.lr:
-        _say(
-            f"warning: warmup={cfg.warmup} lowers the lr, from {d.warmup_start_lr:g} (warmup_lr, "
-            f"null: base_lr) to the peak {d.lr:g} at batch {cfg.batch_size} (base_lr "
-            f"{cfg.base_lr:g} at reference_batch {cfg.reference_batch}, lr_scaling "
-            f"{cfg.lr_scaling}); set warmup=none, a lower warmup_lr or reference_batch"
-        )
+    if cfg.warmup == "none" or d.warmup_start_lr <= d.lr:
+        return None
+    return (
+        f"warmup={cfg.warmup} lowers the lr, from {d.warmup_start_lr:g} (warmup_lr, null: "
+        f"base_lr) to the peak {d.lr:g} at batch {cfg.batch_size} (base_lr {cfg.base_lr:g} at "
+        f"reference_batch {cfg.reference_batch}, lr_scaling {cfg.lr_scaling}); set warmup=none, "
+        "a lower warmup_lr or reference_batch"
+    )
 
 
 def _rule(text: str | None) -> str | None:
@@ -417,14 +419,14 @@ GROWING = 1.2  # B_simple growing faster than this per doubling of the steps at 
 # plan's B_crit is a lower bound (it grows as the loss falls, McCandlish et al. §3)
 
 
-def caveats(r: Request, p: measure.Probe, timing: dict, rivals: Sequence[str] = ()) -> list[str]:
-    """What this plan cannot vouch for, each in a line: a ranking of the rows that rests on one
-    round of timings (``rivals``: :func:`rivals`), a noise scale still growing at the target, GPU
-    counts beyond those timed, a model with no BatchNorm."""
-    out = []
-    if rivals:
+def caveats(r: Request, p: measure.Probe, timing: dict, apart: Sequence[str] = ()) -> list[str]:
+    """What this plan cannot vouch for, each in a line: a warmup that lowers the lr, a ranking of
+    the rows that rests on one round of timings (``apart``: :func:`rivals`), a noise scale still
+    growing at the target, GPU counts beyond those timed, a model with no BatchNorm."""
+    out = [warmup_lowers(r.config)] if warmup_lowers(r.config) else []
+    if apart:
         out.append(
-            f"the timing rounds rank the rows apart ({'; '.join(rivals)}; more than "
+            f"the timing rounds rank the rows apart ({'; '.join(apart)}; more than "
             f"x{measure.RANK_TOLERANCE:g}): no row is recommended from them; plan again on a "
             "quieter machine, or with more --timing-runs"
         )
