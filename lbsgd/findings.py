@@ -1,17 +1,11 @@
 """Findings: a paper's claim, whether this replay shows it, and the evidence, in one place.
 
-- :class:`Finding` and the study's file of them, ``findings.json`` (:func:`write`, :func:`read`),
-  which ``lbsgd report`` gathers and ``lbsgd verify`` compares.
-- The verdict: :func:`verdict` decides a claim from the per-seed errors of the arms it compares.
-  It is ``undecided`` (never "replayed") when its evidence cannot decide it: every run at chance,
-  one run per arm (no seed spread to judge the margin by), or a margin inside the seed spread; the
-  evidence then says which.
-- One contrast of two arms is one claim with three outcomes (:func:`contrast`: beats, matches
-  within a margin, loses), never a directional claim and its closeness twin.
-- The outcome's words, one set (:data:`OUTCOMES`): a finding's ``outcome`` (W&B's findings table,
-  the report's counts), shown two more ways: :func:`loud` (the line a notebook prints) and
-  :func:`answer` (REPORT.md's "replayed" column, the "no" in bold). A claim decided from one
-  number without a test is *measured*, never "replayed" or "not replayed".
+:class:`Finding` and a study's ``findings.json`` (:func:`write`, :func:`read`), gathered by
+``lbsgd report`` and compared by ``lbsgd verify``; :func:`verdict` decides a claim from the
+per-seed errors of its arms, ``undecided`` (never "replayed") where the evidence cannot decide it;
+:func:`contrast` is one claim with three outcomes. The outcome's words are one set
+(:data:`OUTCOMES`), shown by :func:`loud` (a notebook's line) and :func:`answer` (REPORT.md's
+column). How a claim is decided: docs/verdicts.md.
 """
 
 from __future__ import annotations

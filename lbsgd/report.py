@@ -1,16 +1,8 @@
 """``lbsgd report``: each profile's findings and tables gathered into ``<profile>/REPORT.md``.
 
-Each study writes ``findings.json`` (the papers' qualitative claims and whether this replay shows
-them, with the evidence: for an undecided claim, why its evidence cannot decide it) and
-``table.csv`` (our numbers beside the published ones, 6 significant digits) into
-``results/<profile>/<study>/``; the report shows them rounded for reading (percentage points to 2
-decimals, other numbers to 4 significant digits: :func:`lbsgd.experiments.readable_cell`). The
-report of a profile is generated from those files only: its numbers are the runs' own, and it never
-mixes profiles. ``lbsgd report --results results/cpu`` writes
-``results/cpu/REPORT.md``; ``--results results`` writes one per profile folder found.
-``lbsgd report --side-by-side results/cpu results/fashion`` prints several profiles' findings in
-one table instead (:func:`side_by_side`): per claim the paper's numbers (a finding's ``paper``) and
-each profile's verdict and evidence.
+The report is made from each study's ``findings.json`` and ``table.csv`` only (its numbers are the
+runs' own, shown rounded by :func:`lbsgd.experiments.readable_cell`; profiles never mixed).
+``--side-by-side`` prints several profiles' findings in one table instead (:func:`side_by_side`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The statistics behind a verdict: intervals of a mean difference over seeds, their tests
 against a claim's threshold or margin, one contrast's three outcomes, false-discovery control and
-the seeds a claim needs.
+the seeds a claim needs; every distribution from scipy, nothing about runs or papers
+(docs/verdicts.md).
 
-Every distribution comes from scipy (``scipy.stats``): the t tests and their intervals
-(``ttest_rel`` for seed-paired arms, ``ttest_ind(equal_var=False)``, Welch's, for unpaired ones),
-Benjamini–Hochberg's adjustment (``false_discovery_control``) and the noncentral t of a test's
-power. Nothing here knows about runs or papers: :mod:`lbsgd.findings` builds the verdicts on it.
-
-A claim's test gives two numbers (:class:`Test`): ``p_for``, the smallest α at which its
-two-sided (1 − α) interval lies wholly on the claim's side (the claim replayed), and
-``p_against``, the smallest α at which it lies wholly on the other side (not replayed); 1 where
-the mean is not on that side. At most one is below 1, and the claim is decided at level α when
-the smaller, :attr:`Test.p`, is below α: the interval/test duality, so the verdict and the
-printed interval always agree. A claim on one outcome of a contrast (:func:`contrast`: beats,
-matches or loses) gets its two p's from the three outcomes' (:meth:`Contrast.test`); both may be
-below 1 there, never both below α.
+A claim's :class:`Test` gives ``p_for``, the smallest α at which its two-sided (1 − α) interval
+lies wholly on the claim's side, and ``p_against``, the same for the other side (1 where the mean
+is not on that side); the claim is decided at α when the smaller, :attr:`Test.p`, is below α, so
+the verdict and the printed interval always agree.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """``lbsgd verify``: replay a sample of committed runs and say, for each, whether it gives the same
 digits here.
 
-A replay is the committed run's config.yaml with its run keys pointed elsewhere (a temporary
-folder, never the committed results; no W&B, no checkpoints) and, for a run made on a CPU, the
-CPU as its device, on as many processes as the run recorded (torchrun and gloo for more than one:
-post-local SGD and BMUF depend on their number). It is bitwise equal when every train loss, learning rate and loss scale of its
-metrics.jsonl, every evaluation (top-1, top-5, test loss; the held-out split's too, with
-``holdout``) and the final metrics of its summary are equal to the committed ones; otherwise the
-report gives the first step that differs and the difference in final top-1 error beside the seed
-spread of the run's group (the standard deviation of final top-1 over the seeds of the same
-experiment in the same study). Each line also says whether this machine's CPU and caps (lbsgd.isa)
-are those the committed run recorded.
-
-Each replay gets one of three levels (:func:`level`; docs/portability.md):
-
-- *bitwise equal*: every compared value equal;
-- *consistent*: it differs, its final top-1 error lies within :data:`SPREADS` seed spreads of the
-  committed run's (two runs that differ only in rounding are two draws of the same chaotic run:
-  their difference has √2 times a run's spread), and no finding of its study changes verdict when
-  the replay stands in for the committed run (the study's notebook executed again over a copy of
-  the profile's folder with the replay in place; every run there is complete, so nothing trains);
-- *inconsistent*: anything else, with the reason (a larger difference, a group of one seed with no
-  spread to judge by, a finding that changes verdict, findings that could not be recomputed).
-
-``lbsgd verify`` exits 0 when every replay is bitwise equal or consistent.
-
-The sample (``--sample N``): the cheapest run of each study (by its recorded wall time; one run of
-an experiment that several studies share), cheapest first; the same on every machine.
+A replay is the committed run's config.yaml pointed at a temporary folder (no W&B, no
+checkpoints; a CPU run on the CPU, on as many processes as it recorded) and gets one of three
+levels (:func:`level`): bitwise equal, consistent (final top-1 within :data:`SPREADS` seed spreads
+and no finding of its study changes verdict) or inconsistent. The levels, the sample (``--sample
+N``: the cheapest run of each study) and the exit status are docs/portability.md ("make verify").
 """
 
 from __future__ import annotations

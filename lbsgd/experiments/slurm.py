@@ -1,27 +1,10 @@
-"""Slurm as a sweep's launcher (``launcher="slurm"``): each run of the sweep one Slurm job,
-submitted with submitit, the sweep's own runner (:mod:`lbsgd.jobs`) keeping ``parallel`` of them
-in flight. docs/cluster.md is the user's page.
-
-- :class:`Cluster`: a cluster file (``configs/cluster/<name>.yaml`` or a path) with ``key=value``
-  overrides, checked before anything is submitted (:func:`cluster_of`, :func:`check`).
-- :class:`TrainJob`: what runs on the allocation, on each task: ``python -m lbsgd train`` (one
-  process), or torchrun as node ``SLURM_PROCID`` of the job's tasks with its processes per node,
-  the rendezvous on the allocation's first host; its output appended to the run's log after an
-  attempt line. On the pre-emption signal (``signal``, sent ``signal_delay_s`` before the time
-  limit or by a scheduler's pre-emption) the trainer checkpoints and stops, and the job is
-  requeued only once it has (submitit's checkpoint hook waits for it); the requeued job resumes
-  the run from that checkpoint.
-  A run that fails on the node fails its job (Slurm's FAILED, exit code 1).
-- :class:`SlurmProc`: a submitted job as the runner sees a process (``poll``, ``wait``,
-  ``send_signal``, ``kill``), its state read from ``squeue`` (no accounting needed): ended in the
-  state Slurm gives (COMPLETED, FAILED, TIMEOUT...) or gone from the queue;
-  ``send_signal(SIGTERM)``, the sweep's interrupt, sends SIGTERM to a running job's processes
-  (each run stops with a checkpoint) and removes a queued one.
-
-A run's job id is written under the study's ``.slurm/<run>/`` (with submitit's own files), so a
-sweep started again while the job is queued or running attaches to it instead of submitting a
-duplicate; jobs are also named after their run and its folder (:func:`job_name`) and submitted
-with ``--dependency=singleton``.
+"""Slurm as a sweep's launcher (``launcher="slurm"``): each run one Slurm job, submitted with
+submitit, the sweep's runner (:mod:`lbsgd.jobs`) keeping ``parallel`` in flight; docs/cluster.md
+is the user's page. :class:`Cluster` is a checked cluster file, :class:`TrainJob` what runs on each
+task (requeued only after the trainer checkpointed on the pre-emption signal), :class:`SlurmProc` a
+job as the runner sees a process (state from ``squeue``; SIGTERM stops a running job, removes a
+queued one). A run's job id under the study's ``.slurm/<run>/`` lets a sweep started again attach
+to its job instead of submitting a duplicate.
 """
 
 from __future__ import annotations

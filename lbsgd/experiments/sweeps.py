@@ -1,6 +1,6 @@
 """A study's sweep: its runs checked before any work, those done settled (skipped, copied), the
 others trained ``parallel`` at a time through :mod:`lbsgd.jobs`, each one's end said in a line
-(the module :mod:`lbsgd.experiments` describes it whole)."""
+(docs/studies.md, "What a sweep prints")."""
 
 from __future__ import annotations
 
