@@ -1,22 +1,11 @@
 """The studies: each paper's ablation as a run list, a table beside the published numbers, and rules
 that decide whether this replay shows the paper's claims.
 
-A study module (``lbsgd/studies/<study>.py``) holds the decisions; its notebook holds parameters,
-the sweep call, tables and figures: notebooks show, the package decides. Every notebook starts
-the same way::
-
-    S = studies.start("warmup", profile=profile, seeds=seeds, epochs=epochs, out_dir=out_dir, ...)
-    df = S.sweep(warmup.runs(S.profile, S.seeds, ks))
-
-and ends with ``S.findings(warmup.findings(...))``. :func:`start` resolves the results root to the
-repository's ``results/`` whatever the kernel's working directory, so JupyterLab (kernel in
-``notebooks/``), papermill and ``make reproduce`` write to the same place; each profile has its own
-folder, ``results/<profile>/<study>/``, so a smoke run never replaces a cpu result.
-
-This package's names, read by the study modules and notebooks as ``studies.<name>``, come from
-three places: the study list (here), the rules the findings share (:mod:`lbsgd.studies.rules`,
-over :mod:`lbsgd.findings`: :class:`Finding`, :class:`Verdict`, :func:`verdict` and
-:func:`contrast`), and the
+A study module (``lbsgd/studies/<study>.py``) decides; its notebook holds parameters, the sweep
+call, tables and figures. A notebook begins ``S = studies.start("warmup", profile=profile, ...)``
+and ``S.sweep(warmup.runs(S.profile, S.seeds, ks))`` and ends ``S.findings(...)``; :func:`start`
+writes to the repository's ``results/<profile>/<study>/`` whatever the kernel's working directory.
+Names come from the study list (here), the shared rules (:mod:`lbsgd.studies.rules`) and the
 notebook's session (:mod:`lbsgd.studies.session`).
 """
 

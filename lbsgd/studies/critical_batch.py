@@ -1,21 +1,11 @@
-"""11. The critical batch size (McCandlish et al. 2018, "An Empirical Model of Large-Batch
-Training", arXiv:1812.06162): the batch-scaling sweep of notebook 3 again, now measuring the
-gradient noise scale B_simple = tr(Σ)/|G|² (:mod:`lbsgd.noise_scale`) at every step.
+"""11. The critical batch size (McCandlish et al. 2018): notebook 3's batch-scaling sweep again,
+measuring the gradient noise scale B_simple = tr(Σ)/|G|² (:mod:`lbsgd.noise_scale`) at every step.
 
-The paper's model: training at batch B needs S = S_min (1 + B_crit/B) optimizer steps and
-E = B·S = E_min (1 + B/B_crit) samples to reach a given loss (eq. 2.11,
-(S/S_min − 1)(E/E_min − 1) = 1), with the critical batch B_crit = E_min/S_min, and it predicts
-B_crit ≈ B_noise, the noise scale measured at that loss. Below B_crit a larger batch buys
-proportionally fewer steps (perfect scaling); above it, almost none.
-
-What this study measures, per run: the steps to a training-loss target (:func:`steps_to_target`),
-B_simple at that step, early in training and at its end; per batch: the seed means, and the fit of
-S(B) (:func:`fit`). Shallue et al. (2018) count steps to a target *error*; lbsgd evaluates only
-every few epochs (``eval_every``), so the target here is on the moving average of the per-step
-training loss, which resolves single steps.
-
-The runs are notebook 3's (same experiment keys, run names and digits: ``noise_scale`` is a run
-key and the measurement does not change training) in this study's own folder.
+Per run, the steps to a training-loss target (:func:`steps_to_target`) and B_simple there, early
+and at the end; per batch, the seed means and the fit of S = S_min (1 + B_crit/B) (:func:`fit`).
+The target is on the moving average of the per-step training loss, which resolves single steps
+(lbsgd evaluates the error only every few epochs). The runs are notebook 3's (the probe changes no
+digit), in this study's folder. docs/noise-scale.md ("Study 11").
 """
 
 from __future__ import annotations

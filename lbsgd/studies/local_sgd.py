@@ -1,37 +1,12 @@
-"""12. Communication vs accuracy: synchronous SGD, post-local SGD (Lin et al. 2020, "Don't Use
-Large Mini-Batches, Use Local SGD", ICLR) and BMUF (Chen & Huo 2016, "Scalable training of deep
-learning machines by incremental block training with intra-block parallel optimization and
-blockwise model-update filtering", ICASSP) at equal numbers of all-reduces, on K gloo processes.
+"""12. Communication vs accuracy: synchronous SGD, post-local SGD (Lin et al. 2020) and BMUF (Chen
+& Huo 2016) at equal numbers of all-reduces A, on K gloo processes.
 
-The three modes at one global batch B and T optimizer steps, the first W synchronous. As Lin et
-al. define post-local SGD, the local phase starts at the first learning-rate decay of a step
-schedule: every run of the study (synchronous ones too) takes the profile's keys with
-``schedule=step``, the lr ÷10 at half and at three quarters of the epochs (Lin et al.'s ResNet
-on CIFAR-10: at epochs 150 and 225 of 300), and W = ``switch_step`` is the first decay's step:
-
-- synchronous SGD: every step all-reduces the gradient: A = T all-reduces;
-- post-local SGD (``local_sgd`` = n): from step W each process steps on its own B/K samples
-  and the parameters are averaged every n steps: A = W + ⌈(T − W)/n⌉;
-- BMUF (``block_momentum`` η_B, ``block_lr`` ε_B, ``block_nesterov``) on the same blocks: the same
-  A, the averaged block update filtered as Δ(t) = η_B Δ(t−1) + ε_B (W̄(t) − W_g(t−1)). Chen & Huo
-  use η_B = 1 − 1/K with ε_B = 1 and the Nesterov-style block start (NBM): the defaults here.
-
-(The processes are also averaged before each evaluation out of step with the period: at most one
-all-reduce per evaluation, left out of A.) Every all-reduce moves the model's parameter bytes
-(the gradient has the parameters' size), so its cost is the α–β ring time t_ar(K) of notebook 10's
-fit (:func:`lbsgd.studies.scaling.link`). The modelled wall time of a run is
-
-    wall = T · t_c(K) + A · t_ar(K),    t_c(K) = (B/K) / r,
-
-with r the steady throughput (images/s) of the one-process synchronous runs of this study: the
-compute a process does on its share of a step, one core per process, no communication. The model
-stands for K machines with this machine's cores and the measured link; the runs themselves share
-the 2 cores of the CPU machine, so their own wall clocks say nothing about it.
-
-Synchronous SGD's mathematics do not depend on K (the gradient is averaged over the whole batch,
-BN groups of ``bn_batch`` as on one process): it is trained once, on one process, and stands for
-every K. Post-local SGD and BMUF do depend on K (each process steps alone on B/K samples), which
-the run name (experiment keys only) does not say: their runs are named with ``-K<K>``.
+Every run takes ``schedule=step`` (÷10 at half and three quarters of the epochs) and the local
+phase starts at the first decay, ``switch_step`` = W, as Lin et al. define post-local SGD;
+synchronous SGD does A = T all-reduces, post-local SGD and BMUF W + ⌈(T − W)/n⌉. The modelled
+wall time is T · t_c(K) + A · t_ar(K) with notebook 10's α–β link (docs/studies.md, "Study 12").
+Synchronous SGD does not depend on K and trains once on one process; post-local SGD and BMUF do,
+so their run names carry ``-K<K>``.
 """
 
 from __future__ import annotations

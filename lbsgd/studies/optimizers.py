@@ -1,34 +1,11 @@
 """14. Large-batch optimizers tuned on the same budget (Nado et al. 2021; You et al. 2017, 2019).
 
-You et al. 2017 (LARS) and 2019 (LAMB) report that layer-wise trust ratios let SGD and Adam train
-at batch sizes where the plain optimizers lose accuracy. Nado et al. 2021 ("A Large Batch
-Optimizer Reality Check", arXiv:2102.06356) tuned Nesterov momentum and Adam with the same care
-as LARS and LAMB and found them matching: Nesterov reached LARS's published ResNet-50 result at
-batch 32,768 (75.9% top-1 in 2,512 steps), Adam matched LAMB on BERT.
-
-This study gives each of four optimizers the same tuning budget at two minibatches, the profile's
-large k and one smaller k (``profile.ks["optimizers"]``):
-
-- **Nesterov** (``optimizer=sgd``, ``nesterov=true``), **LARS** (``optimizer=lars``, plain momentum,
-  as You et al.), **LAMB** (``optimizer=lamb``) and **AdamW** (``optimizer=adamw``), on the same
-  network, data, poly(2) schedule and parameter groups (``decay_bn_bias=false``); the profile's
-  weight decay for Nesterov and LARS, :data:`ADAM_WEIGHT_DECAY` for LAMB and AdamW.
-- **Tuning**: a grid of :data:`LR_FACTORS` × :data:`WARMUPS` (peak lr × warmup length in epochs,
-  :class:`Grid`),
-  the peak lr around each optimizer's centre at that k (:func:`anchor`): the profile's
-  ``tuning["anchors"]``, the lr per reference batch of the linear rule for Nesterov and LARS and of
-  the square-root rule for LAMB and AdamW (You et al. 2019's rule for LAMB), unless the profile
-  gives a centre at that k (``tuning["centres"]``). The centres come from calibration probes, as
-  every profile's lrs do (lbsgd.studies.scales says which). Every trial is trained on the training split less
-  ``profile.tuning["holdout"]`` held-out images (``holdout``) with the seed :data:`TUNING_SEED`,
-  and judged by its error on those held-out images only. The trial of least validation error
-  (a diverged one counts 100%) is the optimizer's choice at that k.
-- **The chosen settings** are then trained with the profile's seeds (the same training split, the
-  same held-out images), and their **test** error decides the findings: the test error of no
-  other setting is reported.
-
-Every trial and every final run is an ordinary run: resumable, skipped when done, a W&B run in the
-study's group. :func:`budget` states what the study spent.
+Nado et al. found Nesterov and Adam, tuned with LARS's and LAMB's care, matching them. Here
+Nesterov, LARS, LAMB and AdamW each get the same tuning budget at two k (``profile.ks
+["optimizers"]``): a grid (:class:`Grid`) or a quasi-random search (:class:`Search`) around each
+optimizer's centre (:func:`anchor`), every trial trained with :data:`TUNING_SEED` and judged on the
+held-out images only; each choice is then trained on the profile's seeds and only its test error
+decides the findings. :func:`budget` states what the study spent; docs/studies.md ("Study 14").
 """
 
 from __future__ import annotations

@@ -1,39 +1,13 @@
-"""16. ``lbsgd plan`` against measured runs: does the plan predict what the runs then measure?
+"""Study 16: ``lbsgd plan`` against measured runs: does the plan predict what the runs then measure?
 
-The plan (:mod:`lbsgd.plan`) reads a small-batch run to the target with the noise probe on and
-predicts, for every batch and process count, the steps to the target (McCandlish et al. 2018:
-S = S_min (1 + B_crit/B), B_crit ≈ B_noise), the step time (a worker's timed compute plus a ring
-all-reduce of α and β measured here, overlapped with the last backward) and so the training time,
-and recommends the batch and process count of the shortest time within 2·E_min. This study plans
-a profile from its measured steps to a target, its *reference* (:func:`reference`): study 15's
-ladder where the profile has one (``fashion-long``: a held-out error, each batch at its best lr),
-else study 11's sweep (``fashion``: a training loss, every batch at the linear rule's lr), and sets
-each prediction beside a measurement:
-
-1. the predicted critical batch (B_simple at the target of the probe run, one plan per seed)
-   within ×3 of the one fitted to the reference's steps;
-2. the predicted steps to the target within 25% of the reference's (each seed) below the fitted
-   B_crit, and within 50% above it;
-3. the predicted step time within 25% of the measured one (a short run's steady throughput) at
-   each of the five fixed batches, on 1 and on 2 processes;
-4. the recommended batch's measured training time to the target within 15% of the best of the five
-   fixed batches at the recommended process count: its steps to the target (below) times the step
-   time measured at that count.
-
-The probe is the ladder's run at k = :data:`PROBE_K` at the linear rule's lr (the plan's own probe
-keys: ``noise_scale_batch`` one micro-batch, ``stop_at_error``, ``eval_per_octave`` 4), or study
-11's run at its baseline k (the smallest whose every seed measured B_simple at the target), copied
-from the reference's study where it ran. The reference's folder is read in place for claims 1
-and 2.
-
-On the ladder every seed that measures (not the one that chose the lrs) is a probe and a plan;
-claims 1, 2 and 4 read their geometric means, decided by the 95% jackknife-t interval of the
-ratio (:func:`lbsgd.stats.band`: wholly inside the band, replayed; wholly outside, not; else
-undecided), and claim 4's training times are each fixed batch's measuring seeds' steps at its own
-(study-15) lr. On study 11's sweep, claims 1 and 2 hold for every seed's plan and run (replayed),
-for none (not replayed), or for some (undecided), and claim 4 reads one run a batch at the plan's
-lr, the linear rule. Claim 3 is a deterministic comparison of a measurement with the model, as
-study 10's (no seeds: one timing each). Where a prediction misses, the evidence says by how much.
+A profile is planned from a probe run and each prediction set beside its *reference*
+(:func:`reference`): study 15's ladder where the profile has one (``fashion-long``), else study
+11's sweep (``fashion``). Four claims: the critical batch within ×3 of the fitted one, the steps
+to the target within 25% below B_crit and 50% above, the step time within 25% on 1 and 2
+processes, and the recommended batch's training time within 15% of the best of five fixed
+batches. On the ladder the seeds' geometric means are decided by jackknife-t intervals; on study
+11's sweep by every seed or none; the step time is one timing each. docs/planning.md ("Accuracy
+on our profiles") has the rules in full and the results.
 """
 
 from __future__ import annotations

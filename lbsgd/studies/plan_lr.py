@@ -1,30 +1,11 @@
 """Study 16, part two: every row of a plan at the plan's own lr, on networks it was not tuned to.
 
-Pre-registered (written before any of its runs, at the commit that added this module): for each
-network of the profile's ``plan_check["networks"]`` (at ``fashion-long``: ResNet-8 and You et
-al.'s AlexNet-BN, on Fashion-MNIST),
-
-1. the probe: study 15's ladder run at k = 4 (batch 64) to its target, the noise probe on, with
-   the network's keys, seed ``probe_seed``; ``lbsgd plan``'s rows from it (its default lr rule:
-   McCandlish's saturating rule through the probe's lr);
-2. every planned batch from the probe's up to 4 × the plan's B_crit (:data:`CHECKED_UP_TO`), on
-   the fresh ``seeds`` (three; none the probe's, none used to choose anything), each at the row's
-   lr and warmup (:func:`lbsgd.plan.lr_keys`), stopped at the target with
-   :data:`PER_OCTAVE` held-out evaluations per doubling of the steps, capped at :data:`CAP` times
-   the row's predicted epochs (so a run that never reaches the target has run past the band's
-   upper edge);
-3. per network, two claims: below the plan's B_crit every batch's predicted steps within 25% of
-   the measured (the geometric mean of the seeds), above it within 50%; each batch's ratio
-   decided by its 95% jackknife-t interval (:func:`lbsgd.stats.band`: the t interval of per-seed log ratios): every batch's interval
-   inside the band, replayed; one wholly outside, not replayed; else undecided. A run that never
-   reached the target counts as infinitely many steps (it ran past the edge).
-
-Amended after the first runs (made from 945c626; the amendment changes no claim, band, seed or
-cap): between steps 1 and 2, the plan's lr range test (:mod:`lbsgd.plan.lr_range`) at the largest
-planned batch, with the probe's keys and seed, and every row's lr capped by its bound as ``lbsgd
-plan`` caps it; a row whose lr the cap moves is a new experiment, trained on the same seeds. Each
-batch's line names what the plan does not vouch for in that row (its ``extrapolated`` marks: "B_crit
-a lower bound" where B_simple still grows at the target).
+Per network of ``plan_check["networks"]``: one probe, ``lbsgd plan``'s rows from it (its lr range
+test capping the lrs), every planned batch up to :data:`CHECKED_UP_TO` × B_crit trained at the
+row's lr and warmup on fresh seeds, stopped at the target (capped at :data:`CAP` × the row's
+epochs), and two claims: predicted steps within 25% of the measured below B_crit, within 50%
+above, by each batch's jackknife-t interval. Pre-registered: its claims, bands, seeds and cap are
+not to change; the record and results are docs/planning.md ("At the plan's own lr").
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Scales at which the studies replay: the papers' ratios, each profile's own absolute sizes.
 
 Batch sizes are given as k = batch_size / reference_batch (Goyal's k workers of n images), so a
-study reads the same at every scale: k = 32 is Goyal's 8k minibatch at ImageNet scale.
-
-- ``smoke``: seconds per run, for tests; checks that every study runs end to end. Too small for the
-  findings: its runs end near chance.
-- ``cpu``: the embedded default, on the generated dataset; a laptop CPU, minutes per run.
-- ``fashion``: Fashion-MNIST (real images, Debian's ``dataset-fashion-mnist``), five seeds, on a
-  laptop CPU: the studies whose claims the generated shapes cannot decide.
-- ``fashion-long``: Goyal's recipe on Fashion-MNIST: all 60,000 images, 8 epochs, the step schedule,
-  thousands of optimizer steps at the large minibatch; eight seeds planned for 80% power at k = 16
-  had 58% at the spread they measured (its warmup claims undecided), so the warmup claim is
-  decided by a pre-registered test at k = 32 on twenty more pairs (gradual beats none there, and
-  misses the baseline).
-- ``cifar10``: CIFAR-10 on one GPU.
-- ``imagenet``: the papers' settings (ResNet-50 / AlexNet, 90/100 epochs, n = 32, 0.1 per 256) for
-  multi-GPU nodes.
+study reads the same at every scale: k = 32 is Goyal's 8k minibatch at ImageNet scale. The
+profiles, and the calibration probes behind each value: docs/studies.md ("Profiles").
 """
 
 from __future__ import annotations
@@ -102,20 +89,8 @@ class Profile:
         return keys
 
 
-# ResNet-8 of width 8 on 16×16 generated shapes (the generator's "easy" setting), 0.1 per 128
-# images as the calibration probe, 20,000 train images × 4 epochs (~30 s per run on one core, two
-# runs at a time), so the whole cpu suite fits in 30 minutes on 2 cores. Calibration probe at
-# 24,000 images × 4 epochs (seed 0 unless noted, one run each, top-1 test error %; a full replay at
-# 24,000 took 40 minutes, hence 20,000):
-# - standard setting at this budget: k = 1 at 26-38% error for noise 0.06-0.12 (width 8 or 16, 12k x
-#   8 or 24k-48k x 2-8 epochs): the seed spread (2-3 points) hides any flat region.
-# - easy, width 16: k = 1, 4, 16, 32, 64 -> 0.36, 0.48, 0.90, 1.88, 8.04; at k = 32 none 4.80,
-#   constant 2.24 (~52 s per run). Easy with noise 0.15: 5.2, 8.3 (k = 16), 17.2, 26.3: noise makes
-#   the large minibatches degrade earlier.
-# - easy, width 8 (chosen): k = 1, 16, 32, 64 -> 2.02, 3.16, 6.14, 11.02; at k = 16 none 3.42,
-#   constant 4.14, gradual 3.16; at k = 32 (seed 1) gradual 7.40, none 7.38, constant 9.44.
-#   The knee sits between k = 16 and 32, so large_k = 16 plays Goyal's 8k (the largest minibatch
-#   that still matches the baseline).
+# ResNet-8 of width 8 on the generator's easy 16×16 shapes, 0.0125 per 16, 20,000 images × 4 epochs
+# (~30 s a run on one core); its knee lies between k = 16 and 32 (docs/studies.md, profile notes)
 _CPU_BASE = {
     "model": "resnet",
     "depth": 8,
@@ -141,26 +116,8 @@ _CPU_BASE = {
     "cpu_isa": "portable",
 }
 
-# Fashion-MNIST, 14×14 (area-averaged; 2.6× the speed of 28×28), on the cpu profile's ResNet-8 of
-# width 8, 4 epochs, gradual warmup over 0.5 epochs, cosine. Calibration probes: one run each, seed 0
-# unless noted, top-1 test error %, two runs at a time on a 2-core AMD EPYC under cpu_isa=portable
-# (~1,000 img/s each: a ResNet run of 15,000 images × 4 epochs takes about a minute):
-# - 10,000 images, 0.0125 per 16: k = 1, 16, 64 -> 22.6, 25.0, 32.9. 0.025 per 16: k = 1, 4, 16, 32
-#   -> 21.3, 22.3, 24.8, 30.4; at k = 16 none 24.5, constant 28.2.
-# - 20,000 images, 0.025: k = 1, 8, 16, 32 -> 18.5, 19.8, 20.7, 24.0; none at 16, 32: 21.4, 23.0.
-# - 15,000 images (chosen: 20,000 would not fit 90 minutes), 0.025: k = 1 -> 20.1, 19.5 (seeds 0, 1);
-#   k = 8 -> 21.4, 21.2; k = 16 gradual 22.0, none 23.0. 0.05 (chosen, the better baseline, as Goyal
-#   tunes the lr at the small minibatch): k = 1 -> 18.8, 19.4; k = 8 -> 20.6; k = 16 gradual 23.2,
-#   21.8 and none 21.9, 22.8 (seeds 0, 1: warmup's sign flips with the seed at this lr), constant
-#   25.4; k = 32 gradual 27.6; SGD at k = 128 (lr 6.4) 73.1.
-#   The error leaves 2 points of the baseline between k = 8 and 16; large_k = 16, as on the cpu
-#   profile, sets the warmup comparison at lr 0.8, where warmup has something to do.
-# - LARS at k = 128 (SGD 0.025 per 16, lr 3.2: 47.1): 0.125 per 16 -> 43.3, 0.25 -> 58.2.
-# - AlexNet-BN at k = 64, 15,000 images: SGD 0.025 per 16 -> 72.5 (148 s, 2.3× a ResNet run);
-#   LARS 0.25 -> 40.0 (56.1 at epoch 2 of 4, SGD 80.6 there).
-# - The replay: 104 runs (79 ResNet, 25 AlexNet) and study 11's 23 re-runs that measure the noise
-#   scale; at 15,000 images for every run it would take about 85 minutes on two cores, hence
-#   AlexNet on 10,000.
+# Fashion-MNIST at 14×14 (area-averaged: 2.6× the speed of 28×28) on the cpu profile's ResNet-8,
+# 15,000 images, 0.05 per 16 (the better baseline of the probes: docs/studies.md, profile notes)
 _FASHION_BASE = {
     **_CPU_BASE,
     "dataset": "fashion_mnist",
@@ -171,17 +128,8 @@ _FASHION_BASE = {
 for _k in ("synthetic_train", "synthetic_test", "synthetic_difficulty"):
     del _FASHION_BASE[_k]
 
-# Goyal's recipe on Fashion-MNIST (``fashion-long``): all 60,000 training images at 14×14, 8 epochs,
-# the same ResNet-8 of width 8 and 0.05 per 16 as ``fashion``, Goyal's step schedule scaled to 8
-# epochs (÷10 at 30, 60 and 80 of 90 epochs: 2.667, 5.333, 7.111) and his 5 of 90 warmup epochs
-# (0.45). The large minibatch k = 16 (batch 256, lr 0.8) gets 1,875 steps, 31× fashion's S_min of
-# 61. Calibration probes (seed 0, one run each, top-1 test error %, two runs at a time on the
-# 2-core AMD EPYC under cpu_isa=portable, about 1,500 img/s each: 5-6 minutes a run):
-# - 60,000 images: k = 1 (no warmup) 12.31; gradual warmup at k = 8 13.08, k = 16 13.08, k = 32
-#   17.21 (none 15.47). The baseline is 6.7 points better than fashion's 19.0, and the gradual
-#   arm at k = 16 lands 0.8 points from it; k = 32 is past the knee (and warmup does not help there).
-# - 30,000 images (half the cost): k = 1 14.69, k = 16 gradual 17.37 (2.7 points off: too far for
-#   Goyal's "matches"), none 16.54, constant 21.47 -- hence all 60,000.
+# Goyal's recipe on Fashion-MNIST (``fashion-long``): all 60,000 images, 8 epochs, his step
+# schedule (÷10 at 30, 60, 80 of 90 epochs) and 5 of 90 warmup epochs scaled to 8 epochs
 _LONG_BASE = {
     **_FASHION_BASE,
     "fashion_train": 60_000,
@@ -191,21 +139,10 @@ _LONG_BASE = {
     "warmup_epochs": 0.45,
 }
 
-# Study 14's anchors, the centres of the tuning grids, per reference batch: Nesterov at the
-# profile's linear-rule lr, LARS at its LARS lr, LAMB and AdamW by the square-root rule from the
-# best of probes at k = 128 (seed 0, 20,000 images, poly(2), 0.5 warmup epochs; test error %, one
-# run each; the grid then tunes on held-out images with another seed):
-# - LAMB peak lr 0.01 -> 81.6, 0.02 -> 74.5, 0.04 -> 61.6, 0.16 -> 22.1, 0.5 -> 86.0;
-# - AdamW 0.003 -> 78.6, 0.01 -> 59.9, 0.03 -> 38.6, 0.1 -> 44.5, 0.3 -> 90.0;
-# - Nesterov 1.6 (the linear rule) -> 43.3; LARS 16 (the profile's) -> 48.4.
-# So 0.014 x sqrt(128) = 0.158 for LAMB, 0.0035 x sqrt(128) = 0.040 for AdamW.
+# study 14's grid centres per reference batch: Nesterov and LARS at the profile's lrs, LAMB and
+# AdamW by the square-root rule from the best probes at k = 128 (docs/studies.md, profile notes)
 _CPU_ANCHORS = {"nesterov": 0.0125, "lars": 0.125, "lamb": 0.014, "adamw": 0.0035}
-# At k = 16 a first pass of the grid around these rules' centres (held-out error %, seed 1000, on
-# 16,000 images) chose the top of the grid (x 3) for three optimizers: Nesterov 0.6 (5.05; x 1 0.2:
-# 11.8), LARS 6 (12.5; 2: 33.3), AdamW 0.042 (5.45; 0.014: 9.7), LAMB inside it (0.056: 4.9; 0.168:
-# 5.1). Their grids at k = 16 are centred on that best lr (those first-pass runs are not part of
-# the study); LAMB's stays on its rule. Every run's poly(2) decay over 250 steps favours a larger
-# peak than the profile's cosine schedule did.
+# at k = 16 a first pass chose the grid's top (×3) for these three: their grids centre there
 _CPU_CENTRES = {16: {"nesterov": 0.6, "lars": 6.0, "adamw": 0.042}}
 
 PROFILES: dict[str, Profile] = {
@@ -248,12 +185,7 @@ PROFILES: dict[str, Profile] = {
             "optimizers": (16, 128),
         },
         large_k=16,
-        # LARS global lr per 16 images, poly(2), measured at seed 0 on 24,000 images (one run each):
-        # ResNet at k = 128: 0.0625 -> 51.6, 0.125 -> 36.3, 0.25 -> 52.3, 0.5 -> 90.1 (diverged);
-        # SGD (linear rule) 50.7 with cosine, 53.7 with poly. At k = 64 SGD is still ahead (11.0 vs
-        # LARS 14.2 at 0.25, 22.7 at 0.125), so the comparison sits at k = 128. Biases and BN
-        # (decay_bn_bias=false) step with the raw global lr, which is what breaks 0.5 and up.
-        # AlexNet at k = 64 with 0.25: AlexNet-BN LARS 39.9 vs SGD 55.2; pool5-BN 46.5.
+        # LARS at k = 128, where it first beats SGD; 0.5 per 16 and up diverge (profile notes)
         lars={"base_lr": 0.125, "schedule": "poly", "lars_eta": 0.001},
         alexnet={},
         alexnet_lars={"base_lr": 0.25},
@@ -280,9 +212,8 @@ PROFILES: dict[str, Profile] = {
         # its SGD at the probe's 0.025 per 16; LARS at k = 64: 0.25 per 16
         alexnet={"fashion_train": 10_000, "base_lr": 0.025},
         alexnet_lars={"base_lr": 0.25},
-        # Nesterov's anchor at the probe's 0.025 per 16 (SGD at k = 128: 47.1 at 0.025, 73.1 at
-        # the profile's 0.05), at k = 16 the profile's calibrated 0.05 per 16 (0.8); LARS, LAMB
-        # and AdamW as on cpu (not probed on Fashion-MNIST)
+        # Nesterov's anchor at the probe's 0.025 per 16, at k = 16 the profile's 0.05 (0.8); LARS,
+        # LAMB and AdamW as on cpu (not probed on Fashion-MNIST)
         tuning={
             "holdout": 3_000,
             "anchors": {**_CPU_ANCHORS, "nesterov": 0.025},
@@ -308,48 +239,13 @@ PROFILES: dict[str, Profile] = {
     "fashion-long": Profile(
         name="fashion-long",
         base=_LONG_BASE,
-        # Goyal's effects (Table 1, 8k): gradual over none 1.10 points, constant over none 1.04,
-        # gradual 0.14 from the baseline (0.86 inside the ±1.0 margin). Paired seeds, two-sided t at
-        # 5%, 80% power (lbsgd.stats.seeds_to_decide), at fashion's per-seed sd of the paired
-        # difference gradual − none (0.93 over its five seeds): 8 seeds for 1.10, 9 for 1.04,
-        # 12 for 0.86. Eight, the first claim's; the other two have 77% and 61% power at that sd.
-        # Measured: the per-seed sd of gradual − none was 1.24, not 0.93, so the eight pairs had
-        # 58% power for 1.10 (53% for 1.04; lbsgd.stats.power): hence warmup_test below.
+        # eight seeds: 80% power for Goyal's 1.1 points at fashion's paired sd 0.93; the measured
+        # 1.24 gave 58%, hence warmup_test below
         seeds=tuple(range(8)),
         large_k=16,
-        # study 15's ladder: a constant lr after the gradual warmup (no decay: the steps to a target
-        # would otherwise read the schedule's fixed decay epochs), at most 4 epochs, 5,000 images
-        # held out and probed 4 times per doubling of the steps. Probes (seed 1000, held-out error
-        # %): k = 64 at lr x 1 (3.2) 26.3 at its last step (215) and as high as 44.9 on the way;
-        # at x 0.5 (1.6) 22.3 at step 153, 17.7 at 215; k = 1 at x 1 (0.05): 24.0 after 2,436
-        # steps (stopped there). Hence the target 22% (every size reaches it) and a grid from
-        # x 0.25 (k = 64 prefers x 0.5, which a grid starting there would leave on its edge).
-        # Batch sizes x4 apart (1, 4, 16, 64): 20 runs, about 35 minutes on 2 cores; every
-        # doubling would take 35 runs. The replay's first grid (x 0.25 to x 2, at cbc0999) chose
-        # x 0.25 at k = 16 and 64, its low edge (k = 16: 284 steps at x 0.25, 329 at x 0.5; k = 64
-        # reached the target at x 0.25 alone), so the grid went down to x 0.125 (4 runs more, at
-        # d8a458d): k = 16 kept x 0.25 (x 0.125: 393 steps), k = 64 chose x 0.125 (148 steps, both
-        # seeds; x 0.25: 164, one seed of two), the edge again, hence x 0.0625 (4 runs more).
-        # Those two seeds (at 22%: k = 1 2,572 and 6,517 steps) could not carry a slope or B_crit,
-        # so the ladder was redesigned before its next runs (at the commit that wrote this):
-        # - The target 24%, where the curves are steep: the held-out error jumps 2-5 points between
-        #   probes, so the first crossing of a target where the curve has flattened moves by
-        #   octaves. Over seeds 0 and 1 at each k's lr, the pooled within-k sd of log2 steps to
-        #   the target was 0.48 at 22%, 0.26 at 23%, 0.20 at 24%, 0.22 at 26%, 0.18 at 28%, 0.34
-        #   at 30%: 24% is the lowest target (the furthest into training) at the smallest spread.
-        #   Runs still end at 22% (``stop_at_error``, the keys of the runs made before).
-        # - Seed 0 alone chooses each k's lr (at 24%: x 0.5, 1, 0.5, 0.25 at k = 1, 4, 16, 64, none
-        #   on an edge); seeds 2-7 measure (six, disjoint from seed 0, and from seed 1, which
-        #   chose the target with seed 0; seed 1's runs stay in the folder, read by no claim).
-        # - k = 8 and 32 added (their grids on seed 0): study 16's five fixed batches (k = 4-64)
-        #   then each have a study-15 lr, and the fit has six batch sizes.
-        # - At 24% seed 0 chose x 0.0625 at the new k = 32, the grid's low edge, by a hair (153
-        #   steps; x 0.125-0.5: 166, 174, 155), so the grid goes down to x 0.03125 (6 runs more,
-        #   on seed 0, at the commit that wrote this line; the choice reads seed 0 alone).
-        # - B_crit and S_min get a 95% percentile bootstrap interval over the six seeds (2,000
-        #   resamples, each refitting the per-k geometric means); the x2 and x3 agreement claims
-        #   are decided by the bootstrap interval of their ratio (wholly inside the band:
-        #   replayed; wholly outside: not; else undecided).
+        # study 15's ladder: a constant lr after the warmup, at most 4 epochs; seed 0 chooses each
+        # k's lr, seeds 2-7 measure; the target 24% is where the spread of steps is least (its
+        # history: docs/studies.md, profile notes)
         ladder={
             "ks": (1, 4, 8, 16, 32, 64),
             "target": 24.0,
@@ -359,37 +255,8 @@ PROFILES: dict[str, Profile] = {
             "lr_factors": (0.03125, 0.0625, 0.125, 0.25, 0.5, 1.0, 2.0),
             "keys": {"epochs": 4, "milestones": []},
         },
-        # Study 14: at k = 16 on 30,000 images (3,000 held out), 4
-        # epochs: 422 steps, 4.6x S_min, about 65 s a run two at a time. poly(2), 0.25 warmup
-        # epochs. Probes (seed 1000, one run each, held-out top-1 error %, peak lr):
-        # - Nesterov 0.4 -> 20.7, 0.8 -> 21.5, 1.6 -> 18.6;
-        # - LARS 2 -> 26.4, 6 -> 21.2, 18 -> 20.6;
-        # - LAMB 0.02 -> 19.7, 0.056 -> 19.6, 0.16 -> 24.5;
-        # - AdamW 0.005 -> 22.3, 0.014 -> 20.5, 0.042 -> 20.4.
-        # Each grid is centred on its best probe, 5 peak lrs x2 apart (x 0.25 to x 4), two tuning
-        # seeds: 40 trials, then the 8 seeds of each choice, 72 runs in all. Replayed in one
-        # sitting from d827813: 43 min 14 s of wall; every choice inside its grid (Nesterov x1,
-        # LARS x1, LAMB x1, AdamW x0.5). That grid tuned the lr alone, on two seeds that differed
-        # by up to 1.93 points at one setting. Redesigned before its next runs (at the commit that
-        # wrote this): every optimizer tunes lr, warmup and weight decay on one budget, Nado et
-        # al.'s quasi-random search (optimizers.Search): the same 10 Halton points for all four,
-        # as factors of each one's centre (lr x0.31-x3.55, warmup 0.02-0.91 epochs, weight decay
-        # x0.30-x3.1 of 5e-4, or of 0.01 for LAMB and AdamW), each on 3 tuning seeds: 120
-        # trials, then the 8 seeds of each choice, 152 runs. At k = 16 (batch 256): study 15 at
-        # 24% put B_crit near 500 (seed 0's ladder: 504; its six measuring seeds then fitted 364,
-        # 95% CI [307, 410]), so this is below B_crit, and the
-        # claims say so rather than lean on Nado et al.'s 32k or You et al.'s batches; k = 32
-        # would sit at B_crit with no calibrated centre (an lr on the search's edge voids a claim).
-        # Study 2's pre-registered test, written down at the commit before its runs (docs/
-        # verdicts.md, "Pre-registered"): at k = 32 (batch 512, lr 1.6, Goyal's 8k by k · 256; study
-        # 15 puts this network's stability edge near lr 1.6), no against gradual warmup, paired.
-        # The eight seeds above measured a per-pair sd of gradual − none of 1.24 at k = 16; the
-        # test has two decided outcomes (the interval above 0: gradual beats none; below 1.1:
-        # the benefit is smaller than Goyal's), and 18 pairs decide one of them with 80% chance
-        # whatever the true benefit at that sd (lbsgd.stats.pairs_to_decide(0, 1.1, 1.24)); 20
-        # keep 80% up to an sd of 1.33, since the spread at k = 32, nearer the edge, is not
-        # measured. Seeds 4000-4019: no calibration, probe or other study used them. The ladder
-        # (k = 64 and 128, none and gradual, 2 seeds) is measured, not tested.
+        # study 2's pre-registered warmup test (docs/verdicts.md): k = 32, twenty fresh seed pairs
+        # sized at the measured sd 1.24; the ladder beyond it is measured, not tested
         warmup_test={
             "k": 32,
             "seeds": tuple(range(4000, 4020)),
@@ -399,6 +266,8 @@ PROFILES: dict[str, Profile] = {
         },
         ks={"optimizers": (16,)},
         lars={"schedule": "poly", "poly_power": 2.0, "lars_eta": 0.001},
+        # study 14 at k = 16 (below B_crit) on 30,000 images: 422 steps, centres at the best probes,
+        # Nado et al.'s quasi-random search over lr, warmup and weight decay (docs/studies.md)
         tuning={
             "holdout": 3_000,
             "anchors": {"nesterov": 0.1, "lars": 1.125, "lamb": 0.014, "adamw": 0.0105},
@@ -406,17 +275,8 @@ PROFILES: dict[str, Profile] = {
             "search": {"points": 10, "seeds": (1000, 1001, 1002)},
             "keys": {"fashion_train": 30_000, "epochs": 4},
         },
-        # study 15's fit (results/fashion-long/steps_to_target/table.csv; seeds 2-7, 95% bootstrap
-        # intervals S_min [88.7, 102.0], B_crit [307, 410]): the large minibatch's 1,875 steps are
-        # 20.0x S_min
-        # study 16's check of every row at the plan's lr (lbsgd.studies.plan_lr): ResNet-8 and
-        # You et al.'s AlexNet-BN (BN after every conv: 1.48M parameters, FC-heavy, about 760
-        # img/s here against ResNet-8's 2,200), each planned from the ladder's probe at k = 4 of
-        # seed 2, its batches up to 4 B_crit on seeds 8, 9, 10 (no calibration or choice used
-        # them). AlexNet-BN's lr from calibration probes at k = 4 (seeds 99, 98, 97, held-out
-        # error): at the ladder's 0.05 per 16 it never reached 24% in 4 epochs (best 29.5%,
-        # 30-36% at the end); at the fashion profile's AlexNet lr, 0.025 per 16, 25.2% at step
-        # 1,024 and 21.8% at 1,218; at 0.0125, 22.5% at 1,024. Hence 0.025.
+        # study 16's second part (lbsgd.studies.plan_lr): ResNet-8 and AlexNet-BN (0.025 per 16
+        # from its probes), planned from the ladder's probe of seed 2, checked on fresh seeds
         plan_check={
             "networks": {
                 "resnet8": {},
@@ -425,7 +285,7 @@ PROFILES: dict[str, Profile] = {
             "probe_seed": 2,
             "seeds": (8, 9, 10),
         },
-        s_min=93.6,
+        s_min=93.6,  # study 15's fit (results/fashion-long/steps_to_target/table.csv)
         b_crit=363.6,
         s_min_target="study 15's held-out top-1 error 24%",
         studies=("warmup", "optimizers", "steps_to_target", "plan"),

@@ -1,14 +1,8 @@
 """10. Scaling: communication cost, measured and predicted. Trains nothing: it reads (or makes) the
-all-reduce and step-breakdown measurements of ``<results>/benchmarks/`` (``make bench`` writes
-them), fits the α–β model to the all-reduce timings, and sets the cost model
-(:mod:`lbsgd.costmodel`) beside the measured steps and the published efficiencies.
-
-Its findings are deterministic comparisons of a measurement (or a published figure) with the
-model; there are no seeds. The inputs are the JSON records of ``lbsgd bench allreduce``
-(``allreduce_cpu.json``: ``world_size``, ``nodes``, ``processes_per_node``, ``rows`` of path,
-bytes, seconds, bus_bandwidth_Bps, and ``fits``) and ``lbsgd bench train`` breakdowns
-(``steps_cpu.json``: ``rows`` of nproc, comm_hook, bucket_cap_mb, data, forward, backward,
-optimizer, step, grad_bytes, img_per_s, and ``environment``).
+all-reduce and step-breakdown records of ``<results>/benchmarks/`` (``lbsgd bench allreduce`` and
+``lbsgd bench train``: ``allreduce_cpu.json``, ``steps_cpu.json``), fits the α–β model to the
+all-reduce timings, and sets the cost model (:mod:`lbsgd.costmodel`) beside the measured steps and
+the published efficiencies: deterministic comparisons, no seeds (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """13. Stale gradients: error vs staleness τ, with and without the linear scaling rule, and a
 genuinely asynchronous parameter server beside the simulation.
 
-The simulation (``staleness`` = τ, ``staleness_dist=fixed``; :mod:`lbsgd.staleness`) is Lian et
-al.'s bounded-staleness model made deterministic on one process: the update of step t applies the
-gradient of step t's batch computed on the weights of step t − τ,
-
-    W_{t+1} = W_t − η_t · ∇L(W_{t−τ}; batch_t),
-
-so every seed replays exactly and τ is the only difference between the arms. Lian et al. 2015
-("Asynchronous Parallel Stochastic Gradient for Nonconvex Optimization", NeurIPS) prove
-convergence when the step size shrinks with the staleness bound (their condition couples L·γ·τ);
-Zhang et al. 2016 ("Staleness-aware Async-SGD for Distributed Deep Learning", IJCAI) divide the
-learning rate of a gradient by its staleness, η/τ. The linear scaling rule goes the other way (a
-larger batch, a larger lr), so it should make the same τ worse: this study runs each τ with
-``lr_scaling=linear`` and ``none`` at one batch.
-
-The parameter server (``async_ps=true``; :mod:`lbsgd.parameter_server`, 1 server + K workers,
-torchrun with K + 1 processes) is the real thing: its staleness is whatever the arrival order
-makes it, measured per update (``summary.json``: ``async_ps.staleness``, histogram and mean). It
-is compared with the simulated run at the nearest integer to its mean staleness (same batch, same
-lr rule, same seed), which this study trains when that τ is not in its list. The PS runs are not
-repeatable (timing) and cannot resume; they run one at a time, so that another run does not
-change their timing.
+The simulation (``staleness`` = τ, ``staleness_dist=fixed``) applies at step t the gradient of
+step t's batch on the weights of step t − τ (Lian et al. 2015), deterministic on one process, so τ
+is the only difference between the arms; each τ runs with ``lr_scaling=linear`` and ``none``. The
+parameter server (``async_ps=true``) is compared with the simulated run at the integer nearest its
+measured mean staleness (trained when not in the list); its runs do not repeat or resume and run
+one at a time, so that no other run changes their timing. Both: docs/communication.md.
 """
 
 from __future__ import annotations

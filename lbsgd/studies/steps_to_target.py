@@ -1,28 +1,12 @@
-"""15. Steps to a target error (Shallue et al. 2018; McCandlish et al. 2018): what a batch size buys,
-free of the epoch budget.
+"""15. Steps to a target error (Shallue et al. 2018; McCandlish et al. 2018): what a batch size
+buys, free of the epoch budget.
 
-Shallue et al. ("Measuring the Effects of Data Parallelism on Neural Network Training",
-arXiv:1811.03600; Fashion-MNIST is one of their workloads) count the optimizer steps a batch size
-needs to reach a target out-of-sample error, each batch size at its own best learning rate. On a
-log-log plot of steps against batch they find three regions: perfect scaling (doubling the batch
-halves the steps: slope −1), diminishing returns, and maximal data parallelism (no steps saved).
-McCandlish et al.'s S = S_min (1 + B_crit/B) is the same curve (:func:`critical_batch.fit`), with the
-critical batch B_crit predicted by the gradient noise scale. Goyal's "the error is flat up to 8k"
-restated in steps: the steps halve as the batch doubles up to k* (the profile's ``large_k``, which
-plays Goyal's 8k).
-
-The ladder (``profile.ladder``): each k of ``ks`` at the lrs ``base_lr × k × f`` for f in the
-ladder's ``lr_factors`` (default :data:`LR_FACTORS`: the same trials for every size) with the first
-of its ``seeds`` (the tuning seed), on the training split less ``holdout`` held-out images,
-evaluating the held-out images at log-spaced steps (``eval_per_octave`` = :data:`PER_OCTAVE`) and
-ending at the first that reaches ``stop_at_error`` (default the target). Per run, the steps to the
-``target`` held-out top-1 error (:func:`steps_to_error`, the first crossing); per k, the lr whose
-tuning run needs the fewest steps (never reaching counts as never), then trained with the other
-seeds, which alone measure: the claims and the fit read them, never the seed that chose the lr.
-A best lr on an edge of the grid (:func:`lbsgd.studies.rules.grid_edge`) is not a tuned choice,
-and the claims that read that k are invalid. Each run also measures the gradient noise scale
-(study 11's probe). The fit's S_min and B_crit and the ×2 claim get a jackknife-t interval
-(:class:`SeedSteps`; docs/verdicts.md).
+The ladder (``profile.ladder``): each k at the lrs ``base_lr × k × f`` (f in :data:`LR_FACTORS`)
+with the first seed, on the training split less the held-out images evaluated at log-spaced steps
+(:data:`PER_OCTAVE`), ending at the target (:func:`steps_to_error`: the first crossing); per k the
+lr of fewest steps is trained with the other seeds, which alone measure, and S = S_min (1 +
+B_crit/B) is fitted with jackknife-t intervals (:class:`SeedSteps`). A best lr on the grid's edge
+is no tuned choice: the claims that read that k are invalid. docs/studies.md ("Study 15").
 """
 
 from __future__ import annotations
