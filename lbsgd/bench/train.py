@@ -1,26 +1,11 @@
 """``lbsgd bench train``: the trainer against a minimal hand-written PyTorch loop, same everything.
 
-Both sides train the same model (same initialisation), on the same in-memory data, on the same
-device (the ``device`` key: auto = cuda when available), with the same batch, micro-batch,
-precision, compilation, optimizer and thread count, for the same number of optimizer steps. The
-bare loop is what a PyTorch tutorial writes: index a batch, forward under autocast, loss, backward
-(through a GradScaler for fp16), SGD step; it uses plain BatchNorm over the micro-batch, so with
-ghost BN (bn_batch < micro_batch) the ratio includes ghost BN's cost against plain BN, which should
-be about nothing (the mathematics of a config never forces a slow layout). The trainer adds the
-schedule, the sampler, ghost BN, gradient accumulation bookkeeping, metric flushes and the run
-directory.
-
-Measured alike: the data are resident on the device for both (:func:`lbsgd.data.resident`); the
-device is waited for before every clock read; the first ``SETTLING_STEPS`` optimizer steps
-(compilation, cuDNN and allocator warm-up) are timed apart as ``warmup_s`` and left out of the
-throughput, exactly as the trainer's summary.json does. The sides alternate (bare then trainer,
-trainer then bare, …) so that drifts in machine load hit both; each side's best throughput is
-compared (ratio = trainer / bare), and the ratio of the medians is printed beside it.
-
-``--matrix`` measures every (precision, compile, layout) variant in one process, one line each;
-layouts from the config's micro_batch m and bn_batch n: ``plain`` (batch = BN group = m),
-``ghost_bn`` (batch = m, BN groups of n < m), ``accum`` (batch = k·m, k accumulated micro-batches,
-BN over m).
+Both sides train the same model, data (resident on the device), batch, precision, compilation and
+optimizer for the same steps; the bare loop is what a tutorial writes (plain BN over the
+micro-batch, so a ghost-BN row measures ghost BN's cost too). The first ``SETTLING_STEPS`` are
+timed apart, the sides alternate so that drifts in load hit both, and each side's best throughput
+is compared (ratio = trainer / bare, the medians' beside it). ``--matrix`` measures every
+precision × compile × layout (``plain``, ``ghost_bn``, ``accum``) in one process; docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -2,27 +2,11 @@
 gets, the time of a step on p GPUs, and the choice of batch and GPU count. Pure functions of
 measured numbers (:mod:`lbsgd.plan.measure` measures them); no torch.
 
-Steps to the target (McCandlish et al. 2018, arXiv:1812.06162, eq. 2.11): at batch B,
-
-    S(B) = S_min (1 + B_crit / B),   E(B) = B·S(B) = E_min (1 + B / B_crit),   E_min = S_min·B_crit
-
-with B_crit predicted by the gradient noise scale B_noise at the target (their §2.2; lbsgd reads
-B_simple, :mod:`lbsgd.noise_scale`). One run at batch B_ref that reaches the target in S_ref steps
-fixes S_min = S_ref / (1 + B_crit/B_ref).
-
-Three statements of the same statistical efficiency (samples at B_0 over samples at B for equal
-progress), each from its paper, agree (tests/test_plan.py):
-
-- McCandlish: E(B_0)/E(B) = (1 + B_0/B_noise) / (1 + B/B_noise);
-- AdaScale (Johnson et al. 2020, arXiv:2007.05105, eq. 4): the gain ratio
-  r = (σ² + μ²)/(σ²/s + μ²) with s = B/B_0, σ² = tr(Σ)/B_0, μ² = |G|², and efficiency r/s;
-- Pollux (Qiao et al. 2021, OSDI, eq. 6): EFFICIENCY(M) = (φ + M_0)/(φ + M), φ = tr(Σ)/|G|².
-
-Step time on p workers of b = B/p samples each (the α–β model of :mod:`lbsgd.costmodel`): the
-compute of a worker, c_0 per micro-batch plus c_1 per sample (fitted to timings at two micro-batch
-sizes), plus a ring all-reduce of the gradient that DDP overlaps with the backward pass of the last
-micro-batch (the others accumulate under ``no_sync``): t = t_c + max(0, T − f·t_last), f the
-backward's share of a micro-batch's compute (measured).
+Steps follow McCandlish et al. 2018 (eq. 2.11): S(B) = S_min (1 + B_crit/B) with B_crit read as
+the noise scale at the target, so one run at B_ref reaching the target in S_ref steps fixes
+S_min = S_ref / (1 + B_crit/B_ref). A step on p workers is a worker's compute plus a ring
+all-reduce overlapped with the last micro-batch's backward: t = t_c + max(0, T − f·t_last). The
+formulas, and AdaScale's and Pollux's equal statements of the efficiency: docs/planning.md.
 """
 
 from __future__ import annotations
@@ -207,8 +191,7 @@ class Compute:
     bookkeeping, waiting for the slowest worker; 0 where not measured). A micro-batch of one BN
     group (``group`` samples) takes ``one_group_s`` where measured: one BN kernel per layer where
     two or more groups loop over theirs (lbsgd.models.ghost_bn), a step the line through the larger
-    micro-batches does not hold (on an H100, ResNet-50 at groups of 32: 19.7 ms for one group,
-    52.3 ms for two, where the line through one and eight groups said 35 ms)."""
+    micro-batches does not hold (docs/planning.md)."""
 
     per_micro_s: float
     per_sample_s: float
