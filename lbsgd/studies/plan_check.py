@@ -3,11 +3,10 @@
 A profile is planned from a probe run and each prediction set beside its *reference*
 (:func:`reference`): study 15's ladder where the profile has one (``fashion-long``), else study
 11's sweep (``fashion``). Four claims: the critical batch within ×3 of the fitted one, the steps
-to the target within 25% below B_crit and 50% above, the step time within 25% on 1 and 2
-processes, and the recommended batch's training time within 15% of the best of five fixed
-batches. On the ladder the seeds' geometric means are decided by jackknife-t intervals; on study
-11's sweep by every seed or none; the step time is one timing each. docs/planning.md ("Accuracy
-on our profiles") has the rules in full and the results.
+within 25% below B_crit and 50% above, the step time within 25% on 1 and 2 processes, and the
+recommended batch's time within 15% of the best of five fixed batches. The ladder's seeds are
+decided by jackknife-t intervals, study 11's by every seed or none, the step time by one timing
+each; the rules in full and the results: docs/planning.md ("Accuracy on our profiles").
 """
 
 from __future__ import annotations
