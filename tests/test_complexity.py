@@ -1,5 +1,6 @@
 """The package read in one sitting: every function of lbsgd, closures and methods included, is at
-most 10 in radon's cyclomatic complexity. ruff's C901 holds it to the same number but counts less:
+most 12 in radon's cyclomatic complexity (a smell detector, not a target: 10 made functions split
+only to pass it, STYLE 16). ruff's C901 holds it to the same number but counts less:
 radon adds a branch for each ``and``/``or``, each conditional expression and each comprehension,
 where prose assembly and option handling hide their branches (docs/ARCHITECTURE.md)."""
 
@@ -12,7 +13,7 @@ import lbsgd
 
 PACKAGE = Path(lbsgd.__file__).resolve().parent
 HELD = sorted(PACKAGE.rglob("*.py"))
-LIMIT = 10
+LIMIT = 12
 
 
 def _functions(blocks):
@@ -26,7 +27,7 @@ def _functions(blocks):
             yield from _functions(b.closures)
 
 
-def test_every_function_of_the_package_is_at_most_10_in_radon():
+def test_every_function_of_the_package_is_at_most_12_in_radon():
     over = [
         f"{path.relative_to(PACKAGE.parent)}:{f.lineno} {f.fullname} ({f.complexity})"
         for path in HELD
