@@ -229,3 +229,43 @@ def test_no_committed_notebook_names_a_folder_of_the_machine_that_executed_it():
     }
     assert len(named) > 20  # every profile's notebooks are read
     assert not {nb: found for nb, found in named.items() if found}
+
+
+CI = re.compile(r"95% CI \[x?([-+]?\d+\.?\d*), x?([-+]?\d+\.?\d*)\]")
+
+
+def _same_interval(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Two printed intervals of one statistic: equal, or one the other's reciprocal (a ratio
+    read upside down), to the printed digits."""
+
+    def close(x: float, y: float) -> bool:
+        return abs(x - y) <= 0.011 * max(abs(x), abs(y), 0.01)
+
+    if close(a[0], b[0]) and close(a[1], b[1]):
+        return True
+    return min(*a, *b) > 0 and close(a[0], 1 / b[1]) and close(a[1], 1 / b[0])
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_no_two_claims_of_a_report_read_the_same_ratio(profile):
+    """One statistic, one claim: no two tested claims of a profile print the same interval of a
+    ratio (or its reciprocal), as study 16's "B_crit within x3 of the fit" printed study 15's x2 ratio
+    upside down (0.44 [0.41, 0.48] against 2.25 [2.07, 2.43]) and counted twice in the BH family."""
+    _runs(profile)
+    tested = []
+    for path in sorted((RESULTS / profile).glob("*/findings.json")):
+        for f in json.loads(path.read_text())["findings"]:
+            if f["outcome"] in ("measured", "invalid") or f.get("p_for") is None:
+                continue
+            for m in CI.finditer(f["evidence"]):
+                lo, hi = float(m[1]), float(m[2])
+                ratio = "[x" in m[0] or "ratio" in f["evidence"][max(0, m.start() - 80) : m.start()]
+                if ratio and lo != hi:  # a point (every seed alike) reads no spread
+                    tested.append((f"{path.parent.name}: {f['claim']}", (lo, hi)))
+    twice = [
+        (a, b)
+        for i, (a, x) in enumerate(tested)
+        for b, y in tested[i + 1 :]
+        if a != b and _same_interval(x, y)
+    ]
+    assert not twice, twice[:3]
