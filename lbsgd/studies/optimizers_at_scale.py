@@ -201,6 +201,16 @@ def finals(profile: Profile, chosen) -> list[dict]:
     return opt.finals(scaled(profile), chosen, design(profile).seeds)
 
 
+def table(final_df):
+    """Each choice's test error over the measuring seeds, Nado et al.'s published rows beside the
+    k that stands for their batch (k · 256; none at k = 64, their 32k is k = 128)."""
+    t = opt.ours(final_df).merge(opt.paper(), on="arm", how="left")
+    same = [studies.paper_batch(k) == b for k, b in zip(t["k"], t["paper_batch"], strict=True)]
+    for c in ("paper_batch", "paper_top1_error_pct", "paper_source", "paper_variant"):
+        t.loc[[not x for x in same], c] = None
+    return t
+
+
 def findings(final_df, chosen, regime: opt.Regime) -> list[Finding]:
     """Nado et al.'s parity (tuned Nesterov matches LARS within ±1 point) and You et al.'s claim
     (LAMB beats tuned AdamW), each one contrast with three outcomes, paired over the measuring
