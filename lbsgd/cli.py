@@ -106,14 +106,9 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("profile", help="a profile of lbsgd.studies.scales (cpu, fashion, ...)")
     n.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="notebooks/NN_<study>.ipynb")
     n.add_argument("--out", default="results", help="results root (OUT)")
-    n.add_argument(
-        "-p",
-        "--parameter",
-        nargs=2,
-        action="append",
-        default=[],
-        metavar=("KEY", "VALUE"),
-        help="a launch parameter, given to each notebook that declares it: "
+    _parameter_option(
+        n,
+        "a launch parameter, given to each notebook that declares it: "
         "nproc_per_node, nnodes, rdzv_endpoint, parallel, launcher, cluster",
     )
     n.add_argument("--dry-run", action="store_true", help="print the command lines; run nothing")
@@ -124,20 +119,27 @@ def parser() -> argparse.ArgumentParser:
     )
     e.add_argument("notebook", metavar="NOTEBOOK", help="notebooks/NN_<study>.ipynb")
     e.add_argument("output", metavar="OUTPUT", help="where the executed copy is saved")
-    e.add_argument(
-        "-p",
-        "--parameter",
-        nargs=2,
-        action="append",
-        default=[],
-        metavar=("KEY", "VALUE"),
-        help="a notebook parameter, as papermill's -p (a value in [] or {} read as YAML)",
+    _parameter_option(
+        e, "a notebook parameter, as papermill's -p (a value in [] or {} read as YAML)"
     )
     e.add_argument("--log-output", action="store_true", help="print the cells' output as they run")
     bench.add_parser(sub)
     _data_parser(sub)
     _plan_parser(sub)
     return p
+
+
+def _parameter_option(p: argparse.ArgumentParser, help: str) -> None:
+    """``-p KEY VALUE``, repeatable (lbsgd execute's and lbsgd reproduce's)."""
+    p.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help=help,
+    )
 
 
 def _plan_parser(sub) -> None:

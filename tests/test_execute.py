@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import subprocess_env
-from helpers import in_session, interrupt, session_processes
+from helpers import in_session, interrupt, processes_naming, session_processes
 
 from lbsgd import checkpoint
 from lbsgd.execute import merged_streams, normalise, parameter
@@ -181,10 +181,10 @@ def test_the_end_of_its_parent_stops_the_sweep_as_a_sigterm_does(tmp_path):
     shell.send_signal(signal.SIGTERM)  # as make, sent SIGTERM, sends its recipe's shell
     shell.wait(timeout=30)
     deadline = time.monotonic() + 240
-    while _processes_naming(tmp_path) and time.monotonic() < deadline:
+    while processes_naming(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.5)
     out = (tmp_path / "terminal.txt").read_text()
-    assert not _processes_naming(tmp_path), out  # lbsgd execute, its kernel and the runs: gone
+    assert not processes_naming(tmp_path), out  # lbsgd execute, its kernel and the runs: gone
     assert not [word for word in NOISE if word in out], out
     summary = [line for line in out.splitlines() if line.startswith("lbsgd: sweep of study")]
     assert len(summary) == 1 and "runs not started" in summary[0], out
@@ -282,20 +282,7 @@ def test_a_kernel_whose_papermill_is_killed_stops_the_runs_and_prints_the_summar
             status == "interrupted" and (run / checkpoint.NAME).is_file()
         ), (run.name, status, out)
     time.sleep(2)  # the runs' agents leave after their workers
-    assert not _processes_naming(tmp_path), out
-
-
-def _processes_naming(path: Path) -> list[str]:
-    """The command lines of this machine's processes that name ``path`` (Linux /proc)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # it has just ended
-            continue
-        if str(path) in line:
-            found.append(line)
-    return found
+    assert not processes_naming(tmp_path), out
 
 
 @pytest.mark.slow
