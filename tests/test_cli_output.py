@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -261,6 +262,40 @@ def test_the_first_ctrl_c_or_sigterm_ends_a_long_command_in_one_line_and_exit_st
     assert processes_naming(tmp_path) == [], printed  # verify's replays: sessions of their own
     written = {"report": "cpu/REPORT.md", "bench": "b.json", "execute": "out.ipynb"}
     assert command not in written or not (tmp_path / written[command]).exists()
+
+
+LOST_IN_A_CALLBACK = """
+import time, weakref
+from lbsgd.experiments.interrupts import Terminated, HungUp, sigterm_as_interrupt
+
+class Held:
+    pass
+
+def callback(_):
+    raise {raised}("as a signal's handler does")
+
+held = Held()
+try:
+    with sigterm_as_interrupt(pass_on=False):
+        ref = weakref.ref(held, callback)
+        del held  # the callback runs here: its exception is "ignored" by Python
+        time.sleep(20)
+        print("went on")
+except KeyboardInterrupt as e:
+    print(type(e).__name__)
+"""
+
+
+@pytest.mark.parametrize("raised", ["KeyboardInterrupt", "Terminated", "HungUp"])
+def test_an_interrupt_python_loses_in_a_callback_is_sent_again_and_ends_the_command(raised):
+    """A signal's exception raised while a weakref callback or a finalizer runs (an import
+    lock's, a logging lock's: CI met both) is printed as "Exception ignored" and lost by Python;
+    inside ``sigterm_as_interrupt`` (every long command, every sweep) the same signal comes again
+    and the command ends on its first interrupt, with no such trace."""
+    script = LOST_IN_A_CALLBACK.format(raised=raised)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout == f"{raised}\n", done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
 
 
 FAILING_MODEL = """import torch

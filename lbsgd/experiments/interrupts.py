@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -50,7 +51,7 @@ def sigterm_as_interrupt(pass_on: bool = True):
     ``pass_on`` is False (a command that ends on an interrupt with its own line and exit status).
     SIGHUP is :class:`HungUp`, not passed on. Yields the signals caught (empty: none). Python
     lets only the main thread set a handler; elsewhere, or where a signal is ignored (nohup), it
-    is left as it is."""
+    is left as it is. An interrupt Python loses in a callback is sent again (:func:`_sent_again`)."""
     caught: list[int] = []
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     if threading.current_thread() is not threading.main_thread():
@@ -65,15 +66,39 @@ def sigterm_as_interrupt(pass_on: bool = True):
     for s, handler in before.items():
         if handler != signal.SIG_IGN:
             signal.signal(s, interrupt)
+    unraisable = sys.unraisablehook
+    sys.unraisablehook = _sent_again(unraisable)
     try:
         yield caught
     finally:
+        sys.unraisablehook = unraisable
         for s, handler in before.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
         if signal.SIGTERM in caught and pass_on:
             # a kernel's output leaves through a socket thread: time for the last lines to go
             time.sleep(0.5)
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _sent_again(before):
+    """An ``sys.unraisablehook`` that keeps an interrupt: Python runs a signal's handler between
+    any two bytecodes, and where that is a finalizer or a weakref callback (an import lock's, a
+    logging lock's) the exception it raises is printed as "Exception ignored" and lost, and the
+    command would go on. The same signal is sent again instead, from a thread, once the callback
+    is over; other exceptions go to ``before``."""
+
+    def hook(u) -> None:
+        if not isinstance(u.exc_value, KeyboardInterrupt):
+            return before(u)
+        signum = signal.SIGINT
+        if isinstance(u.exc_value, Terminated):
+            signum = signal.SIGHUP if isinstance(u.exc_value, HungUp) else signal.SIGTERM
+        again = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+        return None
+
+    return hook
 
 
 def interrupted(
