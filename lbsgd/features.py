@@ -1,11 +1,11 @@
 """Step features: the optional techniques a synchronous step carries besides the network, behind
 one protocol (:class:`StepFeature`), and the step's pending record with the flush's packing.
 
-A feature registers with the run (:meth:`lbsgd.trainer.Run.attach`) and is called at the hook
-points of the step (each method of :class:`StepFeature` says when), in the order :data:`ORDER`
-declares. Its checkpointed state is saved and restored by the run in one loop over the features:
-entries named by ``checkpoint_keys`` at the checkpoint's top level, those named by ``rank_keys`` in
-each rank's own part. docs/ARCHITECTURE.md says how a new one is added."""
+A feature is made from its row of :data:`lbsgd.config.step_features.TABLE` (the row names its class,
+made from the run's :class:`Parts`) and called at the hook points of the step (each method of
+:class:`StepFeature` says when), in the table's order. Its checkpointed state is saved and restored
+by the run in one loop over the features: entries named by ``checkpoint_keys`` at the checkpoint's
+top level, those named by ``rank_keys`` in each rank's own part. docs/ARCHITECTURE.md says how a new one is added."""
 
 from __future__ import annotations
 
@@ -18,6 +18,24 @@ import torch
 from lbsgd import comm, distributed, noise_scale
 from lbsgd.config import Config, Derived, step_features
 from lbsgd.staleness import StaleWeights
+
+
+@dataclass
+class Parts:
+    """What a feature is made from: the run's keys, derived values, parameters and processes;
+    once DDP wraps the network (the table's ``after_wrap`` stage) also the optimizer, the wrapped
+    model, its comm hook's state, the step the run starts from and a backward that leaves no
+    trace (PowerSGD's bucket rebuild)."""
+
+    cfg: Config
+    d: Derived
+    params: list[torch.Tensor]
+    ctx: distributed.Context
+    opt: torch.optim.Optimizer | None = None
+    model: torch.nn.Module | None = None
+    comm_state: Any = None
+    start_step: int = 0
+    rebuild: Callable[[], None] | None = None
 
 
 class StepFeature:
@@ -95,14 +113,14 @@ class NoiseProbe(StepFeature):
     checkpoint_keys = ("noise_scale",)
     flush_width = 2
 
-    def __init__(self, *, cfg: Config, d: Derived, params: list[torch.Tensor]):
+    def __init__(self, p: Parts):
         self.probe = noise_scale.Probe(
-            params,
-            micro_per_group=d.noise_micro_batches,
-            accum_steps=d.accum_steps,
-            b_small=d.noise_batch,
-            b_big=cfg.batch_size,
-            decay=cfg.noise_scale_ema,
+            p.params,
+            micro_per_group=p.d.noise_micro_batches,
+            accum_steps=p.d.accum_steps,
+            b_small=p.d.noise_batch,
+            b_big=p.cfg.batch_size,
+            decay=p.cfg.noise_scale_ema,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -146,9 +164,9 @@ class Staleness(StepFeature):
     name = "staleness"
     checkpoint_keys = ("staleness",)
 
-    def __init__(self, *, cfg: Config, params: list[torch.Tensor], first_micro_batch: int):
-        self.ring = StaleWeights(params, cfg.staleness, cfg.staleness_dist, cfg.seed)
-        self.first = first_micro_batch  # this rank's first micro-batch in the global step
+    def __init__(self, p: Parts):
+        self.ring = StaleWeights(p.params, p.cfg.staleness, p.cfg.staleness_dist, p.cfg.seed)
+        self.first = p.ctx.rank * p.d.accum_steps  # this rank's first micro-batch in the step
 
     def state_dict(self) -> dict[str, Any]:
         return {"staleness": self.ring.state_dict()}
@@ -179,8 +197,8 @@ class GradClip(StepFeature):
     name = "grad_clip"
     flush_width = 1
 
-    def __init__(self, *, max_norm: float, params: list[torch.Tensor]):
-        self.max_norm, self.params = max_norm, params
+    def __init__(self, p: Parts):
+        self.max_norm, self.params = p.cfg.grad_clip, p.params
 
     def before_optimizer_step(self) -> torch.Tensor:
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
@@ -197,17 +215,9 @@ class PowerSGDState(StepFeature):
     name = "powersgd"
     rank_keys = ("powersgd",)
 
-    def __init__(
-        self,
-        *,
-        state: Any,
-        model: torch.nn.Module,
-        start_step: int,
-        rebuild: Callable[[], None],
-        is_main: bool,
-    ):
-        self.state, self.model, self.start_step = state, model, start_step
-        self.rebuild, self.is_main = rebuild, is_main  # rebuild: a backward that leaves no trace
+    def __init__(self, p: Parts):
+        self.state, self.model, self.start_step = p.comm_state, p.model, p.start_step
+        self.rebuild, self.is_main = p.rebuild, p.ctx.is_main  # a backward that leaves no trace
 
     def state_dict(self) -> dict[str, Any]:
         return {"powersgd": self.state.memories()}
@@ -235,19 +245,10 @@ class LocalSGD(StepFeature):
     name = "local_sgd"
     rank_keys = ("optimizer",)
 
-    def __init__(
-        self,
-        *,
-        cfg: Config,
-        d: Derived,
-        params: list[torch.Tensor],
-        opt: torch.optim.Optimizer,
-        start_step: int,
-        world_size: int,
-        is_main: bool,
-    ):
-        self.cfg, self.d, self.params, self.opt = cfg, d, params, opt
-        self.start_step, self.world_size, self.is_main = start_step, world_size, is_main
+    def __init__(self, p: Parts):
+        cfg, d, params, start_step = p.cfg, p.d, p.params, p.start_step
+        self.cfg, self.d, self.params, self.opt, self.start_step = cfg, d, params, p.opt, start_step
+        self.world_size, self.is_main = p.ctx.world_size, p.ctx.is_main
         self.bmuf = comm.BMUF.filters(cfg.block_momentum, cfg.block_lr)
         if self.bmuf:
             self.checkpoint_keys = ("bmuf",)
@@ -311,79 +312,28 @@ class LocalSGD(StepFeature):
 
 # -- the table: built, ordered, checkpointed, flushed ---------------------------------------------
 
-# The order in which a run calls its features at every hook (and packs their flush values),
-# declared here rather than left to the order of their registration. Why this one:
-# - noise_scale reads each micro-batch's gradient as the backward leaves it (after_backward) and
-#   the accumulated one (after_accumulate) before any other feature acts on the step;
-# - staleness puts the current weights back (after_accumulate) before the optimizer steps them;
-# - grad_clip acts on the unscaled, all-reduced gradient (before_optimizer_step);
-# - powersgd only keeps its state (checkpointed per rank);
-# - local_sgd averages the parameters once the optimizer has stepped (after_optimizer_step), after
-#   everything else has acted on the step.
-ORDER = ("noise_scale", "staleness", "grad_clip", "powersgd", "local_sgd")
+# The classes the step features' table names (StepFeatureRow.cls): this module's StepFeatures
+CLASSES: dict[str, type[StepFeature]] = {c.__name__: c for c in StepFeature.__subclasses__()}
 
 
 def in_order(table: list[StepFeature]) -> list[StepFeature]:
-    """``table`` in the declared :data:`ORDER` (a feature missing from it is a programming error)."""
-    missing = [f.name for f in table if f.name not in ORDER]
+    """``table`` in the order of lbsgd.config.step_features's table (a feature without a row there
+    is a programming error)."""
+    order = [row.name for row in step_features.TABLE]
+    missing = [f.name for f in table if f.name not in order]
     if missing:
-        raise ValueError(f"step features without a place in features.ORDER: {missing}")
-    return sorted(table, key=lambda f: ORDER.index(f.name))
-
-
-@dataclass
-class Parts:
-    """What a feature is made from: the run's keys, derived values, parameters and processes;
-    once DDP wraps the network (the table's ``after_wrap`` stage) also the optimizer, the wrapped
-    model, its comm hook's state, the step the run starts from and a backward that leaves no
-    trace (PowerSGD's bucket rebuild)."""
-
-    cfg: Config
-    d: Derived
-    params: list[torch.Tensor]
-    ctx: distributed.Context
-    opt: torch.optim.Optimizer | None = None
-    model: torch.nn.Module | None = None
-    comm_state: Any = None
-    start_step: int = 0
-    rebuild: Callable[[], None] | None = None
-
-
-# How each feature of lbsgd.config.step_features's table is made (the table says when, and which)
-BUILDERS: dict[str, Callable[[Parts], StepFeature]] = {
-    "noise_scale": lambda p: NoiseProbe(cfg=p.cfg, d=p.d, params=p.params),
-    "staleness": lambda p: Staleness(  # this rank's first global micro-batch: rank · accum_steps
-        cfg=p.cfg, params=p.params, first_micro_batch=p.ctx.rank * p.d.accum_steps
-    ),
-    "grad_clip": lambda p: GradClip(max_norm=p.cfg.grad_clip, params=p.params),
-    "powersgd": lambda p: PowerSGDState(
-        state=p.comm_state,
-        model=p.model,
-        start_step=p.start_step,
-        rebuild=p.rebuild,
-        is_main=p.ctx.is_main,
-    ),
-    "local_sgd": lambda p: LocalSGD(
-        cfg=p.cfg,
-        d=p.d,
-        params=p.params,
-        opt=p.opt,
-        start_step=p.start_step,
-        world_size=p.ctx.world_size,
-        is_main=p.ctx.is_main,
-    ),
-}
+        raise ValueError(f"step features without a row in config.step_features.TABLE: {missing}")
+    return sorted(table, key=lambda f: order.index(f.name))
 
 
 def made(stage: str, parts: Parts) -> list[StepFeature]:
     """The features ``parts``'s run carries that are made at ``stage`` (``before_wrap``: before
     DDP wraps the network, whose comm hook may read a feature's bucket reader; ``after_wrap``),
-    from lbsgd.config.step_features's table."""
-    rows = step_features.TABLE
+    each by the class its row of lbsgd.config.step_features's table names."""
     return [
-        BUILDERS[r.name](parts)
-        for r in rows
-        if r.stage == stage and r.carried_by(parts.cfg, parts.d)
+        CLASSES[row.cls](parts)
+        for row in step_features.TABLE
+        if row.stage == stage and row.carried_by(parts.cfg, parts.d)
     ]
 
 

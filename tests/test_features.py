@@ -1,7 +1,8 @@
-"""The step-feature protocol (lbsgd.features): every feature has its declared place in the order
-its hooks run in, and the run calls them in that order whatever order they were made in; every
-feature of the table (lbsgd.config.step_features) resumes bitwise after a kill and trains as its
-row says on another layout, so that a new feature joins these tests with its row."""
+"""The step-feature protocol (lbsgd.features): every feature is one row of the table
+(lbsgd.config.step_features: its keys, its class, its place in the order its hooks run in) and its
+class, and the run calls them in the table's order whatever order they were made in; every feature
+of the table resumes bitwise after a kill and trains as its row says on another layout, so that a
+new feature joins these tests with its row."""
 
 import json
 import random
@@ -16,7 +17,7 @@ from helpers import (
     run_fault_worker,
 )
 
-from lbsgd import config, features
+from lbsgd import config, distributed, features
 from lbsgd.config import Config, ConfigError, step_features
 
 
@@ -29,13 +30,30 @@ def _every_feature_class() -> list[type]:
     return found
 
 
-def test_every_feature_of_the_package_has_its_place_in_the_declared_order():
-    names = {cls.name for cls in _every_feature_class() if cls.__module__ == features.__name__}
-    assert names == set(features.ORDER)
+def test_each_row_names_its_class_and_every_feature_class_of_the_package_has_its_row():
+    """A row is all a feature needs besides its class: the row names the class (which the run
+    makes it with) and its place in the order is the row's; the class carries the row's name."""
+    rows = [(row.cls, row.name) for row in step_features.TABLE]
+    classes = [c for c in _every_feature_class() if c.__module__ == features.__name__]
+    assert len({name for _, name in rows}) == len(rows) == len(classes)
+    assert dict(rows) == {c.__name__: c.name for c in classes}
+    assert {cls: features.CLASSES[cls] for cls, _ in rows} == {c.__name__: c for c in classes}
 
 
-def test_the_run_calls_its_features_in_the_declared_order_whatever_their_making_order():
-    table = [type(name, (features.StepFeature,), {"name": name})() for name in features.ORDER]
+def test_a_run_makes_every_feature_it_carries_from_its_row_in_the_tables_order():
+    keys = {k: v for row in step_features.TABLE for k, v in row.example.items()}
+    cfg = Config(**{**keys, "local_sgd": 0, "comm_hook": "none"})  # each combinable with the rest
+    ctx = distributed.Context(0, 1, 0, 1, torch.device("cpu"))
+    params = [torch.zeros(3, requires_grad=True)]
+    parts = features.Parts(cfg=cfg, d=config.derive(cfg, 1, 32_000), params=params, ctx=ctx)
+    made = features.made("before_wrap", parts)
+    rows = [r for r in step_features.TABLE if r.stage == "before_wrap"]
+    assert [type(f).__name__ for f in made] == [r.cls for r in rows] and len(made) == 3
+
+
+def test_the_run_calls_its_features_in_the_tables_order_whatever_their_making_order():
+    order = [row.name for row in step_features.TABLE]
+    table = [type(name, (features.StepFeature,), {"name": name})() for name in order]
     shuffled = table[:]
     random.Random(0).shuffle(shuffled)
     assert shuffled != table
@@ -56,12 +74,6 @@ def test_a_feature_hands_its_flush_values_from_one_hook_and_one_from_both_is_ref
     assert got[0] is a and got[1] is b
     with pytest.raises(RuntimeError, match=r"\['grad_clip'\] return flush values from both"):
         features.step_values([early_one, late_one], [a, a], [None, b])
-
-
-def test_the_table_the_builders_and_the_order_name_the_same_features():
-    rows = [row.name for row in step_features.TABLE]
-    assert len(rows) == len(set(rows))
-    assert set(rows) == set(features.BUILDERS) == set(features.ORDER)
 
 
 @pytest.mark.parametrize("row", step_features.TABLE, ids=lambda row: row.name)

@@ -30,9 +30,9 @@ from lbsgd.config.derived import (
     micro_batch_candidates,
     noise_batch,
     warmup_warning,
-    world_size_key,
 )
 from lbsgd.config.load import (
+    Config,
     dump,
     from_dict,
     load,
@@ -46,10 +46,10 @@ from lbsgd.config.schema import (
     FIELDS,
     HASHED_ONLY_OFF_DEFAULT,
     KEYS,
-    Config,
     describe_keys,
     unknown_key_message,
 )
+from lbsgd.config.step_features import world_size_key
 from lbsgd.registry import ConfigError
 
 __all__ = [

@@ -16,17 +16,15 @@ import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import Any
 
 import pydantic
 
 from lbsgd.config import optimizers, step_features
 from lbsgd.config.derived import lr_scale
-from lbsgd.config.schema import FIELDS, KEYS, hints, unknown_key_message
+from lbsgd.config.schema import FIELDS, KEYS, Keys, hints, unknown_key_message
 from lbsgd.registry import ConfigError
-
-if TYPE_CHECKING:
-    from lbsgd.config.schema import Config
 
 # Linux and macOS file systems hold names of at most 255 bytes; a sweep writes <run name>.log beside
 # the run's folder, so a folder name keeps room for that suffix.
@@ -360,7 +358,7 @@ def _need(ok: bool, msg: str, error: type[ValueError] = ValueError) -> None:
         raise error(msg)
 
 
-def check_config(c: Config) -> None:
+def check_config(c: Keys) -> None:
     """Each key alone first (:func:`key_problem`, every bad key named), then the rules across keys
     and on derived values, each failing with one line that names the key and what would be valid."""
     problems = [p for p in (key_problem(k, getattr(c, k)) for k in KEYS) if p]
@@ -378,7 +376,7 @@ def check_config(c: Config) -> None:
         )
 
 
-def _check_derived(c: Config) -> None:
+def _check_derived(c: Keys) -> None:
     """Values derived from several keys, each valid alone: the peak lr and the data order's seeds."""
     ratio = c.batch_size / c.reference_batch
     lr = c.base_lr * lr_scale(c.lr_scaling, ratio)
@@ -397,7 +395,7 @@ def _check_derived(c: Config) -> None:
     )
 
 
-def _check_gradient_rules(c: Config) -> None:
+def _check_gradient_rules(c: Keys) -> None:
     """Which gradient exchanges combine: the noise scale, local SGD, BMUF and staleness."""
     _need(not c.nesterov or c.momentum > 0, "nesterov=true needs momentum > 0")
     problems = ignored_keys(c, always=True)
@@ -430,7 +428,7 @@ def _check_gradient_rules(c: Config) -> None:
     )
 
 
-def _check_async_ps(c: Config) -> None:
+def _check_async_ps(c: Keys) -> None:
     """What an asynchronous parameter server (lbsgd.parameter_server) cannot combine with: every
     step feature (its refusal from lbsgd.config.step_features's table), then the rest."""
     for row in step_features.TABLE:
@@ -462,7 +460,7 @@ def _check_async_ps(c: Config) -> None:
     )
 
 
-def _check_shapes(c: Config) -> None:
+def _check_shapes(c: Keys) -> None:
     """The model, the data and how the batch divides into BN groups and micro-batches."""
     _need(
         not c.pool5_bn or c.model in ("alexnet", "alexnet_bn"),
@@ -502,7 +500,7 @@ TRAIN_SIZE_KEYS = {
 CIFAR10_TRAIN = 50_000
 
 
-def _check_holdout(c: Config) -> None:
+def _check_holdout(c: Keys) -> None:
     """The held-out validation split leaves at least one image to train on."""
     key = TRAIN_SIZE_KEYS.get(c.dataset)
     if key:
@@ -625,8 +623,6 @@ def ignored_keys(c: Any, given: Iterable[str] = (), always: bool = False) -> lis
 def without_ignored(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` less the keys that their own setting (with the defaults) ignores: the keys to
     give a run made from another's."""
-    from types import SimpleNamespace
-
     typed = {k: _typed(k, v)[0] for k, v in values.items() if k in FIELDS}  # bad ones: as given
     c = SimpleNamespace(**{**{k: f.default for k, f in FIELDS.items()}, **typed})
     ignored = {k for names, _, used, _ in USED_ONLY_WHEN if not used(c) for k in names}

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lbsgd.config.schema import plain
+from lbsgd.config.schema import Keys, plain
 from lbsgd.registry import ConfigError
-
-if TYPE_CHECKING:
-    from lbsgd.config.schema import Config
 
 # Metadata of a Derived field that a run's config.yaml does not record
 UNRECORDED = "unrecorded"
@@ -72,26 +69,7 @@ def epoch_steps(epochs: float, steps_per_epoch: float) -> int:
     return _nearest(epochs * steps_per_epoch)
 
 
-def world_size_key(c: Config) -> str | None:
-    """The experiment key that makes the number of processes K part of the run's mathematics, or
-    None. A synchronous run is the same on any layout (k processes x m = 1 process accumulating k
-    micro-batches of m); a step feature that is not layout-free (the step features' table) makes
-    K part of it: under ``local_sgd`` (and BMUF on its blocks) K models are averaged, under
-    ``comm_hook=powersgd`` each of K processes compresses its own gradient with its own error;
-    under ``async_ps`` the K - 1 workers set the staleness: a run of K processes is another
-    experiment than one of K' (:func:`lbsgd.rundir.check_run_dir` and the sweep's identical-run
-    search hold it)."""
-    if c.async_ps:
-        return "async_ps"
-    from lbsgd.config import step_features  # its table reads Derived from here
-
-    for row in step_features.TABLE:
-        if not row.layout_free and row.asked(c):
-            return row.key
-    return None
-
-
-def micro_batch(c: Config, world_size: int = 1) -> int:
+def micro_batch(c: Keys, world_size: int = 1) -> int:
     """The micro-batch of a fixed ``micro_batch`` key; for ``auto``, the largest candidate (the
     run's probe, ``pick_micro_batch``, picks among :func:`micro_batch_candidates` on a device), or
     one line saying why there is none."""
@@ -100,7 +78,7 @@ def micro_batch(c: Config, world_size: int = 1) -> int:
     return c.micro_batch if c.micro_batch is not None else c.bn_batch
 
 
-def _largest_auto(c: Config, world_size: int) -> int:
+def _largest_auto(c: Keys, world_size: int) -> int:
     """The largest multiple of bn_batch dividing the per-process share (and the noise scale's
     small batch): their gcd when bn_batch divides it; 0 when there is none."""
     if c.async_ps:  # one update = one worker's whole batch (lbsgd.parameter_server)
@@ -114,7 +92,7 @@ def _largest_auto(c: Config, world_size: int) -> int:
     return largest if largest % c.bn_batch == 0 else 0
 
 
-def _no_auto(c: Config, world_size: int) -> int:
+def _no_auto(c: Keys, world_size: int) -> int:
     world_size = 1 if c.async_ps else world_size
     raise ConfigError(
         f"micro_batch=auto: batch_size={c.batch_size} is not a multiple of world_size * "
@@ -122,7 +100,7 @@ def _no_auto(c: Config, world_size: int) -> int:
     )
 
 
-def micro_batch_candidates(c: Config, world_size: int) -> list[int]:
+def micro_batch_candidates(c: Keys, world_size: int) -> list[int]:
     """Multiples of bn_batch that divide the per-process share batch_size / world_size, largest
     first (empty when the share is not a multiple of bn_batch): bn_batch times each divisor of
     the largest over bn_batch."""
@@ -131,7 +109,7 @@ def micro_batch_candidates(c: Config, world_size: int) -> list[int]:
     return [c.bn_batch * d for d in sorted({*small, *(n // d for d in small)}, reverse=True)]
 
 
-def accum_steps(c: Config, world_size: int, micro: int | None = None) -> int:
+def accum_steps(c: Keys, world_size: int, micro: int | None = None) -> int:
     """Micro-batches per process per optimizer step on ``world_size`` processes with micro-batch
     ``micro`` (the key's by default; for ``auto``, the largest candidate): batch_size /
     (world_size * micro_batch), one worker's batch under ``async_ps``. A layout it does not
@@ -142,7 +120,7 @@ def accum_steps(c: Config, world_size: int, micro: int | None = None) -> int:
     return c.batch_size // (world_size * m)
 
 
-def noise_batch(c: Config, world_size: int, micro: int) -> int | None:
+def noise_batch(c: Keys, world_size: int, micro: int) -> int | None:
     """B_small of ``noise_scale`` (None when it is off), or one line saying why the layout
     cannot measure it: the small batch is whole micro-batches of one process, and smaller than
     the global batch."""
@@ -169,7 +147,7 @@ def noise_batch(c: Config, world_size: int, micro: int) -> int | None:
     return b_small
 
 
-def derive(c: Config, world_size: int, num_train: int, micro: int | None = None) -> Derived:
+def derive(c: Keys, world_size: int, num_train: int, micro: int | None = None) -> Derived:
     """``micro``: the micro-batch chosen for ``micro_batch=auto`` (the largest candidate if None)."""
     if micro is None:
         micro = micro_batch(c, world_size)
@@ -196,7 +174,7 @@ def derive(c: Config, world_size: int, num_train: int, micro: int | None = None)
     )
 
 
-def warmup_warning(c: Config, d: Derived) -> str | None:
+def warmup_warning(c: Keys, d: Derived) -> str | None:
     """The line printed before training when the warmup outlasts the run (short test runs are
     common, so it trains): its lr never reaches the peak ``d.lr``; None otherwise."""
     if d.warmup_steps <= d.total_steps:
@@ -216,7 +194,7 @@ def lr_scale(lr_scaling: str, ratio: float) -> float:
 
 
 def check_world(
-    c: Config, world_size: int, local_world_size: int | None = None, micro: int | None = None
+    c: Keys, world_size: int, local_world_size: int | None = None, micro: int | None = None
 ) -> None:
     """One line saying why ``world_size`` processes (``local_world_size`` per node) cannot run
     ``c`` with micro-batch ``micro`` (the key's by default; for ``auto``, the largest candidate),

@@ -1,7 +1,7 @@
-"""Loading: a Config from YAML files, ``key=value`` overrides and plain mappings, each refusal one
-line (:func:`load`, :func:`from_dict`, :func:`parse_overrides`, :func:`read_yaml`,
-:func:`run_list`); and a run's config.yaml written back (:func:`dump`).
-"""
+"""The Config (the schema's keys, checked when made) and its loading: from YAML files,
+``key=value`` overrides and plain mappings, each refusal one line (:func:`load`, :func:`from_dict`,
+:func:`parse_overrides`, :func:`read_yaml`, :func:`run_list`); and a run's config.yaml written back
+(:func:`dump`)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,28 @@ import os
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pydantic
 import yaml
+from pydantic.dataclasses import dataclass
 
-from lbsgd.config.checks import check_ignored, check_values
-from lbsgd.config.derived import DERIVED_KEYS, RECORD_KEYS
-from lbsgd.config.schema import FIELDS, Config, hints, unknown_key_message
+from lbsgd.config.checks import check_config, check_ignored, check_values
+from lbsgd.config.derived import DERIVED_KEYS, RECORD_KEYS, Derived
+from lbsgd.config.schema import FIELDS, Keys, hints, unknown_key_message
 from lbsgd.registry import ConfigError, import_plugins
 
-if TYPE_CHECKING:
-    from lbsgd.config.derived import Derived
+
+@dataclass(frozen=True, config=pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=False))
+class Config(Keys):
+    """The keys (:class:`~lbsgd.config.schema.Keys`) typed by the schema and checked when made
+    (:func:`~lbsgd.config.checks.check_config`): a Config is a valid run's."""
+
+    def __post_init__(self) -> None:
+        check_config(self)
+
+    def replace(self, **changes: Any) -> Config:
+        return from_dict({**self.to_dict(), **changes})
 
 
 def _allows_none(tp: Any) -> bool:

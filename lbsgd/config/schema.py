@@ -1,11 +1,11 @@
-"""The schema: every key, its kind, type, default and help (:class:`Config`), and the run's identity.
+"""The schema: every key, its kind, type, default and help (:class:`Keys`), and the run's identity.
 
 *Experiment* keys define a run's mathematics exactly as a paper states it and identify the run,
 whatever the hardware; *hardware* keys only say how it executes; *run* keys say where results go and
 how the run is tracked (``lbsgd keys`` prints them all). Defaults are Goyal et al. 2017 §5.1 and
 §5.3, except the model and data: a CIFAR-style ResNet-20 on the generated ``synthetic`` set, so
-that ``lbsgd train`` runs anywhere without a download. A Config checks itself when made
-(:mod:`lbsgd.config.checks`)."""
+that ``lbsgd train`` runs anywhere without a download. The keys here are unchecked: a
+:class:`lbsgd.config.load.Config` is them checked when made (:mod:`lbsgd.config.checks`)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
-
-import pydantic
-from pydantic.dataclasses import dataclass
 
 from lbsgd.config import optimizers
 
@@ -43,8 +40,8 @@ def _run(default: Any, help: str) -> Any:
     return _key(default, "run", help)
 
 
-@dataclass(frozen=True, config=pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=False))
-class Config:
+@dataclasses.dataclass(frozen=True)
+class Keys:
     # --- experiment keys: model and data -------------------------------------------------------
     model: str = _exp(
         "resnet", "network: resnet (CIFAR-style, depth 6n+2), resnet18..152, alexnet, alexnet_bn"
@@ -303,11 +300,6 @@ class Config:
         0.99, "decay of the moving averages of |G|^2 and tr(Sigma) whose ratio is B_simple"
     )
 
-    def __post_init__(self) -> None:
-        from lbsgd.config.checks import check_config  # the checks read the schema below
-
-        check_config(self)
-
     # -- identity and (de)serialisation --------------------------------------------------------
 
     def keys_of(self, kind: str) -> dict[str, Any]:
@@ -344,18 +336,13 @@ class Config:
     def run_dir(self) -> Path:
         return Path(self.out_dir) / self.study / self.run_name()
 
-    def replace(self, **changes: Any) -> Config:
-        from lbsgd.config.load import from_dict  # loading reads the schema
-
-        return from_dict({**self.to_dict(), **changes})
-
 
 def plain(d: Mapping[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
-KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
-FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Keys))
+FIELDS = {f.name: f for f in dataclasses.fields(Keys)}
 # Experiment keys added after results were committed: a run's name ends in the hash of its
 # experiment keys, so a new key in the hash would rename every earlier run (and make committed
 # results look missing). These keys enter the hash only when they differ from their default, which
@@ -383,7 +370,7 @@ _HINTS: dict[str, Any] = {}
 
 def hints() -> dict[str, Any]:
     if not _HINTS:
-        _HINTS.update(typing.get_type_hints(Config))
+        _HINTS.update(typing.get_type_hints(Keys))
     return _HINTS
 
 
@@ -396,7 +383,7 @@ def unknown_key_message(key: str) -> str:
 def describe_keys() -> str:
     """The vocabulary as a table: key, kind, type, default, help."""
     rows = []
-    for f in dataclasses.fields(Config):
+    for f in dataclasses.fields(Keys):
         tp = hints()[f.name]
         tname = getattr(tp, "__name__", None) if not typing.get_args(tp) else None
         tname = tname or str(tp).replace("typing.", "").replace("NoneType", "None")
