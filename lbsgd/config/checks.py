@@ -4,9 +4,7 @@ refusal is one line naming the key and what would be valid.
 Each key alone first (:func:`key_problem`, :func:`check_values`: before a plugin is imported or
 anything derived from it), then the rules across keys when a Config is made (:func:`check_config`)
 and the place a run goes (:func:`check_place`). The layout a run goes on is checked beside the
-values it derives (:func:`lbsgd.config.derived.check_world`), so that this module reads derived.py
-and derived.py reads nothing of this one.
-"""
+values it derives (:func:`lbsgd.config.derived.check_world`), below this module."""
 
 from __future__ import annotations
 
@@ -159,8 +157,10 @@ MAX_THREADS = 1024
 SEED_STRIDE = 1_000_003
 # Epochs stop well before 2^64, the bound of every epoch's data-order seed (with seed 0)
 MAX_EPOCHS = 2.0**63
-# keys where 0 means "none" or "off" (or is a length, a seed)
+# keys where 0 means "none" or "off" (or is a length, a seed; base_lr 0: a fixed point, the noise
+# scale of a model as it is, lbsgd.noise_scale)
 NON_NEGATIVE_KEYS = (
+    "base_lr",
     "warmup_epochs",
     "weight_decay",
     "workers",
@@ -173,6 +173,10 @@ NON_NEGATIVE_KEYS = (
     "checkpoint_every",
     "seed",
 )
+
+# float keys above 0, and decays and momenta in [0, 1)
+GREATER_THAN_0_KEYS = ("epochs", "poly_power", "lars_eta", "adam_eps", "loss_scale")
+FRACTION_KEYS = ("momentum", "adam_beta1", "adam_beta2", "noise_scale_ema", "block_momentum")
 
 
 def _varied_problem(value: tuple[str, ...]) -> str:
@@ -191,15 +195,14 @@ def _wandb_project(value: str) -> bool:
 KEY_RULES: tuple[tuple[str, Any, Any], ...] = (
     *((k, lambda v: v > 0, "must be a positive integer") for k in POSITIVE_KEYS),
     *((k, lambda v: v >= 0, "must be >= 0") for k in NON_NEGATIVE_KEYS),
-    ("epochs", lambda v: v > 0, "must be > 0"),
+    *((k, lambda v: v > 0, "must be > 0") for k in GREATER_THAN_0_KEYS),
+    *((k, lambda v: 0 <= v < 1, "must be in [0, 1)") for k in FRACTION_KEYS),
     (
         "epochs",
         lambda v: v <= MAX_EPOCHS,
         f"is too large: epoch e's data order is seeded with seed * {SEED_STRIDE} + e, below 2^64 "
         "(valid: epochs <= 2^63)",
     ),
-    # 0: a fixed point (the noise scale of a model as it is, lbsgd.noise_scale)
-    ("base_lr", lambda v: v >= 0, "must be >= 0"),
     (
         "threads",
         lambda v: v <= MAX_THREADS,
@@ -207,18 +210,9 @@ KEY_RULES: tuple[tuple[str, Any, Any], ...] = (
         f"that many (valid: 0 = torch's default, or 1 … {MAX_THREADS})",
     ),
     ("warmup_lr", lambda v: v > 0, "must be > 0 (or null)"),
-    ("momentum", lambda v: 0 <= v < 1, "must be in [0, 1)"),
     ("decay_factor", lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    ("poly_power", lambda v: v > 0, "must be > 0"),
-    ("lars_eta", lambda v: v > 0, "must be > 0"),
-    ("adam_beta1", lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    ("adam_beta2", lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    ("adam_eps", lambda v: v > 0, "must be > 0"),
-    ("loss_scale", lambda v: v > 0, "must be > 0"),
     ("powersgd_rank", lambda v: v >= 1, "must be a positive integer"),
-    ("noise_scale_ema", lambda v: 0 <= v < 1, "must be in [0, 1)"),
     ("noise_scale_batch", lambda v: v > 0, "must be a positive integer (or null)"),
-    ("block_momentum", lambda v: 0 <= v < 1, "must be in [0, 1)"),
     ("block_lr", lambda v: v > 0, "must be a finite number > 0"),
     ("staleness", lambda v: v >= 0, "must be >= 0 (0 = synchronous)"),
     ("synthetic_noise", lambda v: v >= 0, "must be >= 0 (or null)"),
@@ -233,11 +227,7 @@ KEY_RULES: tuple[tuple[str, Any, Any], ...] = (
         "must be a multiple of 10 from 10 to 60000 (fashion_train/10 images of each class)",
     ),
     ("holdout", lambda v: v >= 0, "must be >= 0 (0 = no held-out validation split)"),
-    (
-        "grad_clip",
-        lambda v: v > 0,
-        "must be a global L2 norm > 0 (or null: no clipping)",
-    ),
+    ("grad_clip", lambda v: v > 0, "must be a global L2 norm > 0 (or null: no clipping)"),
     (
         "stop_at_error",
         lambda v: 0 < v < 100,
@@ -248,11 +238,7 @@ KEY_RULES: tuple[tuple[str, Any, Any], ...] = (
         lambda v: all(m >= 0 for m in v) and list(v) == sorted(v),
         "must be non-negative epochs in increasing order",
     ),
-    (
-        "micro_batch",
-        lambda v: v == "auto" or v > 0,
-        "must be a positive integer, auto or null",
-    ),
+    ("micro_batch", lambda v: v == "auto" or v > 0, "must be a positive integer, auto or null"),
     # places the user chooses, absolute or relative, but a path: no NUL, and not empty ('' is
     # the working directory to Path: an unset variable in out_dir=$RESULTS, not a choice)
     *(
@@ -489,20 +475,20 @@ def _check_shapes(c: Keys) -> None:
     )
 
 
-# The built-in datasets whose train split's size is known before any data is read: the key that
-# sets it (cifar10's is its 50,000 training images; a file dataset's and a plugin's are checked
-# when the dataset is built, still before training: lbsgd.data.hold_out)
-TRAIN_SIZE_KEYS = {
-    "synthetic": "synthetic_train",
-    "fake": "fake_train",
-    "fashion_mnist": "fashion_train",
+# The keys that only one built-in dataset reads; its ``*_train`` key sets the size of its train
+# split, known before any data is read (cifar10's is its 50,000 training images; a file dataset's
+# and a plugin's are checked when the dataset is built, still before training: lbsgd.data.hold_out)
+DATASET_KEYS = {
+    "synthetic": ("synthetic_train", "synthetic_test", "synthetic_difficulty", "synthetic_noise"),
+    "fake": ("fake_train", "fake_test", "fake_image_size", "fake_classes"),
+    "fashion_mnist": ("fashion_size", "fashion_train"),
 }
 CIFAR10_TRAIN = 50_000
 
 
 def _check_holdout(c: Keys) -> None:
     """The held-out validation split leaves at least one image to train on."""
-    key = TRAIN_SIZE_KEYS.get(c.dataset)
+    key = next((k for k in DATASET_KEYS.get(c.dataset, ()) if k.endswith("_train")), None)
     if key:
         size, where = getattr(c, key), f"{key}={getattr(c, key)}"
     elif c.dataset == "cifar10":
@@ -516,12 +502,12 @@ def _check_holdout(c: Keys) -> None:
     )
 
 
-def check_folder_path(key: str, value: str | None, error: type[ValueError] = ConfigError) -> None:
+def check_folder_path(key: str, value: str | None) -> None:
     """A place the user chooses (``out_dir``, ``data_dir``), absolute or relative, but a path: no
-    NUL, and not empty; else ``error``, one line naming ``key``."""
+    NUL, and not empty; else a ConfigError, one line naming ``key``."""
     problem = key_problem(key, value)
     if problem:
-        raise error(problem)
+        raise ConfigError(problem)
 
 
 # -- keys that a setting ignores -----------------------------------------------------------------
@@ -533,9 +519,8 @@ def check_folder_path(key: str, value: str | None, error: type[ValueError] = Con
 # every Config (check_config); the others for the keys a user gives explicitly, in a YAML file or
 # a key=value (:func:`check_ignored`, from :func:`lbsgd.config.load`): the studies build their
 # runs from whole profiles (the none arm of a warmup study keeps the profile's warmup_epochs).
-def _optimizer_rules() -> tuple[tuple[tuple[str, ...], str, Callable[[Any], bool], bool], ...]:
-    """The rules of the optimizer-specific keys, from the optimizers' table."""
-    return tuple(
+USED_ONLY_WHEN: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool], bool], ...] = (
+    *(  # the optimizer-specific keys, from the optimizers' table
         (
             keys,
             "optimizer=" + " or ".join(names),
@@ -543,11 +528,7 @@ def _optimizer_rules() -> tuple[tuple[tuple[str, ...], str, Callable[[Any], bool
             any(k in optimizers.ALWAYS_REFUSED for k in keys),
         )
         for keys, names in optimizers.key_groups()
-    )
-
-
-USED_ONLY_WHEN: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool], bool], ...] = (
-    *_optimizer_rules(),
+    ),
     (("milestones", "decay_factor"), "schedule=step", lambda c: c.schedule == "step", False),
     (("poly_power",), "schedule=poly", lambda c: c.schedule == "poly", False),
     (
@@ -571,35 +552,16 @@ USED_ONLY_WHEN: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool], bool], 
         lambda c: c.local_sgd > 0 or c.comm_hook == "powersgd",
         True,
     ),
-    (
-        ("noise_scale_batch", "noise_scale_ema"),
-        "noise_scale=true",
-        lambda c: c.noise_scale,
-        False,
-    ),
+    (("noise_scale_batch", "noise_scale_ema"), "noise_scale=true", lambda c: c.noise_scale, False),
     (
         ("stop_at_error",),
         "eval_every > 0 or eval_per_octave > 0 (an evaluation before the end)",
         lambda c: c.eval_every > 0 or c.eval_per_octave > 0,
         True,
     ),
-    (
-        ("synthetic_train", "synthetic_test", "synthetic_difficulty", "synthetic_noise"),
-        "dataset=synthetic",
-        lambda c: c.dataset == "synthetic",
-        False,
-    ),
-    (
-        ("fake_train", "fake_test", "fake_image_size", "fake_classes"),
-        "dataset=fake",
-        lambda c: c.dataset == "fake",
-        False,
-    ),
-    (
-        ("fashion_size", "fashion_train"),
-        "dataset=fashion_mnist",
-        lambda c: c.dataset == "fashion_mnist",
-        False,
+    *(
+        (keys, f"dataset={name}", lambda c, name=name: c.dataset == name, False)
+        for name, keys in DATASET_KEYS.items()
     ),
 )
 
