@@ -169,7 +169,7 @@ class Run:
 
     def attach(self, state: dict[str, Any] | None) -> None:
         """What the step carries besides the network: the step features (lbsgd.features), in the
-        order they are called (features.ORDER), and DDP with the run's comm hook, which hands its
+        order of the step features' table, and DDP with the run's comm hook, which hands its
         buckets to a feature's bucket reader; each feature's state restored from ``state`` if
         given."""
         cfg, ctx, d, params = self.cfg, self.ctx, self.d, list(self.net.parameters())
