@@ -1070,7 +1070,9 @@ def test_the_probes_steps_lie_between_the_evaluations_around_the_crossing():
 
 def test_each_rows_steps_range_is_the_model_at_its_inputs_corners_and_far_rows_are_marked():
     """S(B) = S_ref (1 + B_crit/B)/(1 + B_crit/B_ref) at B_crit 150..300 and S_ref 400..500 (the
-    probe at 64): by hand at 512; rows past 4 B_crit and GPU counts beyond those timed marked."""
+    probe at 64, its lr 0.025), the most of them over r(2 − r), r the row's lr over the optimum
+    the plan allows (at B_noise 300 here, 0.025 (1 + 300/64)/(1 + 300/512)): by hand at 512; rows
+    past 4 B_crit and GPU counts beyond those timed marked."""
     x = _inputs(
         b_crit=200.0,
         s_min=model.s_min_from(450.0, 64, 200.0),
@@ -1082,19 +1084,51 @@ def test_each_rows_steps_range_is_the_model_at_its_inputs_corners_and_far_rows_a
     r = model.row(x, 512, 1)
     lo = 400 * (1 + 300 / 512) / (1 + 300 / 64)  # a larger B_crit: fewer steps above the probe
     hi = 500 * (1 + 150 / 512) / (1 + 150 / 64)
-    assert r.steps_range == pytest.approx((lo, hi)) and lo < r.steps < hi
+    lr = 0.025 * (1 + 200 / 64) / (1 + 200 / 512)
+    q = lr / (0.025 * (1 + 300 / 64) / (1 + 300 / 512))
+    assert r.steps_range == pytest.approx((lo, hi / (q * (2 - q)))) and lo < r.steps < hi
     assert r.extrapolated == () and model.row(x, 512, 4).extrapolated == ("4 GPUs > 2 timed",)
     assert model.row(x, 1024, 1).extrapolated == ("batch > 4 B_crit",)
     assert model.row(_inputs(), 512, 1).steps_range is None  # no interval given: none claimed
     # B_crit a lower bound (B_simple still growing): above the probe's batch the steps reach down
-    # to perfect scaling from the probe's fewest, and the row says it is not vouched for
+    # to perfect scaling from the probe's fewest, the optimum up to the linear rule's lr, and the
+    # row says it is not vouched for
     low = dataclasses.replace(x, b_crit_lower=True)
     r = model.row(low, 512, 1)
-    assert r.steps_range == pytest.approx((400 * 64 / 512, hi))
+    q = lr / (0.025 * 512 / 64)
+    assert r.steps_range == pytest.approx((400 * 64 / 512, hi / (q * (2 - q))))
     assert r.extrapolated == ("B_crit a lower bound",)
     assert model.row(low, 64, 1).extrapolated == () and model.row(low, 64, 1).steps_range == (
         model.row(x, 64, 1).steps_range
     )
+
+
+def test_the_steps_range_reaches_above_the_prediction_by_b_crits_low_end_and_the_lrs_slack():
+    """Where B_crit is a lower bound the interval still reaches up to the steps at its interval's
+    low end (a smaller B_crit: more steps above the probe's batch), and past them by the lr: the
+    row's saturating lr is r times the linear rule's (B_noise unbounded: an optimum the plan
+    cannot rule out), r(2 − r) of its progress a step. A range test's bound below the linear
+    rule's lr narrows it; at the probe's batch every curve passes through the probe's lr: none;
+    an lr twice an allowed optimum or more may make no progress: no upper end."""
+    x = _inputs(
+        b_crit=200.0,
+        s_min=model.s_min_from(450.0, 64, 200.0),
+        probe_batch=64,
+        probe_lr=0.1,
+        b_crit_range=(150.0, 300.0),
+        b_crit_lower=True,
+    )
+    for batch in (128, 256, 512, 1024):
+        r = model.row(x, batch, 1)
+        low_end = 450 * (1 + 150 / batch) / (1 + 150 / 64)
+        q = r.lr / (0.1 * batch / 64)
+        assert r.steps < low_end < r.steps_range[1]
+        assert r.steps_range[1] == pytest.approx(low_end / (q * (2 - q)))
+    capped = dataclasses.replace(x, lr_bound=0.5, lr_bound_batch=1024)
+    assert 1 < model.lr_slack(capped, 1024) < model.lr_slack(x, 1024)
+    assert model.lr_slack(x, 64) == 1.0 and model.row(x, 64, 1).steps_range == (450.0, 450.0)
+    linear = dataclasses.replace(x, lr_rule="linear", base_lr=0.4)  # 1.6 at 1024: x5 the optimum
+    assert model.row(linear, 1024, 1).steps_range[1] == math.inf
 
 
 def _planned(b_crit=200.0, s_ref=400.0):
@@ -1168,13 +1202,11 @@ def test_at_the_plans_lr_every_planned_batch_to_4_b_crit_trains_at_its_rows_lr_a
     assert d.warmup_steps == d.total_steps - 1 == 120 or d.warmup_steps == d.total_steps == 120
     assert plan_lr.range_runs(profile, "resnet8", None, "no plan") == []
     # the probe is one of the ladder's runs; the measuring seeds no other run of the profile uses
-    from lbsgd.studies import optimizers
+    from lbsgd.studies import optimizers, warmup
+    from lbsgd.studies import steps_to_target as stt
 
-    c = profile.plan_check
-    used = {
-        *profile.seeds,
-        *profile.ladder["seeds"],
-        *optimizers.Grid.of(None, None, profile).seeds,
-    }
-    used |= {*profile.warmup_test["seeds"], *profile.warmup_test["ladder_seeds"]}
-    assert c["probe_seed"] in profile.ladder["seeds"] and not used & set(c["seeds"])
+    c, test = plan_lr.SETTINGS[profile.name], warmup.settings(profile)
+    ladder = stt.settings(profile)
+    used = {*profile.seeds, *ladder["seeds"], *optimizers.Grid.of(None, None, profile).seeds}
+    used |= {*test["seeds"], *test["ladder_seeds"]}
+    assert c["probe_seed"] in ladder["seeds"] and not used & set(c["seeds"])

@@ -125,12 +125,17 @@ class Lr:
             return math.inf
         return self.bound * (1 + self.b_noise / self.bound_batch) / (1 + self.b_noise / batch)
 
+    def saturating(self, batch: float, b_noise: float) -> float:
+        """McCandlish's curve through the probe's point at ``batch`` for ``b_noise`` (inf: the
+        linear rule, its limit)."""
+        if math.isinf(b_noise):
+            return self.anchor_lr * batch / self.anchor_batch
+        return self.anchor_lr * (1 + b_noise / self.anchor_batch) / (1 + b_noise / batch)
+
     def by_rule(self, batch: float) -> float:
         """The rule's lr at ``batch`` before the range test's cap."""
         if self.rule == "saturating":
-            return (
-                self.anchor_lr * (1 + self.b_noise / self.anchor_batch) / (1 + self.b_noise / batch)
-            )
+            return self.saturating(batch, self.b_noise)
         return self.base_lr * lr_scale(self.rule, batch / self.reference_batch)
 
     def at(self, batch: float) -> float:
@@ -399,19 +404,46 @@ def row_warning(x: Inputs, batch: float) -> str | None:
     return "; ".join(w for w in out if w) or None
 
 
-def steps_range(x: Inputs, batch: float) -> tuple[float, float] | None:
-    """S(B) = S_ref (1 + B_crit/B)/(1 + B_crit/B_ref) at the ends of the noise scale's interval
-    and of the probe's steps (monotone in each: its corners); where B_crit is a lower bound, down
-    to perfect scaling above the probe's batch (B_crit → ∞: S_ref B_ref/B)."""
-    if x.b_crit_range is None and x.steps_range is None:
-        return None
+def noise_scales(x: Inputs, batch: float) -> tuple[float, ...]:
+    """The B_noise values the plan allows at ``batch``: its B_crit, its interval's ends, and, where
+    B_crit is a lower bound and the batch above the probe's, ∞ (perfect scaling) beside them:
+    the interval's low end stays, so the side toward more steps is never cut."""
+    out = (x.b_crit, *(x.b_crit_range or ()))
+    if x.b_crit_lower and batch > (x.probe_batch or x.reference_batch):
+        out = (*out, math.inf)
+    return out
+
+
+def steps_corners(x: Inputs, batch: float) -> tuple[float, float]:
+    """The fewest and most steps of S(B) = S_ref (1 + B_crit/B)/(1 + B_crit/B_ref) over
+    :func:`noise_scales` and the probe's steps (monotone in each: its corners)."""
     ref = x.probe_batch or x.reference_batch
     s_ref = x.s_min * (1 + x.b_crit / ref)
-    crits = x.b_crit_range or (x.b_crit, x.b_crit)
-    if x.b_crit_lower and batch > ref:
-        crits = (*crits, math.inf)
-    values = [_scaled(s, b, batch, ref) for b in crits for s in (x.steps_range or (s_ref, s_ref))]
+    refs = x.steps_range or (s_ref,)
+    values = [_scaled(s, b, batch, ref) for b in noise_scales(x, batch) for s in refs]
     return min(values), max(values)
+
+
+def lr_slack(x: Inputs, batch: float) -> float:
+    """The most times the steps the row's lr may cost off the optimum (inf: no progress). The
+    loss's drop a step is quadratic in the lr (McCandlish et al. eq. 2.6), so an lr r times the
+    optimal makes r(2 − r) of its progress; the optimum is unknown as B_noise is: the saturating
+    curve through the probe's point at each of :func:`noise_scales`, below the range test's bound."""
+    lr, worst = x.lr, 1.0
+    for b in noise_scales(x, batch):
+        r = lr.at(batch) / min(lr.saturating(batch, b), lr.cap(batch))
+        worst = max(worst, 1 / (r * (2 - r)) if r < 2 else math.inf)
+    return worst
+
+
+def steps_range(x: Inputs, batch: float) -> tuple[float, float] | None:
+    """The row's steps over what the plan does not know (None: no interval measured): B_crit's
+    and the probe's steps' (:func:`steps_corners`), the most of them × the lr's
+    (:func:`lr_slack`). The figure and ``lbsgd plan --check`` show this interval."""
+    if x.b_crit_range is None and x.steps_range is None:
+        return None
+    lo, hi = steps_corners(x, batch)
+    return lo, hi * lr_slack(x, batch)
 
 
 def _scaled(s_ref: float, b_crit: float, batch: float, ref: float) -> float:
