@@ -4,13 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-KERNEL_CONFIG := $(VENV)/etc/ipython/ipython_kernel_config.py
-PAPERMILL_HOOK := $(VENV)/.papermill-hook
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: setup test lint format reproduce verify lab lab-copies train-quickstart bench bench-gpu bench-comm bench-noise bench-caps wheels clean
 
-setup: $(STAMP) $(KERNEL_CONFIG) $(PAPERMILL_HOOK)
+setup: $(STAMP)
 
 # constraints.txt pins the tested versions of everything (torch/torchvision included).
 $(STAMP): pyproject.toml constraints.txt
@@ -18,19 +16,6 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,notebooks]'
 	touch $(STAMP)
-
-# read by every IPython kernel started from .venv: no unencrypted-TCP warning, no ZMQ traceback
-# after an interrupt (lbsgd/kernel_log.py)
-$(KERNEL_CONFIG): tools/ipython_kernel_config.py $(STAMP)
-	mkdir -p $(dir $@)
-	cp $< $@
-
-# imported by every interpreter started from .venv; in papermill's command line alone: a bad
-# notebook parameter as its one line, Ctrl-C and SIGTERM as an interrupt of the kernel's cell
-# (tools/_lbsgd_papermill.py)
-$(PAPERMILL_HOOK): tools/_lbsgd_papermill.py tools/lbsgd_papermill.pth $(STAMP)
-	$(PY) -c 'import shutil, sys, sysconfig; [shutil.copy(f, sysconfig.get_paths()["purelib"]) for f in sys.argv[1:]]' $(filter-out $(STAMP),$^)
-	touch $@
 
 # The suite on every core (pytest-xdist), a test file per worker at a time: a file's module
 # fixtures (the smoke notebooks' shared results, a resume study) are built once. TEST_WORKERS=0

@@ -6,7 +6,8 @@ of this process's parent a SIGHUP to the kernel (the client gone: a Slurm sweep 
 running); the executed copy written as ``<name>.running.ipynb`` and moved into place whole,
 without what differs between executions (:func:`normalise`); a failing cell one line, naming the
 copy that holds its traceback (``lbsgd: error: …`` and exit 2 for bad input). ``-p KEY VALUE``
-reads as papermill's ``-p``, a value in brackets or braces as YAML (docs/studies.md)."""
+reads as papermill's ``-p``, a value in brackets or braces as YAML (docs/studies.md). Only
+papermill's and nbclient's public options: no patch of either, nor of the kernel."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from lbsgd import kernel_log
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 INTERRUPTS = ("KeyboardInterrupt", "RunInterrupted")
@@ -64,7 +63,11 @@ class _Forward:
     """While installed: SIGINT and SIGTERM to this process become an interrupt of the kernel's
     running cell (SIGINT to the kernel's process group); SIGHUP, and the end of this process's
     parent, a SIGHUP to it (its client gone: a sweep on Slurm leaves its jobs running, a local one
-    stops its runs with a checkpoint); remembers that one came."""
+    stops its runs with a checkpoint); remembers that one came.
+
+    papermill has no handler of its own (Ctrl-C shuts its kernel down under the running cell,
+    SIGTERM ends it at once): this and :meth:`stop_before_cell` wait for
+    https://github.com/nteract/papermill/issues/508 (pass signals down to the kernel)."""
 
     def __init__(self, km) -> None:
         self.km = km
@@ -90,6 +93,13 @@ class _Forward:
             with contextlib.suppress(OSError):  # the kernel has just ended
                 os.killpg(pgid, signal.SIGHUP if signum == signal.SIGHUP else signal.SIGINT)
 
+    def stop_before_cell(self, **cell: object) -> None:
+        """nbclient's ``on_cell_start``: an interrupt that came while no cell ran (the kernel
+        ignores SIGINT between cells and as it starts, so the rest of the notebook would run)
+        stops the execution at the next cell's start."""
+        if self.came:
+            raise KeyboardInterrupt
+
 
 def execute(
     notebook: str | os.PathLike,
@@ -114,14 +124,12 @@ def execute(
     if problem:
         print(f"lbsgd: error: {problem}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
-    # the kernel leaves an interrupt's summary to this process (lbsgd.kernel_log)
-    os.environ[kernel_log.SUMMARY_PRINTED_BY_CLIENT] = "1"
     out = Path(output)
     running = out.with_name(f"{out.stem}.running{out.suffix}")  # moved over ``out`` at the end
     failure = None
     with tempfile.TemporaryDirectory(prefix="lbsgd-kernel-") as folder:
         km = _kernel_manager(Path(folder))
-        with _Forward(km) as forward, _stopped_between_cells(forward.came):
+        with _Forward(km) as forward:
             try:
                 pm.execute_notebook(
                     str(notebook),
@@ -130,6 +138,10 @@ def execute(
                     log_output=log_output,
                     progress_bar=False,
                     km=km,
+                    # nbclient's: a print cut into messages by timing saved as one output
+                    coalesce_streams=True,
+                    record_timing=False,  # no message timestamps in the cells
+                    on_cell_start=forward.stop_before_cell,
                 )
             except PapermillExecutionError as e:
                 failure = e
@@ -182,18 +194,17 @@ def undeclared(notebook, parameters: Mapping[str, Any]) -> str | None:
     return None
 
 
-# what papermill and nbclient record of one execution: times, durations, the kernel's messages'
-# timestamps; the executed copy keeps its parameters, cells and outputs, not these
+# what papermill records of one execution (it has no option not to): times and durations; the
+# executed copy keeps its parameters, cells and outputs, not these
 VOLATILE_NOTEBOOK = ("start_time", "end_time", "duration")
-VOLATILE_CELL = ("execution",)
 INJECTED_ID = "injected-parameters"
 
 
 def normalise(path: str | os.PathLike, output: str | os.PathLike | None = None) -> None:
     """The executed notebook at ``path`` without what differs between two executions that print
-    the same: papermill's start and end times and durations (of the notebook and of each cell),
-    nbclient's message timestamps, and the random id of papermill's injected parameters cell; so
-    that executing a study over complete runs again leaves its committed copy as it was.
+    the same: papermill's start and end times and durations (of the notebook and of each cell)
+    and the random id of papermill's injected parameters cell; so that executing a study over
+    complete runs again leaves its committed copy as it was.
     ``output``: the path the notebook is saved as, recorded as papermill's ``output_path`` (it
     ran into a file beside it, moved there after)."""
     import nbformat
@@ -204,63 +215,23 @@ def normalise(path: str | os.PathLike, output: str | os.PathLike | None = None) 
     for key in VOLATILE_NOTEBOOK:
         nb.metadata.get("papermill", {}).pop(key, None)
     for cell in nb.cells:
-        for key in VOLATILE_CELL:
-            cell.metadata.pop(key, None)
         for key in VOLATILE_NOTEBOOK:
             cell.metadata.get("papermill", {}).pop(key, None)
         if "injected-parameters" in cell.metadata.get("tags", []):
             cell.id = INJECTED_ID
-        if "outputs" in cell:
-            cell.outputs = merged_streams(cell.outputs)
     nbformat.write(nb, str(path))
 
 
-def merged_streams(outputs: list) -> list:
-    """``outputs`` with each run of consecutive stream outputs to the same stream joined into one,
-    as Jupyter shows them: how a kernel's prints are cut into messages depends on timing (a loaded
-    machine sends a line and its newline apart), not on what was printed."""
-    out: list = []
-    for o in outputs:
-        last = out[-1] if out else {}
-        same = (o.get("output_type"), o.get("name")) == (last.get("output_type"), last.get("name"))
-        if same and o.get("output_type") == "stream":
-            out[-1] = type(last)(last, text=last["text"] + o["text"])  # the outputs as given
-        else:
-            out.append(o)
-    return out
-
-
 def _shut_down(km) -> None:
-    """The kernel shut down (papermill leaves a kernel manager it was given running); killed where
-    it cannot be asked (an interrupt as it started closed its sockets)."""
-    import zmq
+    """The kernel ended once the notebook is saved (papermill leaves a kernel manager it was given
+    running): killed with its process group, not sent a shutdown request, which ipykernel 7.4 can
+    answer by closing IOPub under its control thread's last message, and libzmq then aborts it
+    ("Fatal Python error: Aborted" on the terminal). Waits for ipykernel to close that race
+    (https://github.com/ipython/ipykernel/pull/1518 quieted its ENOTSOCK error, not the race)."""
     from jupyter_core.utils import run_sync
 
     if km.has_kernel:
-        try:
-            run_sync(km.shutdown_kernel)(now=False)
-        except zmq.ZMQError:
-            run_sync(km.shutdown_kernel)(now=True)
-
-
-@contextlib.contextmanager
-def _stopped_between_cells(came: list[int]):
-    """An interrupt that came while no cell ran (the kernel ignores SIGINT between cells and as it
-    starts, so the rest of the notebook would run) stops the execution at the next cell's start."""
-    from papermill.engines import NotebookExecutionManager as Manager
-
-    start = Manager.cell_start
-
-    def cell_start(self, *args, **kwargs):
-        if came:
-            raise KeyboardInterrupt
-        return start(self, *args, **kwargs)
-
-    Manager.cell_start = cell_start
-    try:
-        yield
-    finally:
-        Manager.cell_start = start
+        run_sync(km.shutdown_kernel)(now=True)
 
 
 def _failed(e, running: Path, out: Path, interrupted: bool) -> int:

@@ -38,7 +38,7 @@ BANDS = [
     ("loops", {"cadence", "features", "lifecycle", "parameter_server", "trainer"}),
     ("entry", {"entry"}),
     ("harness", {"experiments", "bench", "plan", "__init__"}),
-    ("studies", {"stats", "findings", "kernel_log", "kernel", "studies"}),
+    ("studies", {"stats", "findings", "studies"}),
     ("reports", {"verify", "report", "execute", "reproduce"}),
     ("command line", {"cli", "__main__"}),
 ]

@@ -4,16 +4,14 @@ study's group."""
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lbsgd import config, kernel_log, studies
+from lbsgd import config, studies
 from lbsgd import experiments as ex
 from lbsgd import findings as fs
 from lbsgd.findings import Finding
@@ -104,26 +102,13 @@ class Session:
             )
 
 
-def to_terminal(text: str) -> None:
-    """``text`` to the kernel's own stderr (the terminal that started it), in one write, and not
-    into the cell: ipykernel (6 and later) watches the process's fd 2 and copies what is written
-    there into the cell's output as well as to the terminal (JupyterLab showed the sweep's
-    summary twice, this line and the cell's error); its copy of the terminal's fd is written
-    directly where it watches."""
-    fd = getattr(sys.stderr, "_original_stdstream_copy", None)  # ipykernel's OutStream
-    if isinstance(fd, int) and getattr(sys.stderr, "_should_watch", False):
-        os.write(fd, text.encode())
-        return
-    sys.__stderr__.write(text)
-    sys.__stderr__.flush()
-
-
 def one_line_errors() -> bool:
     """In an IPython kernel (JupyterLab, papermill): a ConfigError (a bad notebook parameter,
     a bad key) shows as its one line, ``lbsgd: error: …``, in the cell and in papermill's
     report, as on the command line, instead of a traceback through lbsgd; an interrupt as its
-    one line (the sweep's summary, also on the kernel's own stderr unless its client
-    prints it); other errors keep theirs. Returns whether a kernel was there to set it in."""
+    one line (the sweep's summary); other errors keep theirs. IPython's public ways: a custom
+    exception handler, which shows the exception with ``_render_traceback_`` (IPython's hook for
+    an exception's own traceback). Returns whether a kernel was there to set it in."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -135,21 +120,13 @@ def one_line_errors() -> bool:
     def one_line(shell, etype, value, tb, tb_offset=None):
         if issubclass(etype, KeyboardInterrupt):  # an interrupt: the sweep's summary, or this
             line = f"{etype.__name__}: {value}" if str(value) else "KeyboardInterrupt: interrupted"
-            if str(value) and not os.environ.get(kernel_log.SUMMARY_PRINTED_BY_CLIENT):
-                # also on the kernel's own stderr: the terminal of papermill's command line (which
-                # leaves at Ctrl-C without showing the cell's error) or of JupyterLab's server
-                # in one write, the newline with it: papermill writes the cells' output to the
-                # same terminal, and print's two writes let a line of its in between
-                to_terminal(f"lbsgd: {value}\n")
         else:
             line = f"lbsgd: error: {value}"
-        shell._showtraceback(etype, value, [line])  # the cell's error output: this line alone
+        value._render_traceback_ = lambda: [line]  # the cell's error output: this line alone
+        shell.showtraceback((etype, value, tb))
         return [line]
 
     shell.set_custom_exc((config.ConfigError, KeyboardInterrupt), one_line)
-    log = getattr(getattr(shell, "kernel", None), "log", None)
-    if isinstance(log, logging.Logger):  # a kernel not started from .venv: quiet it too
-        kernel_log.install(log)
     return True
 
 
