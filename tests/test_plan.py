@@ -523,7 +523,10 @@ def test_a_plan_is_written_read_back_and_its_config_trains(tmp_path, capsys):
     assert check["measured"]["step_s"] == best["batch"] / summary["img_per_s"]
     assert 0 < check["measured"]["steps"] <= summary["steps"]
     printed = capsys.readouterr().out
-    assert f"steps to error=75: predicted {best['steps']:.0f}, measured " in printed
+    band = check["predicted"]["steps_range"]
+    assert band == (best["steps_range"] and list(best["steps_range"]))
+    shown = f" (range {band[0]:.0f}-{band[1]:.0f})" if band else ""
+    assert f"steps to error=75: predicted {best['steps']:.0f}{shown}, measured " in printed
 
 
 def _started(args, out: Path, until: str, run: str | None) -> tuple[subprocess.Popen, list[str]]:
@@ -1129,6 +1132,46 @@ def test_the_steps_range_reaches_above_the_prediction_by_b_crits_low_end_and_the
     assert model.lr_slack(x, 64) == 1.0 and model.row(x, 64, 1).steps_range == (450.0, 450.0)
     linear = dataclasses.replace(x, lr_rule="linear", base_lr=0.4)  # 1.6 at 1024: x5 the optimum
     assert model.row(linear, 1024, 1).steps_range[1] == math.inf
+
+
+def test_the_figure_draws_the_steps_range_that_the_plan_check_prints():
+    """One interval per row (plan.json's, lbsgd.plan.steps_band): the band of plan.png's steps
+    panel at the recommended batch and the range `lbsgd plan --check` prints for it are the same
+    numbers, and the check says whether the measured steps fell inside."""
+    import re
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lbsgd import plan as planner
+    from lbsgd.plan import check
+
+    x = _inputs(
+        b_crit=200.0,
+        s_min=model.s_min_from(450.0, 64, 200.0),
+        probe_batch=64,
+        probe_lr=0.1,
+        b_crit_range=(150.0, 300.0),
+        steps_range=(400.0, 500.0),
+        b_crit_lower=True,
+    )
+    rows = model.table(x, model.powers_of_two(64, 1024), (1,))
+    best = next(r for r in rows if r.batch == 256).as_dict()
+    doc = {"rows": [r.as_dict() for r in rows], "probe": {"batch": 64, "steps": 450.0}}
+    fig, ax = plt.subplots()
+    planner._draw_steps(ax, {**doc, "b_crit": 200.0, "target": "error=25", "recommended": best})
+    (band,) = [c for c in ax.collections if c.get_label().startswith("its range")]
+    drawn = sorted(y for b, y in band.get_paths()[0].vertices if b == 256)
+    plt.close(fig)
+    got = {"steps": 230.0, "step_s": 0.1, "wall_s": 23.0, "run_wall_s": 30.0, "steps_trained": 400}
+    text = check.render(check.comparison(best, Path("run"), got), "error=25")
+    lo, hi = map(float, re.search(r"predicted \d+ \(range (\d+)-(\d+)\)", text).groups())
+    assert (lo, hi) == (round(drawn[0]), round(drawn[-1])) and lo < best["steps"] < hi
+    assert (lo < 230 < hi) and "inside the range" in text
+    far = check.comparison(best, Path("run"), {**got, "steps": 2 * hi})
+    assert "outside the range" in check.render(far, "error=25")
 
 
 def _planned(b_crit=200.0, s_ref=400.0):

@@ -526,19 +526,27 @@ def _unvouched(row: dict[str, Any]) -> list[str]:
     return [e for e in row.get("extrapolated", ()) if "B_crit" in e]
 
 
+def steps_band(row: dict[str, Any]) -> tuple[float, float] | None:
+    """A row's steps interval as plan.json holds it (:func:`lbsgd.plan.model.steps_range`): the
+    band the figure draws and the range ``lbsgd plan --check`` prints (None: none measured)."""
+    pair = row.get("steps_range")
+    return (float(pair[0]), float(pair[1])) if pair else None
+
+
 def _draw_bands(ax, one: list[dict[str, Any]]) -> None:
-    """The steps' interval as a band, and the rows whose steps the plan does not vouch for
-    hollow, labelled with their marks."""
-    ranged = [(r["batch"], *r["steps_range"]) for r in one if r.get("steps_range")]
+    """The steps' interval as a band (an unbounded top drawn to the axes' top), and the rows
+    whose steps the plan does not vouch for hollow, labelled with their marks."""
+    ranged = [(r["batch"], *steps_band(r)) for r in one if steps_band(r)]
     if ranged:
         batch, lo, hi = zip(*ranged, strict=True)
+        top = ax.get_ylim()[1]
         ax.fill_between(
             batch,
             lo,
-            hi,
+            [h if math.isfinite(h) else top for h in hi],
             alpha=0.25,
             label="its range (B_crit's 95% interval, unbounded above where a lower bound; "
-            "the probe's bracket)",
+            "the probe's bracket; the lr's)",
         )
     _draw_unvouched(ax, [r for r in one if _unvouched(r)])
 

@@ -64,17 +64,25 @@ def run(folder: Path, doc: dict[str, Any], cfg: Config) -> dict[str, Any]:
     run_dir = cfg.run_dir()
     if rundir.read_status(run_dir) == rundir.Status.INTERRUPTED:  # asked to stop: no check
         raise KeyboardInterrupt(f"the run stopped at a checkpoint in {run_dir}")
-    got = measured(run_dir, measure.Target.parse(doc["target"]))
-    out = {
-        "run_dir": str(run_dir),
-        "batch": best["batch"],
-        "gpus": best["gpus"],
-        "predicted": {k: best[k] for k in ("steps", "step_s", "wall_s")},
-        "measured": got,
-    }
+    out = comparison(best, run_dir, measured(run_dir, measure.Target.parse(doc["target"])))
     with rundir.replacing(folder / "check.json") as tmp:
         tmp.write_text(json.dumps(out, indent=2) + "\n")
     return out
+
+
+def comparison(best: dict[str, Any], run_dir: Path, got: dict[str, Any]) -> dict[str, Any]:
+    """check.json: the recommended row's predictions (its steps' interval the figure's band,
+    :func:`lbsgd.plan.steps_band`) beside what its run measured (:func:`measured`)."""
+    from lbsgd.plan import steps_band
+
+    predicted = {k: best[k] for k in ("steps", "step_s", "wall_s")}
+    return {
+        "run_dir": str(run_dir),
+        "batch": best["batch"],
+        "gpus": best["gpus"],
+        "predicted": {**predicted, "steps_range": steps_band(best)},
+        "measured": got,
+    }
 
 
 def measured(run_dir: Path, target: measure.Target) -> dict[str, Any]:
@@ -100,9 +108,9 @@ def render(out: dict[str, Any], target: str) -> str:
     lines = [
         f"checked: batch {out['batch']} on {out['gpus']} GPU(s) (processes on a CPU), trained in "
         f"{out['run_dir']}",
-        f"steps to {target}: predicted {p['steps']:.0f}, measured "
+        f"steps to {target}: predicted {p['steps']:.0f}{_band(p.get('steps_range'))}, measured "
         + (
-            f"{m['steps']:.0f} ({_ratio(m['steps'], p['steps'])})"
+            f"{m['steps']:.0f} ({_ratio(m['steps'], p['steps'])}{_inside(p, m['steps'])})"
             if m["steps"] is not None
             else f"not reached in {m['steps_trained']} steps"
         ),
@@ -122,3 +130,14 @@ def render(out: dict[str, Any], target: str) -> str:
 def _ratio(measured: float, predicted: float) -> str:
     r = measured / predicted
     return f"x{r:.2f} of the prediction" if math.isfinite(r) else "-"
+
+
+def _band(pair) -> str:
+    return f" (range {pair[0]:.0f}-{pair[1]:.0f})" if pair else ""
+
+
+def _inside(predicted: dict[str, Any], steps: float) -> str:
+    pair = predicted.get("steps_range")
+    if not pair:
+        return ""
+    return "; inside the range" if pair[0] <= steps <= pair[1] else "; outside the range"
