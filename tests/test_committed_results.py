@@ -15,6 +15,7 @@ import yaml
 
 from lbsgd import config, report, rundir, verify
 from lbsgd.studies import scales
+from lbsgd.studies import steps_to_target as stt
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 CPU = RESULTS / "cpu"
@@ -210,7 +211,7 @@ def test_each_profiles_s_min_is_its_committed_critical_batch_fit(profile):
             rows = list(csv.DictReader(f))
         assert p.s_min == round(float(rows[0]["s_min"]), 1)
         assert p.b_crit == round(float(rows[0]["b_crit"]), 1)
-        assert p.s_min_target == f"study 15's held-out top-1 error {p.ladder['target']:g}%"
+        assert p.s_min_target == f"study 15's held-out top-1 error {stt.settings(p)['target']:g}%"
     else:
         assert scales.get(profile).s_min is None and scales.get(profile).b_crit is None
 

@@ -58,10 +58,10 @@ def _experiments(runs, study):
     return [config.from_dict({**r, "study": study}).experiment_id() for r in runs]
 
 
-def test_with_noise_in_batch_scaling_study_11_is_notebook_3s_sweep_and_without_it_another():
+def test_with_the_noise_scale_in_batch_scaling_study_11_is_notebook_3s_sweep_and_without_it_another():
     # fashion: notebook 3 trains study 11's runs (the same experiments, so study 11 copies them)
     fashion = scales.get("fashion")
-    assert fashion.noise_in_batch_scaling and not CPU.noise_in_batch_scaling
+    assert batch_scaling.NOISE_SCALE == ("fashion",)
     seeds = list(fashion.seeds)
     ours = batch_scaling.runs(fashion, seeds)
     assert ours == cb.runs(fashion, seeds) and len(ours) == 5 * 5 + 3  # k ≤ 16: 5 seeds; 32-128: 1

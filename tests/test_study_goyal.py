@@ -1027,10 +1027,11 @@ def test_the_preregistered_seeds_are_fresh_and_enough_for_the_planned_spread():
     from lbsgd import stats
 
     p = scales.get("fashion-long")
-    t = p.warmup_test
+    t = warmup.settings(p)
     from lbsgd.studies import optimizers
+    from lbsgd.studies import steps_to_target as stt
 
-    used = {*p.seeds, *p.ladder["seeds"], *optimizers.Grid.of(None, None, p).seeds}
+    used = {*p.seeds, *stt.settings(p)["seeds"], *optimizers.Grid.of(None, None, p).seeds}
     assert not used & set(t["seeds"]) and not used & set(t["ladder_seeds"])
     assert len(t["seeds"]) >= stats.pairs_to_decide(0.0, warmup.GOYAL_BENEFIT, t["sd"])
     runs = warmup.preregistered_runs(p)

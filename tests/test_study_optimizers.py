@@ -5,7 +5,6 @@ replayed, undecided and invalid (an arm that did not train) by the 95% t interva
 difference, the contrast of each pair one claim with three outcomes (the expected intervals
 computed here with scipy)."""
 
-import dataclasses
 import math
 
 import numpy as np
@@ -17,8 +16,8 @@ from scipy import stats as sps
 from lbsgd import config
 from lbsgd.config import ConfigError
 from lbsgd.findings import Budget
+from lbsgd.studies import lars, scales
 from lbsgd.studies import optimizers as opt
-from lbsgd.studies import scales
 
 CPU, FASHION, SMOKE = scales.get("cpu"), scales.get("fashion"), scales.get("smoke")
 
@@ -59,7 +58,7 @@ def test_every_optimizer_gets_the_same_grid_at_every_k(profile):
             assert all(c.lr_scaling == "linear" and c.warmup == "gradual" for c in mine)
     # one schedule, one holdout, one seed that no final run uses
     assert {(c.schedule, c.holdout, c.seed) for c in cfgs} == {
-        (profile.lars["schedule"], profile.tuning["holdout"], opt.TUNING_SEED)
+        (lars.settings(profile)["schedule"], opt.settings(profile)["holdout"], opt.TUNING_SEED)
     }
     assert opt.TUNING_SEED not in profile.seeds
     assert len({c.run_name() for c in cfgs}) == len(cfgs)
@@ -67,7 +66,7 @@ def test_every_optimizer_gets_the_same_grid_at_every_k(profile):
 
 def test_anchor_scales_linearly_for_momentum_and_by_square_root_for_adam():
     for arm in opt.ARMS:
-        a = CPU.tuning["anchors"][arm]
+        a = opt.SETTINGS["cpu"]["anchors"][arm]
         want = a * 128 if arm in ("nesterov", "lars") else a * math.sqrt(128)
         assert opt.anchor(CPU, arm, 128) == pytest.approx(want)
     # a calibrated centre at a k replaces the rule's there
@@ -165,7 +164,7 @@ def test_two_tuning_seeds_are_chosen_by_their_mean_and_each_trial_counts():
 
 def test_a_profile_gives_its_own_grid_and_the_notebook_may_override_it():
     own = {"lr_factors": (0.25, 0.5, 1.0, 2.0, 4.0), "warmups": (0.25,), "seeds": (1000, 1001)}
-    profile = dataclasses.replace(CPU, tuning={**CPU.tuning, "grid": own})
+    profile = opt.Tuned.of(CPU, {**opt.SETTINGS["cpu"], "grid": own})
     grid = opt.Grid.of(None, None, profile)
     assert (grid.lr_factors, grid.warmups, grid.seeds) == tuple(own.values())
     assert grid.trials == 5 * 1 * 2
@@ -209,7 +208,9 @@ def test_finals_are_the_chosen_settings_with_the_profile_seeds():
         arm = opt.arm_of(c.optimizer, c.nesterov)
         row = chosen[chosen["arm"] == arm].iloc[0]
         assert peak(c) == row["peak_lr"]  # exactly the trial's
-        assert c.warmup_epochs == row["warmup_epochs"] and c.holdout == CPU.tuning["holdout"]
+        assert (
+            c.warmup_epochs == row["warmup_epochs"] and c.holdout == opt.SETTINGS["cpu"]["holdout"]
+        )
 
 
 # -- the findings ------------------------------------------------------------------------------
@@ -419,16 +420,9 @@ def test_parity_gaps_are_the_paired_differences_beside_nados_published_one():
 def test_a_profiles_own_keys_of_study_14_are_used_and_a_notebooks_epochs_override_them(
     monkeypatch,
 ):
-    import dataclasses
-
-    from lbsgd.studies import scales
-
-    own = dataclasses.replace(
-        scales.PROFILES["smoke"],
-        tuning={**scales.PROFILES["smoke"].tuning, "keys": {"epochs": 3, "fashion_size": 14}},
-    )
-    monkeypatch.setitem(scales.PROFILES, "smoke", own)
-    run = opt.arm_keys(own, "lamb")
+    keys = {**opt.SETTINGS["smoke"], "keys": {"epochs": 3, "fashion_size": 14}}
+    monkeypatch.setitem(opt.SETTINGS, "smoke", keys)
+    run = opt.arm_keys(scales.PROFILES["smoke"], "lamb")
     assert run["epochs"] == 3 and run["fashion_size"] == 14 and run["optimizer"] == "lamb"
     assert "epochs" not in opt.arm_keys(scales.PROFILES["cpu"], "lamb")  # none: the profile's
     # the notebook's epochs replace the study's own length too

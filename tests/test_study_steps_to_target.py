@@ -77,12 +77,12 @@ def test_a_choice_on_the_grid_edge_is_named_and_one_inside_it_is_not():
 
 def test_the_lr_grid_needs_an_inside_and_bad_targets_are_one_line():
     assert stt.lr_grid(None) == stt.lr_grid(None, SMOKE) == stt.LR_FACTORS
-    assert stt.lr_grid(None, LONG) == LONG.ladder["lr_factors"]
+    assert stt.lr_grid(None, LONG) == stt.SETTINGS["fashion-long"]["lr_factors"]
     assert stt.lr_grid([2, 0.5, 1]) == (0.5, 1, 2)
     for bad in ([1, 2], [1, 1, 2], [0.5, 1, -2], [0.5, 1, True]):
         with pytest.raises(ConfigError, match=r"^lr_factors=.*three or more distinct"):
             stt.lr_grid(bad)
-    assert stt.target_of(SMOKE) == SMOKE.ladder["target"]
+    assert stt.target_of(SMOKE) == stt.SETTINGS["smoke"]["target"]
     for bad in (0, 100, -1, True, "10"):
         with pytest.raises(ConfigError, match=r"^target=.*0 < target < 100"):
             stt.target_of(SMOKE, bad)
@@ -95,11 +95,13 @@ def test_the_lr_grid_needs_an_inside_and_bad_targets_are_one_line():
 
 def test_fashion_long_ladder_runs_a_constant_lr_past_its_warmup_at_most_4_epochs():
     t = stt.trials(LONG)
-    assert len(t) == len(LONG.ladder["ks"]) * len(LONG.ladder["lr_factors"])
+    assert len(t) == len(stt.SETTINGS["fashion-long"]["ks"]) * len(
+        stt.SETTINGS["fashion-long"]["lr_factors"]
+    )
     assert {(r["schedule"], tuple(r["milestones"]), r["epochs"]) for r in t} == {("step", (), 4)}
     # the grid brackets the replay's choices (k = 64 at x 0.125, k = 16 at x 0.25) and the
     # linear rule, x2 apart
-    factors = sorted(LONG.ladder["lr_factors"])
+    factors = sorted(stt.SETTINGS["fashion-long"]["lr_factors"])
     assert factors[0] < 0.125 and factors[-1] > 1.0
     assert all(b == 2 * a for a, b in zip(factors, factors[1:], strict=False))
 
@@ -107,12 +109,12 @@ def test_fashion_long_ladder_runs_a_constant_lr_past_its_warmup_at_most_4_epochs
 def test_the_notebooks_epochs_shorten_the_ladder_as_every_other_run():
     short = scales.get("fashion-long", epochs=2)
     assert {r["epochs"] for r in stt.trials(short)} == {2}
-    assert short.base["epochs"] == 2 and LONG.ladder["keys"]["epochs"] == 4
+    assert short.base["epochs"] == 2 and stt.SETTINGS["fashion-long"]["keys"]["epochs"] == 4
 
 
 def test_the_trials_are_every_k_at_every_lr_factor_with_the_tuning_seed_and_probes_on():
     t = stt.trials(SMOKE)
-    lad = SMOKE.ladder
+    lad = stt.SETTINGS["smoke"]
     assert len(t) == len(lad["ks"]) * len(stt.LR_FACTORS)
     base = stt.base_lr(SMOKE)
     assert sorted({r["base_lr"] for r in t}) == [base * f for f in stt.LR_FACTORS]

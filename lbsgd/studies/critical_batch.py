@@ -45,7 +45,7 @@ def runs(
     """Notebook 3's sweep (each k of ``ks``, default the profile's batch-scaling list: every seed up
     to ``large_k``, the first seed beyond) with the noise probe on (``noise_scale=true`` and
     ``noise_scale_batch`` = :func:`small_batch`; off where batch_size ≤ B_small: cpu and smoke,
-    k = 1). A profile with ``noise_in_batch_scaling`` (fashion) trains them in notebook 3."""
+    k = 1). A profile of ``batch_scaling.NOISE_SCALE`` (fashion) trains them in notebook 3."""
     return batch_scaling.runs(profile, seeds, ks, noise_scale=True)
 
 

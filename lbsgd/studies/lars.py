@@ -27,6 +27,45 @@ COLORS = {
 }
 
 
+# per profile: "lars", the keys of the LARS runs (You et al.); "alexnet", the keys of the AlexNet
+# runs; "alexnet_lars", the LARS keys of the AlexNet runs (docs/studies.md, profile notes)
+_LARS = {"schedule": "poly", "lars_eta": 0.001}
+SETTINGS: dict[str, dict[str, Mapping[str, Any]]] = {
+    "smoke": {
+        "lars": {"base_lr": 0.25, **_LARS, "warmup_epochs": 0.5},
+        "alexnet": {"synthetic_difficulty": "easy"},
+    },
+    # LARS at k = 128, where it first beats SGD; 0.5 per 16 and up diverge
+    "cpu": {"lars": {"base_lr": 0.125, **_LARS}, "alexnet_lars": {"base_lr": 0.25}},
+    # AlexNet on 10,000 images (25 of the replay's 104 runs, each 2.3x a ResNet run's time) and
+    # its SGD at the probe's 0.025 per 16; LARS at k = 64: 0.25 per 16
+    "fashion": {
+        "lars": {"base_lr": 0.125, **_LARS},
+        "alexnet": {"fashion_train": 10_000, "base_lr": 0.025},
+        "alexnet_lars": {"base_lr": 0.25},
+    },
+    "fashion-long": {"lars": {"schedule": "poly", "poly_power": 2.0, "lars_eta": 0.001}},
+    "cifar10": {"lars": {"base_lr": 0.5, **_LARS}},  # not calibrated yet
+    # You et al. 2017 Table 3 (AlexNet-BN, 8K: lr 14, 5 warmup epochs, poly(2), 100 epochs)
+    "imagenet": {
+        "lars": {
+            "base_lr": 0.44,
+            **_LARS,
+            "momentum": 0.9,
+            "weight_decay": 5e-4,
+            "epochs": 100,
+            "nesterov": False,
+        },
+        "alexnet": {"model": "alexnet_bn", "weight_decay": 5e-4, "epochs": 100},
+    },
+}
+
+
+def settings(profile: Profile, part: str = "lars") -> Mapping[str, Any]:
+    """The profile's keys of ``part`` ("lars", "alexnet" or "alexnet_lars"; {} where none)."""
+    return SETTINGS.get(profile.name, {}).get(part, {})
+
+
 # -- the runs ----------------------------------------------------------------------------------
 
 
@@ -44,9 +83,9 @@ def lars_keys(
 ) -> dict[str, Any]:
     """The profile's LARS keys (You et al.: plain momentum); ``alexnet`` adds its AlexNet LARS keys;
     ``lars_base_lr`` overrides the lr at the reference batch (notebooks 6 to 8 alike)."""
-    keys = {**own(profile.lars, epochs), "optimizer": "lars", "nesterov": False}
+    keys = {**own(settings(profile), epochs), "optimizer": "lars", "nesterov": False}
     if alexnet:
-        keys.update(own(profile.alexnet_lars, epochs))
+        keys.update(own(settings(profile, "alexnet_lars"), epochs))
     if lars_base_lr is not None:
         keys["base_lr"] = lars_base_lr
     return keys
@@ -72,7 +111,7 @@ def runs(
         for o in opts
         for s in (seeds if k == kmax else seeds[:1])
     ]
-    alex = own(profile.alexnet, epochs)
+    alex = own(settings(profile, "alexnet"), epochs)
     alex_opts = ({}, lars_keys(profile, alexnet=True, lars_base_lr=lars_base_lr, epochs=epochs))
     out += [
         profile.keys(k=kalex, **{**alex, "model": "alexnet_bn", **o, "seed": s})

@@ -11,8 +11,8 @@ decides the findings. :func:`budget` states what the study spent; docs/studies.m
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from lbsgd import experiments as ex
 from lbsgd import studies
 from lbsgd.config import ConfigError
 from lbsgd.findings import Finding, untrained
+from lbsgd.studies import lars, scales
 from lbsgd.studies.scales import PROFILES, Profile
 
 STUDY = "optimizers"
@@ -38,6 +39,55 @@ VAL = "final_val_top1_error_pct"
 TEST = "final_top1_error_pct"
 COLORS = {"nesterov": "tab:red", "lars": "tab:green", "lamb": "tab:blue", "adamw": "tab:orange"}
 
+# per profile: "holdout", the training images held out for tuning; "anchors", each optimizer's lr
+# per reference batch, the centre of its tuning grid (scaled to k by :data:`RULES`); "centres",
+# calibrated centres per k that replace the anchors; "grid", the grid's own axes (lr_factors,
+# warmups, the tuning seeds); "search", a :class:`Search`'s; "keys", config keys of every run.
+# cpu: Nesterov and LARS at the profile's lrs, LAMB and AdamW by the square-root rule from the
+# best probes at k = 128; at k = 16 a first pass chose the grid's top (x3) for three of them: their
+# grids centre there (docs/studies.md, profile notes)
+_CPU = {"nesterov": 0.0125, "lars": 0.125, "lamb": 0.014, "adamw": 0.0035}
+_CPU_16 = {"nesterov": 0.6, "lars": 6.0, "adamw": 0.042}
+SETTINGS: dict[str, Mapping[str, Any]] = {
+    "smoke": {"holdout": 200, "anchors": _CPU},
+    "cpu": {"holdout": 4_000, "anchors": _CPU, "centres": {16: _CPU_16}},
+    # Nesterov's anchor at the probe's 0.025 per 16, at k = 16 the profile's 0.05 (0.8); LARS,
+    # LAMB and AdamW as on cpu (not probed on Fashion-MNIST)
+    "fashion": {
+        "holdout": 3_000,
+        "anchors": {**_CPU, "nesterov": 0.025},
+        "centres": {16: {**_CPU_16, "nesterov": 0.8}},
+    },
+    # k = 16 (below B_crit) on 30,000 images: 422 steps, centres at the best probes, Nado et al.'s
+    # quasi-random search over lr, warmup and weight decay (docs/studies.md)
+    "fashion-long": {
+        "holdout": 3_000,
+        "anchors": {"nesterov": 0.1, "lars": 1.125, "lamb": 0.014, "adamw": 0.0105},
+        "centres": {16: {"nesterov": 1.6, "lars": 18.0, "lamb": 0.056, "adamw": 0.042}},
+        "search": {"points": 10, "seeds": (1000, 1001, 1002)},
+        "keys": {"fashion_train": 30_000, "epochs": 4},
+    },
+}
+
+
+@dataclass(frozen=True)
+class Tuned(Profile):
+    """A profile with this study's settings given, not looked up (study 17's at its own k)."""
+
+    tuning: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, profile: Profile, tuning: Mapping[str, Any], **changes: Any) -> Tuned:
+        return cls(
+            **{f.name: getattr(profile, f.name) for f in fields(Profile)} | changes, tuning=tuning
+        )
+
+
+def settings(profile: Profile) -> Mapping[str, Any]:
+    """The profile's settings of this study (:data:`SETTINGS`; {} where it has none)."""
+    return profile.tuning if isinstance(profile, Tuned) else scales.settings(profile, SETTINGS)
+
+
 # the scaling rule of each optimizer's anchor: the peak lr at k is anchor x rule(k)
 RULES = {"nesterov": "linear", "lars": "linear", "lamb": "sqrt", "adamw": "sqrt"}
 
@@ -48,26 +98,27 @@ RULES = {"nesterov": "linear", "lars": "linear", "lamb": "sqrt", "adamw": "sqrt"
 def arm_keys(profile: Profile, arm: str) -> dict[str, Any]:
     """The config keys of optimizer ``arm`` (not its lr nor warmup): the LARS keys' poly(2)
     schedule for all four, so that the optimizers alone differ."""
-    schedule = {k: v for k, v in profile.lars.items() if k in ("schedule", "poly_power")}
+    own, lars_ = settings(profile), lars.settings(profile)
+    schedule = {k: v for k, v in lars_.items() if k in ("schedule", "poly_power")}
     keys = {
         "nesterov": {"optimizer": "sgd", "nesterov": True},
-        "lars": {"optimizer": "lars", "nesterov": False, "lars_eta": profile.lars["lars_eta"]},
+        "lars": {"optimizer": "lars", "nesterov": False, "lars_eta": lars_["lars_eta"]},
         "lamb": {"optimizer": "lamb", "nesterov": False, "weight_decay": ADAM_WEIGHT_DECAY},
         "adamw": {"optimizer": "adamw", "nesterov": False, "weight_decay": ADAM_WEIGHT_DECAY},
     }[arm]
     # the profile's own keys of this study (a shorter run, fewer images), under the optimizer's
     return {
-        **profile.tuning.get("keys", {}),
+        **own.get("keys", {}),
         **schedule,
         **keys,
-        "holdout": profile.tuning["holdout"],
+        "holdout": own["holdout"],
     }
 
 
 def check(profile: Profile) -> None:
     """One line naming the profile when it has no settings for this study."""
-    if not profile.tuning or "optimizers" not in profile.ks:
-        have = ", ".join(n for n, p in PROFILES.items() if p.tuning and "optimizers" in p.ks)
+    if not settings(profile) or "optimizers" not in profile.ks:
+        have = ", ".join(n for n in SETTINGS if "optimizers" in PROFILES[n].ks)
         raise ConfigError(
             f"profile={profile.name!r} has no tuning settings for study 14 (its tuning and "
             f"ks['optimizers']; valid: {have})"
@@ -78,10 +129,10 @@ def anchor(profile: Profile, arm: str, k: float) -> float:
     """The centre of ``arm``'s lr grid at k (a peak lr): the profile's calibrated centre at that k
     (``tuning["centres"][k][arm]``) where it has one, else its anchor scaled by its rule (linear
     or sqrt)."""
-    centre = profile.tuning.get("centres", {}).get(k, {}).get(arm)
+    centre = settings(profile).get("centres", {}).get(k, {}).get(arm)
     if centre is not None:
         return centre
-    a = profile.tuning["anchors"][arm]
+    a = settings(profile)["anchors"][arm]
     return a * k if RULES[arm] == "linear" else a * math.sqrt(k)
 
 
@@ -153,10 +204,11 @@ class Grid:
         """The notebook's parameters (None: the profile's ``tuning["search"]``, a
         :class:`Search`, or its ``tuning["grid"]``, else the study's grid); one-line
         ConfigError if bad."""
-        search = profile.tuning.get("search") if profile is not None else None
+        own = settings(profile) if profile is not None else {}
+        search = own.get("search")
         if search and lr_factors is None and warmups is None:
             return Search(**search)
-        own = (profile.tuning.get("grid", {}) if profile is not None else {}) or {}
+        own = own.get("grid", {}) or {}
         grid = cls(
             tuple(own.get("lr_factors", LR_FACTORS) if lr_factors is None else lr_factors),
             tuple(own.get("warmups", WARMUPS) if warmups is None else warmups),

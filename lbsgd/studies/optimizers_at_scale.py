@@ -42,7 +42,7 @@ class AtScale:
     ladder: dict = field(default_factory=dict)
 
 
-AT_SCALE = {
+SETTINGS = {
     # k = 64: batch 1,024, 2.8 x B_crit 364; 55,000 training images x 8 epochs = 430 steps,
     # 4.6 x S_min 94 (study 15). 12 points -> 4 -> 2 over seeds 5100-5102 (72 trials), 20
     # measuring seeds 5000-5019 (80 runs), range tests on 5200: 156 runs, about 10 h of run time
@@ -75,20 +75,20 @@ AT_SCALE = {
 
 def design(profile: Profile) -> AtScale:
     """The profile's design; one line naming the profiles that have one."""
-    if profile.name not in AT_SCALE:
+    if profile.name not in SETTINGS:
         raise ConfigError(
-            f"profile={profile.name!r} has no settings for study 17 (valid: {', '.join(AT_SCALE)})"
+            f"profile={profile.name!r} has no settings for study 17 (valid: {', '.join(SETTINGS)})"
         )
-    return AT_SCALE[profile.name]
+    return SETTINGS[profile.name]
 
 
 def scaled(profile: Profile, centres: Mapping[str, float] | None = None) -> Profile:
     """``profile`` as study 14's functions read it at the design's k: its keys, held-out images,
     measuring seeds and each optimizer's centre (the range tests')."""
     a = design(profile)
-    tuning = {**profile.tuning, "holdout": a.holdout, "keys": dict(a.keys)}
+    tuning = {**opt.settings(profile), "holdout": a.holdout, "keys": dict(a.keys)}
     tuning["centres"] = {a.k: dict(centres or {})}
-    return dataclasses.replace(profile, tuning=tuning, ks={"optimizers": (a.k,)}, seeds=a.seeds)
+    return opt.Tuned.of(profile, tuning, ks={"optimizers": (a.k,)}, seeds=a.seeds)
 
 
 def range_tests(profile: Profile) -> list[dict]:

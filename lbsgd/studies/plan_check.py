@@ -83,9 +83,9 @@ def reference(profile_dir: Path, profile: Profile) -> Reference:
     """The profile's reference, its study's folder read in place: study 15's ladder (each k's
     steps at its chosen lr) where the profile has one, else study 11's sweep (its target loss,
     window and fit); one line when that study has not run."""
-    if profile.ladder:
+    if stt.settings(profile):
         goal = stt.target_of(profile)
-        tuning = profile.ladder["seeds"][0]
+        tuning = stt.settings(profile)["seeds"][0]
         m, chosen, per_seed = ladder(profile_dir, profile, goal)
         target = measure.Target("error", goal)
         runs = stt.chosen_runs(m, chosen, tuning)
@@ -152,8 +152,9 @@ def timing_runs(
     reference's keys, no probe, no evaluation, named by their layout (no experiment key)."""
     own = {"epochs": epochs, "eval_every": 0, "checkpoint": False}
     if ref.source == LADDER:
-        ladder_keys = {"base_lr": stt.base_lr(profile), "holdout": profile.ladder["holdout"]}
-        own = {**profile.ladder.get("keys", {}), **ladder_keys, **own}
+        lad = stt.settings(profile)
+        ladder_keys = {"base_lr": stt.base_lr(profile), "holdout": lad["holdout"]}
+        own = {**lad.get("keys", {}), **ladder_keys, **own}
     runs = []
     for k in ks:
         keys = profile.keys(k=k, **own)
@@ -285,7 +286,7 @@ def ladder(profile_dir: Path, profile: Profile, target: float):
             f"study 16 reads study 15's ladder, and {folder} holds no run: execute "
             "notebooks/15_steps_to_target.ipynb first (make reproduce runs it before)"
         )
-    seeds = list(profile.ladder["seeds"])
+    seeds = list(stt.settings(profile)["seeds"])
     runs = ex.load_runs(folder)
     m = stt.measure(runs[runs["seed"].isin(seeds)], target, stt.base_lr(profile))
     chosen = stt.choose(m, seeds[0])

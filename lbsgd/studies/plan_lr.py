@@ -1,6 +1,6 @@
 """Study 16, part two: every row of a plan at the plan's own lr, on networks it was not tuned to.
 
-Per network of ``plan_check["networks"]``: one probe, ``lbsgd plan``'s rows from it (its lr range
+Per network of :data:`SETTINGS`: one probe, ``lbsgd plan``'s rows from it (its lr range
 test capping the lrs), every planned batch up to :data:`CHECKED_UP_TO` × B_crit trained at the
 row's lr and warmup on fresh seeds, stopped at the target (capped at :data:`CAP` × the row's
 epochs), and two claims: predicted steps within 25% of the measured below B_crit, within 50%
@@ -32,6 +32,18 @@ CAP = 3.0  # a run's epochs: this times its row's predicted (past the +50% edge,
 PROBE_K = 4
 BELOW, ABOVE = 0.25, 0.50
 PAPER = "McCandlish et al. 2018: S = S_min (1 + B_noise/B) with eps(B) = eps_max/(1 + B_noise/B)"
+# per profile: "networks", name -> keys over the ladder's; "probe_seed", the probe's seed (one of
+# the ladder's); "seeds", the fresh seeds every planned batch up to 4 B_crit trains on.
+# fashion-long: ResNet-8 and AlexNet-BN (0.025 per 16 from its probes), planned from the ladder's
+# probe of seed 2, checked on fresh seeds
+SETTINGS: dict[str, dict[str, Any]] = {
+    "smoke": {"networks": {"resnet8": {}}, "probe_seed": 0, "seeds": (2, 3)},
+    "fashion-long": {
+        "networks": {"resnet8": {}, "alexnet_bn": {"model": "alexnet_bn", "base_lr": 0.025}},
+        "probe_seed": 2,
+        "seeds": (8, 9, 10),
+    },
+}
 
 
 def claims(network: str) -> tuple[str, str]:
@@ -46,7 +58,7 @@ def claims(network: str) -> tuple[str, str]:
 def probe_run(profile: Profile, network: str) -> dict[str, Any]:
     """The network's probe: the ladder's run at k = 4, its lr by the linear rule, the noise
     probe on, with the network's keys."""
-    c = profile.plan_check
+    c = SETTINGS[profile.name]
     keys = stt.run_keys(profile, PROBE_K, 1.0, c["probe_seed"], stt.target_of(profile))
     return {**keys, **c["networks"][network]}
 
@@ -84,7 +96,7 @@ def to_target_runs(profile: Profile, network: str, x, rows) -> list[dict[str, An
     plan)."""
     if x is None:
         return []
-    c = profile.plan_check
+    c = SETTINGS[profile.name]
     rule, goal = x.lr.rule, stt.target_of(profile)
     out = []
     for r in rows:
@@ -169,7 +181,7 @@ def _side(network: str, x, rows, steps: dict[int, list[float]], side: str) -> Fi
 def networks(profile: Profile, chosen: Sequence[str] | None = None) -> Sequence[str]:
     """The networks checked: ``chosen`` (the notebook's parameter), else the profile's; one line
     naming one the profile does not define."""
-    own = tuple(profile.plan_check.get("networks", {}))
+    own = tuple(SETTINGS.get(profile.name, {}).get("networks", {}))
     if chosen is None:
         return own
     unknown = [n for n in chosen if n not in own]

@@ -39,7 +39,7 @@ def runs(
     :data:`SETTINGS`, every seed."""
     k = max(ks) if ks else profile.alexnet_k()
     keys = lars.lars_keys(profile, alexnet=True, lars_base_lr=lars_base_lr, epochs=epochs)
-    alex = lars.own(profile.alexnet, epochs)
+    alex = lars.own(lars.settings(profile, "alexnet"), epochs)
     return [
         profile.keys(
             k=k,

@@ -11,7 +11,8 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +26,7 @@ class Profile:
     seeds: tuple[int, ...]  # seeds of the comparisons that decide a finding
     ks: Mapping[str, tuple[float, ...]]  # per study: the batch sizes as k
     large_k: float  # the "large minibatch" of the ablations (Goyal: k = 32, i.e. 8k)
-    lars: Mapping[str, Any] = field(default_factory=dict)  # keys of the LARS runs (You et al.)
-    alexnet: Mapping[str, Any] = field(default_factory=dict)  # keys of the AlexNet runs
-    alexnet_lars: Mapping[str, Any] = field(default_factory=dict)  # LARS keys of AlexNet runs
     studies: tuple[str, ...] | None = None  # the studies it replays (None: every notebook's)
-    # notebook 3's sweep measures the gradient noise scale too, so study 11 copies its runs rather
-    # than training the sweep again (the probe changes no digit of a run)
-    noise_in_batch_scaling: bool = False
-    # study 14 (lbsgd.studies.optimizers): "holdout", the training images held out for tuning;
-    # "anchors", each optimizer's lr per reference batch, the centre of its tuning grid (scaled
-    # to k by the linear rule for nesterov and lars, the square-root rule for lamb and adamw);
-    # "centres", calibrated centres per k that replace the anchors; "grid", the grid's own axes
-    # (lr_factors, warmups, the tuning seeds); "keys", config keys of every run of the study
-    tuning: Mapping[str, Any] = field(default_factory=dict)
     # S_min: the fewest optimizer steps any batch needs to reach study 11's target loss at this
     # profile, from that study's committed fit (results/<profile>/critical_batch/fit.csv; a test
     # holds the two equal). A large-minibatch verdict from an arm with fewer steps is
@@ -47,24 +36,10 @@ class Profile:
     # the same fit's critical batch B_crit = E_min/S_min (samples): study 14 says whether its large
     # batch lies beyond it, where Nado et al. and You et al. compare optimizers
     b_crit: float | None = None
-    # study 15 (lbsgd.studies.steps_to_target): "ks", the batch sizes as k; "target", the held-out
-    # top-1 error (%) every one of them reaches; "stop_at_error", where its runs end (default the
-    # target); "holdout", the images held out to read it on; "seeds", the tuning seed (each
-    # trial's), then the seeds that measure each k at its chosen lr
-    ladder: Mapping[str, Any] = field(default_factory=dict)
-    # study 16's rows at the plan's own lr (lbsgd.studies.plan_lr, pre-registered there):
-    # "networks", name -> keys over the ladder's; "probe_seed", the probe's seed; "seeds", the
-    # fresh seeds every planned batch up to 4 B_crit trains on
-    plan_check: Mapping[str, Any] = field(default_factory=dict)
-    # study 2's pre-registered warmup test (lbsgd.studies.warmup.preregistered_runs, docs/verdicts.md):
-    # "k", the large minibatch where the linear rule's lr sits at the stability edge; "seeds",
-    # fresh seeds, never used by a calibration, their number fixed before the runs from "sd", the
-    # measured per-pair sd of none − gradual; "ladder_ks", "ladder_seeds": the descriptive ladder
-    # beyond it (no verdict)
-    warmup_test: Mapping[str, Any] = field(default_factory=dict)
     # the profiles whose replays this one's REPORT.md sets beside its own (their folders next to
     # its own: results/<name>), with each differing verdict's budget
     beside: tuple[str, ...] = ()
+    epochs: float | None = None  # every run's length where :func:`get` overrides it (studies' too)
 
     def alexnet_k(self, ks: list[float] | None = None) -> float:
         """The minibatch (as k) of the AlexNet comparisons: ks["alexnet"], else the largest LARS k."""
@@ -139,12 +114,6 @@ _LONG_BASE = {
     "warmup_epochs": 0.45,
 }
 
-# study 14's grid centres per reference batch: Nesterov and LARS at the profile's lrs, LAMB and
-# AdamW by the square-root rule from the best probes at k = 128 (docs/studies.md, profile notes)
-_CPU_ANCHORS = {"nesterov": 0.0125, "lars": 0.125, "lamb": 0.014, "adamw": 0.0035}
-# at k = 16 a first pass chose the grid's top (×3) for these three: their grids centre there
-_CPU_CENTRES = {16: {"nesterov": 0.6, "lars": 6.0, "adamw": 0.042}}
-
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
         name="smoke",
@@ -161,17 +130,6 @@ PROFILES: dict[str, Profile] = {
         seeds=(0,),
         ks={"batch_scaling": (1, 4, 16), "lars": (4, 16), "optimizers": (4, 16)},
         large_k=8,
-        lars={"base_lr": 0.25, "schedule": "poly", "lars_eta": 0.001, "warmup_epochs": 0.5},
-        alexnet={"synthetic_difficulty": "easy"},
-        tuning={"holdout": 200, "anchors": _CPU_ANCHORS},
-        ladder={
-            "ks": (1, 4, 16),
-            "target": 85.0,
-            "holdout": 200,
-            "seeds": (0, 1),
-            "keys": {"epochs": 4, "base_lr": 0.1},
-        },
-        plan_check={"networks": {"resnet8": {}}, "probe_seed": 0, "seeds": (2, 3)},
     ),
     "cpu": Profile(
         name="cpu",
@@ -185,11 +143,6 @@ PROFILES: dict[str, Profile] = {
             "optimizers": (16, 128),
         },
         large_k=16,
-        # LARS at k = 128, where it first beats SGD; 0.5 per 16 and up diverge (profile notes)
-        lars={"base_lr": 0.125, "schedule": "poly", "lars_eta": 0.001},
-        alexnet={},
-        alexnet_lars={"base_lr": 0.25},
-        tuning={"holdout": 4_000, "anchors": _CPU_ANCHORS, "centres": _CPU_CENTRES},
         s_min=55.1,
         b_crit=620.7,
         s_min_target="study 11's training loss 0.327",
@@ -205,20 +158,6 @@ PROFILES: dict[str, Profile] = {
             "optimizers": (16, 128),
         },
         large_k=16,
-        # one sweep for studies 3 and 11: 23 runs (12.7 minutes) fewer in the replay
-        noise_in_batch_scaling=True,
-        lars={"base_lr": 0.125, "schedule": "poly", "lars_eta": 0.001},
-        # AlexNet on 10,000 images (25 of the replay's 104 runs, each 2.3× a ResNet run's time) and
-        # its SGD at the probe's 0.025 per 16; LARS at k = 64: 0.25 per 16
-        alexnet={"fashion_train": 10_000, "base_lr": 0.025},
-        alexnet_lars={"base_lr": 0.25},
-        # Nesterov's anchor at the probe's 0.025 per 16, at k = 16 the profile's 0.05 (0.8); LARS,
-        # LAMB and AdamW as on cpu (not probed on Fashion-MNIST)
-        tuning={
-            "holdout": 3_000,
-            "anchors": {**_CPU_ANCHORS, "nesterov": 0.025},
-            "centres": {16: {**_CPU_CENTRES[16], "nesterov": 0.8}},
-        },
         s_min=61.1,
         b_crit=367.2,
         s_min_target="study 11's training loss 0.684",
@@ -240,51 +179,10 @@ PROFILES: dict[str, Profile] = {
         name="fashion-long",
         base=_LONG_BASE,
         # eight seeds: 80% power for Goyal's 1.1 points at fashion's paired sd 0.93; the measured
-        # 1.24 gave 58%, hence warmup_test below
+        # 1.24 gave 58%, hence study 2's pre-registered test (lbsgd.studies.warmup.SETTINGS)
         seeds=tuple(range(8)),
         large_k=16,
-        # study 15's ladder: a constant lr after the warmup, at most 4 epochs; seed 0 chooses each
-        # k's lr, seeds 2-7 measure; the target 24% is where the spread of steps is least (its
-        # history: docs/studies.md, profile notes)
-        ladder={
-            "ks": (1, 4, 8, 16, 32, 64),
-            "target": 24.0,
-            "stop_at_error": 22.0,
-            "holdout": 5_000,
-            "seeds": (0, 2, 3, 4, 5, 6, 7),
-            "lr_factors": (0.03125, 0.0625, 0.125, 0.25, 0.5, 1.0, 2.0),
-            "keys": {"epochs": 4, "milestones": []},
-        },
-        # study 2's pre-registered warmup test (docs/verdicts.md): k = 32, twenty fresh seed pairs
-        # sized at the measured sd 1.24; the ladder beyond it is measured, not tested
-        warmup_test={
-            "k": 32,
-            "seeds": tuple(range(4000, 4020)),
-            "sd": 1.24,
-            "ladder_ks": (64, 128),
-            "ladder_seeds": (4000, 4001),
-        },
         ks={"optimizers": (16,)},
-        lars={"schedule": "poly", "poly_power": 2.0, "lars_eta": 0.001},
-        # study 14 at k = 16 (below B_crit) on 30,000 images: 422 steps, centres at the best probes,
-        # Nado et al.'s quasi-random search over lr, warmup and weight decay (docs/studies.md)
-        tuning={
-            "holdout": 3_000,
-            "anchors": {"nesterov": 0.1, "lars": 1.125, "lamb": 0.014, "adamw": 0.0105},
-            "centres": {16: {"nesterov": 1.6, "lars": 18.0, "lamb": 0.056, "adamw": 0.042}},
-            "search": {"points": 10, "seeds": (1000, 1001, 1002)},
-            "keys": {"fashion_train": 30_000, "epochs": 4},
-        },
-        # study 16's second part (lbsgd.studies.plan_lr): ResNet-8 and AlexNet-BN (0.025 per 16
-        # from its probes), planned from the ladder's probe of seed 2, checked on fresh seeds
-        plan_check={
-            "networks": {
-                "resnet8": {},
-                "alexnet_bn": {"model": "alexnet_bn", "base_lr": 0.025},
-            },
-            "probe_seed": 2,
-            "seeds": (8, 9, 10),
-        },
         s_min=93.6,  # study 15's fit (results/fashion-long/steps_to_target/table.csv)
         b_crit=363.6,
         s_min_target="study 15's held-out top-1 error 24%",
@@ -316,8 +214,6 @@ PROFILES: dict[str, Profile] = {
         seeds=(0, 1, 2),
         ks={"batch_scaling": (1, 2, 4, 8, 16, 32, 64, 128), "lars": (8, 32, 128)},
         large_k=32,
-        lars={"base_lr": 0.5, "schedule": "poly", "lars_eta": 0.001},  # not calibrated yet
-        alexnet={},
     ),
     "imagenet": Profile(
         name="imagenet",
@@ -344,23 +240,14 @@ PROFILES: dict[str, Profile] = {
         seeds=(0,),
         ks={"batch_scaling": (0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256), "lars": (2, 16, 32, 64)},
         large_k=32,
-        # You et al. 2017 Table 3 (AlexNet-BN, 8K: lr 14, 5 warmup epochs, poly(2), 100 epochs)
-        lars={
-            "base_lr": 0.44,
-            "schedule": "poly",
-            "lars_eta": 0.001,
-            "momentum": 0.9,
-            "weight_decay": 5e-4,
-            "epochs": 100,
-            "nesterov": False,
-        },
-        alexnet={"model": "alexnet_bn", "weight_decay": 5e-4, "epochs": 100},
     ),
 }
 
 
-# studies that need a profile's own settings: a profile without them does not replay the study
-NEEDS = {"optimizers": "tuning", "steps_to_target": "ladder", "plan": "ladder"}
+# studies that need a profile's own settings (the SETTINGS of the study module named, by profile
+# name): a profile without them does not replay the study (study 16 reads study 15's ladder)
+NEEDS = {s: s for s in ("optimizers", "optimizers_at_scale", "steps_to_target")}
+NEEDS["plan"] = "steps_to_target"
 
 
 def replays(profile: Profile, study: str) -> bool:
@@ -368,11 +255,19 @@ def replays(profile: Profile, study: str) -> bool:
     settings (:data:`NEEDS`) the profile has)."""
     if profile.studies is not None:
         return study in profile.studies
-    if study == "optimizers_at_scale":  # its settings live with the study
-        from lbsgd.studies import optimizers_at_scale
+    return (
+        study not in NEEDS
+        or profile.name in import_module(f"lbsgd.studies.{NEEDS[study]}").SETTINGS
+    )
 
-        return profile.name in optimizers_at_scale.AT_SCALE
-    return study not in NEEDS or bool(getattr(profile, NEEDS[study]))
+
+def settings(profile: Profile, table: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
+    """A study's settings at ``profile`` from its ``table`` (profile name → settings; {} where it
+    has none), its runs' own length (``keys["epochs"]``) overridden where the profile's is."""
+    own = table.get(profile.name, {})
+    if profile.epochs is not None and "epochs" in own.get("keys", {}):
+        own = {**own, "keys": {**own["keys"], "epochs": profile.epochs}}
+    return own
 
 
 def notebooks(name: str, paths: list[str]) -> list[str]:
@@ -394,10 +289,5 @@ def get(name: str, epochs: float | None = None) -> Profile:
     if epochs is not None:
         if epochs <= 0:
             raise ConfigError(f"epochs={epochs} must be > 0")
-        p = dataclasses.replace(p, base={**p.base, "epochs": epochs})
-        for own in ("ladder", "tuning"):  # study 15's and study 14's own lengths, overridden too
-            settings = getattr(p, own)
-            if "epochs" in settings.get("keys", {}):
-                keys = {**settings["keys"], "epochs": epochs}
-                p = dataclasses.replace(p, **{own: {**settings, "keys": keys}})
+        p = dataclasses.replace(p, base={**p.base, "epochs": epochs}, epochs=epochs)
     return p

@@ -1,7 +1,7 @@
 """15. Steps to a target error (Shallue et al. 2018; McCandlish et al. 2018): what a batch size
 buys, free of the epoch budget.
 
-The ladder (``profile.ladder``): each k at the lrs ``base_lr × k × f`` (f in :data:`LR_FACTORS`)
+The ladder (:data:`SETTINGS`): each k at the lrs ``base_lr × k × f`` (f in :data:`LR_FACTORS`)
 with the first seed, on the training split less the held-out images evaluated at log-spaced steps
 (:data:`PER_OCTAVE`), ending at the target (:func:`steps_to_error`: the first crossing); per k the
 lr of fewest steps is trained with the other seeds, which alone measure, and S = S_min (1 +
@@ -12,7 +12,7 @@ is no tuned choice: the claims that read that k are invalid. docs/studies.md ("S
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +24,9 @@ from lbsgd import findings as fs
 from lbsgd import stats
 from lbsgd.config import ConfigError
 from lbsgd.findings import Finding
-from lbsgd.studies import Metrics, batch_scaling, critical_batch, curves
+from lbsgd.studies import Metrics, batch_scaling, critical_batch, curves, scales
 from lbsgd.studies.rules import finding, goyal_steps, grid_edge, paper_batch
-from lbsgd.studies.scales import PROFILES, Profile
+from lbsgd.studies.scales import Profile
 
 STUDY = "steps_to_target"
 TITLE = "15. Steps to a target error (Shallue et al. 2018)"
@@ -44,22 +44,54 @@ PAPER = (
 )
 
 
+# the ladder per profile: "ks", the batch sizes as k; "target", the held-out top-1 error (%) every
+# one of them reaches; "stop_at_error", where its runs end (default the target); "holdout", the
+# images held out to read it on; "seeds", the tuning seed (each trial's), then the seeds that
+# measure each k at its chosen lr; "lr_factors", the grid; "keys", config keys of every run
+SETTINGS: dict[str, Mapping[str, Any]] = {
+    "smoke": {
+        "ks": (1, 4, 16),
+        "target": 85.0,
+        "holdout": 200,
+        "seeds": (0, 1),
+        "keys": {"epochs": 4, "base_lr": 0.1},
+    },
+    # a constant lr after the warmup, at most 4 epochs; seed 0 chooses each k's lr, seeds 2-7
+    # measure; the target 24% is where the spread of steps is least (its history: docs/studies.md,
+    # profile notes)
+    "fashion-long": {
+        "ks": (1, 4, 8, 16, 32, 64),
+        "target": 24.0,
+        "stop_at_error": 22.0,
+        "holdout": 5_000,
+        "seeds": (0, 2, 3, 4, 5, 6, 7),
+        "lr_factors": (0.03125, 0.0625, 0.125, 0.25, 0.5, 1.0, 2.0),
+        "keys": {"epochs": 4, "milestones": []},
+    },
+}
+
+
+def settings(profile: Profile) -> Mapping[str, Any]:
+    """The profile's ladder (:data:`SETTINGS`; {} where it has none)."""
+    return scales.settings(profile, SETTINGS)
+
+
 # -- the runs ----------------------------------------------------------------------------------
 
 
 def check(profile: Profile) -> None:
     """One line naming the profile when it has no ladder."""
-    if not profile.ladder:
-        have = ", ".join(n for n, p in PROFILES.items() if p.ladder)
+    if not settings(profile):
+        have = ", ".join(SETTINGS)
         raise ConfigError(
-            f"profile={profile.name!r} has no ladder for study 15 (profile.ladder; valid: {have})"
+            f"profile={profile.name!r} has no ladder for study 15 (steps_to_target.SETTINGS; valid: {have})"
         )
 
 
 def base_lr(profile: Profile) -> float:
     """The linear rule's lr per reference batch of the ladder: its own ``keys``' base_lr, else the
     profile's; the lr grid is this times :data:`LR_FACTORS`."""
-    return float({**profile.base, **profile.ladder.get("keys", {})}["base_lr"])
+    return float({**profile.base, **settings(profile).get("keys", {})}["base_lr"])
 
 
 def run_keys(profile: Profile, k: float, factor: float, seed: int, target: float) -> dict[str, Any]:
@@ -68,13 +100,14 @@ def run_keys(profile: Profile, k: float, factor: float, seed: int, target: float
     the batch is B_small: nothing to compare), ended at the first probe that reaches the ladder's
     ``stop_at_error`` (default and at most ``target``; below it, a curve read past its crossing)."""
     b_small = batch_scaling.small_batch(profile)
-    stop = min(target, profile.ladder.get("stop_at_error", target))
+    lad = settings(profile)
+    stop = min(target, lad.get("stop_at_error", target))
     keys = profile.keys(
         k=k,
         **{
-            **profile.ladder.get("keys", {}),
+            **lad.get("keys", {}),
             "base_lr": base_lr(profile) * factor,
-            "holdout": profile.ladder["holdout"],
+            "holdout": lad["holdout"],
             "eval_per_octave": PER_OCTAVE,
             "seed": seed,
             "stop_at_error": stop,
@@ -89,7 +122,7 @@ def lr_grid(
 ) -> tuple[float, ...]:
     """The notebook's lr factors (None: the ladder's ``lr_factors``, else :data:`LR_FACTORS`):
     three or more distinct numbers > 0, so that the grid has an inside; else one line."""
-    own = profile.ladder.get("lr_factors", LR_FACTORS) if profile is not None else LR_FACTORS
+    own = settings(profile).get("lr_factors", LR_FACTORS) if profile is not None else LR_FACTORS
     grid = tuple(own if lr_factors is None else lr_factors)
     good = all(isinstance(f, int | float) and not isinstance(f, bool) and f > 0 for f in grid)
     if len(grid) < 3 or not good or len(set(grid)) != len(grid):
@@ -103,7 +136,7 @@ def lr_grid(
 def target_of(profile: Profile, target: float | None = None) -> float:
     """The held-out top-1 error (%) to reach: ``target``, else the ladder's; one line if it is
     not a percentage strictly between 0 and 100."""
-    t = profile.ladder["target"] if target is None else target
+    t = settings(profile)["target"] if target is None else target
     if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < 100:
         raise ConfigError(f"target={t!r} must be a held-out top-1 error in % (0 < target < 100)")
     return float(t)
@@ -120,9 +153,9 @@ def trials(
     ladder's grid, :func:`lr_grid`), with ``seed`` (default the ladder's first: the tuning seed),
     each ended at ``target`` (:func:`target_of`)."""
     check(profile)
-    s = profile.ladder["seeds"][0] if seed is None else seed
+    s = settings(profile)["seeds"][0] if seed is None else seed
     grid, goal = lr_grid(lr_factors, profile), target_of(profile, target)
-    return [run_keys(profile, k, f, s, goal) for k in ks or profile.ladder["ks"] for f in grid]
+    return [run_keys(profile, k, f, s, goal) for k in ks or settings(profile)["ks"] for f in grid]
 
 
 def confirmations(
@@ -132,7 +165,7 @@ def confirmations(
     ladder's after the first), ended at ``target`` (:func:`target_of`): the runs the claims read
     beside the tuning seed's."""
     check(profile)
-    rest = list(seeds if seeds is not None else profile.ladder["seeds"][1:])
+    rest = list(seeds if seeds is not None else settings(profile)["seeds"][1:])
     goal = target_of(profile, target)
     return [run_keys(profile, r.k, r.lr_factor, s, goal) for r in chosen.itertuples() for s in rest]
 

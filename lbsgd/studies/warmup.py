@@ -417,14 +417,32 @@ def _no_warmup_lags_gradual_early(
 
 # Goyal Table 1 at 8k: no warmup 24.84% against gradual 23.74% top-1 error
 GOYAL_BENEFIT = 1.10
+# per profile (docs/verdicts.md): "k", the large minibatch where the linear rule's lr sits at the
+# stability edge; "seeds", fresh seeds, never used by a calibration, their number fixed before the
+# runs from "sd", the measured per-pair sd of none − gradual; "ladder_ks", "ladder_seeds": the
+# descriptive ladder beyond it (no verdict). fashion-long: twenty pairs sized at the sd 1.24
+SETTINGS = {
+    "fashion-long": {
+        "k": 32,
+        "seeds": tuple(range(4000, 4020)),
+        "sd": 1.24,
+        "ladder_ks": (64, 128),
+        "ladder_seeds": (4000, 4001),
+    }
+}
+
+
+def settings(profile: Profile) -> dict[str, Any]:
+    """The profile's pre-registered test (:data:`SETTINGS`; {} where it has none)."""
+    return SETTINGS.get(profile.name, {})
 
 
 def preregistered_runs(profile: Profile) -> list[dict[str, Any]]:
-    """The pre-registered test's runs (``Profile.warmup_test``), seed by seed (a pair's two runs
+    """The pre-registered test's runs (:data:`SETTINGS`), seed by seed (a pair's two runs
     side by side): no and gradual warmup at its k on each of its seeds; then the descriptive
     ladder, no and gradual warmup at each of its ks on its seeds. None where the profile has no
     test."""
-    t = profile.warmup_test
+    t = settings(profile)
     if not t:
         return []
     pairs = [(t["k"], s) for s in t["seeds"]] + [
@@ -484,7 +502,7 @@ def preregistered_findings(test, df, profile: Profile, metrics: Metrics = None) 
     planned pairs; and gradual warmup at that k close to the baseline (±:data:`CLOSE_PCT`,
     Welch's interval: the baseline's seeds are the study's own, not the test's). Then the
     ladder's, measured (:func:`ladder_findings`)."""
-    t = profile.warmup_test
+    t = settings(profile)
     test = studies.diverged_as_failed(test)
     k = float(t["k"])
     arm = test[test["k"] == k]
@@ -550,7 +568,7 @@ def ladder(test, profile: Profile, metrics: Metrics = None):
     """The descriptive ladder (measured, no verdict): per k at and beyond the test's, warmup and
     seed of the ladder seeds, the final top-1 error and the warmup window's peak loss over the
     initial (:func:`warmup_peak`), where no warmup starts to fail."""
-    t, load = profile.warmup_test, curves(metrics)
+    t, load = settings(profile), curves(metrics)
     window = float(profile.base["warmup_epochs"])
     rows = test[test["seed"].isin(t["ladder_seeds"])].sort_values(["k", "warmup", "seed"])
     cols = ["k", "batch_size", "warmup", "seed", "status", "final_top1_error_pct"]
@@ -567,7 +585,7 @@ def ladder_findings(test, base: Sequence[float], profile: Profile, metrics: Metr
     chance, lad = studies.chance_of(test), ladder(test, profile, metrics)
     fig1 = ex.reference("batch_scaling").set_index("batch")["value"]
     out = []
-    for k in profile.warmup_test["ladder_ks"]:
+    for k in settings(profile)["ladder_ks"]:
         rows = lad[lad["k"] == k]
         arm = {w: rows[rows["warmup"] == w] for w in ("none", "gradual")}
         none, gradual = (list(arm[w]["final_top1_error_pct"]) for w in arm)
