@@ -1,11 +1,12 @@
 """Step features: the optional techniques a synchronous step carries besides the network, behind
 one protocol (:class:`StepFeature`), and the step's pending record with the flush's packing.
 
-A feature is made from its row of :data:`lbsgd.config.step_features.TABLE` (the row names its class,
-made from the run's :class:`Parts`) and called at the hook points of the step (each method of
-:class:`StepFeature` says when), in the table's order. Its checkpointed state is saved and restored
-by the run in one loop over the features: entries named by ``checkpoint_keys`` at the checkpoint's
-top level, those named by ``rank_keys`` in each rank's own part. docs/ARCHITECTURE.md says how a new one is added."""
+A feature is its row of :data:`lbsgd.config.step_features.TABLE` (its name, its place in the order
+of the hooks) and the class the row names, made from the run's :class:`Parts`; it is called at the
+hook points of the step (each method of :class:`StepFeature` says when). Its checkpointed state is
+saved and restored by the run in one loop over the features: entries named by ``checkpoint_keys``
+at the checkpoint's top level, those named by ``rank_keys`` in each rank's own part.
+docs/ARCHITECTURE.md says how a new one is added."""
 
 from __future__ import annotations
 
@@ -41,11 +42,17 @@ class Parts:
 class StepFeature:
     """An optional step-level technique: every hook a no-op, no checkpointed state."""
 
-    name = "feature"
     checkpoint_keys: tuple[str, ...] = ()  # its entries at the checkpoint's top level
     rank_keys: tuple[str, ...] = ()  # its entries in each rank's part of the checkpoint
     # values per step it hands to the flush's all-reduce (after_accumulate or before_optimizer_step)
     flush_width = 0
+
+    @property
+    def name(self) -> str:
+        """The name of the row of lbsgd.config.step_features's table that names its class (its
+        class's name without one)."""
+        cls = type(self).__name__
+        return next((row.name for row in step_features.TABLE if row.cls == cls), cls)
 
     def state_dict(self) -> dict[str, Any]:
         """Its checkpointed state: one value per key of ``checkpoint_keys`` and ``rank_keys``."""
@@ -109,7 +116,6 @@ class NoiseProbe(StepFeature):
     """``noise_scale=true``: the gradient noise scale's probe (lbsgd.noise_scale); its smoothed
     estimate is checkpointed, each step's |G_small|² and |G_big|² travel with the flush."""
 
-    name = "noise_scale"
     checkpoint_keys = ("noise_scale",)
     flush_width = 2
 
@@ -161,7 +167,6 @@ class Staleness(StepFeature):
     optimizer steps W_t (lbsgd.staleness); the ring of past weights is checkpointed (the same on
     every rank)."""
 
-    name = "staleness"
     checkpoint_keys = ("staleness",)
 
     def __init__(self, p: Parts):
@@ -194,7 +199,6 @@ class GradClip(StepFeature):
     overflowed: that step is skipped, so its clipped gradient is never used, as in the plain
     recipe, where GradScaler.step skips the optimizer's step)."""
 
-    name = "grad_clip"
     flush_width = 1
 
     def __init__(self, p: Parts):
@@ -212,7 +216,6 @@ class PowerSGDState(StepFeature):
     """``comm_hook=powersgd``: the hook's error feedback and low-rank factors, each process's own,
     checkpointed per rank; on resume on another layout (or without them), fresh error feedback."""
 
-    name = "powersgd"
     rank_keys = ("powersgd",)
 
     def __init__(self, p: Parts):
@@ -242,7 +245,6 @@ class LocalSGD(StepFeature):
     block momentum / block lr are off their defaults (lbsgd.comm.BMUF; on one process too). Each
     process's momentum is checkpointed per rank; BMUF's W and Delta at the top level."""
 
-    name = "local_sgd"
     rank_keys = ("optimizer",)
 
     def __init__(self, p: Parts):

@@ -32,12 +32,11 @@ def _every_feature_class() -> list[type]:
 
 def test_each_row_names_its_class_and_every_feature_class_of_the_package_has_its_row():
     """A row is all a feature needs besides its class: the row names the class (which the run
-    makes it with) and its place in the order is the row's; the class carries the row's name."""
-    rows = [(row.cls, row.name) for row in step_features.TABLE]
+    makes it with), its name and its place in the order are the row's."""
+    rows = step_features.TABLE
     classes = [c for c in _every_feature_class() if c.__module__ == features.__name__]
-    assert len({name for _, name in rows}) == len(rows) == len(classes)
-    assert dict(rows) == {c.__name__: c.name for c in classes}
-    assert {cls: features.CLASSES[cls] for cls, _ in rows} == {c.__name__: c for c in classes}
+    assert len({row.name for row in rows}) == len(rows) == len(classes)
+    assert {row.cls: features.CLASSES[row.cls] for row in rows} == {c.__name__: c for c in classes}
 
 
 def test_a_run_makes_every_feature_it_carries_from_its_row_in_the_tables_order():
@@ -48,7 +47,8 @@ def test_a_run_makes_every_feature_it_carries_from_its_row_in_the_tables_order()
     parts = features.Parts(cfg=cfg, d=config.derive(cfg, 1, 32_000), params=params, ctx=ctx)
     made = features.made("before_wrap", parts)
     rows = [r for r in step_features.TABLE if r.stage == "before_wrap"]
-    assert [type(f).__name__ for f in made] == [r.cls for r in rows] and len(made) == 3
+    assert [(type(f).__name__, f.name) for f in made] == [(r.cls, r.name) for r in rows]
+    assert len(made) == 3
 
 
 def test_the_run_calls_its_features_in_the_tables_order_whatever_their_making_order():

@@ -1,10 +1,11 @@
 """The one vocabulary of lbsgd: every knob, its default, its validation and the values derived from it.
 
-The keys are in :mod:`~lbsgd.config.schema`, their checks in :mod:`~lbsgd.config.checks`, reading
-and writing configs in :mod:`~lbsgd.config.load`, and every derived value (accumulation steps,
-scaled lr, warmup steps, …) in :mod:`~lbsgd.config.derived` (:func:`derive`), computed there and
-nowhere else; the step features' and optimizers' tables in :mod:`~lbsgd.config.step_features` and
-:mod:`~lbsgd.config.optimizers`. Every name is imported from here: ``from lbsgd import config``."""
+Bottom to top (each module imports only those below it: tests/test_config_layers.py): the
+optimizers' table (:mod:`~lbsgd.config.optimizers`), the keys (:mod:`~lbsgd.config.schema`), every
+derived value (accumulation steps, scaled lr, warmup steps, …: :mod:`~lbsgd.config.derived`,
+computed there and nowhere else), the step features' table (:mod:`~lbsgd.config.step_features`),
+the checks (:mod:`~lbsgd.config.checks`), then the checked :class:`Config` with its reading and
+writing (:mod:`~lbsgd.config.load`). Every name is imported from here: ``from lbsgd import config``."""
 
 from lbsgd.config.checks import (
     KEY_RULES,

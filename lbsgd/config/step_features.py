@@ -5,8 +5,8 @@ asynchronous parameter server refuses it.
 :mod:`lbsgd.features` makes and orders a run's features from this table (:data:`TABLE`) and
 :mod:`lbsgd.config.checks` its refusals under ``async_ps=true`` (the parameter server has no
 synchronous step, hence no step features). A new feature joins with one row here and its
-:class:`~lbsgd.features.StepFeature` class (a ``build`` classmethod); tests/test_features.py holds
-the two together."""
+:class:`~lbsgd.features.StepFeature` class (made from the run's ``features.Parts``);
+tests/test_features.py holds the two together."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from lbsgd.config.schema import Keys
 @dataclass(frozen=True)
 class StepFeatureRow:
     name: str  # the feature's name (StepFeature.name)
-    cls: str  # its StepFeature class in lbsgd.features (made by its ``build``)
+    cls: str  # its StepFeature class in lbsgd.features (made from the run's features.Parts)
     example: Mapping[str, Any]  # keys that ask for it (tests/test_features.py trains with them)
     asked: Callable[[Keys], bool]  # its keys ask for it
     setting: Callable[[Keys], str]  # how they read in a refusal: "noise_scale=true"
