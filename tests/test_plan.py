@@ -1174,6 +1174,35 @@ def test_the_figure_draws_the_steps_range_that_the_plan_check_prints():
     assert "outside the range" in check.render(far, "error=25")
 
 
+def test_study_16s_runs_at_the_plans_lr_from_4x_the_probes_batch_fall_in_the_steps_range(
+    monkeypatch,
+):
+    """tools/plan_coverage.py over the committed runs of study 16's second part (fashion-long,
+    networks ResNet-8 and AlexNet-BN, seeds 8-10): the steps range only widens (old: B_crit's and
+    the probe's corners alone), every run from 4x the probe's batch falls inside it, and a run
+    outside at 2x lies below it, at fewer steps than perfect scaling from the probe's fewest,
+    which nothing the plan measures allows; the counts docs/planning.md gives."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "results" / "fashion-long" / "plan").is_dir():
+        pytest.skip("no committed results/fashion-long/plan/ in this checkout")
+    monkeypatch.syspath_prepend(str(root / "tools"))
+    import plan_coverage
+
+    found = plan_coverage.study_16()
+    counts = {}
+    for net, cases in found.items():
+        probe = min(k.batch for k in cases)
+        for k in cases:
+            assert k.new[0] == k.old[0] and k.new[1] >= k.old[1], (net, k)
+            if k.batch >= 4 * probe:
+                assert k.inside(k.new), (net, k)
+            elif k.batch > probe and not k.inside(k.new):
+                assert k.steps < k.new[0] == pytest.approx(k.old[0]), (net, k)
+        counts[net] = [sum(k.inside(getattr(k, w)) for k in cases) for w in ("old", "new")]
+    assert counts == {"alexnet_bn": [11, 11], "resnet8": [8, 8]}
+    assert [len(c) for c in found.values()] == [15, 12]
+
+
 def _planned(b_crit=200.0, s_ref=400.0):
     x = _inputs(
         b_crit=b_crit,
@@ -1187,28 +1216,28 @@ def _planned(b_crit=200.0, s_ref=400.0):
 
 
 def test_at_the_plans_lr_each_side_of_b_crit_is_decided_by_every_batchs_interval():
-    """Study 16's second part (lbsgd.studies.plan_lr): measured steps x1.1 the predicted at every
+    """Study 16's second part (lbsgd.studies.plan_check): measured steps x1.1 the predicted at every
     batch (seeds within 3%) are inside 25% below B_crit and 50% above (replayed); x2.2 at one
     batch above (predicted over measured 0.45) is wholly outside (not replayed), as is a batch
     whose seeds never reached the target (inf: they ran past the edge), where one such seed of
     three leaves it open; seeds spread x0.6-x1.7 leave it undecided."""
-    from lbsgd.studies import plan_lr
+    from lbsgd.studies import plan_check as pc
 
     x, rows = _planned()
     near = {r.batch: [1.1 * r.steps * f for f in (0.97, 1.0, 1.03)] for r in rows}
-    below, above = plan_lr.findings("net", x, rows, near)
+    below, above = pc.at_plan_lr_findings("net", x, rows, near)
     assert below.outcome == above.outcome == "replayed", below.evidence
     assert "batch 64 " in below.evidence and "batch 256 " in above.evidence
     far = {**near, 512: [2.2 * rows[3].steps * f for f in (0.97, 1.0, 1.03)]}
     assert rows[3].batch == 512
-    assert plan_lr.findings("net", x, rows, far)[1].outcome == "not replayed"
+    assert pc.at_plan_lr_findings("net", x, rows, far)[1].outcome == "not replayed"
     never = {**near, 256: [math.inf] * 3}
-    assert plan_lr.findings("net", x, rows, never)[1].outcome == "not replayed"
+    assert pc.at_plan_lr_findings("net", x, rows, never)[1].outcome == "not replayed"
     one_never = {**near, 256: [math.inf, *near[256][1:]]}
-    assert plan_lr.findings("net", x, rows, one_never)[1].outcome == "undecided"
+    assert pc.at_plan_lr_findings("net", x, rows, one_never)[1].outcome == "undecided"
     spread = {**near, 128: [rows[1].steps * f for f in (0.6, 1.0, 1.7)]}
-    assert plan_lr.findings("net", x, rows, spread)[0].outcome == "undecided"
-    invalid = plan_lr.findings("net", None, "the probe's error ends at 89.5", {})
+    assert pc.at_plan_lr_findings("net", x, rows, spread)[0].outcome == "undecided"
+    invalid = pc.at_plan_lr_findings("net", None, "the probe's error ends at 89.5", {})
     assert [f.outcome for f in invalid] == ["invalid", "invalid"]
 
 
@@ -1216,12 +1245,12 @@ def test_at_the_plans_lr_every_planned_batch_to_4_b_crit_trains_at_its_rows_lr_a
     """The runs: each planned batch up to 4 B_crit on each fresh seed, at the row's lr (the
     saturating rule's, through the probe's), the warmup from the ladder's base lr, stopped at the
     target with 8 evaluations a doubling, capped at 3x the row's epochs, on the network's keys."""
-    from lbsgd.studies import plan_lr
+    from lbsgd.studies import plan_check as pc
     from lbsgd.studies.scales import PROFILES
 
     profile = PROFILES["fashion-long"]
     x, rows = _planned()
-    runs = plan_lr.to_target_runs(profile, "alexnet_bn", x, rows[:2])
+    runs = pc.at_plan_lr_runs(profile, "alexnet_bn", x, rows[:2])
     assert [(r["batch_size"], r["seed"]) for r in runs] == [
         (b, s) for b in (64, 128) for s in (8, 9, 10)
     ]
@@ -1231,24 +1260,24 @@ def test_at_the_plans_lr_every_planned_batch_to_4_b_crit_trains_at_its_rows_lr_a
         assert cfg.model == "alexnet_bn" and d.lr == pytest.approx(row.lr)
         assert d.warmup_start_lr == 0.025 and cfg.stop_at_error == 24.0  # AlexNet-BN's base
         assert cfg.eval_per_octave == 8 and cfg.epochs >= 3 * row.epochs
-    assert plan_lr.to_target_runs(profile, "resnet8", None, "no plan") == []
-    probe = plan_lr.probe_run(profile, "alexnet_bn")
+    assert pc.at_plan_lr_runs(profile, "resnet8", None, "no plan") == []
+    probe = pc.probe_run(profile, "alexnet_bn")
     assert (probe["batch_size"], probe["seed"], probe["noise_scale"]) == (64, 2, True)
     # the lr range test: the probe's network and seed at the largest planned batch, its lr rising
     # from the probe's to twice the linear rule's there, one step each
-    (test,) = plan_lr.range_runs(profile, "alexnet_bn", x, rows)
+    (test,) = pc.range_runs(profile, "alexnet_bn", x, rows)
     cfg = config.from_dict(test)
     d = config.derive(cfg, 1, 55_000)
     top = rows[-1].batch
     assert (cfg.model, cfg.seed, cfg.batch_size, cfg.noise_scale) == ("alexnet_bn", 2, top, False)
     assert (d.warmup_start_lr, d.lr) == (0.2, pytest.approx(2 * 0.2 * top / 64))
     assert d.warmup_steps == d.total_steps - 1 == 120 or d.warmup_steps == d.total_steps == 120
-    assert plan_lr.range_runs(profile, "resnet8", None, "no plan") == []
+    assert pc.range_runs(profile, "resnet8", None, "no plan") == []
     # the probe is one of the ladder's runs; the measuring seeds no other run of the profile uses
     from lbsgd.studies import optimizers, warmup
     from lbsgd.studies import steps_to_target as stt
 
-    c, test = plan_lr.SETTINGS[profile.name], warmup.settings(profile)
+    c, test = pc.SETTINGS[profile.name], warmup.settings(profile)
     ladder = stt.settings(profile)
     used = {*profile.seeds, *ladder["seeds"], *optimizers.Grid.of(None, None, profile).seeds}
     used |= {*test["seeds"], *test["ladder_seeds"]}
