@@ -8,15 +8,23 @@ No torch here: ``import lbsgd.experiments`` stays cheap."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 
 POLL_S = 0.2  # seconds between two looks at the running jobs
+
+
+class Process(Protocol):
+    """A job's process as the runner sees it: a ``subprocess.Popen``, or a scheduler's job."""
+
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self) -> int: ...
 
 
 @dataclass(eq=False)
@@ -28,7 +36,7 @@ class Job(Generic[T]):
 
     item: T
     number: int
-    proc: subprocess.Popen | None = None
+    proc: Process | None = None
     started: float = 0.0
     done: bool = False
 
@@ -48,7 +56,7 @@ class Policy(Generic[T]):
     def prepare(self, runner: Runner[T]) -> None:
         """Before any job starts: e.g. settle the jobs that need no process (:meth:`Runner.settle`)."""
 
-    def start(self, job: Job[T]) -> subprocess.Popen:
+    def start(self, job: Job[T]) -> Process:
         """Start ``job``'s process."""
         raise NotImplementedError
 

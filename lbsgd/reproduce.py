@@ -77,10 +77,9 @@ def _checked(notebooks: list[str], out: str, launch: dict[str, Any]) -> dict[str
     unknown = sorted(set(launch) - set(SWEEP))
     if unknown:
         raise ConfigError(f"-p {unknown[0]}: not a launch parameter (one of {', '.join(SWEEP)})")
-    if launch.get("launcher", "local") != "local":
-        from lbsgd import experiments as ex
+    from lbsgd import experiments as ex
 
-        ex.launcher_of(launch["launcher"], launch.get("cluster"))  # its file read and checked now
+    ex.launcher_of(launch.get("launcher", "local"), launch.get("cluster"))  # checked now
     return launch
 
 

@@ -147,3 +147,34 @@ def test_by_default_an_interrupt_is_raised_as_it_came():
     (job,) = runner.running  # started: the caller's to stop
     job.proc.kill()
     job.proc.wait()
+
+
+def test_a_job_that_is_no_subprocess_runs_as_one_through_the_process_protocol():
+    """A scheduler's job (no pid, its state polled from a queue) is a process to the runner as
+    Popen is: it stays running while its poll says None, and its end reaches the policy with the
+    exit status its poll gave."""
+
+    class Queued:  # ends with its item as exit status at its third poll
+        def __init__(self, code: int) -> None:
+            self.code, self.polls, self.returncode = code, 0, None
+
+        def poll(self):
+            self.polls += 1
+            self.returncode = self.code if self.polls >= 3 else None
+            return self.returncode
+
+        def wait(self):
+            return self.code
+
+    class Scheduler(Recorder):
+        def start(self, job):
+            return Queued(job.item)
+
+    policy = Scheduler(parallel=2)
+    policy.runner = runner = jobs.Runner([4, 0], policy, poll_s=0.01)
+    runner.run()
+    assert policy.most == 2 and sorted(e[1:] for e in policy.events if e[0] == "ended") == [
+        (1, 4),
+        (2, 0),
+    ]
+    assert [j.proc.polls for j in runner.jobs] == [3, 3]

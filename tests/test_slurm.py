@@ -407,3 +407,33 @@ def test_a_queue_read_that_fails_keeps_the_jobs_last_states_and_says_so_once(tmp
     assert q.state("7") == ("FAILED", "node1", "NonZeroExitCode")
     assert said[1:] == ["[slurm] the controller answers again"]
     assert q.state("7") == (sl.GONE, "", "")  # read again: it left the queue
+
+
+def test_a_cluster_file_is_checked_as_a_config_is_each_fault_one_line_naming_the_key(tmp_path):
+    """A cluster's keys are typed and closed as Config's are: a bool for an integer, a number in
+    setup's list, a value out of range, a signal the trainer does not stop on, an unknown key, an
+    override without a value, each refused in one line naming the key and what is valid; a file
+    with overrides reads whole."""
+    (tmp_path / "configs" / "cluster").mkdir(parents=True)
+    (tmp_path / "configs" / "cluster" / "c.yaml").write_text("partition: gpu\nmem_gb: 64\n")
+    cases = {
+        "c time_min=true": "cluster 'c': time_min=True must be a valid integer",
+        "c setup=[1]": "cluster 'c': setup=[1] must be a valid string",
+        "c tasks_per_node=0": "cluster 'c': tasks_per_node=0 must be greater than or equal to 1",
+        "c signal=HUP": "cluster 'c': signal='HUP' must be one of 'USR1' or 'USR2'",
+        "c gpu=8": "cluster 'c': unknown key 'gpu' (keys: ['account', 'constraint', ",
+        "c time_min": "cluster override 'time_min': write key=value",
+    }
+    for spec, words in cases.items():
+        with pytest.raises(config.ConfigError) as e:
+            ex.cluster_of(spec, tmp_path)
+        assert str(e.value).startswith(words) and "\n" not in str(e.value), (spec, str(e.value))
+    c = ex.cluster_of("c time_min=600 qos=high", tmp_path)
+    assert (c.partition, c.mem_gb, c.time_min, c.qos, c.signal) == (
+        "gpu",
+        64.0,
+        600,
+        "high",
+        "USR1",
+    )
+    assert ex.launcher_of("slurm", c) is c

@@ -682,9 +682,13 @@ def test_an_interrupts_summary_counts_runs_that_ended_as_they_were_asked_to_stop
         (cfg.run_dir() / "summary.json").write_text(json.dumps({"status": status, "steps": 7}))
         proc = subprocess.Popen([sys.executable, "-c", "pass"])
         proc.wait()
-        item = SimpleNamespace(cfg=cfg, handle=None, log=tmp_path / f"{seed}.log")
+        log = tmp_path / f"{seed}.log"
+        item = SimpleNamespace(cfg=cfg, handle=log.open("a"), log=log)
         jobs.append(SimpleNamespace(item=item, proc=proc, number=seed + 1))
-    error = interrupted("study", jobs, [], [], Progress(3, said.append))
+    local = ex.LAUNCHERS["local"](None, said.append, nproc_per_node=1, nnodes=1)
+    error = interrupted(
+        "study", local, SimpleNamespace(running=jobs, pending=[]), [], Progress(3, said.append)
+    )
     assert str(error).startswith(
         "sweep of study 'study' interrupted: 1 run stopped, 2 runs completed; run the same"
     )
@@ -693,5 +697,27 @@ def test_an_interrupts_summary_counts_runs_that_ended_as_they_were_asked_to_stop
         "completed at step 7",
         "interrupted at step 7, no checkpoint",
     ]
-    error = interrupted("study", jobs[:2], [], [], Progress(2, said.append))
+    error = interrupted(
+        "study", local, SimpleNamespace(running=jobs[:2], pending=[]), [], Progress(2, said.append)
+    )
     assert "interrupted: 2 runs completed; run" in str(error) and "stopped" not in str(error)
+
+
+def test_each_launcher_of_the_registry_is_built_whole_with_every_part_of_the_protocol():
+    """A scheduler is one class and one row of LAUNCHERS: each row, built as a sweep builds it,
+    has every method and attribute of ex.Launcher (a missing one fails here, not in a sweep's
+    interrupt), and counts a run's processes as its nodes hold them."""
+    clusters = {"local": None, "slurm": ex.Cluster(tasks_per_node=2)}
+    assert set(clusters) == set(ex.LAUNCHERS)
+    parts = {p for p in vars(ex.Launcher) if not p.startswith("_")} | {"here", "world_size"}
+    built = {}
+    for name, cls in ex.LAUNCHERS.items():
+        cluster = ex.launcher_of(name, clusters[name])
+        built[name] = cls(
+            cluster, print, nproc_per_node=2, nnodes=3, rdzv_endpoint="h:1", max_restarts=0
+        )
+        assert sorted(p for p in parts if not hasattr(built[name], p)) == [], name
+    assert {n: (b.here, b.world_size) for n, b in built.items()} == {
+        "local": (True, 6),
+        "slurm": (False, 12),
+    }

@@ -22,7 +22,7 @@ from lbsgd.experiments.results import (
     run_record,
 )
 from lbsgd.experiments.slurm import Cluster, cluster_of
-from lbsgd.experiments.sweeps import LAUNCHERS, RunFailed, launcher_of, sweep, varied_keys
+from lbsgd.experiments.sweeps import LAUNCHERS, Launcher, RunFailed, launcher_of, sweep, varied_keys
 from lbsgd.experiments.tables import (
     POINTS_COLUMN,
     plot_curves,
@@ -38,6 +38,7 @@ __all__ = [
     "ATTEMPT_MARK",
     "LAUNCHERS",
     "Cluster",
+    "Launcher",
     "cluster_of",
     "COPY_IGNORE",
     "COPY_RUN_KEYS",

@@ -13,10 +13,15 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lbsgd.experiments.commands import SweepJob
 from lbsgd.experiments.lines import Progress, shown
 from lbsgd.experiments.results import DONE
+
+if TYPE_CHECKING:
+    from lbsgd.experiments.sweeps import Launcher
+    from lbsgd.jobs import Runner
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -102,17 +107,18 @@ def _sent_again(before):
 
 
 def interrupted(
-    study: str, running: list[SweepJob], todo: list[SweepJob], failed: list[str], progress: Progress
+    study: str, launcher: Launcher, runner: Runner, failed: list[str], progress: Progress
 ) -> RunInterrupted:
-    """Stop the runs in flight (``running``: each started, the last perhaps as the interrupt came)
-    as a scheduler would (SIGTERM: checkpoint at an agreed step, status interrupted), wait for
-    them, say where each stands and which of ``todo`` were not started, one line each; the
-    exception to raise, whose one line sums up."""
-    killed = _stop(running, progress.say)
+    """Stop the runs in flight (``runner.running``: each started, the last perhaps as the
+    interrupt came) as a scheduler would (``launcher.stop``, SIGTERM: checkpoint at an agreed
+    step, status interrupted), wait for them, say where each stands and which of
+    ``runner.pending`` were not started, one line each; the exception to raise, whose one line
+    sums up."""
+    running, todo = runner.running, runner.pending
+    killed = _stop(launcher, running, progress.say)
     ended: dict[str, int] = {}  # runs that reached their end as they were asked to stop
     for job in running:
-        if job.item.handle is not None:  # a Slurm job's log is written on its allocation
-            job.item.handle.close()
+        launcher.close(job)
         text, status = stop_text(job.item.cfg.run_dir())
         if status in DONE:
             ended[status] = ended.get(status, 0) + 1
@@ -140,13 +146,13 @@ def _runs(n: int) -> str:
     return f"{n} run" if n == 1 else f"{n} runs"
 
 
-def _stop(running: list[SweepJob], say) -> bool:
-    """SIGTERM to every run in flight (torchrun's agent passes it on to its workers), then wait for
-    them; a second interrupt (not a SIGTERM: a kernel manager sends one a few seconds after its
-    interrupt) kills them (SIGKILL) instead. Whether they were killed."""
+def _stop(launcher: Launcher, running: list[SweepJob], say) -> bool:
+    """Ask every run in flight to stop (SIGTERM: torchrun's agent passes it on to its workers),
+    then wait for them; a second interrupt (not a SIGTERM: a kernel manager sends one a few
+    seconds after its interrupt) kills them instead. Whether they were killed."""
     for job in running:
         if job.proc.poll() is None:
-            job.proc.send_signal(signal.SIGTERM)
+            launcher.stop(job.proc)
     if running:
         say(
             f"[interrupt] asked {_runs(len(running))} to stop (SIGTERM): each stops at its next "
@@ -160,21 +166,12 @@ def _stop(running: list[SweepJob], say) -> bool:
         except Terminated:  # asked to end, not to hurry: the runs go on to their checkpoint
             continue
         except KeyboardInterrupt:  # asked twice: no waiting for the next flush
-            _kill(running)
+            for job in running:
+                if job.proc.poll() is None:
+                    launcher.kill(job.proc)
+            for job in running:
+                job.proc.wait()
             return True
-
-
-def _kill(running: list[SweepJob]) -> None:
-    for job in running:
-        if job.proc.poll() is None and job.proc.pid is None:  # a Slurm job: scancel
-            job.proc.kill()
-        elif job.proc.poll() is None:
-            try:
-                os.killpg(job.proc.pid, signal.SIGKILL)  # its own session: torchrun's workers
-            except OSError:
-                job.proc.kill()
-    for job in running:
-        job.proc.wait()
 
 
 def stop_text(run_dir: Path) -> tuple[str, str | None]:

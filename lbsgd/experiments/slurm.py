@@ -1,9 +1,9 @@
-"""Slurm as a sweep's launcher (``launcher="slurm"``): each run one Slurm job, submitted with
-submitit, the sweep's runner (:mod:`lbsgd.jobs`) keeping ``parallel`` in flight; docs/cluster.md
-is the user's page. :class:`Cluster` is a checked cluster file, :class:`TrainJob` what runs on each
-task (requeued only after the trainer checkpointed on the pre-emption signal), :class:`SlurmProc` a
-job as the runner sees a process (state from ``squeue``; SIGTERM stops a running job, removes a
-queued one). A run's job id under the study's ``.slurm/<run>/`` lets a sweep started again attach
+"""Slurm as a sweep's launcher (``launcher="slurm"``, :class:`SlurmLauncher`): each run one Slurm
+job, submitted with submitit, the sweep's runner (:mod:`lbsgd.jobs`) keeping ``parallel`` in
+flight; docs/cluster.md is the user's page. :class:`Cluster` is a checked cluster file,
+:class:`TrainJob` what runs on each task (requeued only after the trainer checkpointed on the
+pre-emption signal), :class:`SlurmProc` a job as the runner sees a process (its state from
+``squeue``). A run's job id under the study's ``.slurm/<run>/`` lets a sweep started again attach
 to its job instead of submitting a duplicate.
 """
 
@@ -17,14 +17,19 @@ import signal as signals
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pydantic
 import yaml
+from pydantic import Field
 
 from lbsgd import config, launch, rundir
 from lbsgd.config import Config, ConfigError
+from lbsgd.experiments import commands
+from lbsgd.experiments.commands import SweepJob, SweepRun, train_args
+from lbsgd.experiments.interrupts import RunInterrupted, stop_text
+from lbsgd.experiments.lines import Progress
 
 CLUSTER_DIR = Path("configs") / "cluster"  # the cluster files' folder, under the repository
 SIGNALS = ("USR1", "USR2")  # pre-emption signals the trainer stops on (lbsgd.cadence)
@@ -34,47 +39,62 @@ GONE = ""  # the state of a job no longer in the queue: it ended
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
-@dataclass(frozen=True)
-class Cluster:
+class Cluster(pydantic.BaseModel):
     """Where and how a sweep's runs go as Slurm jobs: the allocation of each job (its nodes are the
     sweep's ``nnodes``, its processes per node ``nproc_per_node``), the pre-emption signal and its
     lead before the time limit, extra ``#SBATCH`` options, shell lines run before the trainer, the
     nodes' Python, and how often the queue is read."""
 
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True, frozen=True)
+
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
-    time_min: int = 60
-    gpus_per_node: int = 0
-    cpus_per_task: int = 1
+    time_min: int = Field(60, ge=1)
+    gpus_per_node: int = Field(0, ge=0)
+    cpus_per_task: int = Field(1, ge=1)
     mem_gb: float | None = None
-    tasks_per_node: int = 1  # torchrun agents a node: 1 on a cluster; 2 puts two "nodes" on one
-    signal: str = "USR1"
-    signal_delay_s: int = 120
-    sbatch: dict[str, Any] = field(default_factory=dict)  # e.g. {exclusive: true, mail-type: END}
-    setup: list[str] = field(default_factory=list)  # e.g. ["module load cuda/12.4"]
+    tasks_per_node: int = Field(1, ge=1)  # torchrun agents a node: 2 puts two "nodes" on one
+    signal: Literal[SIGNALS] = "USR1"  # type: ignore[valid-type]
+    signal_delay_s: int = Field(120, ge=1)
+    sbatch: dict[str, Any] = {}  # e.g. {exclusive: true, mail-type: END}
+    setup: list[str] = []  # e.g. ["module load cuda/12.4"]
     python: str | None = None  # the nodes' interpreter (default: this one)
     poll_s: float = 5.0
 
+    @pydantic.model_validator(mode="after")
+    def _signal(self) -> Cluster:
+        if "signal" in self.sbatch:
+            raise ValueError("sbatch's signal is the keys signal, signal_delay_s")
+        if self.time_min * 60 <= self.signal_delay_s + 60:
+            raise ValueError(
+                f"time_min={self.time_min} leaves no minute of training before the pre-emption "
+                f"signal's lead (signal_delay_s={self.signal_delay_s}): a job would be signalled "
+                "before its first checkpoint"
+            )
+        return self
 
-_TYPES = {f.name: f.type for f in fields(Cluster)}
 
-
-def cluster_of(spec: str | os.PathLike | None, root: Path | None = None) -> Cluster:
-    """The cluster of ``spec``: ``"NAME [key=value ...]"`` (``NAME`` a file of
+def cluster_of(spec: Cluster | str | os.PathLike | None, root: Path | None = None) -> Cluster:
+    """The cluster of ``spec``: a Cluster, or ``"NAME [key=value ...]"`` (``NAME`` a file of
     ``root/configs/cluster/``, or a YAML path; values read as YAML). One line naming the key or
     file where anything is off."""
-    words = str(spec or "").split()
-    if not words:
+    if isinstance(spec, Cluster):
+        return spec
+    name, *overrides = str(spec or "").split() or [""]
+    if not name:
         raise ConfigError("cluster=None: launcher=slurm needs a cluster file (docs/cluster.md)")
-    keys = _read(words[0], root or Path.cwd())
-    for w in words[1:]:
+    keys = _read(name, root or Path.cwd())
+    for w in overrides:
         key, sep, value = w.partition("=")
         if not sep:
             raise ConfigError(f"cluster override {w!r}: write key=value")
         keys[key] = yaml.safe_load(value)
-    return _checked(keys, words[0])
+    try:
+        return Cluster(**keys)
+    except pydantic.ValidationError as e:
+        raise ConfigError(f"cluster {name!r}: {_one_line(e, keys)}") from None
 
 
 def _read(name: str, root: Path) -> dict[str, Any]:
@@ -90,57 +110,14 @@ def _read(name: str, root: Path) -> dict[str, Any]:
     return keys
 
 
-def _checked(keys: dict[str, Any], name: str) -> Cluster:
-    for k, v in keys.items():
-        if k not in _TYPES:
-            raise ConfigError(f"cluster {name!r}: unknown key {k!r} (keys: {sorted(_TYPES)})")
-        if not _fits(v, _TYPES[k]):
-            raise ConfigError(f"cluster {name!r}: {k}={v!r} must be {_TYPES[k]}")
-    c = Cluster(**keys)
-    if c.signal not in SIGNALS:
-        raise ConfigError(f"cluster {name!r}: signal={c.signal!r} must be one of {SIGNALS}")
-    if "signal" in c.sbatch:
-        raise ConfigError(f"cluster {name!r}: sbatch's signal is the keys signal, signal_delay_s")
-    for k in ("time_min", "cpus_per_task", "tasks_per_node", "signal_delay_s"):
-        if getattr(c, k) < 1:
-            raise ConfigError(f"cluster {name!r}: {k}={getattr(c, k)} must be at least 1")
-    if c.time_min * 60 <= c.signal_delay_s + 60:
-        raise ConfigError(
-            f"cluster {name!r}: time_min={c.time_min} leaves no minute of training before the "
-            f"pre-emption signal's lead (signal_delay_s={c.signal_delay_s}): a job would be "
-            "signalled before its first checkpoint"
-        )
-    return c
-
-
-def _fits(v: Any, kind: str) -> bool:
-    want = {
-        "str | None": (str, type(None)),
-        "int": int,
-        "float | None": (int, float, type(None)),
-        "float": (int, float),
-        "str": str,
-        "dict[str, Any]": dict,
-        "list[str]": list,
-    }[kind]
-    return isinstance(v, want) and not isinstance(v, bool)
-
-
-def check(cluster: Cluster, cfgs: list[Config]) -> None:
-    """Before any job is submitted: Slurm's commands on PATH, the partition (:func:`_partition`),
-    and every run able to resume (a run without checkpoints cannot survive a time limit)."""
-    for tool in ("sbatch", "squeue", "scancel", "sinfo"):
-        if shutil.which(tool) is None:
-            raise ConfigError(
-                f"launcher=slurm: {tool} is not on PATH (is this a Slurm login node?)"
-            )
-    _partition(cluster)
-    for c in cfgs:
-        if not c.checkpoint:
-            raise ConfigError(
-                f"run {c.run_name()}: checkpoint=false cannot run under launcher=slurm (a job "
-                "stopped at its time limit or pre-empted resumes from its checkpoint)"
-            )
+def _one_line(e: pydantic.ValidationError, keys: dict[str, Any]) -> str:
+    """pydantic's first error as the sweep's one line: ``key=value must be ...``."""
+    err = e.errors()[0]
+    key, msg = (err["loc"] or ("",))[0], err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return f"unknown key {key!r} (keys: {sorted(Cluster.model_fields)})"
+    one_of = "must be one of " if err["type"] == "literal_error" else "must be "
+    return f"{key}={keys[key]!r} {msg.replace('Input should be ', one_of)}" if key else msg
 
 
 def _partition(cluster: Cluster) -> None:
@@ -148,19 +125,14 @@ def _partition(cluster: Cluster) -> None:
     holds ``gpus_per_node`` GPUs."""
     rows = [r.split("|") for r in _slurm("sinfo", "-h", "-o", "%P|%G").split()]
     names = sorted({r[0].rstrip("*") for r in rows})  # the default partition's ends in *
-    if cluster.partition is not None and cluster.partition not in names:
+    want, gpus = cluster.partition, cluster.gpus_per_node
+    if want is not None and want not in names:
+        raise ConfigError(f"cluster partition={want!r} is not one of this cluster's: {names}")
+    part = (want or next((r[0] for r in rows if r[0].endswith("*")), "")).rstrip("*")
+    gres = sorted({r[1] for r in rows if r[0].rstrip("*") == part})
+    if gpus > max(map(_gpus, gres), default=0):
         raise ConfigError(
-            f"cluster partition={cluster.partition!r} is not one of this cluster's: {names}"
-        )
-    part = (cluster.partition or next((r[0] for r in rows if r[0].endswith("*")), "")).rstrip("*")
-    _has_gpus(cluster.gpus_per_node, part, sorted({r[1] for r in rows if r[0].rstrip("*") == part}))
-
-
-def _has_gpus(n: int, part: str, gres: list[str]) -> None:
-    """One line when no node of partition ``part`` (sinfo's ``gres`` texts) holds ``n`` GPUs."""
-    if n > max(map(_gpus, gres), default=0):
-        raise ConfigError(
-            f"cluster gpus_per_node={n}: no node of partition {part!r} has as many (sinfo's "
+            f"cluster gpus_per_node={gpus}: no node of partition {part!r} has as many (sinfo's "
             f"GRES: {', '.join(gres)})"
         )
 
@@ -179,10 +151,6 @@ def _slurm(*args: str) -> str:
 
 
 # -- on the allocation -------------------------------------------------------------------------
-
-
-def _ignore(sig: int) -> None:  # in the trainer's process before exec: torchrun's agent keeps it
-    signals.signal(sig, signals.SIG_IGN)
 
 
 class TrainJob:
@@ -210,9 +178,8 @@ class TrainJob:
         this attempt stopped it (interrupted: a signal)."""
         import submitit
 
-        from lbsgd.experiments import commands
-
         log, env, began = Path(self.log), submitit.JobEnvironment(), time.time()
+        sig = f"SIG{self.signal}"
         run_dir = config.load([], self.args).run_dir()
         how = commands.how_it_starts(run_dir)
         with log.open("a") as out:
@@ -226,7 +193,8 @@ class TrainJob:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 start_new_session=True,  # its group: torchrun's agent and workers
-                preexec_fn=lambda: _ignore(getattr(signals, f"SIG{self.signal}")),
+                # the signal ignored in the trainer's process before exec: torchrun's agent too
+                preexec_fn=lambda: signals.signal(getattr(signals, sig), signals.SIG_IGN),
             )
             while running(self.child.pid):  # not Popen.wait(): the handler below must poll
                 time.sleep(0.5)
@@ -300,15 +268,13 @@ class Queue:
 
 
 class SlurmProc:
-    """A submitted job as :mod:`lbsgd.jobs` sees a process (see the module)."""
+    """A submitted job as :mod:`lbsgd.jobs` sees a process: its state from the queue."""
 
-    pid = None
-
-    def __init__(self, job_id: str, queue: Queue) -> None:
+    def __init__(self, job_id: str, queue: Queue, last: tuple[str, str, str] = ("", "", "")):
         self.job_id, self.queue = job_id, queue
         queue.read_at = -1e9  # a snapshot older than the job would say it ended
         self.returncode: int | None = None
-        self.last = ("", "", "")  # the last state said
+        self.last = last  # the last state said
         self.ended = ""  # the state it ended in (GONE: unknown, it left the queue unseen)
 
     def poll(self) -> int | None:
@@ -322,22 +288,96 @@ class SlurmProc:
             time.sleep(0.2)
         return self.returncode
 
-    def send_signal(self, sig: int) -> None:
+
+class SlurmLauncher:
+    """``launcher="slurm"`` (a ``Launcher`` of :mod:`lbsgd.experiments.sweeps`): each run a job
+    submitted to ``cluster`` (or attached to), one line as its queue state changes, its end as
+    Slurm gives it; SIGHUP (its client gone) leaves the jobs running, unwatched."""
+
+    here = False  # the runs train on the allocation: this machine's devices are not theirs
+
+    def __init__(self, cluster: Cluster, say, *, nproc_per_node: int, nnodes: int, **_) -> None:
+        self.cluster, self.nnodes, self.nproc = cluster, nnodes, nproc_per_node
+        self.world_size = nproc_per_node * nnodes * cluster.tasks_per_node
+        self.queue = Queue(cluster.poll_s, say)
+
+    cluster_of = staticmethod(cluster_of)
+
+    def check(self, cfgs: list[Config]) -> None:
+        """Slurm's commands on PATH, the partition (:func:`_partition`), and every run able to
+        resume (a run without checkpoints cannot survive a time limit)."""
+        for tool in ("sbatch", "squeue", "scancel", "sinfo"):
+            if shutil.which(tool) is None:
+                raise ConfigError(
+                    f"launcher=slurm: {tool} is not on PATH (is this a Slurm login node?)"
+                )
+        _partition(self.cluster)
+        for c in cfgs:
+            if not c.checkpoint:
+                raise ConfigError(
+                    f"run {c.run_name()}: checkpoint=false cannot run under launcher=slurm (a job "
+                    "stopped at its time limit or pre-empted resumes from its checkpoint)"
+                )
+
+    def start(self, run: SweepRun) -> SlurmProc:
+        """The run's job: the one recorded for it while that is still queued or running, else
+        one submitted."""
+        path = job_dir(run.cfg) / "job_id"
+        job_id = path.read_text().strip() if path.is_file() else ""
+        if job_id and self.queue.state(job_id)[0] not in (GONE, *ENDED):
+            run.how = f"attached to Slurm job {job_id}"
+            return SlurmProc(job_id, self.queue)
+        job_id = submit(
+            run.cfg, train_args(run.cfg), run.log, self.cluster, self.nnodes, self.nproc
+        )
+        run.how = f"queued as Slurm job {job_id}"
+        return SlurmProc(job_id, self.queue, last=("PENDING", "", "None"))  # said by that line
+
+    def watch(self, job: SweepJob) -> str:
+        p = job.proc
+        now = state, node, reason = self.queue.state(p.job_id)
+        if state in ("", "COMPLETING", *ENDED) or now == p.last:
+            return ""
+        if p.last[0] == "RUNNING" and state != "SUSPENDED":  # an attempt ended, the job stays
+            text = f"requeued, {stop_text(job.item.cfg.run_dir())[0]}"
+        elif state == "RUNNING":
+            text = f"running on {node}"
+        else:
+            text = state.lower() + (f" ({reason})" if reason not in ("", "None") else "")
+        p.last = now
+        return f"{text} (Slurm job {p.job_id})"
+
+    def stop(self, proc: SlurmProc) -> None:
         """SIGTERM to a running job's processes (each run checkpoints and stops); a queued job is
         removed from the queue."""
-        state = self.queue.state(self.job_id)[0]
-        if state == "PENDING":
-            _quiet("scancel", self.job_id)
-        else:
-            _quiet(
-                "scancel", f"--signal={signals.Signals(sig).name.removeprefix('SIG')}", self.job_id
-            )
+        queued = self.queue.state(proc.job_id)[0] == "PENDING"
+        _quiet("scancel", *([] if queued else ["--signal=TERM"]), proc.job_id)
         self.queue.read_at = -1e9  # read the queue again at the next look
 
-    def kill(self) -> None:
-        _quiet("scancel", "--signal=KILL", self.job_id)
-        _quiet("scancel", self.job_id)
+    def kill(self, proc: SlurmProc) -> None:
+        _quiet("scancel", "--signal=KILL", proc.job_id)
+        _quiet("scancel", proc.job_id)
         self.queue.read_at = -1e9
+
+    def close(self, job: SweepJob) -> tuple[Path, str]:
+        """The log that tells how the job went (its log is written on its allocation) and how it
+        ended."""
+        p, run = job.proc, job.item
+        how = f"Slurm job {p.job_id} {p.ended or 'left the queue'}"
+        return node_log(run.cfg, run.log, p.job_id), how
+
+    def hang_up(self, study: str, runner, progress: Progress) -> RunInterrupted:
+        """SIGHUP: every job left running, unwatched; a sweep started again attaches to them."""
+        for job in runner.running:
+            progress.line(job, f"left running as Slurm job {job.proc.job_id}")
+        for job in runner.pending:
+            progress.line(job, "not started")
+        return RunInterrupted(
+            f"sweep of study {study!r} detached (SIGHUP): {len(runner.running)} Slurm jobs "
+            f"left running, {len(runner.pending)} runs not started; run the same sweep again to "
+            "attach to them and go on",
+            [j.item.cfg.run_name() for j in (*runner.running, *runner.pending)],
+        )
 
 
 def _quiet(*args: str) -> None:
@@ -354,15 +394,6 @@ def job_name(cfg: Config) -> str:
     second job of the same run folder, not the same run of another ``out_dir``)."""
     where = hashlib.sha1(str(cfg.run_dir().resolve()).encode()).hexdigest()[:6]
     return f"{cfg.run_name()}-{where}"
-
-
-def recorded(cfg: Config, queue: Queue) -> str | None:
-    """The job id recorded for the run when that job is still queued or running, else None."""
-    path = job_dir(cfg) / "job_id"
-    if not path.is_file():
-        return None
-    job_id = path.read_text().strip()
-    return job_id if queue.state(job_id)[0] not in (GONE, *ENDED) else None
 
 
 def node_log(cfg: Config, log: Path, job_id: str) -> Path:
@@ -398,11 +429,8 @@ def submit(
             "signal": f"{cluster.signal}@{cluster.signal_delay_s}",
         },
     }
-    for key in ("partition", "account", "qos", "constraint"):
-        if getattr(cluster, key) is not None:
-            params[key] = getattr(cluster, key)
-    if cluster.gpus_per_node:
-        params["gpus_per_node"] = cluster.gpus_per_node
+    keys = ("partition", "account", "qos", "constraint", "gpus_per_node")
+    params.update({k: getattr(cluster, k) for k in keys if getattr(cluster, k)})  # 0 GPUs: none
     if cluster.mem_gb is not None:
         params["mem"] = f"{cluster.mem_gb:g}GB"
     ex.update_parameters(**params)

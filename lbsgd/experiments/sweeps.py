@@ -10,31 +10,81 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from lbsgd import config, jobs, registry, rundir, tracking
 from lbsgd.config import Config
-from lbsgd.experiments import slurm
-from lbsgd.experiments.commands import (
-    SweepJob,
-    SweepRun,
-    check_launch,
-    command_line,
-    error_line,
-    start,
-    train_args,
-)
+from lbsgd.experiments import commands, slurm
+from lbsgd.experiments.commands import SweepJob, SweepRun, check_launch, command_line, error_line
 from lbsgd.experiments.copies import copy_run, find_identical
-from lbsgd.experiments.interrupts import (
-    RunInterrupted,
-    interrupted,
-    sigterm_as_interrupt,
-    stop_text,
-)
+from lbsgd.experiments.interrupts import RunInterrupted, interrupted, sigterm_as_interrupt
 from lbsgd.experiments.lines import Progress, result_text, shown
 from lbsgd.experiments.results import DONE, load_runs
 
-LAUNCHERS = ("local", "slurm")
+
+class Launcher(Protocol):
+    """Where a sweep's runs go, one object a sweep built whole: ``Launcher(cluster, say,
+    **launch)``, ``cluster`` read by its ``cluster_of``, ``launch`` the sweep's nproc_per_node,
+    nnodes, rdzv_endpoint and max_restarts. It checks the runs before anything is written, starts
+    one (or attaches to its job: ``run.how``), watches one (a line when its state changed, else
+    ''), stops one with a checkpoint (SIGTERM) or kills it, closes one that ended (the log that
+    says how it went, and how it ended; '': its exit code), and on SIGHUP leaves its runs running
+    (their RunInterrupted) or not (None). A new scheduler: a class in a file and a row of LAUNCHERS."""
+
+    here: bool  # the runs train on this machine: its devices and memory are theirs to check
+    world_size: int  # the processes of each run
+
+    @staticmethod
+    def cluster_of(spec: Any, root: Path | None = None) -> Any: ...
+    def check(self, cfgs: list[Config]) -> None: ...
+    def start(self, run: SweepRun) -> jobs.Process: ...
+    def watch(self, job: SweepJob) -> str: ...
+    def stop(self, proc: Any) -> None: ...
+    def kill(self, proc: Any) -> None: ...
+    def close(self, job: SweepJob) -> tuple[Path, str]: ...
+    def hang_up(self, study: str, runner: jobs.Runner, progress: Progress) -> Any: ...
+
+
+class LocalLauncher:
+    """``launcher="local"``: each run a process on this machine (the trainer, or torchrun's agent)
+    in a session of its own, behind the orphan guard (:func:`lbsgd.experiments.commands.start`)."""
+
+    here = True
+
+    def __init__(self, cluster: None, say, **launch: Any) -> None:
+        self.launch, self.world_size = launch, launch["nproc_per_node"] * launch["nnodes"]
+
+    @staticmethod
+    def cluster_of(spec: Any, root: Path | None = None) -> None:
+        return None  # this machine: no cluster file
+
+    def check(self, cfgs: list[Config]) -> None:
+        pass
+
+    def start(self, run: SweepRun) -> subprocess.Popen:
+        return commands.start(run, lambda c: command_line(c, **self.launch))
+
+    def watch(self, job: SweepJob) -> str:
+        return ""
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        proc.send_signal(signal.SIGTERM)  # torchrun's agent passes it on to its workers
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: torchrun's workers too
+        except OSError:
+            proc.kill()
+
+    def close(self, job: SweepJob) -> tuple[Path, str]:
+        job.item.handle.close()
+        return job.item.log, ""
+
+    def hang_up(self, study: str, runner: jobs.Runner, progress: Progress) -> None:
+        return None
+
+
+LAUNCHERS: dict[str, type[Launcher]] = {"local": LocalLauncher, "slurm": slurm.SlurmLauncher}
 
 
 class RunFailed(RuntimeError):
@@ -74,20 +124,14 @@ def sweep(
     """Train every run of ``runs`` (dicts of config keys) into ``out_dir/study``; see the module.
 
     ``profile`` (the study's scale) is written into every run's config, as is ``varied``.
-    ``launcher``: ``local`` (processes on this machine) or ``slurm`` (each run a Slurm job on
-    ``cluster``, a :class:`~lbsgd.experiments.slurm.Cluster` or its file's name and overrides:
-    :mod:`lbsgd.experiments.slurm`)."""
+    ``launcher``: a name of :data:`LAUNCHERS`, ``local`` (processes on this machine) or ``slurm``
+    (each run a Slurm job on ``cluster``, a :class:`~lbsgd.experiments.slurm.Cluster` or its
+    file's name and overrides: :mod:`lbsgd.experiments.slurm`)."""
     config.check_folder_name("study", study)  # its folder is made even for no runs
     config.check_place(out_dir, study)
     cluster = launcher_of(launcher, cluster)
-    agents = nnodes * (cluster.tasks_per_node if cluster else 1)  # torchrun's nodes
-    check_launch(
-        nproc_per_node=nproc_per_node,
-        nnodes=nnodes,
-        rdzv_endpoint=rdzv_endpoint,
-        parallel=parallel,
-        max_restarts=max_restarts,
-    )
+    launch = {"nnodes": nnodes, "rdzv_endpoint": rdzv_endpoint, "max_restarts": max_restarts}
+    check_launch(nproc_per_node=nproc_per_node, parallel=parallel, **launch)
     base = {
         "study": study,
         "out_dir": str(out_dir),
@@ -97,55 +141,41 @@ def sweep(
     }
     cfgs = _configs(study, base, runs, profile)
     names = [c.run_name() for c in cfgs]
-    _check_runs(cfgs, cluster, nproc_per_node * agents, nproc_per_node)
+    say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
+    progress = Progress(len(cfgs), say)
+    where = LAUNCHERS[launcher](cluster, say, nproc_per_node=nproc_per_node, **launch)
+    _check_runs(cfgs, where, nproc_per_node)
     study_dir = Path(out_dir) / study
     study_dir.mkdir(parents=True, exist_ok=True)
-    say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
 
     with sigterm_as_interrupt() as terminated:
-        policy = (_Sweep if cluster is None else _SlurmSweep)(
-            study,
-            Progress(len(cfgs), say),
-            command=lambda c: command_line(c, nproc_per_node, nnodes, rdzv_endpoint, max_restarts),
-            root=Path(out_dir),
-            world_size=nproc_per_node * agents,
-            wandb=wandb,
-            terminated=terminated,
-            parallel=parallel,
-        )
-        if cluster is not None:
-            policy.attach(cluster, nnodes, nproc_per_node)
+        policy = _Sweep(study, progress, where, Path(out_dir), wandb, terminated, parallel)
         jobs.Runner([SweepRun(c, study_dir / f"{c.run_name()}.log") for c in cfgs], policy).run()
     if policy.failed:
         raise RunFailed(" | ".join(policy.failed))
     return load_runs(study_dir, names=names)
 
 
-def _check_runs(cfgs: list[Config], cluster, world_size: int, nproc_per_node: int) -> None:
-    """Every run's data directories, process layout and run directory (read only); the cluster's
-    partition and the runs' checkpoints under ``launcher=slurm``."""
+def _check_runs(cfgs: list[Config], launcher: Launcher, nproc_per_node: int) -> None:
+    """Every run's data directories, process layout and run directory (read only), then what the
+    launcher needs of them."""
     from lbsgd import entry  # torch: imported once the cheap checks have passed
 
     for c in cfgs:
         registry.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
-        entry.check(c, world_size, nproc_per_node, here=cluster is None)
+        entry.check(c, launcher.world_size, nproc_per_node, here=launcher.here)
         # a finished run of other experiment keys (or of another K, under local SGD) is not "done"
-        rundir.check_run_dir(c, world_size)
-    if cluster is not None:
-        slurm.check(cluster, cfgs)
+        rundir.check_run_dir(c, launcher.world_size)
+    launcher.check(cfgs)
 
 
-def launcher_of(
-    launcher: str, cluster: slurm.Cluster | str | None, root: Path | None = None
-) -> slurm.Cluster | None:
-    """The cluster a sweep's runs go to (None: this machine), checked: ``launcher`` one of
-    :data:`LAUNCHERS`; under ``slurm``, ``cluster`` a Cluster or its file's name and overrides
-    (a name of ``root/configs/cluster/``, default the working directory's)."""
+def launcher_of(launcher: str, cluster: Any, root: Path | None = None) -> Any:
+    """The cluster a sweep's runs go to, checked: ``launcher`` one of :data:`LAUNCHERS`, whose
+    ``cluster_of`` reads ``cluster`` (under ``slurm``, a Cluster or its file's name and overrides:
+    a name of ``root/configs/cluster/``, default the working directory's)."""
     if launcher not in LAUNCHERS:
-        raise config.ConfigError(f"launcher={launcher!r} must be one of {LAUNCHERS}")
-    if launcher == "local":
-        return None
-    return cluster if isinstance(cluster, slurm.Cluster) else slurm.cluster_of(cluster, root)
+        raise config.ConfigError(f"launcher={launcher!r} must be one of {tuple(LAUNCHERS)}")
+    return LAUNCHERS[launcher].cluster_of(cluster, root)
 
 
 def _configs(
@@ -172,24 +202,41 @@ def _configs(
 @dataclass
 class _Sweep(jobs.Policy[SweepRun]):
     """The sweep's policy for its runner (:mod:`lbsgd.jobs`): runs settled first (skipped, copied),
-    the others started ``parallel`` at a time until one fails, each one's end said in a line (a
-    failure added to ``failed``), and on an interrupt every run in flight stopped and named."""
+    the others started through the launcher ``parallel`` at a time until one fails, each one's end
+    said in a line (a failure added to ``failed``), and on an interrupt every run in flight stopped
+    and named (or, on SIGHUP, left running where the launcher says so)."""
 
     study: str
     progress: Progress
-    command: Any  # a run's config -> its command line
+    launcher: Launcher
     root: Path  # the runs' out_dir: where a twin is looked for
-    world_size: int
     wandb: str
     terminated: list[int]  # the SIGTERMs and SIGHUPs the sweep caught (sigterm_as_interrupt)
     parallel: int = 1
     failed: list[str] = field(default_factory=list)
 
     def prepare(self, runner: jobs.Runner[SweepRun]) -> None:
-        _settle(runner, self.progress, self.root, self.world_size, self.wandb)
+        """Settle the runs already done here (skipped) and those another study of ``root``
+        completed (copied), one line each."""
+        end, size = self.progress.end, self.launcher.world_size
+        for job in runner.pending:
+            c, run_dir = job.item.cfg, job.item.cfg.run_dir()
+            status = rundir.read_status(run_dir)
+            if status in DONE:
+                runner.settle(job)
+                end(job, f"skipped (already {status})", tally=False)
+                continue
+            twin = None if run_dir.exists() else find_identical(c, self.root, size)
+            if twin is not None:
+                copy_run(twin, c)
+                runner.settle(job)
+                end(job, f"copied from {twin.parent.name}/ (identical run)", tally=False)
+                # W&B: the copy in this study's group too (never fails the sweep)
+                mode, project = self.wandb, c.wandb_project
+                tracking.log_copied_run(run_dir, copied_from=twin, mode=mode, project=project)
 
-    def start(self, job: SweepJob) -> subprocess.Popen:
-        return start(job.item, self.command)
+    def start(self, job: SweepJob) -> jobs.Process:
+        return self.launcher.start(job.item)
 
     def started(self, job: SweepJob) -> None:
         self.progress.line(job, f"{job.item.how} (log: {shown(job.item.log)})")
@@ -197,120 +244,37 @@ class _Sweep(jobs.Policy[SweepRun]):
     def may_start(self) -> bool:
         return not self.failed
 
-    def ended(self, job: SweepJob) -> None:
-        _ended(job, self.failed, self.progress)
-
-    def interrupted(self, runner: jobs.Runner[SweepRun]) -> RunInterrupted:
-        error = interrupted(self.study, runner.running, runner.pending, self.failed, self.progress)
-        if signal.SIGTERM in self.terminated:  # the process ends before anyone shows the error
-            self.progress.say(f"{type(error).__name__}: {error}")
-        return error
-
-
-def _settle(
-    runner: jobs.Runner[SweepRun], progress: Progress, root: Path, world_size: int, wandb: str
-) -> None:
-    """Settle the runs already done here (skipped) and those another study of ``root`` completed
-    (copied), one line each."""
-    for job in runner.pending:
-        c, run_dir = job.item.cfg, job.item.cfg.run_dir()
-        status = rundir.read_status(run_dir)
-        if status in DONE:
-            runner.settle(job)
-            progress.end(job, f"skipped (already {status})", tally=False)
-            continue
-        twin = None if run_dir.exists() else find_identical(c, root, world_size)
-        if twin is not None:
-            copy_run(twin, c)
-            runner.settle(job)
-            progress.end(job, f"copied from {twin.parent.name}/ (identical run)", tally=False)
-            # W&B: the copy in this study's group too (never fails the sweep)
-            tracking.log_copied_run(run_dir, copied_from=twin, mode=wandb, project=c.wandb_project)
-
-
-@dataclass
-class _SlurmSweep(_Sweep):
-    """The sweep's policy under ``launcher=slurm``: each run started is a job submitted (or, when
-    one recorded for it is still queued or running, attached to), one line as its queue state
-    changes (pending and Slurm's reason, running on its node, requeued at the step it reached),
-    its end as Slurm gives it; SIGHUP (its client gone) leaves the jobs running, unwatched."""
-
-    cluster: slurm.Cluster | None = None
-    nnodes: int = 1
-    nproc: int = 1
-    queue: slurm.Queue | None = None
-
-    def attach(self, cluster: slurm.Cluster, nnodes: int, nproc: int) -> None:
-        self.cluster, self.nnodes, self.nproc = cluster, nnodes, nproc
-        self.queue = slurm.Queue(cluster.poll_s, self.progress.say)
-
-    def start(self, job: SweepJob) -> slurm.SlurmProc:
-        run = job.item
-        job_id = slurm.recorded(run.cfg, self.queue)
-        run.how = f"attached to Slurm job {job_id}" if job_id else "queued as Slurm job"
-        if job_id is None:
-            args = train_args(run.cfg)
-            job_id = slurm.submit(run.cfg, args, run.log, self.cluster, self.nnodes, self.nproc)
-            run.how += f" {job_id}"
-        proc = slurm.SlurmProc(job_id, self.queue)
-        if run.how.startswith("queued"):
-            proc.last = ("PENDING", "", "None")  # said by the line that names the job
-        return proc
-
     def watch(self, runner: jobs.Runner[SweepRun]) -> bool:
         for job in runner.running:
-            p = job.proc
-            now = state, node, reason = self.queue.state(p.job_id)
-            if state in ("", "COMPLETING", *slurm.ENDED) or now == p.last:
-                continue
-            if p.last[0] == "RUNNING" and state != "SUSPENDED":  # an attempt ended, job stays
-                text = f"requeued, {stop_text(job.item.cfg.run_dir())[0]}"
-            elif state == "RUNNING":
-                text = f"running on {node}"
-            else:
-                text = state.lower() + (f" ({reason})" if reason not in ("", "None") else "")
-            p.last = now
-            self.progress.line(job, f"{text} (Slurm job {p.job_id})")
+            if text := self.launcher.watch(job):
+                self.progress.line(job, text)
         return False
 
     def ended(self, job: SweepJob) -> None:
-        p, run = job.proc, job.item
-        how = f"Slurm job {p.job_id} {p.ended or 'left the queue'}"
-        _ended(job, self.failed, self.progress, slurm.node_log(run.cfg, run.log, p.job_id), how)
-
-    def interrupted(self, runner: jobs.Runner[SweepRun]) -> RunInterrupted:
-        if signal.SIGHUP not in self.terminated:
-            return super().interrupted(runner)
-        for job in runner.running:
-            self.progress.line(job, f"left running as Slurm job {job.proc.job_id}")
-        for job in runner.pending:
-            self.progress.line(job, "not started")
-        return RunInterrupted(
-            f"sweep of study {self.study!r} detached (SIGHUP): {len(runner.running)} Slurm jobs "
-            f"left running, {len(runner.pending)} runs not started; run the same sweep again to "
-            "attach to them and go on",
-            [j.item.cfg.run_name() for j in (*runner.running, *runner.pending)],
+        """The line of a run that ended; a failure is added to ``failed``, with the error line of
+        the log the launcher names and how it ended."""
+        run, progress = job.item, self.progress
+        log, how = self.launcher.close(job)
+        status = rundir.read_status(run.cfg.run_dir())
+        # torchrun reports any failed worker as exit code 1, so the run's own record decides:
+        # a diverged run (trainer exit code 3) is a result, not a failure
+        if status in DONE:
+            progress.end(job, f"{status} in {job.seconds:.0f} s{result_text(run.cfg.run_dir())}")
+            return
+        self.failed.append(
+            f"run {run.cfg.run_name()} failed ({how or f'exit code {job.proc.returncode}'}); "
+            f"log: {shown(log)}; error: {error_line(log)}"
+        )
+        progress.end(
+            job, f"FAILED ({how}), see {shown(log)}" if how else f"FAILED, see {shown(log)}"
         )
 
-
-def _ended(
-    job: SweepJob, failed: list[str], progress: Progress, log: Path | None = None, how: str = ""
-) -> None:
-    """The line of a run that ended; a failure is added to ``failed``, with the error line of
-    ``log`` (default: the run's) and ``how`` it ended (default: its exit code)."""
-    run = job.item
-    log = log or run.log
-    if run.handle is not None:  # a Slurm job's log is written on its allocation
-        run.handle.close()
-    rc, secs = job.proc.returncode, job.seconds
-    status = rundir.read_status(run.cfg.run_dir())
-    # torchrun reports any failed worker as exit code 1, so the run's own record decides:
-    # a diverged run (trainer exit code 3) is a result, not a failure
-    if status in DONE:
-        progress.end(job, f"{status} in {secs:.0f} s{result_text(run.cfg.run_dir())}")
-        return
-    failed.append(
-        f"run {run.cfg.run_name()} failed ({how or f'exit code {rc}'}); log: {shown(log)}; "
-        f"error: {error_line(log)}"
-    )
-    progress.end(job, f"FAILED ({how}), see {shown(log)}" if how else f"FAILED, see {shown(log)}")
+    def interrupted(self, runner: jobs.Runner[SweepRun]) -> RunInterrupted:
+        if signal.SIGHUP in self.terminated and (
+            detached := self.launcher.hang_up(self.study, runner, self.progress)
+        ):
+            return detached
+        error = interrupted(self.study, self.launcher, runner, self.failed, self.progress)
+        if signal.SIGTERM in self.terminated:  # the process ends before anyone shows the error
+            self.progress.say(f"{type(error).__name__}: {error}")
+        return error
