@@ -1,6 +1,7 @@
 """A study's sweep: its runs checked before any work, those done settled (skipped, copied), the
-others trained ``parallel`` at a time through :mod:`lbsgd.jobs`, each one's end said in a line
-(docs/studies.md, "What a sweep prints")."""
+others trained ``parallel`` at a time through :mod:`lbsgd.jobs` where its launcher sends them (a
+:class:`Launcher` of :data:`LAUNCHERS`), each one's end said in a line (docs/studies.md, "What a
+sweep prints")."""
 
 from __future__ import annotations
 
