@@ -412,7 +412,7 @@ def test_a_queue_read_that_fails_keeps_the_jobs_last_states_and_says_so_once(tmp
 def test_a_cluster_file_is_checked_as_a_config_is_each_fault_one_line_naming_the_key(tmp_path):
     """A cluster's keys are typed and closed as Config's are: a bool for an integer, a number in
     setup's list, a value out of range, a signal the trainer does not stop on, an unknown key, an
-    override without a value, each refused in one line naming the key and what is valid; a file
+    override without a value or not YAML, each refused in one line naming the key and what is valid; a file
     with overrides reads whole."""
     (tmp_path / "configs" / "cluster").mkdir(parents=True)
     (tmp_path / "configs" / "cluster" / "c.yaml").write_text("partition: gpu\nmem_gb: 64\n")
@@ -423,6 +423,7 @@ def test_a_cluster_file_is_checked_as_a_config_is_each_fault_one_line_naming_the
         "c signal=HUP": "cluster 'c': signal='HUP' must be one of 'USR1' or 'USR2'",
         "c gpu=8": "cluster 'c': unknown key 'gpu' (keys: ['account', 'constraint', ",
         "c time_min": "cluster override 'time_min': write key=value",
+        "c sbatch={exclusive:": "cluster override 'sbatch={exclusive:' is not valid YAML: expected the node",
     }
     for spec, words in cases.items():
         with pytest.raises(config.ConfigError) as e:

@@ -90,7 +90,7 @@ def cluster_of(spec: Cluster | str | os.PathLike | None, root: Path | None = Non
         key, sep, value = w.partition("=")
         if not sep:
             raise ConfigError(f"cluster override {w!r}: write key=value")
-        keys[key] = yaml.safe_load(value)
+        keys[key] = _yaml(value, f"cluster override {w!r}")
     try:
         return Cluster(**keys)
     except pydantic.ValidationError as e:
@@ -104,10 +104,18 @@ def _read(name: str, root: Path) -> dict[str, Any]:
     if not path.is_file():
         known = sorted(p.stem for p in (root / CLUSTER_DIR).glob("*.yaml"))
         raise ConfigError(f"cluster={name!r}: no file {str(path)!r} (cluster files: {known})")
-    keys = yaml.safe_load(path.read_text()) or {}
+    keys = _yaml(path.read_text(), f"cluster file {str(path)!r}") or {}
     if not isinstance(keys, dict):
         raise ConfigError(f"cluster file {str(path)!r} must hold key: value lines")
     return keys
+
+
+def _yaml(text: str, what: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:  # its problem, as "expected ',' or '}', but got '<scalar>'"
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{what} is not valid YAML: {why}") from None
 
 
 def _one_line(e: pydantic.ValidationError, keys: dict[str, Any]) -> str:
