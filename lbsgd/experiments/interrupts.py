@@ -109,11 +109,10 @@ def _sent_again(before):
 def interrupted(
     study: str, launcher: Launcher, runner: Runner, failed: list[str], progress: Progress
 ) -> RunInterrupted:
-    """Stop the runs in flight (``runner.running``: each started, the last perhaps as the
-    interrupt came) as a scheduler would (``launcher.stop``, SIGTERM: checkpoint at an agreed
-    step, status interrupted), wait for them, say where each stands and which of
-    ``runner.pending`` were not started, one line each; the exception to raise, whose one line
-    sums up."""
+    """Stop the runs in flight (``runner.running``; the last perhaps started as the interrupt
+    came) as a scheduler would (``launcher.stop``: checkpoint at an agreed step, status
+    interrupted), wait for them, say where each stands and which of ``runner.pending`` were not
+    started, one line each; the exception to raise, whose one line sums up."""
     running, todo = runner.running, runner.pending
     killed = _stop(launcher, running, progress.say)
     ended: dict[str, int] = {}  # runs that reached their end as they were asked to stop

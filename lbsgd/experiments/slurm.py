@@ -113,7 +113,7 @@ def _read(name: str, root: Path) -> dict[str, Any]:
 def _yaml(text: str, what: str) -> Any:
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError as e:  # its problem, as "expected ',' or '}', but got '<scalar>'"
+    except yaml.YAMLError as e:
         why = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{what} is not valid YAML: {why}") from None
 
@@ -328,8 +328,7 @@ class SlurmLauncher:
                 )
 
     def start(self, run: SweepRun) -> SlurmProc:
-        """The run's job: the one recorded for it while that is still queued or running, else
-        one submitted."""
+        """The run's job: the one recorded for it while it is queued or running, else a new one."""
         path = job_dir(run.cfg) / "job_id"
         job_id = path.read_text().strip() if path.is_file() else ""
         if job_id and self.queue.state(job_id)[0] not in (GONE, *ENDED):
@@ -368,8 +367,7 @@ class SlurmLauncher:
         self.queue.read_at = -1e9
 
     def close(self, job: SweepJob) -> tuple[Path, str]:
-        """The log that tells how the job went (its log is written on its allocation) and how it
-        ended."""
+        """The log that tells how the job went (the run's, or submitit's), and how it ended."""
         p, run = job.proc, job.item
         how = f"Slurm job {p.job_id} {p.ended or 'left the queue'}"
         return node_log(run.cfg, run.log, p.job_id), how

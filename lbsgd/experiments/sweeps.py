@@ -24,13 +24,12 @@ from lbsgd.experiments.results import DONE, load_runs
 
 
 class Launcher(Protocol):
-    """Where a sweep's runs go, one object a sweep built whole: ``Launcher(cluster, say,
-    **launch)``, ``cluster`` read by its ``cluster_of``, ``launch`` the sweep's nproc_per_node,
-    nnodes, rdzv_endpoint and max_restarts. It checks the runs before anything is written, starts
-    one (or attaches to its job: ``run.how``), watches one (a line when its state changed, else
-    ''), stops one with a checkpoint (SIGTERM) or kills it, closes one that ended (the log that
-    says how it went, and how it ended; '': its exit code), and on SIGHUP leaves its runs running
-    (their RunInterrupted) or not (None). A new scheduler: a class in a file and a row of LAUNCHERS."""
+    """Where a sweep's runs go, built whole: ``Launcher(cluster_of(cluster), say, **launch)``
+    (nproc_per_node, nnodes, rdzv_endpoint, max_restarts). It checks the runs before anything is
+    written, starts one (or attaches to its job: ``run.how``), watches one (a line when its state
+    changed), stops one with a checkpoint (SIGTERM) or kills it, closes one that ended (the log
+    that says how, and how: '' for its exit code), and on SIGHUP leaves its runs running (their
+    RunInterrupted) or not (None). A new scheduler: a class in a file and a row of LAUNCHERS."""
 
     here: bool  # the runs train on this machine: its devices and memory are theirs to check
     world_size: int  # the processes of each run
@@ -133,13 +132,7 @@ def sweep(
     cluster = launcher_of(launcher, cluster)
     launch = {"nnodes": nnodes, "rdzv_endpoint": rdzv_endpoint, "max_restarts": max_restarts}
     check_launch(nproc_per_node=nproc_per_node, parallel=parallel, **launch)
-    base = {
-        "study": study,
-        "out_dir": str(out_dir),
-        "wandb": wandb,
-        "resume": True,
-        "profile": profile,
-    }
+    base = {"study": study, "out_dir": str(out_dir), "wandb": wandb, "resume": True}
     cfgs = _configs(study, base, runs, profile)
     names = [c.run_name() for c in cfgs]
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
@@ -182,10 +175,11 @@ def launcher_of(launcher: str, cluster: Any, root: Path | None = None) -> Any:
 def _configs(
     study: str, base: dict[str, Any], runs: Sequence[Mapping[str, Any]], profile: str | None
 ) -> list[Config]:
-    """Each run's Config (``base`` under its keys) with ``varied``, before any work: a user's own
-    runs (no ``profile``) refused where a key is ignored, and two runs of one experiment refused."""
+    """Each run's Config (``base`` and ``profile`` under its keys) with ``varied``, before any work:
+    a user's own runs (no ``profile``) refused where a key is ignored, two runs of one experiment
+    refused."""
     runs = config.run_list(runs)
-    cfgs = [config.from_dict({**base, **r}) for r in runs]
+    cfgs = [config.from_dict({**base, "profile": profile, **r}) for r in runs]
     # a user's own runs: no key that their setting ignores (a study's are whole profiles)
     if profile is None:
         for c, r in zip(cfgs, runs, strict=True):
@@ -203,9 +197,8 @@ def _configs(
 @dataclass
 class _Sweep(jobs.Policy[SweepRun]):
     """The sweep's policy for its runner (:mod:`lbsgd.jobs`): runs settled first (skipped, copied),
-    the others started through the launcher ``parallel`` at a time until one fails, each one's end
-    said in a line (a failure added to ``failed``), and on an interrupt every run in flight stopped
-    and named (or, on SIGHUP, left running where the launcher says so)."""
+    the others started by the launcher ``parallel`` at a time until one fails, each one's end said
+    in a line; on an interrupt every run in flight stopped and named (or left running: hang_up)."""
 
     study: str
     progress: Progress
@@ -252,8 +245,7 @@ class _Sweep(jobs.Policy[SweepRun]):
         return False
 
     def ended(self, job: SweepJob) -> None:
-        """The line of a run that ended; a failure is added to ``failed``, with the error line of
-        the log the launcher names and how it ended."""
+        """The line of a run that ended; a failure added to ``failed``, with its log's error line."""
         run, progress = job.item, self.progress
         log, how = self.launcher.close(job)
         status = rundir.read_status(run.cfg.run_dir())
