@@ -526,28 +526,24 @@ def preregistered_findings(test, df, profile: Profile, metrics: Metrics = None) 
     base = studies.errors(df, k=float(df["k"].min()), warmup="none")
     p_base = float(ref["value"][ref["batch"] == 256].iloc[0])
     return [
-        replace(
-            studies.finding(
-                f"pre-registered: at k={k:g} ({studies.kilo(studies.paper_batch(k))} by k · 256) "
-                f"gradual warmup beats no warmup, or its benefit is smaller than Goyal's "
-                f"{GOYAL_BENEFIT:g} points (seeds {t['seeds'][0]}-{t['seeds'][-1]}, fixed before "
-                f"the runs)",
-                v,
-                f"none {mean(none):.2f}%, gradual {mean(gradual):.2f}% (mean of {len(gradual)})"
-                + power,
-                paper=f"{src}: none {p_['none']:.2f}% vs gradual {p_['gradual']:.2f}% error (8k)",
-            ),
+        studies.finding(
+            f"pre-registered: at k={k:g} ({studies.kilo(studies.paper_batch(k))} by k · 256) "
+            f"gradual warmup beats no warmup, or its benefit is smaller than Goyal's "
+            f"{GOYAL_BENEFIT:g} points (seeds {t['seeds'][0]}-{t['seeds'][-1]}, fixed before "
+            f"the runs)",
+            v,
+            f"none {mean(none):.2f}%, gradual {mean(gradual):.2f}% (mean of {len(gradual)})"
+            + power,
+            paper=f"{src}: none {p_['none']:.2f}% vs gradual {p_['gradual']:.2f}% error (8k)",
             budget=b,
         ),
-        replace(
-            studies.finding(
-                f"with gradual warmup k={k:g} comes close to the baseline (within "
-                f"±{CLOSE_PCT:g} point; the baseline's seeds are the study's, unpaired)",
-                studies.within(gradual, base, CLOSE_PCT, chance=chance, paired=False),
-                f"{mean(gradual):.2f}% vs baseline {mean(base):.2f}% (means of {len(gradual)} and "
-                f"{len(base)})",
-                paper=f"{src}: gradual {p_['gradual']:.2f}% at 8k vs baseline {p_base:.2f}% at 256",
-            ),
+        studies.finding(
+            f"with gradual warmup k={k:g} comes close to the baseline (within "
+            f"±{CLOSE_PCT:g} point; the baseline's seeds are the study's, unpaired)",
+            studies.within(gradual, base, CLOSE_PCT, chance=chance, paired=False),
+            f"{mean(gradual):.2f}% vs baseline {mean(base):.2f}% (means of {len(gradual)} and "
+            f"{len(base)})",
+            paper=f"{src}: gradual {p_['gradual']:.2f}% at 8k vs baseline {p_base:.2f}% at 256",
             budget=b,
         ),
         *ladder_findings(test, base, profile, metrics),
@@ -623,6 +619,6 @@ def ladder_findings(test, base: Sequence[float], profile: Profile, metrics: Metr
             ),
         ):
             v = Verdict(None, why, invalid=True) if why else Verdict(holds)
-            f = studies.finding(claim, v, said + number, paper=paper)
-            out.append(replace(f, budget=studies.budget(test, [k])))
+            b = studies.budget(test, [k])
+            out.append(studies.finding(claim, v, said + number, paper=paper, budget=b))
     return out
