@@ -71,7 +71,7 @@ def test_measuring_the_noise_scale_changed_no_committed_result():
 
 
 def test_the_fashion_replay_measured_the_noise_scale_in_notebook_3s_own_runs():
-    """fashion (noise_in_batch_scaling): study 11's runs are copies of notebook 3's, which measured
+    """fashion (batch_scaling.NOISE_SCALE): study 11's runs are copies of notebook 3's, which measured
     the noise scale above B_small (16) while they trained."""
     runs = [r for r in _runs("fashion") if r.parent.name == "critical_batch"]
     assert len(runs) == 28  # k = 1 to 16, five seeds each; 32, 64, 128 one seed
