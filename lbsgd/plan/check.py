@@ -110,7 +110,7 @@ def render(out: dict[str, Any], target: str) -> str:
         f"{out['run_dir']}",
         f"steps to {target}: predicted {p['steps']:.0f}{_band(p.get('steps_range'))}, measured "
         + (
-            f"{m['steps']:.0f} ({_ratio(m['steps'], p['steps'])}{_inside(p, m['steps'])})"
+            f"{m['steps']:.0f} ({_ratio(m['steps'], p['steps'])}{_band(p.get('steps_range'), m['steps'])})"
             if m["steps"] is not None
             else f"not reached in {m['steps_trained']} steps"
         ),
@@ -132,12 +132,10 @@ def _ratio(measured: float, predicted: float) -> str:
     return f"x{r:.2f} of the prediction" if math.isfinite(r) else "-"
 
 
-def _band(pair) -> str:
-    return f" (range {pair[0]:.0f}-{pair[1]:.0f})" if pair else ""
-
-
-def _inside(predicted: dict[str, Any], steps: float) -> str:
-    pair = predicted.get("steps_range")
+def _band(pair, steps: float | None = None) -> str:
+    """`` (range lo-hi)``, or with ``steps`` whether they fell inside it; empty without one."""
     if not pair:
         return ""
-    return "; inside the range" if pair[0] <= steps <= pair[1] else "; outside the range"
+    if steps is None:
+        return f" (range {pair[0]:.0f}-{pair[1]:.0f})"
+    return f"; {'inside' if pair[0] <= steps <= pair[1] else 'outside'} the range"

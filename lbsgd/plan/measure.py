@@ -26,6 +26,7 @@ import torch
 from lbsgd import data, distributed, models, network, optim, tracking
 from lbsgd.config import Config, ConfigError, load, lr_scale
 from lbsgd.models import ghost_bn
+from lbsgd.plan import model
 from lbsgd.plan.model import Compute, fit_compute
 
 ERROR_KEY = "val_top1_error_pct"  # the held-out error (the test split's without a holdout)
@@ -632,13 +633,11 @@ def fit_sync(compute: Compute, steps: dict[int, float], link, grad_bytes: float)
     """``compute`` with what two processes at once cost, from their steps at two micro-batches
     ``{m: seconds}``: the slope a sample's compute among workers, the rest of the smaller step
     beyond the model's compute and the α–β all-reduce ``sync_s``."""
-    from lbsgd.plan.model import step_time
-
     (m1, t1), (m2, t2) = sorted(steps.items())
     fitted = dataclasses.replace(
         compute, parallel_per_sample_s=max(0.0, (t2 - t1) / (m2 - m1)), sync_s=0.0
     )
-    predicted, _, _ = step_time(fitted, m1, m1, SYNC_PROCESSES, grad_bytes, link)
+    predicted, _, _ = model.step_time(fitted, m1, m1, SYNC_PROCESSES, grad_bytes, link)
     return dataclasses.replace(fitted, sync_s=max(0.0, t1 - predicted))
 
 
@@ -647,8 +646,6 @@ SYNC_PROCESSES = 2  # the processes of the run that measures ``sync_s``
 
 def devices_here(cfg: Config) -> int:
     """The workers this machine can run at once: its GPUs on CUDA, its cores on a CPU."""
-    import os
-
     kind, _ = distributed.resolve(cfg.device, cfg.backend)
     return torch.cuda.device_count() if kind == "cuda" else (os.cpu_count() or 1)
 
