@@ -1161,7 +1161,7 @@ def test_the_figure_draws_the_steps_range_that_the_plan_check_prints():
     best = next(r for r in rows if r.batch == 256).as_dict()
     doc = {"rows": [r.as_dict() for r in rows], "probe": {"batch": 64, "steps": 450.0}}
     fig, ax = plt.subplots()
-    planner._draw_steps(ax, {**doc, "b_crit": 200.0, "target": "error=25", "recommended": best})
+    planner.draw_steps(ax, {**doc, "b_crit": 200.0, "target": "error=25", "recommended": best})
     (band,) = [c for c in ax.collections if c.get_label().startswith("its range")]
     drawn = sorted(y for b, y in band.get_paths()[0].vertices if b == 256)
     plt.close(fig)

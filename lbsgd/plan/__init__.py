@@ -501,14 +501,16 @@ def draw(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    _draw_steps(a, doc)
+    draw_steps(a, doc)
     _draw_wall(b, doc)
     with rundir.replacing(path) as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
-def _draw_steps(ax, doc: dict[str, Any]) -> None:
+def draw_steps(ax, doc: dict[str, Any]) -> None:
+    """The plan's steps per batch on ``ax``: the prediction and its range (``Row.steps_range``, the
+    one ``lbsgd plan --check`` prints)."""
     rows = doc["rows"]
     first = min(r["gpus"] for r in rows)
     one = [r for r in rows if r["gpus"] == first]
