@@ -72,7 +72,9 @@ def _checked(notebooks: list[str], out: str, launch: dict[str, Any]) -> dict[str
             f"NOTEBOOKS={' '.join(missing or notebooks)!r}: no such notebook (the studies are "
             "notebooks/NN_<study>.ipynb)"
         )
-    config.check_folder_path("OUT", out)
+    problem = config.key_problem("out_dir", out)  # OUT is the notebooks' out_dir
+    if problem:
+        raise ConfigError(f"OUT{problem.removeprefix('out_dir')}")
     launch = {k: v for k, v in launch.items() if v is not None}
     unknown = sorted(set(launch) - set(SWEEP))
     if unknown:

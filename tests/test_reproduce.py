@@ -104,6 +104,11 @@ def test_bad_input_to_the_main_job_is_one_line_before_anything_is_written(
         assert code == cli.EXIT_BAD_INPUT, args
         assert err.startswith(f"lbsgd: error: {start}") and len(err.splitlines()) == 1, err
         assert not out.exists(), args
+    for bad, start in (("", "OUT='' is empty"), ("a\0b", "OUT='a\\x00b' holds a NUL")):
+        code = cli.main(["reproduce", "cpu", NOTEBOOKS[0], "--out", bad])
+        err = capsys.readouterr().err
+        assert code == cli.EXIT_BAD_INPUT, bad
+        assert err.startswith(f"lbsgd: error: {start}") and len(err.splitlines()) == 1, err
 
 
 def test_the_steps_are_the_function_the_command_runs():
