@@ -61,14 +61,8 @@ def table(df):
     base_k, large_k = float(df["k"].min()), float(df["k"].max())
     ours = ex.summarize(df, ["k", "batch_size", "warmup"])
     paper = ex.reference(STUDY)[["batch", "warmup", "value", "std", "variant"]]
-    paper = paper.rename(
-        columns={
-            "batch": "paper_batch",
-            "value": "paper_top1_error_pct",
-            "std": "paper_std",
-            "variant": "paper_variant",
-        }
-    )
+    names = {c: f"paper_{c}" for c in ("batch", "std", "variant")}
+    paper = paper.rename(columns=names | {"value": "paper_top1_error_pct"})
     paper["k"] = [base_k if b == 256 else large_k for b in paper["paper_batch"]]
     paper["paper_gpus"] = paper["paper_batch"] // PAPER_IMAGES_PER_GPU
     cols = ["k", "warmup", "paper_top1_error_pct", "paper_std", "paper_variant", "paper_batch"]
@@ -85,14 +79,13 @@ def above_baseline(t):
 
     base = t[t["k"] == t["k"].min()].iloc[0]
     big = t[t["k"] == t["k"].max()].set_index("warmup").reindex(list(WARMUPS))
+    ours, paper = "final_top1_error_pct_mean", "paper_top1_error_pct"
     return pd.DataFrame(
         {
             "warmup": list(WARMUPS),
-            "ours": (
-                big["final_top1_error_pct_mean"] - base["final_top1_error_pct_mean"]
-            ).to_numpy(),
+            "ours": (big[ours] - base[ours]).to_numpy(),
             "ours_std": big["final_top1_error_pct_std"].to_numpy(),
-            "paper": (big["paper_top1_error_pct"] - base["paper_top1_error_pct"]).to_numpy(),
+            "paper": (big[paper] - base[paper]).to_numpy(),
         }
     )
 
@@ -100,13 +93,16 @@ def above_baseline(t):
 # -- the findings ------------------------------------------------------------------------------
 
 
+def _train(records):
+    """The training records of a run's metrics (those of kind train where they carry a kind)."""
+    return records[records["kind"] == "train"] if "kind" in records else records
+
+
 def jump_ratio(train) -> float:
     """The constant warmup's jump to kη: the highest training loss in the 5% of steps after the
     last rise of the lr over the mean loss of the 5% before (Goyal Fig. 2b: a spike, above 1);
     NaN when the lr never rises."""
-    if "kind" in train:
-        train = train[train["kind"] == "train"]
-    train = train.reset_index(drop=True)
+    train = _train(train).reset_index(drop=True)
     rises = (train["lr"].diff() > 0).to_numpy().nonzero()[0]
     if len(rises) == 0:
         return math.nan
@@ -148,15 +144,15 @@ class _Arms:
     p_base: float
     src: str
     big: str
-    mapped: str  # how the large k maps to the paper's batch, when it is not Table 1's
+    mapped: str  # "; k=16 is 4k by k · 256, Table 1 reports 8k only", or "" where it is Table 1's
 
 
 def _arms(df) -> _Arms:
     base_k, large_k = float(df["k"].min()), float(df["k"].max())
     e = {w: studies.errors(df, k=large_k, warmup=w) for w in WARMUPS}
     base = studies.errors(df, k=base_k)
-    ref = ex.reference(STUDY)
-    large = ref["batch"] > 256
+    p, p_base, src, table_batch = _table1()
+    ours = studies.paper_batch(large_k)
     return _Arms(
         chance=studies.chance_of(df),
         base_k=base_k,
@@ -166,24 +162,25 @@ def _arms(df) -> _Arms:
         base=base,
         b=mean(base),
         n=len(e["gradual"]),
-        p=dict(zip(ref["warmup"][large], ref["value"][large], strict=True)),
-        p_base=float(ref["value"][ref["batch"] == 256].iloc[0]),
-        src=studies.cite(*ref["source"]),
-        big=studies.kilo(ref["batch"].max()),
-        mapped=_mapped(large_k, int(ref["batch"].max())),
+        p=p,
+        p_base=p_base,
+        src=src,
+        big=studies.kilo(table_batch),
+        mapped=""
+        if ours == table_batch
+        else f"; k={large_k:g} is {studies.kilo(ours)} by k · 256, Table 1 reports "
+        f"{studies.kilo(table_batch)} only",
     )
 
 
-def _mapped(large_k: float, table_batch: int) -> str:
-    """ "; k = 16 is 4k (k · 256); Table 1 has 8k only" when the large k maps to another batch
-    than the table's (:func:`lbsgd.studies.paper_batch`), else ""."""
-    ours = studies.paper_batch(large_k)
-    if ours == table_batch:
-        return ""
-    return (
-        f"; k={large_k:g} is {studies.kilo(ours)} by k · 256, Table 1 reports "
-        f"{studies.kilo(table_batch)} only"
-    )
+def _table1() -> tuple[dict[str, float], float, str, int]:
+    """Goyal's Table 1: the top-1 error by warmup at its large batch, the baseline's at 256, their
+    citation, and the large batch."""
+    ref = ex.reference(STUDY)
+    large = ref["batch"] > 256
+    p = dict(zip(ref["warmup"][large], ref["value"][large], strict=True))
+    p_base = float(ref["value"][ref["batch"] == 256].iloc[0])
+    return p, p_base, studies.cite(*ref["source"]), int(ref["batch"].max())
 
 
 def _gradual_beats_none(w: _Arms) -> Finding:
@@ -198,7 +195,9 @@ def _gradual_beats_none(w: _Arms) -> Finding:
 
 
 def _constant_is_worst(df, w: _Arms, metrics: Metrics) -> Finding:
-    """Constant warmup's error above both none's and gradual's (paired over seeds)."""
+    """Constant warmup's error above both none's and gradual's (paired over seeds); where the
+    means do not show it, what the constant runs' training curves say: how far the loss jumps
+    when the warmup ends."""
     e, m, p = w.e, w.m, w.p
     v_constant = every(
         studies.worse_by(e["constant"], e["none"], 0.0, chance=w.chance, paired=True),
@@ -206,7 +205,23 @@ def _constant_is_worst(df, w: _Arms, metrics: Metrics) -> Finding:
     )
     why_constant = ""
     if v_constant.replayed is not True and not m["constant"] > max(m["none"], m["gradual"]):
-        why_constant = _why_constant_is_not_worst(df, w, metrics, v_constant)
+        const = df[(df["k"] == w.large_k) & (df["warmup"] == "constant")]
+        spike = mean([jump_ratio(curves(metrics)(d)) for d in const["run_dir"]])
+        shown = not at_chance([x for v in e.values() for x in v], w.chance)
+        why_constant = note(
+            v_constant,
+            shown,
+            (
+                f"the jump at the end of the constant warmup barely disturbs training here (the "
+                f"loss after the jump peaks at {spike:.2f}x its mean just before, mean of "
+                f"{len(const)}), so the low-lr phase only costs steps"
+                if spike < SPIKE
+                else f"the jump at the end of the constant warmup raises the loss (its peak after "
+                f"the jump is {spike:.2f}x the mean just before, mean of {len(const)}) but the "
+                f"remaining steps recover from it"
+            )
+            + ("; constant is still worse than gradual" if m["constant"] > m["gradual"] else ""),
+        )
     return studies.finding(
         "constant warmup is the worst of the three",
         v_constant,
@@ -214,29 +229,6 @@ def _constant_is_worst(df, w: _Arms, metrics: Metrics) -> Finding:
         f"(paper {p['constant']:.2f} worst)" + why_constant,
         paper=f"{w.src}: constant {p['constant']:.2f}%, none {p['none']:.2f}%, gradual "
         f"{p['gradual']:.2f}% error ({w.big})",
-    )
-
-
-def _why_constant_is_not_worst(df, w: _Arms, metrics: Metrics, v_constant: Verdict) -> str:
-    """What the constant runs' training curves say: how far the loss jumps when the warmup ends."""
-    m = w.m
-    const = df[(df["k"] == w.large_k) & (df["warmup"] == "constant")]
-    load = curves(metrics)
-    spike = mean([jump_ratio(load(d)) for d in const["run_dir"]])
-    shown = not at_chance([x for v in w.e.values() for x in v], w.chance)
-    return note(
-        v_constant,
-        shown,
-        (
-            f"the jump at the end of the constant warmup barely disturbs training here (the loss "
-            f"after the jump peaks at {spike:.2f}x its mean just before, mean of {len(const)}), so "
-            f"the low-lr phase only costs steps"
-            if spike < SPIKE
-            else f"the jump at the end of the constant warmup raises the loss (its peak after the jump "
-            f"is {spike:.2f}x the mean just before, mean of {len(const)}) but the remaining steps "
-            f"recover from it"
-        )
-        + ("; constant is still worse than gradual" if m["constant"] > m["gradual"] else ""),
     )
 
 
@@ -274,8 +266,7 @@ def _gradual_is_close(df, w: _Arms) -> Finding:
 def binned_loss(train, edges: np.ndarray) -> np.ndarray:
     """The mean training loss of the steps whose epoch (at the step's end) falls in each bin
     ``(edges[i], edges[i + 1]]``; NaN for a bin without a step."""
-    if "kind" in train:
-        train = train[train["kind"] == "train"]
+    train = _train(train)
     epoch = train["epoch"].to_numpy(dtype=float)
     loss = train["loss"].to_numpy(dtype=float)
     which = np.digitize(epoch, edges, right=True) - 1  # bin i holds edges[i] < epoch <= edges[i+1]
@@ -339,8 +330,7 @@ def curve_findings(df, metrics: Metrics = None) -> list[Finding]:
     per-seed loss gaps (:func:`curve_gaps`), each seed's gap a paired difference against its own
     baseline."""
     g = curve_gaps(df, metrics)
-    base_k, large_k = float(df["k"].min()), float(df["k"].max())
-    b = studies.budget(df, [base_k, large_k])
+    b = studies.budget(df, [float(df["k"].min()), float(df["k"].max())])
     return [
         replace(_curves_match_late(g), budget=b),
         replace(_no_warmup_lags_gradual_early(g, early_window(df)), budget=b),
@@ -354,9 +344,17 @@ def _gap_text(values: list[float]) -> str:
 def _curves_match_late(g: dict[str, dict[str, list[float]]]) -> Finding:
     """With gradual warmup the per-seed gap over the second half within ±MATCH_PCT (paired
     equivalence against no gap), and below no warmup's (paired): a match the contrasting arm
-    cannot also pass."""
-    n = len(g["gradual"]["late"])
+    cannot also pass; where no warmup's own gap lies inside ±MATCH_PCT, the margin alone would pass
+    both arms: the evidence says that the claim rests on its paired conjunct."""
+    n, none_late = len(g["gradual"]["late"]), g["none"]["late"]
     unit = "% of the loss"
+    alone = ""
+    if none_late and abs(mean(none_late)) < MATCH_PCT:
+        alone = (
+            f"; no warmup's gap also lies inside ±{MATCH_PCT:g}%, so the margin alone does not "
+            "tell the arms apart: the claim rests on gradual warmup lying closer (the second "
+            "interval)"
+        )
     return studies.finding(
         f"with gradual warmup the large minibatch's training loss matches the small "
         f"minibatch's after the first epochs (within ±{MATCH_PCT:g}% over the second half of "
@@ -371,20 +369,9 @@ def _curves_match_late(g: dict[str, dict[str, list[float]]]) -> Finding:
         ),
         f"gap {_gap_text(g['gradual']['late'])} over the second half (mean of {n}; no warmup "
         f"{_gap_text(g['none']['late'])}; paper Figs. 2c and 4: the curves match closely after "
-        f"the warmup)" + _margin_alone(g["none"]["late"]),
+        f"the warmup)" + alone,
         paper="Goyal Figs. 2c and 4: qualitative, with gradual warmup the 8k training curve "
         "matches the 256 one closely after the warmup; no number",
-    )
-
-
-def _margin_alone(none_late: list[float]) -> str:
-    """Where no warmup's own late gap lies inside ±MATCH_PCT, the margin alone would pass both
-    arms: say that the claim rests on its paired conjunct."""
-    if not none_late or not abs(mean(none_late)) < MATCH_PCT:
-        return ""
-    return (
-        f"; no warmup's gap also lies inside ±{MATCH_PCT:g}%, so the margin alone does not tell "
-        "the arms apart: the claim rests on gradual warmup lying closer (the second interval)"
     )
 
 
@@ -485,12 +472,8 @@ def benefit_verdict(
             True, test=f"{words}: gradual beats none{less}", p_for=beats.p_for, p_against=1.0
         )
     if smaller.p_for < stats.ALPHA:
-        return Verdict(
-            False,
-            test=f"{words}: the benefit is smaller than Goyal's {effect:g} points",
-            p_against=smaller.p_for,
-            p_for=1.0,
-        )
+        test = f"{words}: the benefit is smaller than Goyal's {effect:g} points"
+        return Verdict(False, test=test, p_against=smaller.p_for, p_for=1.0)
     why = f"the interval covers both 0 and {effect:g}"
     return Verdict(None, why, test=words, p_for=beats.p_for, p_against=smaller.p_for)
 
@@ -518,13 +501,9 @@ def preregistered_findings(test, df, profile: Profile, metrics: Metrics = None) 
             f"; per-pair sd {sd:.2f} (planned {t['sd']:g}): {len(none)} pairs decide with "
             f"{p:.0%} chance at it, whatever the true benefit"
         )
-    ref = ex.reference(STUDY)
-    large = ref["batch"] > 256
-    p_ = dict(zip(ref["warmup"][large], ref["value"][large], strict=True))
-    src = studies.cite(*ref["source"])
+    p_, p_base, src, _ = _table1()
     b = studies.budget(arm, [k])
     base = studies.errors(df, k=float(df["k"].min()), warmup="none")
-    p_base = float(ref["value"][ref["batch"] == 256].iloc[0])
     return [
         studies.finding(
             f"pre-registered: at k={k:g} ({studies.kilo(studies.paper_batch(k))} by k · 256) "
@@ -553,8 +532,7 @@ def preregistered_findings(test, df, profile: Profile, metrics: Metrics = None) 
 def warmup_peak(train, epochs: float) -> float:
     """The largest training loss over the first ``epochs`` (the warmup window) over the first
     step's loss: above 1, the loss rose past where it started (no warmup failing early)."""
-    if "kind" in train:
-        train = train[train["kind"] == "train"]
+    train = _train(train)
     loss = train["loss"].astype(float).to_numpy()
     inside = train["epoch"].astype(float).to_numpy() <= epochs + 1e-9
     return float(loss[inside].max() / loss[0]) if inside.any() else math.nan
@@ -596,11 +574,9 @@ def ladder_findings(test, base: Sequence[float], profile: Profile, metrics: Metr
             "the first step's); "
         )
         why = fs.untrained(gradual, chance) if gradual and none else "an arm has no run"
-        b = studies.paper_batch(k)
-        at, m = (
-            f"k={k:g} ({studies.kilo(b)} by k · 256)",
-            f"measured: {len(gradual)} seeds, no test",
-        )
+        b, budget = studies.paper_batch(k), studies.budget(test, [k])
+        at = f"k={k:g} ({studies.kilo(b)} by k · 256)"
+        m = f"measured: {len(gradual)} seeds, no test"
         benefit, gap = mean(none) - mean(gradual), mean(gradual) - mean(base)
         for claim, holds, number, paper in (
             (
@@ -619,6 +595,5 @@ def ladder_findings(test, base: Sequence[float], profile: Profile, metrics: Metr
             ),
         ):
             v = Verdict(None, why, invalid=True) if why else Verdict(holds)
-            b = studies.budget(test, [k])
-            out.append(studies.finding(claim, v, said + number, paper=paper, budget=b))
+            out.append(studies.finding(claim, v, said + number, paper=paper, budget=budget))
     return out
