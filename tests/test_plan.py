@@ -670,7 +670,7 @@ def test_each_timed_size_is_its_fastest_run_so_slow_runs_move_nothing(tiny, monk
     (time_sync's fit, read back from its line)."""
     scripted = {16: [8e-3, 8e-3, 9e-3], 32: [15e-3, 30e-3, 16e-3], 128: [75e-3, 50e-3, 100e-3]}
     calls = {m: iter(ts) for m, ts in scripted.items()}
-    monkeypatch.setattr(measure, "_trainer_step_s", lambda cfg, m, n: next(calls[m]))
+    monkeypatch.setattr(measure, "_step_s", lambda cfg, m, n: next(calls[m]))
     compute, info = measure.time_compute_here(tiny(), repeats=1, samples=64, runs=3)
     assert info["trainer_step_s"] == {"16": 8e-3, "32": 15e-3, "128": 50e-3}
     assert info["trainer_step_runs_s"]["128"] == [75e-3, 50e-3, 100e-3]
@@ -681,7 +681,7 @@ def test_each_timed_size_is_its_fastest_run_so_slow_runs_move_nothing(tiny, monk
     assert lines[3].startswith("lbsgd plan: 3/4 timing round 2/3, micro-batch 16: 8.00 ms a step")
     assert "(load average " in lines[3]
     parallel = {32: iter([20e-3, 40e-3, 21e-3]), 96: iter([44e-3, 45e-3, 90e-3])}
-    monkeypatch.setattr(measure, "_parallel_step_s", lambda cfg, m, n, log=None: next(parallel[m]))
+    monkeypatch.setattr(measure, "_step_s", lambda cfg, m, n, log, procs: next(parallel[m]))
     monkeypatch.setattr(measure, "devices_here", lambda cfg: 2)
     _, sync = measure.time_sync(tiny(), compute, LINK, 4e3, samples=64, runs=3)
     assert sync["parallel_per_sample_s"] == pytest.approx((44e-3 - 20e-3) / 64)

@@ -131,7 +131,7 @@ def _check_numbers(args: Any) -> None:
 def request(args: Any) -> Request:
     """The command line's options checked, each with one line naming it; nothing runs before."""
     target = _target(args.target)
-    _rule(getattr(args, "lr_rule", None))
+    rule = _rule(getattr(args, "lr_rule", None))
     gpus = gpu_counts(args.gpus) if args.gpus is not None else None
     link, source = interconnect(args.interconnect)
     reference = Path(args.reference) if args.reference else None
@@ -167,7 +167,7 @@ def request(args: Any) -> Request:
         batches,
         args.timing_samples,
         args.timing_runs,
-        _rule(getattr(args, "lr_rule", None)),
+        rule,
         not getattr(args, "no_lr_test", False),
     )
 
@@ -248,17 +248,12 @@ def probe(r: Request) -> measure.Probe:
     return measure.read_probe(measure.run_probe(cfg), r.target, "ran")
 
 
-def test_batch(r: Request, p: measure.Probe) -> int | None:
-    """The lr range test's batch: the largest planned above the probe's that the plan vouches
-    for (at most :data:`lbsgd.plan.model.CHECKED_UP_TO` × B_crit); None: no such batch."""
-    top = model.CHECKED_UP_TO * p.b_at_target
-    return max((b for b in r.batches if p.batch < b <= top), default=None)
-
-
 def lr_test(r: Request, p: measure.Probe) -> lr_range.RangeTest | None:
-    """The lr range test at :func:`test_batch` from the probe's lr, trained now into
-    ``out/lr_range``; None where skipped or no batch is to be tested."""
-    batch = test_batch(r, p)
+    """The lr range test from the probe's lr at the largest planned batch above the probe's that
+    the plan vouches for (at most :data:`lbsgd.plan.model.CHECKED_UP_TO` × B_crit), trained now
+    into ``out/lr_range``; None where skipped or no batch is to be tested."""
+    top = model.CHECKED_UP_TO * p.b_at_target
+    batch = max((b for b in r.batches if p.batch < b <= top), default=None)
     if not r.lr_test or batch is None or not math.isfinite(p.lr):
         return None
     low, high = lr_range.span(p.lr, p.batch, batch)
@@ -346,12 +341,6 @@ def lr_keys(cfg: Config, rule: str, lr: float, batch: int) -> dict[str, Any]:
     return {"lr_scaling": "none", "base_lr": lr, "warmup_lr": start}
 
 
-def command(best: model.Row, path: Path) -> str:
-    if best.gpus == 1:
-        return f"lbsgd train -c {path}"
-    return f"torchrun --nproc-per-node {best.gpus} -m lbsgd train -c {path}"
-
-
 def plan(r: Request) -> dict[str, Any]:
     """Measure, predict, write ``plan.json``, ``plan.png`` and ``recommended.yaml`` into
     ``r.out``; the plan as a dict."""
@@ -390,7 +379,8 @@ def plan(r: Request) -> dict[str, Any]:
         with rundir.replacing(path) as tmp:
             tmp.write_text(dump(recommended_config(r, best)))
         doc["recommended"]["config"] = str(path)
-        doc["recommended"]["command"] = command(best, path)
+        run = "lbsgd" if best.gpus == 1 else f"torchrun --nproc-per-node {best.gpus} -m lbsgd"
+        doc["recommended"]["command"] = f"{run} train -c {path}"
     with rundir.replacing(r.out / "plan.json") as tmp:
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
     draw(doc, r.out / "plan.png")
@@ -660,14 +650,10 @@ def _row(r: dict[str, Any]) -> str:
         f"{r['lr']:>8.4g} {r['warmup_steps']:>6} {r['step_s'] * 1e3:>8.2f} "
         f"{_duration(r['wall_s']):>9} {r['statistical_efficiency']:>8.2f} "
         f"{r['system_efficiency']:>7.2f} {'yes' if r['within_factor'] else 'no':>8} "
-        f"{_range(r.get('steps_range')):>11}"
+        f"{'-' if not r.get('steps_range') else '{:.0f}-{:.0f}'.format(*r['steps_range']):>11}"
         + (f"  ~ {', '.join(r['extrapolated'])}" if r.get("extrapolated") else "")
         + (f"  ! {r['warning']}" if r["warning"] else "")
     )
-
-
-def _range(pair) -> str:
-    return "-" if not pair else f"{pair[0]:.0f}-{pair[1]:.0f}"
 
 
 def _recommendation(doc: dict[str, Any]) -> list[str]:

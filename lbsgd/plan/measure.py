@@ -128,9 +128,7 @@ def read_run(run_dir: Path) -> tuple[Config, list[dict]]:
         raise ConfigError(
             f"--reference={run_dir}: not a run folder (needs its config.yaml and metrics.jsonl)"
         )
-    cfg = load([cfg_file])
-    records = tracking.read_records(metrics)
-    return cfg, records
+    return load([cfg_file]), tracking.read_records(metrics)
 
 
 NOISE_WINDOW = 2**-0.5  # the noise scale's interval reads the steps from this share of the target's
@@ -193,82 +191,64 @@ def first_crossing(points: Sequence[tuple[float, float]], target: float) -> floa
     return None
 
 
-def error_curve(records: Sequence[dict]) -> list[tuple[float, float]]:
-    """(step, held-out error) of the evaluations, by step."""
-    pts = {r["step"]: r[ERROR_KEY] for r in records if r.get("kind") == "eval" and ERROR_KEY in r}
-    return sorted((float(s), float(v)) for s, v in pts.items() if v is not None)
-
-
-def loss_curve(records: Sequence[dict], window: int) -> list[tuple[float, float]]:
-    """(step, moving average of the training loss over ``window`` steps), from the first full
-    window."""
-    train = sorted((r["step"], r["loss"]) for r in records if r.get("kind") == "train")
-    steps = [s for s, _ in train]
-    loss = np.array([math.nan if v is None else float(v) for _, v in train])
-    if len(loss) < window:
-        return []
-    avg = np.convolve(loss, np.ones(window) / window, mode="valid")
-    return list(zip((float(s) for s in steps[window - 1 :]), avg.tolist(), strict=True))
+def _tail_fit(points: Sequence[tuple[float, float]]):
+    """(slope, intercept) of log value on log step, least squares over the second half of the
+    steps; None with fewer than three points there."""
+    tail = [(s, v) for s, v in points if s >= points[-1][0] / 2 and v > 0]
+    if len(tail) < 3 or tail[-1][0] <= tail[0][0]:
+        return None
+    return np.polyfit(np.log([s for s, _ in tail]), np.log([v for _, v in tail]), 1)
 
 
 def extrapolate(points: Sequence[tuple[float, float]], target: float) -> float | None:
-    """The step where a power law value = a·step^(−c), fitted (log-log least squares) to the
-    second half of the curve's steps, reaches ``target``; None when the curve does not fall."""
-    last = points[-1][0]
-    tail = [(s, v) for s, v in points if s >= last / 2 and v > 0]
-    if len(tail) < 3:
+    """The step where a power law value = a·step^(−c), fitted to the second half of the curve's
+    steps (:func:`_tail_fit`), reaches ``target``; None when the curve does not fall."""
+    fit = _tail_fit(points)
+    if fit is None or fit[0] >= 0:
         return None
-    x = np.log([s for s, _ in tail])
-    y = np.log([v for _, v in tail])
-    slope, intercept = np.polyfit(x, y, 1)
-    if slope >= 0:
-        return None
-    return float(math.exp((math.log(target) - intercept) / slope))
+    return float(math.exp((math.log(target) - fit[1]) / fit[0]))
 
 
 def noise_trend(records: Sequence[dict], last: float) -> tuple[list[tuple[int, float]], float]:
     """B_simple (smoothed) at :data:`TREND_POINTS` of the steps up to ``last``, and its growth
-    per doubling of the steps (2^slope of log2 B on log2 step over the second half)."""
-    pts = _noise_points(records, last)
-    trend = []
-    for share in TREND_POINTS:
-        at = max(1, round(share * pts[-1][0]))
-        trend.append(min(pts, key=lambda p: abs(p[0] - at)))
-    return [(int(s), float(b)) for s, b in trend], _growth(pts)
-
-
-def _noise_points(records: Sequence[dict], last: float) -> list[tuple[int, float]]:
-    pts = [
+    per doubling of the steps: 2^slope of log B on log step over the second half of the steps
+    (:func:`_tail_fit`; NaN with fewer than three points there)."""
+    pts = sorted(
         (r["step"], r["gns_b_simple_ema"])
         for r in records
-        if r.get("kind") == "train" and r.get("gns_b_simple_ema") is not None
-    ]
-    pts = sorted(p for p in pts if p[0] <= math.ceil(last))
+        if r.get("kind") == "train"
+        and r.get("gns_b_simple_ema") is not None
+        and r["step"] <= math.ceil(last)
+    )
     if not pts:
         raise ConfigError(
             "the probe run measured no noise scale (noise_scale=true with at least two small "
             "batches per step)"
         )
-    return pts
-
-
-def _growth(pts: Sequence[tuple[int, float]]) -> float:
-    """2^slope of log2 B_simple on log2 step over the second half of the steps; NaN with fewer
-    than three points there."""
-    tail = [(s, b) for s, b in pts if s >= pts[-1][0] / 2 and b > 0]
-    if len(tail) < 3 or tail[-1][0] <= tail[0][0]:
-        return math.nan
-    slope = np.polyfit(np.log2([s for s, _ in tail]), np.log2([b for _, b in tail]), 1)[0]
-    return float(2**slope)
+    trend = [
+        min(pts, key=lambda p: abs(p[0] - max(1, round(f * pts[-1][0])))) for f in TREND_POINTS
+    ]
+    fit = _tail_fit(pts)
+    growth = math.nan if fit is None else float(2 ** fit[0])
+    return [(int(s), float(b)) for s, b in trend], growth
 
 
 def curve(cfg: Config, records: Sequence[dict], target: Target) -> list[tuple[float, float]]:
-    """The (step, value) curve a target is read on: the held-out error, or the training loss's
-    moving average over :data:`LOSS_WINDOW_EPOCHS`."""
+    """The (step, value) curve a target is read on, by step: the held-out error of the
+    evaluations, or the training loss's moving average over :data:`LOSS_WINDOW_EPOCHS` from the
+    first full window."""
     if target.kind == "error":
-        return error_curve(records)
+        pts = {
+            r["step"]: r[ERROR_KEY] for r in records if r.get("kind") == "eval" and ERROR_KEY in r
+        }
+        return sorted((float(s), float(v)) for s, v in pts.items() if v is not None)
     window = max(1, round(LOSS_WINDOW_EPOCHS * data.train_size(cfg) / cfg.batch_size))
-    return loss_curve(records, window)
+    train = sorted((r["step"], r["loss"]) for r in records if r.get("kind") == "train")
+    if len(train) < window:
+        return []
+    steps, loss = np.array(train, dtype=float).T  # a loss of None: NaN
+    avg = np.convolve(loss, np.ones(window) / window, mode="valid")
+    return list(zip(steps[window - 1 :].tolist(), avg.tolist(), strict=True))
 
 
 def steps_to(curve: Sequence[tuple[float, float]], target: Target, last: int):
@@ -297,22 +277,6 @@ def steps_to(curve: Sequence[tuple[float, float]], target: Target, last: int):
     )
 
 
-def _steady_rate(records: Sequence[dict]) -> float:
-    """The run's steady throughput: the median img/s of its second half of flushes."""
-    rates = [r["img_per_s"] for r in records if r.get("kind") == "train" and r.get("img_per_s")]
-    return float(statistics.median(rates[len(rates) // 2 :])) if rates else math.nan
-
-
-def _b_range(records, at: float, reading: float, b_target: float):
-    """:func:`noise_interval` at ``at``, widened to hold the EMA's ``reading`` there, and carried
-    on to the target as the reading is (``b_target``: past the probe's end, along its trend)."""
-    b_range = noise_interval(records, at)
-    if b_range is None:
-        return None
-    lo, hi = min(b_range[0], reading), max(b_range[1], reading)
-    return lo * b_target / reading, hi * b_target / reading
-
-
 def read_probe(run_dir: Path, target: Target, source: str) -> Probe:
     """The probe's measurements from a run's files; one line when the run does not approach the
     target (:func:`steps_to`)."""
@@ -326,7 +290,11 @@ def read_probe(run_dir: Path, target: Target, source: str) -> Probe:
     b_target = trend[-1][1]
     if how is not None and math.isfinite(growth):  # B_simple carried on along its trend
         b_target *= growth ** math.log2(steps / trend[-1][0])
-    b_range = _b_range(records, min(steps, last), trend[-1][1], b_target)
+    b_range = noise_interval(records, min(steps, last))  # widened to hold the EMA's reading
+    if b_range is not None:  # there, and carried on to the target as the reading is
+        lo, hi = min(b_range[0], trend[-1][1]), max(b_range[1], trend[-1][1])
+        b_range = lo * b_target / trend[-1][1], hi * b_target / trend[-1][1]
+    rates = [r["img_per_s"] for r in records if r.get("kind") == "train" and r.get("img_per_s")]
     return Probe(
         run_dir=str(run_dir),
         source=source,
@@ -337,7 +305,7 @@ def read_probe(run_dir: Path, target: Target, source: str) -> Probe:
         b_at_target=float(b_target),
         trend=trend,
         growth=growth,
-        img_per_s=_steady_rate(records),
+        img_per_s=float(statistics.median(rates[len(rates) // 2 :])) if rates else math.nan,
         lr=cfg.base_lr * lr_scale(cfg.lr_scaling, cfg.batch_size / cfg.reference_batch),
         b_range=b_range,
         steps_range=crossing_bracket(points, target.value) if how is None else None,
@@ -378,23 +346,6 @@ def _timed(fn, repeats: int, device: torch.device) -> float:
         if i >= 2:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def _step_times(net, opt, x, y, repeats: int, device) -> tuple[float, float, float]:
-    """(forward + backward + update, the training forward alone, the update alone) seconds of
-    one micro-batch."""
-    loss_fn = torch.nn.functional.cross_entropy
-
-    def full():
-        opt.zero_grad(set_to_none=True)
-        loss_fn(net(x), y).backward()
-        opt.step()
-
-    def forward():
-        loss_fn(net(x), y)  # its graph dropped unused
-
-    t_full, t_fwd = _timed(full, repeats, device), _timed(forward, repeats, device)
-    return t_full, t_fwd, _timed(opt.step, repeats, device)  # the last step's gradients
 
 
 # run in a fresh interpreter by :func:`time_compute`: the CPU kernels capped before torch loads
@@ -504,7 +455,7 @@ def time_compute_here(
     top = min(max_micro, 8 * cfg.bn_batch)
     sizes = sorted({m for m in (cfg.bn_batch, 2 * cfg.bn_batch, top) if m <= top})
     n = samples or timed_samples(cfg)
-    each, load = _rounds(sizes, runs or TIMING_RUNS, lambda m: _trainer_step_s(cfg, m, n), "")
+    each, load = _rounds(sizes, runs or TIMING_RUNS, lambda m: _step_s(cfg, m, n), "")
     steps = fastest(each)
     per_micro, per_sample, one_group = fit_compute(steps, cfg.bn_batch)
     full, fwd, upd = _parts(cfg, net, splits, top, device, precision, repeats)
@@ -552,26 +503,18 @@ def fastest(runs: dict, rounds: Sequence[int] | None = None) -> dict[int, float]
     return {int(m): min(ts[i] for i in pick) for m, ts in runs.items()}
 
 
-def _trainer_step_s(cfg: Config, m: int, samples: int) -> float:
-    """The trainer's steady seconds per step of one micro-batch of ``m`` (a short run, no probe,
-    no evaluation, nothing kept)."""
+def _step_s(cfg: Config, m: int, samples: int, log: Path | None = None, processes: int = 1):
+    """The trainer's steady seconds per step of ``processes`` processes of one micro-batch of
+    ``m`` each (a short run, no probe, no evaluation, nothing kept; several: torchrun under
+    lbsgd.bench's watch, a worker that hangs stopped, not waited for)."""
     import tempfile
 
+    from lbsgd.bench.noise import trainer_torchrun
     from lbsgd.bench.train import trainer_run
 
-    steps = max(40, math.ceil(samples / m))
-    run = _timing_config(cfg, m, m)
-    with tempfile.TemporaryDirectory() as tmp:
-        timing = trainer_run(run, steps, data.train_size(run), tmp)
-    return m / timing.img_per_s
-
-
-def _timing_config(cfg: Config, batch: int, micro: int) -> Config:
-    """``cfg`` as a timing run: ``batch`` in micro-batches of ``micro``, no probe, no
-    evaluation, nothing kept."""
-    return cfg.replace(
-        batch_size=batch,
-        micro_batch=micro,
+    run = cfg.replace(
+        batch_size=processes * m,
+        micro_batch=m,
         noise_scale=False,
         noise_scale_batch=None,
         stop_at_error=None,
@@ -582,15 +525,34 @@ def _timing_config(cfg: Config, batch: int, micro: int) -> Config:
         study="timing",
         resume=False,
     )
+    steps, n = max(40, math.ceil(samples / run.batch_size)), data.train_size(run)
+    with tempfile.TemporaryDirectory() as tmp:
+        if processes == 1:
+            timing = trainer_run(run, steps, n, tmp)
+        else:
+            timing = trainer_torchrun(
+                run, steps, n, processes, tmp, "lbsgd plan, timing a step", log
+            )
+    return run.batch_size / timing.img_per_s
 
 
 def _parts(cfg, net, splits, m: int, device, precision, repeats: int) -> tuple[float, ...]:
-    """(step, forward, update) seconds of one micro-batch of ``m`` random inputs."""
+    """(forward + backward + update, the training forward alone, the update alone) seconds of
+    one micro-batch of ``m`` random inputs."""
     x = torch.randn(m, 3, splits.image_size, splits.image_size, device=device)
     x = x.contiguous(memory_format=network.memory_format(cfg))
     y = torch.randint(0, splits.num_classes, (m,), device=device)
+    opt, loss_fn = optim.build(cfg, net), torch.nn.functional.cross_entropy
+
+    def full():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(net(x), y).backward()
+        opt.step()
+
     with precision.autocast():
-        return _step_times(net, optim.build(cfg, net), x, y, repeats, device)
+        t_full = _timed(full, repeats, device)
+        t_fwd = _timed(lambda: loss_fn(net(x), y), repeats, device)  # its graph dropped unused
+        return t_full, t_fwd, _timed(opt.step, repeats, device)  # the last step's gradients
 
 
 # The recommendation holds when leaving out any one round of timing runs leaves it within this
@@ -674,7 +636,7 @@ def time_sync(
     m1, m2 = 2 * cfg.bn_batch, PARALLEL_GROUPS * cfg.bn_batch
     n, who = samples or timed_samples(cfg), f" of {SYNC_PROCESSES} processes"
     each, load = _rounds(
-        (m1, m2), runs or TIMING_RUNS, lambda m: _parallel_step_s(cfg, m, n, log), who
+        (m1, m2), runs or TIMING_RUNS, lambda m: _step_s(cfg, m, n, log, SYNC_PROCESSES), who
     )
     t1, t2 = fastest(each).values()
     fitted = fit_sync(compute, {m1: t1, m2: t2}, link, grad_bytes)
@@ -688,18 +650,3 @@ def time_sync(
         f"{t1 * 1e3:.2f} and {t2 * 1e3:.2f} ms measured; a sample {among * 1e6:.1f} us among "
         f"them ({compute.per_sample_s * 1e6:.1f} alone), {sync * 1e3:.2f} ms a step beyond",
     }
-
-
-def _parallel_step_s(cfg: Config, m: int, samples: int, log: Path | None = None) -> float:
-    """The trainer's steady step of two processes of one micro-batch of ``m`` each (torchrun
-    under lbsgd.bench's watch: a worker that hangs is stopped, not waited for)."""
-    import tempfile
-
-    from lbsgd.bench.noise import trainer_torchrun
-
-    run = _timing_config(cfg, SYNC_PROCESSES * m, m)
-    steps = max(40, math.ceil(samples / run.batch_size))
-    with tempfile.TemporaryDirectory() as tmp:
-        what = "lbsgd plan, timing a step"
-        timing = trainer_torchrun(run, steps, data.train_size(run), SYNC_PROCESSES, tmp, what, log)
-    return run.batch_size / timing.img_per_s
