@@ -107,12 +107,7 @@ def arm_keys(profile: Profile, arm: str) -> dict[str, Any]:
         "adamw": {"optimizer": "adamw", "nesterov": False, "weight_decay": ADAM_WEIGHT_DECAY},
     }[arm]
     # the profile's own keys of this study (a shorter run, fewer images), under the optimizer's
-    return {
-        **own.get("keys", {}),
-        **schedule,
-        **keys,
-        "holdout": own["holdout"],
-    }
+    return {**own.get("keys", {}), **schedule, **keys, "holdout": own["holdout"]}
 
 
 def check(profile: Profile) -> None:
@@ -143,29 +138,15 @@ def weight_decay(profile: Profile, arm: str) -> float:
 
 
 def _run(
-    profile: Profile,
-    arm: str,
-    k: float,
-    base_lr: float,
-    warmup: float,
-    seed: int,
-    decay: float | None = None,
+    profile: Profile, arm: str, k: float, base_lr: float, warmup: float, seed: int, decay=None
 ) -> dict:
     """One run's keys: the peak lr base_lr x k, reached by the linear rule from base_lr (Goyal's
     gradual warmup from the reference batch's lr); ``decay``: its weight decay (None: the arm's
     default, :func:`weight_decay`)."""
-    return profile.keys(
-        k=k,
-        **{
-            **arm_keys(profile, arm),
-            "weight_decay": weight_decay(profile, arm) if decay is None else decay,
-        },
-        base_lr=base_lr,
-        lr_scaling="linear",
-        warmup="gradual",
-        warmup_epochs=warmup,
-        seed=seed,
-    )
+    keys = arm_keys(profile, arm)
+    keys["weight_decay"] = weight_decay(profile, arm) if decay is None else decay
+    gradual = {"base_lr": base_lr, "lr_scaling": "linear", "warmup": "gradual"}
+    return profile.keys(k=k, **keys, **gradual, warmup_epochs=warmup, seed=seed)
 
 
 def ks(profile: Profile, chosen: Sequence[float] | None = None) -> tuple[float, ...]:
@@ -173,13 +154,12 @@ def ks(profile: Profile, chosen: Sequence[float] | None = None) -> tuple[float, 
     return tuple(sorted(chosen or profile.ks["optimizers"]))
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _check_axis(name: str, values: tuple, ok, valid: str) -> None:
     """One axis of the grid: a non-empty list of distinct valid numbers, else one line."""
-    good = all(_number(v) and ok(v) for v in values)
+    good = all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and ok(v)
+        for v in values
+    )
     if not values or not good or len(set(values)) != len(values):
         raise ConfigError(f"{name}={list(values)!r} must be a non-empty list of distinct {valid}")
 
@@ -205,9 +185,8 @@ class Grid:
         :class:`Search`, or its ``tuning["grid"]``, else the study's grid); one-line
         ConfigError if bad."""
         own = settings(profile) if profile is not None else {}
-        search = own.get("search")
-        if search and lr_factors is None and warmups is None:
-            return Search(**search)
+        if own.get("search") and lr_factors is None and warmups is None:
+            return Search(**own["search"])
         own = own.get("grid", {}) or {}
         grid = cls(
             tuple(own.get("lr_factors", LR_FACTORS) if lr_factors is None else lr_factors),
@@ -318,16 +297,6 @@ def prepare(df):
     return df
 
 
-def with_factor(df, profile: Profile):
-    """``df`` with each run's peak lr as a factor of its optimizer's anchor at its k."""
-    df = df.copy()
-    df["factor"] = [
-        round(lr / anchor(profile, a, k), 6)
-        for lr, a, k in zip(df["peak_lr"], df["arm"], df["k"], strict=True)
-    ]
-    return df
-
-
 def choose(trial_df):
     """Per optimizer and k, the setting of least validation error, the mean over its tuning
     seeds (ties: the smaller lr, then the shorter warmup): columns arm, k, peak_lr,
@@ -338,18 +307,15 @@ def choose(trial_df):
     mean = mean.sort_values(["arm", "k", VAL, "peak_lr", "warmup_epochs"])
     best = mean.groupby(["arm", "k"], sort=False).head(1).copy()
     lrs = df.groupby(["arm", "k"])["peak_lr"].agg(lambda v: sorted(set(v)))
-    best["lr_at_grid_edge"] = [
-        studies.grid_edge(lrs.loc[(r.arm, r.k)], r.peak_lr)
-        if len(lrs.loc[(r.arm, r.k)]) >= 3
-        else "low"  # a grid of one or two lrs has no inside: every choice is on its edge
-        for r in best.itertuples()
-    ]
-    idx = list(zip(best["arm"], best["k"], strict=True))
-    best["trials"] = df.groupby(["arm", "k"])["run_dir"].count().reindex(idx).to_numpy()
-    best["tuning_seeds"] = df.groupby(["arm", "k"])["seed"].nunique().reindex(idx).to_numpy()
+    # a grid of one or two lrs has no inside: every choice is on its edge
+    edge = [(lrs.loc[(r.arm, r.k)], r.peak_lr) for r in best.itertuples()]
+    best["lr_at_grid_edge"] = [studies.grid_edge(g, lr) if len(g) >= 3 else "low" for g, lr in edge]
+    cost = df.groupby(["arm", "k"]).agg(
+        trials=("run_dir", "count"), tuning_seeds=("seed", "nunique")
+    )
+    best = best.join(cost, on=["arm", "k"])
     cols = [*SETTING, "peak_lr", VAL, "lr_at_grid_edge", "trials", "tuning_seeds"]
-    order = {a: i for i, a in enumerate(ARMS)}
-    best = best.sort_values(["k", "arm"], key=lambda c: c.map(order) if c.name == "arm" else c)
+    best = best.sort_values(["k", "arm"], key=_in_arms_order)
     return best[cols].reset_index(drop=True)
 
 
@@ -357,13 +323,20 @@ def grid_table(trial_df, profile: Profile):
     """Every setting's validation error, the mean and sd over its tuning seeds: per optimizer and
     k, its peak lr (and as a factor of the optimizer's centre there), warmup and weight decay,
     best first."""
-    df = with_factor(prepare(trial_df), profile)
+    df = prepare(trial_df)
+    df["factor"] = [
+        round(lr / anchor(profile, a, k), 6)
+        for lr, a, k in zip(df["peak_lr"], df["arm"], df["k"], strict=True)
+    ]
     by = ["k", "arm", "peak_lr", "factor", "warmup_epochs", "weight_decay"]
     t = df.groupby(by)[VAL].agg(["mean", "std", "count"]).reset_index()
     t = t.rename(columns={"mean": f"{VAL}_mean", "std": f"{VAL}_std", "count": "tuning_seeds"})
-    order = {a: i for i, a in enumerate(ARMS)}
-    t = t.assign(_arm=t["arm"].map(order)).sort_values(["k", "_arm", f"{VAL}_mean"])
-    return t.drop(columns="_arm").reset_index(drop=True)
+    return t.sort_values(["k", "arm", f"{VAL}_mean"], key=_in_arms_order).reset_index(drop=True)
+
+
+def _in_arms_order(column):
+    """A sort key: the ``arm`` column in the order of :data:`ARMS`, any other as it is."""
+    return column.map({a: i for i, a in enumerate(ARMS)}) if column.name == "arm" else column
 
 
 def ours(final_df):
@@ -399,15 +372,11 @@ def parity_gaps(final_df):
 
     df = prepare(final_df)
     k = float(df["k"].max())
-    published = dict(zip(paper()["arm"], paper()["paper_top1_error_pct"], strict=True))
+    published = paper().set_index("arm")["paper_top1_error_pct"].to_dict()
     rows = []
     for a, b in PAIRS:
-        d = [
-            y - x
-            for x, y in zip(
-                studies.errors(df, arm=a, k=k), studies.errors(df, arm=b, k=k), strict=True
-            )
-        ]
+        ea, eb = (studies.errors(df, arm=x, k=k) for x in (a, b))
+        d = [y - x for x, y in zip(ea, eb, strict=True)]
         rows.append(
             {
                 "pair": f"{_NAMES[b]} - {_NAMES[a]}",
@@ -423,8 +392,7 @@ def table(trial_df, final_df):
     """The chosen settings (validation error of the chosen trial) beside their test error over
     the profile's seeds, one row per optimizer and k; the paper's numbers beside the k that
     stands for its batch (k · 256)."""
-    chosen = choose(trial_df)
-    t = chosen.merge(ours(final_df), on=[*SETTING, "peak_lr"])
+    t = choose(trial_df).merge(ours(final_df), on=[*SETTING, "peak_lr"])
     t = t.merge(paper(), on="arm", how="left")
     # the paper's row beside the k that stands for its batch (k · 256), as in every study
     same = [studies.paper_batch(k) == b for k, b in zip(t["k"], t["paper_batch"], strict=True)]
@@ -506,28 +474,14 @@ def findings(final_df, chosen=None, regime: Regime = Regime()) -> list[Finding]:
     df = prepare(final_df)
     chance = studies.chance_of(df)
     kmin, kmax = float(df["k"].min()), float(df["k"].max())
-    big = studies.budget(df, [kmax], _paper_run(kmax))
-    out = [
-        replace(
-            _untuned(_contrast(df, a, b, kmax, chance, regime), chosen, (a, b), [kmax]), budget=big
-        )
-        for a, b in PAIRS
-    ]
+    claims = [([kmax], _contrast(df, a, b, kmax, chance, regime), (a, b)) for a, b in PAIRS]
     if kmin < kmax:
-        both = studies.budget(df, [kmin, kmax], _paper_run(kmax))
-        out += [
-            replace(
-                _untuned(
-                    _loses_less(df, a, b, (kmin, kmax), chance, regime),
-                    chosen,
-                    (a, b),
-                    [kmin, kmax],
-                ),
-                budget=both,
-            )
-            for a, b in PAIRS
-        ]
-    return out
+        ks_ = [kmin, kmax]
+        claims += [(ks_, _loses_less(df, a, b, ks_, chance, regime), (a, b)) for a, b in PAIRS]
+    return [
+        replace(_untuned(f, chosen, arms, on), budget=studies.budget(df, on, _paper_run(kmax)))
+        for on, f, arms in claims
+    ]
 
 
 def _untuned(f: Finding, chosen, arms: Sequence[str], ks_: Sequence[float]) -> Finding:
@@ -541,20 +495,13 @@ def _untuned(f: Finding, chosen, arms: Sequence[str], ks_: Sequence[float]) -> F
             edge = r["lr_at_grid_edge"].iloc[0] if len(r) else ""
             if edge:
                 # study 14's grid names a side of its lrs, study 17's search the axis too
-                where = f"lr at k={k:g} sits on the {edge} edge of its grid"
-                if " " in edge:
-                    where = f"setting at k={k:g} sits on the {edge} edge of its search"
+                what, of = ("setting", "search") if " " in edge else ("lr", "grid")
+                where = f"{what} at k={k:g} sits on the {edge} edge of its {of}"
                 why = f"{_NAMES[arm]}'s chosen {where}: no tuned arm"
                 # the test stays in the evidence (as an invalid verdict's does), not its reason
-                evidence = f.evidence.split("; undecided: ")[0]
-                return replace(
-                    f,
-                    replayed=None,
-                    invalid=True,
-                    p_for=None,
-                    p_against=None,
-                    evidence=f"{evidence}; invalid: {why}",
-                )
+                test = f.evidence.split("; undecided: ")[0]
+                f = replace(f, replayed=None, invalid=True, p_for=None, p_against=None)
+                return replace(f, evidence=f"{test}; invalid: {why}")
     return f
 
 
@@ -578,33 +525,26 @@ def _contrast(
     """At the largest k the layer-wise ``a`` against the tuned plain ``b``, one claim: Nado et
     al.'s parity (matches within ±PARITY_PTS), against You et al.'s "beats" or a loss (paired
     over seeds); ``expect="beats"``: You et al.'s claim, against parity or a loss."""
-    ea = studies.errors(df, arm=a, k=k)
-    eb = studies.errors(df, arm=b, k=k)
+    ea, eb = (studies.errors(df, arm=x, k=k) for x in (a, b))
+    na, nb = _NAMES[a], _NAMES[b]
     v = studies.contrast(
-        ea,
-        eb,
-        margin=PARITY_PTS,
-        expect=expect,
-        names=(_NAMES[a], _NAMES[b]),
-        chance=chance,
-        paired=True,
+        ea, eb, margin=PARITY_PTS, expect=expect, names=(na, nb), chance=chance, paired=True
     )
     wins = sum(x < y for x, y in zip(ea, eb, strict=True))
     batch = float(df[df["k"] == k]["batch_size"].iloc[0])
     beyond = regime.beyond(batch)
     parity = ": Nado et al.'s parity" if beyond else ""
     claim = (
-        f"{regime.tuned} {_NAMES[b]} matches {_NAMES[a]} (within ±{PARITY_PTS:g} point{parity})"
+        f"{regime.tuned} {nb} matches {na} (within ±{PARITY_PTS:g} point{parity})"
         if expect == "matches"
-        else f"{_NAMES[a]} beats {regime.tuned} {_NAMES[b]} ({_CLAIMED[a]})"
+        else f"{na} beats {regime.tuned} {nb} ({_CLAIMED[a]})"
     )
     return studies.finding(
         f"at {regime.where(batch)}, {claim}",
         v,
-        f"k={k:g}: {_NAMES[a]} {studies.mean(ea):.1f}% vs {_NAMES[b]} {studies.mean(eb):.1f}% "
-        f"test error (mean over {len(ea)} seeds; {_NAMES[a]} better in {wins} of {len(ea)}); "
-        f"chosen on held-out images: {_NAMES[a]} {_chosen(df, a, k)}, {_NAMES[b]} "
-        f"{_chosen(df, b, k)}",
+        f"k={k:g}: {na} {studies.mean(ea):.1f}% vs {nb} {studies.mean(eb):.1f}% test error (mean "
+        f"over {len(ea)} seeds; {na} better in {wins} of {len(ea)}); chosen on held-out images: "
+        f"{na} {_chosen(df, a, k)}, {nb} {_chosen(df, b, k)}",
         paper=_PAPER[a] if beyond else BELOW,
     )
 
@@ -625,10 +565,8 @@ _PAPER = {
 def supports(replayed: bool | None, layerwise: str, invalid: bool = False) -> str:
     """Which paper a verdict on "the layer-wise optimizer wins" supports (neither when it is
     undecided or ``invalid``)."""
-    if invalid:
-        return "supports neither paper (invalid)"
-    if replayed is None:
-        return "supports neither paper (undecided)"
+    if invalid or replayed is None:
+        return f"supports neither paper ({'invalid' if invalid else 'undecided'})"
     return f"supports {_CLAIMED[layerwise]}" if replayed else "supports Nado et al. 2021"
 
 
@@ -637,20 +575,13 @@ def _chosen(df, arm: str, k: float) -> str:
     return f"lr {r['peak_lr']:.3g}, warmup {r['warmup_epochs']:g} ep, weight decay {r['weight_decay']:.3g}"
 
 
-def _losses(df, arm: str, kmin: float, kmax: float) -> list[float]:
-    """Each seed's test error at kmax less its own at kmin."""
-    big, small = studies.errors(df, arm=arm, k=kmax), studies.errors(df, arm=arm, k=kmin)
-    return [x - y for x, y in zip(big, small, strict=True)]
-
-
 def _loses_less(df, a: str, b: str, ks_, chance: float | None, regime: Regime) -> Finding:
     """From the smallest k to the largest (``ks_``), ``a``'s test error grows less than ``b``'s."""
     kmin, kmax = ks_
-    la, lb = _losses(df, a, kmin, kmax), _losses(df, b, kmin, kmax)
-    arms = {
-        f"{arm} k={k:g}": studies.errors(df, arm=arm, k=k) for arm in (a, b) for k in (kmin, kmax)
-    }
-    failed = [f"{name}: {why}" for name, e in arms.items() if (why := untrained(e, chance))]
+    e = {(arm, k): studies.errors(df, arm=arm, k=k) for arm in (a, b) for k in ks_}
+    # each seed's test error at kmax less its own at kmin
+    la, lb = ([y - x for x, y in zip(e[arm, kmin], e[arm, kmax], strict=True)] for arm in (a, b))
+    failed = [f"{arm} k={k:g}: {why}" for (arm, k), v in e.items() if (why := untrained(v, chance))]
     if failed:
         v = studies.Verdict(None, f"an arm did not train ({failed[0]})", invalid=True)
     else:
