@@ -266,13 +266,6 @@ def lr_test(r: Request, p: measure.Probe) -> lr_range.RangeTest | None:
     return lr_range.read(measure.run_probe(cfg))
 
 
-def inputs(
-    r: Request, p: measure.Probe, compute: model.Compute, timing: dict, test=None
-) -> model.Inputs:
-    timed = measure.SYNC_PROCESSES if "parallel_per_sample_s" in timing else 1
-    return inputs_for(r.config, p, compute, r.link, timing["grad_bytes"], r.lr_rule, timed, test)
-
-
 def inputs_for(
     c: Config,
     p: measure.Probe,
@@ -358,16 +351,17 @@ def plan(r: Request) -> dict[str, Any]:
             r.config, compute, r.link, timing["grad_bytes"], r.timing_samples, r.timing_runs, log
         )
         timing = {**timing, **info}
-    x = inputs(r, p, compute, timing, test)
+
+    def inputs(c: model.Compute) -> model.Inputs:
+        timed = measure.SYNC_PROCESSES if "parallel_per_sample_s" in timing else 1
+        return inputs_for(r.config, p, c, r.link, timing["grad_bytes"], r.lr_rule, timed, test)
+
+    x = inputs(compute)
     _say("4/4 predicting")
     rows = model.table(x, r.batches, r.gpus)
     best = model.recommend(rows)
     apart = rivals(
-        lambda c: model.table(inputs(r, p, c, timing, test), r.batches, r.gpus),
-        compute,
-        timing,
-        r.link,
-        best,
+        lambda c: model.table(inputs(c), r.batches, r.gpus), compute, timing, r.link, best
     )
     best = None if apart else best
     doc = _document(r, p, x, timing, rows, best)
