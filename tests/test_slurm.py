@@ -310,7 +310,12 @@ def test_a_sweep_hung_up_leaves_its_job_running_and_again_attaches_to_it(slurm, 
     out = tmp_path / "slurm"
     script = sweep_script(out, path, LONG)
     run_dir = out / "s" / config.from_dict({**LONG, "study": "s"}).run_name()
-    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    first = subprocess.Popen(  # SIGHUP as a terminal's command has it (not nohup's, inherited)
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+    )
     wait_for(lambda: steps_done(run_dir) >= 1, what="the job to train")
     first.send_signal(signal.SIGHUP)
     said = first.communicate(timeout=30)[0]
