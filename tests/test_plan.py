@@ -1106,6 +1106,19 @@ def test_each_rows_steps_range_is_the_model_at_its_inputs_corners_and_far_rows_a
     )
 
 
+def _lower_bound_inputs(**extra):
+    """A probe at 64 (450 steps, lr 0.1), B_crit 200 [150, 300] and only a lower bound."""
+    return _inputs(
+        b_crit=200.0,
+        s_min=model.s_min_from(450.0, 64, 200.0),
+        probe_batch=64,
+        probe_lr=0.1,
+        b_crit_range=(150.0, 300.0),
+        b_crit_lower=True,
+        **extra,
+    )
+
+
 def test_the_steps_range_reaches_above_the_prediction_by_b_crits_low_end_and_the_lrs_slack():
     """Where B_crit is a lower bound the interval still reaches up to the steps at its interval's
     low end (a smaller B_crit: more steps above the probe's batch), and past them by the lr: the
@@ -1113,14 +1126,7 @@ def test_the_steps_range_reaches_above_the_prediction_by_b_crits_low_end_and_the
     cannot rule out), r(2 − r) of its progress a step. A range test's bound below the linear
     rule's lr narrows it; at the probe's batch every curve passes through the probe's lr: none;
     an lr twice an allowed optimum or more may make no progress: no upper end."""
-    x = _inputs(
-        b_crit=200.0,
-        s_min=model.s_min_from(450.0, 64, 200.0),
-        probe_batch=64,
-        probe_lr=0.1,
-        b_crit_range=(150.0, 300.0),
-        b_crit_lower=True,
-    )
+    x = _lower_bound_inputs()
     for batch in (128, 256, 512, 1024):
         r = model.row(x, batch, 1)
         low_end = 450 * (1 + 150 / batch) / (1 + 150 / 64)
@@ -1148,15 +1154,7 @@ def test_the_figure_draws_the_steps_range_that_the_plan_check_prints():
     from lbsgd import plan as planner
     from lbsgd.plan import check
 
-    x = _inputs(
-        b_crit=200.0,
-        s_min=model.s_min_from(450.0, 64, 200.0),
-        probe_batch=64,
-        probe_lr=0.1,
-        b_crit_range=(150.0, 300.0),
-        steps_range=(400.0, 500.0),
-        b_crit_lower=True,
-    )
+    x = _lower_bound_inputs(steps_range=(400.0, 500.0))
     rows = model.table(x, model.powers_of_two(64, 1024), (1,))
     best = next(r for r in rows if r.batch == 256).as_dict()
     doc = {"rows": [r.as_dict() for r in rows], "probe": {"batch": 64, "steps": 450.0}}
