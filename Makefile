@@ -70,7 +70,7 @@ verify: setup
 
 # JupyterLab on lab/ (copies of notebooks/, below) with the project's environment as its kernel.
 # The kernels run in lab/; the studies still write to the repository's results/<profile>/
-# (lbsgd.studies).
+# (lbsgd.lab.studies).
 lab: setup lab-copies
 	$(VENV)/bin/jupyter lab --notebook-dir=lab $(if $(filter 0,$(shell id -u)),--allow-root)
 

@@ -103,7 +103,7 @@ def parser() -> argparse.ArgumentParser:
         help="the main job (make reproduce): every notebook a profile replays, executed in order, "
         "then its REPORT.md",
     )
-    n.add_argument("profile", help="a profile of lbsgd.studies.scales (cpu, fashion, ...)")
+    n.add_argument("profile", help="a profile of lbsgd.lab.studies.scales (cpu, fashion, ...)")
     n.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="notebooks/NN_<study>.ipynb")
     n.add_argument("--out", default="results", help="results root (OUT)")
     _parameter_option(
@@ -306,8 +306,8 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from lbsgd import report
-    from lbsgd.experiments import results
+    from lbsgd.lab import report
+    from lbsgd.lab.experiments import results
 
     if args.skip_damaged:
         os.environ[results.SKIP_DAMAGED] = "1"
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         return _until_interrupted("report", lambda: _report(args))
     if args.command == "execute":
-        from lbsgd import execute
+        from lbsgd.lab import execute
 
         parameters = {k: execute.parameter(v) for k, v in args.parameter}
         return _until_interrupted(  # an interrupt before its kernel runs a cell
@@ -360,12 +360,12 @@ def main(argv: list[str] | None = None) -> int:
 def _checked(args: argparse.Namespace) -> int:
     """The commands whose bad input is a ConfigError (one line, exit code EXIT_BAD_INPUT)."""
     if args.command == "reproduce":
-        from lbsgd import execute, reproduce
+        from lbsgd.lab import execute, reproduce
 
         launch = {k: execute.parameter(v) for k, v in args.parameter}
         return reproduce.main(args.profile, args.notebooks, args.out, launch, args.dry_run)
     if args.command == "verify":
-        from lbsgd import verify
+        from lbsgd.lab import verify
 
         return _until_interrupted(
             "verify",
@@ -389,7 +389,7 @@ def _checked(args: argparse.Namespace) -> int:
 def _until_interrupted(what: str, run, left: str = "") -> int:
     """``run()``'s exit status; the first Ctrl-C or SIGTERM ends it at once (the runs it started
     stopped by their runner, lbsgd.jobs) in one line, exit status 130."""
-    from lbsgd.experiments.interrupts import sigterm_as_interrupt
+    from lbsgd.lab.experiments.interrupts import sigterm_as_interrupt
 
     try:
         with sigterm_as_interrupt(pass_on=False):

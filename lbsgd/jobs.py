@@ -4,7 +4,7 @@ its caller as it ends, and leave to the caller what an interrupt does.
 The runner decides nothing itself: each caller (a study's sweep, ``lbsgd verify``'s replays,
 ``lbsgd.bench.torchrun``'s agents) gives it a :class:`Policy`, whose methods :meth:`Runner.run`
 calls in order (prepare, start, ended, watch; interrupted on a ``KeyboardInterrupt``).
-No torch here: ``import lbsgd.experiments`` stays cheap."""
+No torch here: ``import lbsgd.lab.experiments`` stays cheap."""
 
 from __future__ import annotations
 

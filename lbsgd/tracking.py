@@ -23,7 +23,7 @@ from typing import Any
 from lbsgd.config import ConfigError
 
 # in a run's directory: its W&B run id, written once, kept across resumes; in a study's folder: the
-# id of the study's W&B run (lbsgd.studies.session.log_study), kept across the notebook's re-runs
+# id of the study's W&B run (lbsgd.lab.studies.session.log_study), kept across the notebook's re-runs
 ID_FILE = "wandb_id"
 
 
@@ -325,7 +325,7 @@ def flatten(d: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict[str,
 
 def init_after(mode: str, run_dir: Path, **kwargs: Any) -> Any:
     """A W&B run logged after the fact (:func:`log_copied_run`,
-    :func:`lbsgd.studies.session.log_study`): online failing falls back to
+    :func:`lbsgd.lab.studies.session.log_study`): online failing falls back to
     offline (the caller's one warning says so); None when disabled."""
     import wandb
 

@@ -10,7 +10,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
-from lbsgd.experiments.slurm import running as alive  # a zombie counts as dead
+from lbsgd.lab.experiments.slurm import running as alive  # a zombie counts as dead
 
 SBIN = "/usr/sbin"
 NEEDED = ("slurmctld", "slurmd", "munged", "sbatch")

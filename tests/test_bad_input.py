@@ -22,11 +22,12 @@ import pytest
 import torch
 from conftest import TINY, lbsgd, used_keys
 
-from lbsgd import checkpoint, cli, config, distributed, entry, experiments, studies
+from lbsgd import checkpoint, cli, config, distributed, entry
 from lbsgd.config import KEYS, Config, ConfigError
 from lbsgd.data.fashion_mnist import ALL_FILES
 from lbsgd.entry import train
-from lbsgd.studies import scales
+from lbsgd.lab import experiments, studies
+from lbsgd.lab.studies import scales
 
 
 @pytest.fixture(scope="module")

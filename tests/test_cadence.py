@@ -111,13 +111,13 @@ def test_a_probe_evaluates_the_held_out_split_at_log_steps_where_nothing_else_ev
 
 
 def test_each_pre_emption_signal_a_cluster_may_send_is_a_stop_request():
-    """USR1 and USR2 (lbsgd.experiments.slurm.SIGNALS, a cluster file's choice) are recorded as a
+    """USR1 and USR2 (lbsgd.lab.experiments.slurm.SIGNALS, a cluster file's choice) are recorded as a
     request to stop at the next flush, not the process's end."""
     import os
     import signal
 
     from lbsgd.cadence import StopSignals
-    from lbsgd.experiments.slurm import SIGNALS
+    from lbsgd.lab.experiments.slurm import SIGNALS
 
     for name in SIGNALS:
         with StopSignals() as stop:

@@ -266,7 +266,7 @@ def test_the_first_ctrl_c_or_sigterm_ends_a_long_command_in_one_line_and_exit_st
 
 LOST_IN_A_CALLBACK = """
 import signal, time, weakref
-from lbsgd.experiments.interrupts import Terminated, HungUp, sigterm_as_interrupt
+from lbsgd.lab.experiments.interrupts import Terminated, HungUp, sigterm_as_interrupt
 
 # as a command started from a terminal has them (a test runner's worker may ignore SIGINT, nohup
 # SIGHUP, and a child inherits that)

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lbsgd import config, report, rundir, verify
-from lbsgd.studies import scales
-from lbsgd.studies import steps_to_target as stt
+from lbsgd import config, rundir
+from lbsgd.lab import report, verify
+from lbsgd.lab.studies import scales
+from lbsgd.lab.studies import steps_to_target as stt
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 CPU = RESULTS / "cpu"

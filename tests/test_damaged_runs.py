@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import subprocess_env
 
-from lbsgd import experiments as ex
 from lbsgd.config import ConfigError
-from lbsgd.experiments import results
+from lbsgd.lab import experiments as ex
+from lbsgd.lab.experiments import results
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = REPO / "results" / "cpu"

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import lbsgd
-from lbsgd.studies.scales import PROFILES
+from lbsgd.lab.studies.scales import PROFILES
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path(lbsgd.__file__).resolve().parent
@@ -19,7 +19,7 @@ ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
 DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
 
 README_MAX_LINES = 250
-# the line after this marker lists the profiles (lbsgd.studies.scales.PROFILES), each in backticks
+# the line after this marker lists the profiles (lbsgd.lab.studies.scales.PROFILES), each in backticks
 PROFILES_MARKER = "<!-- profiles -->"
 
 FENCE = re.compile(r"^\s*(```|~~~)")
@@ -86,16 +86,19 @@ def link_problems(doc: Path) -> list[str]:
 
 def package_paths() -> list[str]:
     """Each module and folder of the package as docs/ARCHITECTURE.md names it: ``lbsgd/x.py``
-    (other than __init__ and __main__), ``lbsgd/sub/``, ``lbsgd/studies/x.py``."""
+    (other than __init__ and __main__), ``lbsgd/sub/``, the same in ``lbsgd/lab/``, and
+    ``lbsgd/lab/studies/x.py``."""
     paths = []
-    for path in sorted(PACKAGE.iterdir()):
-        if path.is_dir() and not path.name.startswith((".", "__")):
-            paths.append(f"lbsgd/{path.name}/")
-        elif path.suffix == ".py" and path.stem not in ("__init__", "__main__"):
-            paths.append(f"lbsgd/{path.name}")
-    for path in sorted((PACKAGE / "studies").glob("*.py")):
+    for folder in (PACKAGE, PACKAGE / "lab"):
+        prefix = folder.relative_to(PACKAGE.parent).as_posix()
+        for path in sorted(folder.iterdir()):
+            if path.is_dir() and not path.name.startswith((".", "__")) and path.name != "lab":
+                paths.append(f"{prefix}/{path.name}/")
+            elif path.suffix == ".py" and path.stem not in ("__init__", "__main__"):
+                paths.append(f"{prefix}/{path.name}")
+    for path in sorted((PACKAGE / "lab" / "studies").glob("*.py")):
         if path.stem != "__init__":
-            paths.append(f"lbsgd/studies/{path.name}")
+            paths.append(f"lbsgd/lab/studies/{path.name}")
     return paths
 
 
@@ -166,14 +169,14 @@ def test_headings_slug_as_on_github():
 
 def test_architecture_names_every_module_of_the_package():
     paths = package_paths()
-    assert "lbsgd/optim.py" in paths and "lbsgd/studies/steps_to_target.py" in paths
+    assert "lbsgd/optim.py" in paths and "lbsgd/lab/studies/steps_to_target.py" in paths
     assert "lbsgd/data/" in paths
     assert unnamed(ARCHITECTURE.read_text(), paths) == []
 
 
 def test_the_module_check_finds_a_module_left_out():
-    text = "lbsgd/optim.py  lbsgd/studies/warmup.py"
-    assert unnamed(text, ["lbsgd/optim.py", "lbsgd/warmup.py", "lbsgd/studies/warmup.py"]) == [
+    text = "lbsgd/optim.py  lbsgd/lab/studies/warmup.py"
+    assert unnamed(text, ["lbsgd/optim.py", "lbsgd/warmup.py", "lbsgd/lab/studies/warmup.py"]) == [
         "lbsgd/warmup.py"
     ]
 
@@ -198,7 +201,7 @@ def test_the_profile_check_finds_a_profile_left_out():
 def test_each_notebooks_profile_help_names_every_profile_that_replays_its_study():
     import nbformat
 
-    from lbsgd.studies import scales
+    from lbsgd.lab.studies import scales
 
     for nb in sorted((REPO / "notebooks").glob("[0-9]*_*.ipynb")):
         study = nb.stem.split("_", 1)[1]

@@ -1,4 +1,4 @@
-"""``lbsgd execute`` (lbsgd.execute): a study notebook through papermill with one line on the
+"""``lbsgd execute`` (lbsgd.lab.execute): a study notebook through papermill with one line on the
 terminal for a bad parameter or an interrupt, no traceback there or in the saved notebook beyond
 that line, and no warning about the kernel's transport."""
 
@@ -16,7 +16,7 @@ import pytest
 from conftest import subprocess_env
 from helpers import in_session, interrupt, processes_naming, session_processes
 
-from lbsgd.execute import parameter
+from lbsgd.lab.execute import parameter
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = REPO / "notebooks" / "02_warmup.ipynb"

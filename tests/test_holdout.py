@@ -11,9 +11,10 @@ import torch
 import yaml
 from conftest import TINY
 
-from lbsgd import checkpoint, data, experiments, models, seeding, train
+from lbsgd import checkpoint, data, models, seeding, train
 from lbsgd.config import Config
 from lbsgd.data import DeviceImages
+from lbsgd.lab import experiments
 from lbsgd.models import ghost_bn
 
 HOLDOUT = 128  # of TINY's 512 synthetic training images

@@ -182,7 +182,7 @@ def test_jupyterlab_serves_the_notebooks_and_runs_one_through_a_kernel(tmp_path)
         kernel = lab.call("POST", "/api/kernels", {"name": "python3"}, timeout=30)
         kernel_id = kernel["id"]
         out, reply = lab.execute(
-            kernel_id, "from lbsgd.studies import scales; print(sorted(scales.PROFILES))"
+            kernel_id, "from lbsgd.lab.studies import scales; print(sorted(scales.PROFILES))"
         )
         assert reply["status"] == "ok" and "'smoke'" in out, (reply, out)
 

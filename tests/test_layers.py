@@ -37,17 +37,22 @@ BANDS = [
     ("run state", {"checkpoint", "tracking", "environment", "rundir", "evaluation", "progress"}),
     ("loops", {"cadence", "features", "lifecycle", "parameter_server", "trainer"}),
     ("entry", {"entry"}),
-    ("harness", {"experiments", "bench", "plan", "__init__"}),
-    ("studies", {"stats", "findings", "studies"}),
-    ("reports", {"verify", "report", "execute", "reproduce"}),
+    ("harness", {"bench", "plan", "__init__"}),
+    ("lab: sweeps", {"lab", "lab.experiments"}),
+    ("lab: studies", {"lab.stats", "lab.findings", "lab.studies"}),
+    ("lab: reports", {"lab.verify", "lab.report", "lab.execute", "lab.reproduce"}),
     ("command line", {"cli", "__main__"}),
 ]
 BAND = {unit: i for i, (_, units) in enumerate(BANDS) for unit in units}
+LAB = {unit for unit in BAND if unit.split(".")[0] == "lab"}
+COMMAND_LINE = {"cli", "__main__"}  # above both halves: it dispatches to the library and the lab
 
 
 def unit_of(path: Path) -> str:
-    rel = path.relative_to(PACKAGE)
-    return rel.parts[0].removesuffix(".py")
+    parts = [p.removesuffix(".py") for p in path.relative_to(PACKAGE).parts]
+    if parts[0] == "lab" and len(parts) > 1 and parts[1] != "__init__":
+        return f"lab.{parts[1]}"
+    return parts[0]
 
 
 def imported_units(path: Path) -> set[str]:
@@ -58,13 +63,19 @@ def imported_units(path: Path) -> set[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
-            if node.module == "lbsgd":
-                names = [f"lbsgd.{a.name}" for a in node.names]
+            if node.module in ("lbsgd", "lbsgd.lab"):
+                names = [f"{node.module}.{a.name}" for a in node.names]
         else:
             continue
         for name in names:
             parts = name.split(".")
-            if parts[0] == "lbsgd":
+            if parts[0] != "lbsgd":
+                continue
+            if parts[1:2] == ["lab"]:
+                found.add(
+                    f"lab.{parts[2]}" if len(parts) > 2 and f"lab.{parts[2]}" in BAND else "lab"
+                )
+            else:
                 found.add(parts[1] if len(parts) > 1 and parts[1] in BAND else "__init__")
     return found
 
@@ -90,6 +101,20 @@ def test_imports_point_down_only():
         if BAND[dep] > BAND[unit]
     ]
     assert upward == []
+
+
+def test_the_library_never_imports_the_lab():
+    """The package's two halves (DESIGN 2): every module outside lbsgd/lab/ but the command line
+    imports nothing of the lab, eagerly or lazily; the lab's studies do import the library."""
+    edges = graph()
+    reverse = [
+        f"{unit} imports {dep}"
+        for unit, deps in sorted(edges.items())
+        if unit not in LAB | COMMAND_LINE
+        for dep in sorted(deps & LAB)
+    ]
+    assert reverse == []
+    assert edges["lab.studies"] - LAB  # the graph reads the lab's imports: the test can fail
 
 
 def test_the_import_graph_has_no_cycle():
@@ -142,7 +167,7 @@ def test_importing_the_package_leaves_torchvision_unimported():
     # torchvision costs 1-2 s of CPU to import: only a torchvision model's builder and the
     # ImageNet folder reader import it, when called, so that a notebook's kernel does not pay it
     code = (
-        "import sys, lbsgd.cli, lbsgd.experiments, lbsgd.entry, lbsgd.report, lbsgd.verify; "
+        "import sys, lbsgd.cli, lbsgd.lab.experiments, lbsgd.entry, lbsgd.lab.report, lbsgd.lab.verify; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))"
     )
     out = subprocess.run(

@@ -21,10 +21,11 @@ from click.testing import CliRunner
 from conftest import lbsgd, used_keys
 from papermill.cli import papermill as papermill_cli
 
-from lbsgd import config, report, verify
-from lbsgd import experiments as ex
+from lbsgd import config
 from lbsgd.config import ConfigError
-from lbsgd.studies import scales
+from lbsgd.lab import experiments as ex
+from lbsgd.lab import report, verify
+from lbsgd.lab.studies import scales
 
 REPO = Path(__file__).resolve().parents[1]
 ALL_NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))

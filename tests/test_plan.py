@@ -617,8 +617,8 @@ def test_the_probe_is_study_15s_run_at_its_batch(tmp_path):
     """lbsgd plan's probe keys over a ladder run's config (noise probe off) give the experiment of
     study 15's run at that batch and lr (noise probe on): study 16 reads the ladder's runs as the
     plan's probes (docs/planning.md), so the two sets of keys must not drift apart."""
-    from lbsgd.studies import steps_to_target as stt
-    from lbsgd.studies.scales import PROFILES
+    from lbsgd.lab.studies import steps_to_target as stt
+    from lbsgd.lab.studies.scales import PROFILES
 
     profile = PROFILES["fashion-long"]
     ladder = stt.run_keys(profile, 4, 1.0, 0, 22.0)
@@ -639,9 +639,9 @@ def test_study_16_checks_fashion_against_study_11s_committed_sweep_read_in_place
     and the timing runs measure the profile's keys without the noise probe."""
     import pandas as pd
 
-    from lbsgd.experiments import copies
-    from lbsgd.studies import plan_check as pc
-    from lbsgd.studies import scales
+    from lbsgd.lab.experiments import copies
+    from lbsgd.lab.studies import plan_check as pc
+    from lbsgd.lab.studies import scales
 
     root = Path(__file__).resolve().parents[1] / "results" / "fashion"
     profile = scales.get("fashion")
@@ -705,7 +705,7 @@ def test_a_run_that_never_reached_the_target_counts_only_where_it_ran_past_the_b
     200 put the prediction more than 50% below. A run that stopped unreached after 150 steps may
     still reach it by 200 (not compared); one that ran 250 steps unreached is a miss; the probe's
     own batch is never compared."""
-    from lbsgd.studies import plan_check as pc
+    from lbsgd.lab.studies import plan_check as pc
 
     fit = type("Fit", (), {"b_crit": 100.0, "s_min": 50.0, "points": 3})()
 
@@ -733,8 +733,8 @@ def test_study_16_times_no_layout_of_less_than_one_bn_group_and_says_so_in_claim
     """fashion's batch 16 (k = 1) on 2 processes would give each 8 samples, less than its BN
     group of 16: no timing run, and claim 4 names it as having no layout there, not as a batch
     that never reached the target."""
-    from lbsgd.studies import plan_check as pc
-    from lbsgd.studies import scales
+    from lbsgd.lab.studies import plan_check as pc
+    from lbsgd.lab.studies import scales
 
     profile = scales.get("fashion")
     ref = pc.Reference(pc.SWEEP, measure.Target("loss", 0.7), {}, None, 2, pc.SWEEP_KS, (0,))
@@ -750,7 +750,7 @@ def test_study_16_times_no_layout_of_less_than_one_bn_group_and_says_so_in_claim
 def test_study_16_times_a_2_process_step_only_where_it_plans_more_than_one(tmp_path, monkeypatch):
     """As lbsgd plan does with --gpus 1: planning one process measures no 2-process step, and
     compute.json says so; planning 1 and 2 measures it."""
-    from lbsgd.studies import plan_check as pc
+    from lbsgd.lab.studies import plan_check as pc
 
     c = Compute(1e-3, 1e-4, 0.5, 32)
     logs = []
@@ -780,8 +780,8 @@ def test_study_16_times_a_2_process_step_only_where_it_plans_more_than_one(tmp_p
 def _ladder_ref(steps_factor=1.0):
     """A ladder reference of six measuring seeds at batches 64-1024: S(B) = 100 (1 + 256/B), each
     seed's steps x(1 + 0.02 s); B_crit 256."""
-    from lbsgd.studies import plan_check as pc
-    from lbsgd.studies import steps_to_target as stt
+    from lbsgd.lab.studies import plan_check as pc
+    from lbsgd.lab.studies import steps_to_target as stt
 
     batches = np.array([64.0, 128.0, 256.0, 512.0, 1024.0])
     seeds = (2, 3, 4, 5, 6, 7)
@@ -840,7 +840,7 @@ def test_on_the_ladder_study_16_decides_each_check_by_its_seeds_jackknife_t_inte
     replayed on claims 1 and 2 with intervals printed; one x10 off on B_crit and x2 on the steps is
     not; the recommended batch's training time against the best fixed one is resampled too (the
     measured step time ∝ batch, steps falling less than 1/B: batch 64 is the fastest)."""
-    from lbsgd.studies import plan_check as pc
+    from lbsgd.lab.studies import plan_check as pc
 
     ref = _ladder_ref()
     times = {(int(b), 1): 1e-3 * b / 64 for b in ref.per_seed.batches}
@@ -1214,12 +1214,12 @@ def _planned(b_crit=200.0, s_ref=400.0):
 
 
 def test_at_the_plans_lr_each_side_of_b_crit_is_decided_by_every_batchs_interval():
-    """Study 16's second part (lbsgd.studies.plan_check): measured steps x1.1 the predicted at every
+    """Study 16's second part (lbsgd.lab.studies.plan_check): measured steps x1.1 the predicted at every
     batch (seeds within 3%) are inside 25% below B_crit and 50% above (replayed); x2.2 at one
     batch above (predicted over measured 0.45) is wholly outside (not replayed), as is a batch
     whose seeds never reached the target (inf: they ran past the edge), where one such seed of
     three leaves it open; seeds spread x0.6-x1.7 leave it undecided."""
-    from lbsgd.studies import plan_check as pc
+    from lbsgd.lab.studies import plan_check as pc
 
     x, rows = _planned()
     near = {r.batch: [1.1 * r.steps * f for f in (0.97, 1.0, 1.03)] for r in rows}
@@ -1243,8 +1243,8 @@ def test_at_the_plans_lr_every_planned_batch_to_4_b_crit_trains_at_its_rows_lr_a
     """The runs: each planned batch up to 4 B_crit on each fresh seed, at the row's lr (the
     saturating rule's, through the probe's), the warmup from the ladder's base lr, stopped at the
     target with 8 evaluations a doubling, capped at 3x the row's epochs, on the network's keys."""
-    from lbsgd.studies import plan_check as pc
-    from lbsgd.studies.scales import PROFILES
+    from lbsgd.lab.studies import plan_check as pc
+    from lbsgd.lab.studies.scales import PROFILES
 
     profile = PROFILES["fashion-long"]
     x, rows = _planned()
@@ -1272,8 +1272,8 @@ def test_at_the_plans_lr_every_planned_batch_to_4_b_crit_trains_at_its_rows_lr_a
     assert d.warmup_steps == d.total_steps - 1 == 120 or d.warmup_steps == d.total_steps == 120
     assert pc.range_runs(profile, "resnet8", None, "no plan") == []
     # the probe is one of the ladder's runs; the measuring seeds no other run of the profile uses
-    from lbsgd.studies import optimizers, warmup
-    from lbsgd.studies import steps_to_target as stt
+    from lbsgd.lab.studies import optimizers, warmup
+    from lbsgd.lab.studies import steps_to_target as stt
 
     c, test = pc.SETTINGS[profile.name], warmup.settings(profile)
     ladder = stt.settings(profile)

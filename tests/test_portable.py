@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import as_args, lbsgd
 
-from lbsgd import isa, verify
+from lbsgd import isa
+from lbsgd.lab import verify
 
 FILE = Path(__file__).resolve().parents[1] / "results" / "portability" / "digests.json"
 DOC = json.loads(FILE.read_text())

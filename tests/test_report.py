@@ -4,10 +4,11 @@ several profiles' findings beside each other, claim by claim, from their finding
 import json
 from pathlib import Path
 
-from lbsgd import cli, report
-from lbsgd import experiments as ex
-from lbsgd import findings as fs
-from lbsgd.findings import Finding
+from lbsgd import cli
+from lbsgd.lab import experiments as ex
+from lbsgd.lab import findings as fs
+from lbsgd.lab import report
+from lbsgd.lab.findings import Finding
 
 GRADUAL = "Goyal Table 1: gradual 23.74% vs none 24.84% error (8k)"
 CONSTANT = "Goyal Table 1: constant 25.88%, none 24.84%, gradual 23.74% error (8k)"

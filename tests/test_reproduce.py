@@ -9,8 +9,9 @@ from pathlib import Path
 import papermill
 import pytest
 
-from lbsgd import cli, execute, reproduce
-from lbsgd.studies import scales
+from lbsgd import cli
+from lbsgd.lab import execute, reproduce
+from lbsgd.lab.studies import scales
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(str(p.relative_to(REPO)) for p in (REPO / "notebooks").glob("[0-9]*_*.ipynb"))
@@ -112,7 +113,7 @@ def test_bad_input_to_the_main_job_is_one_line_before_anything_is_written(
 
 
 def test_the_steps_are_the_function_the_command_runs():
-    """``--dry-run`` and the run itself walk :func:`lbsgd.reproduce.steps`: the same lines."""
+    """``--dry-run`` and the run itself walk :func:`lbsgd.lab.reproduce.steps`: the same lines."""
     steps = reproduce.steps("fashion", NOTEBOOKS, "results", {"nproc_per_node": 1, "parallel": 2})
     assert [s.notebook for s in steps] == scales.notebooks("fashion", NOTEBOOKS)
     (plan,) = [s for s in steps if "16_plan" in s.notebook]

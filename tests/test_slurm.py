@@ -18,8 +18,8 @@ from helpers import assert_bitwise
 from slurm_cluster import LocalSlurm, available
 
 from lbsgd import checkpoint, config
-from lbsgd import experiments as ex
-from lbsgd.studies import warmup
+from lbsgd.lab import experiments as ex
+from lbsgd.lab.studies import warmup
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -63,7 +63,7 @@ LONG = tiny_keys(epochs=24, checkpoint_every=3)
 def sweep_script(out: Path, cluster: Path, keys: dict) -> str:
     return textwrap.dedent(
         f"""
-        from lbsgd import experiments as ex
+        from lbsgd.lab import experiments as ex
         ex.sweep("s", [{keys!r}], out_dir={str(out)!r}, launcher="slurm", cluster={str(cluster)!r})
         """
     )
@@ -119,7 +119,7 @@ def test_a_bad_cluster_file_is_one_line_before_anything_is_submitted(slurm, tmp_
 def test_a_smoke_study_on_slurm_ends_as_it_does_locally(slurm, tmp_path):
     """Study 2 at the smoke profile: its findings, table and every run's final metrics and
     weights equal under both launchers."""
-    from lbsgd import studies
+    from lbsgd.lab import studies
 
     path = cluster_file(tmp_path, slurm)
     out = {}
@@ -387,7 +387,7 @@ def test_a_queue_read_that_fails_keeps_the_jobs_last_states_and_says_so_once(tmp
     ended: the last states stand until a read succeeds, with one line when the controller stops
     answering and one when it answers again (an squeue on PATH answering in turn: the job
     pending, two time-outs, the job ended, an empty queue)."""
-    from lbsgd.experiments import slurm as sl
+    from lbsgd.lab.experiments import slurm as sl
 
     answers = tmp_path / "answers"
     answers.write_text("0")

@@ -9,7 +9,7 @@ from conftest import TINY
 
 from lbsgd import checkpoint, config, train
 from lbsgd.config import Config, ConfigError
-from lbsgd.studies import steps_to_target as stt
+from lbsgd.lab.studies import steps_to_target as stt
 
 HOLDOUT = 64  # of 1,024 synthetic training images: 960 to train on, 15 steps an epoch
 

@@ -1,4 +1,4 @@
-"""Study 11 (lbsgd.studies.critical_batch) on hand-made runs and curves: the run list of the cpu
+"""Study 11 (lbsgd.lab.studies.critical_batch) on hand-made runs and curves: the run list of the cpu
 and smoke profiles, steps to a loss target, B_simple at a step, the fit of S(B) = S_min (1 +
 B_crit/B), the knee of the error, and each finding replayed, not replayed and undecided."""
 
@@ -10,8 +10,8 @@ import pytest
 from helpers import run_name, verdicts
 
 from lbsgd import config
-from lbsgd.studies import batch_scaling, scales
-from lbsgd.studies import critical_batch as cb
+from lbsgd.lab.studies import batch_scaling, scales
+from lbsgd.lab.studies import critical_batch as cb
 
 CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
 REF = 16  # the cpu and smoke profiles' reference batch, and their B_small

@@ -1,10 +1,10 @@
-"""Studies 1-5, Goyal et al.'s (lbsgd.studies.quickstart … bn_gamma_init), on hand-made numbers:
+"""Studies 1-5, Goyal et al.'s (lbsgd.lab.studies.quickstart … bn_gamma_init), on hand-made numbers:
 each finding replayed, not replayed, undecided (its 95% interval across the threshold, or one run
 per arm) and invalid (an arm at chance, e.g. every run at the smoke profile, or a diverged run),
 the budgets the large-minibatch findings carry, the run lists of the cpu and smoke profiles, and
 the paper's numbers on the right rows of each table.
 
-The expected intervals come from scipy directly (:func:`ci`), not from lbsgd.stats: Student's
+The expected intervals come from scipy directly (:func:`ci`), not from lbsgd.lab.stats: Student's
 paired t on the per-seed differences; a lone run carries no test (measured)."""
 
 import math
@@ -15,8 +15,15 @@ from helpers import verdicts
 from scipy import stats as sps
 
 from lbsgd import config
-from lbsgd.findings import Budget
-from lbsgd.studies import batch_scaling, bn_gamma_init, lr_scaling_rule, quickstart, scales, warmup
+from lbsgd.lab.findings import Budget
+from lbsgd.lab.studies import (
+    batch_scaling,
+    bn_gamma_init,
+    lr_scaling_rule,
+    quickstart,
+    scales,
+    warmup,
+)
 
 CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
 REF = 16  # the cpu and smoke profiles' reference batch
@@ -998,7 +1005,7 @@ def test_decision_power_is_what_a_simulation_of_the_paired_interval_decides():
     integrated exactly, equals 100,000 simulated replays (±0.5%), lowest at the midpoint."""
     import numpy as np
 
-    from lbsgd import stats
+    from lbsgd.lab import stats
 
     rng = np.random.default_rng(7)
     for true in (0.55, 0.0, 1.4):
@@ -1012,7 +1019,7 @@ def test_decision_power_is_what_a_simulation_of_the_paired_interval_decides():
 
 
 def test_pairs_to_decide_is_the_first_number_of_pairs_at_80_percent():
-    from lbsgd import stats
+    from lbsgd.lab import stats
 
     n = stats.pairs_to_decide(0.0, 1.1, 1.24)
     assert n == 18  # the number fashion-long's pre-registration cites
@@ -1024,12 +1031,12 @@ def test_the_preregistered_seeds_are_fresh_and_enough_for_the_planned_spread():
     """fashion-long's test: seeds no other run of the profile uses (its study seeds, the ladder's,
     the tuning search's), at least the pairs that give 80% decision power at the planned sd, two
     runs a seed at k = 32 (none and gradual), then the ladder's."""
-    from lbsgd import stats
+    from lbsgd.lab import stats
 
     p = scales.get("fashion-long")
     t = warmup.settings(p)
-    from lbsgd.studies import optimizers
-    from lbsgd.studies import steps_to_target as stt
+    from lbsgd.lab.studies import optimizers
+    from lbsgd.lab.studies import steps_to_target as stt
 
     used = {*p.seeds, *stt.settings(p)["seeds"], *optimizers.Grid.of(None, None, p).seeds}
     assert not used & set(t["seeds"]) and not used & set(t["ladder_seeds"])

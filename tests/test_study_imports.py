@@ -4,9 +4,9 @@ study's result files, not its code), read from their source by AST."""
 import ast
 from pathlib import Path
 
-import lbsgd.studies
+import lbsgd.lab.studies
 
-STUDIES = Path(lbsgd.studies.__file__).parent
+STUDIES = Path(lbsgd.lab.studies.__file__).parent
 MAX_DEPTH = 4  # modules in the longest chain, the first included
 
 
@@ -21,12 +21,16 @@ def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
     for node in ast.iter_child_nodes(tree):
         if _type_checking(node):
             continue
-        if isinstance(node, ast.ImportFrom) and node.module == "lbsgd.studies":
+        if isinstance(node, ast.ImportFrom) and node.module == "lbsgd.lab.studies":
             out |= {a.name for a in node.names if a.name in modules}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lbsgd.studies."):
-            out.add(node.module.split(".")[2])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "lbsgd.lab.studies."
+        ):
+            out.add(node.module.split(".")[3])
         elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[2] for a in node.names if a.name.startswith("lbsgd.studies.")}
+            out |= {
+                a.name.split(".")[3] for a in node.names if a.name.startswith("lbsgd.lab.studies.")
+            }
         out |= _imports(node, modules)
     return out & modules
 

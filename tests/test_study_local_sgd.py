@@ -1,4 +1,4 @@
-"""Study 12 (lbsgd.studies.local_sgd) on hand-made runs: the run lists of the cpu and smoke profiles
+"""Study 12 (lbsgd.lab.studies.local_sgd) on hand-made runs: the run lists of the cpu and smoke profiles
 (valid configs with their process layouts), the all-reduce count and the modelled wall time, and
 each finding replayed, not replayed and undecided."""
 
@@ -11,8 +11,8 @@ from helpers import run_name, valid_layout
 
 from lbsgd import config
 from lbsgd import costmodel as cost
-from lbsgd.studies import batch_scaling, scales
-from lbsgd.studies import local_sgd as ls
+from lbsgd.lab.studies import batch_scaling, scales
+from lbsgd.lab.studies import local_sgd as ls
 
 CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
 T, W = 313, 39  # the cpu profile at k = 16: ceil(4 · 20,000 / 256) steps, round(0.5 · 20,000 / 256)
@@ -249,7 +249,7 @@ def test_wall_time_finding_needs_a_saving_at_the_largest_k():
 
 
 def test_allreduce_fit_prefers_the_results_root_then_the_committed_one(tmp_path, monkeypatch):
-    monkeypatch.chdir(Path(ls.__file__).resolve().parents[2])  # make reproduce's: the repository
+    monkeypatch.chdir(Path(ls.__file__).resolve().parents[3])  # make reproduce's: the repository
     ar, path = ls.allreduce_fit(tmp_path)  # nothing here: the repository's committed fit
     # named relative to the working directory: an executed notebook holds no machine's folder
     assert path == Path("results", "benchmarks", "allreduce_cpu.json")

@@ -1,4 +1,4 @@
-"""Study 14, large-batch optimizers tuned on the same budget (lbsgd.studies.optimizers), on
+"""Study 14, large-batch optimizers tuned on the same budget (lbsgd.lab.studies.optimizers), on
 hand-made tables: the run lists (every trial valid, the same grid for every optimizer, the tuning
 seed none of the final runs'), the choice on held-out error alone, and each finding replayed, not
 replayed, undecided and invalid (an arm that did not train) by the 95% t interval of its paired
@@ -15,9 +15,9 @@ from scipy import stats as sps
 
 from lbsgd import config
 from lbsgd.config import ConfigError
-from lbsgd.findings import Budget
-from lbsgd.studies import lars, scales
-from lbsgd.studies import optimizers as opt
+from lbsgd.lab.findings import Budget
+from lbsgd.lab.studies import lars, scales
+from lbsgd.lab.studies import optimizers as opt
 
 CPU, FASHION, SMOKE = scales.get("cpu"), scales.get("fashion"), scales.get("smoke")
 

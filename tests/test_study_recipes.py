@@ -1,4 +1,4 @@
-"""Studies 6-9, the large-batch recipes (lbsgd.studies.lars, bn_decay, pool5_bn, mixed_precision),
+"""Studies 6-9, the large-batch recipes (lbsgd.lab.studies.lars, bn_decay, pool5_bn, mixed_precision),
 on hand-made tables: each finding replayed, not replayed, undecided and invalid (an arm that did
 not train) by the 95% t interval of its difference (the expected intervals computed here with
 scipy), the run lists of the cpu and smoke profiles, and the papers' numbers on the right table
@@ -12,8 +12,8 @@ from helpers import verdicts
 from scipy import stats as sps
 
 from lbsgd import config, models, optim
-from lbsgd.findings import Budget
-from lbsgd.studies import bn_decay, lars, mixed_precision, pool5_bn, scales
+from lbsgd.lab.findings import Budget
+from lbsgd.lab.studies import bn_decay, lars, mixed_precision, pool5_bn, scales
 
 CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
 CHANCE = "within 5 points of chance (90%)"  # synthetic data: 10 classes

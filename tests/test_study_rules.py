@@ -1,4 +1,4 @@
-"""The decision rules every study uses (lbsgd.findings.verdict and friends), on hand-made numbers:
+"""The decision rules every study uses (lbsgd.lab.findings.verdict and friends), on hand-made numbers:
 replayed, not replayed, and each way of being undecided."""
 
 import math
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lbsgd import studies
+from lbsgd.lab import studies
 
 
 def test_lower_is_replayed_when_the_whole_interval_lies_on_its_side():
@@ -156,7 +156,7 @@ NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("
 
 def test_a_profile_replays_its_own_studies_in_notebook_order(capsys):
     from lbsgd import cli
-    from lbsgd.studies import scales
+    from lbsgd.lab.studies import scales
 
     # no list: every study whose settings it has (cpu has no ladder for 15, nor so for 16, and
     # no design for 17)

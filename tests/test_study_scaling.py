@@ -1,4 +1,4 @@
-"""Study 10 (lbsgd.studies.scaling) on hand-made benchmark files: the α–β model of the all-reduce
+"""Study 10 (lbsgd.lab.studies.scaling) on hand-made benchmark files: the α–β model of the all-reduce
 against the measured multi-process steps, the published efficiencies between the model without and
 with overlap, AlexNet against ResNet-50 at many workers, and the papers' numbers beside each
 finding."""
@@ -9,8 +9,8 @@ import math
 import pytest
 from helpers import verdicts
 
-from lbsgd import experiments as ex
-from lbsgd.studies import scaling
+from lbsgd.lab import experiments as ex
+from lbsgd.lab.studies import scaling
 
 
 def allreduce(alpha=1e-4, bandwidth=1e9) -> dict:

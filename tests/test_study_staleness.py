@@ -1,4 +1,4 @@
-"""Study 13 (lbsgd.studies.staleness) on hand-made runs: the run lists of the cpu and smoke
+"""Study 13 (lbsgd.lab.studies.staleness) on hand-made runs: the run lists of the cpu and smoke
 profiles (valid configs with their process layouts), and each finding replayed, not replayed,
 undecided and invalid."""
 
@@ -7,8 +7,8 @@ import pytest
 from helpers import run_name, valid_layout
 
 from lbsgd import config
-from lbsgd.studies import batch_scaling, scales
-from lbsgd.studies import staleness as st
+from lbsgd.lab.studies import batch_scaling, scales
+from lbsgd.lab.studies import staleness as st
 
 CPU, SMOKE = scales.get("cpu"), scales.get("smoke")
 

@@ -1,4 +1,4 @@
-"""Study 15 (lbsgd.studies.steps_to_target): the steps to a target error on hand-made curves with
+"""Study 15 (lbsgd.lab.studies.steps_to_target): the steps to a target error on hand-made curves with
 known answers, the per-k choice of lr with the grid-edge rule, the slope test against scipy's
 textbook formulas, and the findings on ladders whose answer is known."""
 
@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from lbsgd import stats
 from lbsgd.config import ConfigError
-from lbsgd.studies import grid_edge, scales
-from lbsgd.studies import steps_to_target as stt
+from lbsgd.lab import stats
+from lbsgd.lab.studies import grid_edge, scales
+from lbsgd.lab.studies import steps_to_target as stt
 
 SMOKE, LONG, CPU = scales.get("smoke"), scales.get("fashion-long"), scales.get("cpu")
 

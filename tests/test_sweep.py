@@ -19,8 +19,8 @@ import yaml
 from conftest import TINY, as_args, start
 
 from lbsgd import checkpoint, cli, config, rundir, tracking
-from lbsgd import experiments as ex
 from lbsgd.config import ConfigError
+from lbsgd.lab import experiments as ex
 
 REPO = Path(__file__).resolve().parents[1]
 # several epochs of TINY (8 steps each, a flush every 3): time to interrupt it mid-run
@@ -291,7 +291,7 @@ def test_run_interrupted_shows_its_one_line_in_ipython_without_a_traceback(capsy
 SWEEP_SCRIPT = """
 import signal, sys
 from IPython.core.interactiveshell import InteractiveShell
-from lbsgd import experiments as ex
+from lbsgd.lab import experiments as ex
 # a Jupyter kernel handles SIGINT itself (Kernel > Interrupt), even when started from a shell that
 # ignores it (a background job inherits SIGINT ignored, and Python then installs no handler)
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -672,8 +672,8 @@ def test_an_interrupts_summary_counts_runs_that_ended_as_they_were_asked_to_stop
     lines say completed, and so does the summary (it said "2 runs stopped")."""
     from types import SimpleNamespace
 
-    from lbsgd.experiments.interrupts import interrupted
-    from lbsgd.experiments.lines import Progress
+    from lbsgd.lab.experiments.interrupts import interrupted
+    from lbsgd.lab.experiments.lines import Progress
 
     jobs, said = [], []
     for seed, status in ((0, "completed"), (1, "completed"), (2, "interrupted")):

@@ -7,8 +7,8 @@ import re
 
 import pandas as pd
 
-from lbsgd import report, studies
-from lbsgd.studies import scaling, warmup
+from lbsgd.lab import report, studies
+from lbsgd.lab.studies import scaling, warmup
 
 # a "k=" in a cell of text: the papers' k (GPUs) would read as lbsgd's k
 K_IN_TEXT = re.compile(r"(?<![A-Za-z_])k\s*=")

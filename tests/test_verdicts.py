@@ -1,4 +1,4 @@
-"""The verdict as a test (lbsgd.stats, lbsgd.findings): its intervals and p-values are scipy's,
+"""The verdict as a test (lbsgd.lab.stats, lbsgd.lab.findings): its intervals and p-values are scipy's,
 its false-verdict rate is α when nothing is there and its power is what the seed plan says, the
 seeds it asks for are statsmodels' power solver's, closeness is an equivalence test, and a
 report's claims are held together by Benjamini–Hochberg."""
@@ -10,8 +10,8 @@ import pytest
 from scipy import stats as sps
 from statsmodels.stats.power import TTestIndPower, TTestPower
 
-from lbsgd import findings as fs
-from lbsgd import stats
+from lbsgd.lab import findings as fs
+from lbsgd.lab import stats
 
 X = [5.1, 6.3, 4.8, 5.9, 6.6]
 Y = [4.0, 4.4, 4.1, 5.2, 4.9]

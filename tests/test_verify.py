@@ -7,7 +7,8 @@ import sys
 import pytest
 from conftest import TINY, as_args, lbsgd, subprocess_env
 
-from lbsgd import isa, verify
+from lbsgd import isa
+from lbsgd.lab import verify
 
 CAP = "avx2" if {"avx2", "fma"} <= set(isa.cpu_flags() or []) else "native"
 

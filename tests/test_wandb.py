@@ -15,10 +15,11 @@ import pytest
 from conftest import tiny_keys
 from helpers import OfflineRun, offline_records, offline_runs
 
-from lbsgd import experiments, tracking
+from lbsgd import tracking
 from lbsgd.config import ConfigError, from_dict
 from lbsgd.entry import train
-from lbsgd.studies import session
+from lbsgd.lab import experiments
+from lbsgd.lab.studies import session
 
 
 def _jsonl(run_dir: Path, kind: str = "train") -> list[dict]:
@@ -348,7 +349,7 @@ def test_profile_and_varied_are_validated(tiny):
 def test_a_study_session_logs_its_table_figures_and_findings_to_its_group(offline, tmp_path):
     pd = pytest.importorskip("pandas")
     plt = pytest.importorskip("matplotlib.pyplot")
-    from lbsgd import studies
+    from lbsgd.lab import studies
 
     s = studies.start(
         "warmup", title="2. Warmup", profile="smoke", out_dir=tmp_path, wandb="offline"
@@ -367,7 +368,7 @@ def test_a_study_session_logs_its_table_figures_and_findings_to_its_group(offlin
 
 def test_a_notebook_run_again_logs_to_the_same_study_run_offline(offline, tmp_path):
     pd = pytest.importorskip("pandas")
-    from lbsgd import studies
+    from lbsgd.lab import studies
 
     errors = []
     for err in (31.5, 30.25):  # the notebook, run twice: two sessions of one study

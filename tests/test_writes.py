@@ -14,8 +14,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from lbsgd import experiments as ex
-from lbsgd import findings, report, rundir
+from lbsgd import rundir
+from lbsgd.lab import experiments as ex
+from lbsgd.lab import findings, report
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = REPO / "results" / "cpu" / "warmup"

@@ -6,7 +6,7 @@
 
 trains ``results/portability/digests.json``'s keys with ``cpu_isa=CAP`` (under ``--runner``, e.g.
 QEMU's user-mode emulator presenting another vendor's CPU to every library), and prints one JSON
-entry: every train loss, a sha256 of the final weights (lbsgd.verify.fingerprint), the cap's
+entry: every train loss, a sha256 of the final weights (lbsgd.lab.verify.fingerprint), the cap's
 record from summary.json and where it was measured. ``--add`` appends the entry to the file.
 tests/test_portable.py trains the same keys here and compares.
 """
@@ -22,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lbsgd import isa, verify
+from lbsgd import isa
+from lbsgd.lab import verify
 
 FILE = Path(__file__).resolve().parents[1] / "results" / "portability" / "digests.json"
 

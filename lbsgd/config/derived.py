@@ -55,7 +55,7 @@ DERIVED_KEYS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(Derived) if not f.metadata.get(UNRECORDED)
 )
 # What a run's config.yaml may record beside its keys and derived values: a sweep's copy of a run
-# trained by another study names it (``copied_from: <study>/<run>``; lbsgd.experiments.sweep)
+# trained by another study names it (``copied_from: <study>/<run>``; lbsgd.lab.experiments.sweep)
 RECORD_KEYS: tuple[str, ...] = ("copied_from",)
 
 

@@ -175,7 +175,7 @@ def load(files: Sequence[str | os.PathLike] = (), overrides: Sequence[str] = ())
     values = read_values(files, overrides)
     import_plugins(values.get("plugins", ()))
     c = from_dict(values)
-    if c.profile is None:  # a study's run (lbsgd.experiments.sweep) is built from a whole profile
+    if c.profile is None:  # a study's run (the lab's sweep) is built from a whole profile
         check_ignored(c, given_keys(files, overrides))
     return c
 
