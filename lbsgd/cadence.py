@@ -105,7 +105,9 @@ def decide(
     last, epoch, boundary = _position(cadence, done)
     save_due = not boundary and _checkpoint_due(cadence, done, in_sync)
     stop = stop_agreed and not last
-    evaluate = _evaluates(cadence, boundary, last, epoch)
+    # at a boundary: the last step's evaluation, and every eval_every epochs
+    every = cadence.eval_every
+    evaluate = boundary and (last or (bool(every) and epoch % every == 0))
     return Decision(
         flush=boundary or save_due or pending >= cadence.log_every,
         boundary=boundary,
@@ -134,12 +136,6 @@ def _checkpoint_due(cadence: Cadence, done: int, in_sync: bool) -> bool:
 def _checkpoints(cadence: Cadence, due: bool, stopping_in_sync: bool) -> bool:
     """A checkpoint: at a boundary or when due, or at an agreed stop where the models agree."""
     return cadence.checkpoint and (due or stopping_in_sync)
-
-
-def _evaluates(cadence: Cadence, boundary: bool, last: bool, epoch: int) -> bool:
-    """An evaluation at a boundary: the last step's, and every ``eval_every`` epochs."""
-    every = cadence.eval_every
-    return boundary and (last or (bool(every) and epoch % every == 0))
 
 
 # -- time -----------------------------------------------------------------------------------------

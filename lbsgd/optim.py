@@ -28,31 +28,6 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (
 ) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
 
-def _check_common(lr: float, momentum: float, weight_decay: float, nesterov: bool) -> None:
-    if not lr >= 0:
-        raise ValueError(f"lr={lr} must be >= 0")
-    if not 0 <= momentum < 1:
-        raise ValueError(f"momentum={momentum} must be in [0, 1)")
-    if not weight_decay >= 0:
-        raise ValueError(f"weight_decay={weight_decay} must be >= 0")
-    if nesterov and momentum <= 0:
-        raise ValueError(f"nesterov=True needs momentum > 0, got momentum={momentum}")
-
-
-def _defaults(
-    lr: float, momentum: float, weight_decay: float, nesterov: bool, momentum_correction: bool
-) -> dict[str, Any]:
-    # last_lr: the lr of the group's previous step (None before the first), read by the correction.
-    return {
-        "lr": lr,
-        "momentum": momentum,
-        "weight_decay": weight_decay,
-        "nesterov": nesterov,
-        "momentum_correction": momentum_correction,
-        "last_lr": None,
-    }
-
-
 def _undecorated(name: str) -> Callable:
     """torch.optim.Optimizer's method ``name`` without its ``torch._disable_dynamo`` wrapper (what
     functools.wraps keeps as ``__wrapped__``), or as it is where torch does not wrap it."""
@@ -102,6 +77,36 @@ class _VelocitySGD(_PerGroup):
     ``state[p]["momentum_buffer"]``, in units of the parameter (they include the lr).
     """
 
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 0.1,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        momentum_correction: bool = True,
+        **defaults: Any,
+    ) -> None:
+        if not lr >= 0:
+            raise ValueError(f"lr={lr} must be >= 0")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum={momentum} must be in [0, 1)")
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay={weight_decay} must be >= 0")
+        if nesterov and momentum <= 0:
+            raise ValueError(f"nesterov=True needs momentum > 0, got momentum={momentum}")
+        # last_lr: the lr of the group's previous step (None before the first), read by the
+        # correction
+        defaults.update(
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            momentum_correction=momentum_correction,
+            last_lr=None,
+        )
+        super().__init__(params, defaults)
+
     def _directions(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]):
         """(d, alpha): the step before momentum is alpha·d. Subclasses say what d is."""
         raise NotImplementedError
@@ -144,20 +149,6 @@ class SGD(_VelocitySGD):
     v ← m·(η_{t+1}/η_t)·v + η_{t+1}·(g + λ·w);  w ← w − v   (Nesterov: w ← w − (η·(g + λ·w) + m·v)).
     With ``momentum_correction=False`` the factor η_{t+1}/η_t is 1.
     """
-
-    def __init__(
-        self,
-        params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float = 0.1,
-        momentum: float = 0.9,
-        weight_decay: float = 0.0,
-        nesterov: bool = False,
-        momentum_correction: bool = True,
-    ) -> None:
-        _check_common(lr, momentum, weight_decay, nesterov)
-        super().__init__(
-            params, _defaults(lr, momentum, weight_decay, nesterov, momentum_correction)
-        )
 
     @classmethod
     def from_config(cls, groups: list[dict[str, Any]], cfg: Config) -> SGD:
@@ -209,12 +200,18 @@ class LARS(_VelocitySGD):
         trust_coefficient: float = 0.001,
         adapt: bool = True,
     ) -> None:
-        _check_common(lr, momentum, weight_decay, nesterov)
         if not trust_coefficient > 0:
             raise ValueError(f"trust_coefficient={trust_coefficient} (lars_eta) must be > 0")
-        defaults = _defaults(lr, momentum, weight_decay, nesterov, momentum_correction)
-        defaults.update(trust_coefficient=trust_coefficient, adapt=adapt)
-        super().__init__(params, defaults)
+        super().__init__(
+            params,
+            lr,
+            momentum,
+            weight_decay,
+            nesterov,
+            momentum_correction,
+            trust_coefficient=trust_coefficient,
+            adapt=adapt,
+        )
 
     @classmethod
     def from_config(cls, groups: list[dict[str, Any]], cfg: Config) -> LARS:
@@ -241,18 +238,6 @@ def lamb_trust_ratio(w_norm: Tensor, u_norm: Tensor) -> Tensor:
     return torch.where((w_norm > 0) & (u_norm > 0), ratio, torch.ones_like(ratio))
 
 
-def _check_adam(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-    if not lr >= 0:
-        raise ValueError(f"lr={lr} must be >= 0")
-    for name, beta in zip(("adam_beta1", "adam_beta2"), betas, strict=True):
-        if not 0 <= beta < 1:
-            raise ValueError(f"{name}={beta} must be in [0, 1)")
-    if not eps > 0:
-        raise ValueError(f"eps={eps} (adam_eps) must be > 0")
-    if not weight_decay >= 0:
-        raise ValueError(f"weight_decay={weight_decay} must be >= 0")
-
-
 class _Adam(_PerGroup):
     """Adam's bias-corrected moments with weight decay inside the step (You et al. 2019 Alg. 2),
     and LAMB's layer-wise trust ratio on the groups with ``adapt=True``.
@@ -265,13 +250,21 @@ class _Adam(_PerGroup):
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float,
-        betas: tuple[float, float],
-        eps: float,
-        weight_decay: float,
-        adapt: bool,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        adapt: bool = True,
     ) -> None:
-        _check_adam(lr, betas, eps, weight_decay)
+        if not lr >= 0:
+            raise ValueError(f"lr={lr} must be >= 0")
+        for name, beta in zip(("adam_beta1", "adam_beta2"), betas, strict=True):
+            if not 0 <= beta < 1:
+                raise ValueError(f"{name}={beta} must be in [0, 1)")
+        if not eps > 0:
+            raise ValueError(f"eps={eps} (adam_eps) must be > 0")
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay={weight_decay} must be >= 0")
         defaults = {
             "lr": lr,
             "betas": tuple(betas),
@@ -337,17 +330,6 @@ class LAMB(_Adam):
     2 does not), and adapts a group only where its weight decay is not 0 (here: where the parameter
     groups say, so LAMB with weight_decay=0 still adapts the decayed group).
     """
-
-    def __init__(
-        self,
-        params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-6,
-        weight_decay: float = 0.0,
-        adapt: bool = True,
-    ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, adapt)
 
 
 class AdamW(_Adam):
@@ -418,29 +400,18 @@ def param_groups(model: nn.Module, cfg: Config) -> list[dict[str, Any]]:
             {"params": params, "weight_decay": cfg.weight_decay, "adapt": True, "name": "all"}
         ]
     else:
-        groups = _decay_and_bn_bias(model, params, cfg, adapt)
-    return _non_empty_partition(groups, params)
-
-
-def _non_empty_partition(groups: list[dict[str, Any]], params: list[Tensor]) -> list[dict]:
-    """``groups`` less the empty ones, each of ``params`` in exactly one of them."""
-    groups = [g for g in groups if g["params"]]
-    seen = [id(p) for g in groups for p in g["params"]]
-    assert len(seen) == len(set(seen)) == len(params), "every parameter in exactly one group"
-    return groups
-
-
-def _decay_and_bn_bias(
-    model: nn.Module, params: list[Tensor], cfg: Config, adapt: bool
-) -> list[dict[str, Any]]:
-    """The decay group and the group of biases and normalisation parameters (decayed with
-    ``decay_bn_bias``, adapted with ``adapt``)."""
-    decay, bn_bias = _split_bn_bias(model, params)
-    wd = cfg.weight_decay if cfg.decay_bn_bias else 0.0
-    return [
-        {"params": decay, "weight_decay": cfg.weight_decay, "adapt": True, "name": "decay"},
-        {"params": bn_bias, "weight_decay": wd, "adapt": adapt, "name": _bn_bias_name(wd, adapt)},
-    ]
+        decay, bn_bias = _split_bn_bias(model, params)
+        wd = cfg.weight_decay if cfg.decay_bn_bias else 0.0
+        groups = [
+            {"params": decay, "weight_decay": cfg.weight_decay, "adapt": True, "name": "decay"},
+            {
+                "params": bn_bias,
+                "weight_decay": wd,
+                "adapt": adapt,
+                "name": _bn_bias_name(wd, adapt),
+            },
+        ]
+    return [g for g in groups if g["params"]]
 
 
 def _split_bn_bias(model: nn.Module, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
@@ -462,8 +433,6 @@ def build(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
     :func:`param_groups`, made from the keys it reads (its ``from_config``)."""
     return CLASSES[optimizers.info(cfg.optimizer).cls].from_config(param_groups(model, cfg), cfg)
 
-
-OPTIMIZERS = optimizers.NAMES
 
 _LARS_LABELS = {  # (weight decay, adaptation) -> label
     (True, True): "decay+adapt",
@@ -490,20 +459,3 @@ def describe_groups(optimizer: torch.optim.Optimizer) -> str:
         n = sum(p.numel() for p in g["params"])
         parts.append(f"{label} {len(g['params'])} tensors / {n:,} params")
     return "parameter groups: " + "; ".join(parts)
-
-
-__all__ = [
-    "LAMB",
-    "LARS",
-    "CLASSES",
-    "NORM_TYPES",
-    "OPTIMIZERS",
-    "AdamW",
-    "SGD",
-    "build",
-    "describe_groups",
-    "lamb_trust_ratio",
-    "lars_trust_ratio",
-    "param_groups",
-    "set_lr",
-]
