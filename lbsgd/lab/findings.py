@@ -325,41 +325,6 @@ def verdict(
     early = _before_the_test(x, y, chance, paired, may_fail)
     if early is not None:
         return early
-    return _tested(x, y, more_than, less_than, within, paired, unit)
-
-
-def _held(arm: Sequence[float], name: str, chance: float | None, may_fail: str) -> str | None:
-    """Why arm ``name`` did not train, unless the claim says it fails (``may_fail``)."""
-    return None if name in may_fail else untrained(arm, chance)
-
-
-def _check_arms(x: Sequence[float], y: Sequence[float], paired: bool) -> None:
-    if len(x) == 0 or len(y) == 0:
-        raise ValueError("verdict: each arm needs at least one value")
-    if paired and len(x) != len(y):
-        raise ValueError(
-            f"verdict: paired arms need one value per seed each ({len(x)} vs {len(y)})"
-        )
-
-
-def _before_the_test(x, y, chance: float | None, paired: bool, may_fail: str) -> Verdict | None:
-    """The verdict that comes before any interval: invalid (an arm did not train), or undecided
-    (no finite result, or one run per arm); None when the arms can be tested."""
-    _check_arms(x, y, paired)
-    failed = [
-        why for name, arm in (("x", x), ("y", y)) if (why := _held(arm, name, chance, may_fail))
-    ]
-    if failed:
-        return Verdict(None, f"an arm did not train ({failed[0]})", invalid=True)
-    if any(not math.isfinite(v) for v in (*x, *y)):
-        return Verdict(None, "a run has no finite result")
-    if max(len(x), len(y)) < 2:
-        return Verdict(None, "one run per arm: no interval to judge the difference by")
-    return None
-
-
-def _tested(x, y, more_than, less_than, within, paired: bool, unit: str) -> Verdict:
-    """The test of :func:`verdict` once its arms are valid."""
     if within is not None:
         t = stats.equivalent(x, y, within, paired=paired)
         threshold, bounds = within, f"the margin ±{within:g}"
@@ -370,14 +335,34 @@ def _tested(x, y, more_than, less_than, within, paired: bool, unit: str) -> Verd
         t = stats.below(x, y, less_than, paired=paired)
         threshold, bounds = less_than, f"the threshold {less_than:+g}"
     iv = t.interval
-    words = (
-        f"Δ {iv.diff:+.2f} {unit}, 95% CI [{iv.low:+.2f}, {iv.high:+.2f}] ({iv.test}, "
-        f"n = {iv.n}), p = {t.p:.3g}"
-    )
     why = f"the interval reaches across {bounds}" + _seeds_clause(
         x, y, iv.diff, threshold, within, paired
     )
-    return decide(t.p_for, t.p_against, words, why)
+    return decide(t.p_for, t.p_against, f"Δ {iv.text(unit)}, p = {t.p:.3g}", why)
+
+
+def _before_the_test(x, y, chance: float | None, paired: bool, may_fail: str) -> Verdict | None:
+    """The verdict that comes before any interval: invalid (an arm did not train, unless the
+    claim says it fails: ``may_fail``), or undecided (no finite result, or one run per arm); None
+    when the arms can be tested."""
+    if len(x) == 0 or len(y) == 0:
+        raise ValueError("verdict: each arm needs at least one value")
+    if paired and len(x) != len(y):
+        raise ValueError(
+            f"verdict: paired arms need one value per seed each ({len(x)} vs {len(y)})"
+        )
+    failed = [
+        why
+        for name, arm in (("x", x), ("y", y))
+        if name not in may_fail and (why := untrained(arm, chance))
+    ]
+    if failed:
+        return Verdict(None, f"an arm did not train ({failed[0]})", invalid=True)
+    if any(not math.isfinite(v) for v in (*x, *y)):
+        return Verdict(None, "a run has no finite result")
+    if max(len(x), len(y)) < 2:
+        return Verdict(None, "one run per arm: no interval to judge the difference by")
+    return None
 
 
 def contrast(

@@ -76,21 +76,16 @@ def build(profile_dir: str | os.PathLike) -> str:
     return "\n".join(out) + "\n"
 
 
-def beside_dirs(profile_dir: Path) -> list[Path]:
-    """The folders next to ``profile_dir`` of the profiles its profile sets beside its own
-    (:attr:`lbsgd.lab.studies.scales.Profile.beside`), those that hold findings."""
+def _beside(root: Path) -> list[str]:
+    """The section that sets this profile's verdicts beside those of the profiles its profile
+    sets beside its own (:attr:`lbsgd.lab.studies.scales.Profile.beside`, those that hold
+    findings; every claim), then each claim whose outcome differs, with each profile's budget:
+    the optimizer steps of its arms against its S_min."""
     from lbsgd.lab.studies import scales
 
-    profile = scales.PROFILES.get(profile_dir.name)
+    profile = scales.PROFILES.get(root.name)
     names = profile.beside if profile is not None else ()
-    return [d for d in (profile_dir.parent / n for n in names) if fs.files(d)]
-
-
-def _beside(root: Path) -> list[str]:
-    """The section that sets this profile's verdicts beside its ``beside`` profiles' (every
-    claim), then each claim whose outcome differs, with each profile's budget: the optimizer
-    steps of its arms against its S_min."""
-    others = beside_dirs(root)
+    others = [d for d in (root.parent / n for n in names) if fs.files(d)]
     if not others:
         return []
     dirs = [root, *others]
@@ -108,15 +103,17 @@ def _beside(root: Path) -> list[str]:
         "S_min) says whether the budget is why:",
         "",
     ]
-    return out + [_differing(dirs, row) for row in _rows(dirs) if _differs(row)]
+    rows = _rows([_profile_studies(d) for d in dirs])
+    return out + [_differing(dirs, row) for _, row in rows if _differs(row)]
 
 
-def _rows(dirs: list[Path]) -> list[list[Finding | None]]:
-    """Every claim across the profile folders ``dirs``, matched as the side-by-side table does."""
-    per = [_profile_studies(d) for d in dirs]
+def _rows(per: list[dict[str, dict]]) -> list[tuple[str, list[Finding | None]]]:
+    """Every claim across the profiles (``per``: each profile's studies by folder name), with
+    its study's title (the first profile's that has it): the studies in reading order, each
+    study's claims matched across the profiles (:func:`_matched`)."""
     names = {name: s for studies in reversed(per) for name, s in studies.items()}
     return [
-        row
+        (names[name]["title"], row)
         for name in sorted(names, key=lambda n: _order(names[n]))
         for row in _matched([studies.get(name) for studies in per])
     ]
@@ -315,34 +312,23 @@ def side_by_side(profile_dirs: Sequence[str | os.PathLike], verdicts_only: bool 
     table). Text from the findings.json files only: no number computed."""
     dirs = [Path(d) for d in profile_dirs]
     per = [_profile_studies(d) for d in dirs]  # every folder checked before any output
-    out = [_profile_count(d, studies) for d, studies in zip(dirs, per, strict=True)]
+    out = [
+        f"- `{d.name}`: {runs_line(d)}; {fs.counts(_found(studies))}."
+        for d, studies in zip(dirs, per, strict=True)
+    ]
     paper = "" if verdicts_only else " paper |"
     out += [
         "",
         f"| study | claim |{paper} " + " | ".join(f"`{d.name}`" for d in dirs) + " | agree |",
         "|---|---|" + ("" if verdicts_only else "---|") + "---|" * len(dirs) + "---|",
     ]
-    out += _claim_rows(per, verdicts_only)
+    out += [_row(title, row, verdicts_only) for title, row in _rows(per)]
     return "\n".join(out) + "\n"
 
 
-def _claim_rows(per: list[dict[str, dict]], verdicts_only: bool) -> list[str]:
-    """The side-by-side table's rows: the studies in reading order, each study's claims matched
-    across the profiles (``per``: each profile's studies by folder name)."""
-    names = {name: s for studies in reversed(per) for name, s in studies.items()}
-    out = []
-    for name in sorted(names, key=lambda n: _order(names[n])):
-        found = [studies.get(name) for studies in per]
-        title = next(s["title"] for s in found if s is not None)
-        out += [_row(title, row, verdicts_only) for row in _matched(found)]
-    return out
-
-
-def _profile_count(profile_dir: Path, studies: dict[str, dict]) -> str:
-    """A profile's line above the side-by-side table: its runs and their run time, its claims and
-    the count of each outcome."""
-    found = [f for s in studies.values() for f in s["findings"]]
-    return f"- `{profile_dir.name}`: {runs_line(profile_dir)}; {fs.counts(found)}."
+def _found(studies: dict[str, dict]) -> list[Finding]:
+    """Every finding of a profile's studies (:func:`_profile_studies`)."""
+    return [f for s in studies.values() for f in s["findings"]]
 
 
 def headline(profile_dirs: Sequence[str | os.PathLike], link_from: str | os.PathLike = ".") -> str:
@@ -355,23 +341,18 @@ def headline(profile_dirs: Sequence[str | os.PathLike], link_from: str | os.Path
         f"| profile | runs | claims | {' | '.join(fs.OUTCOMES)} | budget-bound | report |",
         "|---|---|---|" + "---|" * len(fs.OUTCOMES) + "---|---|",
     ]
-    out += [_headline_row(d, s, link_from) for d, s in zip(dirs, per, strict=True)]
+    for d, studies in zip(dirs, per, strict=True):
+        found, records = _found(studies), _summaries(d)
+        decided = [f for f in found if f.decided]
+        minutes = _trained_minutes(records)
+        link = Path(os.path.relpath(d / "REPORT.md", link_from)).as_posix()
+        counts = " | ".join(str([f.outcome for f in found].count(o)) for o in fs.OUTCOMES)
+        bound = sum(f.budget_bound for f in decided)
+        out.append(
+            f"| `{d.name}` | {len(records)} ({minutes:.0f} min) | {len(found)} | {counts} | "
+            f"{bound} of {len(decided)} | [REPORT.md]({link}) |"
+        )
     return "\n".join(out) + "\n"
-
-
-def _headline_row(d: Path, studies: dict[str, dict], link_from: str | os.PathLike) -> str:
-    found = [f for s in studies.values() for f in s["findings"]]
-    outcomes = [f.outcome for f in found]
-    decided = [f for f in found if f.decided]
-    records = _summaries(d)
-    minutes = _trained_minutes(records)
-    link = Path(os.path.relpath(d / "REPORT.md", link_from)).as_posix()
-    counts = " | ".join(str(outcomes.count(o)) for o in fs.OUTCOMES)
-    bound = sum(f.budget_bound for f in decided)
-    return (
-        f"| `{d.name}` | {len(records)} ({minutes:.0f} min) | {len(found)} | {counts} | "
-        f"{bound} of {len(decided)} | [REPORT.md]({link}) |"
-    )
 
 
 def _summaries_of(study_dir: Path) -> list[dict]:
@@ -404,9 +385,8 @@ def runs_line(profile_dir: str | os.PathLike) -> str:
     runs of a profile's folder from their summary.json files; run time is the trained runs' wall
     time added up (several ran at a time, so it is no wall clock of the replay)."""
     records = _summaries(Path(profile_dir))
-    trained = [r for r in records if not r.get("copied_from")]
-    minutes = sum(run_cost_s(r) for r in trained) / 60
+    trained = sum(not r.get("copied_from") for r in records)
     return (
-        f"{len(records)} runs ({len(trained)} trained here, {len(records) - len(trained)} copies "
-        f"of another study's), {minutes:.0f} minutes of run time"
+        f"{len(records)} runs ({trained} trained here, {len(records) - trained} copies "
+        f"of another study's), {_trained_minutes(records):.0f} minutes of run time"
     )

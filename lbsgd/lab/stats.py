@@ -86,21 +86,12 @@ def interval(
     pooled with a lone run in an arm). Where the
     differences have no spread at all (identical runs) the interval is the point itself."""
     a, b = _arrays(x, y, paired)
-    diff = float(a.mean() - b.mean())
+    diff, n = float(a.mean() - b.mean()), int(min(len(a), len(b)))
+    name = "paired t" if paired else "Welch t" if n >= 2 else "pooled t, a lone run"
     if _no_spread(a, b, paired):
-        return Interval(_name(paired, a, b), _n(a, b), diff, diff, diff)
+        return Interval(name, n, diff, diff, diff)
     ci = _result(a, b, paired).confidence_interval(1 - alpha)
-    return Interval(_name(paired, a, b), _n(a, b), diff, float(ci.low), float(ci.high))
-
-
-def _name(paired: bool, a: np.ndarray, b: np.ndarray) -> str:
-    if paired:
-        return "paired t"
-    return "Welch t" if min(len(a), len(b)) >= 2 else "pooled t, a lone run"
-
-
-def _n(a: np.ndarray, b: np.ndarray) -> int:
-    return int(min(len(a), len(b)))
+    return Interval(name, n, diff, float(ci.low), float(ci.high))
 
 
 def _no_spread(a: np.ndarray, b: np.ndarray, paired: bool) -> bool:
@@ -109,28 +100,48 @@ def _no_spread(a: np.ndarray, b: np.ndarray, paired: bool) -> bool:
     return bool(np.ptp(a) == 0 and np.ptp(b) == 0)
 
 
+def _point_p(d: float, alternative: str) -> float:
+    """The p of a point interval ``d`` away from the null: certain on either side, undecidable
+    on it."""
+    return 0.0 if {"two-sided": d != 0, "greater": d > 0, "less": d < 0}[alternative] else 1.0
+
+
 def p_at(
     x: Sequence[float], y: Sequence[float], value: float, *, paired: bool, alternative="two-sided"
 ) -> float:
     """The t test's p of ``mean(x) − mean(y) = value`` (the null), ``alternative`` as scipy's:
     "greater" asks whether the difference exceeds ``value``."""
     a, b = _arrays(x, y, paired)
-    if _no_spread(a, b, paired):  # a point interval: certain on either side, undecidable on it
-        d = float(a.mean() - b.mean()) - value
-        side = {"two-sided": d != 0, "greater": d > 0, "less": d < 0}[alternative]
-        return 0.0 if side else 1.0
+    if _no_spread(a, b, paired):
+        return _point_p(float(a.mean() - b.mean()) - value, alternative)
     return float(_result(a, b + value, paired, alternative).pvalue)
+
+
+def _side(iv: Interval, threshold: float, p: float) -> Test:
+    """The claim "above ``threshold``" of interval ``iv``, ``p`` the two-sided p against it."""
+    if iv.diff == threshold:
+        return Test(iv, 1.0, 1.0)
+    return Test(iv, p, 1.0) if iv.diff > threshold else Test(iv, 1.0, p)
+
+
+def _within(iv: Interval, centre: float, margin: float, p) -> Test:
+    """The closeness claim ``|value − centre| < margin`` of interval ``iv``: replayed when the
+    whole (1 − α) interval lies inside ``centre ± margin`` (two one-sided tests, each at α/2:
+    ``p_for`` is twice the larger of their p's), not replayed when it lies wholly outside
+    (``p_against``: the two-sided test against the nearer bound, when the value lies beyond it).
+    ``p(value, alternative)``: the t test's p of the null ``value``."""
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin must be > 0, not {margin}")
+    p_for = min(1.0, 2 * max(p(centre + margin, "less"), p(centre - margin, "greater")))
+    off = iv.diff - centre
+    if abs(off) <= margin:
+        return Test(iv, p_for, 1.0)
+    return Test(iv, p_for, p(centre + math.copysign(margin, off), "two-sided"))
 
 
 def above(x: Sequence[float], y: Sequence[float], threshold: float, *, paired: bool) -> Test:
     """The claim ``mean(x) − mean(y) > threshold`` (a direction, e.g. "a's error is lower")."""
-    iv = interval(x, y, paired=paired)
-    p = p_at(x, y, threshold, paired=paired)
-    if iv.diff > threshold:
-        return Test(iv, p, 1.0)
-    if iv.diff < threshold:
-        return Test(iv, 1.0, p)
-    return Test(iv, 1.0, 1.0)
+    return _side(interval(x, y, paired=paired), threshold, p_at(x, y, threshold, paired=paired))
 
 
 def below(x: Sequence[float], y: Sequence[float], threshold: float, *, paired: bool) -> Test:
@@ -140,21 +151,9 @@ def below(x: Sequence[float], y: Sequence[float], threshold: float, *, paired: b
 
 
 def equivalent(x: Sequence[float], y: Sequence[float], margin: float, *, paired: bool) -> Test:
-    """The closeness claim ``|mean(x) − mean(y)| < margin``: replayed when the whole (1 − α)
-    interval lies inside ``(−margin, margin)`` (two one-sided tests, each at α/2: ``p_for`` is
-    twice the larger of their p's), not replayed when it lies wholly outside (``p_against``: the
-    two-sided test against the nearer bound, when the mean lies beyond it)."""
-    if margin <= 0:
-        raise ValueError(f"an equivalence margin must be > 0, not {margin}")
+    """The closeness claim ``|mean(x) − mean(y)| < margin`` (:func:`_within` about 0)."""
     iv = interval(x, y, paired=paired)
-    below_upper = p_at(x, y, margin, paired=paired, alternative="less")
-    above_lower = p_at(x, y, -margin, paired=paired, alternative="greater")
-    p_for = min(1.0, 2 * max(below_upper, above_lower))
-    if abs(iv.diff) > margin:
-        p_against = p_at(x, y, math.copysign(margin, iv.diff), paired=paired)
-    else:
-        p_against = 1.0
-    return Test(iv, p_for, p_against)
+    return _within(iv, 0.0, margin, lambda v, alt: p_at(x, y, v, paired=paired, alternative=alt))
 
 
 # the outcomes of one contrast of two arms (:func:`contrast`), in the order the rule tries them
@@ -333,9 +332,8 @@ def _slope_p(x, y, value: float, alternative: str) -> float:
     """The t test's p of ``slope = value`` against ``alternative`` (scipy's words)."""
     a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     r = sps.linregress(a, b)
-    if r.stderr == 0:  # the points on one line: certain on either side, undecidable on it
-        d = r.slope - value
-        return 0.0 if {"two-sided": d != 0, "greater": d > 0, "less": d < 0}[alternative] else 1.0
+    if r.stderr == 0:  # the points on one line
+        return _point_p(r.slope - value, alternative)
     t = (r.slope - value) / r.stderr
     dist = sps.t(len(a) - 2)
     return float(
@@ -345,31 +343,12 @@ def _slope_p(x, y, value: float, alternative: str) -> float:
 
 def slope_above(x: Sequence[float], y: Sequence[float], threshold: float) -> Test:
     """The claim ``slope > threshold``."""
-    iv = slope(x, y)
-    p = _slope_p(x, y, threshold, "two-sided")
-    if iv.diff > threshold:
-        return Test(iv, p, 1.0)
-    if iv.diff < threshold:
-        return Test(iv, 1.0, p)
-    return Test(iv, 1.0, 1.0)
+    return _side(slope(x, y), threshold, _slope_p(x, y, threshold, "two-sided"))
 
 
 def slope_within(x: Sequence[float], y: Sequence[float], centre: float, margin: float) -> Test:
-    """The claim ``|slope − centre| < margin`` (equivalence, as :func:`equivalent`): replayed when
-    the (1 − α) interval lies inside ``centre ± margin``, not replayed when wholly outside."""
-    if margin <= 0:
-        raise ValueError(f"an equivalence margin must be > 0, not {margin}")
-    iv = slope(x, y)
-    below_upper = _slope_p(x, y, centre + margin, "less")
-    above_lower = _slope_p(x, y, centre - margin, "greater")
-    p_for = min(1.0, 2 * max(below_upper, above_lower))
-    off = iv.diff - centre
-    p_against = (
-        _slope_p(x, y, centre + math.copysign(margin, off), "two-sided")
-        if abs(off) > margin
-        else 1.0
-    )
-    return Test(iv, p_for, p_against)
+    """The claim ``|slope − centre| < margin`` (equivalence, :func:`_within`)."""
+    return _within(slope(x, y), centre, margin, lambda v, alt: _slope_p(x, y, v, alt))
 
 
 # -- a statistic of seeds, left out one at a time -------------------------------------------------
