@@ -82,61 +82,67 @@ class Reference:
 
 def reference(profile_dir: Path, profile: Profile) -> Reference:
     """The profile's reference, its study's folder read in place: study 15's ladder (each k's
-    steps at its chosen lr) where the profile has one, else study 11's sweep (its target loss,
-    window and fit); one line when that study has not run."""
-    if stt.settings(profile):
-        goal = stt.target_of(profile)
-        tuning = stt.settings(profile)["seeds"][0]
-        m, chosen, per_seed = ladder(profile_dir, profile, goal)
-        target = measure.Target("error", goal)
-        runs = stt.chosen_runs(m, chosen, tuning)
-        ran = {(int(r.batch_size), int(r.seed)): int(r.total_steps) for r in runs.itertuples()}
-        steps = {
-            (int(r.batch_size), int(r.seed)): float(r.steps_to_target) for r in runs.itertuples()
-        }
-        fit = per_seed.fit()
-        return Reference(
-            LADDER, target, steps, fit, PROBE_K, FIXED_KS, per_seed.seeds, ran, per_seed
-        )
-    folder = Path(profile_dir) / cb.STUDY
+    steps at its chosen lr, the measuring seeds' alone: a seed that chose no lr measures nothing)
+    where the profile has one, else study 11's sweep (its target loss, window and fit); one line
+    when that study has not run."""
+    lad = stt.settings(profile)
+    study, notebook = (stt.STUDY, "15_steps_to_target") if lad else (cb.STUDY, "11_critical_batch")
+    folder = Path(profile_dir) / study
     if not any(folder.glob("*/summary.json")):
+        which = "study 15's ladder" if lad else "study 11's sweep on a profile without a ladder"
         raise ConfigError(
-            f"study 16 reads study 11's sweep on a profile without a ladder, and {folder} holds "
-            "no run: execute notebooks/11_critical_batch.ipynb first (make reproduce runs it before)"
+            f"study 16 reads {which}, and {folder} holds no run: execute "
+            f"notebooks/{notebook}.ipynb first (make reproduce runs it before)"
         )
-    m = cb.measure(ex.load_runs(folder), profile.large_k)
+    runs = ex.load_runs(folder)
+    per_seed = None
+    if lad:
+        goal, seeds = stt.target_of(profile), list(lad["seeds"])
+        m = stt.measure(runs[runs["seed"].isin(seeds)], goal, stt.base_lr(profile))
+        chosen = stt.choose(m, seeds[0])
+        per_seed = stt.seed_steps(m, chosen, seeds[0])
+        m, target = stt.chosen_runs(m, chosen, seeds[0]), measure.Target("error", goal)
+        fit, probe_k, fixed, used = per_seed.fit(), PROBE_K, FIXED_KS, per_seed.seeds
+    else:
+        m = cb.measure(runs, profile.large_k)
+        target = measure.Target("loss", float(m["target_loss"].iloc[0]))
+        base = cb.baseline_k(m)
+        probe_k = base if base is not None else float(min(m["k"].astype(float)))
+        fit, fixed, used = cb.fit_runs(m), SWEEP_KS, tuple(profile.seeds)
     steps = {(int(r.batch_size), int(r.seed)): float(r.steps_to_target) for r in m.itertuples()}
     ran = {(int(r.batch_size), int(r.seed)): int(r.total_steps) for r in m.itertuples()}
-    target = measure.Target("loss", float(m["target_loss"].iloc[0]))
-    base = cb.baseline_k(m)
-    probe_k = base if base is not None else float(min(m["k"].astype(float)))
-    fit, seeds = cb.fit_runs(m), tuple(profile.seeds)
-    return Reference(SWEEP, target, steps, fit, probe_k, SWEEP_KS, seeds, ran)
+    source = LADDER if lad else SWEEP
+    return Reference(source, target, steps, fit, probe_k, fixed, used, ran, per_seed)
+
+
+def _runs(profile: Profile, ref: Reference, ks: Sequence[float], seeds: Sequence[int]):
+    """Each k's run to the target at the linear rule's lr on ``seeds`` (the reference's keys)."""
+    if ref.source == LADDER:
+        return [stt.run_keys(profile, k, 1.0, s, ref.target.value) for k in ks for s in seeds]
+    return cb.runs(profile, seeds, ks)
 
 
 def probe_runs(profile: Profile, ref: Reference, seeds: Sequence[int]) -> list[dict[str, Any]]:
     """The reference's run at its probe k at the linear rule's lr, one per seed (the plan's
     probe)."""
-    if ref.source == LADDER:
-        return [stt.run_keys(profile, ref.probe_k, 1.0, s, ref.target.value) for s in seeds]
-    return cb.runs(profile, seeds, [ref.probe_k])
+    return _runs(profile, ref, [ref.probe_k], seeds)
 
 
 def to_target_runs(
     profile: Profile, ref: Reference, ks: Sequence[float], seed: int
 ) -> list[dict[str, Any]]:
     """Each k's run to the target at the linear rule's lr (the plan's), one seed."""
-    if ref.source == LADDER:
-        return [stt.run_keys(profile, k, 1.0, seed, ref.target.value) for k in ks]
-    return cb.runs(profile, [seed], ks)
+    return _runs(profile, ref, ks, [seed])
 
 
 def wall_steps(profile: Profile, ref: Reference, runs) -> dict[int, float]:
     """batch → steps to the target of ``runs`` (:func:`to_target_runs`' DataFrame), measured as
     the reference measures them (NaN: never reached)."""
     if ref.source == LADDER:
-        return to_target_steps(stt.measure(runs, ref.target.value, stt.base_lr(profile)))
-    return to_target_steps(cb.measure(runs, profile.large_k, target=ref.target.value))
+        m = stt.measure(runs, ref.target.value, stt.base_lr(profile))
+    else:
+        m = cb.measure(runs, profile.large_k, target=ref.target.value)
+    return {int(r.batch_size): float(r.steps_to_target) for r in m.itertuples()}
 
 
 def timing_runs(
@@ -189,17 +195,10 @@ def link(study_dir: Path, small: bool = False) -> tuple[costmodel.Link, dict[str
             min_bytes=1024,
             max_bytes=2**20 if small else 2**24,
             iters=3 if small else 10,
-            out=_here(out),
+            out=ex.shown(out),
         )
     doc = json.loads(out.read_text())
     return scaling.link(doc), doc
-
-
-def _here(path: Path) -> str:
-    """``path`` relative to the working directory where it lies under it (what a command prints
-    of it then names no folder of this machine: executed notebooks are committed)."""
-    path = Path(path).resolve()
-    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 SMALL_TIMING = 512  # samples of each timing run at smoke scale, one run a size (else lbsgd plan's)
@@ -274,26 +273,6 @@ def plan_table(plans: Sequence[Plan]):
     return pd.DataFrame([{"seed": p.seed, **r.as_dict()} for p in plans for r in p.rows])
 
 
-# -- the ladder (study 15's folder, read in place) -------------------------------------------------
-
-
-def ladder(profile_dir: Path, profile: Profile, target: float):
-    """(the ladder's runs measured, each k's chosen lr, the measuring seeds' steps) of study 15's
-    folder, its seeds' runs alone (a seed that chose no lr and measures nothing is left out);
-    one line when it has not run."""
-    folder = Path(profile_dir) / stt.STUDY
-    if not any(folder.glob("*/summary.json")):
-        raise ConfigError(
-            f"study 16 reads study 15's ladder, and {folder} holds no run: execute "
-            "notebooks/15_steps_to_target.ipynb first (make reproduce runs it before)"
-        )
-    seeds = list(stt.settings(profile)["seeds"])
-    runs = ex.load_runs(folder)
-    m = stt.measure(runs[runs["seed"].isin(seeds)], target, stt.base_lr(profile))
-    chosen = stt.choose(m, seeds[0])
-    return m, chosen, stt.seed_steps(m, chosen, seeds[0])
-
-
 # -- measurements beside predictions -------------------------------------------------------------
 
 
@@ -311,11 +290,6 @@ def step_times(timed) -> dict[tuple[int, int], float]:
         for r in timed.itertuples()
         if r.img_per_s
     }
-
-
-def to_target_steps(runs) -> dict[int, float]:
-    """batch → steps to the target of its run at the linear rule (NaN: never reached)."""
-    return {int(r.batch_size): float(r.steps_to_target) for r in runs.itertuples()}
 
 
 def comparison_table(plans: Sequence[Plan], ref_steps, times, wall_steps, b_crit_fit):
@@ -597,20 +571,14 @@ def _step_time(plan: Plan, times, fixed: Sequence[int], nproc: int) -> Finding:
 
 
 def _recommended(plan: Plan, times, wall_steps, fixed: Sequence[int], s=None) -> Finding:
+    """Claim 4 from the ladder's seeds where ``s`` holds them (:func:`_recommended_resampled`),
+    else from one run a batch at the linear rule's lr (study 11's sweep)."""
     best = plan.best
     if best is None:
         v = studies.Verdict(None, "the plan recommends nothing (no batch within 2 E_min)")
         return studies.finding(CLAIMS[-1], v, "no recommendation", paper=PAPER)
-    return (
-        _recommended_resampled(plan, times, fixed, s)
-        if s is not None
-        else _recommended_one_seed(plan, times, wall_steps, fixed)
-    )
-
-
-def _recommended_one_seed(plan: Plan, times, wall_steps, fixed: Sequence[int]) -> Finding:
-    """Claim 4 from one run a batch at the linear rule's lr (study 11's sweep)."""
-    best = plan.best
+    if s is not None:
+        return _recommended_resampled(plan, times, fixed, s)
     p = best.gpus
     wall = {
         b: wall_steps.get(b, math.nan) * times.get((b, p), math.nan)
@@ -627,7 +595,15 @@ def _recommended_one_seed(plan: Plan, times, wall_steps, fixed: Sequence[int]) -
     if not reached or not math.isfinite(ours):
         v = studies.Verdict(None, "the recommended batch or every fixed one never reached it")
         return studies.finding(CLAIMS[-1], v, head, paper=PAPER)
-    return _against_best(head, ours, reached)
+    top = min(reached, key=reached.get)
+    ratio = ours / reached[top]
+    ev = (
+        f"{head}; best fixed: batch {top}, the recommended one x{ratio:.2f} of it (the claim: "
+        f"at most x{1 + WALL_TOL:g})"
+    )
+    if ratio > 1 + WALL_TOL:
+        ev += f"; missed by {100 * (ratio - 1 - WALL_TOL):.0f} points beyond the 15%"
+    return studies.finding(CLAIMS[-1], studies.Verdict(ratio <= 1 + WALL_TOL), ev, paper=PAPER)
 
 
 def _recommended_resampled(plan: Plan, times, fixed: Sequence[int], s: stt.SeedSteps) -> Finding:
@@ -663,30 +639,14 @@ def _recommended_resampled(plan: Plan, times, fixed: Sequence[int], s: stt.SeedS
     return studies.finding(CLAIMS[-1], _decided(t, f"x{1 + WALL_TOL:g}"), ev, paper=PAPER)
 
 
-def _against_best(head: str, ours: float, reached: dict[int, float]) -> Finding:
-    top = min(reached, key=reached.get)
-    ratio = ours / reached[top]
-    ev = (
-        f"{head}; best fixed: batch {top}, the recommended one x{ratio:.2f} of it (the claim: "
-        f"at most x{1 + WALL_TOL:g})"
-    )
-    if ratio > 1 + WALL_TOL:
-        ev += f"; missed by {100 * (ratio - 1 - WALL_TOL):.0f} points beyond the 15%"
-    return studies.finding(CLAIMS[-1], studies.Verdict(ratio <= 1 + WALL_TOL), ev, paper=PAPER)
-
-
 def _pct(e: float) -> str:
     return f"{100 * e:+.0f}%" if math.isfinite(e) else "never reached"
-
-
-def _secs(s: float) -> str:
-    return f"{s:.1f} s" if math.isfinite(s) else "never reached"
 
 
 def wall_text(batch: int, wall: float, times, nproc: int) -> str:
     """A fixed batch's measured training time, or why it has none."""
     if math.isfinite(wall):
-        return _secs(wall)
+        return f"{wall:.1f} s"
     if (batch, nproc) not in times:
         return f"no layout on {nproc} processes" if nproc > 1 else "not timed"
     return "never reached"
@@ -762,10 +722,10 @@ def plan_rows(probe_dir: Path, profile: Profile, compute, link, grad_bytes, test
 def range_runs(profile: Profile, network: str, x, rows) -> list[dict[str, Any]]:
     """The lr range test (:mod:`lbsgd.plan.lr_range`) at the largest planned batch, from the
     probe's lr, with the probe's keys (none without a plan or a batch above the probe's)."""
-    if x is None or rows[-1].batch <= x.probe_batch:
+    if x is None or rows[-1].batch <= x.lr.anchor_batch:
         return []
     keys = probe_run(profile, network)
-    low, high = lr_range.span(x.probe_lr, x.probe_batch, rows[-1].batch)
+    low, high = lr_range.span(x.lr.anchor_lr, x.lr.anchor_batch, rows[-1].batch)
     return [{**keys, **lr_range.keys(from_dict(keys), rows[-1].batch, low, high)}]
 
 
