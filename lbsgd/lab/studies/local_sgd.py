@@ -286,38 +286,6 @@ def _f(values: Sequence[float]) -> str:
     return f"{mean(values):.2f}%" if values else "n/a"
 
 
-def _compare(m, a_mode: str, b_mode: str, points: float, chance) -> tuple[Verdict, list[str], bool]:
-    """``a_mode``'s error no more than ``points`` above ``b_mode``'s at every (K, n), paired over
-    seeds; the evidence per (K, n); whether some mean lies against the claim (not at chance)."""
-    verdicts, parts, against = [], [], False
-    for k, n in _pairs(m):
-        a = _errs(m, a_mode, k, n)
-        b = _errs(m, b_mode, k, None if b_mode == "sync" else n)
-        if not a or not b:
-            verdicts.append(Verdict(None, f"K={k} n={n}: no {a_mode if not a else b_mode} run"))
-            continue
-        paired = len(a) == len(b)
-        against |= mean(a) - mean(b) > points and not studies.at_chance([*a, *b], chance)
-        v = studies.no_worse(a, b, points, chance=chance, paired=paired)
-        verdicts.append(replace(v, why=f"K={k} n={n}: {v.why}" if v.why else ""))
-        ar = int(
-            m[(m["mode"] == a_mode) & (m["nproc"] == k) & (m["period"] == n)]["all_reduces"].iloc[0]
-        )
-        parts.append(
-            f"K={k} n={n} ({ar} all-reduces): {a_mode} {_f(a)} vs {b_mode} {_f(b)} "
-            f"(Δ {mean(a) - mean(b):+.2f} points over {len(a)} seeds)"
-        )
-    if not verdicts:
-        return Verdict(None, "no local-SGD runs"), parts, False
-    return studies.every(*verdicts), parts, against
-
-
-def _qualitative(relation: str) -> str:
-    """A finding's ``paper`` field from a :data:`PAPER` relation ("<who>: <what>")."""
-    who, what = relation.split(": ", 1)
-    return f"{who}: qualitative, {what}; no number in the reference data"
-
-
 def findings(m) -> list[Finding]:
     """From :func:`measure`'s rows:
 
@@ -329,45 +297,56 @@ def findings(m) -> list[Finding]:
        undecided without a throughput or fit).
     """
     chance = studies.chance_of(m)
-    return [_bmuf_matches_local(m, chance), _local_near_sync(m, chance), _fewer_all_reduces(m)]
-
-
-def _bmuf_matches_local(m, chance: float | None) -> Finding:
-    """Claim 1: BMUF no more than :data:`LOSS_PTS` points above post-local SGD at every (K, n)."""
-    v1, p1, against1 = _compare(m, "bmuf", "local", LOSS_PTS, chance)
-    note1 = studies.note(
-        v1,
-        against1,
+    bmuf = _no_worse(
+        m,
+        "bmuf",
+        "local",
+        chance,
+        "BMUF (Chen & Huo: η_B = 1 − 1/K, ε_B = 1, Nesterov) reaches post-local SGD's error at the "
+        f"same number of all-reduces (no more than {LOSS_PTS:g} point above)",
         "block momentum on top of a momentum-SGD local learner "
         "amplifies the block step (≈ 1/(1 − η_B)) in a budget of a few epochs; Chen & "
         "Huo's gains are on long speech-model runs with many more blocks",
     )
-    return studies.finding(
-        "BMUF (Chen & Huo: η_B = 1 − 1/K, ε_B = 1, Nesterov) reaches post-local SGD's error at the "
-        f"same number of all-reduces (no more than {LOSS_PTS:g} point above)",
-        v1,
-        "; ".join(p1) + note1,
-        paper=_qualitative(PAPER["bmuf"][1]),
-    )
-
-
-def _local_near_sync(m, chance: float | None) -> Finding:
-    """Claim 2: post-local SGD at most :data:`LOSS_PTS` points above synchronous SGD."""
-    v2, p2, against2 = _compare(m, "local", "sync", LOSS_PTS, chance)
-    note2 = studies.note(
-        v2,
-        against2,
+    local = _no_worse(
+        m,
+        "local",
+        "sync",
+        chance,
+        f"post-local SGD loses at most {LOSS_PTS:g} point against synchronous SGD at the same "
+        "global batch (Lin et al. 2020 report it matching or beating mini-batch SGD)",
         "each process's local steps use B/K samples at the large-batch "
         "learning rate, and in a budget of a few epochs the local phase has few periods to "
         "recover from the drift between processes",
     )
-    return studies.finding(
-        f"post-local SGD loses at most {LOSS_PTS:g} point against synchronous SGD at the same "
-        "global batch (Lin et al. 2020 report it matching or beating mini-batch SGD)",
-        v2,
-        "; ".join(p2) + note2,
-        paper=_qualitative(PAPER["local"][1]),
-    )
+    return [bmuf, local, _fewer_all_reduces(m)]
+
+
+def _no_worse(m, a_mode: str, b_mode: str, chance, claim: str, why: str) -> Finding:
+    """``a_mode``'s error no more than :data:`LOSS_PTS` points above ``b_mode``'s at every (K, n),
+    paired over seeds, with the evidence per (K, n) and ``why`` where some mean lies against the
+    claim (not at chance); the paper: :data:`PAPER`'s relation of ``a_mode``."""
+    verdicts, parts, against = [], [], False
+    for k, n in _pairs(m):
+        a = _errs(m, a_mode, k, n)
+        b = _errs(m, b_mode, k, None if b_mode == "sync" else n)
+        if not a or not b:
+            verdicts.append(Verdict(None, f"K={k} n={n}: no {a_mode if not a else b_mode} run"))
+            continue
+        against |= mean(a) - mean(b) > LOSS_PTS and not studies.at_chance([*a, *b], chance)
+        v = studies.no_worse(a, b, LOSS_PTS, chance=chance, paired=len(a) == len(b))
+        verdicts.append(replace(v, why=f"K={k} n={n}: {v.why}" if v.why else ""))
+        ar = int(
+            m[(m["mode"] == a_mode) & (m["nproc"] == k) & (m["period"] == n)]["all_reduces"].iloc[0]
+        )
+        parts.append(
+            f"K={k} n={n} ({ar} all-reduces): {a_mode} {_f(a)} vs {b_mode} {_f(b)} "
+            f"(Δ {mean(a) - mean(b):+.2f} points over {len(a)} seeds)"
+        )
+    v = studies.every(*verdicts) if verdicts else Verdict(None, "no local-SGD runs")
+    who, what = PAPER[a_mode][1].split(": ", 1)
+    paper = f"{who}: qualitative, {what}; no number in the reference data"
+    return studies.finding(claim, v, "; ".join(parts) + studies.note(v, against, why), paper=paper)
 
 
 def _fewer_all_reduces(m) -> Finding:

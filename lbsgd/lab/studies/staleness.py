@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -208,23 +207,14 @@ def findings(sim, ps=None) -> list[Finding]:
        rounded mean staleness (same seeds, linear rule; paired), either way.
     """
     sim = studies.diverged_as_failed(sim)
-    w = _sweep(sim)
-    return [_error_grows(sim, w), _linear_amplifies(sim, w), _server_beside_simulation(sim, ps, w)]
-
-
-@dataclass(frozen=True)
-class _Sweep:
-    """What the claims share: the chance error, the largest τ, the lr rule of claims 1 and 3."""
-
-    chance: float | None
-    top: int
-    lin: str
-
-
-def _sweep(sim) -> _Sweep:
     rules = sorted(set(sim["lr_scaling"]))
-    lin = "linear" if "linear" in rules else rules[0]
-    return _Sweep(studies.chance_of(sim), max(int(t) for t in sim["staleness"]), lin)
+    lin = "linear" if "linear" in rules else rules[0]  # the lr rule of claims 1 and 3
+    chance, top = studies.chance_of(sim), max(int(t) for t in sim["staleness"])
+    return [
+        _error_grows(sim, chance, top, lin),
+        _linear_amplifies(sim, chance, top),
+        _server_beside_simulation(sim, ps, chance, lin),
+    ]
 
 
 def _arms_by_seed(a: dict[int, float], b: dict[int, float]) -> tuple[list, list, bool]:
@@ -236,46 +226,64 @@ def _arms_by_seed(a: dict[int, float], b: dict[int, float]) -> tuple[list, list,
     return list(a.values()), list(b.values()), False
 
 
-def _error_grows(sim, w: _Sweep) -> Finding:
+def _error_grows(sim, chance: float | None, top: int, lin: str) -> Finding:
     """Claim 1: the error grows with τ (linear rule)."""
     rules = sorted(set(sim["lr_scaling"]))
     curves = "; ".join(f"{r}: {_curve(sim, r)}" for r in rules)
     div = int(sim["diverged"].sum())
     div_txt = f"; {div} diverged run(s) counted as 100%" if div else ""
     e0, et, paired = _arms_by_seed(
-        _by_seed(sim, lr_scaling=w.lin, staleness=0),
-        _by_seed(sim, lr_scaling=w.lin, staleness=w.top),
+        _by_seed(sim, lr_scaling=lin, staleness=0),
+        _by_seed(sim, lr_scaling=lin, staleness=top),
     )
-    if w.top == 0 or not e0 or not et:
+    if top == 0 or not e0 or not et:
         v1 = Verdict(None, "no run at τ = 0 and at a τ > 0")
     else:
-        v1 = studies.lower(e0, et, chance=w.chance, paired=paired)
+        v1 = studies.lower(e0, et, chance=chance, paired=paired)
     note1 = studies.note(
         v1,
         bool(e0 and et) and mean(et) <= mean(e0),
-        f"τ = {w.top} steps is a small share of the run's steps at this lr; the "
+        f"τ = {top} steps is a small share of the run's steps at this lr; the "
         "stale gradient points almost where the fresh one does",
     )
     return studies.finding(
-        f"the error grows with the staleness τ (lr_scaling={w.lin}, τ = 0 vs {w.top})",
+        f"the error grows with the staleness τ (lr_scaling={lin}, τ = 0 vs {top})",
         v1,
         curves + div_txt + note1,
         paper=LIAN,
     )
 
 
-def _linear_amplifies(sim, w: _Sweep) -> Finding:
+def _linear_amplifies(sim, chance: float | None, top: int) -> Finding:
     """Claim 2: the linear rule amplifies staleness (per-seed growth, linear vs none)."""
-    g_lin, g_none = _growth(sim, "linear", w.top), _growth(sim, "none", w.top)
+    g_lin, g_none = _growth(sim, "linear", top), _growth(sim, "none", top)
     seeds = sorted(set(g_lin) & set(g_none))
-    if w.top == 0 or not seeds:
+    if top == 0 or not seeds:
         v2 = Verdict(None, "the linear and none arms have no common seed at τ = 0 and a τ > 0")
         ev2 = "no paired runs"
     else:
         x, y = [g_lin[s] for s in seeds], [g_none[s] for s in seeds]
-        v2 = _amplified(sim, w.chance, x, y)
+        # invalid when every run is at chance or the arms already differ at τ = 0
+        base = {
+            r: mean(list(_by_seed(sim, lr_scaling=r, staleness=0).values()))
+            for r in ("linear", "none")
+        }
+        if studies.at_chance(list(sim["final_top1_error_pct"]), chance):
+            v2 = Verdict(None, f"every run is at chance ({chance:.0f}% error)", invalid=True)
+        elif abs(base["linear"] - base["none"]) > BASE_GAP_PTS:
+            v2 = Verdict(
+                None,
+                (
+                    f"at τ = 0 the arms already differ by {abs(base['linear'] - base['none']):.1f} "
+                    f"points (linear {base['linear']:.1f}%, none {base['none']:.1f}%): one of them "
+                    "hardly trains in this budget, so their growths do not compare"
+                ),
+                invalid=True,
+            )
+        else:  # growth with the linear rule above growth without, paired over seeds
+            v2 = studies.verdict(x, y, more_than=0.0, paired=True)
         ev2 = (
-            f"error growth from τ = 0 to τ = {w.top}, per seed: linear "
+            f"error growth from τ = 0 to τ = {top}, per seed: linear "
             f"{', '.join(f'{v:+.2f}' for v in x)}, none {', '.join(f'{v:+.2f}' for v in y)} "
             f"points (means {mean(x):+.2f} vs {mean(y):+.2f})"
         )
@@ -294,28 +302,7 @@ def _linear_amplifies(sim, w: _Sweep) -> Finding:
     )
 
 
-def _amplified(sim, chance: float | None, x: list[float], y: list[float]) -> Verdict:
-    """Growth with the linear rule (``x``) above growth without (``y``), paired over seeds;
-    undecided when every run is at chance or the arms already differ at τ = 0."""
-    base = {
-        r: mean(list(_by_seed(sim, lr_scaling=r, staleness=0).values())) for r in ("linear", "none")
-    }
-    if studies.at_chance(list(sim["final_top1_error_pct"]), chance):
-        return Verdict(None, f"every run is at chance ({chance:.0f}% error)", invalid=True)
-    if abs(base["linear"] - base["none"]) > BASE_GAP_PTS:
-        return Verdict(
-            None,
-            (
-                f"at τ = 0 the arms already differ by {abs(base['linear'] - base['none']):.1f} "
-                f"points (linear {base['linear']:.1f}%, none {base['none']:.1f}%): one of them "
-                "hardly trains in this budget, so their growths do not compare"
-            ),
-            invalid=True,
-        )
-    return studies.verdict(x, y, more_than=0.0, paired=True)
-
-
-def _server_beside_simulation(sim, ps, w: _Sweep) -> Finding:
+def _server_beside_simulation(sim, ps, chance: float | None, lin: str) -> Finding:
     """Claim 3: the PS mode beside the simulation at its mean staleness."""
     claim3 = (
         f"the asynchronous parameter server's error lies within {NEAR_PTS:g} point of the "
@@ -328,9 +315,14 @@ def _server_beside_simulation(sim, ps, w: _Sweep) -> Finding:
     ps = studies.diverged_as_failed(ps)
     tau = matched_tau(ps)
     a = _by_seed(ps)
-    b = _by_seed(sim, lr_scaling=w.lin, staleness=tau)
+    b = _by_seed(sim, lr_scaling=lin, staleness=tau)
     common = sorted(set(a) & set(b))
-    head = _server_head(ps, tau)
+    means = [float(v) for v in ps[STALENESS_MEAN]]
+    workers = int(ps["async_ps_workers"].iloc[0]) if "async_ps_workers" in ps else None
+    head = (
+        f"{workers} workers; measured mean staleness per run {', '.join(f'{v:.2f}' for v in means)} "
+        f"→ τ = {tau}"
+    )
     if not common:
         return studies.finding(
             claim3,
@@ -339,7 +331,7 @@ def _server_beside_simulation(sim, ps, w: _Sweep) -> Finding:
             paper=PS_AGAINST_SIM,
         )
     x, y = [a[s] for s in common], [b[s] for s in common]
-    v3 = studies.within(x, y, NEAR_PTS, chance=w.chance, paired=True)
+    v3 = studies.within(x, y, NEAR_PTS, chance=chance, paired=True)
     ev3 = (
         f"{head}: PS {mean(x):.2f}% vs simulated {mean(y):.2f}% (seeds "
         f"{', '.join(map(str, common))}; Δ {mean(x) - mean(y):+.2f} points)"
@@ -352,13 +344,3 @@ def _server_beside_simulation(sim, ps, w: _Sweep) -> Finding:
         "and the server applies the gradients in arrival order",
     )
     return studies.finding(claim3, v3, ev3, paper=PS_AGAINST_SIM)
-
-
-def _server_head(ps, tau: int) -> str:
-    """The PS runs' workers and measured mean staleness, and the τ they match."""
-    means = [float(v) for v in ps[STALENESS_MEAN]]
-    workers = int(ps["async_ps_workers"].iloc[0]) if "async_ps_workers" in ps else None
-    return (
-        f"{workers} workers; measured mean staleness per run {', '.join(f'{v:.2f}' for v in means)} "
-        f"→ τ = {tau}"
-    )
