@@ -270,35 +270,18 @@ def batches(
     normalised on ``device`` (:meth:`DeviceImages.batch`); ``workers`` and ``pin`` do not apply.
     """
     if isinstance(dataset, DeviceImages):
-        return _image_batches(dataset, index_batches, seeds, device)
-    if isinstance(dataset, TensorDataset):
-        return _tensor_batches(dataset, index_batches)
+        seed_batches = seeds if seeds is not None else itertools.repeat(None)
+        pairs = zip(index_batches, seed_batches, strict=seeds is not None)
+        return (dataset.batch(idx, s, device) for idx, s in pairs)
+    if isinstance(dataset, TensorDataset):  # indexed where it lives
+        x, y = dataset.tensors
+        # a blocking copy would wait for all queued GPU work (a host sync per micro-batch)
+        moved = (
+            i.to(x.device, non_blocking=True) if isinstance(i, torch.Tensor) else i
+            for i in index_batches
+        )
+        return ((x[idx], y[idx]) for idx in moved)
     return _loader_batches(dataset, index_batches, workers, pin, seeds, device)
-
-
-def _image_batches(
-    dataset: DeviceImages,
-    index_batches: Iterable[torch.Tensor],
-    seeds: Iterable[torch.Tensor] | None,
-    device: torch.device | None,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """:class:`DeviceImages` batched by indexing, augmented with ``seeds`` and normalised on
-    ``device``."""
-    seed_batches = seeds if seeds is not None else itertools.repeat(None)
-    for idx, s in zip(index_batches, seed_batches, strict=seeds is not None):
-        yield dataset.batch(idx, s, device)
-
-
-def _tensor_batches(
-    dataset: TensorDataset, index_batches: Iterable[torch.Tensor]
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """An in-memory split indexed where it lives."""
-    x, y = dataset.tensors
-    for idx in index_batches:
-        if isinstance(idx, torch.Tensor) and idx.device != x.device:
-            # a blocking copy would wait for all queued GPU work (a host sync per micro-batch)
-            idx = idx.to(x.device, non_blocking=True)
-        yield x[idx], y[idx]
 
 
 def _loader_batches(
@@ -321,16 +304,14 @@ def _loader_batches(
         )
     loader = DataLoader(
         dataset,
-        batch_sampler=_AsLists(index_batches),  # lazy: a run's index stream can be huge
+        # lazy: a run's index stream can be huge
+        batch_sampler=(i if isinstance(i, list) else i.tolist() for i in index_batches),
         num_workers=workers,
         pin_memory=pin or (device is not None and device.type == "cuda"),
         # iterated once: the training stream's workers live for the whole run without this
         persistent_workers=False,
     )
-    if finish is None and device is None:
-        yield from loader
-        return
-    yield from prefetch.to_device(loader, device, finish)
+    return prefetch.to_device(loader, device, finish)
 
 
 class _Seeded(Dataset):
@@ -350,14 +331,6 @@ class _Seeded(Dataset):
             # traceback, for every other device type, per sample
             torch.default_generator.manual_seed(seed)
             return self.dataset[index]
-
-
-class _AsLists:
-    def __init__(self, index_batches: Iterable) -> None:
-        self.index_batches = index_batches
-
-    def __iter__(self) -> Iterator[list]:
-        return (idx if isinstance(idx, list) else idx.tolist() for idx in self.index_batches)
 
 
 def shard(num_samples: int, rank: int, world_size: int) -> range:
