@@ -16,37 +16,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = [
-    "ALGORITHMS",
-    "GRADIENTS",
-    "LINKS",
-    "Cluster",
-    "Link",
-    "Prediction",
-    "comm_time",
-    "fit_alpha_beta",
-    "fit_ring_allreduce",
-    "hierarchical_time",
-    "parameter_server_time",
-    "predict",
-    "ring_time",
-    "step_time",
-    "steps",
-    "sweep",
-    "tree_time",
-]
-
 ALGORITHMS = ("parameter_server", "tree", "ring", "hierarchical")
 
 # fp32 gradient bytes: 4 × the parameter count of torchvision's model at 1000 classes.
 GRADIENTS = {"resnet50": 25_557_032 * 4, "alexnet": 61_100_840 * 4}
 
 
-def _positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name}: must be a positive number, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
+def _positive(name: str, value: float, zero: bool = False) -> float:
+    """``value`` as a float: a finite number > 0 (>= 0 with ``zero``), else a one-line ValueError
+    naming ``name``."""
+    real = not isinstance(value, bool) and isinstance(value, numbers.Real)
+    if not (real and math.isfinite(value) and (value > 0 or (zero and value == 0))):
+        raise ValueError(
+            f"{name}: must be a finite number {'>=' if zero else '>'} 0, got {value!r}"
+        )
     return float(value)
 
 
@@ -71,20 +54,14 @@ class Link:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if isinstance(self.alpha_s, bool) or not isinstance(self.alpha_s, numbers.Real):
-            raise ValueError(f"alpha_s: must be a number >= 0 (seconds), got {self.alpha_s!r}")
-        if not (math.isfinite(self.alpha_s) and self.alpha_s >= 0):
-            raise ValueError(
-                f"alpha_s: must be a finite number >= 0 (seconds), got {self.alpha_s!r}"
-            )
+        _positive("alpha_s", self.alpha_s, zero=True)
         _positive("bandwidth_Bps", self.bandwidth_Bps)
 
     @classmethod
     def from_gbit(cls, gbit_per_s: float, latency_us: float, name: str = "") -> Link:
         """Link of ``gbit_per_s`` gigabit/s (10^9 bit/s) and ``latency_us`` microseconds."""
         _positive("gbit_per_s", gbit_per_s)
-        if not (isinstance(latency_us, numbers.Real) and latency_us >= 0):
-            raise ValueError(f"latency_us: must be a number >= 0, got {latency_us!r}")
+        _positive("latency_us", latency_us, zero=True)
         return cls(latency_us * 1e-6, gbit_per_s * 1e9 / 8, name)
 
     @classmethod
@@ -138,37 +115,6 @@ class Prediction:
     throughput: float | None
 
 
-def _check_hierarchy(workers: int, gpus_per_node: int) -> tuple[int, int]:
-    p = _count("workers", workers)
-    k = _count("gpus_per_node", gpus_per_node)
-    if p % k:
-        raise ValueError(
-            f"workers: {p} is not a multiple of gpus_per_node={k}; use a multiple of {k}"
-        )
-    return p, k
-
-
-def steps(algorithm: str, workers: int, gpus_per_node: int = 1) -> int:
-    """Sequential communication steps of one all-reduce at p = ``workers`` (0 at p = 1).
-
-    parameter_server: 2 (gather then scatter, each moving p messages through the server link);
-    tree: 2·⌈log2 p⌉; ring: 2(p−1); hierarchical with k = ``gpus_per_node``: 4(k−1) + 2(p/k−1).
-    ``gpus_per_node`` is used by ``hierarchical`` only.
-    """
-    algorithm = _algorithm(algorithm)
-    if algorithm == "hierarchical":
-        p, k = _check_hierarchy(workers, gpus_per_node)
-        return 4 * (k - 1) + 2 * (p // k - 1)
-    p = _count("workers", workers)
-    if p == 1:
-        return 0
-    if algorithm == "parameter_server":
-        return 2
-    if algorithm == "tree":
-        return 2 * (p - 1).bit_length()  # (p-1).bit_length() == ceil(log2 p) for p >= 1
-    return 2 * (p - 1)
-
-
 def parameter_server_time(grad_bytes: float, workers: int, link: Link) -> float:
     """T = 2α + 2·p·G/β: p gradients in and p copies out through the server's one link."""
     g = _positive("grad_bytes", grad_bytes)
@@ -181,7 +127,8 @@ def parameter_server_time(grad_bytes: float, workers: int, link: Link) -> float:
 def tree_time(grad_bytes: float, workers: int, link: Link) -> float:
     """T = 2·⌈log2 p⌉·(α + G/β): reduce up a binary tree, broadcast down, whole G per step."""
     g = _positive("grad_bytes", grad_bytes)
-    return steps("tree", workers) * link.message_s(g)
+    p = _count("workers", workers)
+    return 2 * (p - 1).bit_length() * link.message_s(g)  # (p-1).bit_length() == ceil(log2 p)
 
 
 def ring_time(grad_bytes: float, workers: int, link: Link) -> float:
@@ -203,7 +150,12 @@ def hierarchical_time(
     ``inter``; k = p (one node) is 4(p−1) intra steps, twice the flat ring on ``intra``.
     """
     g = _positive("grad_bytes", grad_bytes)
-    p, k = _check_hierarchy(workers, gpus_per_node)
+    p = _count("workers", workers)
+    k = _count("gpus_per_node", gpus_per_node)
+    if p % k:
+        raise ValueError(
+            f"workers: {p} is not a multiple of gpus_per_node={k}; use a multiple of {k}"
+        )
     m = p // k
     return 4 * (k - 1) * intra.message_s(g / k) + 2 * (m - 1) * inter.message_s(g / m)
 
@@ -230,8 +182,7 @@ def step_time(
 ) -> float:
     """t = t_c + T without overlap; t = t_c + max(0, T − f·t_c) with it (f = backward_fraction)."""
     tc = _positive("compute_s", compute_s)
-    if isinstance(comm_s, bool) or not isinstance(comm_s, numbers.Real) or not comm_s >= 0:
-        raise ValueError(f"comm_s: must be a number >= 0, got {comm_s!r}")
+    _positive("comm_s", comm_s, zero=True)
     if isinstance(backward_fraction, bool) or not (
         isinstance(backward_fraction, numbers.Real) and 0 <= backward_fraction <= 1
     ):
@@ -343,8 +294,7 @@ def compute_from_step(
     t_c = (t − T) / (1 − f). A result ≤ 0 means the communication alone outlasts the step.
     """
     _positive("step_s", step_s)
-    if not (isinstance(comm_s, numbers.Real) and comm_s >= 0):
-        raise ValueError(f"comm_s: must be a number >= 0 (seconds), got {comm_s!r}")
+    _positive("comm_s", comm_s, zero=True)
     if not 0 <= backward_fraction < 1:
         raise ValueError(f"backward_fraction: must be in [0, 1), got {backward_fraction!r}")
     if not overlap:

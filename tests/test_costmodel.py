@@ -18,7 +18,6 @@ from lbsgd.costmodel import (
     predict,
     ring_time,
     step_time,
-    steps,
     sweep,
     tree_time,
 )
@@ -27,6 +26,7 @@ G = 1e8  # 100 MB gradient
 SLOW = Link(10e-6, 10e9)  # α = 10 µs, β = 10 GB/s
 FAST = Link(2e-6, 100e9)  # α = 2 µs, β = 100 GB/s
 CLUSTER = Cluster(intra=FAST, inter=SLOW, gpus_per_node=8)
+COUNT = Link(1.0, 1e300)  # α = 1 s, β all but infinite: an all-reduce's time is its step count
 
 
 def test_parameter_server_hand_value():
@@ -56,7 +56,6 @@ def test_hierarchical_hand_value():
 
 def test_no_communication_for_one_worker():
     for algorithm in costmodel.ALGORITHMS:
-        assert steps(algorithm, 1) == 0
         assert comm_time(algorithm, G, 1, CLUSTER) == 0.0
         pred = predict(algorithm, G, 1, 0.3, CLUSTER, overlap=False, batch_per_worker=32)
         assert pred.efficiency == 1.0
@@ -83,7 +82,7 @@ def test_no_communication_for_one_worker():
     ],
 )
 def test_step_counts(algorithm, p, k, expected):
-    assert steps(algorithm, p, k) == expected
+    assert comm_time(algorithm, G, p, Cluster(COUNT, COUNT, k)) == expected
 
 
 def test_hierarchical_with_one_gpu_per_node_is_the_flat_ring_on_inter():
@@ -238,8 +237,8 @@ def _bad(**overrides):
         (_bad(compute_s=0), "compute_s"),
         (_bad(backward_fraction=1.5), "backward_fraction"),
         (_bad(batch_per_worker=0), "batch_per_worker"),
-        (lambda: steps("ps", 8), "algorithm"),
-        (lambda: steps("hierarchical", 10, 4), "workers"),
+        (lambda: comm_time("ps", G, 8, CLUSTER), "algorithm"),
+        (lambda: hierarchical_time(G, 10, 4, FAST, SLOW), "workers"),
         (lambda: hierarchical_time(G, 8, 0, FAST, SLOW), "gpus_per_node"),
         (lambda: Link(1e-5, 0), "bandwidth_Bps"),
         (lambda: Link(1e-5, -1e9), "bandwidth_Bps"),
