@@ -16,20 +16,6 @@ from dataclasses import dataclass
 
 import torch
 
-# metrics.jsonl fields of one step (W&B: the same names, one point per flush)
-FIELDS = (
-    "gns_g_small_sq",
-    "gns_g_big_sq",
-    "gns_g_sq",
-    "gns_trace",
-    "gns_b_simple",
-    "gns_g_sq_ema",
-    "gns_trace_ema",
-    "gns_b_simple_ema",
-    "gns_b_small",
-    "gns_b_big",
-)
-
 
 def estimate(g_small_sq: float, g_big_sq: float, b_small: int, b_big: int) -> tuple[float, float]:
     """(|G|², tr(Σ)): the unbiased estimates from one step's squared norms (eq. A.2), from
@@ -174,8 +160,9 @@ class Probe:
     # -- after the flush's all-reduce (host values) -----------------------------------------------
 
     def record(self, g_small_sq: float, g_big_sq: float) -> dict[str, float | None]:
-        """One step's fields (:data:`FIELDS`); smooths its estimates unless they are not finite
-        (an fp16 step whose gradients overflowed, and was skipped)."""
+        """One step's ``gns_*`` fields of metrics.jsonl (W&B: the same names, one point per flush);
+        smooths its estimates unless they are not finite (an fp16 step whose gradients
+        overflowed, and was skipped)."""
         g_sq, trace = estimate(g_small_sq, g_big_sq, self.b_small, self.b_big)
         finite = all(math.isfinite(v) for v in (g_small_sq, g_big_sq))
         if finite:
