@@ -62,18 +62,6 @@ def dump_py2(obj: dict, path: Path) -> None:
         _Py2Pickler(f, protocol=2).dump(obj)
 
 
-def write_cifar10_batch(path: Path, name: str, pixels: np.ndarray, labels: list[int]) -> None:
-    """One batch file: ``pixels`` uint8 (N, 3072), each row 1024 R, 1024 G, 1024 B values of a
-    row-major 32x32 image; ``labels`` N ints in [0, 10)."""
-    assert pixels.dtype == np.uint8 and pixels.shape == (len(labels), 3072), pixels.shape
-    dump_py2({b"batch_label": name.encode(), b"data": pixels, b"labels": labels}, path)
-
-
-def write_cifar10_meta(folder: Path) -> None:
-    meta = {b"label_names": [c.encode() for c in CIFAR10_NAMES], b"num_vis": 3072}
-    dump_py2(meta, folder / "batches.meta")
-
-
 def _target(out_dir: str | os.PathLike) -> Path:
     """``out_dir`` created if absent; FileExistsError (one line) if it exists and is not empty."""
     out = Path(out_dir).expanduser()
@@ -161,8 +149,10 @@ def write_cifar10(
             if name != "test_batch"
             else (rng.permutation(np.arange(n) % 10))
         )
-        write_cifar10_batch(folder / name, name, _cifar10_pixels(rng, n), [int(c) for c in labels])
-    write_cifar10_meta(folder)
+        entry = {b"data": _cifar10_pixels(rng, n), b"labels": [int(c) for c in labels]}
+        dump_py2({b"batch_label": name.encode(), **entry}, folder / name)
+    meta = {b"label_names": [c.encode() for c in CIFAR10_NAMES], b"num_vis": 3072}
+    dump_py2(meta, folder / "batches.meta")
     return folder
 
 
