@@ -56,8 +56,6 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "avx512_core": ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"),
     "avx512_core_amx": ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile"),
 }
-# ATen's capability under each cap (torch.backends.cpu.get_cpu_capability())
-ATEN = {"portable": "AVX2", "avx2": "AVX2", "avx512_core": "AVX512", "avx512_core_amx": "AVX512"}
 # oneDNN implementation suffixes by rank (same rank: oneDNN's aliases); a convolution's
 # implementation must not rank above its cap
 _ONEDNN_RANK = {
@@ -260,8 +258,9 @@ def problems(
         lacking = [f for f in NEEDS[cpu_isa] if f not in flags]
         if lacking:
             return [f"this CPU lacks {', '.join(lacking)}"]
-    if probed.get("aten") not in (None, ATEN[cpu_isa]):
-        out.append(f"ATen's kernels use {probed.get('aten')}, not {ATEN[cpu_isa]}")
+    aten = CAPS[cpu_isa]["ATEN_CPU_CAPABILITY"].upper()  # as get_cpu_capability() spells it
+    if probed.get("aten") not in (None, aten):
+        out.append(f"ATen's kernels use {probed.get('aten')}, not {aten}")
     out += _onednn_problems(cpu_isa, probed.get("onednn"))
     mkl, want = probed.get("mkl_cbwr"), mkl_branch(cpu_isa, vendor)
     if mkl is not None and want is not None and mkl != want:
