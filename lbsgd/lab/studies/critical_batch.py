@@ -26,7 +26,9 @@ from lbsgd.lab.studies.scales import Profile
 
 STUDY = "critical_batch"
 TITLE = "11. Critical batch size (McCandlish et al. 2018)"
-WINDOW_EPOCHS = 0.1  # default moving-average window of the training loss: a tenth of an epoch
+# default moving-average window of the training loss: a tenth of an epoch (cpu: 2,000 samples,
+# i.e. 125 steps at k = 1 and one step from k = 128; smoke: 200)
+WINDOW_EPOCHS = 0.1
 EARLY = 0.2  # "early in training": at 20% of the steps (or the end of the warmup, if later)
 # the knee: the error leaves its flat region where the mean errors from the smallest k stop lying
 # within this many points of each other (study 3's closeness margin is its own, an equivalence
@@ -109,12 +111,6 @@ def early_step(total_steps: int, warmup_steps: int) -> int:
 # -- the measurements of a sweep ---------------------------------------------------------------
 
 
-def default_window(df) -> int:
-    """:data:`WINDOW_EPOCHS` of an epoch in samples (cpu: 2,000, i.e. 125 steps at k = 1 and one
-    step from k = 128; smoke: 200)."""
-    return max(1, round(WINDOW_EPOCHS * int(df["num_train"].iloc[0])))
-
-
 def default_target(df, large_k: float, window_samples: int, metrics: Metrics = None) -> float:
     """The smoothed final training loss of the runs at ``large_k`` (the largest k ≤ ``large_k`` of
     ``df``), the highest over seeds: a loss every seed of the large minibatch reaches in its
@@ -139,9 +135,10 @@ def measure(
     """``df`` (the runs) with, per run: ``target_loss``, ``window_samples``,
     ``steps_to_target`` (None if never), ``b_noise_target`` (B_simple at that step),
     ``b_noise_early`` (at :func:`early_step`), ``b_noise_end``, and ``loss_early`` /
-    ``loss_end`` (the smoothed training loss there). ``target`` None: :func:`default_target`."""
+    ``loss_end`` (the smoothed training loss there). ``target`` None: :func:`default_target`;
+    ``window_samples`` None: :data:`WINDOW_EPOCHS` of an epoch."""
     load = curves(metrics)
-    window = window_samples or default_window(df)
+    window = window_samples or max(1, round(WINDOW_EPOCHS * int(df["num_train"].iloc[0])))
     if target is None:
         target = default_target(df, large_k, window, metrics)
     rows = []
@@ -395,7 +392,15 @@ def _noise_at_the_knee(m, e: _Evidence) -> Finding:
         else f"the error is flat (within {FLAT_PCT:g} points) up to the largest batch, {lo}"
     )
     v1 = e.gate or _band(e.bn, lo, hi)
-    why1 = _outside_the_knee(e.bn, lo, hi) if v1.replayed is False else ""
+    why1 = ""
+    if v1.replayed is False:
+        above = hi is not None and min(e.bn) > hi * FACTOR
+        side = "below" if max(e.bn) < lo / FACTOR else "above" if above else "outside"
+        why1 = (
+            f"; not replayed at this scale: every seed's B_noise lies {side} the band; the "
+            "knee is in the final test error of a fixed epoch budget, B_noise predicts the "
+            "steps to a training loss (claim 3 compares those)"
+        )
     return studies.finding(
         "the measured noise scale lands within a factor of 2 of the batch where the error leaves "
         "its flat region",
@@ -403,21 +408,6 @@ def _noise_at_the_knee(m, e: _Evidence) -> Finding:
         f"{e.head}; {knee_txt}; ×2 band {band}{why1}",
         paper="McCandlish et al. 2018: qualitative, below B_crit ≈ B_noise a larger batch buys "
         "proportionally fewer steps, above it almost none; no number in the reference data",
-    )
-
-
-def _outside_the_knee(bn: Sequence[float], lo: float, hi: float | None) -> str:
-    side = (
-        "below"
-        if max(bn) < lo / FACTOR
-        else "above"
-        if hi is not None and min(bn) > hi * FACTOR
-        else "outside"
-    )
-    return (
-        f"; not replayed at this scale: every seed's B_noise lies {side} the band; the "
-        "knee is in the final test error of a fixed epoch budget, B_noise predicts the "
-        "steps to a training loss (claim 3 compares those)"
     )
 
 
@@ -471,7 +461,24 @@ def _growth_text(sel, early, end, pairs, v2: Verdict) -> str:
 
 def _critical_batch_is_the_noise(f: Fit | None, e: _Evidence) -> Finding:
     """Claim 3: the fitted B_crit ≈ B_noise."""
-    fit_txt, v3 = _fit(f, e)
+    if f is None or f.points < 3:
+        fit_txt = f"{f.points if f else 0} batch sizes reached the target: no fit to judge"
+        v3 = e.gate or Verdict(None, "fewer than 3 batch sizes reached the target")
+    else:
+        fit_txt = (
+            f"fit over {f.points} batch sizes: S_min {f.s_min:.3g} steps, E_min "
+            f"{f.e_min:.3g} samples, B_crit = E_min/S_min = {f.b_crit:.3g} (rms relative "
+            f"residual {100 * f.rms:.1f}%)"
+        )
+        v3 = e.gate or (
+            _band(e.bn, f.b_crit, f.b_crit)
+            if 0 < f.b_crit < math.inf
+            else Verdict(
+                None,
+                f"the fit has no finite B_crit ({f.b_crit:g}): the steps "
+                "do not both fall and level off over the sweep",
+            )
+        )
     finite = f is not None and 0 < f.b_crit < math.inf
     band = (
         f"; ×{FACTOR:g} band [{f.b_crit / FACTOR:.0f}, {f.b_crit * FACTOR:.0f}]" if finite else ""
@@ -491,22 +498,3 @@ def _critical_batch_is_the_noise(f: Fit | None, e: _Evidence) -> Finding:
         paper="McCandlish et al. 2018 eq. 2.11 and Fig. 4: qualitative, B_crit = E_min/S_min ≈ "
         "B_noise; no number in the reference data",
     )
-
-
-def _fit(f: Fit | None, e: _Evidence) -> tuple[str, Verdict]:
-    """The fit in words, and B_noise's verdict against its B_crit."""
-    if f is None or f.points < 3:
-        fit_txt = f"{f.points if f else 0} batch sizes reached the target: no fit to judge"
-        return fit_txt, e.gate or Verdict(None, "fewer than 3 batch sizes reached the target")
-    fit_txt = (
-        f"fit over {f.points} batch sizes: S_min {f.s_min:.3g} steps, E_min "
-        f"{f.e_min:.3g} samples, B_crit = E_min/S_min = {f.b_crit:.3g} (rms relative "
-        f"residual {100 * f.rms:.1f}%)"
-    )
-    if not (0 < f.b_crit < math.inf):
-        return fit_txt, e.gate or Verdict(
-            None,
-            f"the fit has no finite B_crit ({f.b_crit:g}): the steps "
-            "do not both fall and level off over the sweep",
-        )
-    return fit_txt, e.gate or _band(e.bn, f.b_crit, f.b_crit)

@@ -419,14 +419,10 @@ def table(c, f: critical_batch.Fit | None, s: SeedSteps | None = None):
     t["s_min"] = f.s_min if f else math.nan
     t["e_min"] = f.e_min if f else math.nan
     t["b_crit"] = f.b_crit if f else math.nan
-    return _with_intervals(t, intervals(s) if s is not None else {})
-
-
-def _with_intervals(t, iv: dict[str, Any]):
-    """The table with :func:`intervals`' columns (NaN for S_min and B_crit without them)."""
+    iv = intervals(s) if s is not None else {}
     if iv:
         t["steps_low"], t["steps_high"] = iv["steps_low"], iv["steps_high"]
-    for name in ("s_min", "b_crit"):
+    for name in ("s_min", "b_crit"):  # NaN without intervals
         t[f"{name}_low"], t[f"{name}_high"] = iv.get(name, (math.nan, math.nan))
     return t
 
@@ -440,9 +436,15 @@ def findings(m, large_k: float, tuning_seed: int) -> list[Finding]:
     (every seed but ``tuning_seed``, which chose the lrs: :func:`choose`)."""
     c = choose(m, tuning_seed)
     s = seed_steps(m, c, tuning_seed)
+    halves = (
+        f"the steps to the target halve as the batch doubles up to k={large_k:g} (within the "
+        f"margin: each doubling divides them by x{2 ** -(PERFECT + SLOPE_MARGIN):.2f} to "
+        f"x{2 ** -(PERFECT - SLOPE_MARGIN):.2f})"
+    )
+    beyond = f"beyond k={large_k:g} a doubling saves less than the perfect-scaling halving"
     return [
-        _halves_up_to(m, c, large_k, tuning_seed),
-        _diminishing_beyond(m, c, large_k, tuning_seed),
+        _slope_claim(m, c, [k for k in c["k"] if k <= large_k], halves, tuning_seed),
+        _slope_claim(m, c, [k for k in c["k"] if k >= large_k], beyond, tuning_seed, above=True),
         _b_crit(s),
     ]
 
@@ -461,61 +463,33 @@ def _edge_bound(c, ks: Sequence[float]) -> str | None:
     return None
 
 
-def _slope_points(m, c, ks: Sequence[float], tuning_seed: int) -> tuple[list[float], list[float]]:
-    runs_ = chosen_runs(m, c, tuning_seed)
-    runs_ = runs_[runs_["k"].isin(list(ks))]
-    x = [math.log2(float(b)) for b in runs_["batch_size"]]
-    y = [math.log2(float(s)) for s in runs_["steps_to_target"]]
-    return x, y
-
-
-def _slope_verdict(test: stats.Test, claim_words: str) -> fs.Verdict:
-    iv = test.interval
-    words = (
-        f"slope of log2 steps on log2 batch {iv.diff:+.2f}, 95% CI [{iv.low:+.2f}, {iv.high:+.2f}] "
-        f"({iv.test}, n = {iv.n} runs), p = {test.p:.3g}: each doubling divides the steps by "
-        f"x{2**-iv.diff:.2f}, 95% CI [x{2**-iv.high:.2f}, x{2**-iv.low:.2f}] (halving: x2)"
-    )
-    return fs.decide(
-        test.p_for, test.p_against, words, f"the interval reaches across {claim_words}"
-    )
-
-
-def _halves_up_to(m, c, large_k: float, tuning_seed: int) -> Finding:
-    claim = (
-        f"the steps to the target halve as the batch doubles up to k={large_k:g} (within the "
-        f"margin: each doubling divides them by x{2 ** -(PERFECT + SLOPE_MARGIN):.2f} to "
-        f"x{2 ** -(PERFECT - SLOPE_MARGIN):.2f})"
-    )
-    ks = [k for k in c["k"] if k <= large_k]
-
-    def test(x, y):
-        t = stats.slope_within(x, y, PERFECT, SLOPE_MARGIN)
-        return _slope_verdict(t, f"the margin {PERFECT:g} ± {SLOPE_MARGIN:g}")
-
-    return _slope_claim(m, c, ks, claim, test, tuning_seed)
-
-
-def _diminishing_beyond(m, c, large_k: float, tuning_seed: int) -> Finding:
-    claim = f"beyond k={large_k:g} a doubling saves less than the perfect-scaling halving"
-    ks = [k for k in c["k"] if k >= large_k]
-
-    def test(x, y):
-        t = stats.slope_above(x, y, PERFECT + SLOPE_MARGIN)
-        return _slope_verdict(t, f"the threshold {PERFECT + SLOPE_MARGIN:+g}")
-
-    return _slope_claim(m, c, ks, claim, test, tuning_seed)
-
-
-def _slope_claim(m, c, ks: Sequence[float], claim: str, test, tuning_seed: int) -> Finding:
-    """A claim on the slope over the batch sizes ``ks``: invalid when one of them is untuned or
-    never reaches the target, undecided with fewer than two, else ``test(x, y)``'s verdict."""
+def _slope_claim(m, c, ks: Sequence[float], claim: str, tuning_seed: int, above=False) -> Finding:
+    """A claim on the slope of log2 steps on log2 batch over the batch sizes ``ks`` (the measuring
+    seeds' runs): within :data:`PERFECT` ± :data:`SLOPE_MARGIN`, or with ``above`` above the
+    margin's upper edge; invalid when one of them is untuned or never reaches the target,
+    undecided with fewer than two."""
     steps = _steps_text(c, ks)
     why = _edge_bound(c, ks)
     if why is not None or len(ks) < 2:
         v = fs.Verdict(None, why or "fewer than two batch sizes", invalid=why is not None)
+        return finding(claim, v, steps, paper=PAPER)
+    runs_ = chosen_runs(m, c, tuning_seed)
+    runs_ = runs_[runs_["k"].isin(list(ks))]
+    x = [math.log2(float(b)) for b in runs_["batch_size"]]
+    y = [math.log2(float(s)) for s in runs_["steps_to_target"]]
+    if above:
+        t = stats.slope_above(x, y, PERFECT + SLOPE_MARGIN)
+        across = f"the threshold {PERFECT + SLOPE_MARGIN:+g}"
     else:
-        v = test(*_slope_points(m, c, ks, tuning_seed))
+        t = stats.slope_within(x, y, PERFECT, SLOPE_MARGIN)
+        across = f"the margin {PERFECT:g} ± {SLOPE_MARGIN:g}"
+    iv = t.interval
+    words = (
+        f"slope of log2 steps on log2 batch {iv.diff:+.2f}, 95% CI [{iv.low:+.2f}, {iv.high:+.2f}] "
+        f"({iv.test}, n = {iv.n} runs), p = {t.p:.3g}: each doubling divides the steps by "
+        f"x{2**-iv.diff:.2f}, 95% CI [x{2**-iv.high:.2f}, x{2**-iv.low:.2f}] (halving: x2)"
+    )
+    v = fs.decide(t.p_for, t.p_against, words, f"the interval reaches across {across}")
     return finding(claim, v, steps, paper=PAPER)
 
 
