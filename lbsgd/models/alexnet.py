@@ -29,9 +29,7 @@ class ConvSpec:
 @dataclass(frozen=True)
 class AlexNetLayout:
     convs: tuple[ConvSpec, ...]
-    pool_kernel: int  # overlapping pooling, kernel 3 stride 2 (Krizhevsky et al. §3.4)
-    pool_stride: int
-    pool_padding: int
+    pool_padding: int  # of the max-pools, overlapping: kernel 3 stride 2 (Krizhevsky et al. §3.4)
     pooled_size: int  # AdaptiveAvgPool2d output side, fixes the first FC's input size
     fc_width: int
 
@@ -45,8 +43,6 @@ IMAGENET_LAYOUT = AlexNetLayout(
         ConvSpec(256, kernel=3, stride=1, padding=1, pool_after=False),
         ConvSpec(256, kernel=3, stride=1, padding=1, pool_after=True),
     ),
-    pool_kernel=3,
-    pool_stride=2,
     pool_padding=0,
     pooled_size=6,
     fc_width=4096,
@@ -63,8 +59,6 @@ SMALL_LAYOUT = AlexNetLayout(
         ConvSpec(64, kernel=3, stride=1, padding=1, pool_after=False),
         ConvSpec(64, kernel=3, stride=1, padding=1, pool_after=True),
     ),
-    pool_kernel=3,
-    pool_stride=2,
     pool_padding=1,
     pooled_size=2,
     fc_width=1024,
@@ -113,9 +107,7 @@ class AlexNet(nn.Module):
                 layers.append(nn.BatchNorm2d(spec.out_channels))
             layers.append(nn.ReLU(inplace=True))
             if spec.pool_after:
-                layers.append(
-                    nn.MaxPool2d(layout.pool_kernel, layout.pool_stride, layout.pool_padding)
-                )
+                layers.append(nn.MaxPool2d(3, 2, layout.pool_padding))
             in_ch = spec.out_channels
         if pool5_bn:
             layers.append(nn.BatchNorm2d(in_ch))
