@@ -61,12 +61,6 @@ class StaleWeights:
         self.step = -1  # t: the step under way
         self.loaded = -1  # the step whose weights the model holds
 
-    def tau(self, worker: int) -> int:
-        """The staleness of ``worker``'s gradient at the current step."""
-        if self.dist == "fixed":
-            return self.tau_max
-        return draw(self.seed, self.step, worker, self.tau_max)
-
     @torch.no_grad()
     def begin(self, step: int) -> None:
         """Step ``step`` starts: the model's weights are W_step; they enter the ring."""
@@ -76,8 +70,10 @@ class StaleWeights:
         self.step = self.loaded = step
 
     def use(self, worker: int) -> int:
-        """Load W_{t−τ} for ``worker``'s forward/backward (W_0 while t < τ); returns τ."""
-        tau = self.tau(worker)
+        """Load W_{t−τ} for ``worker``'s forward/backward (W_0 while t < τ); returns τ, the
+        staleness of ``worker``'s gradient at the current step."""
+        fixed = self.dist == "fixed"
+        tau = self.tau_max if fixed else draw(self.seed, self.step, worker, self.tau_max)
         self._load(max(self.step - tau, 0))
         return tau
 
