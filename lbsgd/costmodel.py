@@ -277,11 +277,8 @@ def fit_ring_allreduce(
     Equivalent to :func:`fit_alpha_beta` on messages of n/p bytes taking t/(2(p−1)) seconds.
     """
     p = _count("workers", workers, minimum=2)
-    n = np.asarray(sizes_bytes, dtype=float)
-    t = np.asarray(times_s, dtype=float)
-    if n.shape != t.shape:
-        raise ValueError(f"times_s: must be {n.size} times, one per size")
-    return fit_alpha_beta(n / p, t / (2 * (p - 1)))
+    n, t = np.asarray(sizes_bytes, dtype=float), np.asarray(times_s, dtype=float)
+    return fit_alpha_beta(n / p, t / (2 * (p - 1)))  # checks them
 
 
 def compute_from_step(
