@@ -46,21 +46,22 @@ def _missing(data_dir: Path, problem: str, expected: str) -> FileNotFoundError:
     return FileNotFoundError(f"data_dir='{data_dir}' {problem} ({expected})")
 
 
-def _cifar10_root(data_dir: str | os.PathLike) -> tuple[Path, str]:
-    """(torchvision root, batches folder name) of a CIFAR-10 data_dir; FileNotFoundError if not."""
+def _cifar10_folder(data_dir: str | os.PathLike) -> Path:
+    """The batches folder of a CIFAR-10 data_dir (itself, or its cifar-10-batches-py/);
+    FileNotFoundError if it holds none."""
     data_dir = Path(data_dir).expanduser()
     if not data_dir.is_dir():
         raise _missing(data_dir, "does not exist or is not a directory", _CIFAR_HOWTO)
     if (data_dir / _CIFAR_FOLDER).is_dir():
-        root, folder = data_dir, _CIFAR_FOLDER
+        folder = data_dir / _CIFAR_FOLDER
     elif (data_dir / "batches.meta").is_file():  # data_dir is the batches folder itself
-        root, folder = data_dir.parent, data_dir.name
+        folder = data_dir
     else:
         raise _missing(data_dir, f"has no {_CIFAR_FOLDER}/", _CIFAR_HOWTO)
-    absent = [name for name in _CIFAR_FILES if not (root / folder / name).is_file()]
+    absent = [name for name in _CIFAR_FILES if not (folder / name).is_file()]
     if absent:
-        raise _missing(data_dir, f"lacks {folder}/{{{','.join(absent)}}}", _CIFAR_HOWTO)
-    return root, folder
+        raise _missing(data_dir, f"lacks {folder.name}/{{{','.join(absent)}}}", _CIFAR_HOWTO)
+    return folder
 
 
 def _read_split(folder: Path, names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,8 +92,7 @@ def cifar10(
     (:class:`~lbsgd.data.device_images.DeviceImages`), normalised per batch on the training device;
     the train split is pad-crop-flip augmented there, unless ``augment=False``.
     """
-    root, folder = _cifar10_root(data_dir)
-    folder = root / folder
+    folder = _cifar10_folder(data_dir)
     with open(folder / "batches.meta", "rb") as f:
         classes = list(pickle.load(f, encoding="latin1")["label_names"])
     x_tr, y_tr = _read_split(folder, [f"data_batch_{i}" for i in range(1, 6)])
@@ -135,7 +135,7 @@ def _imagenet_classes(data_dir: Path) -> list[str]:
 def check(dataset: str, data_dir: str | os.PathLike) -> None:
     """The layout checks of ``dataset``'s builder, without reading any image (before any work)."""
     if dataset == "cifar10":
-        _cifar10_root(data_dir)
+        _cifar10_folder(data_dir)
     elif dataset == "imagenet":
         _imagenet_classes(Path(data_dir).expanduser())
 
