@@ -14,7 +14,6 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
@@ -200,27 +199,21 @@ def _part(ds: Dataset, idx: torch.Tensor) -> Dataset:
 
 @register_dataset("synthetic")
 def _synthetic(cfg) -> Splits:
-    cache = Path(cfg.data_dir) if cfg.data_dir else None
     x_tr, y_tr, x_te, y_te = synthetic.load(
-        train_size=cfg.synthetic_train,
-        test_size=cfg.synthetic_test,
-        difficulty=cfg.synthetic_difficulty,
-        noise=cfg.synthetic_noise,
-        cache_dir=cache,
+        cfg.synthetic_train,
+        cfg.synthetic_test,
+        cfg.synthetic_difficulty,
+        cfg.synthetic_noise,
+        cache_dir=cfg.data_dir or None,
     )
-    return Splits(
-        TensorDataset(x_tr, y_tr), TensorDataset(x_te, y_te), SYNTHETIC_SHAPE[0], x_tr.shape[-1]
-    )
+    return Splits(TensorDataset(x_tr, y_tr), TensorDataset(x_te, y_te), *SYNTHETIC_SHAPE)
 
 
 @register_dataset("fake")
 def _fake(cfg) -> Splits:
-    x_tr, y_tr, x_te, y_te = fake.splits(
-        cfg.fake_train, cfg.fake_test, cfg.fake_image_size, cfg.fake_classes, cfg.seed
-    )
-    return Splits(
-        TensorDataset(x_tr, y_tr), TensorDataset(x_te, y_te), cfg.fake_classes, cfg.fake_image_size
-    )
+    size, classes = cfg.fake_image_size, cfg.fake_classes
+    x_tr, y_tr, x_te, y_te = fake.splits(cfg.fake_train, cfg.fake_test, size, classes, cfg.seed)
+    return Splits(TensorDataset(x_tr, y_tr), TensorDataset(x_te, y_te), classes, size)
 
 
 @register_dataset("cifar10")
