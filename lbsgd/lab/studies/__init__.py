@@ -12,15 +12,13 @@ notebook's session (:mod:`lbsgd.lab.studies.session`).
 from __future__ import annotations
 
 from lbsgd.lab.experiments import readable  # notebooks show their tables with it
-from lbsgd.lab.findings import CHANCE_MARGIN_PCT, Budget, Finding, Verdict, contrast, verdict
+from lbsgd.lab.findings import Finding, Verdict, contrast, verdict
 from lbsgd.lab.stats import seeds_to_decide
 from lbsgd.lab.studies.rules import (
-    DATASET_CLASSES,
-    PAPERS,
+    INT_COLUMNS,
     Metrics,
     at_chance,
     budget,
-    chance_error_pct,
     chance_of,
     cite,
     curves,
@@ -28,7 +26,6 @@ from lbsgd.lab.studies.rules import (
     errors,
     every,
     finding,
-    goyal_steps,
     grid_edge,
     k_as_paper_batch,
     kilo,
@@ -37,25 +34,22 @@ from lbsgd.lab.studies.rules import (
     no_worse,
     note,
     paper_batch,
-    steps_of,
+    summary,
+    wins,
     within,
     worse_by,
 )
-from lbsgd.lab.studies.session import Session, log_study, repo_root, results_root, start
+from lbsgd.lab.studies.session import Session, repo_root, results_root, start
 
 __all__ = [
-    "CHANCE_MARGIN_PCT",
-    "DATASET_CLASSES",
-    "PAPERS",
     "STUDIES",
-    "Budget",
     "Finding",
+    "INT_COLUMNS",
     "Metrics",
     "Session",
     "Verdict",
     "at_chance",
     "budget",
-    "chance_error_pct",
     "chance_of",
     "cite",
     "contrast",
@@ -63,24 +57,23 @@ __all__ = [
     "diverged_as_failed",
     "errors",
     "every",
-    "goyal_steps",
     "finding",
     "grid_edge",
     "k_as_paper_batch",
     "kilo",
-    "log_study",
     "lower",
     "mean",
     "no_worse",
     "note",
+    "summary",
     "paper_batch",
-    "steps_of",
     "readable",
     "repo_root",
     "results_root",
     "seeds_to_decide",
     "start",
     "verdict",
+    "wins",
     "within",
     "worse_by",
 ]

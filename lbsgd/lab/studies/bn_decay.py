@@ -45,9 +45,7 @@ def runs(
     ]
 
 
-def prepare(df):
-    """Diverged runs at 100% error, and the network family (``arch``)."""
-    return lars.prepare(df)
+prepare = lars.prepare  # diverged runs at 100% error, and the network family (``arch``)
 
 
 def paper():
@@ -65,44 +63,28 @@ def table(df):
     """Ours beside Jia et al.'s ResNet-50 rows, with decay first (the paper's order)."""
     df = prepare(df)
     by = ["arch", "optimizer", "k", "batch_size", "decay_bn_bias"]
-    ours = ex.summarize(df, by).merge(
-        df.groupby(by)["diverged"].sum().astype(int).reset_index(), on=by
-    )
+    ours = studies.summary(df, by)
     p = paper()
     t = ours.merge(p[p["arch"] == "resnet"], on=["arch", "decay_bn_bias"], how="left")
     t = t.sort_values("decay_bn_bias", ascending=False).reset_index(drop=True)
-    return t.astype({c: "Int64" for c in t if c in lars.INT_COLUMNS})
+    return t.astype({c: "Int64" for c in t if c in studies.INT_COLUMNS})
 
 
 def findings(df) -> list[Finding]:
-    """No decay on BN and biases beats decaying them (LARS, largest k), decided over seeds."""
-    return [_no_decay_beats_decay(df)]
-
-
-def _no_decay_beats_decay(df) -> Finding:
-    """Its one claim, with LARS at the largest k (paired over seeds)."""
+    """No decay on BN and biases beats decaying them (LARS at the largest k; paired over seeds)."""
     df = prepare(df)
     k = float(df["k"].max())
     df = df[df["k"] == k]
     no, yes = (studies.errors(df, decay_bn_bias=d) for d in (False, True))
-    piv = df.pivot_table(index="seed", columns="decay_bn_bias", values="final_top1_error_pct")
-    piv = piv.dropna()
-    w, n = int((piv[False] < piv[True]).sum()), len(piv)
-    ref = paper()
-    p = dict(
-        zip(
-            zip(ref["arch"], ref["decay_bn_bias"], strict=True),
-            ref["paper_top1_acc_pct"],
-            strict=True,
-        )
-    )
+    w, n = studies.wins(df, "decay_bn_bias", False, True)
+    p = paper().set_index(["arch", "decay_bn_bias"])["paper_top1_acc_pct"]
     raw = ex.reference(STUDY)
     src, big = studies.cite(*raw["source"]), studies.kilo(raw["batch"].max())
-    return studies.finding(
+    finding = studies.finding(
         "with LARS at the largest minibatch, no weight decay on BN and biases beats decaying them "
         "(ResNet; both arms keep them in the trust ratio)",
         studies.lower(no, yes, chance=studies.chance_of(df), paired=True),
-        f"k={k:g}: no decay {sum(no) / len(no):.1f}% vs decay {sum(yes) / len(yes):.1f}% error "
+        f"k={k:g}: no decay {studies.mean(no):.1f}% vs decay {studies.mean(yes):.1f}% error "
         f"(mean of {n}; no decay better in {w} of {n} seeds); Jia et al. accuracy: ResNet-50 "
         f"{p['resnet', True]:.1f} to {p['resnet', False]:.1f} (error {100 - p['resnet', True]:.1f} "
         f"to {100 - p['resnet', False]:.1f}), AlexNet {p['alexnet', True]:.1f} to "
@@ -112,3 +94,4 @@ def _no_decay_beats_decay(df) -> Finding:
         f"{p['alexnet', True]:.1f}% vs {p['alexnet', False]:.1f}% ({big}, LARS)",
         budget=studies.budget(df, [k]),
     )
+    return [finding]

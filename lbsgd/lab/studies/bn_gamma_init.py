@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
 from lbsgd.lab import experiments as ex
 from lbsgd.lab import studies
-from lbsgd.lab.findings import Finding
+from lbsgd.lab.findings import Budget, Finding
 from lbsgd.lab.studies import Metrics, at_chance, curves, mean, note
 from lbsgd.lab.studies.scales import Profile
 
 STUDY = "bn_gamma_init"
 TITLE = "5. BN γ initialisation (Goyal Table 2b)"
 PROBE_PROFILES = ("smoke", "cpu")  # the scales whose ResNet-8 is shallow enough to need the probe
-INT_COLUMNS = ("batch_size", "paper_batch", "runs", "diverged")  # no 1.6e+04 in the tables
 
 
 def runs(
@@ -112,7 +110,7 @@ def table(df, metrics: Metrics = None):
         ["arch", "k", "gamma_init"], key=lambda c: c != main if c.name == "arch" else c
     )
     t = studies.k_as_paper_batch(t.reset_index(drop=True))
-    return t.astype({c: "Int64" for c in t if c in INT_COLUMNS})
+    return t.astype({c: "Int64" for c in t if c in studies.INT_COLUMNS})
 
 
 def _paired(df, arch: str, k: float):
@@ -133,89 +131,68 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
     evidence counting the seeds γ = 0 wins), and with the deeper probe (its seeds paired; one
     seed alone has no interval). The large k's claims carry their budget."""
     df = prepare(df, metrics)
-    s = _arms(df)
-    b = studies.budget(df[df["arch"] == s.main], [s.large_k])
-    out = [
-        _zero_gamma_wins(df, s, s.base_k, f"at k={s.base_k:g} (no warmup)"),
-        replace(
-            _zero_gamma_wins(df, s, s.large_k, f"at the large minibatch k={s.large_k:g}"),
-            budget=b,
-        ),
-    ]
-    out += [
-        replace(
-            _deeper_probe(df, s, arch), budget=studies.budget(df[df["arch"] == arch], [s.large_k])
-        )
-        for arch in sorted(set(df["arch"]) - {s.main})
-    ]
-    return out
-
-
-@dataclass(frozen=True)
-class _Arms:
-    """What the claims read: the chance error, the profile's network, the baseline's and the large
-    k; the paper's errors by (k, γ) and its words for each k."""
-
-    chance: float | None
-    main: str
-    base_k: float
-    large_k: float
-    p: dict[tuple[float, int], float]
-    quote: dict[float, str]
-
-
-def _arms(df) -> _Arms:
-    chance = studies.chance_of(df)
-    main = main_arch(df)
+    chance, main = studies.chance_of(df), main_arch(df)
     base_k, large_k = float(df["k"].min()), float(df["k"].max())
-    ref = paper(base_k, large_k, main)
-    p = {
-        (k, g): float(v)
-        for k, g, v in zip(ref["k"], ref["gamma_init"], ref["paper_top1_error_pct"], strict=True)
-    }
+    # the paper's errors by (k, γ), and its words for each k
+    p = paper(base_k, large_k, main).set_index(["k", "gamma_init"])["paper_top1_error_pct"]
     raw = ex.reference(STUDY)
     src = studies.cite(*raw["source"])
     quote = {
-        k: f"{src}: γ=0 {p[(k, 0)]:.2f}% vs γ=1 {p[(k, 1)]:.2f}% error ({studies.kilo(b)})"
+        k: f"{src}: γ=0 {p[k, 0]:.2f}% vs γ=1 {p[k, 1]:.2f}% error ({studies.kilo(b)})"
         for k, b in ((base_k, raw["batch"].min()), (large_k, raw["batch"].max()))
     }
-    return _Arms(chance, main, base_k, large_k, p, quote)
+
+    def budget(arch: str) -> Budget:
+        return studies.budget(df[df["arch"] == arch], [large_k])
+
+    out = [
+        _zero_gamma_wins(df, main, k, where, chance, p, quote[k], b)
+        for k, where, b in (
+            (base_k, f"at k={base_k:g} (no warmup)", None),
+            (large_k, f"at the large minibatch k={large_k:g}", budget(main)),
+        )
+    ]
+    return out + [
+        _deeper_probe(df, arch, large_k, chance, p, quote[large_k], budget(arch))
+        for arch in sorted(set(df["arch"]) - {main})
+    ]
 
 
-def _zero_gamma_wins(df, s: _Arms, k: float, where: str) -> Finding:
-    """γ = 0 beats γ = 1 with the profile's network at ``k`` (paired over seeds)."""
-    piv = _paired(df, s.main, k)
+def _zero_gamma_wins(df, main: str, k: float, where: str, chance, p, quote: str, b) -> Finding:
+    """γ = 0 beats γ = 1 with the profile's network ``main`` at ``k`` (paired over seeds)."""
+    piv = _paired(df, main, k)
     e0, e1 = list(piv[0]), list(piv[1])
     w, n = int((piv[0] < piv[1]).sum()), len(piv)
-    verdict = studies.lower(e0, e1, chance=s.chance, paired=True)
+    verdict = studies.lower(e0, e1, chance=chance, paired=True)
     return studies.finding(
         f"γ=0 in the last BN of each residual block beats γ=1 {where}",
         verdict,
         f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% (mean of {n}; γ=0 better in {w} of {n} "
-        f"seeds; paper {s.p[(k, 0)]:.2f} vs {s.p[(k, 1)]:.2f})"
+        f"seeds; paper {p[k, 0]:.2f} vs {p[k, 1]:.2f})"
         + note(
             verdict,
-            not mean(e0) < mean(e1) and not at_chance([*e0, *e1], s.chance),
+            not mean(e0) < mean(e1) and not at_chance([*e0, *e1], chance),
             f"an earlier ResNet-8 probe found the order reversed, γ=0 (every block of a "
             f"shallow net starting as the identity) lengthening the initial plateau; here the "
-            f"training loss made half of its decrease after {_plateau(df, s.main, k, 0):.2f} "
-            f"epochs with γ=0 vs {_plateau(df, s.main, k, 1):.2f} with γ=1",
+            f"training loss made half of its decrease after {_plateau(df, main, k, 0):.2f} "
+            f"epochs with γ=0 vs {_plateau(df, main, k, 1):.2f} with γ=1",
         ),
-        paper=s.quote[k],
+        paper=quote,
+        budget=b,
     )
 
 
-def _deeper_probe(df, s: _Arms, arch: str) -> Finding:
+def _deeper_probe(df, arch: str, large_k: float, chance, p, quote: str, b) -> Finding:
     """γ = 0 beats γ = 1 with the deeper probe ``arch`` at the large k (paired over its seeds)."""
-    large_k = s.large_k
     piv = _paired(df, arch, large_k)
     e0, e1 = list(piv[0]), list(piv[1])
     seeds = f"mean of {len(piv)}" if len(piv) > 1 else f"seed {piv.index[0]} only"
     return studies.finding(
         f"with a deeper ResNet ({arch}, the probe) γ=0 beats γ=1 at the large minibatch",
-        studies.lower(e0, e1, chance=s.chance, paired=True),
+        studies.lower(e0, e1, chance=chance, paired=True),
         f"γ=0 {mean(e0):.1f}% vs γ=1 {mean(e1):.1f}% ({seeds}; half the loss decrease after "
         f"{_plateau(df, arch, large_k, 0):.2f} vs {_plateau(df, arch, large_k, 1):.2f} epochs); "
-        f"paper, ResNet-50: {s.p[(large_k, 0)]:.2f} vs {s.p[(large_k, 1)]:.2f}",
-        paper=s.quote[large_k].replace(":", " (ResNet-50):", 1),
+        f"paper, ResNet-50: {p[large_k, 0]:.2f} vs {p[large_k, 1]:.2f}",
+        paper=quote.replace(":", " (ResNet-50):", 1),
+        budget=b,
     )

@@ -18,7 +18,6 @@ from lbsgd.lab.studies.scales import Profile
 
 STUDY = "lars"
 TITLE = "6. LARS (You et al. 2017, Jia et al. 2018)"
-INT_COLUMNS = ("batch_size", "paper_batch", "runs", "diverged")  # no 1.6e+04 in the tables
 COLORS = {
     ("resnet", "sgd"): "tab:red",
     ("resnet", "lars"): "tab:green",
@@ -146,8 +145,7 @@ def ours(df):
     """Mean, spread and count of the error per network, optimizer and k, with diverged runs."""
     df = prepare(df)
     by = ["arch", "optimizer", "k", "batch_size", "lr"]
-    out = ex.summarize(df, by)
-    return out.merge(df.groupby(by)["diverged"].sum().astype(int).reset_index(), on=by)
+    return studies.summary(df, by)
 
 
 def paper(archs: Sequence[str] | None = None):
@@ -159,26 +157,18 @@ def paper(archs: Sequence[str] | None = None):
         p = p[p["arch"].isin(set(archs))]  # the networks trained here (not plain AlexNet)
     p["k"] = p["batch"] / 256
     p["paper_top1_error_pct"] = 100 - p["value"]  # the papers give accuracy
-    cols = [
-        "arch",
-        "optimizer",
-        "k",
-        "batch",
-        "lr",
-        "value",
-        "paper_top1_error_pct",
-        "source",
-        "variant",
-    ]
-    return p[cols].rename(
-        columns={
-            "batch": "paper_batch",
-            "lr": "paper_lr",
-            "value": "paper_top1_acc_pct",
-            "source": "paper_source",
-            "variant": "paper_variant",
-        }
-    )
+    names = {  # the papers' column: ours
+        "arch": "arch",
+        "optimizer": "optimizer",
+        "k": "k",
+        "batch": "paper_batch",
+        "lr": "paper_lr",
+        "value": "paper_top1_acc_pct",
+        "paper_top1_error_pct": "paper_top1_error_pct",
+        "source": "paper_source",
+        "variant": "paper_variant",
+    }
+    return p[list(names)].rename(columns=names)
 
 
 # how each arm's lr was set: SGD's is not tuned here (study 14 tunes every optimizer alike)
@@ -200,7 +190,7 @@ def table(df):
     t = t.sort_values(["arch", "optimizer", "k"]).reset_index(drop=True)
     t.insert(t.columns.get_loc("lr") + 1, "lr_setting", [TUNING.get(o) for o in t["optimizer"]])
     t.loc[t["runs"].isna(), "lr_setting"] = None
-    return t.astype({c: "Int64" for c in t if c in INT_COLUMNS})
+    return t.astype({c: "Int64" for c in t if c in studies.INT_COLUMNS})
 
 
 # -- the findings ------------------------------------------------------------------------------
@@ -221,17 +211,6 @@ def _accuracy(p, arch_: str, batches: Sequence[int]) -> tuple[str, dict[tuple[st
     return studies.cite(*r["paper_source"]), {(o, int(b)): float(a) for o, b, a in acc}
 
 
-def _wins(df, arch_: str, k: float) -> tuple[int, int]:
-    """Seeds at k where LARS's error is below SGD's, of the seeds both ran."""
-    sel = df[(df["arch"] == arch_) & (df["k"] == k)]
-    piv = sel.pivot_table(index="seed", columns="optimizer", values="final_top1_error_pct").dropna()
-    return int((piv["lars"] < piv["sgd"]).sum()), len(piv)
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
 def findings(df) -> list[Finding]:
     """LARS beats SGD at each network's largest k; from the smallest to the largest k the ResNet
     loses less with LARS than with SGD. Decided over seeds (:mod:`lbsgd.lab.studies`)."""
@@ -243,9 +222,9 @@ def findings(df) -> list[Finding]:
         _lars_beats_sgd(df, a, kmax[a], chance, p) for a in ("resnet", "alexnet_bn") if a in kmax
     ]
     res = df[df["arch"] == "resnet"]
-    if res.empty or res["k"].nunique() < 2:
-        return out
-    return [*out, _lars_loses_less(res, kmax["resnet"], chance, p)]
+    if res["k"].nunique() >= 2:  # none when no ResNet ran
+        out.append(_lars_loses_less(res, kmax["resnet"], chance, p))
+    return out
 
 
 # the papers' network of each arch: who reports it, and its name
@@ -256,7 +235,7 @@ def _lars_beats_sgd(df, a: str, k: float, chance: float | None, p) -> Finding:
     """At network ``a``'s largest k LARS's error is below SGD's (paired over seeds)."""
     lars = studies.errors(df, arch=a, optimizer="lars", k=k)
     sgd = studies.errors(df, arch=a, optimizer="sgd", k=k)
-    w, n = _wins(df, a, k)
+    w, n = studies.wins(df, "optimizer", "lars", "sgd", arch=a, k=k)
     who, name = _PUBLISHED[a]
     p_sgd, b = _paper_error(p, a, "sgd")
     p_lars, _ = _paper_error(p, a, "lars", b)
@@ -268,7 +247,7 @@ def _lars_beats_sgd(df, a: str, k: float, chance: float | None, p) -> Finding:
     return studies.finding(
         f"at the largest minibatch LARS beats SGD at the linear rule's lr, untuned ({a})",
         studies.lower(lars, sgd, chance=chance, paired=True),
-        f"k={k:g}: LARS {_mean(lars):.1f}% vs SGD {_mean(sgd):.1f}% error (mean of {len(lars)}; "
+        f"k={k:g}: LARS {studies.mean(lars):.1f}% vs SGD {studies.mean(sgd):.1f}% error (mean of {len(lars)}; "
         f"LARS better in {w} of {n} seeds); paper error: {quote}; {TUNED_ELSEWHERE}",
         paper=f"{src}: {name} at {studies.kilo(b)} accuracy SGD {acc['sgd', b]:.1f}% vs LARS "
         f"{acc['lars', b]:.1f}%",
@@ -288,7 +267,7 @@ def _level_k(res, kbig: float) -> float | None:
         if k >= kbig:
             break
         lars, sgd = (studies.errors(res, optimizer=o, k=k) for o in ("lars", "sgd"))
-        if lars and sgd and abs(_mean(lars) - _mean(sgd)) <= LEVEL_PTS:
+        if lars and sgd and abs(studies.mean(lars) - studies.mean(sgd)) <= LEVEL_PTS:
             return float(k)
     return None
 
@@ -315,8 +294,8 @@ def _lars_loses_less(res, kbig: float, chance: float | None, p) -> Finding:
     )
     if kmin is None:
         starts = "; ".join(
-            f"k={k:g}: LARS {_mean(studies.errors(res, optimizer='lars', k=k)):.1f}% vs SGD "
-            f"{_mean(studies.errors(res, optimizer='sgd', k=k)):.1f}%"
+            f"k={k:g}: LARS {studies.mean(studies.errors(res, optimizer='lars', k=k)):.1f}% vs SGD "
+            f"{studies.mean(studies.errors(res, optimizer='sgd', k=k)):.1f}%"
             for k in sorted(set(res["k"]))
             if k < kbig
         )
@@ -331,7 +310,7 @@ def _lars_loses_less(res, kbig: float, chance: float | None, p) -> Finding:
     return studies.finding(
         claim,
         verdict,
-        f"from k={kmin:g}: error change LARS {_mean(change['lars']):+.1f} points, SGD {_mean(change['sgd']):+.1f} "
+        f"from k={kmin:g}: error change LARS {studies.mean(change['lars']):+.1f} points, SGD {studies.mean(change['sgd']):+.1f} "
         f"points (k={kmin:g}: seed {first} only); {quote}",
         paper=paper_words,
         budget=studies.budget(res, [kmin, kbig]),

@@ -9,7 +9,6 @@ run counts as 100% error.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
 from lbsgd.lab import experiments as ex
@@ -22,7 +21,6 @@ STUDY = "lr_scaling_rule"
 TITLE = "4. Learning-rate scaling rules (Goyal Table 2a)"
 RULES = ("linear", "sqrt", "none")
 COLLAPSE_PCT = 5.0  # "collapses": Goyal's no-scaling run is 17.9 points worse than the linear rule
-INT_COLUMNS = ("batch_size", "paper_batch", "runs", "diverged")  # no 1.6e+04 in the tables
 
 
 def runs(
@@ -34,9 +32,7 @@ def runs(
     return [profile.keys(k=large_k, lr_scaling=r, seed=s) for r in RULES for s in seeds]
 
 
-def prepare(df):
-    """Diverged runs at 100% error (``diverged`` column)."""
-    return studies.diverged_as_failed(df)
+prepare = studies.diverged_as_failed  # diverged runs at 100% error (``diverged`` column)
 
 
 def rule(batch: float, lr: float, base_lr: float = 0.1, base_batch: int = 256) -> str | None:
@@ -70,93 +66,57 @@ def table(df):
     """Mean error and diverged runs per rule beside Table 2a, in the order linear, sqrt, none."""
     df = prepare(df)
     by = ["k", "batch_size", "lr_scaling", "lr"]
-    ours = ex.summarize(df, by).merge(
-        df.groupby(by)["diverged"].sum().astype(int).reset_index(), on=by
-    )
+    ours = studies.summary(df, by)
     t = ours.merge(paper(), on="lr_scaling", how="left")
     order = {r: i for i, r in enumerate(RULES)}
     t = t.sort_values("lr_scaling", key=lambda c: c.map(order)).reset_index(drop=True)
     t = t[["lr_scaling", *(c for c in t if c != "lr_scaling")]]
     t = studies.k_as_paper_batch(t)
-    return t.astype({c: "Int64" for c in t if c in INT_COLUMNS})
+    return t.astype({c: "Int64" for c in t if c in studies.INT_COLUMNS})
 
 
 def findings(df) -> list[Finding]:
     """The linear rule is the best of the three; no scaling is over 5 points worse than linear.
     Decided over seeds (:mod:`lbsgd.lab.studies`); the evidence counts the seeds linear wins."""
     df = prepare(df)
-    r = _rules(df)
-    b = studies.budget(df, [r.large_k])
-    return [replace(_linear_is_best(r), budget=b), replace(_none_collapses(r), budget=b)]
-
-
-@dataclass(frozen=True)
-class _Rules:
-    """What the claims read: the chance error, the large k, each rule's errors by seed and their
-    mean, the seeds; the paper's errors by rule, their source and large batch."""
-
-    chance: float | None
-    large_k: float
-    e: dict[str, list[float]]
-    m: dict[str, float]
-    n: int
-    wins: int  # seeds where linear's error is below both others'
-    seeds: int  # seeds that ran all three rules
-    p: dict[str, float]
-    src: str
-    big: str
-
-
-def _rules(df) -> _Rules:
+    chance, large_k = studies.chance_of(df), float(df["k"].max())
     e = {r: studies.errors(df, lr_scaling=r) for r in RULES}
+    m, n = {r: mean(v) for r, v in e.items()}, len(e["linear"])
     per_seed = df.pivot_table(
         index="seed", columns="lr_scaling", values="final_top1_error_pct"
     ).dropna()
+    # seeds where linear's error is below both others', of the seeds that ran all three rules
+    wins = int((per_seed["linear"] < per_seed[["sqrt", "none"]].min(axis=1)).sum())
     ref = ex.reference(STUDY)
-    return _Rules(
-        chance=studies.chance_of(df),
-        large_k=float(df["k"].max()),
-        e=e,
-        m={r: mean(v) for r, v in e.items()},
-        n=len(e["linear"]),
-        wins=int((per_seed["linear"] < per_seed[["sqrt", "none"]].min(axis=1)).sum()),
-        seeds=len(per_seed),
-        p=dict(zip(paper()["lr_scaling"], paper()["paper_top1_error_pct"], strict=True)),
-        src=studies.cite(*ref["source"]),
-        big=studies.kilo(ref["batch"].max()),
-    )
-
-
-def _linear_is_best(r: _Rules) -> Finding:
-    """The linear rule's error below sqrt's and none's (paired over seeds)."""
-    e, m, p = r.e, r.m, r.p
-    return studies.finding(
-        "the linear rule gives the lowest error of the three rules at the large minibatch",
-        every(
-            studies.lower(e["linear"], e["sqrt"], chance=r.chance, paired=True),
-            studies.lower(e["linear"], e["none"], chance=r.chance, paired=True),
+    p = dict(zip(paper()["lr_scaling"], paper()["paper_top1_error_pct"], strict=True))
+    src, big = studies.cite(*ref["source"]), studies.kilo(ref["batch"].max())
+    b = studies.budget(df, [large_k])
+    return [
+        studies.finding(
+            "the linear rule gives the lowest error of the three rules at the large minibatch",
+            every(
+                studies.lower(e["linear"], e["sqrt"], chance=chance, paired=True),
+                studies.lower(e["linear"], e["none"], chance=chance, paired=True),
+            ),
+            f"linear {m['linear']:.1f}%, sqrt {m['sqrt']:.1f}%, none {m['none']:.1f}% at "
+            f"k={large_k:g} (mean of {n}; linear best in {wins} of {len(per_seed)} seeds); paper "
+            f"{p['linear']:.2f}, {p['sqrt']:.2f}, {p['none']:.2f}",
+            paper=f"{src}: linear {p['linear']:.2f}%, sqrt {p['sqrt']:.2f}%, none "
+            f"{p['none']:.2f}% error ({big})",
+            budget=b,
         ),
-        f"linear {m['linear']:.1f}%, sqrt {m['sqrt']:.1f}%, none {m['none']:.1f}% at "
-        f"k={r.large_k:g} (mean of {r.n}; linear best in {r.wins} of {r.seeds} seeds); paper "
-        f"{p['linear']:.2f}, {p['sqrt']:.2f}, {p['none']:.2f}",
-        paper=f"{r.src}: linear {p['linear']:.2f}%, sqrt {p['sqrt']:.2f}%, none {p['none']:.2f}% "
-        f"error ({r.big})",
-    )
-
-
-def _none_collapses(r: _Rules) -> Finding:
-    """No scaling more than COLLAPSE_PCT points above the linear rule (paired over seeds)."""
-    e, m, p = r.e, r.m, r.p
-    return studies.finding(
-        f"without scaling the large minibatch collapses: over {COLLAPSE_PCT:g} points worse "
-        f"than the linear rule",
-        # the claim is that "none" fails: it is not held to training
-        studies.worse_by(
-            e["none"], e["linear"], COLLAPSE_PCT, chance=r.chance, paired=True, may_fail="x"
+        studies.finding(
+            f"without scaling the large minibatch collapses: over {COLLAPSE_PCT:g} points worse "
+            f"than the linear rule",
+            # the claim is that "none" fails: it is not held to training
+            studies.worse_by(
+                e["none"], e["linear"], COLLAPSE_PCT, chance=chance, paired=True, may_fail="x"
+            ),
+            f"none {m['none']:.1f}% vs linear {m['linear']:.1f}% "
+            f"({m['none'] - m['linear']:+.1f} points, mean of {n}); paper {p['none']:.2f} vs "
+            f"{p['linear']:.2f} ({p['none'] - p['linear']:+.1f})",
+            paper=f"{src}: none {p['none']:.2f}% vs linear {p['linear']:.2f}% error "
+            f"({p['none'] - p['linear']:+.2f} points, {big})",
+            budget=b,
         ),
-        f"none {m['none']:.1f}% vs linear {m['linear']:.1f}% "
-        f"({m['none'] - m['linear']:+.1f} points, mean of {r.n}); paper {p['none']:.2f} vs "
-        f"{p['linear']:.2f} ({p['none'] - p['linear']:+.1f})",
-        paper=f"{r.src}: none {p['none']:.2f}% vs linear {p['linear']:.2f}% error "
-        f"({p['none'] - p['linear']:+.2f} points, {r.big})",
-    )
+    ]

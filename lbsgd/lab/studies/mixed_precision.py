@@ -19,7 +19,6 @@ from typing import Any
 from lbsgd.lab import experiments as ex
 from lbsgd.lab import studies
 from lbsgd.lab.findings import Finding
-from lbsgd.lab.studies import lars
 from lbsgd.lab.studies.scales import Profile
 
 STUDY = "mixed_precision"
@@ -114,7 +113,7 @@ def table(df):
         columns={"batch": "paper_batch", "variant": "paper_variant", "value": "paper_top1_acc_pct"}
     )
     t = ours(df).merge(ctx, on="precision", how="left")
-    return t.astype({c: "Int64" for c in t if c in lars.INT_COLUMNS})
+    return t.astype({c: "Int64" for c in t if c in studies.INT_COLUMNS})
 
 
 def throughput(df):
@@ -185,24 +184,21 @@ def _trains_faster(df, o, j) -> Finding:
     devices = sorted(set(df["ran_on"]))
     fast = j[(j["metric"] == "train_minutes") & (j["model"] == "resnet50")]
     fast = fast.sort_values("value").iloc[0]
+    on, where = ", ".join(devices), fast["variant"].removeprefix("Jia et al. ")
+    verdict = studies.Verdict(
+        None, f"the runs were on {on}, not a GPU (a CPU has no fast fp16 kernels)"
+    )
     if all(d.startswith("cuda") for d in devices):  # "cuda" or "cuda:0"
         verdict = studies.Verdict(
             bool(max(ips.get("fp16", 0.0), ips.get("bf16", 0.0)) > ips["fp32"])
-        )
-    else:
-        verdict = studies.Verdict(
-            None,
-            f"the runs were on {', '.join(devices)}, not a GPU (a CPU has no fast fp16 kernels)",
         )
     rates = ", ".join(f"{p} {ips[p]:.0f}" for p in PRECISIONS if p in ips)
     return studies.finding(
         "mixed precision trains faster than fp32 (on a GPU)",
         verdict,
-        f"{rates} img/s on {', '.join(devices)}; Jia et al. (mixed precision, ResNet-50 at "
-        f"{int(fast['batch'])}): {fast['value']:g} min on "
-        + fast["variant"].removeprefix("Jia et al. ")
-        + f", top-1 {fast['top1_acc_pct']:g}%",
+        f"{rates} img/s on {on}; Jia et al. (mixed precision, ResNet-50 at {int(fast['batch'])}): "
+        f"{fast['value']:g} min on {where}, top-1 {fast['top1_acc_pct']:g}%",
         paper=f"{studies.cite(fast['source'])}: qualitative, no fp32 time to compare; "
         f"mixed-precision ResNet-50 at {studies.kilo(fast['batch'])} in {fast['value']:g} min "
-        f"on {fast['variant'].removeprefix('Jia et al. ')}, top-1 {fast['top1_acc_pct']:g}%",
+        f"on {where}, top-1 {fast['top1_acc_pct']:g}%",
     )

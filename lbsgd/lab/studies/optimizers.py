@@ -343,8 +343,7 @@ def ours(final_df):
     """Test error of the chosen settings over the profile's seeds, per optimizer and k."""
     df = prepare(final_df)
     by = [*SETTING, "peak_lr"]
-    out = ex.summarize(df, by)
-    return out.merge(df.groupby(by)["diverged"].sum().astype(int).reset_index(), on=by)
+    return studies.summary(df, by)
 
 
 def paper():
@@ -394,7 +393,6 @@ def table(trial_df, final_df):
     stands for its batch (k · 256)."""
     t = choose(trial_df).merge(ours(final_df), on=[*SETTING, "peak_lr"])
     t = t.merge(paper(), on="arm", how="left")
-    # the paper's row beside the k that stands for its batch (k · 256), as in every study
     same = [studies.paper_batch(k) == b for k, b in zip(t["k"], t["paper_batch"], strict=True)]
     for c in ("paper_batch", "paper_top1_error_pct", "paper_source", "paper_variant"):
         t.loc[[not x for x in same], c] = None

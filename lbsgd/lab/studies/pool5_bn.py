@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from lbsgd.lab import experiments as ex
@@ -78,9 +77,7 @@ def table(df):
 
     df = prepare(df)
     by = ["k", "batch_size", "decay_bn_bias", *KEYS]
-    ours = ex.summarize(df, by).merge(
-        df.groupby(by)["diverged"].sum().astype(int).reset_index(), on=by
-    )
+    ours = studies.summary(df, by)
     ours["note"] = [
         "the BN after pool5 is the only BN"
         if b
@@ -108,76 +105,30 @@ def table(df):
         for _, r in t.iterrows()
     ]
     t = t.sort_values("paper_row").reset_index(drop=True)
-    return t.astype({c: "Int64" for c in t if c in lars.INT_COLUMNS})
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
-def _paper_acc(d: bool, b: bool) -> float:
-    p = paper()
-    r = p[(p["decay_bias"] == d) & (p["decay_bn"] == d) & (p["pool5_bn"] == b)]
-    return float(r["paper_top1_acc_pct"].iloc[0])
-
-
-def _wins(df, better: tuple[bool, bool], worse: tuple[bool, bool]) -> tuple[int, int]:
-    """Seeds where setting ``better`` (decay_bn_bias, pool5_bn) has the lower error, of those
-    both ran."""
-    piv = df.pivot_table(
-        index="seed", columns=["decay_bn_bias", "pool5_bn"], values="final_top1_error_pct"
-    )
-    if better not in piv or worse not in piv:
-        return 0, 0
-    pair = piv[[better, worse]].dropna()
-    return int((pair[better] < pair[worse]).sum()), len(pair)
+    return t.astype({c: "Int64" for c in t if c in studies.INT_COLUMNS})
 
 
 def findings(df) -> list[Finding]:
-    """pool5-BN beats none (no decay), decided over seeds. Jia et al.'s no-decay result is a
-    claim about their AlexNet with BN (it decays BN γ/β): plain AlexNet has no BN, so that claim
-    is not made here (the table keeps the decayed row beside theirs)."""
+    """pool5-BN's error below none's (no decay on bias and BN; paired over seeds). Jia et al.'s
+    no-decay result is a claim about their AlexNet with BN (it decays BN γ/β): plain AlexNet has
+    no BN, so that claim is not made here (the table keeps the decayed row beside theirs)."""
     df = prepare(df)
-    s = _settings(df)
-    return [_pool5_bn_helps(df, s)]
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """What the claims read: the chance error, the k, the errors by seed of each setting
-    ((decay_bn_bias, pool5_bn)); the paper's source and batch."""
-
-    chance: float | None
-    k: float
-    err: dict[tuple[bool, bool], list[float]]
-    src: str
-    big: str
-
-
-def _settings(df) -> _Settings:
-    raw = ex.reference(STUDY)
-    return _Settings(
-        chance=studies.chance_of(df),
-        k=float(df["k"].max()),
-        err={s: studies.errors(df, decay_bn_bias=s[0], pool5_bn=s[1]) for s in SETTINGS},
-        src=studies.cite(*raw["source"]),
-        big=studies.kilo(raw["batch"].max()),
-    )
-
-
-def _pool5_bn_helps(df, s: _Settings) -> Finding:
-    """pool5-BN's error below none's (no decay; paired over seeds)."""
-    bn, none = s.err[False, True], s.err[False, False]
-    w_bn, n_bn = _wins(df, (False, True), (False, False))
-    return studies.finding(
-        "BN after pool5 improves AlexNet over no pool5-BN (no decay on bias and BN)",
-        studies.lower(bn, none, chance=s.chance, paired=True),
-        f"k={s.k:g}: pool5-BN {_mean(bn):.1f}% vs none {_mean(none):.1f}% error (mean of {n_bn}; "
-        f"pool5-BN better in {w_bn} of {n_bn} seeds); Jia et al. accuracy "
-        f"{_paper_acc(False, False):.1f} to {_paper_acc(False, True):.1f} (error "
-        f"{100 - _paper_acc(False, False):.1f} to {100 - _paper_acc(False, True):.1f})",
-        paper=f"{s.src}: AlexNet accuracy {_paper_acc(False, False):.1f}% without vs "
-        f"{_paper_acc(False, True):.1f}% with BN after pool5 (no decay on bias and BN; {s.big}, "
-        "LARS)",
-        budget=studies.budget(df, [s.k]),
-    )
+    k, raw, p = float(df["k"].max()), ex.reference(STUDY), paper()
+    src, big = studies.cite(*raw["source"]), studies.kilo(raw["batch"].max())
+    bn, none = (studies.errors(df, decay_bn_bias=False, pool5_bn=b) for b in (True, False))
+    w, n = studies.wins(df, ["decay_bn_bias", "pool5_bn"], (False, True), (False, False))
+    # Jia et al.'s accuracy without decay, by pool5-BN
+    acc = p[~p["decay_bias"] & ~p["decay_bn"]].set_index("pool5_bn")["paper_top1_acc_pct"]
+    off, on = float(acc[False]), float(acc[True])
+    return [
+        studies.finding(
+            "BN after pool5 improves AlexNet over no pool5-BN (no decay on bias and BN)",
+            studies.lower(bn, none, chance=studies.chance_of(df), paired=True),
+            f"k={k:g}: pool5-BN {studies.mean(bn):.1f}% vs none {studies.mean(none):.1f}% error "
+            f"(mean of {n}; pool5-BN better in {w} of {n} seeds); Jia et al. accuracy "
+            f"{off:.1f} to {on:.1f} (error {100 - off:.1f} to {100 - on:.1f})",
+            paper=f"{src}: AlexNet accuracy {off:.1f}% without vs {on:.1f}% with BN after pool5 "
+            f"(no decay on bias and BN; {big}, LARS)",
+            budget=studies.budget(df, [k]),
+        )
+    ]

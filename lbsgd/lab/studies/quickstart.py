@@ -51,39 +51,27 @@ def paper() -> str:
 
 
 def findings(df) -> list[Finding]:
-    """The run learns: its top-1 error is over 20 points below chance (see :data:`LEARNS_PCT`)."""
-    return [_run_learns(df)]
-
-
-def _run_learns(df) -> Finding:
-    """Its one claim: the run learns (diverged: not; chance unknown: undecided)."""
+    """The run learns: its top-1 error is over 20 points below chance (see :data:`LEARNS_PCT`;
+    diverged: not; chance unknown: undecided)."""
     err = studies.errors(df)[0]
     chance = studies.chance_of(df)
-    claim = "a large-minibatch run with the linear rule and gradual warmup learns"
+    evidence = f"top-1 error {err:.1f}%"
     if (df["status"] == "diverged").any():
-        return studies.finding(
-            claim,
-            studies.Verdict(False),
-            f"the run diverged (top-1 error {err:.1f}% at its last evaluation)",
-            paper=paper(),
-        )
-    if chance is None:
+        verdict = studies.Verdict(False)
+        evidence = f"the run diverged ({evidence} at its last evaluation)"
+    elif chance is None:
         verdict = studies.Verdict(None, "the dataset's chance error is unknown")
-        return studies.finding(claim, verdict, f"top-1 error {err:.1f}%", paper=paper())
-    # one run against a number (chance): no test; the allowance of LEARNS_PCT points plays the
-    # part of an interval, and a run short of it is undecided, not "not replayed"
-    if chance - err > LEARNS_PCT:
-        verdict = studies.Verdict(True)
     else:
-        verdict = studies.Verdict(
-            None,
-            f"one run, {chance - err:.1f} points below chance (the "
-            f"claim: over {LEARNS_PCT:g}): no seed spread to judge it by",
+        # one run against a number (chance): no test; the allowance of LEARNS_PCT points plays
+        # the part of an interval, and a run short of it is undecided, not "not replayed"
+        why = (
+            f"one run, {chance - err:.1f} points below chance (the claim: over {LEARNS_PCT:g}): "
+            "no seed spread to judge it by"
         )
-    return studies.finding(
-        claim,
-        verdict,
-        f"top-1 error {err:.1f}% vs chance {chance:.0f}% (the claim: over {LEARNS_PCT:g} points "
-        f"below it, under {chance - LEARNS_PCT:.0f}%)",
-        paper=paper(),
-    )
+        verdict = studies.Verdict(True) if chance - err > LEARNS_PCT else studies.Verdict(None, why)
+        evidence += (
+            f" vs chance {chance:.0f}% (the claim: over {LEARNS_PCT:g} points below it, under "
+            f"{chance - LEARNS_PCT:.0f}%)"
+        )
+    claim = "a large-minibatch run with the linear rule and gradual warmup learns"
+    return [studies.finding(claim, verdict, evidence, paper=paper())]

@@ -14,19 +14,14 @@ from lbsgd.lab import experiments as ex
 from lbsgd.lab import findings as fs
 from lbsgd.lab.findings import CHANCE_MARGIN_PCT, Finding, Verdict
 
-
-def chance_error_pct(num_classes: int) -> float:
-    """Top-1 error (%) of guessing: 100·(1 − 1/classes)."""
-    return 100.0 * (1.0 - 1.0 / num_classes)
-
-
 # Classes per dataset key (ImageNet as published; a plugin's dataset is unknown here).
 DATASET_CLASSES = {"synthetic": 10, "cifar10": 10, "fashion_mnist": 10, "imagenet": 1000}
 
 
 def chance_of(df) -> float | None:
-    """The chance error (%) of the dataset the runs of ``df`` trained on (``fake``: its
-    ``fake_classes``); None when the runs differ in it or it is unknown (no chance check)."""
+    """The chance error (%), 100·(1 − 1/classes), of the dataset the runs of ``df`` trained on
+    (``fake``: its ``fake_classes``); None when the runs differ in it or it is unknown (no chance
+    check)."""
     if "dataset" not in df.columns:
         return None
     fake = df["fake_classes"] if "fake_classes" in df.columns else [None] * len(df)
@@ -34,7 +29,7 @@ def chance_of(df) -> float | None:
         int(c) if d == "fake" else DATASET_CLASSES.get(d)
         for d, c in zip(df["dataset"], fake, strict=True)
     }
-    return chance_error_pct(n.pop()) if len(n) == 1 and None not in n else None
+    return 100.0 * (1.0 - 1.0 / n.pop()) if len(n) == 1 and None not in n else None
 
 
 def lower(a: Sequence[float], b: Sequence[float], **kw: Any) -> Verdict:
@@ -152,10 +147,7 @@ def goyal_steps(batch: float) -> int:
 def steps_of(df, **where: Any) -> int:
     """The optimizer steps (``total_steps``) of the runs of ``df`` matching ``where``: the runs of
     one arm share them."""
-    sel = df
-    for k, v in where.items():
-        sel = sel[sel[k] == v]
-    return int(sel["total_steps"].iloc[0])
+    return int(_select(df, where)["total_steps"].iloc[0])
 
 
 def budget(df, ks: Sequence[float], paper: str | None = None, **where: Any) -> fs.Budget:
@@ -186,12 +178,39 @@ def kilo(batch: float) -> str:
     return f"{b // 1024}k" if b >= 1024 and b % 1024 == 0 else str(b)
 
 
+def _select(df, where: Mapping[str, Any]):
+    for k, v in where.items():
+        df = df[df[k] == v]
+    return df
+
+
 def errors(df, metric: str = "final_top1_error_pct", **where: Any) -> list[float]:
     """The values of ``metric`` of the runs of ``df`` matching ``where`` (key=value), by seed."""
-    sel = df
-    for k, v in where.items():
-        sel = sel[sel[k] == v]
-    return [float(v) for v in sel.sort_values("seed")[metric]]
+    return [float(v) for v in _select(df, where).sort_values("seed")[metric]]
+
+
+def wins(df, column: str | list[str], better: Any, worse: Any, **where: Any) -> tuple[int, int]:
+    """Of the runs of ``df`` matching ``where``, the seeds where ``column`` = ``better`` has the
+    lower error than ``worse``, and the seeds that ran both."""
+    piv = _select(df, where).pivot_table(
+        index="seed", columns=column, values="final_top1_error_pct"
+    )
+    if better not in piv or worse not in piv:
+        return 0, 0
+    a, b = piv[better], piv[worse]
+    both = a.notna() & b.notna()
+    return int((a[both] < b[both]).sum()), int(both.sum())
+
+
+# the tables' integer columns: shown as integers (no 1.6e+04) where a merge made them float
+INT_COLUMNS = ("batch_size", "paper_batch", "runs", "diverged")
+
+
+def summary(df, by: Sequence[str]):
+    """The error's mean, spread and runs per group ``by`` (:func:`lbsgd.lab.experiments.summarize`)
+    with the group's diverged runs (``diverged``)."""
+    diverged = df.groupby(by)["diverged"].sum().astype(int).reset_index()
+    return ex.summarize(df, by).merge(diverged, on=by)
 
 
 def diverged_as_failed(df):

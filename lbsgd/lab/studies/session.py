@@ -99,7 +99,7 @@ class Session:
                 mode=self.launch.get("wandb", "auto"),
                 table=self.table_path,
                 figures=tuple(self.figure_paths),
-                findings=[f.to_dict() for f in findings],
+                findings=findings,
             )
 
 
@@ -256,18 +256,11 @@ def _study_data(table: Any, figures: Iterable[str | os.PathLike], findings: Any)
         data["table"] = wandb.Table(dataframe=df)
     for fig in figures:
         data[f"figures/{Path(fig).stem}"] = wandb.Image(str(fig))
-    if findings is not None:
-        rows = [_finding_row(f) for f in findings]
+    if findings is not None:  # a dict reads as a Finding would; what it may leave out: empty
+        empty = {"claim": "", "evidence": "", "replayed": None}
+        found = [
+            f if isinstance(f, Finding) else Finding.from_dict({**empty, **f}) for f in findings
+        ]
+        rows = [[str(f.claim), f.outcome, str(f.evidence)] for f in found]
         data["findings"] = wandb.Table(columns=["claim", "verdict", "evidence"], data=rows)
     return data
-
-
-def _finding_row(f: Any) -> list[str]:
-    """A finding (a dict or a Finding) as W&B's findings table shows it: claim, verdict, evidence."""
-    d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
-    word = (
-        d.get("outcome")
-        or Finding.from_dict({"claim": "", "evidence": "", "replayed": None, **d}).outcome
-    )
-    verdict = d.get("verdict") or word
-    return [str(d.get("claim", "")), str(verdict), str(d.get("evidence", ""))]

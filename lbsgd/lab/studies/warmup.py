@@ -1,14 +1,11 @@
 """2. Warmup (Goyal et al. 2017, Table 1 and Figure 2): the baseline (k = 1, no warmup) and the
 large minibatch with no, constant and gradual warmup, over the profile's seeds (paired: seed s gives
-the same initialisation at every k).
-
-"""
+the same initialisation at every k)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -117,60 +114,62 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
     (:mod:`lbsgd.lab.studies`); each carries the arms' optimizer steps (its budget); ``metrics`` gives
     the constant runs' training curves (read only to explain a claim not shown)."""
     df = studies.diverged_as_failed(df)
-    w = _arms(df)
-    b = studies.budget(df, [w.base_k, w.large_k])
-    return [
-        replace(_gradual_beats_none(w), budget=b),
-        replace(_constant_is_worst(df, w, metrics), budget=b),
-        replace(_gradual_is_close(df, w), budget=b),
-    ]
-
-
-@dataclass(frozen=True)
-class _Arms:
-    """What the claims read: the chance error, the baseline's and the large k, the large k's
-    errors by warmup (by seed) and their means, the baseline's errors and mean, the seeds of an
-    arm; the paper's errors by warmup and at the baseline, their source, its large batch."""
-
-    chance: float | None
-    base_k: float
-    large_k: float
-    e: dict[str, list[float]]
-    m: dict[str, float]
-    base: list[float]
-    b: float
-    n: int
-    p: dict[str, float]
-    p_base: float
-    src: str
-    big: str
-    mapped: str  # "; k=16 is 4k by k · 256, Table 1 reports 8k only", or "" where it is Table 1's
-
-
-def _arms(df) -> _Arms:
-    base_k, large_k = float(df["k"].min()), float(df["k"].max())
+    chance, base_k, large_k = studies.chance_of(df), float(df["k"].min()), float(df["k"].max())
     e = {w: studies.errors(df, k=large_k, warmup=w) for w in WARMUPS}
+    m, n = {w: mean(v) for w, v in e.items()}, len(e["gradual"])
     base = studies.errors(df, k=base_k)
     p, p_base, src, table_batch = _table1()
-    ours = studies.paper_batch(large_k)
-    return _Arms(
-        chance=studies.chance_of(df),
-        base_k=base_k,
-        large_k=large_k,
-        e=e,
-        m={w: mean(v) for w, v in e.items()},
-        base=base,
-        b=mean(base),
-        n=len(e["gradual"]),
-        p=p,
-        p_base=p_base,
-        src=src,
-        big=studies.kilo(table_batch),
-        mapped=""
-        if ours == table_batch
-        else f"; k={large_k:g} is {studies.kilo(ours)} by k · 256, Table 1 reports "
-        f"{studies.kilo(table_batch)} only",
+    big, ours = studies.kilo(table_batch), studies.paper_batch(large_k)
+    mapped = ""  # where k does not stand for Table 1's batch, the evidence says so
+    if ours != table_batch:
+        mapped = f"; k={large_k:g} is {studies.kilo(ours)} by k · 256, Table 1 reports {big} only"
+    v_constant = every(
+        studies.worse_by(e["constant"], e["none"], 0.0, chance=chance, paired=True),
+        studies.worse_by(e["constant"], e["gradual"], 0.0, chance=chance, paired=True),
     )
+    v_close = studies.within(e["gradual"], base, CLOSE_PCT, chance=chance, paired=True)
+    steps = {k: int(df[df["k"] == k]["total_steps"].iloc[0]) for k in (base_k, large_k)}
+    against = not abs(m["gradual"] - mean(base)) < CLOSE_PCT and not at_chance(
+        [*e["gradual"], *base], chance
+    )
+    why_close = note(
+        v_close,
+        against,
+        f"the large minibatch gets {steps[large_k]} optimizer steps here (the baseline "
+        f"{steps[base_k]}), and at this budget the error starts to rise by k={large_k:g} "
+        "(notebook 03), where Goyal's curve is still flat",
+    )
+    b = studies.budget(df, [base_k, large_k])
+    return [
+        studies.finding(
+            "gradual warmup beats no warmup at the large minibatch",
+            studies.lower(e["gradual"], e["none"], chance=chance, paired=True),
+            f"{m['gradual']:.1f}% vs {m['none']:.1f}% (mean of {n}; paper {p['gradual']:.2f} vs "
+            f"{p['none']:.2f}{mapped})",
+            paper=f"{src}: gradual {p['gradual']:.2f}% vs none {p['none']:.2f}% error ({big})",
+            budget=b,
+        ),
+        studies.finding(
+            "constant warmup is the worst of the three",
+            v_constant,
+            f"constant {m['constant']:.1f}%, none {m['none']:.1f}%, gradual {m['gradual']:.1f}% "
+            f"(paper {p['constant']:.2f} worst)"
+            + _why_constant(df, v_constant, e, chance, metrics),
+            paper=f"{src}: constant {p['constant']:.2f}%, none {p['none']:.2f}%, gradual "
+            f"{p['gradual']:.2f}% error ({big})",
+            budget=b,
+        ),
+        studies.finding(
+            f"with gradual warmup the large minibatch comes close to the baseline (within "
+            f"±{CLOSE_PCT:g} point, a margin that rejects Goyal's no-warmup run at +1.24)",
+            v_close,
+            f"{m['gradual']:.1f}% vs baseline {mean(base):.1f}% (paper {p['gradual']:.2f} vs "
+            f"{p_base:.2f}{mapped})" + why_close,
+            paper=f"{src}: gradual {p['gradual']:.2f}% error at {big} vs baseline {p_base:.2f}% "
+            "at 256",
+            budget=b,
+        ),
+    ]
 
 
 def _table1() -> tuple[dict[str, float], float, str, int]:
@@ -183,80 +182,28 @@ def _table1() -> tuple[dict[str, float], float, str, int]:
     return p, p_base, studies.cite(*ref["source"]), int(ref["batch"].max())
 
 
-def _gradual_beats_none(w: _Arms) -> Finding:
-    m, p = w.m, w.p
-    return studies.finding(
-        "gradual warmup beats no warmup at the large minibatch",
-        studies.lower(w.e["gradual"], w.e["none"], chance=w.chance, paired=True),
-        f"{m['gradual']:.1f}% vs {m['none']:.1f}% (mean of {w.n}; paper {p['gradual']:.2f} vs "
-        f"{p['none']:.2f}{w.mapped})",
-        paper=f"{w.src}: gradual {p['gradual']:.2f}% vs none {p['none']:.2f}% error ({w.big})",
-    )
-
-
-def _constant_is_worst(df, w: _Arms, metrics: Metrics) -> Finding:
-    """Constant warmup's error above both none's and gradual's (paired over seeds); where the
-    means do not show it, what the constant runs' training curves say: how far the loss jumps
-    when the warmup ends."""
-    e, m, p = w.e, w.m, w.p
-    v_constant = every(
-        studies.worse_by(e["constant"], e["none"], 0.0, chance=w.chance, paired=True),
-        studies.worse_by(e["constant"], e["gradual"], 0.0, chance=w.chance, paired=True),
-    )
-    why_constant = ""
-    if v_constant.replayed is not True and not m["constant"] > max(m["none"], m["gradual"]):
-        const = df[(df["k"] == w.large_k) & (df["warmup"] == "constant")]
-        spike = mean([jump_ratio(curves(metrics)(d)) for d in const["run_dir"]])
-        shown = not at_chance([x for v in e.values() for x in v], w.chance)
-        why_constant = note(
-            v_constant,
-            shown,
-            (
-                f"the jump at the end of the constant warmup barely disturbs training here (the "
-                f"loss after the jump peaks at {spike:.2f}x its mean just before, mean of "
-                f"{len(const)}), so the low-lr phase only costs steps"
-                if spike < SPIKE
-                else f"the jump at the end of the constant warmup raises the loss (its peak after "
-                f"the jump is {spike:.2f}x the mean just before, mean of {len(const)}) but the "
-                f"remaining steps recover from it"
-            )
-            + ("; constant is still worse than gradual" if m["constant"] > m["gradual"] else ""),
-        )
-    return studies.finding(
-        "constant warmup is the worst of the three",
-        v_constant,
-        f"constant {m['constant']:.1f}%, none {m['none']:.1f}%, gradual {m['gradual']:.1f}% "
-        f"(paper {p['constant']:.2f} worst)" + why_constant,
-        paper=f"{w.src}: constant {p['constant']:.2f}%, none {p['none']:.2f}%, gradual "
-        f"{p['gradual']:.2f}% error ({w.big})",
-    )
-
-
-def _gradual_is_close(df, w: _Arms) -> Finding:
-    """Gradual warmup's error at the large k within ±CLOSE_PCT of the baseline's (paired
-    equivalence)."""
-    m, p, b, base_k, large_k = w.m, w.p, w.b, w.base_k, w.large_k
-    v_close = studies.within(w.e["gradual"], w.base, CLOSE_PCT, chance=w.chance, paired=True)
-    steps = {k: int(df[df["k"] == k]["total_steps"].iloc[0]) for k in (base_k, large_k)}
-    against = not abs(m["gradual"] - b) < CLOSE_PCT and not at_chance(
-        [*w.e["gradual"], *w.base], w.chance
-    )
-    why_close = note(
-        v_close,
-        against,
+def _why_constant(df, v: Verdict, e: dict[str, list[float]], chance, metrics: Metrics) -> str:
+    """Where the means do not show constant warmup the worst, what the constant runs' training
+    curves say: how far the loss jumps when the warmup ends ("" where they show it)."""
+    m = {w: mean(x) for w, x in e.items()}
+    if v.replayed is True or m["constant"] > max(m["none"], m["gradual"]):
+        return ""
+    const = df[(df["k"] == df["k"].max()) & (df["warmup"] == "constant")]
+    spike = mean([jump_ratio(curves(metrics)(d)) for d in const["run_dir"]])
+    shown = not at_chance([x for w in e.values() for x in w], chance)
+    return note(
+        v,
+        shown,
         (
-            f"the large minibatch gets {steps[large_k]} optimizer steps here (the baseline "
-            f"{steps[base_k]}), and at this budget the error starts to rise by "
-            f"k={large_k:g} (notebook 03), where Goyal's curve is still flat"
-        ),
-    )
-    return studies.finding(
-        f"with gradual warmup the large minibatch comes close to the baseline (within "
-        f"±{CLOSE_PCT:g} point, a margin that rejects Goyal's no-warmup run at +1.24)",
-        v_close,
-        f"{m['gradual']:.1f}% vs baseline {b:.1f}% (paper {p['gradual']:.2f} vs {w.p_base:.2f}"
-        f"{w.mapped})" + why_close,
-        paper=f"{w.src}: gradual {p['gradual']:.2f}% error at {w.big} vs baseline {w.p_base:.2f}% at 256",
+            f"the jump at the end of the constant warmup barely disturbs training here (the "
+            f"loss after the jump peaks at {spike:.2f}x its mean just before, mean of "
+            f"{len(const)}), so the low-lr phase only costs steps"
+            if spike < SPIKE
+            else f"the jump at the end of the constant warmup raises the loss (its peak after "
+            f"the jump is {spike:.2f}x the mean just before, mean of {len(const)}) but the "
+            f"remaining steps recover from it"
+        )
+        + ("; constant is still worse than gradual" if m["constant"] > m["gradual"] else ""),
     )
 
 
@@ -328,76 +275,59 @@ def curve_findings(df, metrics: Metrics = None) -> list[Finding]:
     warmup: a margin the contrasting arm must fail); without warmup it lags the gradual-warmup run
     early, over the epochs after the warmup (Fig. 2a: no warmup against gradual). Decided from the
     per-seed loss gaps (:func:`curve_gaps`), each seed's gap a paired difference against its own
-    baseline."""
+    baseline. Where no warmup's own late gap lies inside ±MATCH_PCT, the margin alone would pass
+    both arms: the evidence says that the first claim rests on its paired conjunct."""
     g = curve_gaps(df, metrics)
     b = studies.budget(df, [float(df["k"].min()), float(df["k"].max())])
-    return [
-        replace(_curves_match_late(g), budget=b),
-        replace(_no_warmup_lags_gradual_early(g, early_window(df)), budget=b),
-    ]
-
-
-def _gap_text(values: list[float]) -> str:
-    return f"{mean(values):+.1f}%" if values else "n/a"
-
-
-def _curves_match_late(g: dict[str, dict[str, list[float]]]) -> Finding:
-    """With gradual warmup the per-seed gap over the second half within ±MATCH_PCT (paired
-    equivalence against no gap), and below no warmup's (paired): a match the contrasting arm
-    cannot also pass; where no warmup's own gap lies inside ±MATCH_PCT, the margin alone would pass
-    both arms: the evidence says that the claim rests on its paired conjunct."""
-    n, none_late = len(g["gradual"]["late"]), g["none"]["late"]
-    unit = "% of the loss"
+    n, unit = len(g["gradual"]["late"]), "% of the loss"
     alone = ""
-    if none_late and abs(mean(none_late)) < MATCH_PCT:
+    if g["none"]["late"] and abs(mean(g["none"]["late"])) < MATCH_PCT:
         alone = (
             f"; no warmup's gap also lies inside ±{MATCH_PCT:g}%, so the margin alone does not "
             "tell the arms apart: the claim rests on gradual warmup lying closer (the second "
             "interval)"
         )
-    return studies.finding(
-        f"with gradual warmup the large minibatch's training loss matches the small "
-        f"minibatch's after the first epochs (within ±{MATCH_PCT:g}% over the second half of "
-        f"training) and lies closer to it than without warmup",
-        every(
-            studies.verdict(
-                g["gradual"]["late"], [0.0] * n, within=MATCH_PCT, paired=True, unit=unit
-            ),
-            studies.verdict(
-                g["none"]["late"], g["gradual"]["late"], more_than=0.0, paired=True, unit=unit
-            ),
-        ),
-        f"gap {_gap_text(g['gradual']['late'])} over the second half (mean of {n}; no warmup "
-        f"{_gap_text(g['none']['late'])}; paper Figs. 2c and 4: the curves match closely after "
-        f"the warmup)" + alone,
-        paper="Goyal Figs. 2c and 4: qualitative, with gradual warmup the 8k training curve "
-        "matches the 256 one closely after the warmup; no number",
-    )
-
-
-def _no_warmup_lags_gradual_early(
-    g: dict[str, dict[str, list[float]]], window: tuple[float, float]
-) -> Finding:
-    """Without warmup the per-seed gap to the baseline over the epochs after the warmup is above
-    gradual warmup's (paired): Goyal's contrast in Fig. 2a is no warmup against gradual warmup."""
-    n = len(g["gradual"]["early"])
+    window = early_window(df)
     early = f"epochs {window[0]:.3g}-{window[1]:.3g}, after the warmup"
-    return studies.finding(
-        "without warmup the large minibatch's training loss lags the gradual-warmup run's early "
-        f"(further above the small minibatch's over {early})",
-        studies.verdict(
-            g["none"]["early"],
-            g["gradual"]["early"],
-            more_than=0.0,
-            paired=True,
-            unit="% of the loss",
+    return [
+        studies.finding(
+            f"with gradual warmup the large minibatch's training loss matches the small "
+            f"minibatch's after the first epochs (within ±{MATCH_PCT:g}% over the second half of "
+            f"training) and lies closer to it than without warmup",
+            every(
+                studies.verdict(
+                    g["gradual"]["late"], [0.0] * n, within=MATCH_PCT, paired=True, unit=unit
+                ),
+                studies.verdict(
+                    g["none"]["late"], g["gradual"]["late"], more_than=0.0, paired=True, unit=unit
+                ),
+            ),
+            f"gap {_gap_text(g['gradual']['late'])} over the second half (mean of {n}; no warmup "
+            f"{_gap_text(g['none']['late'])}; paper Figs. 2c and 4: the curves match closely "
+            f"after the warmup)" + alone,
+            paper="Goyal Figs. 2c and 4: qualitative, with gradual warmup the 8k training curve "
+            "matches the 256 one closely after the warmup; no number",
+            budget=b,
         ),
-        f"gap to the small minibatch over {early}: no warmup "
-        f"{_gap_text(g['none']['early'])}, gradual warmup {_gap_text(g['gradual']['early'])} "
-        f"(mean of {n}; paper Fig. 2a: without warmup the training error is higher early)",
-        paper="Goyal Fig. 2a: qualitative, without warmup the 8k training error is higher early "
-        "than with gradual warmup; no number",
-    )
+        studies.finding(
+            "without warmup the large minibatch's training loss lags the gradual-warmup run's "
+            f"early (further above the small minibatch's over {early})",
+            studies.verdict(
+                g["none"]["early"], g["gradual"]["early"], more_than=0.0, paired=True, unit=unit
+            ),
+            f"gap to the small minibatch over {early}: no warmup "
+            f"{_gap_text(g['none']['early'])}, gradual warmup {_gap_text(g['gradual']['early'])} "
+            f"(mean of {len(g['gradual']['early'])}; paper Fig. 2a: without warmup the training "
+            "error is higher early)",
+            paper="Goyal Fig. 2a: qualitative, without warmup the 8k training error is higher "
+            "early than with gradual warmup; no number",
+            budget=b,
+        ),
+    ]
+
+
+def _gap_text(values: list[float]) -> str:
+    return f"{mean(values):+.1f}%" if values else "n/a"
 
 
 # -- the pre-registered test (docs/verdicts.md, "Pre-registered") ------------------------------
