@@ -182,21 +182,30 @@ def _tiny_net(cfg):
 # -- the choice -----------------------------------------------------------------------------------
 
 
-def _inputs(**kw) -> Inputs:
-    base = {
+CONFIG_KEYS = ("optimizer", "base_lr", "reference_batch", "warmup_epochs")
+LR_KEYS = ("lr_rule", "probe_batch", "probe_lr", "lr_bound", "lr_bound_batch", "lr_tested_to")
+
+
+def _inputs(config=None, **kw) -> Inputs:
+    """Inputs of measured numbers over a config (``config``, else SGD at base_lr 0.1 per 256, one
+    epoch of gradual warmup, bn_batch 16, with any of CONFIG_KEYS) and the lr's (LR_KEYS)."""
+    keys = {k: kw.pop(k) for k in CONFIG_KEYS if k in kw}
+    lr = {k: kw.pop(k) for k in LR_KEYS if k in kw}
+    base = {"optimizer": "sgd", "base_lr": 0.1, "reference_batch": 256, "warmup": "gradual"}
+    cfg = config or from_dict({**base, "warmup_epochs": 1.0, "bn_batch": 16, **keys})
+    x = {
         "b_crit": 256.0,
         "s_min": 200.0,
         "compute": Compute(2e-3, 2e-4, 0.6, 256),
         "link": costmodel.Link(50e-6, 10e9),
         "grad_bytes": 1e8,
         "train_samples": 50_000,
-        "optimizer": "sgd",
-        "base_lr": 0.1,
-        "reference_batch": 256,
-        "warmup_epochs": 1.0,
-        "granule": 16,
+        **kw,
     }
-    return Inputs(**{**base, **kw})
+    bound = (lr.get("lr_bound"), lr.get("lr_bound_batch", 0), lr.get("lr_tested_to", 0.0))
+    probe = (lr.get("probe_batch", 0), lr.get("probe_lr", math.nan))
+    rate = model.lr_of(cfg, x["b_crit"], lr.get("lr_rule"), *probe, bound)
+    return Inputs(**x, config=cfg, lr=rate)
 
 
 BATCHES, GPUS = model.powers_of_two(16, 4096), (1, 2, 4, 8, 16)
@@ -254,17 +263,18 @@ def test_the_lr_range_tests_bound_caps_every_rule_along_the_saturating_curve():
     0.075/(1 + 1/4) = 0.06, and at 128 0.075/3 = 0.025 (the probe's curve: 0.05); Goyal's linear
     rule (0.4 at 1024) is capped there too and says so, naming its own lr; a bound above the
     probe's curve changes nothing."""
-    x = _inputs(probe_batch=64, probe_lr=0.03, lr_bound=0.05, lr_bound_batch=512)
+    kw = {"probe_batch": 64, "probe_lr": 0.03, "lr_bound": 0.05, "lr_bound_batch": 512}
+    x = _inputs(**kw)
     assert x.lr.eps_max == pytest.approx(0.075)
     assert model.row(x, 1024, 1).lr == pytest.approx(0.06)
     assert model.row(x, 128, 1).lr == pytest.approx(0.025)
     assert "capped" in model.row(x, 1024, 1).warning and "range test" in x.lr.describe()
-    linear = model.row(dataclasses.replace(x, lr_rule="linear"), 1024, 1)
+    linear = model.row(_inputs(**kw, lr_rule="linear"), 1024, 1)
     assert linear.lr == pytest.approx(0.06) and "the linear rule's 0.4)" in linear.warning
-    high = dataclasses.replace(x, lr_bound=1.0)
+    high = _inputs(**{**kw, "lr_bound": 1.0})
     assert model.row(high, 1024, 1).lr == pytest.approx(0.15 / 1.25)
     assert model.row(high, 1024, 1).warning is None and "no row capped" in high.lr.describe()
-    none = dataclasses.replace(x, lr_bound=None, lr_tested_to=3.2)  # no bound up to 3.2: as high
+    none = _inputs(**{**kw, "lr_bound": None, "lr_tested_to": 3.2})  # no bound up to 3.2
     assert model.row(none, 1024, 1).lr == model.row(high, 1024, 1).lr
     assert "found no bound up to lr 3.2" in none.lr.describe()
 
@@ -905,31 +915,23 @@ def test_each_rows_lr_and_warmup_are_what_its_config_derives(tmp_path):
     the row's batch (the plan's ceil put a warmup one step past the run's at batch 32)."""
     from lbsgd import data
 
-    cfg = from_dict({**TINY, "warmup_epochs": 0.37, "out_dir": str(tmp_path)})
+    keys = {"warmup_epochs": 0.37, "base_lr": 0.05, "reference_batch": 64}
+    cfg = from_dict({**TINY, **keys, "out_dir": str(tmp_path)})
     n = data.train_size(cfg)
-    from lbsgd import plan as planner
 
     fractional = capped = 0
     for rule, bound in (("saturating", None), ("linear", None), ("linear", 0.1)):
-        x = _inputs(
-            train_samples=n,
-            warmup_epochs=0.37,
-            base_lr=0.05,
-            reference_batch=64,
-            lr_rule=rule,
-            lr_bound=bound,
-            lr_bound_batch=128,
-        )
-        fractional += _rows_derive(x, cfg, n, planner)
+        x = _inputs(cfg, train_samples=n, lr_rule=rule, lr_bound=bound, lr_bound_batch=128)
+        fractional += _rows_derive(x, cfg, n)
         capped += sum(x.lr.capped(b) for b in model.powers_of_two(16, 256))
     assert fractional and capped  # the rounding rule and the range test's cap were exercised
 
 
-def _rows_derive(x, cfg, n, planner) -> int:
+def _rows_derive(x, cfg, n) -> int:
     fractional = 0
     for r in model.table(x, model.powers_of_two(16, 256), (1, 2)):
         rule = x.lr.rule
-        keys = planner.lr_keys(cfg, rule, r.lr, r.batch)
+        keys = model.lr_keys(cfg, rule, r.lr, r.batch)
         run = cfg.replace(batch_size=r.batch, micro_batch=r.micro_batch, **keys)
         d = config.derive(run, r.gpus, n)
         assert d.warmup_start_lr == cfg.base_lr  # the warmup starts where the config's does
@@ -1133,10 +1135,10 @@ def test_the_steps_range_reaches_above_the_prediction_by_b_crits_low_end_and_the
         q = r.lr / (0.1 * batch / 64)
         assert r.steps < low_end < r.steps_range[1]
         assert r.steps_range[1] == pytest.approx(low_end / (q * (2 - q)))
-    capped = dataclasses.replace(x, lr_bound=0.5, lr_bound_batch=1024)
+    capped = _lower_bound_inputs(lr_bound=0.5, lr_bound_batch=1024)
     assert 1 < model.lr_slack(capped, 1024) < model.lr_slack(x, 1024)
     assert model.lr_slack(x, 64) == 1.0 and model.row(x, 64, 1).steps_range == (450.0, 450.0)
-    linear = dataclasses.replace(x, lr_rule="linear", base_lr=0.4)  # 1.6 at 1024: x5 the optimum
+    linear = _lower_bound_inputs(lr_rule="linear", base_lr=0.4)  # 1.6 at 1024: x5 the optimum
     assert model.row(linear, 1024, 1).steps_range[1] == math.inf
 
 

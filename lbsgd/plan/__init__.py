@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lbsgd import costmodel, data, entry, rundir
-from lbsgd.config import Config, ConfigError, dump, load, lr_scale
+from lbsgd.config import Config, ConfigError, dump, load
 from lbsgd.plan import lr_range, measure, model
 from lbsgd.plan.measure import Target
 
@@ -280,58 +280,35 @@ def inputs_for(
     bound where B_simple still grows there), S_min from its steps there, the config's dataset
     size, optimizer, lr and warmup, the lr rule (None: the optimizer's) through the probe's lr,
     capped by the lr range test's bound (``test``)."""
-    b_crit = p.b_at_target
+    bound = (test.bound, test.batch, test.high) if test is not None else (None, 0, 0.0)
     return model.Inputs(
-        b_crit=b_crit,
-        s_min=model.s_min_from(p.steps, p.batch, b_crit),
+        b_crit=p.b_at_target,
+        s_min=model.s_min_from(p.steps, p.batch, p.b_at_target),
         compute=compute,
         link=link,
         grad_bytes=grad_bytes,
         train_samples=data.train_size(c),
-        optimizer=c.optimizer,
-        base_lr=c.base_lr,
-        reference_batch=c.reference_batch,
-        warmup_epochs=c.warmup_epochs if c.warmup != "none" else 0.0,
-        granule=c.bn_batch,
-        lr_rule=lr_rule,
-        probe_batch=p.batch,
-        probe_lr=p.lr if math.isfinite(p.lr) else 0.0,
+        config=c,
+        lr=model.lr_of(c, p.b_at_target, lr_rule, p.batch, p.lr, bound),
         b_crit_range=p.b_range,
         steps_range=p.steps_range,
         timed_gpus=timed_gpus,
-        lr_bound=test.bound if test is not None else None,
-        lr_bound_batch=test.batch if test is not None else 0,
-        lr_tested_to=test.high if test is not None else 0.0,
         b_crit_lower=math.isfinite(p.growth) and p.growth > GROWING,
     )
 
 
-def recommended_config(r: Request, best: model.Row) -> Config:
+def recommended_config(r: Request, x: model.Inputs, best: model.Row) -> Config:
     """The config of the recommended row: its batch, micro-batch and lr; epochs enough for the
     predicted steps (twice them where the run stops at an error target)."""
     epochs = best.epochs * (EPOCHS_MARGIN if r.target.kind == "error" else 1.0)
     keys: dict[str, Any] = {
-        "batch_size": best.batch,
+        **model.row_keys(x, best.batch),
         "micro_batch": best.micro_batch,
-        **lr_keys(r.config, model.lr_rule(r.config.optimizer, r.lr_rule)[0], best.lr, best.batch),
         "epochs": math.ceil(epochs * 100) / 100,
     }
     if r.target.kind == "error":  # evaluated log-spaced, as the probe: its steps measurable
         keys |= {"stop_at_error": r.target.value, "eval_per_octave": measure.PER_OCTAVE}
     return r.config.replace(**keys)
-
-
-def lr_keys(cfg: Config, rule: str, lr: float, batch: int) -> dict[str, Any]:
-    """The keys that give a run at ``batch`` a row's peak ``lr``: the config's lr_scaling set to
-    the rule (linear, sqrt) where that derives the row's lr; else (the saturating rule, or a
-    rule's lr capped by the range test) the lr itself (``lr_scaling: none``) with the warmup
-    starting where the config's starts."""
-    if rule != "saturating" and math.isclose(
-        cfg.base_lr * lr_scale(rule, batch / cfg.reference_batch), lr, rel_tol=1e-12
-    ):
-        return {"lr_scaling": rule}
-    start = cfg.warmup_lr if cfg.warmup_lr is not None else cfg.base_lr
-    return {"lr_scaling": "none", "base_lr": lr, "warmup_lr": start}
 
 
 def plan(r: Request) -> dict[str, Any]:
@@ -371,7 +348,7 @@ def plan(r: Request) -> dict[str, Any]:
     if best is not None:
         path = r.out / "recommended.yaml"
         with rundir.replacing(path) as tmp:
-            tmp.write_text(dump(recommended_config(r, best)))
+            tmp.write_text(dump(recommended_config(r, x, best)))
         doc["recommended"]["config"] = str(path)
         run = "lbsgd" if best.gpus == 1 else f"torchrun --nproc-per-node {best.gpus} -m lbsgd"
         doc["recommended"]["command"] = f"{run} train -c {path}"

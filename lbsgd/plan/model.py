@@ -15,9 +15,10 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from lbsgd import costmodel
-from lbsgd.config import epoch_steps, lr_scale
+from lbsgd.config import Config, derive, lr_scale
 
 # the learning-rate rules a plan gives its rows, each with its source (``lbsgd plan --lr-rule``)
 RULES: dict[str, str] = {
@@ -282,7 +283,8 @@ def step_time(
 @dataclass(frozen=True)
 class Inputs:
     """What a plan is made of: the measured noise scale and S_min, the compute, the link, the
-    dataset size and the config's lr and warmup."""
+    dataset size, the config its rows are built from (:func:`row_keys`; their lr and warmup
+    :func:`lbsgd.config.derive`'s) and the lr's inputs (:func:`lr_of`)."""
 
     b_crit: float
     s_min: float
@@ -290,38 +292,48 @@ class Inputs:
     link: costmodel.Link
     grad_bytes: float
     train_samples: int
-    optimizer: str
-    base_lr: float
-    reference_batch: int
-    warmup_epochs: float
-    granule: int  # bn_batch: a worker's share is a multiple of it
-    lr_rule: str | None = None  # None: the optimizer's (DEFAULT_RULE)
-    probe_batch: int = 0  # the probe's batch (0: reference_batch) and peak lr (0: base_lr there)
-    probe_lr: float = 0.0
+    config: Config
+    lr: Lr
     b_crit_range: tuple[float, float] | None = None  # the noise scale's interval at the target
     steps_range: tuple[float, float] | None = None  # the probe's own steps: between evaluations
     timed_gpus: int = 0  # the most processes timed at once (0: as many as planned)
-    lr_bound: float | None = None  # the lr range test's bound (None: none found or none run)
-    lr_bound_batch: int = 0  # the batch it was tested at (0: none tested)
-    lr_tested_to: float = 0.0  # the lr its ramp reached
     b_crit_lower: bool = False  # B_simple still growing at the target: B_crit a lower bound
 
-    @property
-    def lr(self) -> Lr:
-        rule, _ = lr_rule(self.optimizer, self.lr_rule)
-        batch = self.probe_batch or self.reference_batch
-        anchor = self.probe_lr or self.base_lr * batch / self.reference_batch
-        return Lr(
-            rule,
-            self.base_lr,
-            self.reference_batch,
-            anchor,
-            batch,
-            self.b_crit,
-            self.lr_bound,
-            self.lr_bound_batch,
-            self.lr_tested_to,
-        )
+
+def lr_of(
+    cfg: Config,
+    b_noise: float,
+    rule: str | None = None,
+    probe_batch: int = 0,
+    probe_lr: float = math.nan,
+    bound: tuple[float | None, int, float] = (None, 0, 0.0),
+) -> Lr:
+    """The lr's inputs, once: ``rule`` (None: the optimizer's, :data:`DEFAULT_RULE`), the config's
+    base_lr and reference_batch, the probe's peak lr at its batch (by default the linear rule's at
+    reference_batch) and the lr range test's (bound, batch, lr its ramp reached)."""
+    batch = probe_batch or cfg.reference_batch
+    if not math.isfinite(probe_lr):
+        probe_lr = cfg.base_lr * lr_scale("linear", batch / cfg.reference_batch)
+    name = lr_rule(cfg.optimizer, rule)[0]
+    return Lr(name, cfg.base_lr, cfg.reference_batch, probe_lr, batch, b_noise, *bound)
+
+
+def lr_keys(cfg: Config, rule: str, lr: float, batch: int) -> dict[str, Any]:
+    """The keys that give a run at ``batch`` a row's peak ``lr``: the config's lr_scaling set to
+    the rule (linear, sqrt) where that derives the row's lr; else (the saturating rule, or a
+    rule's lr capped by the range test) the lr itself (``lr_scaling: none``) with the warmup
+    starting where the config's starts."""
+    if rule != "saturating" and math.isclose(
+        cfg.base_lr * lr_scale(rule, batch / cfg.reference_batch), lr, rel_tol=1e-12
+    ):
+        return {"lr_scaling": rule}
+    start = cfg.warmup_lr if cfg.warmup_lr is not None else cfg.base_lr
+    return {"lr_scaling": "none", "base_lr": lr, "warmup_lr": start}
+
+
+def row_keys(x: Inputs, batch: int) -> dict[str, Any]:
+    """The keys over ``x.config`` of the run a row at ``batch`` plans: its batch and lr."""
+    return {"batch_size": batch, **lr_keys(x.config, x.lr.rule, x.lr.at(batch), batch)}
 
 
 @dataclass(frozen=True)
@@ -355,9 +367,12 @@ def row(x: Inputs, batch: int, gpus: int) -> Row | None:
     if batch % gpus:
         return None
     per = batch // gpus
-    micro = micro_batch(per, x.compute.max_micro, x.granule)
+    micro = micro_batch(per, x.compute.max_micro, x.config.bn_batch)
     if micro is None:
         return None
+    # its lr and warmup as the run derives them (a planned run measures no noise scale)
+    keys = {**row_keys(x, batch), "noise_scale": False}
+    d = derive(x.config.replace(**keys), gpus, x.train_samples, micro)
     steps = steps_to_target(batch, x.s_min, x.b_crit)
     step_s, t_c, t_comm = step_time(x.compute, per, micro, gpus, x.grad_bytes, x.link)
     stat = x.s_min * x.b_crit / (batch * steps)
@@ -372,8 +387,8 @@ def row(x: Inputs, batch: int, gpus: int) -> Row | None:
         micro_batch=micro,
         steps=steps,
         epochs=steps * batch / x.train_samples,
-        lr=x.lr.at(batch),
-        warmup_steps=epoch_steps(x.warmup_epochs, x.train_samples / batch),
+        lr=d.lr,
+        warmup_steps=d.warmup_steps,
         compute_s=t_c,
         allreduce_s=t_comm,
         step_s=step_s,
@@ -395,7 +410,7 @@ def row_warning(x: Inputs, batch: float) -> str | None:
     """The row's lr capped by the range test (the rule's own lr named), and the Adam family's
     warning above B_noise (:func:`lr_warning`), in a line."""
     lr = x.lr
-    out = [lr_warning(x.optimizer, batch, x.b_crit)]
+    out = [lr_warning(x.config.optimizer, batch, x.b_crit)]
     if lr.capped(batch):
         out.append(
             f"lr capped at {lr.at(batch):.3g} by the lr range test (the {lr.rule} rule's "
@@ -409,7 +424,7 @@ def noise_scales(x: Inputs, batch: float) -> tuple[float, ...]:
     B_crit is a lower bound and the batch above the probe's, ∞ (perfect scaling) beside them:
     the interval's low end stays, so the side toward more steps is never cut."""
     out = (x.b_crit, *(x.b_crit_range or ()))
-    if x.b_crit_lower and batch > (x.probe_batch or x.reference_batch):
+    if x.b_crit_lower and batch > (x.lr.anchor_batch):
         out = (*out, math.inf)
     return out
 
@@ -417,7 +432,7 @@ def noise_scales(x: Inputs, batch: float) -> tuple[float, ...]:
 def steps_corners(x: Inputs, batch: float) -> tuple[float, float]:
     """The fewest and most steps of S(B) = S_ref (1 + B_crit/B)/(1 + B_crit/B_ref) over
     :func:`noise_scales` and the probe's steps (monotone in each: its corners)."""
-    ref = x.probe_batch or x.reference_batch
+    ref = x.lr.anchor_batch
     s_ref = x.s_min * (1 + x.b_crit / ref)
     refs = x.steps_range or (s_ref,)
     values = [_scaled(s, b, batch, ref) for b in noise_scales(x, batch) for s in refs]
@@ -458,7 +473,7 @@ def extrapolated(x: Inputs, batch: float, gpus: int) -> tuple[str, ...]:
     a lower bound (B_simple still growing at the target), a batch past :data:`CHECKED_UP_TO` ×
     B_crit (beyond the batches study 16 checks), more processes than were timed at once."""
     out = []
-    if x.b_crit_lower and batch > (x.probe_batch or x.reference_batch):
+    if x.b_crit_lower and batch > (x.lr.anchor_batch):
         out.append("B_crit a lower bound")
     if batch > CHECKED_UP_TO * x.b_crit:
         out.append(f"batch > {CHECKED_UP_TO:g} B_crit")
@@ -478,7 +493,7 @@ def powers_of_two(lo: int, hi: int) -> list[int]:
 
 
 def table(x: Inputs, batches: Sequence[int], gpus: Sequence[int]) -> list[Row]:
-    """A row for every batch × GPU count whose batch splits into micro-batches of ``x.granule``."""
+    """A row for every batch × GPU count whose batch splits into micro-batches of bn_batch."""
     rows = (row(x, b, p) for b in batches for p in gpus)
     return [r for r in rows if r is not None]
 
