@@ -750,7 +750,7 @@ def at_plan_lr_runs(profile: Profile, network: str, x, rows) -> list[dict[str, A
                 "noise_scale": False,
                 "noise_scale_batch": None,
             }
-            keys |= planner.lr_keys(from_dict(keys), rule, r.lr, r.batch)
+            keys |= model.lr_keys(from_dict(keys), rule, r.lr, r.batch)
             out.append(keys)
     return out
 
