@@ -188,29 +188,20 @@ def probe(mkl: bool = False) -> dict[str, Any]:
         "mkl_cbwr": None,
         **_PROBED,
     }
-    lines = _verbose_lines(ask_onednn=out["onednn"] is None, ask_mkl=mkl)
-    out.update(_from_verbose(lines))
-    _PROBED.update(out)
-    return dict(out)
-
-
-def _verbose_lines(ask_onednn: bool, ask_mkl: bool) -> list[str]:
-    """The verbose lines of a float32 convolution through oneDNN and of an SGEMM through MKL
-    (each where asked and available)."""
-    import torch
-
-    lines: list[str] = []
+    lines: list[str] = []  # the verbose lines of a float32 convolution and an SGEMM, as asked
     with contextlib.suppress(Exception), _captured_stdout(lines):
-        if torch.backends.mkldnn.is_available() and ask_onednn:
+        if torch.backends.mkldnn.is_available() and out["onednn"] is None:
             # batch 2: ATen sends a batch of one to its own kernels, not to oneDNN
             x = torch.ones(2, 8, 8, 8).contiguous(memory_format=torch.channels_last)
             w = torch.ones(8, 8, 3, 3).contiguous(memory_format=torch.channels_last)
             with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
                 torch.nn.functional.conv2d(x, w)
-        if ask_mkl and torch.backends.mkl.is_available():
+        if mkl and torch.backends.mkl.is_available():
             with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
                 torch.mm(torch.ones(8, 8), torch.ones(8, 8))
-    return lines
+    out.update(_from_verbose(lines))
+    _PROBED.update(out)
+    return dict(out)
 
 
 def _from_verbose(lines: list[str]) -> dict[str, str]:
