@@ -138,19 +138,12 @@ def test_small_alexnet_pool5_is_eighth_of_input_so_avgpool_never_upsamples(image
 # --- output shapes --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["resnet", "alexnet"])
-def test_output_shape_16_and_32_pixel_images(name):
-    for image_size in (16, 32):
-        model = build(cfg(name, depth=8, width=8), 7, image_size).eval()
-        with torch.no_grad():
-            assert model(torch.randn(2, 3, image_size, image_size)).shape == (2, 7)
-
-
-@pytest.mark.parametrize("name", ["resnet18", "alexnet"])
-def test_output_shape_imagenet_size(name):
-    model = build(cfg(name), 5, 224).eval()
+@pytest.mark.parametrize("image_size", [16, 32, 224])
+@pytest.mark.parametrize("name", ["resnet", "alexnet", "resnet18"])
+def test_output_shape_at_16_32_and_imagenet_pixels(name, image_size):
+    model = build(cfg(name, depth=8, width=8), 7, image_size).eval()
     with torch.no_grad():
-        assert model(torch.randn(1, 3, 224, 224)).shape == (1, 5)
+        assert model(torch.randn(2, 3, image_size, image_size)).shape == (2, 7)
 
 
 # --- zero_init_residual (Goyal et al. §5.3) ---------------------------------------------------
