@@ -97,7 +97,19 @@ def findings(df, large_k: float) -> list[Finding]:
     """The error is flat up to ``large_k`` (the profile's; Goyal: 8k) and rises at the largest k.
     Decided over seeds (:mod:`lbsgd.lab.studies`)."""
     df = studies.diverged_as_failed(df)
-    s = _sweep(df, large_k)
+    ks = sorted(float(k) for k in df["k"].unique())
+    e = {k: studies.errors(df, k=k) for k in ks}
+    ref = ex.reference(STUDY)
+    s = _Sweep(
+        chance=studies.chance_of(df),
+        ks=ks,
+        e=e,
+        err={k: mean(v) for k, v in e.items()},
+        steps={k: int(df[df["k"] == k]["total_steps"].iloc[0]) for k in ks},
+        small=[k for k in ks if k <= large_k],  # Goyal: flat up to 8k, the ablations' large batch
+        p=dict(zip(ref["batch"], ref["value"], strict=True)),
+        src=studies.cite(*ref["source"]),
+    )
     return [_flat(s, df), _rises(s, df)]
 
 
@@ -117,22 +129,6 @@ class _Sweep:
     src: str
 
 
-def _sweep(df, large_k: float) -> _Sweep:
-    ks = sorted(float(k) for k in df["k"].unique())
-    e = {k: studies.errors(df, k=k) for k in ks}
-    ref = ex.reference(STUDY)
-    return _Sweep(
-        chance=studies.chance_of(df),
-        ks=ks,
-        e=e,
-        err={k: mean(v) for k, v in e.items()},
-        steps={k: int(df[df["k"] == k]["total_steps"].iloc[0]) for k in ks},
-        small=[k for k in ks if k <= large_k],  # Goyal: flat up to 8k, the ablations' large batch
-        p=dict(zip(ref["batch"], ref["value"], strict=True)),
-        src=studies.cite(*ref["source"]),
-    )
-
-
 def _flat(s: _Sweep, df) -> Finding:
     """Every k up to the profile's large k within ±FLAT_PCT of the baseline's error (paired
     equivalence, each k against the baseline; the claim holds when each does)."""
@@ -141,7 +137,9 @@ def _flat(s: _Sweep, df) -> Finding:
     v_flat = studies.every(
         *(studies.within(e[k], e[base], FLAT_PCT, chance=s.chance, paired=True) for k in small[1:])
     )
-    upto, last = _flat_up_to(err, small), max(small)
+    # the largest k up to which the means stay within FLAT_PCT of the baseline's
+    near = [k for k in small if all(abs(err[j] - err[base]) < FLAT_PCT for j in small if j <= k)]
+    upto, last = max(near), max(small)
     worst = max(small, key=lambda k: abs(err[k] - err[base]))
     against = not abs(err[worst] - err[base]) < FLAT_PCT and not at_chance(
         [*e[worst], *e[base]], s.chance
@@ -168,14 +166,6 @@ def _flat(s: _Sweep, df) -> Finding:
         f"{max(flat_p) - min(flat_p):.2f} points)",
         budget=studies.budget(df, small),
     )
-
-
-def _flat_up_to(err: dict[float, float], small: list[float]) -> float:
-    """The largest k up to which the mean errors of the small ks stay within FLAT_PCT of the
-    baseline's (the smallest k)."""
-    base = small[0]
-    inside = [k for k in small if all(abs(err[j] - err[base]) < FLAT_PCT for j in small if j <= k)]
-    return max(inside)
 
 
 def _rises(s: _Sweep, df) -> Finding:

@@ -324,19 +324,6 @@ def _band(values: Sequence[float], lo: float, hi: float | None) -> Verdict:
     return Verdict(None, f"{sum(inside)} of {len(inside)} seeds inside the band")
 
 
-def _gate(m, base: float | None, seeds: Sequence[float]) -> Verdict | None:
-    """Before any rule: invalid when every run is at chance (nothing trained to measure);
-    undecided without a baseline or with fewer than two seeds."""
-    chance = studies.chance_of(m)
-    if at_chance([float(v) for v in m["final_top1_error_pct"]], chance):
-        return Verdict(None, f"every run is at chance ({chance:.0f}% error)", invalid=True)
-    if base is None:
-        return Verdict(None, "no k measured B_simple at the target with every seed")
-    if len(seeds) < 2:
-        return Verdict(None, "fewer than 2 seeds measured the noise scale: no seed spread")
-    return None
-
-
 def _fmt(values: Sequence[float]) -> str:
     return ", ".join(f"{v:.3g}" for v in values)
 
@@ -359,7 +346,7 @@ def findings(m, f: Fit | None = None) -> list[Finding]:
 @dataclass(frozen=True)
 class _Evidence:
     """What every claim reads: the baseline's k, its runs by seed, their B_noise at the target, the
-    evidence's opening words, and the verdict before any rule (:func:`_gate`)."""
+    evidence's opening words, and the verdict before any rule."""
 
     base: float | None
     sel: Any
@@ -379,7 +366,16 @@ def _evidence(m) -> _Evidence:
         if base is not None
         else "no k measured the noise scale with every seed"
     )
-    return _Evidence(base, sel, bn, head, _gate(m, base, bn))
+    # before any rule: invalid when every run is at chance (nothing trained to measure);
+    # undecided without a baseline or with fewer than two seeds
+    chance, gate = studies.chance_of(m), None
+    if at_chance([float(v) for v in m["final_top1_error_pct"]], chance):
+        gate = Verdict(None, f"every run is at chance ({chance:.0f}% error)", invalid=True)
+    elif base is None:
+        gate = Verdict(None, "no k measured B_simple at the target with every seed")
+    elif len(bn) < 2:
+        gate = Verdict(None, "fewer than 2 seeds measured the noise scale: no seed spread")
+    return _Evidence(base, sel, bn, head, gate)
 
 
 def _noise_at_the_knee(m, e: _Evidence) -> Finding:
@@ -416,7 +412,17 @@ def _noise_grows(e: _Evidence) -> Finding:
     early = [float(v) for v in e.sel["b_noise_early"]]
     end = [float(v) for v in e.sel["b_noise_end"]]
     pairs = [(a, b) for a, b in zip(early, end, strict=True) if a > 0 and b > 0]
-    v2 = e.gate or _growth(pairs)
+    v2 = e.gate or (  # log2 B_simple at the end above early, paired over the seeds
+        Verdict(None, "fewer than 2 seeds measured B_simple early and at the end")
+        if len(pairs) < 2
+        else studies.verdict(
+            [math.log2(b) for _, b in pairs],
+            [math.log2(a) for a, _ in pairs],
+            more_than=0.0,
+            paired=True,
+            unit="in log2 B",
+        )
+    )
     grow = _growth_text(e.sel, early, end, pairs, v2) if pairs else ""
     return studies.finding(
         "B_simple grows during training (McCandlish et al. report it grows as the loss falls)",
@@ -424,19 +430,6 @@ def _noise_grows(e: _Evidence) -> Finding:
         (f"baseline k={e.base:g}" if e.base is not None else "no baseline") + grow,
         paper="McCandlish et al. 2018: qualitative, the noise scale grows as the loss falls; no "
         "number in the reference data",
-    )
-
-
-def _growth(pairs: Sequence[tuple[float, float]]) -> Verdict:
-    """log2 B_simple at the end above early, paired over the seeds."""
-    if len(pairs) < 2:
-        return Verdict(None, "fewer than 2 seeds measured B_simple early and at the end")
-    return studies.verdict(
-        [math.log2(b) for _, b in pairs],
-        [math.log2(a) for a, _ in pairs],
-        more_than=0.0,
-        paired=True,
-        unit="in log2 B",
     )
 
 

@@ -274,11 +274,7 @@ def notebooks(name: str, paths: list[str]) -> list[str]:
     """The notebooks of ``paths`` (``notebooks/NN_<study>.ipynb``) that profile ``name`` replays,
     in their order: ``make reproduce`` runs these."""
     profile = get(name)
-    return [p for p in paths if replays(profile, _study_of(p))]
-
-
-def _study_of(path: str) -> str:
-    return Path(path).stem.split("_", 1)[1]
+    return [p for p in paths if replays(profile, Path(p).stem.split("_", 1)[1])]
 
 
 def get(name: str, epochs: float | None = None) -> Profile:

@@ -11,13 +11,11 @@ one at a time, so that no other run changes their timing. Both: docs/communicati
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from lbsgd import config
+from lbsgd import config, rundir
 from lbsgd.lab import experiments as ex
 from lbsgd.lab import studies
 from lbsgd.lab.findings import Finding
@@ -94,14 +92,6 @@ def ps_runs(
     return out
 
 
-def _status(run_dir: Path) -> str | None:
-    """The status in a run folder's summary.json (None: no readable summary)."""
-    try:
-        return json.loads((run_dir / "summary.json").read_text()).get("status")
-    except (OSError, ValueError):
-        return None
-
-
 def ps_sweep(S, runs: Sequence[Mapping[str, Any]], workers: int):
     """The PS runs on ``workers`` + 1 processes, one at a time; a run already finished is loaded,
     not started again (``resume=false``: the sweep would refuse its folder)."""
@@ -110,7 +100,7 @@ def ps_sweep(S, runs: Sequence[Mapping[str, Any]], workers: int):
     todo, done = [], []
     for r in runs:
         cfg = config.from_dict({**r, "study": S.study, "out_dir": str(S.out)})
-        status = _status(cfg.run_dir())
+        status = rundir.read_status(cfg.run_dir())
         if status in ex.DONE:
             print(
                 f"[{len(done) + 1}/{len(runs)}] {cfg.run_name()}: already {status}, skipped",
@@ -217,25 +207,18 @@ def findings(sim, ps=None) -> list[Finding]:
     ]
 
 
-def _arms_by_seed(a: dict[int, float], b: dict[int, float]) -> tuple[list, list, bool]:
-    """Two arms' errors paired by seed when they share two seeds or more, else each arm whole
-    (unpaired: Welch's interval); and whether they are paired."""
-    common = sorted(set(a) & set(b))
-    if len(common) >= 2:
-        return [a[s] for s in common], [b[s] for s in common], True
-    return list(a.values()), list(b.values()), False
-
-
 def _error_grows(sim, chance: float | None, top: int, lin: str) -> Finding:
     """Claim 1: the error grows with τ (linear rule)."""
     rules = sorted(set(sim["lr_scaling"]))
     curves = "; ".join(f"{r}: {_curve(sim, r)}" for r in rules)
     div = int(sim["diverged"].sum())
     div_txt = f"; {div} diverged run(s) counted as 100%" if div else ""
-    e0, et, paired = _arms_by_seed(
-        _by_seed(sim, lr_scaling=lin, staleness=0),
-        _by_seed(sim, lr_scaling=lin, staleness=top),
-    )
+    a, b = _by_seed(sim, lr_scaling=lin, staleness=0), _by_seed(sim, lr_scaling=lin, staleness=top)
+    # paired by seed when the arms share two seeds or more, else each arm whole (Welch's interval)
+    common = sorted(set(a) & set(b))
+    paired = len(common) >= 2
+    e0 = [a[s] for s in common] if paired else list(a.values())
+    et = [b[s] for s in common] if paired else list(b.values())
     if top == 0 or not e0 or not et:
         v1 = Verdict(None, "no run at τ = 0 and at a τ > 0")
     else:
