@@ -11,6 +11,7 @@ continues exactly."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +23,7 @@ def permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(num_samples, generator=g)
 
 
+@dataclass(kw_only=True, eq=False)
 class StepSampler:
     """Yields this rank's micro-batches (index tensors) for optimizer steps [start_step, total_steps).
 
@@ -29,32 +31,23 @@ class StepSampler:
     a row; usable directly, or as a DataLoader ``batch_sampler``.
     """
 
-    def __init__(
-        self,
-        *,
-        num_samples: int,
-        batch_size: int,
-        micro_batch: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        total_steps: int,
-        start_step: int = 0,
-    ) -> None:
-        if batch_size % (world_size * micro_batch):
+    num_samples: int
+    batch_size: int
+    micro_batch: int
+    rank: int
+    world_size: int
+    seed: int
+    total_steps: int
+    start_step: int = 0
+
+    def __post_init__(self) -> None:
+        per_step = self.world_size * self.micro_batch
+        if self.batch_size % per_step:
             raise ValueError(
-                f"batch_size={batch_size} is not a multiple of world_size * micro_batch = "
-                f"{world_size * micro_batch}"
+                f"batch_size={self.batch_size} is not a multiple of world_size * micro_batch = "
+                f"{per_step}"
             )
-        self.num_samples = num_samples
-        self.batch_size = batch_size
-        self.micro_batch = micro_batch
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
-        self.total_steps = total_steps
-        self.start_step = start_step
-        self.accum_steps = batch_size // (world_size * micro_batch)
+        self.accum_steps = self.batch_size // per_step
         self._perms: dict[int, torch.Tensor] = {}
 
     def __len__(self) -> int:
