@@ -4,9 +4,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import splitmix64
 
-from lbsgd import data
 from lbsgd.data import StepSampler, shard
 
 
@@ -96,15 +94,3 @@ def test_impossible_mapping_is_refused():
             seed=0,
             total_steps=1,
         )
-
-
-def test_sample_seeds_are_splitmix64_of_seed_and_position_to_the_bit():
-    """data.sample_seeds (vectorised, uint64 arithmetic) gives every augmentation seed the
-    formula gives: at the first positions, at 2^62, and for the largest run seed the config
-    allows (the data order's 2 * seed + 1 near 2^64 / SEED_STRIDE)."""
-    positions = [0, 1, 2, 31, 10**6, 2**40 + 3, 2**62]
-    for seed in (0, 1, 7, 2 * ((2**64 - 1) // 1_000_003) + 1):
-        got = data.sample_seeds(seed, torch.tensor(positions)).tolist()
-        assert got == [splitmix64(seed, p) for p in positions], seed
-        assert all(0 <= s < 2**63 for s in got)
-    assert data.sample_seeds(3, torch.tensor([], dtype=torch.int64)).tolist() == []

@@ -20,9 +20,9 @@ def test_each_stream_is_its_formula_to_the_bit():
         assert seeding.fake_test(seed) == 2 * seed + 1
         assert seeding.initial_weights(seed) == seed  # the run seed itself, as committed runs were
         p = torch.tensor(POSITIONS)
-        assert seeding.augmentation(seed, p).tolist() == [
-            splitmix64(2 * seed, x) for x in POSITIONS
-        ]
+        augmentation = seeding.augmentation(seed, p).tolist()
+        assert augmentation == [splitmix64(2 * seed, x) for x in POSITIONS]
+        assert all(0 <= s < 2**63 for s in augmentation)  # a seed torch's generators take
         assert seeding.micro_batches(seed, p).tolist() == [
             splitmix64(2 * seed + 1, x) for x in POSITIONS
         ]
@@ -32,6 +32,7 @@ def test_each_stream_is_its_formula_to_the_bit():
         splitmix64(0, 1),
     ]
     assert seeding.epoch_order(3, 2) == 3_000_011
+    assert seeding.sample_seeds(3, torch.tensor([], dtype=torch.int64)).tolist() == []
     # the held-out split's permutation: one constant, whatever the run seed
     assert seeding.held_out() == seeding.HOLDOUT_SEED == 1_000_002
     assert (seeding.fake_train(5), seeding.fake_test(5)) == (10, 11)
