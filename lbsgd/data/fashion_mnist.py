@@ -143,15 +143,6 @@ def locate(data_dir: str | os.PathLike | None) -> dict[str, Path]:
     return found
 
 
-def _contents(path: Path) -> bytes:
-    if path.suffix != ".gz":
-        return path.read_bytes()
-    try:
-        return gzip.decompress(path.read_bytes())
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # cut short, or not gzip at all
-        raise ValueError(f"is not a whole gzip file ({e})") from None
-
-
 def _problem(raw: bytes, spec: IdxFile) -> str | None:
     """What is wrong with the decompressed ``raw`` as ``spec``'s file; None when nothing is."""
     header = 4 + 4 * len(spec.shape)
@@ -182,9 +173,9 @@ def read(path: Path, spec: IdxFile) -> np.ndarray:
     """The uint8 array of ``spec``'s file at ``path`` (gzipped when its name ends in .gz), its
     magic number, dimensions, length and digest checked; ValueError in one line naming ``path``."""
     try:
-        raw = _contents(path)
-    except ValueError as e:
-        raise ValueError(f"{path} {e} ({HOWTO})") from None
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # cut short, or not gzip at all
+        raise ValueError(f"{path} is not a whole gzip file ({e}) ({HOWTO})") from None
     problem = _problem(raw, spec)
     if problem:
         raise ValueError(f"{path} {problem} ({HOWTO})")
