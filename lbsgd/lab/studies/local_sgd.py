@@ -141,16 +141,14 @@ def sweep(S, runs: Sequence[Mapping[str, Any]], nproc: int):
 # -- the cost of an all-reduce -----------------------------------------------------------------
 
 
-def allreduce_fit(root: str | Path, fallback: str | Path | None = None):
+def allreduce_fit(root: str | Path):
     """The all-reduce measurements of notebook 10 (``<root>/benchmarks/allreduce_cpu.json``, else
     the repository's committed ones): (the record, its path as a sweep's lines show one: relative
     to the working directory when under it, so an executed notebook names no machine's folder)."""
-    paths = [Path(root) / "benchmarks" / "allreduce_cpu.json"]
-    paths.append(
-        Path(fallback)
-        if fallback
-        else studies.repo_root() / "results" / "benchmarks" / "allreduce_cpu.json"
-    )
+    paths = [
+        Path(root) / "benchmarks" / "allreduce_cpu.json",
+        studies.repo_root() / "results" / "benchmarks" / "allreduce_cpu.json",
+    ]
     for p in paths:
         if p.is_file():
             return json.loads(p.read_text()), Path(ex.shown(p))
