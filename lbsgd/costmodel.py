@@ -39,12 +39,6 @@ def _count(name: str, value: int, minimum: int = 1) -> int:
     return int(value)
 
 
-def _algorithm(name: str) -> str:
-    if name not in ALGORITHMS:
-        raise ValueError(f"algorithm: unknown {name!r}; expected one of {', '.join(ALGORITHMS)}")
-    return name
-
-
 @dataclass(frozen=True)
 class Link:
     """One link of the α–β model: a message of n bytes costs ``alpha_s + n / bandwidth_Bps``."""
@@ -167,7 +161,10 @@ def comm_time(algorithm: str, grad_bytes: float, workers: int, cluster: Cluster)
     in one node and on ``cluster.inter`` otherwise. ``hierarchical`` uses both, with
     k = min(workers, gpus_per_node): a job smaller than a node fills part of one node.
     """
-    algorithm = _algorithm(algorithm)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(
+            f"algorithm: unknown {algorithm!r}; expected one of {', '.join(ALGORITHMS)}"
+        )
     p = _count("workers", workers)
     if algorithm == "hierarchical":
         k = min(p, cluster.gpus_per_node)
