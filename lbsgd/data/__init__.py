@@ -22,7 +22,7 @@ from lbsgd import distributed
 from lbsgd.config import ConfigError
 from lbsgd.data import fake, fashion_mnist, folders, prefetch, synthetic
 from lbsgd.data.device_images import DeviceImages
-from lbsgd.data.sampler import StepSampler, permutation
+from lbsgd.data.sampler import StepSampler
 from lbsgd.registry import Registry
 from lbsgd.seeding import held_out, sample_seeds
 
@@ -343,7 +343,6 @@ __all__ = [
     "check",
     "hold_out",
     "holdout_indices",
-    "permutation",
     "register_dataset",
     "resident",
     "sample_seeds",
