@@ -17,7 +17,7 @@ from typing import Any
 
 from lbsgd.lab import experiments as ex
 from lbsgd.lab import studies
-from lbsgd.lab.findings import Budget, Finding
+from lbsgd.lab.findings import Finding
 from lbsgd.lab.studies import Metrics, at_chance, curves, mean, note
 from lbsgd.lab.studies.scales import Profile
 
@@ -141,19 +141,16 @@ def findings(df, metrics: Metrics = None) -> list[Finding]:
         k: f"{src}: γ=0 {p[k, 0]:.2f}% vs γ=1 {p[k, 1]:.2f}% error ({studies.kilo(b)})"
         for k, b in ((base_k, raw["batch"].min()), (large_k, raw["batch"].max()))
     }
-
-    def budget(arch: str) -> Budget:
-        return studies.budget(df[df["arch"] == arch], [large_k])
-
+    budget = {a: studies.budget(df[df["arch"] == a], [large_k]) for a in set(df["arch"])}
     out = [
         _zero_gamma_wins(df, main, k, where, chance, p, quote[k], b)
         for k, where, b in (
             (base_k, f"at k={base_k:g} (no warmup)", None),
-            (large_k, f"at the large minibatch k={large_k:g}", budget(main)),
+            (large_k, f"at the large minibatch k={large_k:g}", budget[main]),
         )
     ]
     return out + [
-        _deeper_probe(df, arch, large_k, chance, p, quote[large_k], budget(arch))
+        _deeper_probe(df, arch, large_k, chance, p, quote[large_k], budget[arch])
         for arch in sorted(set(df["arch"]) - {main})
     ]
 

@@ -50,16 +50,15 @@ def paper():
     p = ex.reference(STUDY)
     p = p[p["batch"] > 256].copy()
     p["lr_scaling"] = [rule(b, lr) for b, lr in zip(p["batch"], p["lr"], strict=True)]
-    p = p.dropna(subset=["lr_scaling"])[["lr_scaling", "batch", "lr", "value", "std", "variant"]]
-    return p.rename(
-        columns={
-            "batch": "paper_batch",
-            "lr": "paper_lr",
-            "value": "paper_top1_error_pct",
-            "std": "paper_std",
-            "variant": "paper_variant",
-        }
-    ).reset_index(drop=True)
+    names = {
+        "batch": "paper_batch",
+        "lr": "paper_lr",
+        "value": "paper_top1_error_pct",
+        "std": "paper_std",
+        "variant": "paper_variant",
+    }
+    p = p.dropna(subset=["lr_scaling"])[["lr_scaling", *names]]
+    return p.rename(columns=names).reset_index(drop=True)
 
 
 def table(df):

@@ -87,18 +87,8 @@ def jia():
         v if m == "top1_acc_pct" else float(nt.split()[-1])
         for v, m, nt in zip(j["value"], j["metric"], j["note"].fillna(""), strict=True)
     ]
-    cols = [
-        "study",
-        "source",
-        "model",
-        "batch",
-        "optimizer",
-        "variant",
-        "metric",
-        "value",
-        "top1_acc_pct",
-    ]
-    return j[cols].astype({"batch": "Int64"}).reset_index(drop=True)
+    cols = ["study", "source", "model", "batch", "optimizer", "variant", "metric", "value"]
+    return j[[*cols, "top1_acc_pct"]].astype({"batch": "Int64"}).reset_index(drop=True)
 
 
 def table(df):

@@ -156,23 +156,19 @@ def start(
         raise config.ConfigError(f"study={study!r} is not one of {', '.join(studies.STUDIES)}")
     if wandb not in ("auto", "online", "offline", "disabled"):
         raise config.ConfigError(f"wandb={wandb!r} must be one of auto, online, offline, disabled")
-    ex.check_launch(
-        nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, parallel=parallel
-    )
-    cluster = ex.launcher_of(launcher, cluster, repo_root())  # its file read now
-    p = scales.get(profile, epochs=epochs)
-    chosen = list(seeds) if seeds is not None else list(p.seeds)
-    if not chosen or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in chosen):
-        raise config.ConfigError(f"seeds={seeds!r} must be a non-empty list of integers >= 0")
     launch = {
         "nproc_per_node": nproc_per_node,
         "nnodes": nnodes,
         "rdzv_endpoint": rdzv_endpoint,
         "parallel": parallel,
-        "wandb": wandb,
-        "launcher": launcher,
-        "cluster": cluster,
     }
+    ex.check_launch(**launch)
+    cluster = ex.launcher_of(launcher, cluster, repo_root())  # its file read now
+    p = scales.get(profile, epochs=epochs)
+    chosen = list(seeds) if seeds is not None else list(p.seeds)
+    if not chosen or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in chosen):
+        raise config.ConfigError(f"seeds={seeds!r} must be a non-empty list of integers >= 0")
+    launch |= {"wandb": wandb, "launcher": launcher, "cluster": cluster}
     return Session(study, title, p, chosen, results_root(out_dir), launch)
 
 
@@ -185,7 +181,6 @@ def log_study(
     study: str,
     profile: str,
     mode: str,
-    project: str = "lbsgd",
     table: Any = None,
     figures: Iterable[str | os.PathLike] = (),
     findings: Iterable[Any] | None = None,
@@ -203,7 +198,7 @@ def log_study(
     into that one W&B run, in the order of their start times. Returns the W&B id, or None
     (disabled, or a failure: one RuntimeWarning; never raises)."""
     try:
-        run = _study_run(Path(study_dir), study, profile, mode, project)
+        run = _study_run(Path(study_dir), study, profile, mode)
         if run is None:
             return None
         try:
@@ -220,7 +215,7 @@ def log_study(
         return None
 
 
-def _study_run(study_dir: Path, study: str, profile: str, mode: str, project: str) -> Any:
+def _study_run(study_dir: Path, study: str, profile: str, mode: str) -> Any:
     """The study's W&B run, its id kept in ``<study_dir>/wandb_id`` (None: disabled)."""
     from lbsgd import tracking
 
@@ -230,7 +225,7 @@ def _study_run(study_dir: Path, study: str, profile: str, mode: str, project: st
     run = tracking.init_after(
         mode,
         study_dir,
-        project=project,
+        project="lbsgd",
         group=study,
         job_type="study",
         id=earlier or tracking.new_run_id(),

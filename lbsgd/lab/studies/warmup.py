@@ -369,17 +369,12 @@ def preregistered_runs(profile: Profile) -> list[dict[str, Any]]:
 
 
 def benefit_verdict(
-    none: Sequence[float],
-    gradual: Sequence[float],
-    *,
-    planned: int,
-    chance: float | None = None,
-    effect: float = GOYAL_BENEFIT,
+    none: Sequence[float], gradual: Sequence[float], *, planned: int, chance: float | None = None
 ) -> Verdict:
     """The pre-registered claim on Δ = none − gradual (points of top-1 error, seed-paired; above
     0: gradual is better), with two decided outcomes: **replayed**, gradual beats none (the 95%
-    interval wholly above 0; where it also lies below ``effect`` the test says "by less than
-    Goyal's"); **not replayed**, the benefit is smaller than Goyal's ``effect`` (the interval wholly
+    interval wholly above 0; where it also lies below :data:`GOYAL_BENEFIT` the test says "by less
+    than Goyal's"); **not replayed**, the benefit is smaller than Goyal's (the interval wholly
     below it, not above 0); **undecided** when it covers both, or when fewer than the ``planned``
     pairs ran (the rule holds for the planned number only). Invalid as every verdict is when an
     arm did not train."""
@@ -389,22 +384,22 @@ def benefit_verdict(
     if len(none) != planned:
         return Verdict(None, f"{len(none)} of the {planned} pre-registered pairs ran")
     beats = stats.above(none, gradual, 0.0, paired=True)
-    smaller = stats.below(none, gradual, effect, paired=True)
+    smaller = stats.below(none, gradual, GOYAL_BENEFIT, paired=True)
     iv = beats.interval
     words = (
         f"Δ {iv.diff:+.2f} points (none − gradual), 95% CI [{iv.low:+.2f}, {iv.high:+.2f}] "
         f"(paired t, n = {iv.n}); p = {beats.p_for:.3g} above 0, {smaller.p_for:.3g} below "
-        f"{effect:g}"
+        f"{GOYAL_BENEFIT:g}"
     )
     if beats.p_for < stats.ALPHA:
-        less = f", by less than Goyal's {effect:g}" if smaller.p_for < stats.ALPHA else ""
+        less = f", by less than Goyal's {GOYAL_BENEFIT:g}" if smaller.p_for < stats.ALPHA else ""
         return Verdict(
             True, test=f"{words}: gradual beats none{less}", p_for=beats.p_for, p_against=1.0
         )
     if smaller.p_for < stats.ALPHA:
-        test = f"{words}: the benefit is smaller than Goyal's {effect:g} points"
+        test = f"{words}: the benefit is smaller than Goyal's {GOYAL_BENEFIT:g} points"
         return Verdict(False, test=test, p_against=smaller.p_for, p_for=1.0)
-    why = f"the interval covers both 0 and {effect:g}"
+    why = f"the interval covers both 0 and {GOYAL_BENEFIT:g}"
     return Verdict(None, why, test=words, p_for=beats.p_for, p_against=smaller.p_for)
 
 
