@@ -233,7 +233,7 @@ def test_each_execution_logs_its_notebooks_once_also_two_in_one_process(tmp_path
     nb.cells.append(nbformat.v4.new_code_cell("print('cut', end='', flush=True); print(' whole')"))
     nbformat.write(nb, tmp_path / "in.ipynb")
     code = (
-        "import sys; from lbsgd import execute\n"
+        "import sys; from lbsgd.lab import execute\n"
         "for name in ('a', 'b'):\n"
         f"    assert execute.execute('{tmp_path}/in.ipynb', f'{tmp_path}/{{name}}.ipynb', "
         "{'x': 2}, log_output=True) == 0\n"

@@ -32,8 +32,9 @@ def parameter(value: str) -> Any:
         import yaml
 
         return yaml.safe_load(value)
-    if value in ("True", "False", "None"):
-        return {"True": True, "False": False, "None": None}[value]
+    words = {"True": True, "False": False, "None": None}
+    if value in words:
+        return words[value]
     for kind in (int, float):
         try:
             return kind(value)
@@ -42,14 +43,7 @@ def parameter(value: str) -> Any:
     return value
 
 
-def _kernel_manager(folder: Path):
-    """A kernel manager whose kernel talks over IPC sockets in ``folder``."""
-    from jupyter_client.manager import AsyncKernelManager
-
-    return AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(folder / "kernel"))
-
-
-def _signal_when_the_parent_ends(signum: int) -> None:
+def signal_when_the_parent_ends(signum: int) -> None:
     """Linux: the system sends this process ``signum`` when its parent ends (PR_SET_PDEATHSIG;
     0: none)."""
     if sys.platform.startswith("linux"):
@@ -77,11 +71,11 @@ class _Forward:
     def __enter__(self) -> _Forward:
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self.before[s] = signal.signal(s, self._handle)
-        _signal_when_the_parent_ends(signal.SIGHUP)
+        signal_when_the_parent_ends(signal.SIGHUP)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _signal_when_the_parent_ends(0)
+        signal_when_the_parent_ends(0)
         for s, handler in self.before.items():
             signal.signal(s, handler)
 
@@ -111,6 +105,8 @@ def execute(
     :data:`EXIT_FAILED`, :data:`EXIT_BAD_INPUT`, :data:`EXIT_INTERRUPTED`) after at most one line
     on stderr. ``log_output``: the cells' output on stdout as they run."""
     import papermill as pm
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.utils import run_sync
     from papermill.exceptions import PapermillExecutionError
 
     log = logging.getLogger("papermill")
@@ -128,7 +124,8 @@ def execute(
     running = out.with_name(f"{out.stem}.running{out.suffix}")  # moved over ``out`` at the end
     failure = None
     with tempfile.TemporaryDirectory(prefix="lbsgd-kernel-") as folder:
-        km = _kernel_manager(Path(folder))
+        # the kernel talks over IPC sockets in the folder
+        km = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=f"{folder}/kernel")
         with _Forward(km) as forward:
             try:
                 pm.execute_notebook(
@@ -152,7 +149,15 @@ def execute(
                 print("lbsgd: interrupted while no cell ran", file=sys.stderr)
                 return EXIT_INTERRUPTED
             finally:
-                _shut_down(km)
+                # the kernel ended once the notebook is saved (papermill leaves a kernel manager
+                # it was given running): killed with its process group, not sent a shutdown
+                # request, which ipykernel 7.4 can answer by closing IOPub under its control
+                # thread's last message, and libzmq then aborts it ("Fatal Python error: Aborted"
+                # on the terminal). Waits for ipykernel to close that race
+                # (https://github.com/ipython/ipykernel/pull/1518 quieted its ENOTSOCK error, not
+                # the race)
+                if km.has_kernel:
+                    run_sync(km.shutdown_kernel)(now=True)
             interrupted = bool(forward.came)
     if failure is None:
         normalise(running, out)
@@ -220,18 +225,6 @@ def normalise(path: str | os.PathLike, output: str | os.PathLike | None = None) 
         if "injected-parameters" in cell.metadata.get("tags", []):
             cell.id = INJECTED_ID
     nbformat.write(nb, str(path))
-
-
-def _shut_down(km) -> None:
-    """The kernel ended once the notebook is saved (papermill leaves a kernel manager it was given
-    running): killed with its process group, not sent a shutdown request, which ipykernel 7.4 can
-    answer by closing IOPub under its control thread's last message, and libzmq then aborts it
-    ("Fatal Python error: Aborted" on the terminal). Waits for ipykernel to close that race
-    (https://github.com/ipython/ipykernel/pull/1518 quieted its ENOTSOCK error, not the race)."""
-    from jupyter_core.utils import run_sync
-
-    if km.has_kernel:
-        run_sync(km.shutdown_kernel)(now=True)
 
 
 def _failed(e, running: Path, out: Path, interrupted: bool) -> int:

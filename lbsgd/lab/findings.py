@@ -64,11 +64,6 @@ def answer(outcome: str, budget_bound: bool = False) -> str:
     return f"{word}, budget-bound" if budget_bound and outcome in DECIDED else word
 
 
-def answer_of(f: Finding) -> str:
-    """:func:`answer` of a finding."""
-    return answer(f.outcome, f.budget_bound)
-
-
 # -- a finding and its file --------------------------------------------------------------------
 
 
@@ -127,6 +122,11 @@ class Finding(_Decided):
     @property
     def budget_bound(self) -> bool:
         return self.budget is not None and self.budget.bound
+
+    @property
+    def answer(self) -> str:
+        """REPORT.md's answer (:func:`answer`)."""
+        return answer(self.outcome, self.budget_bound)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -221,8 +221,7 @@ def write(
     with rundir.replacing(path) as tmp:
         tmp.write_text(json.dumps(record, indent=2) + "\n")
     for f in findings:
-        word = loud(f.outcome)
-        print(f"{word:>12}: {f.claim} ({f.evidence})")
+        print(f"{loud(f.outcome):>12}: {f.claim} ({f.evidence})")
     return path
 
 

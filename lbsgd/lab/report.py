@@ -128,8 +128,7 @@ def _differing(dirs: list[Path], row: list[Finding | None]) -> str:
     """A claim whose outcome differs across the profiles: each one's verdict and budget."""
     have = [(d, f) for d, f in zip(dirs, row, strict=True) if f is not None]
     parts = [
-        f"`{d.name}` {fs.answer_of(f)} ({f.budget.text() if f.budget else 'no budget'})"
-        for d, f in have
+        f"`{d.name}` {f.answer} ({f.budget.text() if f.budget else 'no budget'})" for d, f in have
     ]
     return f"- {_cell(have[0][1].claim)}: " + "; ".join(parts)
 
@@ -174,7 +173,7 @@ def _claim_line(s: dict, f: Finding) -> str:
     """One claim of the report's first table: study, seeds, claim, answer, evidence."""
     return (
         f"| [{_cell(s['title'])}](#{_anchor(s['title'])}) | {len(s['seeds'])} | "
-        f"{_cell(f.claim)} | {fs.answer_of(f)} | {_cell(f.evidence)} |"
+        f"{_cell(f.claim)} | {f.answer} | {_cell(f.evidence)} |"
     )
 
 
@@ -220,18 +219,12 @@ def write(profile_dir: str | os.PathLike) -> Path:
     return path
 
 
-def profile_dirs(results: str | os.PathLike) -> list[Path]:
-    """The folders to report on: ``results`` itself when it holds studies (a profile's folder),
-    else each folder of ``results`` that does (a results root: one folder per profile)."""
-    root = Path(results)
-    if fs.files(root):
-        return [root]
-    return sorted(d for d in root.glob("*/") if fs.files(d))
-
-
 def write_all(results: str | os.PathLike) -> list[Path]:
-    """One REPORT.md per profile folder of ``results`` (or for ``results`` itself)."""
-    dirs = profile_dirs(results)
+    """One REPORT.md per folder to report on: ``results`` itself when it holds studies (a
+    profile's folder), else each folder of ``results`` that does (a results root: one folder per
+    profile)."""
+    root = Path(results)
+    dirs = [root] if fs.files(root) else sorted(d for d in root.glob("*/") if fs.files(d))
     if not dirs:
         raise FileNotFoundError(
             f"no */findings.json under {str(results)!r} nor in its profile folders "
@@ -290,7 +283,7 @@ def _row(title: str, findings: list[Finding | None], verdicts_only: bool = False
     have = [f for f in findings if f is not None]
     paper = next((f.paper for f in have if f.paper), "")
     cells = [
-        "—" if f is None else fs.answer_of(f) + ("" if verdicts_only else f": {_cell(f.evidence)}")
+        "—" if f is None else f.answer + ("" if verdicts_only else f": {_cell(f.evidence)}")
         for f in findings
     ]
     lead = f"| {_cell(title)} | {_cell(have[0].claim)} | "

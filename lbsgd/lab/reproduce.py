@@ -30,12 +30,10 @@ class Step:
     parameters: dict[str, Any]
 
     def argv(self) -> list[str]:
-        params = [a for k, v in self.parameters.items() for a in ("-p", k, _text(v))]
+        from lbsgd.lab.experiments.commands import value_text
+
+        params = [a for k, v in self.parameters.items() for a in ("-p", k, value_text(v))]
         return ["lbsgd", "execute", "--log-output", self.notebook, str(self.output), *params]
-
-
-def _text(value: Any) -> str:
-    return str(value) if not isinstance(value, list) else f"[{','.join(map(str, value))}]"
 
 
 def steps(
@@ -88,7 +86,7 @@ def _checked(notebooks: list[str], out: str, launch: dict[str, Any]) -> dict[str
 def main(profile: str, notebooks: list[str], out: str, launch: dict[str, Any], dry: bool) -> int:
     """Execute the steps (or print their command lines, ``dry``); stop at the first that fails,
     with its exit code (its one line is lbsgd execute's); then write the profile's REPORT.md."""
-    from lbsgd.lab import execute
+    from lbsgd.lab import execute, report
 
     todo = steps(profile, notebooks, out, launch)
     if dry:
@@ -99,21 +97,15 @@ def main(profile: str, notebooks: list[str], out: str, launch: dict[str, Any], d
     # between two notebooks SIGTERM is a Ctrl-C (during one, lbsgd.lab.execute forwards both)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        return _run(todo, profile, out)
+        for step in todo:
+            print(f"== {Path(step.notebook).stem} (profile={profile})", flush=True)
+            step.output.parent.mkdir(parents=True, exist_ok=True)
+            code = execute.execute(step.notebook, step.output, step.parameters, log_output=True)
+            if code:
+                return code
     except KeyboardInterrupt:
         print("lbsgd: reproduce interrupted between two notebooks", file=sys.stderr)
         return execute.EXIT_INTERRUPTED
-
-
-def _run(todo: list[Step], profile: str, out: str) -> int:
-    from lbsgd.lab import execute, report
-
-    for step in todo:
-        print(f"== {Path(step.notebook).stem} (profile={profile})", flush=True)
-        step.output.parent.mkdir(parents=True, exist_ok=True)
-        code = execute.execute(step.notebook, step.output, step.parameters, log_output=True)
-        if code:
-            return code
     for path in report.write_all(Path(out) / profile):
         print(f"wrote {path}")
     return 0

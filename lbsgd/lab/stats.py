@@ -369,7 +369,7 @@ def jackknife_t(loo: np.ndarray, point: float, n: int) -> tuple[Interval, float]
     seed, ``loo`` its :func:`jackknife` values) on the log scale, log point ± t(n − 1)·se with
     se² = (n − 1)/n · Σ(log loo − their mean)² (where the statistic is a geometric mean of
     per-seed ratios, the t interval of their logs), and se; NaN ends where it has no value. Its
-    coverage at 3, 6 and 8 seeds is checked by simulation (tests/test_stats.py), where the
+    coverage at 3, 6 and 8 seeds is checked by simulation (tests/test_study_steps_to_target.py), where the
     percentile bootstrap's 95% covers about 75% and 86% at 3 and 6."""
     logs = np.log(np.asarray(loo, dtype=float))
     if not math.isfinite(point) or point <= 0 or not np.isfinite(logs).all():

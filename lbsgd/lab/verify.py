@@ -11,7 +11,6 @@ N``: the cheapest run of each study) and the exit status are docs/portability.md
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import math
 import os
@@ -21,11 +20,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lbsgd import config, isa, jobs, launch, tracking
+from lbsgd.lab.execute import signal_when_the_parent_ends
 
 EXIT_BAD_INPUT = 2
 # a replay is consistent when its final top-1 error is within this many seed spreads (standard
@@ -222,20 +222,9 @@ def replay_command(run: Run, out: Path) -> list[str]:
     """The command line of ``run``'s replay into ``out``."""
     python = [sys.executable] if run.processes == 1 else launch.torchrun(run.processes)
     return [
-        *python,
-        "-m",
-        "lbsgd",
-        "train",
-        "-c",
-        str(run.dir / "config.yaml"),
-        f"out_dir={out}",
-        f"study={run.study}",
-        f"name={run.name}",
-        "resume=false",
-        "wandb=disabled",
-        "checkpoint=false",
-        "checkpoint_every=0",
-        "device=cpu",
+        *(*python, "-m", "lbsgd", "train", "-c", str(run.dir / "config.yaml")),
+        *(f"out_dir={out}", f"study={run.study}", f"name={run.name}", "resume=false"),
+        *("wandb=disabled", "checkpoint=false", "checkpoint_every=0", "device=cpu"),
     ]
 
 
@@ -271,34 +260,27 @@ def level(
     )
 
 
-def _verdicts(findings: Any) -> dict[str, Any]:
-    """claim → its outcome (:data:`lbsgd.lab.findings.OUTCOMES`) of a findings.json."""
-    if not isinstance(findings, dict):
-        return {}
-    return {
-        f.get("claim"): f.get("outcome", f.get("replayed")) for f in findings.get("findings", [])
-    }
-
-
 def changed_verdicts(committed: dict[str, Any], recomputed: dict[str, Any]) -> list[str]:
-    """The claims whose verdict differs between two findings.json (a claim in one only: changed)."""
-    a, b = _verdicts(committed), _verdicts(recomputed)
+    """The claims whose verdict (outcome, :data:`lbsgd.lab.findings.OUTCOMES`) differs between
+    two findings.json (a claim in one only: changed)."""
+
+    def verdicts(findings: Any) -> dict[str, Any]:
+        found = findings.get("findings", []) if isinstance(findings, dict) else []
+        return {f.get("claim"): f.get("outcome", f.get("replayed")) for f in found}
+
+    a, b = verdicts(committed), verdicts(recomputed)
     return sorted(str(c) for c in set(a) | set(b) if a.get(c, "absent") != b.get(c, "absent"))
-
-
-def notebook_of(study: str) -> Path | None:
-    """The study's notebook (notebooks/NN_<study>.ipynb of the repository), None if none."""
-    from lbsgd.lab.studies import repo_root
-
-    found = sorted((repo_root() / "notebooks").glob(f"[0-9][0-9]_{study}.ipynb"))
-    return found[0] if found else None
 
 
 def recompute_findings(root: Path, run: Run, replay: Path, scratch: Path) -> list[str] | None:
     """The claims of ``run``'s study whose verdict changes when ``replay`` stands in for ``run``:
     its notebook executed (papermill, W&B off) over a copy of the profile folder ``root`` (records
-    only) in ``scratch``. None when it cannot be recomputed (no notebook, no findings, a failure)."""
-    notebook = notebook_of(run.study)
+    only) in ``scratch``. None when it cannot be recomputed (no
+    notebooks/NN_<study>.ipynb in the repository, no findings, a failure)."""
+    from lbsgd.lab.studies import repo_root
+
+    found = sorted((repo_root() / "notebooks").glob(f"[0-9][0-9]_{run.study}.ipynb"))
+    notebook = found[0] if found else None
     committed = _read_json(run.dir.parent / "findings.json")
     if notebook is None or committed is None:
         return None
@@ -383,9 +365,10 @@ def main(
     from lbsgd.lab.studies import results_root
 
     root = results_root(results)
-    refused = _refused(root, n, parallel, skip_damaged)
-    if refused is not None:
-        return refused
+    if n < 1 or parallel < 1:
+        return _bad(f"--sample={n} and --parallel={parallel} must be positive integers")
+    if not _damaged_named(root, skip_damaged):
+        return 1
     runs = find_runs(root)
     if not runs:
         return _bad(f"no completed CPU runs under {root} (expected {root}/<study>/<run>/)")
@@ -408,22 +391,13 @@ def main(
             shutil.rmtree(where, ignore_errors=True)
 
 
-def _refused(root: Path, n: int, parallel: int, skip_damaged: bool) -> int | None:
-    """The exit code of a verify that cannot start (bad numbers: 2; damaged runs: 1), or None."""
-    if n < 1 or parallel < 1:
-        return _bad(f"--sample={n} and --parallel={parallel} must be positive integers")
-    return None if _damaged_named(root, skip_damaged) else 1
-
-
 def _damaged_named(root: Path, skip: bool) -> bool:
     """Each run folder under ``root`` that cannot be read (:func:`lbsgd.lab.experiments.damage`:
     its config.yaml, summary.json or metrics.jsonl missing or unreadable) named in one line;
     whether to go on (none, or ``skip``)."""
     from lbsgd.lab.experiments import results
 
-    files = ("config.yaml", "summary.json", "metrics.jsonl")
-    dirs = sorted({p.parent for f in files for p in root.glob(f"*/*/{f}")})
-    bad = [(d, why) for d in dirs if (why := results.damage(d, files))]
+    dirs, bad = results.damaged(root, "*/*", ("config.yaml", "summary.json", "metrics.jsonl"))
     results.say_cut(dirs)
     for d, why in bad:
         print(f"lbsgd verify: damaged: {d} ({why})", file=sys.stderr, flush=True)
@@ -473,25 +447,22 @@ def _replay_all(
     chosen: list[Run], runs: list[Run], where: Path, parallel: int, root: Path
 ) -> list[str]:
     """Replay ``chosen``, ``parallel`` at a time, reporting each as it ends; the level of each."""
-    replays = _Replays(len(chosen), runs, where, parallel, root)
+    replays = _Replays(len(chosen), runs, where, root, parallel)
     jobs.Runner(chosen, replays).run()
     return replays.levels
 
 
+@dataclass
 class _Replays(jobs.Policy[Run]):
     """The replays' policy for their runner (:mod:`lbsgd.jobs`): each replay's output in its log
     (``where/<study>/<run>.log``), and its lines and level once it ends."""
 
-    def __init__(self, total: int, runs: list[Run], where: Path, parallel: int, root: Path):
-        self.total, self.runs, self.where, self.parallel, self.root = (
-            total,
-            runs,
-            where,
-            parallel,
-            root,
-        )
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.levels: list[str] = []
+    total: int
+    runs: list[Run]
+    where: Path
+    root: Path
+    parallel: int = 1
+    levels: list[str] = field(default_factory=list)
 
     def log(self, run: Run) -> Path:
         return self.where / run.study / f"{run.name}.log"
@@ -505,9 +476,10 @@ class _Replays(jobs.Policy[Run]):
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=self.env,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 start_new_session=True,  # its processes (torchrun's workers) ended as one
-                preexec_fn=_killed_with_parent,
+                # SIGKILL when lbsgd verify ends, even where an interrupt came as it was started
+                preexec_fn=lambda: signal_when_the_parent_ends(signal.SIGKILL),
             )
 
     def interrupted(self, runner: jobs.Runner[Run]) -> None:
@@ -525,13 +497,6 @@ class _Replays(jobs.Policy[Run]):
             _report(run, self.runs, replay, job.proc.returncode, self.log(run), self.root)
         )
         sys.stdout.flush()
-
-
-def _killed_with_parent() -> None:
-    """In a replay's process before it runs (Linux): SIGKILL when lbsgd verify ends, even where an
-    interrupt came as the replay was being started (PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 def _bad(message: str) -> int:

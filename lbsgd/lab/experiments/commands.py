@@ -75,7 +75,7 @@ def check_launch(
 
 def train_args(cfg: Config) -> list[str]:
     """The run's ``key=value`` arguments of ``lbsgd train``: every key that is set."""
-    return [f"{k}={_text(v)}" for k, v in cfg.to_dict().items() if v is not None]
+    return [f"{k}={value_text(v)}" for k, v in cfg.to_dict().items() if v is not None]
 
 
 def command_line(
@@ -90,7 +90,8 @@ def command_line(
     return [*launcher, "-m", "lbsgd", "train", *overrides]
 
 
-def _text(v: Any) -> str:
+def value_text(v: Any) -> str:
+    """A value as a command line's ``key=value`` gives it: a list as ``[a,b]``."""
     if isinstance(v, list | tuple):
         return "[" + ",".join(str(x) for x in v) + "]"
     return str(v)

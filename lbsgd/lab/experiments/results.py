@@ -49,10 +49,6 @@ def run_record(run_dir: str | os.PathLike) -> dict[str, Any]:
 SKIP_DAMAGED = "LBSGD_SKIP_DAMAGED"
 
 
-def skipping_damaged() -> bool:
-    return os.environ.get(SKIP_DAMAGED, "") not in ("", "0")
-
-
 RUN_FILES = ("config.yaml", "summary.json")  # a run that started writes both before its first step
 
 
@@ -77,6 +73,16 @@ def damage(run_dir: Path, needs: Iterable[str] = RUN_FILES) -> str | None:
     return None
 
 
+def damaged(
+    root: str | os.PathLike, depth: str = "*", needs: Iterable[str] = RUN_FILES
+) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Every run folder ``depth`` below ``root`` (one holding a config.yaml, summary.json or
+    metrics.jsonl), sorted, and the damaged ones (:func:`damage`), each with why."""
+    files = ("config.yaml", "summary.json", "metrics.jsonl")
+    dirs = sorted({p.parent for f in files for p in Path(root).glob(f"{depth}/{f}")})
+    return dirs, [(d, why) for d in dirs if (why := damage(d, needs))]
+
+
 def say_cut(dirs: Iterable[Path]) -> None:
     """Each metrics.jsonl of ``dirs`` that ends in a record cut mid-line, named in a warning line
     (a missing or damaged one is :func:`damage`'s to name)."""
@@ -85,29 +91,12 @@ def say_cut(dirs: Iterable[Path]) -> None:
             read_metrics(d / "metrics.jsonl")
 
 
-def run_dirs(
-    study_dir: str | os.PathLike,
-    skip_damaged: bool | None = None,
-    needs: Iterable[str] = RUN_FILES,
-) -> list[Path]:
-    """Every run folder of ``study_dir`` (one holding a config.yaml, summary.json or
-    metrics.jsonl), sorted. A damaged one (:func:`damage`: a file it ``needs`` missing or
-    unreadable) stops the read with one line naming each, unless ``skip_damaged`` (None:
-    :data:`SKIP_DAMAGED` in the environment), which leaves them out with one line each on
-    stderr."""
-    study_dir = Path(study_dir)
-    files = ("config.yaml", "summary.json", "metrics.jsonl")
-    dirs = sorted({p.parent for f in files for p in study_dir.glob(f"*/{f}")})
-    bad = [(d, why) for d in dirs if (why := damage(d, needs))]
-    _refuse_or_say(bad, skipping_damaged() if skip_damaged is None else skip_damaged)
-    damaged = {d for d, _ in bad}
-    return [d for d in dirs if d not in damaged]
-
-
-def _refuse_or_say(bad: list[tuple[Path, str]], skip: bool) -> None:
-    """The damaged folders ``bad`` (folder, why): one ConfigError line naming them all, or with
-    ``skip`` one warning line each."""
-    if bad and not skip:
+def run_dirs(study_dir: str | os.PathLike, needs: Iterable[str] = RUN_FILES) -> list[Path]:
+    """Every run folder of ``study_dir`` (:func:`damaged`), sorted. Damaged ones stop the read
+    with one line naming each, unless :data:`SKIP_DAMAGED` is set in the environment, which
+    leaves them out with one line each on stderr."""
+    dirs, bad = damaged(study_dir, needs=needs)
+    if bad and os.environ.get(SKIP_DAMAGED, "") in ("", "0"):
         named = "; ".join(f"{d} ({why})" for d, why in bad)
         raise config.ConfigError(
             f"{len(bad)} run folder(s) cannot be read: {named}; re-run them, or leave them out "
@@ -115,6 +104,8 @@ def _refuse_or_say(bad: list[tuple[Path, str]], skip: bool) -> None:
         )
     for d, why in bad:
         print(f"lbsgd: warning: {d} left out ({why})", file=sys.stderr, flush=True)
+    left_out = {d for d, _ in bad}
+    return [d for d in dirs if d not in left_out]
 
 
 def load_runs(study_dir: str | os.PathLike, names: Iterable[str] | None = None):

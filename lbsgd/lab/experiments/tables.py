@@ -57,15 +57,11 @@ def readable_cell(column: str, value: Any) -> str:
         return text
     if not math.isfinite(x):
         return "" if math.isnan(x) else text
-    return f"{x:.2f}" if POINTS_COLUMN.search(column) else _number(text, x)
-
-
-def _number(text: str, x: float) -> str:
-    """A finite number outside the points columns: whole as it is, else 4 significant digits
-    (no exponent from 1000 up)."""
+    if POINTS_COLUMN.search(column):
+        return f"{x:.2f}"
     if text.lstrip("+-").isdigit() or (x.is_integer() and abs(x) < 1e15):
         return str(int(x))
-    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.4g}"  # no exponent from 1000 up
 
 
 def readable(table):
