@@ -24,15 +24,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lbsgd", description="Large-minibatch distributed SGD.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train one run (works the same under torchrun)")
-    t.add_argument(
-        "-c",
-        "--config",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="YAML file of key: value (repeatable; later files win, key=value wins last)",
-    )
-    t.add_argument("overrides", nargs="*", metavar="key=value", help="see `lbsgd keys`")
+    _config_options(t, "YAML file of key: value (repeatable; later files win, key=value wins last)")
     sub.add_parser("keys", help="print every config key: kind, type, default, meaning")
     v = sub.add_parser("verify", help="replay a sample of committed runs: bitwise equal or not")
     v.add_argument(
@@ -57,12 +49,6 @@ def parser() -> argparse.ArgumentParser:
         "--out", default=None, help="keep the replays here (default: a temporary folder, removed)"
     )
     v.add_argument("--parallel", type=int, default=1, help="replays at a time")
-    v.add_argument(
-        "--skip-damaged",
-        action="store_true",
-        help="leave out run folders that cannot be read (each named in one line) instead of "
-        "stopping at them",
-    )
     r = sub.add_parser("report", help="gather a profile's */findings.json into its REPORT.md")
     r.add_argument(
         "--results",
@@ -78,12 +64,13 @@ def parser() -> argparse.ArgumentParser:
         help="instead: print the claims of these profiles' folders side by side (results/cpu "
         "results/fashion), one markdown table with the paper's numbers; writes nothing",
     )
-    r.add_argument(
-        "--skip-damaged",
-        action="store_true",
-        help="leave out run folders that cannot be read (each named in one line) instead of "
-        "stopping at them",
-    )
+    for q in (v, r):
+        q.add_argument(
+            "--skip-damaged",
+            action="store_true",
+            help="leave out run folders that cannot be read (each named in one line) instead of "
+            "stopping at them",
+        )
     r.add_argument(
         "--headline",
         nargs="+",
@@ -142,16 +129,19 @@ def _parameter_option(p: argparse.ArgumentParser, help: str) -> None:
     )
 
 
+def _config_options(p: argparse.ArgumentParser, help: str) -> None:
+    """``-c FILE`` (repeatable) and the ``key=value`` overrides (lbsgd train's and lbsgd plan's)."""
+    p.add_argument("-c", "--config", action="append", default=[], metavar="FILE", help=help)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="see `lbsgd keys`")
+
+
 def _plan_parser(sub) -> None:
     pl = sub.add_parser(
         "plan",
         help="the batch size, lr, warmup and GPU count worth using for a config, with predicted "
         "steps and time to a target (docs/planning.md)",
     )
-    pl.add_argument(
-        "-c", "--config", action="append", default=[], metavar="FILE", help="YAML file of keys"
-    )
-    pl.add_argument("overrides", nargs="*", metavar="key=value", help="see `lbsgd keys`")
+    _config_options(pl, "YAML file of keys")
     pl.add_argument(
         "--target",
         default=None,
@@ -423,8 +413,9 @@ def _plan_written(args: argparse.Namespace) -> int:
 def _plan_check(args: argparse.Namespace) -> int:
     from lbsgd.plan import check
 
-    given = [f"--{k.replace('_', '-')}" for k in ("target", "reference", "out", "batches")]
-    given = [o for o in given if getattr(args, o[2:].replace("-", "_")) is not None]
+    given = [
+        f"--{k}" for k in ("target", "reference", "out", "batches") if getattr(args, k) is not None
+    ]
     if args.config or args.overrides or given:
         extra = ", ".join([*(["-c"] if args.config else []), *args.overrides, *given])
         raise config.ConfigError(
