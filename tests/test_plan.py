@@ -1143,7 +1143,7 @@ def test_the_steps_range_reaches_above_the_prediction_by_b_crits_low_end_and_the
 
 
 def test_the_figure_draws_the_steps_range_that_the_plan_check_prints():
-    """One interval per row (plan.json's, lbsgd.plan.steps_band): the band of plan.png's steps
+    """One interval per row (plan.json's, lbsgd.plan.show.steps_band): the band of plan.png's steps
     panel at the recommended batch and the range `lbsgd plan --check` prints for it are the same
     numbers, and the check says whether the measured steps fell inside."""
     import re
@@ -1153,15 +1153,14 @@ def test_the_figure_draws_the_steps_range_that_the_plan_check_prints():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lbsgd import plan as planner
-    from lbsgd.plan import check
+    from lbsgd.plan import check, show
 
     x = _lower_bound_inputs(steps_range=(400.0, 500.0))
     rows = model.table(x, model.powers_of_two(64, 1024), (1,))
     best = next(r for r in rows if r.batch == 256).as_dict()
     doc = {"rows": [r.as_dict() for r in rows], "probe": {"batch": 64, "steps": 450.0}}
     fig, ax = plt.subplots()
-    planner.draw_steps(ax, {**doc, "b_crit": 200.0, "target": "error=25", "recommended": best})
+    show.draw_steps(ax, {**doc, "b_crit": 200.0, "target": "error=25", "recommended": best})
     (band,) = [c for c in ax.collections if c.get_label().startswith("its range")]
     drawn = sorted(y for b, y in band.get_paths()[0].vertices if b == 256)
     plt.close(fig)

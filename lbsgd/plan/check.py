@@ -72,8 +72,8 @@ def run(folder: Path, doc: dict[str, Any], cfg: Config) -> dict[str, Any]:
 
 def comparison(best: dict[str, Any], run_dir: Path, got: dict[str, Any]) -> dict[str, Any]:
     """check.json: the recommended row's predictions (its steps' interval the figure's band,
-    :func:`lbsgd.plan.steps_band`) beside what its run measured (:func:`measured`)."""
-    from lbsgd.plan import steps_band
+    :func:`lbsgd.plan.show.steps_band`) beside what its run measured (:func:`measured`)."""
+    from lbsgd.plan.show import steps_band
 
     predicted = {k: best[k] for k in ("steps", "step_s", "wall_s")}
     return {
