@@ -192,22 +192,6 @@ def generate(
     return images, labels
 
 
-def _cache_path(
-    cache_dir: str | os.PathLike | None,
-    train: int,
-    test: int,
-    difficulty: str,
-    sigma: float,
-    size: int,
-) -> Path:
-    root = cache_dir or os.environ.get("LBSGD_CACHE") or Path.home() / ".cache" / "lbsgd"
-    name = (
-        f"shapes-v{GENERATOR_VERSION}-{difficulty}-noise{sigma!r}-size{size}"
-        f"-train{train}s{TRAIN_SEED}-test{test}s{TEST_SEED}.npz"
-    )
-    return Path(root).expanduser() / "synthetic" / name
-
-
 def _read(path: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray] | None:
     """The cached arrays, or None when the file is missing, unreadable or not what we expect."""
     if not path.exists():
@@ -257,7 +241,12 @@ def load(
     _check_int("train_size", train_size, 1)
     _check_int("test_size", test_size, 1)
     sigma = _check(difficulty, noise, image_size)
-    path = _cache_path(cache_dir, train_size, test_size, difficulty, sigma, image_size)
+    root = cache_dir or os.environ.get("LBSGD_CACHE") or Path.home() / ".cache" / "lbsgd"
+    name = (
+        f"shapes-v{GENERATOR_VERSION}-{difficulty}-noise{sigma!r}-size{image_size}"
+        f"-train{train_size}s{TRAIN_SEED}-test{test_size}s{TEST_SEED}.npz"
+    )
+    path = Path(root).expanduser() / "synthetic" / name
     img = (3, image_size, image_size)
     shapes = {
         "x_train": (train_size, *img),
