@@ -32,13 +32,10 @@ class Normalise:
         return out
 
 
-Finish = Callable[[torch.Tensor], torch.Tensor]
-
-
 def to_device(
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     device: torch.device | None,
-    finish: Finish | None = None,
+    finish: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(finish(x), y)`` of each ``(x, y)`` of ``batches``, on ``device`` (None: where they are).
 
