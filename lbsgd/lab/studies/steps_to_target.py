@@ -449,27 +449,22 @@ def findings(m, large_k: float, tuning_seed: int) -> list[Finding]:
     ]
 
 
-def _edge_bound(c, ks: Sequence[float]) -> str | None:
-    """Why the claim over ``ks`` is invalid: a k whose best lr sits on the grid's edge, or one
-    whose chosen runs never reach the target."""
-    sel = c[c["k"].isin(list(ks))]
-    edge = sel[sel["lr_at_grid_edge"] != ""]
-    if len(edge):
-        r = edge.iloc[0]
-        return f"k={r['k']:g}'s best lr sits on the {r['lr_at_grid_edge']} edge of its grid"
-    never = sel[sel["steps_to_target"].isna()]
-    if len(never):
-        return f"k={never['k'].iloc[0]:g} does not reach the target with every seed"
-    return None
-
-
 def _slope_claim(m, c, ks: Sequence[float], claim: str, tuning_seed: int, above=False) -> Finding:
     """A claim on the slope of log2 steps on log2 batch over the batch sizes ``ks`` (the measuring
     seeds' runs): within :data:`PERFECT` ± :data:`SLOPE_MARGIN`, or with ``above`` above the
     margin's upper edge; invalid when one of them is untuned or never reaches the target,
     undecided with fewer than two."""
     steps = _steps_text(c, ks)
-    why = _edge_bound(c, ks)
+    sel = c[c["k"].isin(list(ks))]
+    edge, never = sel[sel["lr_at_grid_edge"] != ""], sel[sel["steps_to_target"].isna()]
+    why = (
+        f"k={edge['k'].iloc[0]:g}'s best lr sits on the {edge['lr_at_grid_edge'].iloc[0]} edge "
+        "of its grid"
+        if len(edge)
+        else f"k={never['k'].iloc[0]:g} does not reach the target with every seed"
+        if len(never)
+        else None
+    )
     if why is not None or len(ks) < 2:
         v = fs.Verdict(None, why or "fewer than two batch sizes", invalid=why is not None)
         return finding(claim, v, steps, paper=PAPER)
