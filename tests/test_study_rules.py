@@ -124,6 +124,23 @@ def test_a_diverged_run_counts_as_full_error_and_the_input_is_untouched():
     assert list(df["final_top1_error_pct"]) == [4.0, 12.0] and "diverged" not in df
 
 
+def test_wins_counts_the_seeds_where_one_arm_is_lower_of_those_both_ran():
+    import pandas as pd
+
+    df = pd.DataFrame(
+        {
+            "seed": [0, 0, 1, 1, 2, 2, 3],
+            "k": [8.0] * 7,
+            "decay": [False, True] * 3 + [False],
+            "final_top1_error_pct": [30.0, 31.0, 33.0, 32.0, 29.0, 35.0, 20.0],
+        }
+    )
+    # seed 3 ran one arm only: not counted; seed 1 is the one the other arm wins
+    assert studies.wins(df, "decay", False, True) == (2, 3)
+    assert studies.wins(df, "decay", True, False, k=8.0) == (1, 3)
+    assert studies.wins(df, "decay", False, True, k=16.0) == (0, 0)  # no run matches
+
+
 def test_paired_seeds_judge_the_difference_by_the_spread_of_their_differences():
     # every seed 1.0-2.0 points better, though each arm alone spreads 2 points: decided when paired
     a, b = [2.0, 4.0, 6.0], [3.5, 5.0, 8.0]
