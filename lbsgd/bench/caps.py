@@ -99,8 +99,7 @@ def bench_caps(
         "caps": rows,
         "environment": {**environment(torch.device("cpu"), 1), "node": platform.node()},
     }
-    if out:
-        from lbsgd.bench.train import write
+    from lbsgd.bench.train import write
 
-        write(result, out)
+    write(result, out)
     return result

@@ -20,7 +20,7 @@ import torch
 
 from lbsgd import comm, config, costmodel, data, distributed, models, optim
 from lbsgd.bench.torchrun import torchrun
-from lbsgd.bench.train import DEFAULTS
+from lbsgd.bench.train import DEFAULTS, write
 from lbsgd.environment import environment
 from lbsgd.network import memory_format
 
@@ -28,7 +28,7 @@ from lbsgd.network import memory_format
 def sizes(min_bytes: int, max_bytes: int) -> list[int]:
     """Powers of 4 from ``min_bytes`` up to ``max_bytes`` (both rounded to whole fp32 values)."""
     if min_bytes < 4 or max_bytes < min_bytes:
-        raise ValueError(f"need 4 <= min_bytes <= max_bytes, got {min_bytes}, {max_bytes}")
+        raise config.ConfigError(f"need 4 <= min_bytes <= max_bytes, got {min_bytes}, {max_bytes}")
     out, n = [], min_bytes
     while n <= max_bytes:
         out.append(n // 4 * 4)
@@ -50,36 +50,6 @@ def _time(fn, iters: int) -> float:
     return float(t.item())
 
 
-def _allreduce_rows(
-    min_bytes: int, max_bytes: int, iters: int, groups: comm.Groups, rank: int, world: int
-) -> list[dict]:
-    """The flat and the hierarchical all-reduce timed at every size (rank 0 prints each)."""
-    rows = []
-    for n in sizes(min_bytes, max_bytes):
-        t = torch.ones(n // 4)
-        paths = {
-            "flat": distributed.all_reduce_sum,
-            "hierarchical": lambda t: comm.hierarchical_all_reduce(t, groups),
-        }
-        for path, fn in paths.items():
-            s = _time(lambda fn=fn, t=t: fn(t), iters)
-            rows.append(
-                {
-                    "path": path,
-                    "bytes": n,
-                    "seconds": s,
-                    "bus_bandwidth_Bps": comm.bus_bandwidth(n, s, world),
-                }
-            )
-            if rank == 0:
-                print(
-                    f"{path:>12} {n:>11,d} B  {s * 1e3:9.3f} ms  "
-                    f"{rows[-1]['bus_bandwidth_Bps'] / 1e9:7.3f} GB/s bus",
-                    flush=True,
-                )
-    return rows
-
-
 def _fits(rows: list[dict], world: int) -> dict[str, dict]:
     """The cost model fitted to each path's timings (its error where no bandwidth fits)."""
     fits = {}
@@ -89,37 +59,41 @@ def _fits(rows: list[dict], world: int) -> dict[str, dict]:
             "flat",
             lambda x, y: costmodel.fit_ring_allreduce(x, y, world),
         ),
-        "hierarchical_effective": (
-            "t = alpha + n/beta",
-            "hierarchical",
-            costmodel.fit_alpha_beta,
-        ),
+        "hierarchical_effective": ("t = alpha + n/beta", "hierarchical", costmodel.fit_alpha_beta),
     }
     for key, (model, path, fit) in models.items():
         sel = [r for r in rows if r["path"] == path]
         try:
             link = fit([r["bytes"] for r in sel], [r["seconds"] for r in sel])
-            fits[key] = {
-                "alpha_s": link.alpha_s,
-                "bandwidth_Bps": link.bandwidth_Bps,
-                "model": model,
-            }
+            alpha, bandwidth, error = link.alpha_s, link.bandwidth_Bps, {}
         except ValueError as e:  # e.g. sizes too small for the time to grow with them
-            fits[key] = {
-                "alpha_s": None,
-                "bandwidth_Bps": None,
-                "model": model,
-                "error": str(e),
-            }
+            alpha, bandwidth, error = None, None, {"error": str(e)}
+        fits[key] = {"alpha_s": alpha, "bandwidth_Bps": bandwidth, "model": model, **error}
     return fits
 
 
 def worker(out: str, min_bytes: int, max_bytes: int, iters: int) -> None:
+    """One process of :func:`bench_allreduce`: the flat and the hierarchical all-reduce timed at
+    every size; rank 0 prints each and writes the result."""
     ctx = distributed.init("cpu")  # gloo
     rank, world, local_world = ctx.rank, ctx.world_size, ctx.local_world_size
     groups = comm.Groups(comm.Topology.of(world, local_world))
-
-    rows = _allreduce_rows(min_bytes, max_bytes, iters, groups, rank, world)
+    rows = []
+    for n in sizes(min_bytes, max_bytes):
+        t = torch.ones(n // 4)
+        paths = {
+            "flat": distributed.all_reduce_sum,
+            "hierarchical": lambda t: comm.hierarchical_all_reduce(t, groups),
+        }
+        for path, fn in paths.items():
+            s = _time(lambda fn=fn, t=t: fn(t), iters)
+            bus = comm.bus_bandwidth(n, s, world)
+            rows.append({"path": path, "bytes": n, "seconds": s, "bus_bandwidth_Bps": bus})
+            if rank == 0:
+                print(
+                    f"{path:>12} {n:>11,d} B  {s * 1e3:9.3f} ms  {bus / 1e9:7.3f} GB/s bus",
+                    flush=True,
+                )
     if rank == 0:
         fits = _fits(rows, world)
         result = {
@@ -133,10 +107,7 @@ def worker(out: str, min_bytes: int, max_bytes: int, iters: int) -> None:
             "fits": fits,
             "environment": {**environment(torch.device("cpu"), world), "machine": platform.node()},
         }
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(out).with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        tmp.replace(out)
+        write(result, out)
         print(f"fits: {json.dumps(fits)}\nwrote {out}", flush=True)
     distributed.shutdown()
 
@@ -144,19 +115,13 @@ def worker(out: str, min_bytes: int, max_bytes: int, iters: int) -> None:
 def bench_allreduce(
     nproc: int, nodes: int, min_bytes: int, max_bytes: int, iters: int, out: str
 ) -> None:
-    """Start ``nodes`` torchrun agents on this machine and run :func:`worker` in each process."""
+    """Start ``nodes`` torchrun agents on this machine and run :func:`worker` in each process;
+    bad sizes or process counts are a one-line ConfigError, before anything starts."""
     if nproc < 2 or nodes < 1 or nproc % nodes:
-        raise ValueError(f"--nproc={nproc} must be >= 2 and a multiple of --nodes={nodes}")
+        raise config.ConfigError(f"--nproc={nproc} must be >= 2 and a multiple of --nodes={nodes}")
     sizes(min_bytes, max_bytes)  # bad sizes fail here, before anything starts
-    args = [
-        "bench",
-        "allreduce",
-        "--worker",
-        f"--min-bytes={min_bytes}",
-        f"--max-bytes={max_bytes}",
-        f"--iters={iters}",
-        f"--out={out}",
-    ]
+    args = ["bench", "allreduce", "--worker", f"--iters={iters}", f"--out={out}"]
+    args += [f"--min-bytes={min_bytes}", f"--max-bytes={max_bytes}"]
     torchrun(nodes, nproc // nodes, args, what="lbsgd bench allreduce")
 
 
@@ -255,31 +220,12 @@ def _layouts(
     combination; one line for a bad process count or hook."""
     for n in nprocs:
         if n < 1:
-            raise ValueError(f"--nproc={n}: every layout needs at least 1 process")
+            raise config.ConfigError(f"--nproc={n}: every layout needs at least 1 process")
     for h in hooks:
         if h not in comm.HOOKS:
-            raise ValueError(f"--comm-hooks: {h!r} is not one of {', '.join(comm.HOOKS)}")
+            raise config.ConfigError(f"--comm-hooks: {h!r} is not one of {', '.join(comm.HOOKS)}")
     layouts = [(1, "none", bucket_caps[0])] if 1 in nprocs else []
     return layouts + [(n, h, b) for n in nprocs if n > 1 for h in hooks for b in bucket_caps]
-
-
-def _layout_row(path: str, n: int, hook: str, cap: float, steps: int, overrides) -> dict:
-    """One layout measured under its own torchrun (hierarchical: 2 nodes of n/2 processes)."""
-    args = [
-        "bench",
-        "train",
-        "--step-worker",
-        f"--steps={steps}",
-        f"--out={path}",
-        *overrides,
-        f"comm_hook={hook}",
-        f"bucket_cap_mb={cap}",
-    ]
-    nodes = 2 if hook == "hierarchical" and n % 2 == 0 else 1  # 2 nodes of n/2 processes
-    torchrun(
-        nodes, n // nodes, args, what=f"lbsgd bench train: layout {n} x {hook} x {cap:g} MB failed"
-    )
-    return json.loads(Path(path).read_text())
 
 
 def bench_breakdown(
@@ -290,7 +236,8 @@ def bench_breakdown(
     steps: int,
     out: str | None,
 ) -> dict:
-    """Every (processes, comm_hook, bucket_cap_mb) layout, each under its own torchrun.
+    """Every (processes, comm_hook, bucket_cap_mb) layout, each under its own torchrun
+    (hierarchical: 2 nodes of n/2 processes).
 
     Weak scaling, as in Goyal et al. and Jia et al.: every process keeps the micro-batch
     (``micro_batch``, else ``bn_batch``), so the global batch is processes × micro-batch; the
@@ -301,7 +248,13 @@ def bench_breakdown(
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (n, hook, cap) in enumerate(_layouts(nprocs, hooks, bucket_caps)):
-            rows.append(_layout_row(f"{tmp}/{i}.json", n, hook, cap, steps, overrides))
+            path = f"{tmp}/{i}.json"
+            args = ["bench", "train", "--step-worker", f"--steps={steps}", f"--out={path}"]
+            args += [*overrides, f"comm_hook={hook}", f"bucket_cap_mb={cap}"]
+            nodes = 2 if hook == "hierarchical" and n % 2 == 0 else 1  # 2 nodes of n/2 processes
+            what = f"lbsgd bench train: layout {n} x {hook} x {cap:g} MB failed"
+            torchrun(nodes, n // nodes, args, what=what)
+            rows.append(json.loads(Path(path).read_text()))
             r = rows[-1]
             print(
                 f"{n} proc  {hook:>16}  bucket {cap:>6g} MB | data {r['data'] * 1e3:7.2f}  fwd "
@@ -317,7 +270,5 @@ def bench_breakdown(
         "rows": rows,
         "environment": {**environment(torch.device("cpu"), 1), "machine": platform.node()},
     }
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    write(result, out)
     return result

@@ -20,7 +20,7 @@ from lbsgd.config import ConfigError, micro_batch
 from lbsgd.data import folders
 from lbsgd.environment import environment
 
-DATASETS = ("cifar10", "imagenet")
+DATASETS = {"cifar10": folders.cifar10, "imagenet": folders.imagenet}  # imagenet: 224x224 crops
 
 
 def _real_train(dataset: str, data_dir: str):
@@ -28,10 +28,7 @@ def _real_train(dataset: str, data_dir: str):
     if dataset not in DATASETS:
         raise ConfigError(f"--dataset={dataset!r} is not one of {', '.join(DATASETS)}")
     try:
-        if dataset == "cifar10":
-            train, _, classes, size = folders.cifar10(data_dir)
-        else:
-            train, _, classes, size = folders.imagenet(data_dir)  # 224x224 crops
+        train, _, classes, size = DATASETS[dataset](data_dir)
     except FileNotFoundError as e:
         raise ConfigError(f"--data-dir: {e}") from None
     return train, size, classes
@@ -97,16 +94,11 @@ def bench_data(
         flush=True,
     )
     ratio = loader / compute.img_per_s
-    bound = "loader" if ratio < 1 else "compute"
-    print(
-        f"loader/compute = {ratio:.2f}: training is {bound}-bound"
-        + (
-            f" (at ~{ratio:.2f}x of the model's speed)"
-            if ratio < 1
-            else f" (the loader has {ratio:.2f}x headroom)"
-        ),
-        flush=True,
-    )
+    if ratio < 1:
+        bound, by = "loader", f"at ~{ratio:.2f}x of the model's speed"
+    else:
+        bound, by = "compute", f"the loader has {ratio:.2f}x headroom"
+    print(f"loader/compute = {ratio:.2f}: training is {bound}-bound ({by})", flush=True)
     result = {
         "benchmark": "data loader vs compute",
         "dataset": dataset,
@@ -126,6 +118,5 @@ def bench_data(
         "bound": bound,
         **{k: v for k, v in bench.header(cfg, steps, 1, device, env).items() if k != "dataset"},
     }
-    if out:
-        bench.write(result, out)
+    bench.write(result, out)
     return result

@@ -20,18 +20,11 @@ except ImportError:  # not on Windows
     resource = None
 
 from lbsgd import config, data, distributed, models
-from lbsgd.bench.train import (
-    _AUTOCAST,
-    DEFAULTS,
-    bench_device,
-    setup,
-    write,
-)
+from lbsgd.bench.train import _AUTOCAST, DEFAULTS, alternating, bench_device, setup, write
 from lbsgd.config import Config, ConfigError
 from lbsgd.environment import environment
 from lbsgd.models import ghost_bn
 
-GROUPS = (2, 8, 32)
 KERNELS = ("one_pass", "loop", "plain")
 
 
@@ -62,21 +55,11 @@ class PerGroupLoop(torch.autograd.Function):
             )
             for gy, xi, mean, invstd in parts
         ]
-        grad_x = torch.cat([g[0] for g in grads]).contiguous(
-            memory_format=torch.channels_last if _channels_last(x) else torch.contiguous_format
-        )
+        grad_x = torch.cat([g[0] for g in grads], out=torch.empty_like(x))  # in x's layout
         if weight is None:
             return grad_x, None, None, None, None, None
         grad_w = torch.stack([g[1] for g in grads]).sum(0)
         return grad_x, grad_w, torch.stack([g[2] for g in grads]).sum(0), None, None, None
-
-
-def _channels_last(x: torch.Tensor) -> bool:
-    return (
-        x.dim() == 4
-        and not x.is_contiguous()
-        and x.is_contiguous(memory_format=torch.channels_last)
-    )
 
 
 def network(cfg: Config, kernel: str, groups: int, splits: data.Splits, device) -> nn.Module:
@@ -137,7 +120,7 @@ def images_per_s(cfg: Config, net: nn.Module, x, y, steps: int, device) -> tuple
 
 def bench_ghost(
     overrides: list[str],
-    groups: Sequence[int] = GROUPS,
+    groups: Sequence[int] = (2, 8, 32),
     steps: int = 30,
     repeats: int = 3,
     out: str | None = None,
@@ -167,8 +150,7 @@ def bench_ghost(
         "rows": rows,
         "environment": environment(device, 1),
     }
-    if out:
-        write(result, out)
+    write(result, out)
     return result
 
 
@@ -190,36 +172,30 @@ def _row(cfg: Config, g: int, splits, batch, steps: int, repeats: int, device) -
         "all_img_per_s": ips,
         "page_faults_per_step": faults,
     }
-    print(f"{g:>3} groups of {m // g:>3}: " + _line(best, row), flush=True)
+    line = f"one pass {best['one_pass']:8.1f} img/s, plain BN {best['plain']:8.1f}"
+    ratio = f"one pass / plain {row['one_pass_over_plain']:.3f}"
+    if best["loop"] is None:
+        line += f"; {ratio} (compiled: no loop)"
+    else:
+        line += (
+            f", loop {best['loop']:8.1f}; one pass / loop {row['one_pass_over_loop']:.3f}, "
+            f"{ratio} (loop / plain {row['loop_over_plain']:.3f})"
+        )
+    print(f"{g:>3} groups of {m // g:>3}: {line}", flush=True)
     return row
 
 
 def _measured(cfg, kernels, g, splits, batch, steps, repeats, device) -> tuple[dict, dict]:
     """Each kernel's images per second and page faults a step, ``repeats`` times, alternating
     the order."""
-    ips: dict[str, list[float]] = {k: [] for k in kernels}
-    faults: dict[str, list[float]] = {k: [] for k in kernels}
-    for r in range(repeats):
-        for k in kernels if r % 2 == 0 else kernels[::-1]:
-            if cfg.compile:  # each model compiles anew, not against dynamo's recompile limit
-                torch._dynamo.reset()
-            net = network(cfg, k, g, splits, device)
-            speed, faulted = images_per_s(cfg, net, *batch, steps, device)
-            ips[k].append(speed)
-            faults[k].append(faulted)
-    return ips, faults
+
+    def measure(kernel: str) -> tuple[float, float]:
+        return images_per_s(cfg, network(cfg, kernel, g, splits, device), *batch, steps, device)
+
+    runs = alternating({k: lambda r, k=k: measure(k) for k in kernels}, repeats, cfg.compile)
+    ips = {k: [speed for speed, _ in v] for k, v in runs.items()}
+    return ips, {k: [faults for _, faults in v] for k, v in runs.items()}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a / b
-
-
-def _line(best: dict, row: dict) -> str:
-    one = f"one pass {best['one_pass']:8.1f} img/s, plain BN {best['plain']:8.1f}"
-    ratio = f"one pass / plain {row['one_pass_over_plain']:.3f}"
-    if best["loop"] is None:
-        return f"{one}; {ratio} (compiled: no loop)"
-    return (
-        f"{one}, loop {best['loop']:8.1f}; one pass / loop {row['one_pass_over_loop']:.3f}, "
-        f"{ratio} (loop / plain {row['loop_over_plain']:.3f})"
-    )

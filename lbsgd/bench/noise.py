@@ -9,7 +9,6 @@ layout under torchrun, :func:`trainer_torchrun`).
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import tempfile
 from collections.abc import Sequence
@@ -17,15 +16,13 @@ from pathlib import Path
 
 import torch
 
-from lbsgd import config, data
+from lbsgd import config
+from lbsgd.bench import train as bench
 from lbsgd.bench.torchrun import torchrun
-from lbsgd.bench.train import DEFAULTS, Timing, bench_device, header, setup, trainer_run, write
+from lbsgd.bench.train import Timing, trainer_run
 from lbsgd.config import Config, ConfigError, derive, micro_batch
-from lbsgd.environment import environment
 from lbsgd.trainer import SETTLING_STEPS
 
-# ``lbsgd bench noise``: what ``noise_scale=true`` costs, as the ratio of the trainer's steady step
-# time with it to the same run's without it, both measured in one invocation.
 NOISE_LAYOUTS = ("accum", "half", "ddp")
 NOISE_TARGET_PCT = 5.0  # the cost the measurement should stay under, in % of step time
 # the global batch of 4 micro-batches: one process accumulates 4, two processes 2 each
@@ -50,19 +47,10 @@ def noise_layouts(cfg: Config, nproc: int) -> list[tuple[str, str, int, dict]]:
             f"lbsgd bench noise: batch_size={b} must be an even number (>= 2) of "
             f"micro_batch={m}: the layouts accumulate micro-batches (e.g. batch_size={4 * m})"
         )
+    one = f"1 process, {b // m} micro-batches of {m}, B_small ="
     out = [
-        (
-            "accum",
-            f"1 process, {b // m} micro-batches of {m}, B_small = micro_batch = {m}",
-            1,
-            {"noise_scale_batch": m},
-        ),
-        (
-            "half",
-            f"1 process, {b // m} micro-batches of {m}, B_small = batch/2 = {b // 2}",
-            1,
-            {"noise_scale_batch": b // 2},
-        ),
+        ("accum", f"{one} micro_batch = {m}", 1, {"noise_scale_batch": m}),
+        ("half", f"{one} batch/2 = {b // 2}", 1, {"noise_scale_batch": b // 2}),
     ]
     if nproc:
         if nproc < 2 or b % (nproc * m):
@@ -72,15 +60,11 @@ def noise_layouts(cfg: Config, nproc: int) -> list[tuple[str, str, int, dict]]:
                 "(--layouts accum,half leaves the layout out)"
             )
         share = b // nproc
-        out.append(
-            (
-                "ddp",
-                f"{nproc} gloo processes, {share // m} micro-batches of {m} each, "
-                f"B_small = per-process share = {share} (the DDP hook alone)",
-                nproc,
-                {"noise_scale_batch": share},
-            )
+        what = (
+            f"{nproc} gloo processes, {share // m} micro-batches of {m} each, "
+            f"B_small = per-process share = {share} (the DDP hook alone)"
         )
+        out.append(("ddp", what, nproc, {"noise_scale_batch": share}))
     return out
 
 
@@ -102,40 +86,37 @@ def trainer_torchrun(
     keys.parent.mkdir(parents=True, exist_ok=True)
     keys.write_text(config.dump(run))
     torchrun(1, nproc, ["train", "-c", str(keys)], what=f"{what}: {nproc} processes", log=log)
-    summary = json.loads((run.run_dir() / "summary.json").read_text())
-    if summary["steps"] != steps:
-        raise RuntimeError(
-            f"{what}: the trainer stopped {summary['status']} after "
-            f"{summary['steps']} of {steps} steps"
-        )
-    return Timing(summary["img_per_s"], summary.get("warmup_s"))
+    return bench.timing(json.loads((run.run_dir() / "summary.json").read_text()), steps, what)
 
 
 def _alternating_runs(
     name: str, nproc: int, off: Config, on: Config, num_train: int, steps: int, repeats: int, tmp
-) -> dict[bool, list[Timing]]:
-    """``repeats`` pairs of runs without and with the measurement, alternating which goes first;
-    their timings by whether they measured."""
-    runs: dict[bool, list[Timing]] = {False: [], True: []}
-    for r in range(repeats):
-        for measure in (False, True) if r % 2 == 0 else (True, False):
-            cfg, where = (on if measure else off), f"{tmp}/{name}/{r}{'on' if measure else 'off'}"
-            if cfg.compile:
-                torch._dynamo.reset()
-            if nproc == 1:
-                runs[measure].append(trainer_run(cfg, steps, num_train, where))
-            else:
-                runs[measure].append(trainer_torchrun(cfg, steps, num_train, nproc, where))
-        print(
-            f"{name}: repeat {r}: off {runs[False][-1].img_per_s:8.1f} img/s   on "
-            f"{runs[True][-1].img_per_s:8.1f} img/s",
-            flush=True,
-        )
-    return runs
+) -> dict[str, list[Timing]]:
+    """``repeats`` pairs of runs without and with the measurement, alternating which goes first
+    (off then on, on then off, …), each pair printed; their timings by side."""
+
+    def run(cfg: Config, where: str) -> Timing:
+        if nproc == 1:
+            return trainer_run(cfg, steps, num_train, where)
+        return trainer_torchrun(cfg, steps, num_train, nproc, where)
+
+    sides = {
+        "off": lambda r: run(off, f"{tmp}/{name}/{r}off"),
+        "on": lambda r: run(on, f"{tmp}/{name}/{r}on"),
+    }
+    return bench.alternating(sides, repeats, on.compile, f"{name}: ")
 
 
-def _layout_fields(name: str, what: str, nproc: int, on: Config, num_train: int) -> dict:
-    """A layout's row: its processes, batch, micro-batches and the probe's small batch."""
+def _noise_row(name: str, what: str, nproc: int, on: Config, num_train: int, runs: dict) -> dict:
+    """One layout's row from its ``runs`` (:func:`_alternating_runs`); step time = global batch /
+    the trainer's steady img/s. ``ratio``: the median over the repeats of each repeat's step time
+    with / without (neighbours in time, so drifts in the machine's load cancel); the ratio of the
+    median step times and of the best beside it."""
+    ips = {k: [t.img_per_s for t in v] for k, v in runs.items()}
+    ms = {k: [1e3 * on.batch_size / x for x in v] for k, v in ips.items()}  # step times
+    # each repeat's two runs are neighbours in time: their ratio cancels drifts in machine load
+    paired = [a / b for a, b in zip(ms["on"], ms["off"], strict=True)]
+    ratio = statistics.median(paired)
     d = derive(on, nproc, num_train)
     return {
         "layout": name,
@@ -146,45 +127,19 @@ def _layout_fields(name: str, what: str, nproc: int, on: Config, num_train: int)
         "accum_steps": d.accum_steps,  # micro-batches per process per step
         "noise_scale_batch": d.noise_batch,
         "small_batches_per_process": d.accum_steps * d.micro_batch // d.noise_batch,
-    }
-
-
-def _noise_row(
-    name: str,
-    what: str,
-    nproc: int,
-    off: Config,
-    on: Config,
-    num_train: int,
-    steps: int,
-    repeats: int,
-    tmp: str,
-) -> dict:
-    """One layout: the run without and with the measurement, alternating (off then on, on then
-    off, …); step time = global batch / the trainer's steady img/s. ``ratio``: the median over
-    the repeats of each repeat's step time with / without (neighbours in time, so drifts in the
-    machine's load cancel); the ratio of the median step times and of the best beside it."""
-    runs = _alternating_runs(name, nproc, off, on, num_train, steps, repeats, tmp)
-    ips = {k: [t.img_per_s for t in v] for k, v in runs.items()}
-    ms = {k: [1e3 * on.batch_size / x for x in v] for k, v in ips.items()}  # step times
-    # each repeat's two runs are neighbours in time: their ratio cancels drifts in machine load
-    paired = [a / b for a, b in zip(ms[True], ms[False], strict=True)]
-    ratio = statistics.median(paired)
-    return {
-        **_layout_fields(name, what, nproc, on, num_train),
-        "off_step_ms_median": statistics.median(ms[False]),
-        "on_step_ms_median": statistics.median(ms[True]),
+        "off_step_ms_median": statistics.median(ms["off"]),
+        "on_step_ms_median": statistics.median(ms["on"]),
         "ratio": ratio,  # step time with / without, median over the repeats' pairs; 1 = free
         "paired_ratios": paired,
-        "ratio_of_medians": statistics.median(ms[True]) / statistics.median(ms[False]),
-        "ratio_best": min(ms[True]) / min(ms[False]),
+        "ratio_of_medians": statistics.median(ms["on"]) / statistics.median(ms["off"]),
+        "ratio_best": min(ms["on"]) / min(ms["off"]),
         "overhead_pct": 100 * (ratio - 1),
         "target_pct": NOISE_TARGET_PCT,
         "within_target": 100 * (ratio - 1) <= NOISE_TARGET_PCT,
-        "all_off_img_per_s": ips[False],
-        "all_on_img_per_s": ips[True],
-        "off_warmup_s": [t.warmup_s for t in runs[False]],
-        "on_warmup_s": [t.warmup_s for t in runs[True]],
+        "all_off_img_per_s": ips["off"],
+        "all_on_img_per_s": ips["on"],
+        "off_warmup_s": [t.warmup_s for t in runs["off"]],
+        "on_warmup_s": [t.warmup_s for t in runs["on"]],
     }
 
 
@@ -208,17 +163,6 @@ def _measured_layouts(
     return measured, left_out
 
 
-def _print_noise_row(row: dict) -> None:
-    print(
-        f"{row['layout']:<6} {row['description']}\n       step {row['off_step_ms_median']:7.2f} "
-        f"ms without, {row['on_step_ms_median']:7.2f} ms with noise_scale | step time ratio "
-        f"{row['ratio']:.3f} (of medians {row['ratio_of_medians']:.3f}, best "
-        f"{row['ratio_best']:.3f}) = "
-        f"{row['overhead_pct']:+.1f}% (target <= {NOISE_TARGET_PCT:g}%)",
-        flush=True,
-    )
-
-
 def bench_noise(
     overrides: list[str],
     steps: int = 150,
@@ -238,8 +182,8 @@ def bench_noise(
             "lbsgd bench noise sets noise_scale and noise_scale_batch itself (each layout's "
             "B_small): leave both out"
         )
-    values, base = setup(overrides, {**DEFAULTS, **NOISE_DEFAULTS})
-    device = bench_device(base)
+    keys = {**bench.DEFAULTS, **NOISE_DEFAULTS}
+    values, base, device, splits, env = bench.prepared(overrides, keys)
     measured, left_out = _measured_layouts(base, layouts, nproc, device)
     pairs = [
         (
@@ -248,28 +192,32 @@ def bench_noise(
         )
         for _, _, _, keys in measured
     ]
-    splits = data.build(base, device)
-    if not isinstance(splits.train, torch.utils.data.TensorDataset):
-        raise ConfigError(f"dataset={base.dataset}: the benchmark needs an in-memory dataset")
     num_train = len(splits.train)
     for (_, _, n, _), (_, on) in zip(measured, pairs, strict=True):
         derive(on, n, num_train)  # every layout refused up front, before anything runs
-    env = {**environment(device, 1), "node": platform.node()}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         # untimed: the process's first run pays for the allocator, the kernels' first calls and
         # the data, which would otherwise count against the first layout's first side
         trainer_run(pairs[0][0], min(steps, SETTLING_STEPS + 2), num_train, f"{tmp}/warm")
         for (name, what, n, _), (off, on) in zip(measured, pairs, strict=True):
-            rows.append(_noise_row(name, what, n, off, on, num_train, steps, repeats, tmp))
-            _print_noise_row(rows[-1])
+            runs = _alternating_runs(name, n, off, on, num_train, steps, repeats, tmp)
+            row = _noise_row(name, what, n, on, num_train, runs)
+            rows.append(row)
+            print(
+                f"{name:<6} {what}\n       step {row['off_step_ms_median']:7.2f} ms without, "
+                f"{row['on_step_ms_median']:7.2f} ms with noise_scale | step time ratio "
+                f"{row['ratio']:.3f} (of medians {row['ratio_of_medians']:.3f}, best "
+                f"{row['ratio_best']:.3f}) = "
+                f"{row['overhead_pct']:+.1f}% (target <= {NOISE_TARGET_PCT:g}%)",
+                flush=True,
+            )
     result = {
         "benchmark": "noise_scale=true: trainer step time with / without",
-        **header(base, steps, repeats, device, env),
+        **bench.header(base, steps, repeats, device, env),
         "target_pct": NOISE_TARGET_PCT,
         "rows": rows,
         "left_out": left_out,
     }
-    if out:
-        write(result, out)
+    bench.write(result, out)
     return result

@@ -4,7 +4,7 @@ torchrun stops its group when a worker fails, but not when one exits 0 while ano
 (a deadlock, or a peer gone). :func:`torchrun` therefore watches every worker (each records its pid
 and exit status, :func:`run_worker`), gives the rest a grace period once any has exited, then dumps
 the stacks of those still running and kills them; on any failure it says in one line which rank
-failed first and how (:func:`_report`). The benchmarks that need several processes
+failed first and how (:meth:`_Agents.report`). The benchmarks that need several processes
 (``lbsgd bench allreduce``, ``bench train --nproc``, ``bench noise``'s ddp layout) start them here.
 """
 
@@ -71,57 +71,27 @@ def torchrun(
     log: Path | None = None,
 ) -> None:
     """Run ``lbsgd <args>`` (:func:`run_worker`) on ``nodes`` torchrun agents of ``per_node``
-    processes on this machine (static rendezvous on 127.0.0.1: node ranks 0 …).
-
-    Never hangs on a worker that died: torchrun stops the group when a worker fails, but not when
-    one exits 0 while another still waits (a deadlock, or a peer gone). So once any worker or agent
-    has exited, the rest get ``grace_s`` seconds; then the ones still running dump their Python
-    stacks and are killed. On any failure each failed rank's exit code (or "still running") and
-    last stderr lines go to stderr, and SystemExit carries one line, prefixed ``what``. ``log``: a
-    file the workers' output is appended to instead of this process's stdout and stderr (the
-    failure's lines still come here).
+    processes on this machine (static rendezvous on 127.0.0.1: node ranks 0 …), never hanging
+    (the module says how): once any worker or agent has exited, the rest get ``grace_s`` seconds.
+    On any failure each failed rank's exit code (or "still running") and last stderr lines go to
+    stderr, and SystemExit carries one line, prefixed ``what``. ``log``: a file the workers'
+    output is appended to instead of this process's stdout and stderr (the failure's lines still
+    come here).
     """
-    endpoint = f"{launch.HOST}:{launch.free_port()}"
-    with tempfile.TemporaryDirectory(prefix="lbsgd-torchrun-") as tmp:
-        status, logs = Path(tmp) / "status", Path(tmp) / "logs"
-        status.mkdir()
-        sink = open(log, "a") if log is not None else None  # noqa: SIM115 (closed below)
-        agents = _Agents(nodes, per_node, endpoint, args, status, logs, grace_s, sink)
+    with (
+        tempfile.TemporaryDirectory(prefix="lbsgd-torchrun-") as tmp,
+        open(log, "a") if log is not None else contextlib.nullcontext() as sink,
+    ):
+        agents = _Agents(nodes, per_node, args, Path(tmp), grace_s, sink)
         runner = jobs.Runner(range(nodes), agents)
         try:
             runner.run()
         finally:
-            started = _end_all(runner, agents, status)
-            if sink is not None:
-                sink.close()
-        codes = [a.returncode for a in started]
+            codes = agents.end_all(runner)
         if agents.hung is None and not any(codes):
             return
-        report = _report(
-            status,
-            logs,
-            per_node,
-            nodes * per_node,
-            agents.hung or {},
-            codes,
-            "".join(line for t in agents.tails for line in t.lines),
-            grace_s,
-        )
+        report = agents.report(codes)
     raise SystemExit(f"{what}: {report}")
-
-
-def _end_all(runner: jobs.Runner, agents: _Agents, status: Path) -> list:
-    """Every agent started ended (killed with its workers where still running), their output
-    forwarded; the agents' processes."""
-    started = [j.proc for j in runner.jobs if j.proc is not None]
-    for a in started:  # nothing is left behind, on any exit (Ctrl-C included)
-        if a.poll() is None:
-            _kill_workers(status)
-            a.kill()
-        a.wait()
-    for t in agents.tails:
-        t.join(timeout=5)
-    return started
 
 
 class _Forward(threading.Thread):
@@ -140,33 +110,20 @@ class _Forward(threading.Thread):
             out.flush()
 
 
-def _forward(stream, sink=None) -> _Forward:
-    t = _Forward(stream, sink)
-    t.start()
-    return t
-
-
 class _Agents(jobs.Policy[int]):
     """The agents' policy for their runner (:mod:`lbsgd.jobs`): every agent at once (a job's item:
-    its node rank), its stderr forwarded (:class:`_Forward`); once the first worker or agent has
-    exited, the rest get ``grace_s`` seconds, then the ranks still running (``hung``: rank to
-    pid) have their stacks dumped to their stderr and every worker is killed."""
+    its node rank), its stderr forwarded (:class:`_Forward`), watched as :func:`torchrun` says
+    (``hung``: the ranks still running after the grace, rank to pid). ``tmp``: where the workers'
+    status files and torchrun's logs go; ``sink``: where the workers' output goes, else ours."""
 
     def __init__(
-        self,
-        nodes: int,
-        per_node: int,
-        endpoint: str,
-        args: list[str],
-        status: Path,
-        logs: Path,
-        grace_s: float,
-        sink=None,
+        self, nodes: int, per_node: int, args: list[str], tmp: Path, grace_s: float, sink=None
     ) -> None:
-        self.parallel, self.per_node, self.endpoint = nodes, per_node, endpoint
-        self.sink = sink  # the workers' output goes here where given (a file), else ours
-        self.status, self.logs, self.grace_s = status, logs, grace_s
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", _STATUS_DIR: str(status)}
+        self.parallel, self.per_node, self.grace_s, self.sink = nodes, per_node, grace_s, sink
+        self.endpoint = f"{launch.HOST}:{launch.free_port()}"
+        self.status, self.logs = tmp / "status", tmp / "logs"
+        self.status.mkdir()
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", _STATUS_DIR: str(self.status)}
         self.worker = ["--no-python", sys.executable, "-u", "-c", WORKER, *args]
         self.tails: list[_Forward] = []
         self.first_exit: float | None = None
@@ -191,7 +148,8 @@ class _Agents(jobs.Policy[int]):
         )
 
     def started(self, job: jobs.Job[int]) -> None:
-        self.tails.append(_forward(job.proc.stderr, self.sink))
+        self.tails.append(_Forward(job.proc.stderr, self.sink))
+        self.tails[-1].start()
 
     def ended(self, job: jobs.Job[int]) -> None:
         if self.first_exit is None:
@@ -208,6 +166,59 @@ class _Agents(jobs.Policy[int]):
         time.sleep(2)
         _kill_workers(self.status)
         return True
+
+    def end_all(self, runner: jobs.Runner[int]) -> list[int]:
+        """Every agent started ended (killed with its workers where still running), their output
+        forwarded; their exit codes."""
+        started = [j.proc for j in runner.jobs if j.proc is not None]
+        for a in started:  # nothing is left behind, on any exit (Ctrl-C included)
+            if a.poll() is None:
+                _kill_workers(self.status)
+                a.kill()
+            a.wait()
+        for t in self.tails:
+            t.join(timeout=5)
+        return [a.returncode for a in started]
+
+    def report(self, codes: list[int]) -> str:
+        """Each failed rank's state (exit code, or still running) and last stderr lines, to
+        stderr; back, one line: the first failure (a crash, else the first rank to exit non-zero,
+        else torchrun's root cause, else a rank that hung) with its telling stderr line, then
+        every other rank's state. ``codes``: the agents' exit codes."""
+        world, hung = self.parallel * self.per_node, self.hung or {}
+        agent_err = "".join(line for t in self.tails for line in t.lines)
+        exits, exited_at = _exits(self.status, agent_err)
+        started = _pids(self.status)
+        states = {r: _state(r, hung, exits, started, self.grace_s) for r in range(world)}
+        if not started and not exits:
+            return f"torchrun exited with {codes} before any worker started (its output is above)"
+        failed = [r for r in range(world) if states[r] != "exited with 0"]
+        tails = self._print_tails(failed, states, hung)
+        if not failed:  # every worker exited 0, but an agent failed or did not exit
+            parts = ", ".join(f"rank {r} {states[r]}" for r in range(world))
+            return f"{parts}; torchrun agents exited with {codes}"
+        roots = {int(r) for r in _ROOT_CAUSE.findall(agent_err)}
+        first = min(failed, key=lambda r: _cause(r, exits, exited_at, roots, hung))
+        return _first_and_others(first, _telling(tails[first], first in hung), states)
+
+    def _print_tails(
+        self, failed: list[int], states: dict[int, str], hung: dict[int, int]
+    ) -> dict[int, list[str]]:
+        """Each failed rank's state and last stderr lines (of torchrun's log of it, the non-empty
+        ones: 25 of a rank that hung, else 15), to stderr; the lines, by rank."""
+        tails = {}
+        noise = ("Extension modules:", "(total: ")  # faulthandler's list of loaded modules
+        for rank in failed:
+            node, local = divmod(rank, self.per_node)
+            files = sorted(self.logs.glob(f"{node}/*/attempt_*/{local}/stderr.log"))
+            lines = files[-1].read_text(errors="replace").splitlines() if files else []
+            lines = [t for t in lines if t.strip() and not t.startswith(noise)]
+            tails[rank] = lines[-(25 if rank in hung else 15) :]
+            print(f"--- rank {rank}: {states[rank]}; last stderr lines:", file=sys.stderr)
+            for line in tails[rank] or ["(none)"]:
+                print(f"  {line}", file=sys.stderr)
+        sys.stderr.flush()
+        return tails
 
 
 def _pids(status: Path) -> dict[int, int]:
@@ -241,17 +252,6 @@ def _kill_workers(status: Path) -> None:
             _signal(pid, signal.SIGKILL)
 
 
-def _stderr_tail(logs: Path, rank: int, per_node: int, n: int = 15) -> list[str]:
-    """The last ``n`` non-empty lines the worker of ``rank`` wrote to stderr (torchrun's log)."""
-    node, local = divmod(rank, per_node)
-    files = sorted(logs.glob(f"{node}/*/attempt_*/{local}/stderr.log"))
-    if not files:
-        return []
-    lines = files[-1].read_text(errors="replace").splitlines()
-    noise = ("Extension modules:", "(total: ")  # faulthandler's list of loaded modules
-    return [line for line in lines if line.strip() and not line.startswith(noise)][-n:]
-
-
 def _exits(status: Path, agent_err: str) -> tuple[dict[int, int], dict[int, float]]:
     """Each rank's exit code and when it exited (its ``.exit`` file), and the codes torchrun's
     summary gives for the ranks a signal killed (no ``.exit`` file of their own)."""
@@ -278,54 +278,12 @@ def _state(
     return "ended without an exit status" if rank in started else "never started"
 
 
-def _report(
-    status: Path,
-    logs: Path,
-    per_node: int,
-    world: int,
-    hung: dict[int, int],
-    codes: list[int],
-    agent_err: str,
-    grace_s: float,
-) -> str:
-    """Each failed rank's state (exit code, or still running) and last stderr lines, to stderr;
-    back, one line: the first failure (a crash, else the first rank to exit non-zero, else
-    torchrun's root cause, else a rank that hung) with its telling stderr line, then every other
-    rank's state."""
-    exits, exited_at = _exits(status, agent_err)
-    started = _pids(status)
-    states = {r: _state(r, hung, exits, started, grace_s) for r in range(world)}
-    if not started and not exits:
-        return f"torchrun exited with {codes} before any worker started (its output is above)"
-    failed = [r for r in range(world) if states[r] != "exited with 0"]
-    tails = _print_tails(logs, failed, states, per_node, hung)
-    if not failed:  # every worker exited 0, but an agent failed or did not exit
-        parts = ", ".join(f"rank {r} {states[r]}" for r in range(world))
-        return f"{parts}; torchrun agents exited with {codes}"
-    roots = {int(r) for r in _ROOT_CAUSE.findall(agent_err)}
-    first = min(failed, key=lambda r: _cause(r, exits, exited_at, roots, hung))
-    return _first_and_others(first, _telling(tails[first], first in hung), states)
-
-
 def _first_and_others(first: int, line: str, states: dict[int, str]) -> str:
     """The first failure with its telling line, then every other rank's state."""
     others = [f"rank {r} {s}" for r, s in states.items() if r != first]
     return f"rank {first} {states[first]}{': ' + line if line else ''}" + (
         f"; {', '.join(others)}" if others else ""
     )
-
-
-def _print_tails(
-    logs: Path, failed: list[int], states: dict[int, str], per_node: int, hung: dict[int, int]
-) -> dict[int, list[str]]:
-    """Each failed rank's state and last stderr lines, to stderr; the lines, by rank."""
-    tails = {r: _stderr_tail(logs, r, per_node, 25 if r in hung else 15) for r in failed}
-    for rank in failed:
-        print(f"--- rank {rank}: {states[rank]}; last stderr lines:", file=sys.stderr)
-        for line in tails[rank] or ["(none)"]:
-            print(f"  {line}", file=sys.stderr)
-    sys.stderr.flush()
-    return tails
 
 
 def _cause(
@@ -339,16 +297,12 @@ def _cause(
     return rank, exited_at.get(r, 0.0), r
 
 
-def _innermost_frame(tail: list[str]) -> str:
-    """The frame after faulthandler's last "Current thread" line ("" when none)."""
-    starts = [i for i, t in enumerate(tail) if t.startswith("Current thread")]
-    return tail[starts[-1] + 1].strip() if starts and starts[-1] + 1 < len(tail) else ""
-
-
 def _telling(tail: list[str], hung: bool) -> str:
     """The line of a failed worker's stderr that says most: faulthandler's fatal error and the
-    innermost frame, a hung worker's innermost frame, else the last line."""
-    frame = _innermost_frame(tail)
+    innermost frame (the line after its last "Current thread"), a hung worker's innermost frame,
+    else the last line."""
+    starts = [i for i, t in enumerate(tail) if t.startswith("Current thread")]
+    frame = tail[starts[-1] + 1].strip() if starts and starts[-1] + 1 < len(tail) else ""
     fatal = [t for t in tail if t.startswith("Fatal Python error")]
     if fatal:
         return fatal[-1].strip() + (f", at {frame}" if frame else "")

@@ -17,13 +17,13 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-from lbsgd import config, data, distributed, models, registry
+from lbsgd import config, data, distributed, models, registry, rundir
 from lbsgd.config import Config, ConfigError, derive, micro_batch
 from lbsgd.environment import environment
 from lbsgd.trainer import SETTLING_STEPS
@@ -151,11 +151,18 @@ def trainer_run(cfg: Config, steps: int, num_train: int, out_dir: str) -> Timing
 
     epochs = steps * cfg.batch_size / num_train
     summary = train(cfg.replace(epochs=epochs, out_dir=out_dir, name=None))
-    if summary["status"] == "interrupted":  # Ctrl-C, SIGTERM: the benchmark is interrupted
+    return timing(summary, steps, "lbsgd bench train")
+
+
+def timing(summary: dict, steps: int, what: str) -> Timing:
+    """The trainer's own measurement in its ``summary``; a run asked to stop (Ctrl-C, SIGTERM)
+    an interrupt of the benchmark, one that stopped short (diverged: random labels at a large lr)
+    a failure in one line, prefixed ``what``."""
+    if summary["status"] == "interrupted":
         raise KeyboardInterrupt(f"the trainer stopped at step {summary['steps']}")
-    if summary["steps"] != steps:  # diverged (random labels at a large lr)
+    if summary["steps"] != steps:
         raise RuntimeError(
-            f"lbsgd bench train: the trainer stopped {summary['status']} after "
+            f"{what}: the trainer stopped {summary['status']} after "
             f"{summary['steps']} of {steps} steps"
         )
     return Timing(summary["img_per_s"], summary.get("warmup_s"))
@@ -165,18 +172,17 @@ def _config(overrides: list[str], defaults: dict | None = None) -> tuple[dict, C
     """The keys given over ``defaults`` (:data:`DEFAULTS`), validated (one-line ConfigError)."""
     values = {**(DEFAULTS if defaults is None else defaults), **config.parse_overrides(overrides)}
     registry.import_plugins(values.get("plugins", ()))
-    cfg = config.from_dict(values)
+    return values, config.from_dict(values)
+
+
+def setup(overrides: list[str], defaults: dict | None = None) -> tuple[dict, Config]:
+    """:func:`_config` at one micro-batch, and the process-wide settings both sides share."""
+    values, cfg = _config(overrides, defaults)
     if cfg.micro_batch == "auto":
         raise ConfigError(
             "micro_batch=auto: lbsgd bench train compares both sides at one micro-batch; give "
             "micro_batch=<a multiple of bn_batch>"
         )
-    return values, cfg
-
-
-def setup(overrides: list[str], defaults: dict | None = None) -> tuple[dict, Config]:
-    """:func:`_config`, and the process-wide settings both sides share."""
-    values, cfg = _config(overrides, defaults)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.deterministic:  # process-wide: set before either side runs, so both run alike
@@ -184,6 +190,37 @@ def setup(overrides: list[str], defaults: dict | None = None) -> tuple[dict, Con
 
         deterministic()
     return values, cfg
+
+
+def prepared(
+    overrides: list[str], defaults: dict | None = None
+) -> tuple[dict, Config, torch.device, data.Splits, dict]:
+    """:func:`setup`, the device, the config's splits there (in memory, else a one-line
+    ConfigError) and the environment, recorded before any measurement."""
+    values, cfg = setup(overrides, defaults)
+    device = bench_device(cfg)
+    splits = data.build(cfg, device)
+    if not isinstance(splits.train, torch.utils.data.TensorDataset):
+        raise ConfigError(f"dataset={cfg.dataset}: the benchmark needs an in-memory dataset")
+    return values, cfg, device, splits, {**environment(device, 1), "node": platform.node()}
+
+
+def alternating(
+    sides: dict[str, Callable[[int], Any]], repeats: int, compile: bool, label: str | None = None
+) -> dict[str, list]:
+    """Each of ``sides`` (called with the repeat's number) ``repeats`` times, the order reversed
+    every other repeat so that drifts in load hit every side alike; their results by side. With
+    ``label``, each repeat's throughputs (the results' img_per_s) printed after it."""
+    runs: dict[str, list] = {name: [] for name in sides}
+    for r in range(repeats):
+        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+            if compile:  # a fresh model would otherwise count against dynamo's recompile
+                torch._dynamo.reset()  # limit and silently run eager after a few measurements
+            runs[name].append(sides[name](r))
+        if label is not None:
+            speeds = "   ".join(f"{name} {v[-1].img_per_s:8.1f} img/s" for name, v in runs.items())
+            print(f"{label}repeat {r}: {speeds}", flush=True)
+    return runs
 
 
 def _compare(
@@ -197,22 +234,12 @@ def _compare(
 ) -> dict:
     """Both sides of one configuration, alternating; one row of the result."""
     d = derive(cfg, 1, len(splits.train))
-    bare: list[Timing] = []
-    ours: list[Timing] = []
-    for r in range(repeats):  # alternate which side goes first: drifts in load hit both
-        sides = [
-            lambda: bare.append(bare_loop(cfg, splits, steps, device)),
-            lambda r=r: ours.append(trainer_run(cfg, steps, d.num_train, f"{tmp}/{r}")),
-        ]
-        for run in sides if r % 2 == 0 else sides[::-1]:
-            if cfg.compile:  # a fresh model would otherwise count against dynamo's recompile
-                torch._dynamo.reset()  # limit and silently run eager after a few measurements
-            run()
-        print(
-            f"{label}repeat {r}: bare {bare[-1].img_per_s:8.1f} img/s   trainer "
-            f"{ours[-1].img_per_s:8.1f} img/s",
-            flush=True,
-        )
+    sides = {
+        "bare": lambda r: bare_loop(cfg, splits, steps, device),
+        "trainer": lambda r: trainer_run(cfg, steps, d.num_train, f"{tmp}/{r}"),
+    }
+    runs = alternating(sides, repeats, cfg.compile, label)
+    bare, ours = runs["bare"], runs["trainer"]
     b, t = [x.img_per_s for x in bare], [x.img_per_s for x in ours]
     return {
         "batch_size": cfg.batch_size,
@@ -249,21 +276,20 @@ def header(cfg: Config, steps: int, repeats: int, device: torch.device, env: dic
     }
 
 
-def write(result: dict, out: str) -> None:
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+def write(result: dict, out: str | None) -> None:
+    """``result`` as JSON at ``out`` (its folder made, the file replaced whole); nothing where
+    ``out`` is None."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with rundir.replacing(out) as tmp:
+            tmp.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def bench_train(
     overrides: list[str], steps: int = 150, repeats: int = 3, out: str | None = None
 ) -> dict:
     """One configuration (the keys given over :data:`DEFAULTS`); written to ``out`` if given."""
-    _, cfg = setup(overrides)
-    device = bench_device(cfg)
-    splits = data.build(cfg, device)
-    if not isinstance(splits.train, torch.utils.data.TensorDataset):
-        raise ConfigError(f"dataset={cfg.dataset}: the benchmark needs an in-memory dataset")
-    env = {**environment(device, 1), "node": platform.node()}  # before, not after
+    _, cfg, device, splits, env = prepared(overrides)
     with tempfile.TemporaryDirectory() as tmp:
         row = _compare(cfg, splits, steps, repeats, device, tmp)
     result = {
@@ -277,13 +303,15 @@ def bench_train(
         f"(ratio of medians {result['ratio_of_medians']:.3f})",
         flush=True,
     )
-    if out:
-        write(result, out)
+    write(result, out)
     return result
 
 
-def parse_list(option: str, text: str, valid: tuple[str, ...]) -> list[str]:
-    """``"fp32,bf16"`` → ["fp32", "bf16"], each checked against ``valid`` (one-line ConfigError)."""
+def parse_list(option: str, text: str | None, valid: tuple[str, ...]) -> list[str]:
+    """``"fp32,bf16"`` → ["fp32", "bf16"], each checked against ``valid`` (one-line ConfigError);
+    none given: all of ``valid``."""
+    if not text:
+        return list(valid)
     items = [t.strip().lower() for t in text.split(",") if t.strip()]
     for item in items:
         if item not in valid:
@@ -339,14 +367,9 @@ def bench_matrix(
     out: str | None = None,
 ) -> dict:
     """Trainer vs bare loop for every variant of :func:`matrix_variants`, one line each."""
-    values, base = setup(overrides)
-    device = bench_device(base)
+    values, base, device, splits, env = prepared(overrides)
     variants = matrix_variants(base, precisions, compiles, layouts, accum)
     cfgs = [config.from_dict({**values, **keys}) for _, keys in variants]  # all refused up front
-    splits = data.build(base, device)
-    if not isinstance(splits.train, torch.utils.data.TensorDataset):
-        raise ConfigError(f"dataset={base.dataset}: the benchmark needs an in-memory dataset")
-    env = {**environment(device, 1), "node": platform.node()}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, ((label, keys), cfg) in enumerate(zip(variants, cfgs, strict=True)):
@@ -371,8 +394,7 @@ def bench_matrix(
         "rows": rows,
         "ghost_over_plain": ghost_over_plain(rows),
     }
-    if out:
-        write(result, out)
+    write(result, out)
     return result
 
 
@@ -422,9 +444,7 @@ RECIPES: dict[str, list[tuple[str, dict]]] = {
 def bench_recipes(
     overrides: list[str], samples: int = 4096, repeats: int = 3, out: str | None = None
 ) -> dict:
-    values = {**DEFAULTS, "bn_batch": 16, **config.parse_overrides(overrides)}
-    registry.import_plugins(values.get("plugins", ()))
-    base = config.from_dict(values)
+    values, base = _config(overrides, {**DEFAULTS, "bn_batch": 16})
     if base.threads:
         torch.set_num_threads(base.threads)
     device = bench_device(base)
@@ -467,7 +487,5 @@ def bench_recipes(
         "results": results,
         "environment": env,
     }
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    write(result, out)
     return result
