@@ -1,6 +1,6 @@
 """Findings: a paper's claim, whether this replay shows it, and the evidence, in one place.
 
-:class:`Finding` and a study's ``findings.json`` (:func:`write`, :func:`read`), gathered by
+:class:`Finding` and a study's ``findings.json`` (:func:`write`, :func:`files`), gathered by
 ``lbsgd report`` and compared by ``lbsgd verify``; :func:`verdict` decides a claim from the
 per-seed errors of its arms, ``undecided`` (never "replayed") where the evidence cannot decide it;
 :func:`contrast` is one claim with three outcomes. The outcome's words are one set
@@ -223,11 +223,6 @@ def write(
     for f in findings:
         print(f"{loud(f.outcome):>12}: {f.claim} ({f.evidence})")
     return path
-
-
-def read(path: str | os.PathLike) -> dict[str, Any]:
-    """A ``findings.json`` as written (study, title, profile, seeds, findings as dicts)."""
-    return json.loads(Path(path).read_text())
 
 
 def files(profile_dir: str | os.PathLike) -> list[Path]:
@@ -455,18 +450,14 @@ def controlled(found: Sequence[Finding], alpha: float = stats.ALPHA) -> list[Fin
     ones pass unchanged."""
     tested = [i for i, f in enumerate(found) if f.p is not None and not f.invalid]
     qs = dict(zip(tested, stats.bh_adjusted([found[i].p for i in tested]), strict=True))
-    out = []
-    for i, f in enumerate(found):
-        if i not in qs:
-            out.append(f)
-            continue
-        q = qs[i]
-        text = f"BH q = {q:.3g} over {len(tested)} tested claims"
-        if f.replayed is not None and q >= alpha:
-            replayed, text = None, f"undecided after false-discovery control: {text}"
-        else:
-            replayed = f.replayed
-        out.append(replace(f, replayed=replayed, evidence=f"{f.evidence}; {text}"))
+    out = list(found)
+    for i, q in qs.items():
+        f, text = found[i], f"BH q = {q:.3g} over {len(tested)} tested claims"
+        undecided = f.replayed is not None and q >= alpha
+        if undecided:
+            text = f"undecided after false-discovery control: {text}"
+        replayed = None if undecided else f.replayed
+        out[i] = replace(f, replayed=replayed, evidence=f"{f.evidence}; {text}")
     return out
 
 

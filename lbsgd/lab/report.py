@@ -52,7 +52,7 @@ def _studies(profile_dir: Path) -> list[dict]:
     """A profile folder's studies in reading order, each with its findings as :class:`Finding`
     under the report's false-discovery control (:func:`lbsgd.lab.findings.controlled`, over every
     claim of the folder)."""
-    studies = [{**fs.read(p), "dir": p.parent} for p in fs.files(profile_dir)]
+    studies = [{**json.loads(p.read_text()), "dir": p.parent} for p in fs.files(profile_dir)]
     studies.sort(key=_order)  # reading order: the titles start with the notebook's number
     found = fs.controlled([Finding.from_dict(f) for s in studies for f in s["findings"]])
     for s in studies:

@@ -10,12 +10,7 @@ from the local files only, no W&B server. By concern: ``sweeps``, ``commands``, 
 """
 
 from lbsgd.lab.experiments.commands import ATTEMPT_MARK, check_launch
-from lbsgd.lab.experiments.copies import (
-    COPY_IGNORE,
-    COPY_RUN_KEYS,
-    MEASUREMENT_KEYS,
-    find_identical,
-)
+from lbsgd.lab.experiments.copies import COPY_IGNORE, find_identical
 from lbsgd.lab.experiments.interrupts import RunInterrupted
 from lbsgd.lab.experiments.lines import result_text, shown
 from lbsgd.lab.experiments.results import (
@@ -24,7 +19,6 @@ from lbsgd.lab.experiments.results import (
     load_runs,
     read_metrics,
     reference,
-    run_record,
 )
 from lbsgd.lab.experiments.slurm import Cluster, cluster_of
 from lbsgd.lab.experiments.sweeps import (
@@ -36,7 +30,6 @@ from lbsgd.lab.experiments.sweeps import (
     varied_keys,
 )
 from lbsgd.lab.experiments.tables import (
-    POINTS_COLUMN,
     plot_curves,
     readable,
     readable_cell,
@@ -53,10 +46,7 @@ __all__ = [
     "Launcher",
     "cluster_of",
     "COPY_IGNORE",
-    "COPY_RUN_KEYS",
     "DONE",
-    "MEASUREMENT_KEYS",
-    "POINTS_COLUMN",
     "RunFailed",
     "RunInterrupted",
     "check_launch",
@@ -70,7 +60,6 @@ __all__ = [
     "readable_cell",
     "reference",
     "result_text",
-    "run_record",
     "save_figure",
     "save_table",
     "shown",

@@ -125,20 +125,14 @@ def interrupted(
     for job in todo:
         progress.line(job, "not started")
     stopped = len(running) - sum(ended.values())
-    parts = _counts(
-        {"killed" if killed else "stopped": stopped, **ended, "not started": len(todo)}, failed
-    )
+    how = {"killed" if killed else "stopped": stopped, **ended, "not started": len(todo)}
+    how["failed before the interrupt"] = len(failed)
+    parts = [f"{_runs(n)} {what}" for what, n in how.items() if n]  # "2 runs stopped", …
     return RunInterrupted(
         f"sweep of study {study!r} interrupted: {', '.join(parts) or 'no run in flight'}; "
         "run the same sweep again to resume",
         [j.item.cfg.run_name() for j in (*running, *todo)],
     )
-
-
-def _counts(how: dict[str, int], failed: list[str]) -> list[str]:
-    """ "2 runs stopped", "1 run completed", …: each count of ``how`` above 0, then the failed."""
-    parts = [f"{_runs(n)} {what}" for what, n in how.items() if n]
-    return parts + ([f"{_runs(len(failed))} failed before the interrupt"] if failed else [])
 
 
 def _runs(n: int) -> str:
