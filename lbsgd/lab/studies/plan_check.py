@@ -427,12 +427,6 @@ def _per_seed(plans: Sequence[Plan], ref: Reference) -> stt.SeedSteps | None:
     return s
 
 
-def _by_seed(plans: Sequence[Plan], s: stt.SeedSteps, value) -> np.ndarray:
-    """``value(plan)`` of each of ``s``'s seeds' plans, in its seeds' order."""
-    of = {p.seed: p for p in plans}
-    return np.array([value(of[seed]) for seed in s.seeds], dtype=float)
-
-
 def _ratio(s: stt.SeedSteps, num, den, band: tuple[float, float]) -> stats.Test:
     """``num(idx) / den(idx)`` (idx: seeds' indices) by its jackknife-t interval, tested inside
     ``band`` (:func:`lbsgd.lab.stats.band`)."""
@@ -444,10 +438,6 @@ def _ratio(s: stt.SeedSteps, num, den, band: tuple[float, float]) -> stats.Test:
 def _ratio_text(t: stats.Test) -> str:
     iv = t.interval
     return f"x{iv.diff:.2f}, 95% CI [x{iv.low:.2f}, x{iv.high:.2f}] ({iv.test}, n = {iv.n})"
-
-
-def _decided(t: stats.Test, band: str) -> fs.Verdict:
-    return fs.decide(t.p_for, t.p_against, f"p = {t.p:.3g}", f"the interval reaches across {band}")
 
 
 def steps_findings(plans: Sequence[Plan], ref: Reference) -> list[Finding]:
@@ -501,7 +491,7 @@ def _steps_finding(side: str, tol: float, pts, b_crit: float, source: str, short
             or f"no batch of {source} on this side"
         )
         + f" (the claim: each within ±{100 * tol:.0f}%)"
-        + _miss(errs, inside, lambda e: _pct(e))
+        + _miss(errs, inside, _pct)
         + (f"; not compared: {', '.join(short)}, short of the band's edge" if short else "")
     )
     return studies.finding(claim, _band(inside), ev, paper=PAPER)
@@ -512,12 +502,12 @@ def _steps_resampled(plans: Sequence[Plan], ref: Reference, s: stt.SeedSteps, si
     geometric mean of its seeds' plans) over the measured (of their runs), its ratio's jackknife-t
     interval inside 1 ± tol for every batch (replayed), or one wholly outside (not replayed)."""
     claim, tol = (CLAIMS[1], STEPS_BELOW) if side == "below" else (CLAIMS[2], STEPS_ABOVE)
-    probe = plans[0].probe.batch
+    probe, of = plans[0].probe.batch, {p.seed: p for p in plans}  # each seed's plan
     tests, parts = [], []
     for j, batch in enumerate(int(b) for b in s.batches):
         if (batch <= ref.b_crit) != (side == "below") or batch == probe:
             continue
-        pred = _by_seed(plans, s, lambda p, b=batch: getattr(p.row(b, 1), "steps", math.nan))
+        pred = np.array([getattr(of[i].row(batch, 1), "steps", math.nan) for i in s.seeds], float)
         t = _ratio(
             s,
             lambda i, pr=pred: stt.gmean(pr[i]),
@@ -636,7 +626,9 @@ def _recommended_resampled(plan: Plan, times, fixed: Sequence[int], s: stt.SeedS
         + "; ".join(f"batch {b}: {wall_text(b, wall(b, every), times, p)}" for b in sorted(step_s))
         + f"; best fixed: batch {top}, the recommended one {_ratio_text(t)} of the best"
     )
-    return studies.finding(CLAIMS[-1], _decided(t, f"x{1 + WALL_TOL:g}"), ev, paper=PAPER)
+    across = f"the interval reaches across x{1 + WALL_TOL:g}"
+    v = fs.decide(t.p_for, t.p_against, f"p = {t.p:.3g}", across)
+    return studies.finding(CLAIMS[-1], v, ev, paper=PAPER)
 
 
 def _pct(e: float) -> str:
@@ -742,8 +734,6 @@ def at_plan_lr_runs(profile: Profile, network: str, x, rows) -> list[dict[str, A
             keys = {
                 **stt.run_keys(profile, r.batch / profile.base["reference_batch"], 1.0, seed, goal),
                 **c["networks"][network],
-            }
-            keys |= {
                 "stop_at_error": goal,
                 "eval_per_octave": PER_OCTAVE,
                 "epochs": math.ceil(CAP * r.epochs * 100) / 100,
