@@ -174,16 +174,17 @@ def bench_noise(
     """The cost of ``noise_scale=true`` in each layout of :func:`noise_layouts`: the trainer's
     steady step time with the measurement over the same run's without it (same keys otherwise,
     same invocation, alternating; median of ``repeats``; the first steps timed apart as warm-up,
-    the device waited for: the trainer's summary img_per_s). Keys over :data:`DEFAULTS` and
-    :data:`NOISE_DEFAULTS`; ``layouts``: which of :data:`NOISE_LAYOUTS`."""
+    the device waited for: the trainer's summary img_per_s). Keys over bench train's
+    :data:`~lbsgd.bench.train.DEFAULTS` and :data:`NOISE_DEFAULTS`; ``layouts``: which of
+    :data:`NOISE_LAYOUTS`."""
     given = config.parse_overrides(overrides)
     if "noise_scale" in given or "noise_scale_batch" in given:
         raise ConfigError(
             "lbsgd bench noise sets noise_scale and noise_scale_batch itself (each layout's "
             "B_small): leave both out"
         )
-    keys = {**bench.DEFAULTS, **NOISE_DEFAULTS}
-    values, base, device, splits, env = bench.prepared(overrides, keys)
+    defaults = {**bench.DEFAULTS, **NOISE_DEFAULTS}
+    values, base, device, splits, env = bench.prepared(overrides, defaults)
     measured, left_out = _measured_layouts(base, layouts, nproc, device)
     pairs = [
         (
