@@ -48,25 +48,28 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _studies(profile_dir: Path) -> list[dict]:
-    """A profile folder's studies in reading order, each with its findings as :class:`Finding`
-    under the report's false-discovery control (:func:`lbsgd.lab.findings.controlled`, over every
-    claim of the folder)."""
+def _profile_studies(
+    profile_dir: Path, none: str = "not a profile's folder (results/cpu)"
+) -> dict[str, dict]:
+    """A profile folder's studies by folder name in reading order, each with its findings as
+    :class:`Finding` under the report's false-discovery control
+    (:func:`lbsgd.lab.findings.controlled`, over every claim of the folder); ``none``: what the
+    error says when it holds no study."""
     studies = [{**json.loads(p.read_text()), "dir": p.parent} for p in fs.files(profile_dir)]
+    if not studies:
+        raise FileNotFoundError(f"no */findings.json under {str(profile_dir)!r}: {none}")
     studies.sort(key=_order)  # reading order: the titles start with the notebook's number
     found = fs.controlled([Finding.from_dict(f) for s in studies for f in s["findings"]])
     for s in studies:
         n = len(s["findings"])
         s["findings"], found = found[:n], found[n:]
-    return studies
+    return {s["dir"].name: s for s in studies}
 
 
 def build(profile_dir: str | os.PathLike) -> str:
     """The markdown of one profile's folder (``results/<profile>``); links relative to it."""
     root = Path(profile_dir)
-    studies = _studies(root)
-    if not studies:
-        raise FileNotFoundError(f"no */findings.json under {str(root)!r}: run the notebooks first")
+    studies = list(_profile_studies(root, "run the notebooks first").values())
     out = _head(studies)
     out += ["| study | seeds | claim | replayed | evidence |", "|---|---|---|---|---|"]
     out += [_claim_line(s, f) for s in studies for f in s["findings"]]
@@ -234,17 +237,6 @@ def write_all(results: str | os.PathLike) -> list[Path]:
 
 
 # -- profiles side by side ---------------------------------------------------------------------
-
-
-def _profile_studies(profile_dir: Path) -> dict[str, dict]:
-    """A profile folder's studies by folder name, each with its findings as :class:`Finding`
-    under the report's false-discovery control (:func:`_studies`)."""
-    studies = _studies(profile_dir)
-    if not studies:
-        raise FileNotFoundError(
-            f"no */findings.json under {str(profile_dir)!r}: not a profile's folder (results/cpu)"
-        )
-    return {s["dir"].name: s for s in studies}
 
 
 def claim_key(claim: str) -> str:
