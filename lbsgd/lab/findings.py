@@ -260,11 +260,9 @@ class Verdict(_Decided):
 def decide(p_for: float, p_against: float, test: str, why: str = "") -> Verdict:
     """The verdict of a test's two p's at :data:`lbsgd.lab.stats.ALPHA`; ``why``: the reason when it
     decides neither way."""
-    if p_for < stats.ALPHA:
-        return Verdict(True, test=test, p_for=p_for, p_against=p_against)
-    if p_against < stats.ALPHA:
-        return Verdict(False, test=test, p_for=p_for, p_against=p_against)
-    return Verdict(None, why, test=test, p_for=p_for, p_against=p_against)
+    replayed = True if p_for < stats.ALPHA else False if p_against < stats.ALPHA else None
+    why = why if replayed is None else ""
+    return Verdict(replayed, why, test=test, p_for=p_for, p_against=p_against)
 
 
 def diverged(value: float, chance: float | None = None) -> bool:

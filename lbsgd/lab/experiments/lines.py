@@ -46,11 +46,8 @@ def result_text(run_dir: Path) -> str:
     val = final.get("val_top1_error_pct")
     err = final.get("top1_error_pct")
     ips = s.get("img_per_s")
-    parts = []
     if val is not None:
-        parts.append(f"held-out top-1 error {val:.1f}%")
-    elif err is not None:
-        parts.append(f"top-1 error {err:.1f}%")
-    if ips:
-        parts.append(f"{ips:.0f} img/s")
-    return (", " + ", ".join(parts)) if parts else ""
+        out = f", held-out top-1 error {val:.1f}%"
+    else:
+        out = f", top-1 error {err:.1f}%" if err is not None else ""
+    return out + (f", {ips:.0f} img/s" if ips else "")
