@@ -78,10 +78,8 @@ def _arrays(x: Sequence[float], y: Sequence[float], paired: bool) -> tuple[np.nd
     return a, b
 
 
-def interval(
-    x: Sequence[float], y: Sequence[float], *, paired: bool, alpha: float = ALPHA
-) -> Interval:
-    """``mean(x) − mean(y)`` and its two-sided (1 − ``alpha``) interval: Student's on the
+def interval(x: Sequence[float], y: Sequence[float], *, paired: bool) -> Interval:
+    """``mean(x) − mean(y)`` and its two-sided (1 − α) interval: Student's on the
     per-seed differences when ``paired`` (``x[i]``, ``y[i]`` from seed i), else Welch's (Student's
     pooled with a lone run in an arm). Where the
     differences have no spread at all (identical runs) the interval is the point itself."""
@@ -90,7 +88,7 @@ def interval(
     name = "paired t" if paired else "Welch t" if n >= 2 else "pooled t, a lone run"
     if _no_spread(a, b, paired):
         return Interval(name, n, diff, diff, diff)
-    ci = _result(a, b, paired).confidence_interval(1 - alpha)
+    ci = _result(a, b, paired).confidence_interval(1 - ALPHA)
     return Interval(name, n, diff, float(ci.low), float(ci.high))
 
 
@@ -214,49 +212,42 @@ def bh_adjusted(ps: Sequence[float]) -> list[float]:
     return [float(q) for q in sps.false_discovery_control(np.asarray(ps, dtype=float), method="bh")]
 
 
-def power(effect: float, sd: float, n: int, *, paired: bool = True, alpha: float = ALPHA) -> float:
-    """The power of the two-sided t test at level ``alpha`` to detect a true mean difference
+def power(effect: float, sd: float, n: int, *, paired: bool = True) -> float:
+    """The power of the two-sided t test at level α to detect a true mean difference
     ``effect`` at per-seed standard deviation ``sd`` (of the differences when ``paired``, of each
     arm when not) with ``n`` seeds (pairs; per arm when not paired): the noncentral t's mass
     beyond the critical values."""
     if sd <= 0:
-        return 1.0 if effect != 0 else alpha
+        return 1.0 if effect != 0 else ALPHA
     d = abs(effect) / sd
     if paired:
         df, nc = n - 1, d * math.sqrt(n)
     else:
         df, nc = 2 * (n - 1), d * math.sqrt(n / 2)
-    crit = sps.t.ppf(1 - alpha / 2, df)
+    crit = sps.t.ppf(1 - ALPHA / 2, df)
     return float(sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc))
 
 
-def seeds_to_decide(
-    effect: float,
-    sd: float,
-    *,
-    paired: bool = True,
-    alpha: float = ALPHA,
-    target: float = POWER,
-    most: int = 10_000,
-) -> int | None:
+def seeds_to_decide(effect: float, sd: float, *, paired: bool = True) -> int | None:
     """The fewest seeds (pairs; per arm when not paired) for which the two-sided t test at
-    ``alpha`` has power ``target`` (80%) to decide a true ``effect`` (the distance of the mean
+    α has power :data:`POWER` (80%) to decide a true ``effect`` (the distance of the mean
     difference from the claim's threshold) at per-seed spread ``sd``; None when no number up to
-    ``most`` does (an effect of 0)."""
+    10,000 does (an effect of 0)."""
     if effect == 0:
         return None
+    most = 10_000
 
     def enough(n: int) -> bool:
-        return power(effect, sd, n, paired=paired, alpha=alpha) >= target
+        return power(effect, sd, n, paired=paired) >= POWER
 
     # start from the normal approximation with Guenther's correction for the t's heavier tails
     # (n ≈ ((z_{1−α/2} + z_power) / d)² + z²_{1−α/2} / 2, twice that per arm unpaired), then step
     # to the exact answer: power grows with n
-    z = sps.norm.ppf(1 - alpha / 2)
+    z = sps.norm.ppf(1 - ALPHA / 2)
     d = abs(effect) / sd if sd > 0 else math.inf
     per = 1 if paired else 2
     n = (
-        max(2, math.ceil(per * ((z + sps.norm.ppf(target)) / d) ** 2 + z * z / 2))
+        max(2, math.ceil(per * ((z + sps.norm.ppf(POWER)) / d) ** 2 + z * z / 2))
         if d < math.inf
         else 2
     )
@@ -271,10 +262,8 @@ def seeds_to_decide(
     return n
 
 
-def decision_power(
-    low: float, high: float, true: float, sd: float, n: int, *, alpha: float = ALPHA
-) -> float:
-    """The chance that the two-sided (1 − ``alpha``) paired interval of ``n`` pairs decides a test
+def decision_power(low: float, high: float, true: float, sd: float, n: int) -> float:
+    """The chance that the two-sided (1 − α) paired interval of ``n`` pairs decides a test
     with two outcomes, "the difference is above ``low``" (the interval wholly above it) or "below
     ``high``" (wholly below it), when the true mean difference is ``true`` at per-pair sd ``sd``.
     Neither is decided only when the interval covers both bounds: its half-width h = t·s/√n at
@@ -284,7 +273,7 @@ def decision_power(
     if n < 2 or high <= low:
         raise ValueError(f"decision_power needs n >= 2 and high > low (n={n}, {low}..{high})")
     df = n - 1
-    crit = float(sps.t.ppf(1 - alpha / 2, df))
+    crit = float(sps.t.ppf(1 - ALPHA / 2, df))
     se = sd / math.sqrt(n)
 
     def undecided(q: float) -> float:  # q: the χ²(n − 1) draw of (n − 1) s² / sd²
@@ -297,15 +286,13 @@ def decision_power(
     return 1.0 - integrate.quad(undecided, 0.0, math.inf, limit=200)[0]
 
 
-def pairs_to_decide(
-    low: float, high: float, sd: float, *, target: float = POWER, most: int = 1_000
-) -> int | None:
+def pairs_to_decide(low: float, high: float, sd: float) -> int | None:
     """The fewest pairs of seeds whose paired 95% interval decides "above ``low``" or "below
-    ``high``" with probability ``target`` whatever the true difference
-    (:func:`decision_power` at the midpoint, its lowest); None past ``most``."""
+    ``high``" with probability :data:`POWER` whatever the true difference
+    (:func:`decision_power` at the midpoint, its lowest); None past 1,000."""
     mid = (low + high) / 2
-    for n in range(2, most + 1):
-        if decision_power(low, high, mid, sd, n) >= target:
+    for n in range(2, 1_001):
+        if decision_power(low, high, mid, sd, n) >= POWER:
             return n
     return None
 
@@ -313,9 +300,9 @@ def pairs_to_decide(
 # -- the slope of a line ------------------------------------------------------------------------
 
 
-def slope(x: Sequence[float], y: Sequence[float], *, alpha: float = ALPHA) -> Interval:
+def slope(x: Sequence[float], y: Sequence[float]) -> Interval:
     """The least-squares slope of ``y`` on ``x`` (scipy's ``linregress``) and its two-sided
-    (1 − ``alpha``) interval, Student's t on n − 2 degrees of freedom: e.g. log2 steps on log2
+    (1 − α) interval, Student's t on n − 2 degrees of freedom: e.g. log2 steps on log2
     batch, −1 where the steps halve as the batch doubles. Needs three points and two x values."""
     a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if len(a) != len(b) or len(a) < 3 or np.ptp(a) == 0:
@@ -323,7 +310,7 @@ def slope(x: Sequence[float], y: Sequence[float], *, alpha: float = ALPHA) -> In
             f"a slope's interval needs three points over two x values ({len(a)} given)"
         )
     r = sps.linregress(a, b)
-    half = float(sps.t.ppf(1 - alpha / 2, len(a) - 2) * r.stderr)
+    half = float(sps.t.ppf(1 - ALPHA / 2, len(a) - 2) * r.stderr)
     s = float(r.slope)
     return Interval("OLS slope", len(a), s, s - half, s + half)
 
@@ -369,8 +356,8 @@ def jackknife_t(loo: np.ndarray, point: float, n: int) -> tuple[Interval, float]
     seed, ``loo`` its :func:`jackknife` values) on the log scale, log point ± t(n − 1)·se with
     se² = (n − 1)/n · Σ(log loo − their mean)² (where the statistic is a geometric mean of
     per-seed ratios, the t interval of their logs), and se; NaN ends where it has no value. Its
-    coverage at 3, 6 and 8 seeds is checked by simulation (tests/test_study_steps_to_target.py), where the
-    percentile bootstrap's 95% covers about 75% and 86% at 3 and 6."""
+    coverage at 3, 6 and 8 seeds is checked by simulation (tests/test_study_steps_to_target.py),
+    where the percentile bootstrap's 95% covers about 75% and 86% at 3 and 6."""
     logs = np.log(np.asarray(loo, dtype=float))
     if not math.isfinite(point) or point <= 0 or not np.isfinite(logs).all():
         return Interval("jackknife-t", n, float(point), math.nan, math.nan), math.nan
