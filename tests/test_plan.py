@@ -21,7 +21,7 @@ from helpers import in_session, interrupt, session_processes
 
 from lbsgd import cli, config, costmodel, noise_scale
 from lbsgd.config import dump, from_dict
-from lbsgd.plan import measure, model
+from lbsgd.plan import measure, model, timer
 from lbsgd.plan.model import Compute, Inputs
 
 # -- the estimator on a problem whose noise scale is known in closed form --------------------------
@@ -156,7 +156,7 @@ def test_at_one_process_the_time_model_is_the_measured_compute(tiny):
     reproduces the three timed micro-batches, and one worker's predicted step is that compute,
     with no all-reduce."""
     cfg = tiny()
-    compute, info = measure.time_compute(cfg, repeats=3, samples=512, runs=1)
+    compute, info = timer.time_compute(cfg, repeats=3, samples=512, runs=1)
     timed = info["trainer_step_s"]
     # one BN group, two, and 8 (the CPU's rule allows 256)
     assert sorted(map(int, timed)) == [16, 32, 128]
@@ -680,8 +680,8 @@ def test_each_timed_size_is_its_fastest_run_so_slow_runs_move_nothing(tiny, monk
     (time_sync's fit, read back from its line)."""
     scripted = {16: [8e-3, 8e-3, 9e-3], 32: [15e-3, 30e-3, 16e-3], 128: [75e-3, 50e-3, 100e-3]}
     calls = {m: iter(ts) for m, ts in scripted.items()}
-    monkeypatch.setattr(measure, "_step_s", lambda cfg, m, n: next(calls[m]))
-    compute, info = measure.time_compute_here(tiny(), repeats=1, samples=64, runs=3)
+    monkeypatch.setattr(timer, "_step_s", lambda cfg, m, n: next(calls[m]))
+    compute, info = timer.time_compute_here(tiny(), repeats=1, samples=64, runs=3)
     assert info["trainer_step_s"] == {"16": 8e-3, "32": 15e-3, "128": 50e-3}
     assert info["trainer_step_runs_s"]["128"] == [75e-3, 50e-3, 100e-3]
     assert compute.per_sample_s == pytest.approx(35e-3 / 96)
@@ -691,9 +691,9 @@ def test_each_timed_size_is_its_fastest_run_so_slow_runs_move_nothing(tiny, monk
     assert lines[3].startswith("lbsgd plan: 3/4 timing round 2/3, micro-batch 16: 8.00 ms a step")
     assert "(load average " in lines[3]
     parallel = {32: iter([20e-3, 40e-3, 21e-3]), 96: iter([44e-3, 45e-3, 90e-3])}
-    monkeypatch.setattr(measure, "_step_s", lambda cfg, m, n, log, procs: next(parallel[m]))
-    monkeypatch.setattr(measure, "devices_here", lambda cfg: 2)
-    _, sync = measure.time_sync(tiny(), compute, LINK, 4e3, samples=64, runs=3)
+    monkeypatch.setattr(timer, "_step_s", lambda cfg, m, n, log, procs: next(parallel[m]))
+    monkeypatch.setattr(timer, "devices_here", lambda cfg: 2)
+    _, sync = timer.time_sync(tiny(), compute, LINK, 4e3, samples=64, runs=3)
     assert sync["parallel_per_sample_s"] == pytest.approx((44e-3 - 20e-3) / 64)
     assert "steps 20.00 and 44.00 ms measured" in sync["sync_from"]
     assert "round 3/3 of 2 processes, micro-batch 96: 90.00 ms" in capsys.readouterr().out
@@ -769,14 +769,14 @@ def test_study_16_times_a_2_process_step_only_where_it_plans_more_than_one(tmp_p
         logs.append(kw["log"])
         return c, {"grad_bytes": 4.0}
 
-    monkeypatch.setattr(measure, "time_compute", timed)
+    monkeypatch.setattr(timer, "time_compute", timed)
     synced = []
 
     def sync(*args):
         synced.append(args)
         return c, {"sync_s": 1e-3, "sync_from": "2 processes of 32 and 96 samples"}
 
-    monkeypatch.setattr(measure, "time_sync", sync)
+    monkeypatch.setattr(timer, "time_sync", sync)
     (tmp_path / "one").mkdir()
     _, info = pc.measured_compute(tmp_path / "one", None, LINK, processes=(1,))
     assert not synced and info["sync_from"] == "not measured: one process planned"
@@ -952,7 +952,7 @@ def _rivals(one):
     from lbsgd import plan as planner
 
     timing = _timing(one)
-    compute = measure.refit(Compute(0, 0, 0.6, 256, group=16), timing, LINK, range(3))
+    compute = timer.refit(Compute(0, 0, 0.6, 256, group=16), timing, LINK, range(3))
     rows_of = lambda c: model.table(_inputs(compute=c, link=LINK), BATCHES, GPUS)  # noqa: E731
     best = model.recommend(rows_of(compute))
     return best, planner.rivals(rows_of, compute, timing, LINK, best)
@@ -977,7 +977,7 @@ def test_a_busy_machines_slow_rounds_leave_the_recommendation_and_only_a_ranking
     (line,) = planner.caveats(_request(gpus=(1,)), _probe(), {"bn_layers": 7}, rivals)
     assert line.startswith("the timing rounds rank the rows apart (without round 1")
     assert "more than x1.1): no row is recommended" in line
-    assert measure.steadiness(_timing(busy))["1"]["apart"][128] == pytest.approx(2.5 * 48 / 47)
+    assert timer.steadiness(_timing(busy))["1"]["apart"][128] == pytest.approx(2.5 * 48 / 47)
 
 
 def _request(gpus=(1, 2), bn_batch=16):

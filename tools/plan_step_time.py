@@ -3,7 +3,7 @@
 
     python tools/plan_step_time.py OUT [--batches 64,128,256] [key=value ...]
 
-The plan's compute model is timed on this device (two micro-batch sizes, lbsgd.plan.measure), the
+The plan's compute model is timed on this device (two micro-batch sizes, lbsgd.plan.timer), the
 step predicted at each batch (lbsgd.plan.model.step_time: one process, no all-reduce), then each
 batch trained for ``--epochs`` with the planned micro-batch and its steady step time read from
 summary.json (batch / img_per_s). Writes OUT/plan_step_time_<device>.json and prints each ratio.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lbsgd import config, costmodel
 from lbsgd.entry import train
-from lbsgd.plan import measure, model
+from lbsgd.plan import model, timer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         "--timing-samples",
         type=int,
         default=None,
-        help="samples of each compute timing run (default: lbsgd plan's, measure.timed_samples)",
+        help="samples of each compute timing run (default: lbsgd plan's, timer.timed_samples)",
     )
     p.add_argument(
         "--timing-runs", type=int, default=None, help="timing runs per size (default: lbsgd plan's)"
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_intermixed_args(argv)
     cfg = config.load([], [*args.overrides, "wandb=disabled", "checkpoint=false", "eval_every=0"])
-    compute, info = measure.time_compute(cfg, samples=args.timing_samples, runs=args.timing_runs)
+    compute, info = timer.time_compute(cfg, samples=args.timing_samples, runs=args.timing_runs)
     link = costmodel.Link(0.0, 1e12)  # one process: no all-reduce
     rows = []
     for b in (int(v) for v in args.batches.split(",")):
@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "plan_step_time",
         "overrides": args.overrides,
         "epochs": args.epochs,
-        "timing_samples": args.timing_samples or measure.timed_samples(cfg),
-        "timing_runs": args.timing_runs or measure.TIMING_RUNS,
+        "timing_samples": args.timing_samples or timer.timed_samples(cfg),
+        "timing_runs": args.timing_runs or timer.TIMING_RUNS,
         "compute": info,
         "rows": rows,
         "worst_error": worst,

@@ -3,7 +3,8 @@ the GPU count, and the predicted steps, epochs and wall time to a target; a reco
 GPU count with a config that ``lbsgd train`` runs (docs/planning.md).
 
 It measures on the machine at hand (:mod:`lbsgd.plan.measure`: a small-batch run to the target with
-the noise probe on, or one it is pointed at; a worker's compute; the largest micro-batch), takes
+the noise probe on, or one it is pointed at; :mod:`lbsgd.plan.timer`: a worker's compute, the
+largest micro-batch), takes
 the interconnect from ``lbsgd bench allreduce`` or a named preset, and predicts
 (:mod:`lbsgd.plan.model`). Every input is checked before anything runs.
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 from lbsgd import costmodel, data, entry, rundir
 from lbsgd.config import Config, ConfigError, dump, load
-from lbsgd.plan import lr_range, measure, model
+from lbsgd.plan import lr_range, measure, model, timer
 from lbsgd.plan.measure import Target
 from lbsgd.plan.show import draw, render  # noqa: F401 (render: the text lbsgd plan prints)
 
@@ -46,7 +47,7 @@ class Request:
     probe_epochs: float | None
     batches: tuple[int, ...]
     timing_samples: int | None
-    timing_runs: int | None = None  # None: measure.TIMING_RUNS
+    timing_runs: int | None = None  # None: timer.TIMING_RUNS
     lr_rule: str | None = None  # None: the optimizer's (lbsgd.plan.model.DEFAULT_RULE)
     lr_test: bool = True  # run the lr range test (lbsgd.plan.lr_range)
 
@@ -320,18 +321,18 @@ def plan(r: Request) -> dict[str, Any]:
     test = lr_test(r, p)
     log = r.out / "timing.log"
     _say(f"3/4 timing a worker's compute at three micro-batch sizes (their output: {log})")
-    compute, timing = measure.time_compute(
+    compute, timing = timer.time_compute(
         r.config, samples=r.timing_samples, runs=r.timing_runs, log=log
     )
     if max(r.gpus) > 1:
-        _say(f"3/4 timing a step of {measure.SYNC_PROCESSES} processes")
-        compute, info = measure.time_sync(
+        _say(f"3/4 timing a step of {timer.SYNC_PROCESSES} processes")
+        compute, info = timer.time_sync(
             r.config, compute, r.link, timing["grad_bytes"], r.timing_samples, r.timing_runs, log
         )
         timing = {**timing, **info}
 
     def inputs(c: model.Compute) -> model.Inputs:
-        timed = measure.SYNC_PROCESSES if "parallel_per_sample_s" in timing else 1
+        timed = timer.SYNC_PROCESSES if "parallel_per_sample_s" in timing else 1
         return inputs_for(r.config, p, c, r.link, timing["grad_bytes"], r.lr_rule, timed, test)
 
     x = inputs(compute)
@@ -344,7 +345,7 @@ def plan(r: Request) -> dict[str, Any]:
     best = None if apart else best
     doc = _document(r, p, x, timing, rows, best)
     doc["lr_range_test"] = asdict(test) if test is not None else None
-    doc["timing_steadiness"] = measure.steadiness(timing)
+    doc["timing_steadiness"] = timer.steadiness(timing)
     doc["caveats"] = caveats(r, p, timing, apart) + _lr_caveats(r, p, test)
     if best is not None:
         path = r.out / "recommended.yaml"
@@ -361,15 +362,15 @@ def plan(r: Request) -> dict[str, Any]:
 
 def rivals(rows_of, compute: model.Compute, timing: dict, link, best) -> list[str]:
     """Where the ranking rests on one round of timing runs: for each round left out, the row that
-    the fastest runs of the others put more than :data:`~lbsgd.plan.measure.RANK_TOLERANCE`
+    the fastest runs of the others put more than :data:`~lbsgd.plan.timer.RANK_TOLERANCE`
     ahead of ``best`` (``rows_of``: the table at a compute)."""
     n = min(map(len, timing["trainer_step_runs_s"].values())) if best is not None else 0
     out = []
     for i in range(n if n > 1 else 0):
-        rows = rows_of(measure.refit(compute, timing, link, [j for j in range(n) if j != i]))
+        rows = rows_of(timer.refit(compute, timing, link, [j for j in range(n) if j != i]))
         top = model.recommend(rows)
         same = next(w for w in rows if (w.batch, w.gpus) == (best.batch, best.gpus))
-        if top is not None and same.wall_s > measure.RANK_TOLERANCE * top.wall_s:
+        if top is not None and same.wall_s > timer.RANK_TOLERANCE * top.wall_s:
             out.append(
                 f"without round {i + 1}, batch {top.batch} on {top.gpus} GPU(s) x"
                 f"{same.wall_s / top.wall_s:.2f} faster than batch {best.batch} on {best.gpus}"
@@ -389,7 +390,7 @@ def caveats(r: Request, p: measure.Probe, timing: dict, apart: Sequence[str] = (
     if apart:
         out.append(
             f"the timing rounds rank the rows apart ({'; '.join(apart)}; more than "
-            f"x{measure.RANK_TOLERANCE:g}): no row is recommended from them; plan again on a "
+            f"x{timer.RANK_TOLERANCE:g}): no row is recommended from them; plan again on a "
             "quieter machine, or with more --timing-runs"
         )
     if math.isfinite(p.growth) and p.growth > GROWING:
@@ -399,7 +400,7 @@ def caveats(r: Request, p: measure.Probe, timing: dict, apart: Sequence[str] = (
             "of the rows above the probe's batch (marked): they may need fewer, down to perfect "
             "scaling (their steps range)"
         )
-    timed = measure.SYNC_PROCESSES if "parallel_per_sample_s" in timing else 1
+    timed = timer.SYNC_PROCESSES if "parallel_per_sample_s" in timing else 1
     beyond = [g for g in r.gpus if g > timed]
     if beyond:
         out.append(

@@ -13,7 +13,7 @@ from typing import Any
 
 from lbsgd import entry, rundir
 from lbsgd.config import Config, ConfigError, load
-from lbsgd.plan import measure
+from lbsgd.plan import measure, timer
 
 
 def _run_keys(folder: Path) -> list[str]:
@@ -40,7 +40,7 @@ def request(text: str) -> tuple[Path, dict[str, Any], Config]:
     if (folder / "check.json").exists():
         raise ConfigError(f"--check={text}: checked already (check.json); plan again to re-check")
     cfg = load([rec], _run_keys(folder))
-    here = measure.devices_here(cfg)
+    here = timer.devices_here(cfg)
     if best["gpus"] > here:
         raise ConfigError(
             f"--check={text}: the plan recommends {best['gpus']} GPUs (processes on a CPU) and "

@@ -1,6 +1,6 @@
 """The arithmetic of a plan: steps to a target against the batch size, the learning rate a batch
 gets, the time of a step on p GPUs, and the choice of batch and GPU count. Pure functions of
-measured numbers (:mod:`lbsgd.plan.measure` measures them); no torch.
+measured numbers (:mod:`lbsgd.plan.measure` and :mod:`lbsgd.plan.timer` measure them); no torch.
 
 Steps follow McCandlish et al. 2018 (eq. 2.11): S(B) = S_min (1 + B_crit/B) with B_crit read as
 the noise scale at the target, so one run at B_ref reaching the target in S_ref steps fixes

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lbsgd import rundir
-from lbsgd.plan import lr_range, measure
+from lbsgd.plan import lr_range, timer
 
 
 def draw(doc: dict[str, Any], path: Path) -> None:
@@ -111,7 +111,7 @@ def _steadiness(steady: dict[str, Any]) -> str:
     """The machine's load while timing, each timed size's runs slowest over fastest, and the fitted
     slope's range over the rounds."""
     parts = []
-    for who in ("1", str(measure.SYNC_PROCESSES)):
+    for who in ("1", str(timer.SYNC_PROCESSES)):
         s = steady.get(who)
         if not s:
             continue

@@ -32,7 +32,7 @@ from lbsgd.lab.studies import critical_batch as cb
 from lbsgd.lab.studies import scaling
 from lbsgd.lab.studies import steps_to_target as stt
 from lbsgd.lab.studies.scales import Profile
-from lbsgd.plan import lr_range, measure, model
+from lbsgd.plan import lr_range, measure, model, timer
 
 STUDY = "plan"
 TITLE = "16. lbsgd plan against measured runs (McCandlish et al. 2018)"
@@ -208,18 +208,18 @@ def measured_compute(
     study_dir: Path, probe_cfg, link_: costmodel.Link, small: bool = False, processes=NPROC
 ) -> tuple[model.Compute, dict[str, Any]]:
     """A worker's compute and, where ``processes`` plans more than one, a 2-process step's extra
-    (``lbsgd plan``'s measurements, :func:`lbsgd.plan.measure.time_compute` and
-    :func:`~lbsgd.plan.measure.time_sync`), measured into the study's ``compute.json`` (the timing
+    (``lbsgd plan``'s measurements, :func:`lbsgd.plan.timer.time_compute` and
+    :func:`~lbsgd.plan.timer.time_sync`), measured into the study's ``compute.json`` (the timing
     runs' own output dropped) unless there already: the findings are then a function of the
     study's files, as study 10's of its benchmarks. ``small``: short timing runs (smoke)."""
     out = Path(study_dir) / "compute.json"
     if not out.exists():
         samples, runs = (SMALL_TIMING, 1) if small else (None, None)
         log = Path(os.devnull)  # the timing runs' own output: dropped, not in the notebook
-        compute, info = measure.time_compute(probe_cfg, samples=samples, runs=runs, log=log)
+        compute, info = timer.time_compute(probe_cfg, samples=samples, runs=runs, log=log)
         sync_info = {"sync_s": 0.0, "sync_from": "not measured: one process planned"}
         if max(processes) > 1:
-            compute, sync_info = measure.time_sync(
+            compute, sync_info = timer.time_sync(
                 probe_cfg, compute, link_, info["grad_bytes"], samples, runs, log
             )
         doc = {"compute": asdict(compute), "info": {**info, **sync_info}}
