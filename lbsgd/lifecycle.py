@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from lbsgd import data, distributed, rundir, seeding
-from lbsgd.config import Config, Derived, warmup_warning
+from lbsgd import data, distributed, models, rundir, seeding
+from lbsgd.config import Config, Derived, derive, warmup_warning
 from lbsgd.evaluation import evaluation_record, evaluation_sums, note_evaluation
-from lbsgd.network import build_net
+from lbsgd.models import ghost_bn
+from lbsgd.network import pick_micro_batch
 from lbsgd.precision import Precision
 from lbsgd.progress import ending_line
 from lbsgd.rundir import Status
@@ -47,11 +48,22 @@ class Built:
 
 
 def build(cfg: Config, ctx: distributed.Context, rank: int, world_size: int) -> Built:
-    """The data (rank 0 fills the caches, then the others read them), the network
-    (:func:`lbsgd.network.build_net`) and the step sampler of ``world_size`` processes seen from
-    ``rank`` (the parameter server's: one process, task j the batch of step j)."""
+    """The data (rank 0 fills the caches, then the others read them), the network initialised
+    from ``cfg.seed`` alone (the same on every rank and for every batch size), BN converted to
+    ghost BN, on the device, the derived values (with the micro-batch of ``micro_batch=auto``) and
+    the step sampler of ``world_size`` processes seen from ``rank`` (the parameter server's: one
+    process, task j the batch of step j)."""
     splits = distributed.on_main(ctx, lambda: data.build(cfg), then_all=True)
-    net, ghost, precision, d = build_net(cfg, ctx, splits)
+    torch.manual_seed(seeding.initial_weights(cfg.seed))
+    net = models.build(cfg, splits.num_classes, splits.image_size)
+    ghost = ghost_bn.ghost_modules(ghost_bn.convert(net, cfg.bn_batch))
+    net.to(ctx.device)
+    if cfg.channels_last:
+        net.to(memory_format=torch.channels_last)
+    precision = Precision(cfg.precision, ctx.device, cfg.loss_scale)
+    auto = cfg.micro_batch == "auto"
+    micro = pick_micro_batch(cfg, ctx, net, splits, precision) if auto else None
+    d = derive(cfg, ctx.world_size, len(splits.train), micro)
     sampler = data.StepSampler(
         num_samples=len(splits.train),
         batch_size=cfg.batch_size,
@@ -82,31 +94,20 @@ def micro_batch_loss(
         return torch.nn.functional.cross_entropy(model(x), y)
 
 
-def schedule_line(cfg: Config, d: Derived, unit: str = "steps") -> str:
-    """The run's lr, warmup and schedule in one line (``unit``: what a step is called)."""
-    return (
+def announce(cfg: Config, d: Derived, layout: str, unit: str = "steps", tail: str = "") -> None:
+    """Rank 0's lines as training starts: the warmup's warning, where it has one
+    (:func:`lbsgd.config.warmup_warning`), then the run, its ``layout`` and its lr, warmup and
+    schedule (``unit``: what a step is called), then ``tail``."""
+    if (warning := warmup_warning(cfg, d)) is not None:
+        print(warning, flush=True)
+    print(
+        f"lbsgd: run {cfg.run_dir()} | {cfg.model} on {cfg.dataset}, {layout}\n"
         f"lbsgd: lr {cfg.base_lr} x {cfg.lr_scaling}({cfg.batch_size}/{cfg.reference_batch}) = "
         f"{d.lr:.6g}; warmup={cfg.warmup} from {d.warmup_start_lr:.6g} over {d.warmup_steps} "
         f"{unit}; schedule={cfg.schedule}; {d.total_steps} {unit} = {cfg.epochs:g} epochs x "
-        f"{d.steps_per_epoch:.4g} {unit}/epoch (N={d.num_train})"
+        f"{d.steps_per_epoch:.4g} {unit}/epoch (N={d.num_train})" + tail,
+        flush=True,
     )
-
-
-def warn_warmup(cfg: Config, d: Derived) -> None:
-    """The warmup's warning, where it has one (:func:`lbsgd.config.warmup_warning`)."""
-    if (warning := warmup_warning(cfg, d)) is not None:
-        print(warning, flush=True)
-
-
-def record_evaluation(
-    rec: dict[str, Any], tracker: Tracker | None, summary: rundir.Summary
-) -> dict[str, Any]:
-    """An evaluation's record into metrics.jsonl (where this process tracks) and the summary's
-    final and best; the record."""
-    if tracker is not None:
-        tracker.log(rec)
-    note_evaluation(summary, rec)
-    return rec
 
 
 def evaluate(
@@ -115,12 +116,15 @@ def evaluate(
     cfg: Config,
     ctx: distributed.Context,
     step: int,
-    only: str | None = None,
+    only: str | None,
+    tracker: Tracker | None,
+    summary: rundir.Summary,
     sharded: bool = True,
 ) -> dict[str, Any]:
     """Top-1/top-5 error (%) and loss of the test split (and the held-out split; ``only``: that
     split alone) after step ``step``: ``sharded``, each rank a disjoint shard, the sums added in
-    one all-reduce; else the whole splits on this process. The evaluation's record."""
+    one all-reduce; else the whole splits on this process. The evaluation's record, written to
+    metrics.jsonl (where this process tracks) and to the summary's final and best."""
     shard = {"rank": ctx.rank, "world_size": ctx.world_size} if sharded else {}
     sums = evaluation_sums(
         model,
@@ -134,7 +138,11 @@ def evaluate(
     )
     if sharded:
         sums = distributed.all_reduce_sum(sums)
-    return evaluation_record(step, built.sampler.epoch_of(step), sums, only)
+    rec = evaluation_record(step, built.sampler.epoch_of(step), sums, only)
+    if tracker is not None:
+        tracker.log(rec)
+    note_evaluation(summary, rec)
+    return rec
 
 
 def checkpoint_core(

@@ -1,7 +1,7 @@
-"""A run's network: built and placed on its device (:func:`build_net`), the micro-batch picked by
-``micro_batch=auto`` (:func:`pick_micro_batch`), the inputs' memory format (:func:`memory_format`)
-and the one training forward/backward that leaves no trace (:func:`backward_without_trace`: the
-micro-batch probe's, and PowerSGD's bucket rebuild on resume).
+"""A run's network on its device: the micro-batch picked by ``micro_batch=auto``
+(:func:`pick_micro_batch`), the inputs' memory format (:func:`memory_format`) and the one training
+forward/backward that leaves no trace (:func:`backward_without_trace`: the micro-batch probe's, and
+PowerSGD's bucket rebuild on resume).
 
 Shared by the synchronous loop (lbsgd.trainer), the parameter server and evaluation.
 """
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 
-from lbsgd import data, distributed, models, seeding
-from lbsgd.config import Config, ConfigError, Derived, derive, micro_batch_candidates
-from lbsgd.models import ghost_bn
+from lbsgd import distributed
+from lbsgd.config import Config, ConfigError, micro_batch_candidates
 from lbsgd.precision import Precision
 
 # micro_batch=auto on a CPU: no memory probe (running out of host memory kills the process rather
@@ -30,31 +28,6 @@ GPU_MEMORY_SHARE = 0.85
 def memory_format(cfg: Config) -> torch.memory_format:
     """The memory format of the network's inputs: channels-last with ``channels_last=true``."""
     return torch.channels_last if cfg.channels_last else torch.contiguous_format
-
-
-class Net(NamedTuple):
-    """A run's network on its device, as built before any checkpoint is loaded."""
-
-    net: torch.nn.Module  # the raw module: its parameters, buffers and state_dict are the run's
-    ghost: list[torch.nn.Module]  # its ghost-BN modules (lbsgd.models.ghost_bn)
-    precision: Precision
-    d: Derived  # the derived values, with the micro-batch picked by micro_batch=auto
-
-
-def build_net(cfg: Config, ctx: distributed.Context, splits: data.Splits) -> Net:
-    """The network, initialised from ``cfg.seed`` alone (the same on every rank and for every
-    batch size), BN converted to ghost BN, on the device; then the derived values."""
-    torch.manual_seed(seeding.initial_weights(cfg.seed))
-    net = models.build(cfg, splits.num_classes, splits.image_size)
-    ghost = ghost_bn.ghost_modules(ghost_bn.convert(net, cfg.bn_batch))
-    net.to(ctx.device)
-    if cfg.channels_last:
-        net.to(memory_format=torch.channels_last)
-    precision = Precision(cfg.precision, ctx.device, cfg.loss_scale)
-    micro = None
-    if cfg.micro_batch == "auto":
-        micro = pick_micro_batch(cfg, ctx, net, splits, precision)
-    return Net(net, ghost, precision, derive(cfg, ctx.world_size, len(splits.train), micro))
 
 
 def backward_without_trace(

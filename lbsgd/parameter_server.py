@@ -9,6 +9,7 @@ so a run does not repeat and resume is refused. docs/communication.md says what 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -18,13 +19,7 @@ from typing import Any
 import torch
 
 from lbsgd import checkpoint, data, distributed, lifecycle, optim, rundir, seeding
-from lbsgd.cadence import (
-    Cadence,
-    StopSignals,
-    WindowClock,
-    decide,
-    log_steps,
-)
+from lbsgd.cadence import Cadence, StopSignals, WindowClock, decide
 from lbsgd.config import Config, Derived
 from lbsgd.models import ghost_bn
 from lbsgd.network import memory_format
@@ -61,7 +56,7 @@ def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
 
 class Run:
     """An ``async_ps`` run on this process: rank 0 serves (:meth:`serve`), the others work
-    (:meth:`work`). Built as a synchronous run is (:func:`lbsgd.network.build_net`), with a
+    (:meth:`work`). Built as a synchronous run is (:func:`lbsgd.lifecycle.build`), with a
     one-process sampler whose step j is task j."""
 
     cfg: Config
@@ -83,9 +78,8 @@ class Run:
     # the server's
     opt: torch.optim.Optimizer
     bn_stats: ghost_bn.RunningStats
-    cadence: (
-        Cadence  # when to flush and evaluate (lbsgd.cadence.decide; one checkpoint, at the end)
-    )
+    # when to flush and evaluate (lbsgd.cadence.decide; one checkpoint, at the end)
+    cadence: Cadence
     tracker: Tracker
     summary: rundir.Summary  # summary.json's content
     status: Status  # one of STATUSES
@@ -172,16 +166,12 @@ class Run:
             loss = lifecycle.micro_batch_loss(model, stream, device, fmt, self.precision)
             (loss / d.accum_steps).backward()
             loss_sum += loss.detach().float()
-        return self._payload(loss_sum / d.accum_steps)
-
-    def _payload(self, loss: torch.Tensor) -> torch.Tensor:
-        """[mean loss, BN group sums, gradient] as one float32 CPU tensor; then the gradients and
-        the BN sums zeroed for the next task."""
+        # the payload; then the gradients and the BN sums zeroed for the next task
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
         sums = [m.group_sums for m in self.ghost]
         payload = torch.cat(
             [
-                loss.reshape(1),
+                (loss_sum / d.accum_steps).reshape(1),
                 *(t.reshape(-1) for t in sums),
                 *(g.reshape(-1) for g in grads),
             ]
@@ -213,19 +203,19 @@ class Run:
             p.grad = torch.zeros_like(p)
         self.bn_stats = ghost_bn.RunningStats(self.ghost, groups=d.bn_groups)
         # flushes and evaluations as a synchronous run's; the one checkpoint: at the end
-        self.cadence = Cadence(
-            d.total_steps,
-            cfg.log_every,
-            cfg.eval_every,
-            False,
-            0,
-            self.sampler.epoch_of,
-            frozenset(log_steps(d.total_steps, cfg.eval_per_octave)),
-        )
+        cadence = Cadence.of(cfg, d.total_steps, self.sampler.epoch_of)
+        self.cadence = dataclasses.replace(cadence, checkpoint=False)
         self.tracker = open_run_dir(cfg, d)
-        self._announce()
+        lifecycle.announce(
+            cfg,
+            d,
+            f"async_ps: server rank 0, {d.world_size - 1} worker(s); one update = one worker's "
+            f"batch_size={cfg.batch_size} = micro_batch={d.micro_batch} x accum_steps={d.accum_steps}",
+            "updates",
+            f"\nlbsgd: {optim.describe_groups(self.opt)}",
+        )
         self.summary = new_summary(cfg, ctx, d, self.splits, 0)
-        self._write_summary()
+        rundir.write_summary(self.run_dir, self.summary)
         status = Status.FAILED
         try:
             status = self.loop()
@@ -234,18 +224,6 @@ class Run:
             walls = {"wall_time_s": time.perf_counter() - self.t_start}
             lifecycle.conclude(self.summary, status, self.run_dir, self.tracker, walls)
         return self.summary
-
-    def _announce(self) -> None:
-        cfg, d = self.cfg, self.d
-        lifecycle.warn_warmup(cfg, d)
-        print(
-            f"lbsgd: run {self.run_dir} | {cfg.model} on {cfg.dataset}, async_ps: server rank 0, "
-            f"{d.world_size - 1} worker(s); one update = one worker's batch_size={cfg.batch_size}"
-            f" = micro_batch={d.micro_batch} x accum_steps={d.accum_steps}\n"
-            + lifecycle.schedule_line(cfg, d, "updates")
-            + f"\nlbsgd: {optim.describe_groups(self.opt)}",
-            flush=True,
-        )
 
     def loop(self) -> Status:
         """Hand out tasks, apply gradients as they arrive, until total_steps updates."""
@@ -405,10 +383,9 @@ class Run:
         """Top-1/top-5 error (%) and loss on the whole test split (and the whole held-out split,
         with ``holdout``; ``only``: that split alone), on the server alone; the evaluation's
         record."""
-        rec = lifecycle.evaluate(
-            self.net, self.built, self.cfg, self.ctx, step, only, sharded=False
+        return lifecycle.evaluate(
+            self.net, self.built, self.cfg, self.ctx, step, only, self.tracker, self.summary, False
         )
-        return lifecycle.record_evaluation(rec, self.tracker, self.summary)
 
     def save(self, step: int) -> None:
         """The server's state after update ``step``: a record of the run's end (no resume)."""
@@ -423,6 +400,3 @@ class Run:
                 },
             },
         )
-
-    def _write_summary(self) -> None:
-        rundir.write_summary(self.run_dir, self.summary)

@@ -16,22 +16,8 @@ from typing import Any
 
 import torch
 
-from lbsgd import (
-    checkpoint,
-    data,
-    distributed,
-    features,
-    lifecycle,
-    optim,
-    rundir,
-    seeding,
-)
-from lbsgd.cadence import (
-    Cadence,
-    StopSignals,
-    WindowClock,
-    decide,
-)
+from lbsgd import checkpoint, data, distributed, features, lifecycle, optim, rundir, seeding
+from lbsgd.cadence import Cadence, StopSignals, WindowClock, decide
 from lbsgd.config import Config, ConfigError, Derived
 from lbsgd.evaluation import target_reached
 from lbsgd.features import Pending, Reduced, pack_flush, unpack_flush
@@ -66,7 +52,7 @@ class Run:
     earlier_wall_s: float = 0.0
     earlier_attempts: int = 0
     stop: StopSignals  # a stop signal this process caught (acted on at the next flush)
-    stop_agreed: bool  # set by each flush: some process was asked to stop
+    stop_agreed: bool = False  # set by each flush: some process was asked to stop
     # build
     built: lifecycle.Built  # the data, network and sampler (lifecycle.build, as the server's)
     splits: data.Splits
@@ -80,21 +66,18 @@ class Run:
     sampler: data.StepSampler  # which samples each step and rank reads; epoch_of: the epoch
     cadence: Cadence  # when to flush, evaluate, checkpoint (lbsgd.cadence.decide)
     # restore
-    start_step: int  # the step the loop starts at: 0, or the checkpoint's
+    start_step: int = 0  # the step the loop starts at: 0, or the checkpoint's
     # attach
     features: list[features.StepFeature]  # the step features, in the order they are called
     comm_state: Any  # comm_hook's state (PowerSGD's memories), None without one
     # start
-    tracker: Tracker | None  # metrics.jsonl and W&B: rank 0 only
+    tracker: Tracker | None = None  # metrics.jsonl and W&B: rank 0 only
     summary: rundir.Summary  # summary.json's content, rewritten at the start and at the end
 
     def __init__(self, cfg: Config, ctx: distributed.Context) -> None:
         self.cfg, self.ctx = cfg, ctx
         self.run_dir = cfg.run_dir()
         self.stop = StopSignals()
-        self.stop_agreed = False
-        self.start_step = 0
-        self.tracker = None
         self.summary = {}
 
     def run(self) -> dict[str, Any]:
@@ -177,7 +160,18 @@ class Run:
         before = features.made("before_wrap", parts)
         readers = [r for f in before if (r := f.bucket_reader()) is not None]
         assert len(readers) <= 1, "DDP's comm hook hands its buckets to one reader"
-        self._wrap(readers[0] if readers else None)
+        # torch.compile, then DDP with the run's comm hook, which hands each bucket to the reader
+        self.eval_model = torch.compile(self.net) if cfg.compile else self.net
+        self.model = distributed.wrap(
+            self.eval_model,
+            ctx,
+            cfg.bucket_cap_mb,
+            cfg.comm_hook,
+            cfg.powersgd_rank,
+            d.switch_step,
+            readers[0] if readers else None,
+        )
+        self.comm_state = getattr(self.model, "comm_state", None)
         parts.opt, parts.model, parts.comm_state = self.opt, self.model, self.comm_state
         parts.start_step, parts.rebuild = self.start_step, self._throwaway_backward
         self.features = features.in_order(before + features.made("after_wrap", parts))
@@ -186,23 +180,6 @@ class Run:
             features.restore(self.features, state, mine, state.get("file", "checkpoint"))
         for f in self.features:
             f.announce()
-
-    def _wrap(self, reader: Any | None) -> None:
-        """torch.compile, then DDP with the run's comm hook, which hands each bucket to
-        ``reader`` (a feature's :meth:`~lbsgd.features.StepFeature.bucket_reader`: the noise
-        probe's) before its all-reduce."""
-        cfg, d = self.cfg, self.d
-        self.eval_model = torch.compile(self.net) if cfg.compile else self.net
-        self.model = distributed.wrap(
-            self.eval_model,
-            self.ctx,
-            cfg.bucket_cap_mb,
-            cfg.comm_hook,
-            cfg.powersgd_rank,
-            d.switch_step,
-            reader,
-        )
-        self.comm_state = getattr(self.model, "comm_state", None)
 
     def start(self, resumed: dict[str, Any], truncate: bool) -> None:
         """Rank 0: the run directory, its config.yaml, the tracker (on resume: metrics after the
@@ -214,10 +191,17 @@ class Run:
             self._count_earlier_attempts(saved)
         if ctx.is_main:
             self.tracker = open_run_dir(cfg, d, self.start_step if truncate else None)
-            self._announce()
+            lifecycle.announce(
+                cfg,
+                d,
+                f"world_size={d.world_size} x micro_batch={d.micro_batch} x accum_steps="
+                f"{d.accum_steps} = batch_size={cfg.batch_size}",
+                tail=f"; resuming at step {self.start_step}" if self.start_step else "",
+            )
             print(f"lbsgd: {optim.describe_groups(self.opt)}", flush=True)
         self.summary = {**new_summary(cfg, ctx, d, self.splits, self.start_step), **resumed}
-        self._write_summary()
+        if ctx.is_main:
+            rundir.write_summary(self.run_dir, self.summary)
 
     def _count_earlier_attempts(self, saved: dict[str, Any]) -> None:
         """The wall time and number of the run's earlier attempts: the larger of what the
@@ -241,18 +225,6 @@ class Run:
             "attempts": self.earlier_attempts + 1,
         }
 
-    def _announce(self) -> None:
-        cfg, d = self.cfg, self.d
-        lifecycle.warn_warmup(cfg, d)
-        print(
-            f"lbsgd: run {self.run_dir} | {cfg.model} on {cfg.dataset}, "
-            f"world_size={d.world_size} x micro_batch={d.micro_batch} x accum_steps={d.accum_steps}"
-            f" = batch_size={cfg.batch_size}\n"
-            + lifecycle.schedule_line(cfg, d)
-            + (f"; resuming at step {self.start_step}" if self.start_step else ""),
-            flush=True,
-        )
-
     def finish(self, status: Status) -> None:
         """The run's status into summary.json and the tracker, which closes with its exit code;
         rank 0's last line says how the run ended (a failed run's: before its error propagates)."""
@@ -275,10 +247,6 @@ class Run:
                 "wall_time_s": time.perf_counter() - self.t_start,
             }
             print(ending_line(summary, self.run_dir, written=False), flush=True)
-
-    def _write_summary(self) -> None:
-        if self.ctx.is_main:
-            rundir.write_summary(self.run_dir, self.summary)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -403,12 +371,10 @@ class Run:
             return self._end_at_target(done, pending, clock, progress, plan, in_sync)
         self.summary["steps"] = done
         progress.report(done, plan.boundary, top1_error)
-        return self._stopped(done, plan.checkpoint) if plan.stop else None
-
-    def _stopped(self, done: int, checkpointed: bool) -> Status:
-        """A run asked to stop, after step ``done``: rank 0's line, "interrupted"."""
-        if self.ctx.is_main:
-            where = "checkpoint written" if checkpointed else "no checkpoint written here"
+        if not plan.stop:
+            return None
+        if self.ctx.is_main:  # asked to stop: rank 0's line, "interrupted"
+            where = "checkpoint written" if plan.checkpoint else "no checkpoint written here"
             print(
                 f"lbsgd: asked to stop ({self.stop.caught or 'another process'}): "
                 f"stopped after step {done}, {where}; resume=true continues",
@@ -533,8 +499,9 @@ class Run:
         # Ghost BN keeps BN buffers equal on every rank; this also covers a user model's own
         # normalisation layers, which lbsgd does not convert.
         distributed.sync_buffers(self.net)
-        rec = lifecycle.evaluate(self.eval_model, self.built, self.cfg, self.ctx, step, only)
-        return lifecycle.record_evaluation(rec, self.tracker, self.summary)
+        return lifecycle.evaluate(
+            self.eval_model, self.built, self.cfg, self.ctx, step, only, self.tracker, self.summary
+        )
 
     # -- checkpoints ------------------------------------------------------------------------------
 
