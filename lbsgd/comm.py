@@ -196,7 +196,26 @@ def _hook(hook: str, local_world_size: int, powersgd_rank: int, switch_step: int
     return None, stateless[hook]
 
 
-class LocalSGD:
+class _Blocks:
+    """Local steps after the first ``start`` (synchronous) ones, in blocks of ``period`` steps
+    whose ends every process leaves holding the same parameters."""
+
+    def __init__(self, period: int, start: int):
+        if period < 1:
+            raise ValueError(f"local_sgd={period} must be >= 1 (0 turns local SGD off)")
+        self.period, self.start = period, start
+
+    def local(self, step: int) -> bool:
+        """Whether optimizer step ``step`` (0-based) is local (no gradient all-reduce)."""
+        return step >= self.start
+
+    def in_sync(self, step: int) -> bool:
+        """Whether every process holds the same parameters after optimizer step ``step`` (0-based)
+        and its ``after_step``: the gradients were all-reduced, or a block ended there."""
+        return step < self.start or (step - self.start) % self.period == 0
+
+
+class LocalSGD(_Blocks):
     """Post-local SGD: after ``start`` steps, average the parameters every ``period`` steps.
 
     ``local(step)`` says whether the step's gradients stay on their process (no all-reduce);
@@ -204,20 +223,9 @@ class LocalSGD:
     """
 
     def __init__(self, period: int, start: int, step: int = 0):
-        if period < 1:
-            raise ValueError(f"local_sgd={period} must be >= 1 (0 turns local SGD off)")
-        self.start = start
+        super().__init__(period, start)
         self.averager = PeriodicModelAverager(period=period, warmup_steps=start)
         self.averager.step = step
-
-    def local(self, step: int) -> bool:
-        return step >= self.start
-
-    def in_sync(self, step: int) -> bool:
-        """Whether every process holds the same parameters after optimizer step ``step`` (0-based)
-        and its ``after_step``: the gradients were all-reduced, or the parameters were averaged."""
-        period = self.averager.period
-        return step < self.start or (step - self.start) % period == 0
 
     def after_step(self, params) -> None:
         self.averager.average_parameters(params)
@@ -252,7 +260,7 @@ def _unflat(flat: torch.Tensor, params: list[torch.Tensor]) -> None:
         p.copy_(part.view_as(p))
 
 
-class BMUF:
+class BMUF(_Blocks):
     """Blockwise model-update filtering (Chen & Huo 2016, Algorithm 1 as the Jizhi slides give it)
     on the blocks of post-local SGD; the trainer drives it as it drives :class:`LocalSGD`.
 
@@ -271,9 +279,9 @@ class BMUF:
 
     and every process restarts from W_g(t). W and Δ are the same on every process (one copy each
     of the parameters, flat); W_g(t−1) is recomputed from them, bitwise what the restart copied.
-    With η_B = 0 and ε_B = 1 this is plain model averaging (:meth:`filters` is False: the trainer
-    keeps torch's averager). K = 1 is Algorithm 1 with W̄ = W_1: the filter still applies.
-    Every parameter takes part (gradient or not); buffers (BN running statistics, kept equal on
+    With η_B = 0 and ε_B = 1 this is plain model averaging (the trainer then keeps torch's
+    averager: :func:`lbsgd.config.step_features.bmuf_filters`). K = 1 is Algorithm 1 with
+    W̄ = W_1: the filter still applies. Every parameter takes part (gradient or not); buffers (BN running statistics, kept equal on
     every process by ghost BN's all-reduced group statistics) are not filtered.
 
     ``average(flat)`` returns the mean of ``flat`` over the processes (:func:`average_flat`; a
@@ -292,13 +300,11 @@ class BMUF:
         nesterov: bool = True,
         average: Callable[[torch.Tensor], torch.Tensor] = average_flat,
     ):
-        if period < 1:
-            raise ValueError(f"local_sgd={period} must be >= 1 (0 turns local SGD off)")
+        super().__init__(period, start)
         if not 0 <= block_momentum < 1:
             raise ValueError(f"block_momentum={block_momentum} must be in [0, 1)")
         if not (math.isfinite(block_lr) and block_lr > 0):
             raise ValueError(f"block_lr={block_lr} must be a finite number > 0")
-        self.period, self.start = period, start
         self.step = step  # optimizer steps taken
         self.eta, self.eps, self.nesterov = block_momentum, block_lr, nesterov
         self.average = average
@@ -308,11 +314,6 @@ class BMUF:
         self.delta: torch.Tensor | None = None  # Δ(t−1), flat
         if step >= start:  # resumed in the local phase: load_state_dict replaces this start
             self.begin(params)
-
-    @staticmethod
-    def filters(block_momentum: float, block_lr: float) -> bool:
-        """Whether the filter changes the mathematics of periodic averaging (η_B ≠ 0 or ε_B ≠ 1)."""
-        return block_momentum != 0 or block_lr != 1
 
     def begin(self, params: list[torch.Tensor]) -> None:
         """W(0) = W_g(0) = the parameters (every process holds the same), Δ(0) = 0."""
@@ -324,15 +325,6 @@ class BMUF:
         if self.nesterov:
             return torch.add(self.global_model, self.delta, alpha=self.eta)
         return self.global_model.clone()
-
-    def local(self, step: int) -> bool:
-        """Whether optimizer step ``step`` (0-based) is local (no gradient all-reduce)."""
-        return step >= self.start
-
-    def in_sync(self, step: int) -> bool:
-        """Whether every process holds the same parameters after step ``step`` and its
-        ``after_step``: a synchronous step, or the end of a block."""
-        return step < self.start or (step - self.start) % self.period == 0
 
     def after_step(self, params) -> None:
         """Called once after every optimizer step."""

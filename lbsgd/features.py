@@ -251,7 +251,7 @@ class LocalSGD(StepFeature):
         cfg, d, params, start_step = p.cfg, p.d, p.params, p.start_step
         self.cfg, self.d, self.params, self.opt, self.start_step = cfg, d, params, p.opt, start_step
         self.world_size, self.is_main = p.ctx.world_size, p.ctx.is_main
-        self.bmuf = comm.BMUF.filters(cfg.block_momentum, cfg.block_lr)
+        self.bmuf = step_features.bmuf_filters(cfg)
         if self.bmuf:
             self.checkpoint_keys = ("bmuf",)
             self.averager = comm.BMUF(

@@ -24,6 +24,7 @@ from helpers import SIX_STEP_ARGS, killed_and_resumed, run_fault_worker
 
 from lbsgd import checkpoint, comm
 from lbsgd.config import HASHED_ONLY_OFF_DEFAULT, Config, ConfigError, from_dict
+from lbsgd.config.step_features import bmuf_filters
 
 HERE = Path(__file__).parent
 F64 = torch.float64
@@ -121,8 +122,9 @@ def test_zero_block_momentum_and_unit_block_lr_is_plain_model_averaging():
         w.step(*moves)
         for p in w.params:
             torch.testing.assert_close(p[0].detach(), mean, rtol=0, atol=1e-12)
-    assert not comm.BMUF.filters(0.0, 1.0)  # the trainer runs torch's averager then
-    assert comm.BMUF.filters(0.5, 1.0) and comm.BMUF.filters(0.0, 0.5)
+    assert not bmuf_filters(Config())  # the trainer runs torch's averager then
+    assert bmuf_filters(Config(local_sgd=2, block_momentum=0.5))
+    assert bmuf_filters(Config(local_sgd=2, block_lr=0.5))
 
 
 def test_blocks_end_where_post_local_sgd_averages():
@@ -345,6 +347,7 @@ def test_switch_step_is_where_the_blocks_start_and_null_is_the_end_of_the_warmup
 
 if __name__ == "__main__":  # a worker: python -m lbsgd, BMUF's filter even at η_B = 0, ε_B = 1
     from lbsgd import cli
+    from lbsgd.config import step_features
 
-    comm.BMUF.filters = staticmethod(lambda block_momentum, block_lr: True)
+    step_features.bmuf_filters = lambda c: True
     sys.exit(cli.main(sys.argv[1:]))

@@ -48,8 +48,9 @@ class StepFeatureRow:
         return f"async_ps=true {self.no_async_ps}: not with {self.setting(c)} (valid: {self.off})"
 
 
-def _bmuf_filters(c: Keys) -> bool:
-    """BMUF's filter changes the mathematics of periodic averaging (lbsgd.comm.BMUF.filters)."""
+def bmuf_filters(c: Keys) -> bool:
+    """Whether BMUF's filter (lbsgd.comm.BMUF) changes the mathematics of periodic averaging
+    (η_B ≠ 0 or ε_B ≠ 1)."""
     return c.block_momentum != 0 or c.block_lr != 1
 
 
@@ -114,7 +115,7 @@ TABLE: tuple[StepFeatureRow, ...] = (
         no_async_ps="applies each worker's gradient on the server as it arrives",
         stage="after_wrap",
         # local SGD on more than one process; BMUF's filter on any number
-        carried=lambda c, d: c.local_sgd > 0 and (d.world_size > 1 or _bmuf_filters(c)),
+        carried=lambda c, d: c.local_sgd > 0 and (d.world_size > 1 or bmuf_filters(c)),
         layout_free=False,  # K models averaged
     ),
 )
