@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
-import math
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -21,7 +20,7 @@ import pydantic
 from typing_extensions import Required, TypedDict
 
 from lbsgd.config import Config, ConfigError, Derived, check_place, dump, read_yaml, world_size_key
-from lbsgd.tracking import Tracker
+from lbsgd.tracking import Tracker, finite
 
 if TYPE_CHECKING:
     from lbsgd import data, distributed
@@ -193,16 +192,13 @@ _SUMMARY = pydantic.TypeAdapter(Summary)
 
 def check_summary(summary: Mapping[str, Any]) -> None:
     """A ValueError naming each field of ``summary`` that is not of :class:`Summary`'s shape."""
+    status = summary.get("status")
+    plain = {**summary, "status": status.value} if isinstance(status, Status) else dict(summary)
     try:
-        _SUMMARY.validate_python(_plain_status(summary))
+        _SUMMARY.validate_python(plain)
     except pydantic.ValidationError as e:
         problems = [f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
         raise ValueError("summary.json of another shape: " + "; ".join(problems)) from None
-
-
-def _plain_status(summary: Mapping[str, Any]) -> dict[str, Any]:
-    status = summary.get("status")
-    return {**summary, "status": status.value} if isinstance(status, Status) else dict(summary)
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
@@ -241,15 +237,6 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 UNFINISHED = (
     "# a run not ended (running, interrupted or failed: lbsgd.rundir); resumed where it is\n*\n"
 )
-
-
-def finite(v: Any) -> Any:
-    """Strict JSON: non-finite floats (a diverged loss) become the strings "nan" / "inf"."""
-    if isinstance(v, dict):
-        return {k: finite(x) for k, x in v.items()}
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
 
 
 def plain(v: Any) -> Any:

@@ -44,9 +44,12 @@ def resolve_wandb_mode(mode: str) -> str:
     return "offline"
 
 
-def _jsonable(v: Any) -> Any:
+def finite(v: Any) -> Any:
+    """Strict JSON: non-finite floats (a diverged loss) become the strings "nan" / "inf"."""
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
     if isinstance(v, float) and not math.isfinite(v):
-        return str(v)  # JSON has no NaN/inf; keep them visible as "nan"/"inf"
+        return str(v)
     return v
 
 
@@ -162,6 +165,10 @@ def window_means(records: Sequence[Mapping[str, Any]], log_every: int) -> list[d
 
 
 class Tracker:
+    # How long an online W&B may take to answer before the run logs offline instead (it never waits
+    # longer: a run must not stall on an unreachable server).
+    INIT_TIMEOUT_S = 15.0
+
     def __init__(
         self,
         run_dir: Path,
@@ -182,23 +189,10 @@ class Tracker:
         self._wandb = None
         self.wandb_id: str | None = None
         self.wandb_mode = resolve_wandb_mode(mode)
-        if self.wandb_mode != "disabled":
-            self._init_wandb(Path(run_dir), config, project, group, name, truncate_after_step)
-
-    # How long an online W&B may take to answer before the run logs offline instead (it never waits
-    # longer: a run must not stall on an unreachable server).
-    INIT_TIMEOUT_S = 15.0
-
-    def _init_wandb(
-        self,
-        run_dir: Path,
-        config: dict,
-        project: str,
-        group: str,
-        name: str,
-        resumed_from: int | None,
-    ) -> None:
-        """Start W&B; online failing (no network, bad key) falls back to offline, one warning."""
+        if self.wandb_mode == "disabled":
+            return
+        # W&B: online failing (no network, bad key) falls back to offline, one warning
+        run_dir, resumed_from = Path(run_dir), truncate_after_step
         try:
             import wandb
 
@@ -279,7 +273,7 @@ class Tracker:
 
     def log(self, record: dict[str, Any], wandb: bool = True) -> None:
         """One line of metrics.jsonl, and (``wandb``) the same record as one W&B point."""
-        self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        self._file.write(json.dumps(finite(record)) + "\n")
         self._file.flush()
         if wandb:
             self.log_wandb(record)
@@ -357,22 +351,6 @@ def init_after(mode: str, run_dir: Path, **kwargs: Any) -> Any:
         return run
 
 
-def _copy_config(
-    run_dir: Path, varied: Sequence[str] | None, profile: str | None
-) -> dict[str, Any]:
-    """A copied run's config.yaml as its W&B config: ``study`` the folder's, and this study's
-    ``varied`` and ``profile`` where given."""
-    import yaml
-
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    config["study"] = run_dir.parent.name
-    if varied is not None:
-        config["varied"] = list(varied)
-    if profile is not None:
-        config["profile"] = profile
-    return config
-
-
 def read_records(path: str | os.PathLike, quiet: bool = False) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl``. A last line cut mid-record (a crash while writing it;
     a resume appends after it) is left out with one warning line; a bad line before it stops
@@ -431,8 +409,16 @@ def log_copied_run(
     ``copied_from_wandb_id``. ``varied``/``profile``: this study's, when they differ from the
     copied config's. Returns the W&B id, or None (disabled, or a failure: one RuntimeWarning)."""
     try:
+        import yaml
+
         run_dir, twin = Path(run_dir), Path(copied_from)
-        config = _copy_config(run_dir, varied, profile)
+        # its config.yaml: ``study`` the folder's, this study's varied and profile where given
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        config["study"] = run_dir.parent.name
+        if varied is not None:
+            config["varied"] = list(varied)
+        if profile is not None:
+            config["profile"] = profile
         cfg = {
             **wandb_config(config),
             "run_name": run_dir.name,
