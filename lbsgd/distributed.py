@@ -65,12 +65,8 @@ def check_layout(device: str, backend: str, local_world_size: int) -> None:
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but torch sees no CUDA device (valid here: auto, cpu)")
     kind, backend = resolve(device, backend)
-    if backend == "nccl":
-        _check_nccl(device, kind, local_world_size)
-
-
-def _check_nccl(device: str, kind: str, local_world_size: int) -> None:
-    """backend=nccl: GPUs, one per process of the node."""
+    if backend != "nccl":
+        return
     if device == "cpu":
         raise ConfigError(
             "backend=nccl needs GPUs, not device=cpu (valid with device=cpu: auto, gloo)"

@@ -30,23 +30,18 @@ def _version(pkg: str) -> str | None:
 def git_commit(path: Path | None = None) -> str | None:
     """HEAD of the checkout holding lbsgd, with ``-dirty`` when it has uncommitted changes."""
     where = path or Path(__file__).resolve().parent
+
+    def git(*args: str, check: bool = True) -> str:
+        out = subprocess.run(
+            ["git", *args], cwd=where, capture_output=True, text=True, timeout=10, check=check
+        )
+        return out.stdout.strip()
+
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
+        sha = git("rev-parse", "HEAD")
+        return sha + (
+            "-dirty" if git("status", "--porcelain", "--untracked-files=no", check=False) else ""
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -65,12 +60,6 @@ def torch_build() -> dict[str, Any]:
     ]
     lines += re.findall(r"\b(?:BLAS_INFO|LAPACK_INFO)=[^,\s]*", "\n".join(shown))
     return {"sha1": hashlib.sha1("\n".join(shown).encode()).hexdigest(), "cpu_libraries": lines}
-
-
-def _hash_tensor(h: Any, t: torch.Tensor) -> None:
-    t = t.detach().to("cpu").contiguous()
-    h.update(f"{t.dtype} {tuple(t.shape)};".encode())
-    h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # the bytes, no copy
 
 
 def _files(train: Dataset) -> tuple[Path, list] | None:
@@ -96,7 +85,9 @@ def dataset_digest(train: Dataset) -> dict[str, Any]:
             train.tensors if isinstance(train, TensorDataset) else (train.images, train.labels)
         )
         for t in tensors:
-            _hash_tensor(h, t)
+            t = t.detach().to("cpu").contiguous()
+            h.update(f"{t.dtype} {tuple(t.shape)};".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # the bytes, no copy
         over = "tensors"
     elif files is not None:
         root, samples = files

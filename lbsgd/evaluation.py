@@ -53,40 +53,23 @@ def evaluation_sums(
     ``world_size``; 0 of 1: the whole split), in batches of ``batch``; the net is left in train
     mode."""
     net.eval()
-    rows = []
+    rows, k, fmt = [], min(5, splits.num_classes), memory_format(cfg)
     for split in evaluated(splits, only).values():
         shard = data.shard(len(split), rank, world_size)  # type: ignore[arg-type]
         idx = torch.tensor(shard, dtype=torch.long)
-        rows.append(_sums(net, split, idx, splits.num_classes, batch, cfg, device, precision))
+        sums = torch.zeros(4, dtype=torch.float64, device=device)
+        for x, y in data.batches(split, idx.split(batch), cfg.workers, device=device):
+            x, y = x.to(device, memory_format=fmt), y.to(device)
+            with precision.autocast():
+                out = net(x).float()
+            topk = out.topk(k, dim=1).indices
+            sums[0] += torch.nn.functional.cross_entropy(out, y, reduction="sum")
+            sums[1] += (topk[:, 0] == y).sum()
+            sums[2] += (topk == y[:, None]).any(dim=1).sum()
+            sums[3] += len(y)
+        rows.append(sums)
     net.train()
     return torch.stack(rows)
-
-
-def _sums(
-    net: torch.nn.Module,
-    split: Dataset,
-    idx: torch.Tensor,
-    num_classes: int,
-    batch: int,
-    cfg: Config,
-    device: torch.device,
-    precision: Precision,
-) -> torch.Tensor:
-    """[summed loss, top-1 hits, top-5 hits, count] of ``net`` over the samples ``idx`` of
-    ``split``."""
-    sums = torch.zeros(4, dtype=torch.float64, device=device)
-    k = min(5, num_classes)
-    fmt = memory_format(cfg)
-    for x, y in data.batches(split, idx.split(batch), cfg.workers, device=device):
-        x, y = x.to(device, memory_format=fmt), y.to(device)
-        with precision.autocast():
-            out = net(x).float()
-        topk = out.topk(k, dim=1).indices
-        sums[0] += torch.nn.functional.cross_entropy(out, y, reduction="sum")
-        sums[1] += (topk[:, 0] == y).sum()
-        sums[2] += (topk == y[:, None]).any(dim=1).sum()
-        sums[3] += len(y)
-    return sums
 
 
 def evaluation_record(

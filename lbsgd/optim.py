@@ -97,15 +97,15 @@ class _VelocitySGD(_PerGroup):
             raise ValueError(f"nesterov=True needs momentum > 0, got momentum={momentum}")
         # last_lr: the lr of the group's previous step (None before the first), read by the
         # correction
-        defaults.update(
-            lr=lr,
-            momentum=momentum,
-            weight_decay=weight_decay,
-            nesterov=nesterov,
-            momentum_correction=momentum_correction,
-            last_lr=None,
-        )
-        super().__init__(params, defaults)
+        velocity = {
+            "lr": lr,
+            "momentum": momentum,
+            "weight_decay": weight_decay,
+            "nesterov": nesterov,
+            "momentum_correction": momentum_correction,
+            "last_lr": None,
+        }
+        super().__init__(params, {**velocity, **defaults})  # LARS's keys after these
 
     def _directions(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]):
         """(d, alpha): the step before momentum is alpha·d. Subclasses say what d is."""

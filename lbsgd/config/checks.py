@@ -8,6 +8,7 @@ values it derives (:func:`lbsgd.config.derived.check_world`), below this module.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -305,16 +306,16 @@ def key_problem(key: str, value: Any) -> str | None:
     return None
 
 
-_ADAPTERS: dict[str, pydantic.TypeAdapter] = {}
+@functools.cache
+def _adapter(key: str) -> pydantic.TypeAdapter:
+    return pydantic.TypeAdapter(hints()[key])
 
 
 def _typed(key: str, value: Any) -> tuple[Any, str | None]:
     """``value`` as ``key``'s type makes it (the schema's coercion: "8192" -> 8192), or the
     one-line problem with its type."""
-    if key not in _ADAPTERS:
-        _ADAPTERS[key] = pydantic.TypeAdapter(hints()[key])
     try:
-        return _ADAPTERS[key].validate_python(value), None
+        return _adapter(key).validate_python(value), None
     except pydantic.ValidationError as e:
         msgs = dict.fromkeys(err["msg"] for err in e.errors())
         return None, "; ".join(f"{key}={value!r}: {m}" for m in msgs)

@@ -59,23 +59,26 @@ DERIVED_KEYS: tuple[str, ...] = tuple(
 RECORD_KEYS: tuple[str, ...] = ("copied_from",)
 
 
-def _nearest(x: float) -> int:
-    return int(math.floor(x + 0.5))  # round half up: no banker's rounding of iteration counts
-
-
 def epoch_steps(epochs: float, steps_per_epoch: float) -> int:
-    """A length in epochs as whole steps, to the nearest (half up): a run's warmup and milestones,
-    and the warmup of each ``lbsgd plan`` row (one rule)."""
-    return _nearest(epochs * steps_per_epoch)
+    """A length in epochs as whole steps, to the nearest (half up): a run's warmup and milestones
+    (one rule)."""
+    # round half up: no banker's rounding of iteration counts
+    return int(math.floor(epochs * steps_per_epoch + 0.5))
 
 
 def micro_batch(c: Keys, world_size: int = 1) -> int:
     """The micro-batch of a fixed ``micro_batch`` key; for ``auto``, the largest candidate (the
     run's probe, ``pick_micro_batch``, picks among :func:`micro_batch_candidates` on a device), or
     one line saying why there is none."""
-    if c.micro_batch == "auto":
-        return _largest_auto(c, world_size) or _no_auto(c, world_size)
-    return c.micro_batch if c.micro_batch is not None else c.bn_batch
+    if c.micro_batch != "auto":
+        return c.micro_batch if c.micro_batch is not None else c.bn_batch
+    if largest := _largest_auto(c, world_size):
+        return largest
+    world_size = 1 if c.async_ps else world_size
+    raise ConfigError(
+        f"micro_batch=auto: batch_size={c.batch_size} is not a multiple of world_size * "
+        f"bn_batch = {world_size} * {c.bn_batch} = {world_size * c.bn_batch}"
+    )
 
 
 def _largest_auto(c: Keys, world_size: int) -> int:
@@ -90,14 +93,6 @@ def _largest_auto(c: Keys, world_size: int) -> int:
     group = c.noise_scale_batch if c.noise_scale and c.noise_scale_batch else share
     largest = math.gcd(share, group)
     return largest if largest % c.bn_batch == 0 else 0
-
-
-def _no_auto(c: Keys, world_size: int) -> int:
-    world_size = 1 if c.async_ps else world_size
-    raise ConfigError(
-        f"micro_batch=auto: batch_size={c.batch_size} is not a multiple of world_size * "
-        f"bn_batch = {world_size} * {c.bn_batch} = {world_size * c.bn_batch}"
-    )
 
 
 def micro_batch_candidates(c: Keys, world_size: int) -> list[int]:

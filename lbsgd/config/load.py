@@ -33,10 +33,6 @@ class Config(Keys):
         return from_dict({**self.to_dict(), **changes})
 
 
-def _allows_none(tp: Any) -> bool:
-    return type(None) in typing.get_args(tp)
-
-
 def _is_tuple(tp: Any) -> bool:
     return typing.get_origin(tp) is tuple
 
@@ -48,7 +44,7 @@ def parse_value(key: str, text: str) -> Any:
     ``null``/``none`` mean None for keys that allow it; lists are ``30,60,80`` or ``[30, 60, 80]``.
     """
     tp = hints()[key]
-    if _allows_none(tp) and text.strip().lower() in ("null", "none", "~"):
+    if type(None) in typing.get_args(tp) and text.strip().lower() in ("null", "none", "~"):
         return None
     if _is_tuple(tp):
         text = text.strip()

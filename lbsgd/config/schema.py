@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import typing
@@ -365,13 +366,9 @@ HASHED_ONLY_OFF_DEFAULT += ("stop_at_error",)  # lbsgd.trainer: a run ended at i
 HASHED_ONLY_OFF_DEFAULT += ("grad_clip",)  # lbsgd.features.GradClip
 
 
-_HINTS: dict[str, Any] = {}
-
-
+@functools.cache
 def hints() -> dict[str, Any]:
-    if not _HINTS:
-        _HINTS.update(typing.get_type_hints(Keys))
-    return _HINTS
+    return typing.get_type_hints(Keys)
 
 
 def unknown_key_message(key: str) -> str:
