@@ -439,19 +439,19 @@ def with_s_min(f: Finding, s_min: float | None, target: str = "") -> Finding:
 # -- a report's claims together ----------------------------------------------------------------
 
 
-def controlled(found: Sequence[Finding], alpha: float = stats.ALPHA) -> list[Finding]:
+def controlled(found: Sequence[Finding]) -> list[Finding]:
     """A report's findings with false verdicts controlled across them: Benjamini–Hochberg at
-    false-discovery rate ``alpha`` over every tested, valid claim (docs/verdicts.md says why BH
-    and not Holm). A tested claim stays decided only when its adjusted p (q) is below
-    ``alpha``, else it becomes undecided; each tested claim's evidence gains its q. Claims with
-    no test (*measured*, e.g. a cost model's number; or undecided for want of data) and invalid
-    ones pass unchanged."""
+    false-discovery rate α (:data:`lbsgd.lab.stats.ALPHA`) over every tested, valid claim
+    (docs/verdicts.md says why BH and not Holm). A tested claim stays decided only when its
+    adjusted p (q) is below α, else it becomes undecided; each tested claim's evidence gains its
+    q. Claims with no test (*measured*, e.g. a cost model's number; or undecided for want of
+    data) and invalid ones pass unchanged."""
     tested = [i for i, f in enumerate(found) if f.p is not None and not f.invalid]
     qs = dict(zip(tested, stats.bh_adjusted([found[i].p for i in tested]), strict=True))
     out = list(found)
     for i, q in qs.items():
         f, text = found[i], f"BH q = {q:.3g} over {len(tested)} tested claims"
-        undecided = f.replayed is not None and q >= alpha
+        undecided = f.replayed is not None and q >= stats.ALPHA
         if undecided:
             text = f"undecided after false-discovery control: {text}"
         replayed = None if undecided else f.replayed

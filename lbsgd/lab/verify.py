@@ -382,7 +382,9 @@ def main(
         flush=True,
     )
     try:
-        levels = _replay_all(chosen, runs, where, parallel, root)
+        replays = _Replays(len(chosen), runs, where, root, parallel)  # each reported as it ends
+        jobs.Runner(chosen, replays).run()
+        levels = replays.levels
         counts = ", ".join(f"{levels.count(x)} {x}" for x in LEVELS)
         print(f"lbsgd verify: {len(levels)} replays: {counts}")
         return 0 if "inconsistent" not in levels else 1
@@ -441,15 +443,6 @@ def _out_problem(out: str | None, root: Path) -> str | None:
     if where.exists() and any(where.iterdir()):
         return f"--out={out} is not empty"
     return None
-
-
-def _replay_all(
-    chosen: list[Run], runs: list[Run], where: Path, parallel: int, root: Path
-) -> list[str]:
-    """Replay ``chosen``, ``parallel`` at a time, reporting each as it ends; the level of each."""
-    replays = _Replays(len(chosen), runs, where, root, parallel)
-    jobs.Runner(chosen, replays).run()
-    return replays.levels
 
 
 @dataclass
