@@ -207,8 +207,6 @@ def all_of(tests: Sequence[Test]) -> tuple[float, float]:
 def bh_adjusted(ps: Sequence[float]) -> list[float]:
     """Benjamini–Hochberg adjusted p-values (scipy's ``false_discovery_control``): a claim is
     decided at false-discovery rate α when its adjusted p is below α."""
-    if not ps:
-        return []
     return [float(q) for q in sps.false_discovery_control(np.asarray(ps, dtype=float), method="bh")]
 
 
