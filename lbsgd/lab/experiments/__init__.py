@@ -6,7 +6,7 @@ a checkpoint on an interrupt, and returns :func:`load_runs` of the study; what i
 it stops is docs/studies.md ("What a sweep prints"), Slurm is docs/cluster.md. Results are read
 from the local files only, no W&B server. By concern: ``sweeps``, ``commands``, ``copies``,
 ``interrupts``, ``lines``, ``slurm``, ``results``, ``tables``; every name is imported from here
-(``from lbsgd import experiments as ex``).
+(``from lbsgd.lab import experiments as ex``).
 """
 
 from lbsgd.lab.experiments.commands import ATTEMPT_MARK, check_launch
