@@ -410,9 +410,7 @@ def _cost_text(m, ks: Sequence[int]) -> str:
         if first is not None and math.isfinite(first["compute_s"])
         else ""
     )
-    tar = {int(k): float(m[m["nproc"] == k]["allreduce_s"].iloc[0]) for k in ks}
-    return (
-        cost_txt
-        + "; one all-reduce "
-        + ", ".join(f"{v * 1e3:.2f} ms at K={k}" for k, v in tar.items())
+    tar = ", ".join(
+        f"{float(m[m['nproc'] == k]['allreduce_s'].iloc[0]) * 1e3:.2f} ms at K={int(k)}" for k in ks
     )
+    return f"{cost_txt}; one all-reduce {tar}"
