@@ -271,3 +271,22 @@ def test_no_two_claims_of_a_report_read_the_same_ratio(profile):
         if a != b and _same_interval(x, y)
     ]
     assert not twice, twice[:3]
+
+
+def test_study_17s_later_rung_keeps_the_earlier_rungs_choice_of_points():
+    """Rung r's points are chosen on the seeds of the rungs before it alone: the trials rung 2
+    would add to rung 1's are those rung 1 ran, not a re-ranking by rung 1's own seed."""
+    from lbsgd.lab.experiments import results
+    from lbsgd.lab.studies import optimizers_at_scale as big
+
+    _runs("fashion-long")
+    study, p = RESULTS / "fashion-long" / big.STUDY, scales.get("fashion-long")
+
+    def names(runs):
+        return [config.from_dict(r).run_name() for r in runs]
+
+    c = big.centres(results.load_runs(study, names(big.range_tests(p))))
+    rung1 = names(big.halving(p, c, results.load_runs(study, names(big.halving(p, c, None, 0))), 1))
+    both = results.load_runs(study, rung1)
+    assert len(both) == len(rung1)  # every trial of rungs 0 and 1 committed
+    assert set(rung1) <= set(names(big.halving(p, c, both, 2)))

@@ -533,3 +533,40 @@ def test_a_papers_row_sits_beside_the_k_that_stands_for_its_batch():
     assert both[both["k"] == 128.0]["paper_top1_error_pct"].notna().sum() == 2  # Nesterov, LARS
     only16 = opt.table(trials[trials["k"] == 16.0], finals[finals["k"] == 16.0])
     assert len(only16) == 4 and only16["paper_top1_error_pct"].isna().all()
+
+
+def test_an_edge_extension_moves_the_first_points_one_range_width_and_widens_the_edge_test():
+    from lbsgd.lab.studies import optimizers_at_scale as big
+
+    a = big.SETTINGS["fashion-long"]
+    base = big.points(a)[: a.extension[0]]
+    for edge, i, move in (
+        ("low weight decay", 2, lambda x: x / 16),
+        ("high lr", 0, lambda x: x * 16),
+        ("high warmup", 1, lambda x: x + 4.0),
+    ):
+        moved = big.points(a, edge)
+        assert len(moved) == 6
+        for b, m in zip(base, moved, strict=True):
+            assert m[i] == pytest.approx(move(b[i]))
+            assert [x for j, x in enumerate(m) if j != i] == [x for j, x in enumerate(b) if j != i]
+    # a point on the low edge of the first box is inside the extended one; its far end an edge
+    assert big.edge_of(a, 1.0, 1.0, 0.3) == "low weight decay"
+    assert big.edge_of(a, 1.0, 1.0, 0.3, moved="low weight decay") == ""
+    assert big.edge_of(a, 1.0, 1.0, 0.3 / 16, moved="low weight decay") == "low weight decay"
+    assert big.edge_of(a, 1.0, 3.7, 1.0, moved="high warmup") == ""
+    assert big.edge_of(a, 1.0, 7.6, 1.0, moved="high warmup") == "high warmup"
+    # the other side of the extended axis keeps its edge
+    assert big.edge_of(a, 1.0, 1.0, 3.5, moved="low weight decay") == "high weight decay"
+
+
+def test_an_extensions_first_rung_trains_only_the_optimizers_on_an_edge_over_the_moved_box():
+    from lbsgd.lab.studies import optimizers_at_scale as big
+
+    p, c = scales.get("smoke"), {"nesterov": 1.0, "lars": 2.0, "lamb": 0.01, "adamw": 0.01}
+    first = big.halving(p, c, None, 0)
+    moved = big.halving(p, c, None, 0, {"adamw": "high lr"})
+    adamw = [r for r in first if r["optimizer"] == "adamw"]
+    assert [r["optimizer"] for r in moved] == ["adamw"] * big.SETTINGS["smoke"].extension[0]
+    assert [r["base_lr"] for r in moved] == pytest.approx([16 * r["base_lr"] for r in adamw])
+    assert [r["seed"] for r in moved] == [big.SETTINGS["smoke"].tuning_seeds[0]] * 2

@@ -1,9 +1,10 @@
 """17. Study 14 where its papers make their claims: the four optimizers beyond the critical batch,
 pre-registered (docs/studies.md, "Study 17"; the design, seeds and decision rule were committed
 before its runs). Per optimizer at one large k: an lr range test centres its search; a
-successive-halving quasi-random search over lr, warmup and weight decay on held-out images; the
-choice trained on fresh measuring seeds; Nado et al.'s and You et al.'s claims decided by one
-three-outcome contrast each (:func:`lbsgd.lab.findings.contrast`)."""
+successive-halving quasi-random search over lr, warmup and weight decay on held-out images,
+extended once toward an edge its choice sits on; the choice trained on fresh measuring seeds;
+Nado et al.'s and You et al.'s claims decided by one three-outcome contrast each
+(:func:`lbsgd.lab.findings.contrast`)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class AtScale:
     seeds: tuple[int, ...]  # the measuring seeds of each optimizer's choice
     range_seed: int  # the range tests' seed
     max_warmup: float  # the warmup axis, 0 to this (epochs)
+    extension: tuple[int, ...] = (6, 2, 1)  # an edge's search: its points, then those kept
     octaves: float = 2.0  # lr and weight decay: log-uniform over x2^±octaves of the centre
     ramp: tuple[float, float] = (1 / 16, 4.0)  # range test: from/to these times the rule's lr
     ladder: dict = field(default_factory=dict)
@@ -70,6 +72,7 @@ SETTINGS = {
         seeds=(0, 1),
         range_seed=1000,
         max_warmup=0.5,
+        extension=(2, 1),
     ),
 }
 
@@ -121,21 +124,42 @@ def centres(range_df) -> dict[str, float]:
     return out
 
 
-def _points(a: AtScale) -> list[tuple[float, float, float]]:
-    return opt.Search(a.points, a.octaves, a.max_warmup, a.octaves).settings()
+def points(a: AtScale, edge: str = "") -> list[tuple[float, float, float]]:
+    """The search's points; toward ``edge`` (e.g. "high lr"), the extension's: the first
+    ``extension[0]`` of the same sequence over the box moved one range width that way."""
+    if not edge:
+        return opt.Search(a.points, a.octaves, a.max_warmup, a.octaves).settings()
+    side, axis = edge.split(" ", 1)
+    i = ("lr", "warmup", "weight decay").index(axis)
+    sign = 1 if side == "high" else -1
+    out = []
+    for pt in opt.Search(a.extension[0], a.octaves, a.max_warmup, a.octaves).settings():
+        x = list(pt)
+        x[i] = x[i] + a.max_warmup if i == 1 else x[i] * 2.0 ** (sign * 2 * a.octaves)
+        out.append(tuple(x))
+    return out
 
 
-def halving(profile: Profile, centres_: Mapping[str, float], done, rung: int) -> list[dict]:
+def halving(
+    profile: Profile,
+    centres_: Mapping[str, float],
+    done,
+    rung: int,
+    edges: Mapping[str, str] | None = None,
+):
     """The trials of rungs 0..``rung``: rung 0 every point on the first tuning seed; rung r the
     ``keep[r-1]`` best of rung r-1's points per optimizer (mean held-out error over the seeds
-    they had) on seed r. ``done``: the trials of rungs before ``rung`` (None at rung 0)."""
+    they had) on seed r. ``done``: the trials of rungs before ``rung`` (None at rung 0).
+    ``edges`` ({optimizer: edge}, :func:`edges`): the extension's rungs, those optimizers alone
+    over their moved boxes, ``extension`` points then those kept."""
     a, p = design(profile), scaled(profile, centres_)
+    keep = a.keep if edges is None else a.extension[1:]
     runs = []
-    for arm in opt.ARMS:
-        kept = _points(a)
+    for arm in opt.ARMS if edges is None else [x for x in opt.ARMS if x in edges]:
+        kept = points(a, (edges or {}).get(arm, ""))
         for r in range(rung + 1):
             if r:
-                kept = _best(p, arm, kept, done, a.keep[r - 1])
+                kept = _best(p, arm, kept, done, keep[r - 1], a.tuning_seeds[:r])
             runs += [_trial(p, arm, point, a.tuning_seeds[r]) for point in kept]
     return runs
 
@@ -146,10 +170,11 @@ def _trial(p: Profile, arm: str, point: tuple[float, float, float], seed: int) -
     return opt._run(p, arm, k, opt.anchor(p, arm, k) * f / k, w, seed, opt.weight_decay(p, arm) * d)
 
 
-def _best(p: Profile, arm: str, points, done, n: int) -> list[tuple[float, float, float]]:
-    """The ``n`` of ``points`` of least mean held-out error on ``arm``'s trials in ``done``."""
+def _best(p: Profile, arm: str, points, done, n: int, seeds) -> list[tuple[float, float, float]]:
+    """The ``n`` of ``points`` of least mean held-out error on ``arm``'s trials in ``done`` on
+    ``seeds`` (the rungs before: a later rung's seeds never re-rank an earlier one)."""
     df = opt.prepare(done)
-    df = df[df["arm"] == arm]
+    df = df[(df["arm"] == arm) & df["seed"].isin(seeds)]
 
     def error(point) -> float:
         t = _trial(p, arm, point, 0)
@@ -163,10 +188,11 @@ def _best(p: Profile, arm: str, points, done, n: int) -> list[tuple[float, float
     return sorted(points, key=lambda pt: (error(pt), pt))[:n]
 
 
-def choose(trial_df, profile: Profile, centres_: Mapping[str, float]):
+def choose(trial_df, profile: Profile, centres_: Mapping[str, float], edges=None):
     """Study 14's choice (:func:`lbsgd.lab.studies.optimizers.choose`) among the points every tuning
     seed trained, each marked where it sits on an edge of its search (``lr_at_grid_edge``: the
-    axis and side, e.g. "high warmup"; "" inside)."""
+    axis and side, e.g. "high warmup"; "" inside); ``edges``: the searches extended, whose box
+    reaches one range width further on that side."""
     a = design(profile)
     df = opt.prepare(trial_df)
     full = df.groupby(["arm", *opt.SETTING[2:]])["seed"].transform("nunique") == len(a.tuning_seeds)
@@ -174,27 +200,35 @@ def choose(trial_df, profile: Profile, centres_: Mapping[str, float]):
     chosen["trials"] = df.groupby("arm").size().reindex(chosen["arm"]).to_numpy()
     p = scaled(profile, centres_)
     chosen["lr_at_grid_edge"] = [
-        _edge(
+        edge_of(
             a,
             r.peak_lr / opt.anchor(p, r.arm, a.k),
             r.warmup_epochs,
             r.weight_decay / opt.weight_decay(p, r.arm),
+            (edges or {}).get(r.arm, ""),
         )
         for r in chosen.itertuples()
     ]
     return chosen
 
 
-def _edge(a: AtScale, lr: float, warmup: float, decay: float) -> str:
+def edge_of(a: AtScale, lr: float, warmup: float, decay: float, moved: str = "") -> str:
     """Where a chosen point sits on an edge of the search box: "high lr", "low weight decay",
-    "high warmup" (warmup's low end, 0, is no edge), or ""."""
-    span = 2 * a.octaves * EDGE
+    "high warmup" (warmup's low end, 0, is no edge), or ""; the box reaches one range width
+    further on the side ``moved``."""
+    span, width = 2 * a.octaves * EDGE, 2 * a.octaves
     for axis, x in (("lr", lr), ("weight decay", decay)):
-        if math.log2(x) > a.octaves - span:
+        if math.log2(x) > a.octaves + width * (moved == f"high {axis}") - span:
             return f"high {axis}"
-        if math.log2(x) < span - a.octaves:
+        if math.log2(x) < span - a.octaves - width * (moved == f"low {axis}"):
             return f"low {axis}"
-    return "high warmup" if warmup > a.max_warmup * (1 - EDGE) else ""
+    top = a.max_warmup * (1 + (moved == "high warmup"))
+    return "high warmup" if warmup > top - a.max_warmup * EDGE else ""
+
+
+def edges(chosen) -> dict[str, str]:
+    """{optimizer: the edge its choice sits on}, for those on one: the searches to extend."""
+    return {r.arm: r.lr_at_grid_edge for r in chosen.itertuples() if r.lr_at_grid_edge}
 
 
 def finals(profile: Profile, chosen) -> list[dict]:
@@ -228,8 +262,8 @@ def findings(final_df, chosen, regime: opt.Regime) -> list[Finding]:
 
 
 def budget(range_df, trial_df, final_df) -> str:
-    """What the study spent: runs of each kind and their minutes of run time."""
+    """What the study spent: runs of each kind and their minutes of run time (every attempt)."""
     parts = {"range tests": range_df, "tuning trials": trial_df, "measuring runs": final_df}
-    minutes = sum(d["wall_time_s"].sum() for d in parts.values()) / 60
+    minutes = sum(d["total_wall_time_s"].sum() for d in parts.values()) / 60
     runs = ", ".join(f"{len(d)} {name}" for name, d in parts.items())
     return f"{runs}; {minutes:.0f} minutes of run time in all"
