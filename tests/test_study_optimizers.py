@@ -570,3 +570,23 @@ def test_an_extensions_first_rung_trains_only_the_optimizers_on_an_edge_over_the
     assert [r["optimizer"] for r in moved] == ["adamw"] * big.SETTINGS["smoke"].extension[0]
     assert [r["base_lr"] for r in moved] == pytest.approx([16 * r["base_lr"] for r in adamw])
     assert [r["seed"] for r in moved] == [big.SETTINGS["smoke"].tuning_seeds[0]] * 2
+
+
+def test_an_extended_search_voids_its_claims_only_past_the_budget():
+    from lbsgd.lab.studies import optimizers_at_scale as big
+
+    df = final_frame(
+        {(a, 128.0): e for a, e in zip(opt.ARMS, (GOOD, GOOD, GOOD, BAD), strict=True)}
+    )
+    chosen = pd.DataFrame(
+        [{"arm": a, "k": 128.0, "lr_at_grid_edge": "", "extended": ""} for a in opt.ARMS]
+    )
+    chosen.loc[chosen["arm"] == "adamw", "extended"] = "low weight decay"
+    regime = opt.Regime("lr, warmup and weight decay", 364.0)
+    within = big.findings(df, chosen, regime, big.BUDGET_H)
+    past = big.findings(df, chosen, regime, big.BUDGET_H + 0.1)
+    assert not any(f.invalid for f in within)
+    assert [f.outcome for f in past][0] == within[0].outcome  # Nesterov and LARS: not extended
+    assert past[1].invalid and past[1].replayed is None, past[1].evidence
+    assert "the search of adamw was extended and the new runs took 12.1 h" in past[1].evidence
+    assert past[1].evidence.startswith(within[1].evidence.split("; undecided: ")[0])

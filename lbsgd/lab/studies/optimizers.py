@@ -495,12 +495,16 @@ def _untuned(f: Finding, chosen, arms: Sequence[str], ks_: Sequence[float]) -> F
                 # study 14's grid names a side of its lrs, study 17's search the axis too
                 what, of = ("setting", "search") if " " in edge else ("lr", "grid")
                 where = f"{what} at k={k:g} sits on the {edge} edge of its {of}"
-                why = f"{_NAMES[arm]}'s chosen {where}: no tuned arm"
-                # the test stays in the evidence (as an invalid verdict's does), not its reason
-                test = f.evidence.split("; undecided: ")[0]
-                f = replace(f, replayed=None, invalid=True, p_for=None, p_against=None)
-                return replace(f, evidence=f"{test}; invalid: {why}")
+                return void(f, f"{_NAMES[arm]}'s chosen {where}: no tuned arm")
     return f
+
+
+def void(f: Finding, why: str) -> Finding:
+    """``f`` made invalid for ``why``; its test stays in the evidence (as an invalid verdict's
+    does), not its reason."""
+    test = f.evidence.split("; undecided: ")[0]
+    f = replace(f, replayed=None, invalid=True, p_for=None, p_against=None)
+    return replace(f, evidence=f"{test}; invalid: {why}")
 
 
 # Nado et al. 2021's parity margin, in points of top-1 error: their tuned Nesterov reaches
