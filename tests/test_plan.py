@@ -327,7 +327,9 @@ def _run_folder(path, cfg, errors, b_simple=100.0):
     """A run folder in the trainer's format: config.yaml, and metrics.jsonl with eval records of
     the given (step, error) and train records carrying B_simple at every step."""
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(dump(cfg))
+    (path / "config.yaml").write_text(
+        dump(cfg, config.derive(cfg, 1, 60_000))
+    )  # as a run writes it
     last = errors[-1][0]
     recs = [
         {"kind": "train", "step": s, "loss": 1.0, "img_per_s": 1000.0, "gns_b_simple_ema": b_simple}

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from lbsgd import data, tracking
-from lbsgd.config import Config, ConfigError, load, lr_scale
+from lbsgd.config import Config, ConfigError, load, read_yaml
 
 ERROR_KEY = "val_top1_error_pct"  # the held-out error (the test split's without a holdout)
 PER_OCTAVE = 4  # the probe's evaluations per doubling of the step count (study 15's)
@@ -297,7 +297,7 @@ def read_probe(run_dir: Path, target: Target, source: str) -> Probe:
         trend=trend,
         growth=growth,
         img_per_s=float(statistics.median(rates[len(rates) // 2 :])) if rates else math.nan,
-        lr=cfg.base_lr * lr_scale(cfg.lr_scaling, cfg.batch_size / cfg.reference_batch),
+        lr=float(read_yaml(Path(run_dir, "config.yaml"), derived=True)["lr"]),  # config.derive's
         b_range=b_range,
         steps_range=crossing_bracket(points, target.value) if how is None else None,
     )
