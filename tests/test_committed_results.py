@@ -290,3 +290,42 @@ def test_study_17s_later_rung_keeps_the_earlier_rungs_choice_of_points():
     both = results.load_runs(study, rung1)
     assert len(both) == len(rung1)  # every trial of rungs 0 and 1 committed
     assert set(rung1) <= set(names(big.halving(p, c, both, 2)))
+
+
+@pytest.mark.parametrize("profile", ["fashion", "fashion-long"])
+def test_study_16s_reference_is_the_one_its_study_computes_from_its_runs(profile):
+    """Study 16 reads study 15's (or 11's) results through the files that study wrote, every
+    digit: the same steps, seeds, fit and target as that study's code computes from its runs."""
+    import numpy as np
+
+    from lbsgd.lab import experiments as ex
+    from lbsgd.lab.studies import critical_batch as cb
+    from lbsgd.lab.studies import plan_check as pc
+
+    _runs(profile)
+    p = scales.get(profile)
+    ref = pc.reference(RESULTS / profile, p)
+    if ref.source == pc.LADDER:
+        seeds, goal = list(stt.settings(p)["seeds"]), stt.target_of(p)
+        runs = ex.load_runs(RESULTS / profile / stt.STUDY)
+        m = stt.measure(runs[runs["seed"].isin(seeds)], goal, stt.base_lr(p))
+        s = stt.seed_steps(m, stt.choose(m, seeds[0]), seeds[0])
+        assert ref.per_seed.seeds == s.seeds and (ref.target.kind, ref.target.value) == (
+            "error",
+            goal,
+        )
+        for a, b in ((ref.per_seed.batches, s.batches), (ref.per_seed.steps, s.steps)):
+            assert np.array_equal(a, b, equal_nan=True)
+        fit = s.fit()
+    else:
+        m = cb.measure(ex.load_runs(RESULTS / profile / cb.STUDY), p.large_k)
+        fit = cb.fit_runs(m)
+        assert ref.target.value == float(m["target_loss"].iloc[0]) and ref.probe_k == cb.baseline_k(
+            m
+        )
+        mine = {(int(r.batch_size), int(r.seed)): float(r.steps_to_target) for r in m.itertuples()}
+        assert mine.keys() == ref.steps.keys()
+        assert all(
+            np.isnan(v) and np.isnan(ref.steps[k]) or v == ref.steps[k] for k, v in mine.items()
+        )
+    assert ref.fit == fit

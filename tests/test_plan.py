@@ -792,13 +792,13 @@ def test_study_16_times_a_2_process_step_only_where_it_plans_more_than_one(tmp_p
 def _ladder_ref(steps_factor=1.0):
     """A ladder reference of six measuring seeds at batches 64-1024: S(B) = 100 (1 + 256/B), each
     seed's steps x(1 + 0.02 s); B_crit 256."""
+    from lbsgd.lab import stats
     from lbsgd.lab.studies import plan_check as pc
-    from lbsgd.lab.studies import steps_to_target as stt
 
     batches = np.array([64.0, 128.0, 256.0, 512.0, 1024.0])
     seeds = (2, 3, 4, 5, 6, 7)
     steps = np.array([[100 * (1 + 256 / b) * (1 + 0.02 * s) for s in seeds] for b in batches])
-    per_seed = stt.SeedSteps(batches, steps * steps_factor, np.full_like(steps, 300.0), seeds)
+    per_seed = stats.SeedSteps(batches, steps * steps_factor, np.full_like(steps, 300.0), seeds)
     table = {
         (int(b), s): float(steps[j, i]) for j, b in enumerate(batches) for i, s in enumerate(seeds)
     }

@@ -10,6 +10,7 @@ import pytest
 from helpers import run_name, verdicts
 
 from lbsgd import config
+from lbsgd.lab import stats
 from lbsgd.lab.studies import batch_scaling, scales
 from lbsgd.lab.studies import critical_batch as cb
 
@@ -203,7 +204,7 @@ def test_measure_defaults_the_target_to_the_large_k_runs_final_loss():
 
 def test_fit_recovers_s_min_e_min_and_b_crit_from_exact_steps():
     b = np.array([16, 32, 64, 128, 256, 512])
-    f = cb.fit(b, 300 * (1 + 200 / b))
+    f = stats.fit_steps(b, 300 * (1 + 200 / b))
     assert f.s_min == pytest.approx(300) and f.b_crit == pytest.approx(200)
     assert f.e_min == pytest.approx(300 * 200) and f.rms == pytest.approx(0, abs=1e-9)
     assert f.steps(200) == pytest.approx(600)
@@ -214,20 +215,20 @@ def test_fit_recovers_s_min_e_min_and_b_crit_from_exact_steps():
 def test_fit_of_noisy_steps_lands_within_ten_percent():
     rng = np.random.default_rng(0)
     b = np.array([16, 32, 64, 128, 256, 512, 1024, 2048], dtype=float)
-    f = cb.fit(b, 300 * (1 + 200 / b) * (1 + 0.03 * rng.standard_normal(len(b))))
+    f = stats.fit_steps(b, 300 * (1 + 200 / b) * (1 + 0.03 * rng.standard_normal(len(b))))
     assert f.s_min == pytest.approx(300, rel=0.1) and f.b_crit == pytest.approx(200, rel=0.1)
     assert 0.01 < f.rms < 0.06
 
 
 def test_fit_keeps_s_min_and_e_min_non_negative():
     b = np.array([16.0, 32.0, 64.0])
-    perfect = cb.fit(b, 6400 / b)  # steps halve with each doubling: no floor in range
+    perfect = stats.fit_steps(b, 6400 / b)  # steps halve with each doubling: no floor in range
     assert perfect.s_min == 0 and perfect.b_crit == math.inf
     assert perfect.e_min == pytest.approx(6400)
-    flat = cb.fit(b, [100.0, 101.0, 103.0])  # no step saved by a larger batch
+    flat = stats.fit_steps(b, [100.0, 101.0, 103.0])  # no step saved by a larger batch
     assert flat.e_min == 0 and flat.b_crit == 0 and flat.s_min == pytest.approx(101, rel=0.02)
-    assert cb.fit([16.0], [10.0]) is None
-    assert cb.fit([16.0, 32.0, 64.0], [np.nan, 10.0, np.nan]) is None
+    assert stats.fit_steps([16.0], [10.0]) is None
+    assert stats.fit_steps([16.0, 32.0, 64.0], [np.nan, 10.0, np.nan]) is None
 
 
 def test_fit_runs_uses_the_seed_mean_steps_of_every_k():
@@ -353,9 +354,9 @@ def test_findings_invalid_at_chance_and_undecided_with_one_seed_or_without_a_mea
 
 def test_b_crit_undecided_without_a_finite_fit():
     m = study(b_target=(60.0, 70.0, 80.0))
-    f = cb.fit([16.0, 32.0, 64.0], [100.0, 101.0, 103.0])  # B_crit 0
+    f = stats.fit_steps([16.0, 32.0, 64.0], [100.0, 101.0, 103.0])  # B_crit 0
     assert "undecided: the fit has no finite B_crit" in cb.findings(m, f)[2].evidence
-    few = cb.fit([16.0, 32.0], [100.0, 60.0])
+    few = stats.fit_steps([16.0, 32.0], [100.0, 60.0])
     assert (
         "undecided: fewer than 3 batch sizes reached the target" in cb.findings(m, few)[2].evidence
     )

@@ -1,7 +1,7 @@
 """The statistics behind a verdict: intervals of a mean difference over seeds, their tests
-against a claim's threshold or margin, one contrast's three outcomes, false-discovery control and
-the seeds a claim needs; every distribution from scipy, nothing about runs or papers
-(docs/verdicts.md).
+against a claim's threshold or margin, one contrast's three outcomes, false-discovery control,
+the seeds a claim needs, and the fit of steps to a target over batch sizes; every distribution
+from scipy, nothing about runs or papers (docs/verdicts.md).
 
 A claim's :class:`Test` gives ``p_for``, the smallest α at which its two-sided (1 − α) interval
 lies wholly on the claim's side, and ``p_against``, the same for the other side (1 where the mean
@@ -391,3 +391,104 @@ def band(loo: np.ndarray, point: float, low: float, high: float, n: int) -> Test
     elif point <= low:
         p_against = min(1.0, 2 * below(low))
     return Test(iv, p_for, p_against)
+
+
+# -- steps to a target: S(B) = S_min (1 + B_crit/B) over seeds ------------------------------------
+
+
+@dataclass(frozen=True)
+class Fit:
+    """S(B) = S_min (1 + B_crit/B), E(B) = B·S(B) = E_min (1 + B/B_crit), B_crit = E_min/S_min;
+    ``rms`` the root-mean-square relative residual of the fitted steps."""
+
+    s_min: float
+    e_min: float
+    b_crit: float
+    rms: float
+    points: int
+
+    def steps(self, batch):
+        """The predicted steps at ``batch`` (a number or an array)."""
+        return self.s_min + self.e_min / np.asarray(batch, dtype=float)
+
+
+def fit_steps(batches: Sequence[float], steps: Sequence[float]) -> Fit | None:
+    """Least squares of S(B) = S_min + E_min/B in relative error, min Σ ((S(B_i) − S_i)/S_i)²,
+    over S_min, E_min ≥ 0 (linear in them: rows (1/S_i, 1/(B_i S_i)), target 1); then
+    B_crit = E_min/S_min (∞ when S_min = 0: perfect scaling over the whole range; 0 when
+    E_min = 0: no step saved by any batch). None with fewer than two points."""
+    b = np.asarray(batches, dtype=float)
+    s = np.asarray(steps, dtype=float)
+    keep = np.isfinite(b) & np.isfinite(s) & (s > 0) & (b > 0)
+    b, s = b[keep], s[keep]
+    if len(b) < 2:
+        return None
+    a = np.stack([1 / s, 1 / (b * s)], axis=1)
+    one = np.ones(len(b))
+
+    def residual(x: np.ndarray) -> float:
+        return float(np.sum((a @ x - one) ** 2))
+
+    x = np.linalg.lstsq(a, one, rcond=None)[0]
+    if (x < 0).any():  # the optimum lies on an edge of S_min, E_min ≥ 0: the better edge
+        edges = [
+            np.array([one @ a[:, 0] / (a[:, 0] @ a[:, 0]), 0.0]),
+            np.array([0.0, one @ a[:, 1] / (a[:, 1] @ a[:, 1])]),
+        ]
+        x = min(edges, key=residual)
+    s_min, e_min = float(x[0]), float(x[1])
+    b_crit = e_min / s_min if s_min > 0 else math.inf
+    rms = math.sqrt(residual(x) / len(b))
+    return Fit(s_min, e_min, b_crit, rms, len(b))
+
+
+def gmean(values) -> float:
+    """The geometric mean (NaN where one value is NaN)."""
+    return float(np.exp(np.log(np.asarray(values, dtype=float)).mean()))
+
+
+@dataclass(frozen=True)
+class SeedSteps:
+    """Each k's steps to the target at its chosen lr, seed by seed: ``batches`` (one per k),
+    ``steps`` and ``noise`` (B_noise at the target) as k × seed arrays (NaN: never reached, or
+    not measured), over the measuring ``seeds`` that ran at every k. The fit and its jackknife
+    resample the seeds (columns) together: a seed's runs at every k move as one."""
+
+    batches: np.ndarray
+    steps: np.ndarray
+    noise: np.ndarray
+    seeds: tuple[int, ...]
+
+    @classmethod
+    def of(cls, runs) -> SeedSteps:
+        """From one run per (k, seed) (a DataFrame: k, batch_size, seed, steps_to_target,
+        b_noise_target), over the seeds that ran at every k."""
+        ks = sorted({float(k) for k in runs["k"]})
+        by = {(float(r.k), int(r.seed)): r for r in runs.itertuples()}
+        seeds = sorted(set.intersection(*({s for k_, s in by if k_ == k} for k in ks)))
+        cell = [[by[(k, s)] for s in seeds] for k in ks]
+        steps = np.array([[r.steps_to_target for r in row] for row in cell], float)
+        noise = np.array([[r.b_noise_target for r in row] for row in cell], float)
+        batches = np.array([float(runs[runs["k"] == k]["batch_size"].iloc[0]) for k in ks])
+        shape = (len(ks), len(seeds))
+        return cls(batches, steps.reshape(shape), noise.reshape(shape), tuple(seeds))
+
+    def means(self, idx=None) -> np.ndarray:
+        """Per k, the geometric mean of the steps over the seeds ``idx`` (None: all); NaN where
+        one never reached the target."""
+        st = self.steps if idx is None else self.steps[:, idx]
+        return np.exp(np.log(st).mean(axis=1))
+
+    def fit(self, idx=None) -> Fit | None:
+        """S(B) = S_min (1 + B_crit/B) through :meth:`means` (a k with a seed never reaching
+        the target left out)."""
+        return fit_steps(self.batches, self.means(idx))
+
+    def jackknife(self, statistic) -> np.ndarray:
+        """``statistic(idx)`` leaving out one seed at a time (:func:`jackknife`)."""
+        return jackknife(len(self.seeds), statistic)
+
+    def interval(self, statistic) -> Interval:
+        """The jackknife-t interval of ``statistic`` (:func:`jackknife_t`)."""
+        every = np.arange(len(self.seeds))
+        return jackknife_t(self.jackknife(statistic), statistic(every), len(self.seeds))[0]

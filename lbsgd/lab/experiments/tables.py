@@ -28,13 +28,16 @@ def study_dir(out_dir: str | os.PathLike, study: str) -> Path:
     return path
 
 
-def save_table(table, out_dir: str | os.PathLike, study: str, name: str = "table.csv") -> Path:
-    """``table`` as ``<study>/<name>``, every number to 6 significant digits (what the report and
-    later readers read: :func:`readable` rounds only what is shown)."""
+def save_table(
+    table, out_dir: str | os.PathLike, study: str, name: str = "table.csv", digits: int | None = 6
+) -> Path:
+    """``table`` as ``<study>/<name>``, every number to ``digits`` significant digits (what the
+    report and later readers read: :func:`readable` rounds only what is shown; None: every digit,
+    for a file another study computes from)."""
     config.check_folder_name("name", name)  # a file of the study's folder, nowhere else
     path = study_dir(out_dir, study) / name
     with rundir.replacing(path) as tmp:
-        table.to_csv(tmp, index=False, float_format="%.6g")
+        table.to_csv(tmp, index=False, float_format=digits and f"%.{digits}g")
     return path
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from lbsgd.lab import experiments as ex
-from lbsgd.lab import studies
+from lbsgd.lab import stats, studies
 from lbsgd.lab.findings import Finding
 from lbsgd.lab.studies import Metrics, Verdict, at_chance, batch_scaling, curves, mean
 from lbsgd.lab.studies.scales import Profile
@@ -36,6 +36,8 @@ EARLY = 0.2  # "early in training": at 20% of the steps (or the end of the warmu
 FLAT_PCT = 2.0
 FACTOR = 2.0  # "agrees": within a factor of 2 (McCandlish Fig. 4: B_crit tracks B_noise to ~×2)
 B_NOISE = "gns_b_simple_ema"  # the smoothed B_simple of a step (metrics.jsonl)
+# each run's steps to the target, every digit: steps.csv, beside fit.csv study 16's reference
+RUN_STEPS = ["k", "batch_size", "seed", "steps_to_target", "b_noise_target", "total_steps"]
 
 
 # -- the runs ----------------------------------------------------------------------------------
@@ -182,59 +184,13 @@ def per_k(m):
     return t
 
 
-# -- the model S(B) = S_min (1 + B_crit / B) ---------------------------------------------------
+# -- the model S(B) = S_min (1 + B_crit / B) (lbsgd.lab.stats.fit_steps) ---------------------
 
 
-@dataclass(frozen=True)
-class Fit:
-    """S(B) = S_min (1 + B_crit/B), E(B) = B·S(B) = E_min (1 + B/B_crit), B_crit = E_min/S_min;
-    ``rms`` the root-mean-square relative residual of the fitted steps."""
-
-    s_min: float
-    e_min: float
-    b_crit: float
-    rms: float
-    points: int
-
-    def steps(self, batch):
-        """The predicted steps at ``batch`` (a number or an array)."""
-        return self.s_min + self.e_min / np.asarray(batch, dtype=float)
-
-
-def fit(batches: Sequence[float], steps: Sequence[float]) -> Fit | None:
-    """Least squares of S(B) = S_min + E_min/B in relative error, min Σ ((S(B_i) − S_i)/S_i)²,
-    over S_min, E_min ≥ 0 (linear in them: rows (1/S_i, 1/(B_i S_i)), target 1); then
-    B_crit = E_min/S_min (∞ when S_min = 0: perfect scaling over the whole range; 0 when
-    E_min = 0: no step saved by any batch). None with fewer than two points."""
-    b = np.asarray(batches, dtype=float)
-    s = np.asarray(steps, dtype=float)
-    keep = np.isfinite(b) & np.isfinite(s) & (s > 0) & (b > 0)
-    b, s = b[keep], s[keep]
-    if len(b) < 2:
-        return None
-    a = np.stack([1 / s, 1 / (b * s)], axis=1)
-    one = np.ones(len(b))
-
-    def residual(x: np.ndarray) -> float:
-        return float(np.sum((a @ x - one) ** 2))
-
-    x = np.linalg.lstsq(a, one, rcond=None)[0]
-    if (x < 0).any():  # the optimum lies on an edge of S_min, E_min ≥ 0: the better edge
-        edges = [
-            np.array([one @ a[:, 0] / (a[:, 0] @ a[:, 0]), 0.0]),
-            np.array([0.0, one @ a[:, 1] / (a[:, 1] @ a[:, 1])]),
-        ]
-        x = min(edges, key=residual)
-    s_min, e_min = float(x[0]), float(x[1])
-    b_crit = e_min / s_min if s_min > 0 else math.inf
-    rms = math.sqrt(residual(x) / len(b))
-    return Fit(s_min, e_min, b_crit, rms, len(b))
-
-
-def fit_runs(m) -> Fit | None:
+def fit_runs(m) -> stats.Fit | None:
     """:func:`fit` of the seed-mean steps to the target of each k (those every seed reached)."""
     t = per_k(m).dropna(subset=["steps_to_target"])
-    return fit(t["batch_size"].astype(float), t["steps_to_target"])
+    return stats.fit_steps(t["batch_size"].astype(float), t["steps_to_target"])
 
 
 # -- the knee of the error ---------------------------------------------------------------------
@@ -274,7 +230,7 @@ def baseline_k(m) -> float | None:
     return None
 
 
-def table(m, f: Fit | None):
+def table(m, f: stats.Fit | None):
     """Per k: batch, runs, the error (mean, std), the steps to the target, B_simple at the target
     (seed means) and the steps the fit predicts."""
     t = per_k(m)
@@ -282,7 +238,7 @@ def table(m, f: Fit | None):
     return t.astype({"batch_size": "Int64", "runs": "Int64", "reached": "Int64"})
 
 
-def fit_table(m, f: Fit | None):
+def fit_table(m, f: stats.Fit | None):
     """One row: the target, the window, the fit's S_min, E_min, B_crit and its residual, the
     baseline's k, batch and B_simple at the target (seed mean), and the knee's interval."""
     import pandas as pd
@@ -328,7 +284,7 @@ def _fmt(values: Sequence[float]) -> str:
     return ", ".join(f"{v:.3g}" for v in values)
 
 
-def findings(m, f: Fit | None = None) -> list[Finding]:
+def findings(m, f: stats.Fit | None = None) -> list[Finding]:
     """From the measured runs ``m`` (:func:`measure`) and the fit ``f`` (default
     :func:`fit_runs`):
 
@@ -452,7 +408,7 @@ def _growth_text(sel, early, end, pairs, v2: Verdict) -> str:
     return grow
 
 
-def _critical_batch_is_the_noise(f: Fit | None, e: _Evidence) -> Finding:
+def _critical_batch_is_the_noise(f: stats.Fit | None, e: _Evidence) -> Finding:
     """Claim 3: the fitted B_crit ≈ B_noise."""
     if f is None or f.points < 3:
         fit_txt = f"{f.points if f else 0} batch sizes reached the target: no fit to judge"

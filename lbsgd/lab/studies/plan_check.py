@@ -73,7 +73,7 @@ class Reference:
     fixed_ks: tuple[float, ...]
     seeds: tuple[int, ...]
     ran: dict[tuple[int, int], int] = field(default_factory=dict)
-    per_seed: stt.SeedSteps | None = None  # the ladder's measuring seeds, for the jackknife
+    per_seed: stats.SeedSteps | None = None  # the ladder's measuring seeds, for the jackknife
 
     @property
     def b_crit(self) -> float:
@@ -81,34 +81,34 @@ class Reference:
 
 
 def reference(profile_dir: Path, profile: Profile) -> Reference:
-    """The profile's reference, its study's folder read in place: study 15's ladder (each k's
-    steps at its chosen lr, the measuring seeds' alone: a seed that chose no lr measures nothing)
-    where the profile has one, else study 11's sweep (its target loss, window and fit); one line
-    when that study has not run."""
-    lad = stt.settings(profile)
+    """The profile's reference, read from the files its study wrote: study 15's ladder
+    (``seed_steps.csv``: each k's measuring seeds at its chosen lr) where the profile has one, else
+    study 11's sweep (``steps.csv``, and ``fit.csv``: its target loss, baseline k and fit); one
+    line when that study has not written them."""
+    import pandas as pd
+
+    lad = bool(stt.settings(profile))
     study, notebook = (stt.STUDY, "15_steps_to_target") if lad else (cb.STUDY, "11_critical_batch")
     folder = Path(profile_dir) / study
-    if not any(folder.glob("*/summary.json")):
+    files = ["seed_steps.csv"] if lad else ["steps.csv", "fit.csv"]
+    if missing := [f for f in files if not (folder / f).is_file()]:
         which = "study 15's ladder" if lad else "study 11's sweep on a profile without a ladder"
         raise ConfigError(
-            f"study 16 reads {which}, and {folder} holds no run: execute "
+            f"study 16 reads {which}, and {folder} holds no {missing[0]}: execute "
             f"notebooks/{notebook}.ipynb first (make reproduce runs it before)"
         )
-    runs = ex.load_runs(folder)
-    per_seed = None
+    m, per_seed = pd.read_csv(folder / files[0], float_precision="round_trip"), None
     if lad:
-        goal, seeds = stt.target_of(profile), list(lad["seeds"])
-        m = stt.measure(runs[runs["seed"].isin(seeds)], goal, stt.base_lr(profile))
-        chosen = stt.choose(m, seeds[0])
-        per_seed = stt.seed_steps(m, chosen, seeds[0])
-        m, target = stt.chosen_runs(m, chosen, seeds[0]), measure.Target("error", goal)
+        per_seed = stats.SeedSteps.of(m)
+        target = measure.Target("error", float(m["target_error"].iloc[0]))
         fit, probe_k, fixed, used = per_seed.fit(), PROBE_K, FIXED_KS, per_seed.seeds
     else:
-        m = cb.measure(runs, profile.large_k)
-        target = measure.Target("loss", float(m["target_loss"].iloc[0]))
-        base = cb.baseline_k(m)
-        probe_k = base if base is not None else float(min(m["k"].astype(float)))
-        fit, fixed, used = cb.fit_runs(m), SWEEP_KS, tuple(profile.seeds)
+        f = pd.read_csv(folder / "fit.csv", float_precision="round_trip").iloc[0]
+        target = measure.Target("loss", float(f["target_loss"]))
+        probe_k = float(f["baseline_k"] if pd.notna(f["baseline_k"]) else m["k"].min())
+        values = (f["s_min"], f["e_min"], f["b_crit"], f["fit_rms_rel"])
+        fit = stats.Fit(*map(float, values), int(f["fit_points"])) if f["fit_points"] else None
+        fixed, used = SWEEP_KS, tuple(profile.seeds)
     steps = {(int(r.batch_size), int(r.seed)): float(r.steps_to_target) for r in m.itertuples()}
     ran = {(int(r.batch_size), int(r.seed)): int(r.total_steps) for r in m.itertuples()}
     source = LADDER if lad else SWEEP
@@ -280,7 +280,7 @@ def ladder_steps(ref: Reference) -> dict[int, float]:
     """batch → the steps the training-time check reads on the ladder: the geometric mean of its
     measuring seeds' runs at the batch's chosen lr (NaN: one never reached the target)."""
     s = ref.per_seed
-    return {int(b): stt.gmean(s.steps[j]) for j, b in enumerate(s.batches)}
+    return {int(b): stats.gmean(s.steps[j]) for j, b in enumerate(s.batches)}
 
 
 def step_times(timed) -> dict[tuple[int, int], float]:
@@ -417,7 +417,7 @@ def _critical_batch(plans: Sequence[Plan], ref: Reference) -> Finding:
 # -- the ladder's seeds, resampled -----------------------------------------------------------------
 
 
-def _per_seed(plans: Sequence[Plan], ref: Reference) -> stt.SeedSteps | None:
+def _per_seed(plans: Sequence[Plan], ref: Reference) -> stats.SeedSteps | None:
     """The ladder's measuring seeds where the claims read them seed by seed: two or
     more, each with a plan; None elsewhere (study 11's sweep: one seed a batch beyond large_k)."""
     s = ref.per_seed
@@ -427,7 +427,7 @@ def _per_seed(plans: Sequence[Plan], ref: Reference) -> stt.SeedSteps | None:
     return s
 
 
-def _ratio(s: stt.SeedSteps, num, den, band: tuple[float, float]) -> stats.Test:
+def _ratio(s: stats.SeedSteps, num, den, band: tuple[float, float]) -> stats.Test:
     """``num(idx) / den(idx)`` (idx: seeds' indices) by its jackknife-t interval, tested inside
     ``band`` (:func:`lbsgd.lab.stats.band`)."""
     every = np.arange(len(s.seeds))
@@ -497,7 +497,7 @@ def _steps_finding(side: str, tol: float, pts, b_crit: float, source: str, short
     return studies.finding(claim, _band(inside), ev, paper=PAPER)
 
 
-def _steps_resampled(plans: Sequence[Plan], ref: Reference, s: stt.SeedSteps, side: str):
+def _steps_resampled(plans: Sequence[Plan], ref: Reference, s: stats.SeedSteps, side: str):
     """Claim 2 on one side of B_crit from the ladder's seeds: each batch's predicted steps (the
     geometric mean of its seeds' plans) over the measured (of their runs), its ratio's jackknife-t
     interval inside 1 ± tol for every batch (replayed), or one wholly outside (not replayed)."""
@@ -510,13 +510,13 @@ def _steps_resampled(plans: Sequence[Plan], ref: Reference, s: stt.SeedSteps, si
         pred = np.array([getattr(of[i].row(batch, 1), "steps", math.nan) for i in s.seeds], float)
         t = _ratio(
             s,
-            lambda i, pr=pred: stt.gmean(pr[i]),
-            lambda i, j=j: stt.gmean(s.steps[j, i]),
+            lambda i, pr=pred: stats.gmean(pr[i]),
+            lambda i, j=j: stats.gmean(s.steps[j, i]),
             (1 - tol, 1 + tol),
         )
         tests.append(t)
         parts.append(
-            f"batch {batch}: {stt.gmean(pred):.0f} predicted, {stt.gmean(s.steps[j]):.0f} "
+            f"batch {batch}: {stats.gmean(pred):.0f} predicted, {stats.gmean(s.steps[j]):.0f} "
             f"measured, {_ratio_text(t)}"
         )
     head = f"B_crit {ref.b_crit:.0f} ({ref.source}'s fit); geometric means of {len(s.seeds)} seeds"
@@ -596,7 +596,7 @@ def _recommended(plan: Plan, times, wall_steps, fixed: Sequence[int], s=None) ->
     return studies.finding(CLAIMS[-1], studies.Verdict(ratio <= 1 + WALL_TOL), ev, paper=PAPER)
 
 
-def _recommended_resampled(plan: Plan, times, fixed: Sequence[int], s: stt.SeedSteps) -> Finding:
+def _recommended_resampled(plan: Plan, times, fixed: Sequence[int], s: stats.SeedSteps) -> Finding:
     """Claim 4 from the ladder's seeds: each batch's training time to the target is the geometric
     mean of its seeds' steps at its study-15 lr times the measured step time; the recommended
     batch's over the best fixed one's (the best chosen again on each set of seeds), its jackknife-t
@@ -614,7 +614,7 @@ def _recommended_resampled(plan: Plan, times, fixed: Sequence[int], s: stt.SeedS
         return studies.finding(CLAIMS[-1], v, head + "not measured", paper=PAPER)
 
     def wall(b: int, i) -> float:
-        return stt.gmean(s.steps[row[b], i]) * step_s[b]
+        return stats.gmean(s.steps[row[b], i]) * step_s[b]
 
     every = np.arange(len(s.seeds))
     t = _ratio(
@@ -790,14 +790,14 @@ def _at_plan_lr_side(network: str, x, rows, steps: dict[int, list[float]], side:
             continue
         got = np.asarray(steps[r.batch], dtype=float)
         n = len(got)
-        loo = stats.jackknife(n, lambda i, g=got, p=r.steps: p / stt.gmean(g[i]))
-        t = stats.band(loo, r.steps / stt.gmean(got), 1 - tol, 1 + tol, n)
+        loo = stats.jackknife(n, lambda i, g=got, p=r.steps: p / stats.gmean(g[i]))
+        t = stats.band(loo, r.steps / stats.gmean(got), 1 - tol, 1 + tol, n)
         tests.append(t)
         iv = t.interval
         marks = "".join(f"; {m}: not vouched for" for m in r.extrapolated)
         parts.append(
             f"batch {r.batch} (lr {r.lr:.3g}{marks}): {r.steps:.0f} predicted, "
-            f"{stt.gmean(got):.0f} measured ({', '.join(f'{s:.0f}' for s in got)}), "
+            f"{stats.gmean(got):.0f} measured ({', '.join(f'{s:.0f}' for s in got)}), "
             f"x{iv.diff:.2f} [x{iv.low:.2f}, x{iv.high:.2f}]"
         )
     head = (

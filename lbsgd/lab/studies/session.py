@@ -69,10 +69,10 @@ class Session:
             self.study, runs, out_dir=self.out, profile=self.profile.name, **self.launch
         )
 
-    def save_table(self, table, name: str = "table.csv"):
-        """Write ``table`` (ours beside the paper) to the study's folder; returns it as it is
-        (:func:`readable` shows it rounded)."""
-        path = ex.save_table(table, self.out, self.study, name)
+    def save_table(self, table, name: str = "table.csv", digits: int | None = 6):
+        """Write ``table`` (ours beside the paper) to the study's folder (:func:`ex.save_table`);
+        returns it as it is (:func:`readable` shows it rounded)."""
+        path = ex.save_table(table, self.out, self.study, name, digits)
         if name == "table.csv":
             self.table_path = path
         return table

@@ -5,7 +5,7 @@ The ladder (:data:`SETTINGS`): each k at the lrs ``base_lr × k × f`` (f in :da
 with the first seed, on the training split less the held-out images evaluated at log-spaced steps
 (:data:`PER_OCTAVE`), ending at the target (:func:`steps_to_error`: the first crossing); per k the
 lr of fewest steps is trained with the other seeds, which alone measure, and S = S_min (1 +
-B_crit/B) is fitted with jackknife-t intervals (:class:`SeedSteps`). A best lr on the grid's edge
+B_crit/B) is fitted with jackknife-t intervals (:class:`stats.SeedSteps`). A best lr on the grid's edge
 is no tuned choice: the claims that read that k are invalid. docs/studies.md ("Study 15").
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -294,54 +293,14 @@ def chosen_runs(m, c, tuning_seed: int | None = None):
     return measuring(at, tuning_seed)
 
 
-def gmean(values) -> float:
-    """The geometric mean (NaN where one value is NaN)."""
-    return float(np.exp(np.log(np.asarray(values, dtype=float)).mean()))
+# the measuring seeds' runs at each k's chosen lr, every digit: seed_steps.csv, study 16's reference
+SEED_STEPS = ["k", "batch_size", "seed", "lr_factor", "steps_to_target", "b_noise_target"]
+SEED_STEPS += ["total_steps", "target_error"]
 
 
-@dataclass(frozen=True)
-class SeedSteps:
-    """Each k's steps to the target at its chosen lr, seed by seed: ``batches`` (one per k),
-    ``steps`` and ``noise`` (B_noise at the target) as k × seed arrays (NaN: never reached, or
-    not measured), over the measuring ``seeds`` that ran at every k. The fit and its jackknife
-    resample the seeds (columns) together: a seed's runs at every k move as one."""
-
-    batches: np.ndarray
-    steps: np.ndarray
-    noise: np.ndarray
-    seeds: tuple[int, ...]
-
-    def means(self, idx=None) -> np.ndarray:
-        """Per k, the geometric mean of the steps over the seeds ``idx`` (None: all); NaN where
-        one never reached the target."""
-        st = self.steps if idx is None else self.steps[:, idx]
-        return np.exp(np.log(st).mean(axis=1))
-
-    def fit(self, idx=None) -> critical_batch.Fit | None:
-        """S(B) = S_min (1 + B_crit/B) through :meth:`means` (a k with a seed never reaching
-        the target left out)."""
-        return critical_batch.fit(self.batches, self.means(idx))
-
-    def jackknife(self, statistic) -> np.ndarray:
-        """``statistic(idx)`` leaving out one seed at a time (:func:`lbsgd.lab.stats.jackknife`)."""
-        return stats.jackknife(len(self.seeds), statistic)
-
-    def interval(self, statistic) -> stats.Interval:
-        """The jackknife-t interval of ``statistic`` (:func:`lbsgd.lab.stats.jackknife_t`)."""
-        every = np.arange(len(self.seeds))
-        return stats.jackknife_t(self.jackknife(statistic), statistic(every), len(self.seeds))[0]
-
-
-def seed_steps(m, c, tuning_seed: int) -> SeedSteps:
-    """:class:`SeedSteps` of the measuring seeds' runs at each k's chosen lr (``c``)."""
-    runs_ = chosen_runs(m, c, tuning_seed)
-    ks = list(c["k"])
-    seeds = sorted(set.intersection(*(set(runs_[runs_["k"] == k]["seed"]) for k in ks)))
-    by = {(float(r.k), int(r.seed)): r for r in runs_.itertuples()}
-    steps = np.array([[by[(float(k), s)].steps_to_target for s in seeds] for k in ks], float)
-    noise = np.array([[by[(float(k), s)].b_noise_target for s in seeds] for k in ks], float)
-    batches = c["batch_size"].to_numpy(dtype=float)
-    return SeedSteps(batches, steps.reshape(len(ks), len(seeds)), noise, tuple(seeds))
+def seed_steps(m, c, tuning_seed: int) -> stats.SeedSteps:
+    """:class:`stats.SeedSteps` of the measuring seeds' runs at each k's chosen lr (``c``)."""
+    return stats.SeedSteps.of(chosen_runs(m, c, tuning_seed))
 
 
 def saved_by_doubling(c) -> list[float]:
@@ -372,7 +331,7 @@ def region(saved: float) -> str:
     return "diminishing returns"
 
 
-def intervals(s: SeedSteps) -> dict[str, Any]:
+def intervals(s: stats.SeedSteps) -> dict[str, Any]:
     """The 95% jackknife-t intervals over the seeds: per k of the geometric mean steps
     (``steps_low``, ``steps_high``: arrays), and of the fit's S_min and B_crit; empty with fewer
     than two seeds."""
@@ -392,12 +351,12 @@ def intervals(s: SeedSteps) -> dict[str, Any]:
     }
 
 
-def fitted(f: critical_batch.Fit | None, attr: str) -> float:
+def fitted(f: stats.Fit | None, attr: str) -> float:
     """A fit's ``attr`` (``s_min``, ``b_crit``) on some seeds: NaN without a fit; ∞ held to 1e9."""
     return math.nan if f is None else float(min(getattr(f, attr), 1e9))
 
 
-def table(c, f: critical_batch.Fit | None, s: SeedSteps | None = None):
+def table(c, f: stats.Fit | None, s: stats.SeedSteps | None = None):
     """Per k: the chosen lr, the steps to the target (with ``s``, the measuring seeds: their
     jackknife-t interval), the steps perfect scaling from the smallest k would give, the factor the
     next doubling saves and its region (:func:`region`), the fit's steps; the fit's S_min, E_min,
@@ -488,7 +447,7 @@ def _slope_claim(m, c, ks: Sequence[float], claim: str, tuning_seed: int, above=
     return finding(claim, v, steps, paper=PAPER)
 
 
-def _b_crit(s: SeedSteps) -> Finding:
+def _b_crit(s: stats.SeedSteps) -> Finding:
     claim = (
         f"the fitted B_crit = E_min/S_min agrees with B_noise at the target (within x{FACTOR:g})"
     )
