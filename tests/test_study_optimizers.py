@@ -590,3 +590,8 @@ def test_an_extended_search_voids_its_claims_only_past_the_budget():
     assert past[1].invalid and past[1].replayed is None, past[1].evidence
     assert "the search of adamw was extended and the new runs took 12.1 h" in past[1].evidence
     assert past[1].evidence.startswith(within[1].evidence.split("; undecided: ")[0])
+    # the budget prices every step trained at the registered 230 s of a 430-step run
+    two = pd.DataFrame({"steps": [430, 120], "total_wall_time_s": [500.0, 100.0]})
+    fl = scales.get("fashion-long")
+    assert big.hours(fl, two, two) == pytest.approx(2 * 230 * 550 / 430 / 3600)
+    assert big.hours(fl, two, recorded=True) == pytest.approx(600 / 3600)
