@@ -502,9 +502,8 @@ def _untuned(f: Finding, chosen, arms: Sequence[str], ks_: Sequence[float]) -> F
 def void(f: Finding, why: str) -> Finding:
     """``f`` made invalid for ``why``; its test stays in the evidence (as an invalid verdict's
     does), not its reason."""
-    test = f.evidence.split("; undecided: ")[0]
-    f = replace(f, replayed=None, invalid=True, p_for=None, p_against=None)
-    return replace(f, evidence=f"{test}; invalid: {why}")
+    evidence = f"{f.evidence.split('; undecided: ')[0]}; invalid: {why}"
+    return replace(f, replayed=None, invalid=True, p_for=None, p_against=None, evidence=evidence)
 
 
 # Nado et al. 2021's parity margin, in points of top-1 error: their tuned Nesterov reaches
