@@ -16,49 +16,6 @@ def add_parser(sub) -> None:
     """The ``bench`` command and its subcommands, on the command line's subparsers ``sub``."""
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
-    _train_parser(bsub)
-    br = bsub.add_parser("recipes", help="cost of accumulation, ghost BN and each precision")
-    br.add_argument("--samples", type=int, default=4096, help="images per timed measurement")
-    br.add_argument(
-        "--repeats", type=int, default=3, help="alternating measurements of each variant"
-    )
-    _json_out_and_overrides(br)
-    _ghost_parser(bsub)
-    _noise_parser(bsub)
-    _data_parser(bsub)
-    _allreduce_parser(bsub)
-    _caps_parser(bsub)
-
-
-def _ghost_parser(bsub) -> None:
-    bg = bsub.add_parser(
-        "ghost-bn", help="ghost BN's one pass vs a kernel per group vs plain BN, training steps"
-    )
-    bg.add_argument(
-        "--groups", default="2,8,32", help="BN groups a micro-batch, each a row (default 2,8,32)"
-    )
-    bg.add_argument("--steps", type=int, default=30, help="timed training steps a measurement")
-    bg.add_argument("--repeats", type=int, default=3, help="alternating measurements of each")
-    _json_out_and_overrides(
-        bg, "keys of the measured model (default micro_batch=128, the config's model)"
-    )
-
-
-def _caps_parser(bsub) -> None:
-    bc = bsub.add_parser(
-        "caps", help="training speed of one run under each CPU-kernel cap (cpu_isa), alternating"
-    )
-    bc.add_argument(
-        "--caps", default="avx2,portable", help="caps, the baseline first (default avx2,portable)"
-    )
-    bc.add_argument("--repeats", type=int, default=3, help="alternating runs under each cap")
-    bc.add_argument(
-        "-c", "--config", action="append", default=[], metavar="FILE", help="YAML file of keys"
-    )
-    _json_out_and_overrides(bc, "keys of the measured run, over the files'")
-
-
-def _train_parser(bsub) -> None:
     bt = bsub.add_parser(
         "train", help="trainer vs a bare PyTorch loop on the same model, data, batch"
     )
@@ -116,9 +73,23 @@ def _train_parser(bsub) -> None:
     bt.add_argument("--bucket-caps", default="25", metavar="LIST", help="with --nproc: MB list")
     bt.add_argument("--step-worker", action="store_true", help=argparse.SUPPRESS)
     _overrides(bt)
-
-
-def _noise_parser(bsub) -> None:
+    br = bsub.add_parser("recipes", help="cost of accumulation, ghost BN and each precision")
+    br.add_argument("--samples", type=int, default=4096, help="images per timed measurement")
+    br.add_argument(
+        "--repeats", type=int, default=3, help="alternating measurements of each variant"
+    )
+    _json_out_and_overrides(br)
+    bg = bsub.add_parser(
+        "ghost-bn", help="ghost BN's one pass vs a kernel per group vs plain BN, training steps"
+    )
+    bg.add_argument(
+        "--groups", default="2,8,32", help="BN groups a micro-batch, each a row (default 2,8,32)"
+    )
+    bg.add_argument("--steps", type=int, default=30, help="timed training steps a measurement")
+    bg.add_argument("--repeats", type=int, default=3, help="alternating measurements of each")
+    _json_out_and_overrides(
+        bg, "keys of the measured model (default micro_batch=128, the config's model)"
+    )
     bn = bsub.add_parser(
         "noise", help="cost of noise_scale=true: step time with / without it, per layout"
     )
@@ -148,20 +119,6 @@ def _noise_parser(bsub) -> None:
         help="write the result as JSON here (default results/benchmarks/noise_scale_<device>.json)",
     )
     _overrides(bn, "keys over bench train's, and batch_size=128 micro_batch=32")
-
-
-def _overrides(parser: argparse.ArgumentParser, help: str | None = None) -> None:
-    """The trailing ``key=value`` config keys every benchmark command takes."""
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help=help)
-
-
-def _json_out_and_overrides(parser: argparse.ArgumentParser, help: str | None = None) -> None:
-    """``--out`` (the result also written as JSON, where asked) and the config keys."""
-    parser.add_argument("--out", help="also write the result as JSON here")
-    _overrides(parser, help)
-
-
-def _data_parser(bsub) -> None:
     bd = bsub.add_parser(
         "data", help="loader-only img/s of a file dataset vs the model's compute-bound img/s"
     )
@@ -181,9 +138,6 @@ def _data_parser(bsub) -> None:
         help="optimizer steps of the compute measurement (first 3: warm-up)",
     )
     _json_out_and_overrides(bd, "model, precision, micro-batch, device: as for bench train")
-
-
-def _allreduce_parser(bsub) -> None:
     ba = bsub.add_parser(
         "allreduce", help="all-reduce time and bus bandwidth vs message size, flat and hierarchical"
     )
@@ -194,6 +148,28 @@ def _allreduce_parser(bsub) -> None:
     ba.add_argument("--iters", type=int, default=10, help="timed all-reduces per size and path")
     ba.add_argument("--out", default="results/benchmarks/allreduce_cpu.json", help="JSON result")
     ba.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    bc = bsub.add_parser(
+        "caps", help="training speed of one run under each CPU-kernel cap (cpu_isa), alternating"
+    )
+    bc.add_argument(
+        "--caps", default="avx2,portable", help="caps, the baseline first (default avx2,portable)"
+    )
+    bc.add_argument("--repeats", type=int, default=3, help="alternating runs under each cap")
+    bc.add_argument(
+        "-c", "--config", action="append", default=[], metavar="FILE", help="YAML file of keys"
+    )
+    _json_out_and_overrides(bc, "keys of the measured run, over the files'")
+
+
+def _overrides(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """The trailing ``key=value`` config keys every benchmark command takes."""
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help=help)
+
+
+def _json_out_and_overrides(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--out`` (the result also written as JSON, where asked) and the config keys."""
+    parser.add_argument("--out", help="also write the result as JSON here")
+    _overrides(parser, help)
 
 
 def run(args: argparse.Namespace) -> None:
