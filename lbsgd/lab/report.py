@@ -72,7 +72,12 @@ def build(profile_dir: str | os.PathLike) -> str:
     studies = list(_profile_studies(root, "run the notebooks first").values())
     out = _head(studies)
     out += ["| study | seeds | claim | replayed | evidence |", "|---|---|---|---|---|"]
-    out += [_claim_line(s, f) for s in studies for f in s["findings"]]
+    out += [
+        f"| [{_cell(s['title'])}](#{_anchor(s['title'])}) | {len(s['seeds'])} | "
+        f"{_cell(f.claim)} | {f.answer} | {_cell(f.evidence)} |"
+        for s in studies
+        for f in s["findings"]
+    ]
     for s in studies:
         out += _section(s)
     out += _beside(root)
@@ -170,14 +175,6 @@ def _head(studies: list[dict]) -> list[str]:
             "",
         ]
     return out
-
-
-def _claim_line(s: dict, f: Finding) -> str:
-    """One claim of the report's first table: study, seeds, claim, answer, evidence."""
-    return (
-        f"| [{_cell(s['title'])}](#{_anchor(s['title'])}) | {len(s['seeds'])} | "
-        f"{_cell(f.claim)} | {f.answer} | {_cell(f.evidence)} |"
-    )
 
 
 def _section(s: dict) -> list[str]:

@@ -153,12 +153,11 @@ def seed_spread(run: Run, runs: list[Run]) -> tuple[float | None, int]:
 
 
 def _metrics(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    for rec in tracking.read_records(path):
-        kind = rec.get("kind")
-        if kind in COMPARED:
-            out[(kind, int(rec["step"]))] = {k: rec.get(k) for k in COMPARED[kind]}
-    return out
+    return {
+        (rec["kind"], int(rec["step"])): {k: rec.get(k) for k in COMPARED[rec["kind"]]}
+        for rec in tracking.read_records(path)
+        if rec.get("kind") in COMPARED
+    }
 
 
 def _record_difference(key: tuple[str, int], a: dict | None, b: dict | None) -> str | None:
