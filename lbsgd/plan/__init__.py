@@ -343,10 +343,37 @@ def plan(r: Request) -> dict[str, Any]:
         lambda c: model.table(inputs(c), r.batches, r.gpus), compute, timing, r.link, best
     )
     best = None if apart else best
-    doc = _document(r, p, x, timing, rows, best)
-    doc["lr_range_test"] = asdict(test) if test is not None else None
-    doc["timing_steadiness"] = timer.steadiness(timing)
-    doc["caveats"] = caveats(r, p, timing, apart) + _lr_caveats(r, p, test)
+    rule, source = model.lr_rule(r.config.optimizer, r.lr_rule)
+    doc = {
+        "config": {"files": list(r.files), "overrides": list(r.overrides)},
+        "target": str(r.target),
+        "probe": asdict(p),
+        "b_crit": x.b_crit,
+        "b_crit_from": "B_simple (smoothed) at the target: McCandlish et al. 2018, B_crit ~ B_noise",
+        "s_min": x.s_min,
+        "e_min": x.s_min * x.b_crit,
+        "s_min_from": f"S_min = S_ref / (1 + B_crit/B_ref), S_ref of the run at B_ref = {p.batch} ({p.source})"
+        + (f"; {p.extrapolation}" if p.extrapolation else ""),
+        "compute": {**asdict(x.compute), **timing},
+        "interconnect": {
+            "alpha_s": r.link.alpha_s,
+            "bandwidth_Bps": r.link.bandwidth_Bps,
+            "source": r.link_source,
+        },
+        "lr_rule": {
+            "rule": rule,
+            "source": source,
+            "inputs": x.lr.describe(),
+            **asdict(x.lr),
+            "eps_max": x.lr.eps_max if rule == "saturating" else None,
+        },
+        "e_factor": model.E_FACTOR,
+        "rows": [row.as_dict() for row in rows],
+        "recommended": best.as_dict() if best is not None else {},
+        "lr_range_test": asdict(test) if test is not None else None,
+        "timing_steadiness": timer.steadiness(timing),
+        "caveats": caveats(r, p, timing, apart) + _lr_caveats(r, test),
+    }
     if best is not None:
         path = r.out / "recommended.yaml"
         with rundir.replacing(path) as tmp:
@@ -416,41 +443,10 @@ def caveats(r: Request, p: measure.Probe, timing: dict, apart: Sequence[str] = (
     return out
 
 
-def _lr_caveats(r: Request, p: measure.Probe, test: lr_range.RangeTest | None) -> list[str]:
+def _lr_caveats(r: Request, test: lr_range.RangeTest | None) -> list[str]:
     """No lr range test run (skipped, or no batch above the probe's to test): the rows' lr
     rests on the rule alone."""
     if test is not None:
         return []
     why = "--no-lr-test" if not r.lr_test else "no planned batch above the probe's to test"
     return [f"no lr range test ({why}): no row's lr is checked against a measured bound"]
-
-
-def _document(r, p, x, timing, rows, best) -> dict[str, Any]:
-    rule, source = model.lr_rule(r.config.optimizer, r.lr_rule)
-    return {
-        "config": {"files": list(r.files), "overrides": list(r.overrides)},
-        "target": str(r.target),
-        "probe": asdict(p),
-        "b_crit": x.b_crit,
-        "b_crit_from": "B_simple (smoothed) at the target: McCandlish et al. 2018, B_crit ~ B_noise",
-        "s_min": x.s_min,
-        "e_min": x.s_min * x.b_crit,
-        "s_min_from": f"S_min = S_ref / (1 + B_crit/B_ref), S_ref of the run at B_ref = {p.batch} ({p.source})"
-        + (f"; {p.extrapolation}" if p.extrapolation else ""),
-        "compute": {**asdict(x.compute), **timing},
-        "interconnect": {
-            "alpha_s": r.link.alpha_s,
-            "bandwidth_Bps": r.link.bandwidth_Bps,
-            "source": r.link_source,
-        },
-        "lr_rule": {
-            "rule": rule,
-            "source": source,
-            "inputs": x.lr.describe(),
-            **asdict(x.lr),
-            "eps_max": x.lr.eps_max if rule == "saturating" else None,
-        },
-        "e_factor": model.E_FACTOR,
-        "rows": [row.as_dict() for row in rows],
-        "recommended": best.as_dict() if best is not None else {},
-    }

@@ -21,7 +21,15 @@ def draw(doc: dict[str, Any], path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     draw_steps(a, doc)
-    _draw_wall(b, doc)
+    rows = doc["rows"]
+    for g in sorted({r["gpus"] for r in rows}):
+        sel = [r for r in rows if r["gpus"] == g]
+        b.plot([r["batch"] for r in sel], [r["wall_s"] for r in sel], "o-", label=f"{g} GPU(s)")
+    best = doc["recommended"]
+    if best:
+        b.plot([best["batch"]], [best["wall_s"]], "r*", ms=14, label="recommended")
+    b.set(xscale="log", yscale="log", xlabel="batch", ylabel="predicted wall time (s)")
+    b.legend(fontsize=8)
     with rundir.replacing(path) as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -84,18 +92,6 @@ def _draw_unvouched(ax, far: list[dict[str, Any]]) -> None:
         color="C0",
         label=f"not vouched for ({'; '.join(marks)})",
     )
-
-
-def _draw_wall(ax, doc: dict[str, Any]) -> None:
-    rows = doc["rows"]
-    for g in sorted({r["gpus"] for r in rows}):
-        sel = [r for r in rows if r["gpus"] == g]
-        ax.plot([r["batch"] for r in sel], [r["wall_s"] for r in sel], "o-", label=f"{g} GPU(s)")
-    best = doc["recommended"]
-    if best:
-        ax.plot([best["batch"]], [best["wall_s"]], "r*", ms=14, label="recommended")
-    ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="predicted wall time (s)")
-    ax.legend(fontsize=8)
 
 
 def _one_group(compute: dict[str, Any]) -> str:

@@ -144,7 +144,14 @@ def sweep(
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, flush=True))
     progress = Progress(len(cfgs), say)
     where = LAUNCHERS[launcher](cluster, say, nproc_per_node=nproc_per_node, **launch)
-    _check_runs(cfgs, where, nproc_per_node)
+    from lbsgd import entry  # torch: imported once the cheap checks have passed
+
+    for c in cfgs:  # every run's data, process layout and run directory (read only)
+        registry.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
+        entry.check(c, where.world_size, nproc_per_node, here=where.here)
+        # a finished run of other experiment keys (or of another K, under local SGD) is not "done"
+        rundir.check_run_dir(c, where.world_size)
+    where.check(cfgs)  # then what the launcher needs of them
     study_dir = Path(out_dir) / study
     study_dir.mkdir(parents=True, exist_ok=True)
 
@@ -154,19 +161,6 @@ def sweep(
     if policy.failed:
         raise RunFailed(" | ".join(policy.failed))
     return load_runs(study_dir, names=names)
-
-
-def _check_runs(cfgs: list[Config], launcher: Launcher, nproc_per_node: int) -> None:
-    """Every run's data directories, process layout and run directory (read only), then what the
-    launcher needs of them."""
-    from lbsgd import entry  # torch: imported once the cheap checks have passed
-
-    for c in cfgs:
-        registry.import_plugins(c.plugins)  # a plugin's model or dataset, as the run will see it
-        entry.check(c, launcher.world_size, nproc_per_node, here=launcher.here)
-        # a finished run of other experiment keys (or of another K, under local SGD) is not "done"
-        rundir.check_run_dir(c, launcher.world_size)
-    launcher.check(cfgs)
 
 
 def launcher_of(launcher: str, cluster: Any, root: Path | None = None) -> Any:
