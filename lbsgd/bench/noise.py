@@ -77,10 +77,12 @@ def trainer_torchrun(
     what: str = "lbsgd bench noise",
     log: Path | None = None,
 ) -> Timing:
-    """:func:`trainer_run` in ``nproc`` processes on this machine (:func:`torchrun`, which never
-    hangs on a worker that died): the trainer's own steady throughput of the global batch (rank
-    0's summary.json). ``what`` prefixes a failure's line; ``log``: where the workers' output
-    goes (default: this process's)."""
+    """:func:`trainer_run` in ``nproc`` processes on this machine (one: this process; more:
+    :func:`torchrun`, which never hangs on a worker that died): the trainer's own steady
+    throughput of the global batch (rank 0's summary.json). ``what`` prefixes a failure's line;
+    ``log``: where the workers' output goes (default: this process's)."""
+    if nproc == 1:
+        return trainer_run(cfg, steps, num_train, out_dir)
     run = cfg.replace(epochs=steps * cfg.batch_size / num_train, out_dir=out_dir, name="bench")
     keys = Path(out_dir) / "keys.yaml"
     keys.parent.mkdir(parents=True, exist_ok=True)
@@ -94,15 +96,9 @@ def _alternating_runs(
 ) -> dict[str, list[Timing]]:
     """``repeats`` pairs of runs without and with the measurement, alternating which goes first
     (off then on, on then off, …), each pair printed; their timings by side."""
-
-    def run(cfg: Config, where: str) -> Timing:
-        if nproc == 1:
-            return trainer_run(cfg, steps, num_train, where)
-        return trainer_torchrun(cfg, steps, num_train, nproc, where)
-
     sides = {
-        "off": lambda r: run(off, f"{tmp}/{name}/{r}off"),
-        "on": lambda r: run(on, f"{tmp}/{name}/{r}on"),
+        "off": lambda r: trainer_torchrun(off, steps, num_train, nproc, f"{tmp}/{name}/{r}off"),
+        "on": lambda r: trainer_torchrun(on, steps, num_train, nproc, f"{tmp}/{name}/{r}on"),
     }
     return bench.alternating(sides, repeats, on.compile, f"{name}: ")
 

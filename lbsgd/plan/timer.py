@@ -218,7 +218,6 @@ def _step_s(cfg: Config, m: int, samples: int, log: Path | None = None, processe
     import tempfile
 
     from lbsgd.bench.noise import trainer_torchrun
-    from lbsgd.bench.train import trainer_run
 
     run = cfg.replace(
         batch_size=processes * m,
@@ -235,12 +234,7 @@ def _step_s(cfg: Config, m: int, samples: int, log: Path | None = None, processe
     )
     steps, n = max(40, math.ceil(samples / run.batch_size)), data.train_size(run)
     with tempfile.TemporaryDirectory() as tmp:
-        if processes == 1:
-            timing = trainer_run(run, steps, n, tmp)
-        else:
-            timing = trainer_torchrun(
-                run, steps, n, processes, tmp, "lbsgd plan, timing a step", log
-            )
+        timing = trainer_torchrun(run, steps, n, processes, tmp, "lbsgd plan, timing a step", log)
     return run.batch_size / timing.img_per_s
 
 
