@@ -318,18 +318,13 @@ def _print_difference(
     print(f"  final top-1 error {_pct(run.top1)} committed vs {_pct(top1)} here: {shown}; {beside}")
 
 
-def _failed(code: int, log: Path) -> str:
-    """The lines of a replay that did not complete (its log's last line); "inconsistent"."""
-    tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-    print(f"  replay failed (exit code {code}): {tail[0] if tail else 'no output'}")
-    print("  level: inconsistent (the replay did not complete)")
-    return "inconsistent"
-
-
 def _report(run: Run, runs: list[Run], replay: Path, code: int, log: Path, root: Path) -> str:
     """Print the lines of one replay; its level (:data:`LEVELS`)."""
-    if code != 0:
-        return _failed(code, log)
+    if code != 0:  # the replay did not complete: its log's last line
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+        print(f"  replay failed (exit code {code}): {tail[0] if tail else 'no output'}")
+        print("  level: inconsistent (the replay did not complete)")
+        return "inconsistent"
     difference = compare(run.dir, replay)
     new = _read_json(replay / "summary.json") or {}
     top1 = new.get("final", {}).get("top1_error_pct")
