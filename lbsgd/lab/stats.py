@@ -463,15 +463,19 @@ class SeedSteps:
     def of(cls, runs) -> SeedSteps:
         """From one run per (k, seed) (a DataFrame: k, batch_size, seed, steps_to_target,
         b_noise_target), over the seeds that ran at every k."""
-        ks = sorted({float(k) for k in runs["k"]})
-        by = {(float(r.k), int(r.seed)): r for r in runs.itertuples()}
-        seeds = sorted(set.intersection(*({s for k_, s in by if k_ == k} for k in ks)))
-        cell = [[by[(k, s)] for s in seeds] for k in ks]
-        steps = np.array([[r.steps_to_target for r in row] for row in cell], float)
-        noise = np.array([[r.b_noise_target for r in row] for row in cell], float)
-        batches = np.array([float(runs[runs["k"] == k]["batch_size"].iloc[0]) for k in ks])
-        shape = (len(ks), len(seeds))
-        return cls(batches, steps.reshape(shape), noise.reshape(shape), tuple(seeds))
+        r = runs.assign(k=runs["k"].astype(float))
+        ks = sorted(set(r["k"]))
+        seeds = sorted(set.intersection(*(set(r[r["k"] == k]["seed"]) for k in ks)))
+        r = r[r["seed"].isin(seeds)]
+
+        def table(column: str) -> np.ndarray:
+            t = r.pivot(index="k", columns="seed", values=column)
+            return t.reindex(index=ks, columns=seeds).to_numpy(dtype=float)
+
+        batches = r.groupby("k")["batch_size"].first().reindex(ks).to_numpy(dtype=float)
+        return cls(
+            batches, table("steps_to_target"), table("b_noise_target"), tuple(map(int, seeds))
+        )
 
     def means(self, idx=None) -> np.ndarray:
         """Per k, the geometric mean of the steps over the seeds ``idx`` (None: all); NaN where

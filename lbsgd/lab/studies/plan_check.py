@@ -103,16 +103,24 @@ def reference(profile_dir: Path, profile: Profile) -> Reference:
         target = measure.Target("error", float(m["target_error"].iloc[0]))
         fit, probe_k, fixed, used = per_seed.fit(), PROBE_K, FIXED_KS, per_seed.seeds
     else:
-        f = pd.read_csv(folder / "fit.csv", float_precision="round_trip").iloc[0]
-        target = measure.Target("loss", float(f["target_loss"]))
-        probe_k = float(f["baseline_k"] if pd.notna(f["baseline_k"]) else m["k"].min())
-        values = (f["s_min"], f["e_min"], f["b_crit"], f["fit_rms_rel"])
-        fit = stats.Fit(*map(float, values), int(f["fit_points"])) if f["fit_points"] else None
+        target, probe_k, fit = _sweep_fit(folder / "fit.csv", m)
         fixed, used = SWEEP_KS, tuple(profile.seeds)
     steps = {(int(r.batch_size), int(r.seed)): float(r.steps_to_target) for r in m.itertuples()}
     ran = {(int(r.batch_size), int(r.seed)): int(r.total_steps) for r in m.itertuples()}
     source = LADDER if lad else SWEEP
     return Reference(source, target, steps, fit, probe_k, fixed, used, ran, per_seed)
+
+
+def _sweep_fit(path: Path, m) -> tuple[measure.Target, float, stats.Fit | None]:
+    """Study 11's target loss, baseline k (the smallest k of its runs ``m`` if none) and fit, from
+    its ``fit.csv``."""
+    import pandas as pd
+
+    f = pd.read_csv(path, float_precision="round_trip").iloc[0]
+    probe_k = float(f["baseline_k"] if pd.notna(f["baseline_k"]) else m["k"].min())
+    values = (f["s_min"], f["e_min"], f["b_crit"], f["fit_rms_rel"])
+    fit = stats.Fit(*map(float, values), int(f["fit_points"])) if f["fit_points"] else None
+    return measure.Target("loss", float(f["target_loss"])), probe_k, fit
 
 
 def _runs(profile: Profile, ref: Reference, ks: Sequence[float], seeds: Sequence[int]):
