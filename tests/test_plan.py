@@ -78,30 +78,38 @@ def test_the_estimator_lands_within_10pct_of_the_exact_noise_scale():
 
 
 # -- the efficiency formulas ----------------------------------------------------------------------
+# Each paper's own statement, here where it is checked against the planner's S(B): McCandlish et
+# al. 2018 eq. 2.11, AdaScale's gain ratio (Johnson et al. 2020, eq. 4), Pollux's EFFICIENCY
+# (Qiao et al. 2021, eq. 6).
+
+
+def adascale_gain(batch, base, g_sq, trace):
+    """r = (σ² + μ²)/(σ²/s + μ²), s = batch/base, σ² = tr(Σ)/base."""
+    var = trace / base
+    return (var + g_sq) / (var * base / batch + g_sq)
 
 
 @pytest.mark.parametrize("batch", [16, 64, 256, 4096])
 @pytest.mark.parametrize(("g_sq", "trace"), [(1.0, 200.0), (0.05, 3.0), (2.0, 20_000.0)])
 def test_mccandlish_adascale_and_pollux_efficiencies_agree(batch, g_sq, trace):
     """Samples at B_0 over samples at B for equal progress, from each paper's own formula, are one
-    number; and AdaScale's gain is McCandlish's ratio of steps S(B_0)/S(B)."""
+    number; and AdaScale's gain is the planner's ratio of steps S(B_0)/S(B)."""
     base, phi = 16, trace / g_sq
-    m = model.mccandlish_efficiency(batch, base, phi)
-    assert model.adascale_efficiency(batch, base, g_sq, trace) == pytest.approx(m, rel=1e-12)
-    assert model.pollux_efficiency(batch, base, phi) == pytest.approx(m, rel=1e-12)
-    gain = model.adascale_gain(batch, base, g_sq, trace)
+    m = (1 + base / phi) / (1 + batch / phi)  # McCandlish: E(B_0)/E(B)
+    gain = adascale_gain(batch, base, g_sq, trace)
+    assert gain / (batch / base) == pytest.approx(m, rel=1e-12)  # AdaScale: r/s
+    assert (phi + base) / (phi + batch) == pytest.approx(m, rel=1e-12)  # Pollux
     s_base = model.steps_to_target(base, 100.0, phi)
     assert gain == pytest.approx(s_base / model.steps_to_target(batch, 100.0, phi), rel=1e-12)
 
 
 def test_steps_and_samples_are_mccandlish_eq_2_11_by_hand():
-    """S_min 100, B_crit 200: at B = 100, S = 100·(1 + 2) = 300 and E = 30,000 = E_min(1 + ½);
-    S_min back from that run; E(B) ≤ 2·E_min exactly up to B = B_crit."""
+    """S_min 100, B_crit 200: at B = 100, S = 100·(1 + 2) = 300 and E = B·S = 30,000 =
+    E_min(1 + ½); S_min back from that run; E(B) = 2·E_min exactly at B = B_crit."""
     assert model.steps_to_target(100, 100, 200) == 300
-    assert model.samples_to_target(100, 100, 200) == 30_000 == 20_000 * (1 + 100 / 200)
+    assert 100 * model.steps_to_target(100, 100, 200) == 30_000 == 20_000 * (1 + 100 / 200)
     assert model.s_min_from(300, 100, 200) == 100
-    assert model.largest_batch_within(2.0, 200) == 200
-    assert (model.samples_to_target(200, 100, 200) - 2 * 20_000) == 0
+    assert 200 * model.steps_to_target(200, 100, 200) == 2 * 20_000
 
 
 # -- the time model -------------------------------------------------------------------------------

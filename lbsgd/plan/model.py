@@ -50,42 +50,6 @@ def steps_to_target(batch: float, s_min: float, b_crit: float) -> float:
     return s_min * (1 + b_crit / batch)
 
 
-def samples_to_target(batch: float, s_min: float, b_crit: float) -> float:
-    """E(B) = B·S(B) = E_min (1 + B/B_crit)."""
-    return batch * steps_to_target(batch, s_min, b_crit)
-
-
-def largest_batch_within(factor: float, b_crit: float) -> float:
-    """The largest B with E(B) ≤ factor·E_min: B = (factor − 1)·B_crit (B_crit itself at 2)."""
-    return (factor - 1) * b_crit
-
-
-# -- statistical efficiency, three ways ----------------------------------------------------------
-
-
-def mccandlish_efficiency(batch: float, base: float, b_noise: float) -> float:
-    """E(base)/E(batch) = (1 + base/B_noise)/(1 + batch/B_noise)."""
-    return (1 + base / b_noise) / (1 + batch / b_noise)
-
-
-def adascale_gain(batch: float, base: float, g_sq: float, trace: float) -> float:
-    """AdaScale's gain ratio r = (σ² + μ²)/(σ²/s + μ²), s = batch/base, σ² = tr(Σ)/base: the
-    progress of one step at ``batch`` in steps at ``base``."""
-    s = batch / base
-    var = trace / base
-    return (var + g_sq) / (var / s + g_sq)
-
-
-def adascale_efficiency(batch: float, base: float, g_sq: float, trace: float) -> float:
-    """r/s: progress per sample at ``batch`` relative to ``base``."""
-    return adascale_gain(batch, base, g_sq, trace) / (batch / base)
-
-
-def pollux_efficiency(batch: float, base: float, phi: float) -> float:
-    """Pollux's EFFICIENCY(M) = (φ + M_0)/(φ + M) with the noise scale φ."""
-    return (phi + base) / (phi + batch)
-
-
 # -- learning rate -------------------------------------------------------------------------------
 
 
