@@ -590,6 +590,13 @@ def test_an_extended_search_voids_its_claims_only_past_the_budget():
     assert past[1].invalid and past[1].replayed is None, past[1].evidence
     assert "the search of adamw was extended and the new runs took 12.1 h" in past[1].evidence
     assert past[1].evidence.startswith(within[1].evidence.split("; undecided: ")[0])
+    # within the priced budget but past it as recorded: decided, the other reading said beside
+    shared = big.findings(df, chosen, regime, 11.5, 15.2)
+    assert [f.outcome for f in shared] == [f.outcome for f in within]
+    assert shared[1].evidence.endswith(
+        "11.5 h as priced, 15.2 h as recorded on a shared machine (read that way: invalid)"
+    )
+    assert shared[0].evidence == within[0].evidence  # Nesterov and LARS: not extended
     # the budget prices every step trained at the registered 230 s of a 430-step run
     two = pd.DataFrame({"steps": [430, 120], "total_wall_time_s": [500.0, 100.0]})
     fl = scales.get("fashion-long")
